@@ -1,0 +1,129 @@
+"""One transformer block on one GPU for one microbatch: FLOP, bytes and time per layer.
+
+Layers of a block (forward), with b = microbatch, s = sequence, h = hidden, a = heads,
+d = head size, f = feed-forward, t = tp, T = b·s tokens, e = bytes per element:
+
+    attention  LN1 · QKV GEMM · scores GEMM (Q·Kᵀ) · softmax · dropout · context GEMM (·V)
+               · output-projection GEMM · dropout + residual
+    MLP        LN2 · GEMM h→f · GeLU · GEMM f→h · dropout + residual
+
+Each layer takes max(compute time, memory time) (a roofline), where compute runs at peak ×
+the efficiency the system gives an operation of that many FLOP and memory at bandwidth × the
+efficiency for that many bytes. Backward (activation gradient + weight gradient) does twice
+the work of forward, layer by layer, at the same efficiencies: two GEMMs per forward GEMM,
+and element-wise backward reads the saved input and the output gradient and writes the input
+gradient.
+"""
+
+from __future__ import annotations
+
+from costmodel.context import MASK_BYTES, Context
+
+# FLOP per element of the element-wise layers (forward): layer norm = mean, variance,
+# normalize, scale, shift (~8); softmax with scale and causal mask (~6: scale, mask, max,
+# subtract-exp, sum, divide); dropout (2: compare, multiply); residual add + dropout (3);
+# GeLU in its tanh form (~8). These only matter when a layer is compute bound, which
+# element-wise layers rarely are.
+LAYERNORM_FLOPS_PER_ELEM = 8.0
+SOFTMAX_FLOPS_PER_ELEM = 6.0
+DROPOUT_FLOPS_PER_ELEM = 2.0
+RESIDUAL_FLOPS_PER_ELEM = 3.0
+GELU_FLOPS_PER_ELEM = 8.0
+
+
+def gemm_s(c: Context, xp, flops, num_bytes):
+    """Roofline time of a matrix multiply of `flops` FLOP moving `num_bytes` bytes."""
+    compute = flops / (c.matrix_flops_per_s * xp.lookup(c.matrix_curve, flops))
+    memory = num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
+    return xp.maximum(compute, memory)
+
+
+def eltwise_s(c: Context, xp, elems, flops_per_elem, bytes_per_elem):
+    """Roofline time of an element-wise layer over `elems` elements."""
+    flops = elems * flops_per_elem
+    num_bytes = elems * bytes_per_elem
+    compute = flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, flops))
+    memory = num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
+    return xp.maximum(compute, memory)
+
+
+def block_forward_times(c: Context, m, xp) -> dict:
+    """Forward time of each layer group of one block, one microbatch, one GPU (seconds),
+    and the forward matrix FLOP. `m` has tp, microbatch, seq_par (arrays or scalars)."""
+    e, h, f, s, d = c.elem_bytes, c.hidden, c.feedforward, c.seq, c.head_size
+    t = m.tp
+    b = m.microbatch
+    tokens = b * s
+    heads = c.heads / t                                  # heads on this GPU
+    q_cols = heads * d                                   # a·d/t
+    kv_cols = d if c.multiquery else q_cols              # MQA: one K/V head, replicated
+    qkv_cols = q_cols + 2 * kv_cols
+    f_cols = f / t
+    # Layer norms, residuals and their dropouts act on the sequence-parallel shard when SP
+    # is on, and on the whole (replicated) activation otherwise.
+    ln_tokens = xp.where(m.seq_par, tokens / t, tokens)
+
+    qkv = gemm_s(c, xp, 2 * tokens * h * qkv_cols, e * (tokens * h + h * qkv_cols + tokens * qkv_cols))
+    score_flops = 2 * b * heads * s * s * d
+    scores = gemm_s(c, xp, score_flops, e * (b * heads * s * d + b * kv_cols / d * s * d + b * heads * s * s))
+    context = gemm_s(c, xp, score_flops, e * (b * heads * s * s + b * kv_cols / d * s * d + b * heads * s * d))
+    proj = gemm_s(c, xp, 2 * tokens * q_cols * h, e * (tokens * q_cols + q_cols * h + tokens * h))
+    mlp_flops = 2 * tokens * h * f_cols
+    mlp_bytes = e * (tokens * h + h * f_cols + tokens * f_cols)
+    mlp = 2 * gemm_s(c, xp, mlp_flops, mlp_bytes)
+
+    score_elems = b * heads * s * s
+    softmax = eltwise_s(c, xp, score_elems, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
+    attn_dropout = eltwise_s(c, xp, score_elems, DROPOUT_FLOPS_PER_ELEM, 2 * e + MASK_BYTES)
+    layernorms = 2 * eltwise_s(c, xp, ln_tokens * h, LAYERNORM_FLOPS_PER_ELEM, 2 * e)
+    residuals = 2 * eltwise_s(c, xp, ln_tokens * h, RESIDUAL_FLOPS_PER_ELEM, 3 * e + MASK_BYTES)
+    # A fused GeLU runs in the epilogue of the h→f GEMM: no pass over memory of its own.
+    gelu = 0.0 if c.fused_activation else eltwise_s(c, xp, tokens * f_cols, GELU_FLOPS_PER_ELEM, 2 * e)
+
+    attention_core = scores + softmax + attn_dropout + context
+    gemm = qkv + scores + context + proj + mlp
+    return {
+        "gemm_s": gemm,
+        "eltwise_s": softmax + attn_dropout + layernorms + residuals + gelu,
+        "attention_core_s": attention_core,
+        "matrix_flops": 2 * tokens * h * (qkv_cols + q_cols + 2 * f_cols) + 2 * score_flops,
+        "attention_core_flops": 2 * score_flops,
+    }
+
+
+def block_stored_activation_bytes(c: Context, m, xp):
+    """Bytes one block keeps from forward to backward for one microbatch on one GPU
+    (Korthikanti et al. 2022, §4: 34·s·b·h + 5·a·s²·b with no parallelism, 16-bit).
+
+    Split by tp always: Q, K, V, the projection input, the two MLP intermediates, and the
+    attention core (softmax output, its dropout mask and output). Split by tp only with
+    sequence parallelism: the two layer-norm inputs and the two dropout masks. The inputs
+    of the QKV and h→f GEMMs are gathered tensors under SP: stored whole unless the
+    all-gather is redone in backward (seq_par_ag_redo), in which case the shard suffices.
+    Full recomputation keeps only the block input.
+    """
+    e, h, f, s, d = c.elem_bytes, c.hidden, c.feedforward, c.seq, c.head_size
+    t = m.tp
+    b = m.microbatch
+    tokens = b * s
+    heads = c.heads / t
+    q_cols = heads * d
+    kv_cols = d if c.multiquery else q_cols
+    sp_split = xp.where(m.seq_par, t, 1.0)
+    gemm_inputs_split = xp.where(m.seq_par & m.ag_redo, t, 1.0)
+
+    layernorm_inputs = 2 * e * tokens * h / sp_split
+    dropout_masks = 2 * MASK_BYTES * tokens * h / sp_split
+    gemm_inputs = 2 * e * tokens * h / gemm_inputs_split
+    qkv_and_proj = e * tokens * (q_cols + 2 * kv_cols + q_cols)
+    mlp_intermediates = 2 * e * tokens * f / t
+    attention_core = (2 * e + MASK_BYTES) * b * heads * s * s
+
+    everything = layernorm_inputs + dropout_masks + gemm_inputs + qkv_and_proj + mlp_intermediates
+    stored = xp.where(m.recompute_none, everything + attention_core, everything)
+    block_input = e * tokens * h / sp_split
+    return {
+        "stored": xp.where(m.recompute_full, block_input, stored),
+        "full": everything + attention_core,
+        "attention_core": attention_core,
+    }

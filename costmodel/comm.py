@@ -1,0 +1,65 @@
+"""Collectives as alpha-beta costs, and how much of them overlap can hide.
+
+A collective over n GPUs on network k moving a message of B bytes takes
+
+    latency_k + B · factor_k(op) · (n + offset_k(op)) / n / (bandwidth_k · efficiency_k)
+
+(ring algorithms: all-reduce 2·(n-1)/n, reduce-scatter and all-gather (n-1)/n, a
+point-to-point send 1), and nothing when n = 1.
+"""
+
+from __future__ import annotations
+
+from costmodel.context import Context
+from costmodel.system import Collective
+
+# 'pipe' overlap splits the GEMM next to a collective into this many chunks, each chunk's
+# collective hiding behind the next chunk's compute; the first chunk stays exposed. Four
+# chunks is the usual split (finer chunks pay more latency and lower GEMM efficiency).
+PIPE_CHUNKS = 4.0
+
+
+def collective_s(c: Context, xp, op: Collective, group, message_bytes, net):
+    """Time of one collective `op` among `group` GPUs on network index `net`."""
+    factor = xp.pick(c.net_factor[op], net)
+    offset = xp.pick(c.net_offset[op], net)
+    wire = message_bytes * factor * (group + offset) / group / xp.pick(c.net_bytes_per_s, net)
+    return xp.where(group > 1, xp.pick(c.net_latency_s, net) + wire, 0.0)
+
+
+def tp_overlap_terms(c: Context, m, xp, message_bytes):
+    """Per-collective time of the TP collectives for each comm type, and the fraction of
+    them overlap can hide behind the neighbouring GEMM.
+
+    ar:        one all-reduce per parallel region.
+    p2p_rs_ag: the all-reduce done as a reduce-scatter then an all-gather.
+    rs_ag:     sequence parallelism: an all-gather before and a reduce-scatter after each
+               region (same bytes as one all-reduce, split in two).
+    Overlap 'ring' decomposes a collective into tp-1 ring steps hidden behind 1/tp slices of
+    the GEMM (all but the first slice hide), paying one latency per step; an opaque
+    all-reduce (ar) cannot be decomposed so ring hides nothing there. Overlap 'pipe' chunks
+    the GEMM PIPE_CHUNKS ways and hides all but the first chunk, paying one latency per chunk.
+    """
+    t, net = m.tp, m.tp_net
+    latency = xp.pick(c.net_latency_s, net)
+    all_reduce = collective_s(c, xp, Collective.all_reduce, t, message_bytes, net)
+    split_pair = (collective_s(c, xp, Collective.reduce_scatter, t, message_bytes, net)
+                  + collective_s(c, xp, Collective.all_gather, t, message_bytes, net))
+    region_s = xp.where(m.tp_comm_ar, all_reduce, split_pair)
+    collectives_per_region = xp.where(m.tp_comm_ar, 1.0, 2.0)
+    extra_latency = xp.where(m.tp_overlap_ring, xp.where(m.tp_comm_ar, 0.0, (t - 2) * latency),
+                             xp.where(m.tp_overlap_pipe, (PIPE_CHUNKS - 1) * latency, 0.0))
+    region_s = region_s + xp.where(t > 1, collectives_per_region * extra_latency, 0.0)
+    hidden_fraction = xp.where(m.tp_overlap_ring, xp.where(m.tp_comm_ar, 0.0, (t - 1) / t),
+                               xp.where(m.tp_overlap_pipe, (PIPE_CHUNKS - 1) / PIPE_CHUNKS, 0.0))
+    return region_s, hidden_fraction
+
+
+def overlapped(exposed_candidate_s, window_s, hidden_fraction, usage, xp):
+    """Split communication time into the part left exposed and the compute it steals.
+
+    At most `hidden_fraction` of the communication, and no more than the compute window
+    beside it, runs concurrently with compute; while it does, it takes `usage` of the GPU
+    cores, which delays the compute by usage × the hidden time."""
+    hidden = hidden_fraction * xp.minimum(exposed_candidate_s, window_s)
+    return exposed_candidate_s - hidden, usage * hidden

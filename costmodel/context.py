@@ -1,0 +1,103 @@
+"""The constants of one problem (model × system × datatype), flattened once for the formulas."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.mapping import AttentionType
+from costmodel.model import Model
+from costmodel.ops import Curve
+from costmodel.system import Collective, Datatype, System
+
+# Passes over a 16-bit mask or bias are negligible; masks are 1 byte per element (Megatron
+# stores dropout masks as uint8), as in Korthikanti et al. 2022 §4.1.
+MASK_BYTES = 1.0
+
+# Mixed-precision training keeps an fp32 gradient accumulator (4 bytes), an fp32 master copy
+# (4 bytes, unless the compute datatype is fp32 already) and Adam's two fp32 moments (8 bytes)
+# per parameter: 2 + 4 + 12 = 18 bytes with 16-bit weights (Korthikanti et al. 2022, Fig. 1).
+GRAD_BYTES_PER_PARAM = 4.0
+ADAM_MOMENT_BYTES_PER_PARAM = 8.0
+MASTER_WEIGHT_BYTES_PER_PARAM = 4.0
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything the formulas read that does not vary between mappings of one problem."""
+
+    # model
+    hidden: float
+    feedforward: float
+    seq: float
+    heads: float
+    head_size: float
+    blocks: float
+    vocab: float
+    multiquery: bool
+    block_params: float
+    embedding_params: float
+    model_flops_per_sample: float
+    # datatype
+    elem_bytes: float            # bytes per weight/activation element
+    grad_comm_bytes: float       # bytes per gradient element on the DP network
+    optimizer_bytes_per_param: float
+    fused_activation: bool
+    # compute
+    matrix_flops_per_s: float
+    vector_flops_per_s: float
+    matrix_curve: Curve
+    vector_curve: Curve
+    # memory tiers
+    hbm_bytes_per_s: float
+    hbm_curve: Curve
+    hbm_capacity_bytes: float
+    offload_bytes_per_s: float   # 0 without an offload tier
+    offload_curve: Curve
+    offload_capacity_bytes: float
+    # networks, indexed by network number
+    net_size: tuple[float, ...]
+    net_bytes_per_s: tuple[float, ...]   # bandwidth · efficiency
+    net_latency_s: tuple[float, ...]
+    net_usage: tuple[float, ...]         # share of compute stolen while overlapping
+    net_must_fill: tuple[bool, ...]
+    net_factor: dict[Collective, tuple[float, ...]]
+    net_offset: dict[Collective, tuple[float, ...]]
+
+    @staticmethod
+    def build(model: Model, system: System, datatype: Datatype, *, fused_activation: bool = True,
+              attention_type: AttentionType = AttentionType.multihead) -> "Context":
+        compute = system.compute_for(datatype)
+        elem = float(datatype.bytes)
+        master = 0.0 if datatype is Datatype.float32 else MASTER_WEIGHT_BYTES_PER_PARAM
+        nets = system.networks
+        multiquery = attention_type is AttentionType.multiquery
+        block_params = float(model.block_params)
+        if multiquery:
+            # K and V shrink from a·d to d columns each (weights and biases).
+            block_params -= 2 * (model.hidden + 1) * (model.attn_width - model.attn_size)
+        return Context(
+            hidden=model.hidden, feedforward=model.feedforward, seq=model.seq_size, heads=model.attn_heads,
+            head_size=model.attn_size, blocks=model.num_blocks, vocab=model.vocab_size, multiquery=multiquery,
+            block_params=block_params, embedding_params=float(model.embedding_params),
+            model_flops_per_sample=model.model_flops_per_sample(),
+            elem_bytes=elem,
+            # Gradients travel in 16 bits even with fp8 compute (Transformer Engine keeps
+            # wgrads in bf16); fp32 training sends fp32.
+            grad_comm_bytes=max(elem, 2.0),
+            optimizer_bytes_per_param=master + ADAM_MOMENT_BYTES_PER_PARAM,
+            fused_activation=fused_activation,
+            matrix_flops_per_s=compute.matrix_flops_per_s, vector_flops_per_s=compute.vector_flops_per_s,
+            matrix_curve=Curve.of(compute.matrix_efficiency), vector_curve=Curve.of(compute.vector_efficiency),
+            hbm_bytes_per_s=system.hbm.bandwidth_bytes_per_s, hbm_curve=Curve.of(system.hbm.efficiency),
+            hbm_capacity_bytes=system.hbm.capacity_bytes,
+            offload_bytes_per_s=system.offload.bandwidth_bytes_per_s if system.offload else 0.0,
+            offload_curve=Curve.of(system.offload.efficiency if system.offload else [(0, 1.0)]),
+            offload_capacity_bytes=system.offload.capacity_bytes if system.offload else 0.0,
+            net_size=tuple(float(n.size) for n in nets),
+            net_bytes_per_s=tuple(n.bandwidth_bytes_per_s * n.efficiency for n in nets),
+            net_latency_s=tuple(n.latency_s for n in nets),
+            net_usage=tuple(n.processor_usage for n in nets),
+            net_must_fill=tuple(n.must_be_filled for n in nets),
+            net_factor={op: tuple(n.collectives[op].bytes_factor for n in nets) for op in Collective},
+            net_offset={op: tuple(n.collectives[op].n_offset for n in nets) for op in Collective},
+        )

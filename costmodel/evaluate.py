@@ -1,0 +1,204 @@
+"""Evaluate mappings: one at a time with an explanation, or many at once as arrays.
+
+    evaluate(model, system, mapping)                  -> Evaluation (every term named)
+    evaluate_arrays(model, system, arrays, datatype)  -> ArrayEvaluation (numpy columns)
+
+Both run the same formulas (costmodel.iteration) on different backends (costmodel.ops).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from costmodel.context import Context
+from costmodel.encoding import (RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_AR, TP_COMM_RS_AG, TP_OVERLAP_PIPE,
+                                TP_OVERLAP_RING, MappingArrays)
+from costmodel.iteration import MEMORY_TERMS, TIME_TERMS, iteration_terms
+from costmodel.mapping import AttentionType, Mapping, Recompute, TPComm, TPOverlap, check_mapping_fits
+from costmodel.model import Model
+from costmodel.ops import ArrayOps, ScalarOps
+from costmodel.system import Datatype, System
+from costmodel.units import GiB
+
+
+def network_checks(c: Context, m, xp) -> dict:
+    """Each parallelism must fit in the network that carries it. Groups nest tp (innermost),
+    then pp, then dp: a TP group spans tp GPUs, a PP group tp·pp, a DP group tp·pp·dp, and
+    the network carrying a dimension must span at least that many. A network marked
+    must_be_filled, when used, must be spanned whole by the widest group on it."""
+    spans = ((m.tp, m.tp, m.tp_net), (m.pp, m.tp * m.pp, m.pp_net),
+             (m.dp, m.num_procs, m.dp_net))
+    checks = {}
+    for name, (degree, span, net) in zip(("tp", "pp", "dp"), spans):
+        checks[f"{name}_network"] = (degree == 1) | (span <= xp.pick(c.net_size, net))
+    for k, must_fill in enumerate(c.net_must_fill):
+        if not must_fill:
+            continue
+        widest = 0.0
+        for degree, span, net in spans:
+            widest = xp.maximum(widest, xp.where((degree > 1) & (net == k), span, 0.0))
+        checks[f"network{k}_filled"] = (widest == 0.0) | (widest >= c.net_size[k])
+    return checks
+
+
+def _feasibility(c: Context, m, terms: dict, xp) -> dict:
+    checks = network_checks(c, m, xp)
+    checks["hbm_capacity"] = terms["hbm_bytes"] <= c.hbm_capacity_bytes
+    checks["offload_capacity"] = terms["offload_bytes"] <= c.offload_capacity_bytes
+    return checks
+
+
+# ---------------------------------------------------------------- one mapping, explained
+@dataclass(frozen=True)
+class Evaluation:
+    """The exact model's verdict on one mapping, term by term (SI units)."""
+
+    mapping: Mapping
+    feasible: bool
+    reasons: tuple[str, ...]        # why it is infeasible; empty when feasible
+    iteration_time_s: float
+    sample_rate: float              # sequences per second
+    mfu: float                      # model FLOP (no recompute) / (time · GPUs · matrix peak)
+    hfu: float                      # hardware FLOP (with recompute) / same
+    time_s: dict[str, float]        # breakdown summing to iteration_time_s
+    memory_bytes: dict[str, float]  # per GPU of the first stage
+    hbm_bytes: float
+    offload_bytes: float
+    offload_bytes_per_s_needed: float = field(default=0.0)
+
+    def to_dict(self) -> dict:
+        """JSON-ready, SI units, with the fields the CLI contract names."""
+        return {
+            "feasible": self.feasible,
+            "reasons": list(self.reasons),
+            "iteration_time_s": self.iteration_time_s,
+            "sample_rate": self.sample_rate,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "time": dict(self.time_s),
+            "memory": {"hbm_bytes": self.hbm_bytes, "offload_bytes": self.offload_bytes, **self.memory_bytes},
+            "offload_bytes_per_s_needed": self.offload_bytes_per_s_needed,
+            "mapping": self.mapping.model_dump(mode="json"),
+        }
+
+
+def _scalar_fields(mapping: Mapping) -> SimpleNamespace:
+    recompute = mapping.activation_recompute
+    return SimpleNamespace(
+        num_procs=float(mapping.num_procs), tp=float(mapping.tp), pp=float(mapping.pp), dp=float(mapping.dp),
+        batch=float(mapping.batch_size), microbatch=float(mapping.microbatch_size),
+        interleaving=float(mapping.pipeline_interleaving),
+        recompute_full=recompute is Recompute.full, recompute_none=recompute is Recompute.none,
+        not_recompute_full=recompute is not Recompute.full,
+        seq_par=mapping.tensor_par_comm_type is TPComm.rs_ag, tp_comm_ar=mapping.tensor_par_comm_type is TPComm.ar,
+        tp_overlap_ring=mapping.tensor_par_overlap is TPOverlap.ring,
+        tp_overlap_pipe=mapping.tensor_par_overlap is TPOverlap.pipe,
+        ag_redo=mapping.seq_par_ag_redo, opt_shard=mapping.optimizer_sharding, dp_overlap=mapping.data_par_overlap,
+        w_off=mapping.weight_offload, a_off=mapping.activations_offload, o_off=mapping.optimizer_offload,
+        tp_net=mapping.tensor_par_net, pp_net=mapping.pipeline_par_net, dp_net=mapping.data_par_net,
+    )
+
+
+def _reasons(checks: dict, terms: dict, c: Context, m) -> tuple[str, ...]:
+    reasons = []
+    for name, degree, span, net in (("tp", m.tp, m.tp, m.tp_net), ("pp", m.pp, m.tp * m.pp, m.pp_net),
+                                    ("dp", m.dp, m.num_procs, m.dp_net)):
+        if not checks[f"{name}_network"]:
+            reasons.append(f"network: a {name} group spans {span:g} GPUs > network {net} size {c.net_size[net]:g}")
+    for key, ok in checks.items():
+        if key.endswith("_filled") and not ok:
+            k = int(key.removeprefix("network").removesuffix("_filled"))
+            reasons.append(f"network: network {k} must be filled ({c.net_size[k]:g} GPUs) by the group using it")
+    if not checks["hbm_capacity"]:
+        reasons.append(f"hbm: needs {terms['hbm_bytes'] / GiB:.1f} GiB > {c.hbm_capacity_bytes / GiB:.1f} GiB")
+    if not checks["offload_capacity"]:
+        reasons.append(f"offload: needs {terms['offload_bytes'] / GiB:.1f} GiB > "
+                       f"{c.offload_capacity_bytes / GiB:.1f} GiB")
+    return tuple(reasons)
+
+
+def evaluate(model: Model, system: System, mapping: Mapping) -> Evaluation:
+    """Time and memory of one mapping, with every term named. Raises InputError if the
+    mapping does not fit the model or system (divisibility, unknown network, datatype)."""
+    check_mapping_fits(model, system, mapping)
+    c = Context.build(model, system, mapping.datatype, fused_activation=mapping.fused_activation,
+                      attention_type=mapping.attention_type)
+    return evaluate_in_context(c, mapping)
+
+
+def evaluate_in_context(c: Context, mapping: Mapping) -> Evaluation:
+    """`evaluate` with the problem constants already built (for repeated calls)."""
+    m = _scalar_fields(mapping)
+    terms = iteration_terms(c, m, ScalarOps)
+    checks = _feasibility(c, m, terms, ScalarOps)
+    reasons = _reasons(checks, terms, c, m)
+    return Evaluation(
+        mapping=mapping, feasible=not reasons, reasons=reasons,
+        iteration_time_s=terms["iteration_s"], sample_rate=terms["sample_rate"], mfu=terms["mfu"], hfu=terms["hfu"],
+        time_s={k: terms[k] for k in TIME_TERMS}, memory_bytes={k: terms[k] for k in MEMORY_TERMS},
+        hbm_bytes=terms["hbm_bytes"], offload_bytes=terms["offload_bytes"],
+        offload_bytes_per_s_needed=terms["offload_bytes_per_s_needed"],
+    )
+
+
+# ---------------------------------------------------------------- many mappings at once
+@dataclass(frozen=True)
+class ArrayEvaluation:
+    """The exact model over N mappings: each attribute is a numpy array of length N."""
+
+    iteration_time_s: np.ndarray
+    feasible: np.ndarray
+    mfu: np.ndarray
+    hfu: np.ndarray
+    sample_rate: np.ndarray
+    hbm_bytes: np.ndarray
+    offload_bytes: np.ndarray
+    weights_bytes: np.ndarray
+    weight_grads_bytes: np.ndarray
+    optimizer_bytes: np.ndarray
+    activations_bytes: np.ndarray
+    terms: dict[str, np.ndarray]    # every named term, as in Evaluation
+    checks: dict[str, np.ndarray]   # every feasibility check, True where it passes
+
+
+def _array_fields(arrays: MappingArrays) -> SimpleNamespace:
+    f64 = np.float64
+    recompute, tp_comm, overlap = arrays.recompute, arrays.tp_comm, arrays.tp_overlap
+    return SimpleNamespace(
+        num_procs=(arrays.tp * arrays.pp * arrays.dp).astype(f64), tp=arrays.tp.astype(f64),
+        pp=arrays.pp.astype(f64), dp=arrays.dp.astype(f64), batch=arrays.batch.astype(f64),
+        microbatch=arrays.microbatch.astype(f64), interleaving=arrays.interleaving.astype(f64),
+        recompute_full=recompute == RECOMPUTE_FULL, recompute_none=recompute == RECOMPUTE_NONE,
+        not_recompute_full=recompute != RECOMPUTE_FULL,
+        seq_par=tp_comm == TP_COMM_RS_AG, tp_comm_ar=tp_comm == TP_COMM_AR,
+        tp_overlap_ring=overlap == TP_OVERLAP_RING, tp_overlap_pipe=overlap == TP_OVERLAP_PIPE,
+        ag_redo=arrays.seq_par_ag_redo, opt_shard=arrays.optimizer_sharding, dp_overlap=arrays.dp_overlap,
+        w_off=arrays.weight_offload, a_off=arrays.activations_offload, o_off=arrays.optimizer_offload,
+        tp_net=arrays.tp_net.astype(np.intp), pp_net=arrays.pp_net.astype(np.intp),
+        dp_net=arrays.dp_net.astype(np.intp),
+    )
+
+
+def evaluate_arrays(model: Model, system: System, arrays: MappingArrays, datatype: Datatype, *,
+                    fused_activation: bool = True,
+                    attention_type: AttentionType = AttentionType.multihead) -> ArrayEvaluation:
+    """Score every mapping in `arrays` (all valid for `model` on the same GPU count)."""
+    c = Context.build(model, system, datatype, fused_activation=fused_activation, attention_type=attention_type)
+    return evaluate_arrays_in_context(c, arrays)
+
+
+def evaluate_arrays_in_context(c: Context, arrays: MappingArrays) -> ArrayEvaluation:
+    m = _array_fields(arrays)
+    terms = iteration_terms(c, m, ArrayOps)
+    checks = _feasibility(c, m, terms, ArrayOps)
+    feasible = np.logical_and.reduce(list(checks.values()))
+    return ArrayEvaluation(
+        iteration_time_s=terms["iteration_s"], feasible=feasible, mfu=terms["mfu"], hfu=terms["hfu"],
+        sample_rate=terms["sample_rate"], hbm_bytes=terms["hbm_bytes"], offload_bytes=terms["offload_bytes"],
+        weights_bytes=terms["weights_bytes"], weight_grads_bytes=terms["weight_grads_bytes"],
+        optimizer_bytes=terms["optimizer_bytes"], activations_bytes=terms["activations_bytes"],
+        terms=terms, checks=checks,
+    )

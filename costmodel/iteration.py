@@ -1,0 +1,173 @@
+"""One training iteration: the block costs assembled into pipeline, data-parallel and
+optimizer time, and the memory each GPU of the first pipeline stage holds.
+
+Written once against the backend interface of costmodel.ops, so `m` may hold scalars (one
+mapping) or numpy arrays (many). Every returned name is a term a person can trace.
+"""
+
+from __future__ import annotations
+
+from costmodel.block import block_forward_times, block_stored_activation_bytes, eltwise_s, gemm_s
+from costmodel.comm import collective_s, overlapped, tp_overlap_terms
+from costmodel.context import GRAD_BYTES_PER_PARAM, Context
+from costmodel.system import Collective
+
+# FLOP per parameter of an Adam step (moment updates, bias correction, square root, divide,
+# weight decay, update): about 12 element-wise operations.
+ADAM_FLOPS_PER_PARAM = 12.0
+# Softmax + cross-entropy over the logits: ~6 FLOP per logit, as the attention softmax.
+CROSS_ENTROPY_FLOPS_PER_ELEM = 6.0
+
+TIME_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "pp_comm_s", "bubble_s",
+              "dp_comm_s", "optimizer_s", "offload_s")
+MEMORY_TERMS = ("weights_bytes", "weight_grads_bytes", "optimizer_bytes", "embedding_bytes",
+                "activations_bytes", "activation_workspace_bytes")
+
+
+def _rate(bytes_per_s: float) -> float:
+    # No offload tier: its flags are never on, so its traffic is 0 bytes; an infinite rate
+    # keeps 0 / rate = 0 without dividing by zero.
+    return bytes_per_s if bytes_per_s > 0 else float("inf")
+
+
+def iteration_terms(c: Context, m, xp) -> dict:
+    """All named time (s), memory (bytes) and rate terms of one iteration."""
+    t, p, dp, v, b = m.tp, m.pp, m.dp, m.interleaving, m.microbatch
+    e = c.elem_bytes
+    microbatches = m.batch / dp / b
+    blocks_per_stage = c.blocks / p
+    tokens = b * c.seq
+
+    # ---- one block, one microbatch ----
+    fw = block_forward_times(c, m, xp)
+    compute_fwd = fw["gemm_s"] + fw["eltwise_s"]
+    compute_bwd = 2 * compute_fwd
+
+    act_message = e * tokens * c.hidden
+    region_s, hidden_fraction = tp_overlap_terms(c, m, xp, act_message)
+    tp_usage = xp.pick(c.net_usage, m.tp_net)
+    redo_gather = m.seq_par & m.ag_redo & m.not_recompute_full
+    gather_s = collective_s(c, xp, Collective.all_gather, t, act_message, m.tp_net)
+    tp_fwd = 2 * region_s                       # two parallel regions: attention, MLP
+    tp_bwd = 2 * region_s + xp.where(redo_gather, 2 * gather_s, 0.0)
+    tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw["gemm_s"], hidden_fraction, tp_usage, xp)
+    tp_bwd_exposed, tp_bwd_stolen = overlapped(tp_bwd, 2 * fw["gemm_s"], hidden_fraction, tp_usage, xp)
+    block_fwd = compute_fwd + tp_fwd_exposed + tp_fwd_stolen
+    block_bwd = compute_bwd + tp_bwd_exposed + tp_bwd_stolen
+    recompute = xp.where(m.recompute_full, block_fwd, xp.where(m.recompute_none, 0.0, fw["attention_core_s"]))
+
+    # ---- offload traffic per block and microbatch (tier 2 <-> HBM, per direction) ----
+    act = block_stored_activation_bytes(c, m, xp)
+    block_params = c.block_params / t
+    off_rate = _rate(c.offload_bytes_per_s)
+    fwd_read = xp.where(m.w_off, e * block_params, 0.0)
+    fwd_write = xp.where(m.a_off, act["stored"], 0.0)
+    bwd_read = xp.where(m.w_off, (e + GRAD_BYTES_PER_PARAM) * block_params, 0.0) + fwd_write
+    bwd_write = xp.where(m.w_off, GRAD_BYTES_PER_PARAM * block_params, 0.0)
+    off_fwd_bytes = xp.maximum(fwd_read, fwd_write)
+    off_bwd_bytes = xp.maximum(bwd_read, bwd_write)
+    off_fwd_s = off_fwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_fwd_bytes))
+    off_bwd_s = off_bwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_bwd_bytes))
+    off_fwd_exposed = xp.maximum(off_fwd_s - block_fwd, 0.0)
+    off_bwd_exposed = xp.maximum(off_bwd_s - (block_bwd + recompute), 0.0)
+    offload_needed = xp.maximum(off_fwd_bytes / block_fwd, off_bwd_bytes / (block_bwd + recompute))
+
+    # ---- the output layer on the last stage: logits GEMM and cross-entropy ----
+    vocab_cols = c.vocab / t
+    head_gemm_flops = 2 * tokens * c.hidden * vocab_cols
+    head_gemm_bytes = e * (tokens * c.hidden + c.hidden * vocab_cols + tokens * vocab_cols)
+    head_fwd = (gemm_s(c, xp, head_gemm_flops, head_gemm_bytes)
+                + eltwise_s(c, xp, tokens * vocab_cols, CROSS_ENTROPY_FLOPS_PER_ELEM, 2 * e))
+    head_bwd = 2 * head_fwd
+
+    # ---- pipeline: 1F1B, interleaved over v chunks per stage ----
+    stage_fwd = blocks_per_stage * (block_fwd + off_fwd_exposed) + head_fwd
+    stage_bwd = blocks_per_stage * (block_bwd + recompute + off_bwd_exposed) + head_bwd
+    # Stage boundaries send the activation forward and its gradient back, split across the
+    # tp ranks (Megatron's scatter-gather of pipeline tensors); v chunks mean v boundaries.
+    p2p_s = collective_s(c, xp, Collective.p2p, p, act_message / t, m.pp_net)
+    pp_comm_micro = 2 * v * p2p_s
+    micro_s = stage_fwd + stage_bwd + pp_comm_micro
+    # The bubble is (p-1)/v microbatch times once the pipeline is full; with fewer
+    # microbatches than stages interleaving cannot fill it and it is p-1.
+    bubble_micro = xp.where(microbatches >= p, (p - 1) / v, p - 1)
+    pipeline_s = (microbatches + bubble_micro) * micro_s
+
+    # ---- data parallelism: gradient reduction of the stage's parameters ----
+    stage_params = blocks_per_stage * block_params + c.embedding_params / t
+    grad_bytes = stage_params * c.grad_comm_bytes
+    dp_all_reduce = collective_s(c, xp, Collective.all_reduce, dp, grad_bytes, m.dp_net)
+    dp_sharded = (collective_s(c, xp, Collective.reduce_scatter, dp, grad_bytes, m.dp_net)
+                  + collective_s(c, xp, Collective.all_gather, dp, e * stage_params, m.dp_net))
+    dp_comm = xp.where(m.opt_shard, dp_sharded, dp_all_reduce)
+    # Overlapped, each block's gradients reduce while the last microbatch's backward runs
+    # through the blocks before it; the last block's reduction has nothing left to hide behind.
+    dp_window = (blocks_per_stage - 1) * (block_bwd + recompute)
+    dp_exposed, dp_stolen = overlapped(dp_comm, dp_window, xp.where(m.dp_overlap, 1.0, 0.0),
+                                       xp.pick(c.net_usage, m.dp_net), xp)
+
+    # ---- optimizer step over this GPU's share of the stage's parameters ----
+    opt_params = stage_params / xp.where(m.opt_shard, dp, 1.0)
+    # reads gradient and state, writes state and the new weights
+    opt_bytes_per_param = GRAD_BYTES_PER_PARAM + 2 * c.optimizer_bytes_per_param + e
+    opt_hbm_s = eltwise_s(c, xp, opt_params, ADAM_FLOPS_PER_PARAM, opt_bytes_per_param)
+    opt_off_read = (xp.where(m.o_off, c.optimizer_bytes_per_param, 0.0)
+                    + xp.where(m.w_off, GRAD_BYTES_PER_PARAM, 0.0)) * opt_params
+    opt_off_write = (xp.where(m.o_off, c.optimizer_bytes_per_param, 0.0) + xp.where(m.w_off, e, 0.0)) * opt_params
+    opt_off_bytes = xp.maximum(opt_off_read, opt_off_write)
+    opt_off_s = opt_off_bytes / (off_rate * xp.lookup(c.offload_curve, opt_off_bytes))
+    optimizer_s = xp.maximum(opt_hbm_s, opt_off_s)
+
+    iteration_s = pipeline_s + dp_exposed + dp_stolen + optimizer_s
+
+    # ---- memory of a GPU in the first stage (it holds the most activations) ----
+    shards = xp.where(m.opt_shard, dp, 1.0)
+    stage_block_params = blocks_per_stage * block_params
+    weights = stage_block_params * e
+    grads = stage_block_params * GRAD_BYTES_PER_PARAM
+    optimizer = stage_block_params * c.optimizer_bytes_per_param / shards
+    embedding = c.embedding_params / t * (e + GRAD_BYTES_PER_PARAM + c.optimizer_bytes_per_param / shards)
+    # Blocks whose activations are alive at the peak: p microbatches of the stage's blocks
+    # for 1F1B; (p·v + p - 1) chunks of blocks/(p·v) blocks when interleaved (Korthikanti
+    # et al. 2022 §4.2.3: L·(1 + (p-1)/(p·v)) layers); fewer if there are fewer microbatches.
+    inflight_blocks = xp.where(v == 1, blocks_per_stage * xp.minimum(p, microbatches),
+                               blocks_per_stage / v * xp.minimum(microbatches * v, p * v + p - 1))
+    activations = act["stored"] * inflight_blocks
+    workspace = xp.where(m.recompute_full, act["full"], xp.where(m.recompute_none, 0.0, act["attention_core"]))
+    # Offloaded state keeps two blocks in HBM: the one computing and the one in transit.
+    resident_blocks = xp.minimum(2.0, blocks_per_stage)
+    weights_hbm = xp.where(m.w_off, resident_blocks * block_params * (e + GRAD_BYTES_PER_PARAM), weights + grads)
+    activations_hbm = xp.where(m.a_off, xp.minimum(2.0, inflight_blocks) * act["stored"], activations)
+    hbm = weights_hbm + xp.where(m.o_off, 0.0, optimizer) + activations_hbm + workspace + embedding
+    offload = (xp.where(m.w_off, weights + grads, 0.0) + xp.where(m.o_off, optimizer, 0.0)
+               + xp.where(m.a_off, activations, 0.0))
+
+    model_flops = c.model_flops_per_sample * m.batch
+    recompute_flops = c.blocks * xp.where(m.recompute_full, fw["matrix_flops"],
+                                          xp.where(m.recompute_none, 0.0, fw["attention_core_flops"])) * t / b
+    peak = iteration_s * m.num_procs * c.matrix_flops_per_s
+    return {
+        "iteration_s": iteration_s,
+        "forward_s": microbatches * (blocks_per_stage * compute_fwd + head_fwd),
+        "backward_s": microbatches * (blocks_per_stage * compute_bwd + head_bwd),
+        "recompute_s": microbatches * blocks_per_stage * recompute,
+        "tp_comm_s": microbatches * blocks_per_stage * (tp_fwd_exposed + tp_fwd_stolen + tp_bwd_exposed + tp_bwd_stolen),
+        "offload_s": microbatches * blocks_per_stage * (off_fwd_exposed + off_bwd_exposed),
+        "pp_comm_s": microbatches * pp_comm_micro,
+        "bubble_s": bubble_micro * micro_s,
+        "dp_comm_s": dp_exposed + dp_stolen,
+        "optimizer_s": optimizer_s,
+        "weights_bytes": weights,
+        "weight_grads_bytes": grads,
+        "optimizer_bytes": optimizer,
+        "embedding_bytes": embedding,
+        "activations_bytes": activations,
+        "activation_workspace_bytes": workspace,
+        "hbm_bytes": hbm,
+        "offload_bytes": offload,
+        "offload_bytes_per_s_needed": offload_needed,
+        "mfu": model_flops / peak,
+        "hfu": (model_flops + recompute_flops * m.batch) / peak,
+        "sample_rate": m.batch / iteration_s,
+    }
+

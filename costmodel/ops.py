@@ -1,0 +1,73 @@
+"""Two arithmetic backends for the same formulas: Python scalars and numpy arrays.
+
+The cost model is written once against this tiny interface (`where`, `maximum`,
+`minimum`, `lookup`, `pick`), so the scalar evaluator that explains one mapping and the
+vectorized one that scores millions are the same code by construction; the property test
+in tests/ checks that both backends agree.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Curve:
+    """A step efficiency curve: sizes ascending (the first is 0), an efficiency per step."""
+
+    sizes: tuple[float, ...]
+    efficiencies: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        # numpy copies for the array backend, made once
+        object.__setattr__(self, "sizes_array", np.asarray(self.sizes))
+        object.__setattr__(self, "efficiencies_array", np.asarray(self.efficiencies))
+
+    @staticmethod
+    def of(pairs) -> "Curve":
+        return Curve(tuple(float(s) for s, _ in pairs), tuple(float(e) for _, e in pairs))
+
+
+class ScalarOps:
+    """Backend for one mapping: plain Python floats, fast for a single evaluation."""
+
+    @staticmethod
+    def where(condition, if_true, if_false):
+        return if_true if condition else if_false
+
+    maximum = staticmethod(max)
+    minimum = staticmethod(min)
+
+    @staticmethod
+    def lookup(curve: Curve, size):
+        return curve.efficiencies[bisect_right(curve.sizes, size) - 1]
+
+    @staticmethod
+    def pick(table: tuple, index):
+        """table[index] for a per-network parameter and a network index."""
+        return table[int(index)]
+
+    @staticmethod
+    def logical_not(value):
+        return not value
+
+
+class ArrayOps:
+    """Backend for many mappings at once: every quantity is a numpy array."""
+
+    where = staticmethod(np.where)
+    maximum = staticmethod(np.maximum)
+    minimum = staticmethod(np.minimum)
+    logical_not = staticmethod(np.logical_not)
+
+    @staticmethod
+    def lookup(curve: Curve, size):
+        index = np.searchsorted(curve.sizes_array, size, side="right") - 1
+        return curve.efficiencies_array[index]
+
+    @staticmethod
+    def pick(table: tuple, index):
+        return np.asarray(table)[index]

@@ -1,0 +1,236 @@
+"""The system: GPUs (compute and memory tiers) and the networks between them.
+
+The YAML schema is this project's own; every field is described below and in
+docs/system-files.md. Rates and capacities are given in the units vendors quote
+(TFLOP/s, GB/s, GiB, µs) and converted to SI by the properties named `*_flops_per_s`,
+`*_bytes_per_s`, `*_bytes`, `*_s`.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from costmodel.units import GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class Datatype(str, Enum):
+    """Compute datatype of the matrix multiplies (mixed precision keeps fp32 master weights)."""
+
+    float8 = "float8"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+
+    @property
+    def bytes(self) -> int:
+        """Bytes per element of weights and activations in this datatype."""
+        return {"float8": 1, "bfloat16": 2, "float16": 2, "float32": 4}[self.value]
+
+
+class Collective(str, Enum):
+    """Communication operations the model issues."""
+
+    p2p = "p2p"
+    all_reduce = "all_reduce"
+    reduce_scatter = "reduce_scatter"
+    all_gather = "all_gather"
+
+
+# An efficiency curve: [[size, efficiency], ...] with sizes ascending; an operation of size x
+# runs at the efficiency of the largest listed size <= x (a step function, as in Calculon).
+EfficiencyCurve = list[tuple[float, float]]
+
+
+def _check_curve(curve: EfficiencyCurve, field: str) -> EfficiencyCurve:
+    if not curve:
+        raise ValueError(f"{field} needs at least one [size, efficiency] pair")
+    sizes = [size for size, _ in curve]
+    if sizes[0] != 0:
+        raise ValueError(f"{field} must start at size 0 (got {sizes[0]}) so every size has an efficiency")
+    if any(b <= a for a, b in zip(sizes, sizes[1:])):
+        raise ValueError(f"{field} sizes must be strictly ascending, got {sizes}")
+    for size, eff in curve:
+        if not 0 < eff <= 1:
+            raise ValueError(f"{field}: efficiency {eff} at size {size} is not in (0, 1]")
+    return curve
+
+
+class Compute(BaseModel):
+    """Peak throughput of one GPU in one datatype, and how much of it operations of each size reach."""
+
+    model_config = _FROZEN
+
+    matrix_tflops: float = Field(gt=0, description="Dense matrix-multiply peak, TFLOP/s (tensor cores).")
+    vector_tflops: float = Field(gt=0, description="Element-wise peak, TFLOP/s (CUDA cores).")
+    matrix_efficiency: EfficiencyCurve = Field(
+        description="[[flops, efficiency], ...]: fraction of matrix peak reached by a matrix multiply of that many FLOP.")
+    vector_efficiency: EfficiencyCurve = Field(
+        description="[[flops, efficiency], ...]: fraction of vector peak reached by an element-wise op of that many FLOP.")
+
+    @field_validator("matrix_efficiency", "vector_efficiency")
+    @classmethod
+    def _curve(cls, curve: EfficiencyCurve, info) -> EfficiencyCurve:
+        return _check_curve(curve, info.field_name)
+
+    @property
+    def matrix_flops_per_s(self) -> float:
+        return tflops_to_flops_per_s(self.matrix_tflops)
+
+    @property
+    def vector_flops_per_s(self) -> float:
+        return tflops_to_flops_per_s(self.vector_tflops)
+
+
+class Memory(BaseModel):
+    """One memory tier reachable by the GPU: HBM (tier 1) or offload memory (tier 2)."""
+
+    model_config = _FROZEN
+
+    capacity_gib: float = Field(gt=0, description="Capacity per GPU, GiB.")
+    bandwidth_gbps: float = Field(gt=0, description="Bandwidth per GPU, GB/s (per direction for offload memory).")
+    efficiency: EfficiencyCurve = Field(
+        default=[(0, 1.0)],
+        description="[[bytes, efficiency], ...]: fraction of bandwidth reached by a transfer of that many bytes.")
+
+    @field_validator("efficiency")
+    @classmethod
+    def _curve(cls, curve: EfficiencyCurve) -> EfficiencyCurve:
+        return _check_curve(curve, "efficiency")
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.capacity_gib * GiB
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return gbps_to_bytes_per_s(self.bandwidth_gbps)
+
+
+class CollectiveCost(BaseModel):
+    """Bytes a collective moves per participant: message · `bytes_factor` · (n + `n_offset`) / n.
+    A ring all-reduce is [2, -1] (2·(n-1)/n), reduce-scatter and all-gather are [1, -1],
+    a point-to-point send is [1, 0]."""
+
+    model_config = _FROZEN
+
+    bytes_factor: float = Field(gt=0)
+    n_offset: float = Field(le=0)
+
+
+def _default_collectives() -> dict[Collective, CollectiveCost]:
+    return {
+        Collective.p2p: CollectiveCost(bytes_factor=1.0, n_offset=0.0),
+        Collective.all_reduce: CollectiveCost(bytes_factor=2.0, n_offset=-1.0),
+        Collective.reduce_scatter: CollectiveCost(bytes_factor=1.0, n_offset=-1.0),
+        Collective.all_gather: CollectiveCost(bytes_factor=1.0, n_offset=-1.0),
+    }
+
+
+class Network(BaseModel):
+    """A network level: the NVLink domain, the InfiniBand fabric, ... listed innermost first."""
+
+    model_config = _FROZEN
+
+    name: str = Field(description="A label, e.g. nvlink or infiniband.")
+    size: int = Field(gt=0, description="How many GPUs one instance of this network spans.")
+    bandwidth_gbps: float = Field(gt=0, description="Injection bandwidth per GPU per direction, GB/s.")
+    efficiency: float = Field(gt=0, le=1, description="Fraction of bandwidth collectives reach on large messages.")
+    latency_us: float = Field(ge=0, description="Fixed cost of one collective or send, µs.")
+    processor_usage: float = Field(
+        ge=0, lt=1, description="Share of GPU compute that communication on this network steals while it overlaps compute.")
+    must_be_filled: bool = Field(
+        False, description="A group using this network must span all `size` GPUs (e.g. a switch that cannot be partitioned).")
+    collectives: dict[Collective, CollectiveCost] = Field(
+        default_factory=_default_collectives, description="Per-collective byte factors; defaults are ring algorithms.")
+
+    @field_validator("collectives")
+    @classmethod
+    def _all_collectives(cls, table: dict[Collective, CollectiveCost]) -> dict[Collective, CollectiveCost]:
+        missing = [op.value for op in Collective if op not in table]
+        if missing:
+            raise ValueError(f"collectives is missing {', '.join(missing)}")
+        return table
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return gbps_to_bytes_per_s(self.bandwidth_gbps)
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+
+class System(BaseModel):
+    """A GPU cluster: per-GPU compute and memory, and the networks joining the GPUs."""
+
+    model_config = _FROZEN
+
+    name: str = Field("system", description="A label for tables and plots.")
+    compute: dict[Datatype, Compute] = Field(description="Compute peaks per datatype the GPU supports.")
+    hbm: Memory = Field(description="Tier-1 memory (HBM).")
+    offload: Memory | None = Field(None, description="Optional tier-2 offload memory (host DRAM, CXL, LPDDR).")
+    networks: list[Network] = Field(min_length=1, description="Network levels, innermost (fastest) first.")
+
+    @model_validator(mode="after")
+    def _networks_nest(self) -> "System":
+        for inner, outer in zip(self.networks, self.networks[1:]):
+            if outer.size < inner.size:
+                raise ValueError(
+                    f"networks must be listed innermost first: {outer.name} size {outer.size} "
+                    f"< {inner.name} size {inner.size}")
+        if not self.compute:
+            raise ValueError("compute must list at least one datatype")
+        return self
+
+    def compute_for(self, datatype: Datatype) -> Compute:
+        from costmodel.errors import InputError
+
+        if datatype not in self.compute:
+            have = ", ".join(d.value for d in self.compute)
+            raise InputError(f"datatype: system {self.name!r} has no {datatype.value} compute (it has {have})")
+        return self.compute[datatype]
+
+    def with_overrides(self, *, hbm_gib: float | None = None, offload_gib: float | None = None,
+                       offload_gbps: float | None = None, nvlink_size: int | None = None) -> "System":
+        """The co-design knobs: replace HBM capacity, add or resize the offload tier, resize the
+        first network. Adding an offload tier needs both capacity and bandwidth unless the
+        system already has one."""
+        from costmodel.errors import InputError
+
+        update: dict = {}
+        if hbm_gib is not None:
+            if hbm_gib <= 0:
+                raise InputError(f"--hbm-gib: {hbm_gib} must be > 0")
+            update["hbm"] = self.hbm.model_copy(update={"capacity_gib": hbm_gib})
+        if offload_gib is not None or offload_gbps is not None:
+            for flag, value in (("--offload-gib", offload_gib), ("--offload-gbps", offload_gbps)):
+                if value is not None and value < 0:
+                    raise InputError(f"{flag}: {value} must be >= 0")
+            if offload_gib == 0:
+                update["offload"] = None
+            elif self.offload is None:
+                if offload_gib is None:
+                    raise InputError(f"--offload-gbps: system {self.name!r} has no offload memory; give --offload-gib too")
+                # Without a stated bandwidth the offload tier is as fast as HBM ("unbounded" in the
+                # paper's experiments is any bandwidth that never stalls compute).
+                gbps = offload_gbps if offload_gbps is not None else self.hbm.bandwidth_gbps
+                update["offload"] = Memory(capacity_gib=offload_gib, bandwidth_gbps=gbps)
+            else:
+                changes = {}
+                if offload_gib is not None:
+                    changes["capacity_gib"] = offload_gib
+                if offload_gbps is not None:
+                    changes["bandwidth_gbps"] = offload_gbps
+                update["offload"] = self.offload.model_copy(update=changes)
+        if nvlink_size is not None:
+            if nvlink_size <= 0:
+                raise InputError(f"--nvlink-size: {nvlink_size} must be > 0")
+            first = self.networks[0].model_copy(update={"size": nvlink_size})
+            update["networks"] = [first, *self.networks[1:]]
+        if not update:
+            return self
+        return System.model_validate({**self.model_dump(), **{k: v for k, v in update.items()}})

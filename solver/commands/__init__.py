@@ -1,0 +1,1 @@
+"""One module per `mapsat` subcommand; each defines a click command named `command`."""
