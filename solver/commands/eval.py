@@ -1,0 +1,35 @@
+"""mapsat eval: time and memory of one mapping, term by term."""
+
+from __future__ import annotations
+
+import click
+
+from costmodel.evaluate import evaluate
+from costmodel.load import load_mapping
+from solver.cli import load_problem, problem_options, user_errors
+from solver.report import console, dumps, evaluation_tables
+
+
+@click.command("eval")
+@problem_options
+@click.option("--mapping", "mapping_path", required=True, type=click.Path(dir_okay=False),
+              help="Mapping file (Calculon execution JSON field names).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
+@user_errors
+def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size, mapping_path, as_json):
+    """Evaluate one mapping: iteration time, MFU/HFU and memory, with their breakdown.
+
+    \b
+    Example:
+      mapsat eval --model problems/models/gpt3-175b.yaml \\
+                  --system problems/systems/a100-80g-selene.yaml \\
+                  --mapping problems/mappings/gpt3-175b-selene-seqsel.json
+    """
+    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+    ev = evaluate(model, system, load_mapping(mapping_path))
+    if as_json:
+        click.echo(dumps(ev.to_dict()))
+        return
+    out = console()
+    for table in evaluation_tables(ev, title=f"{model.name} on {ev.mapping.num_procs} x {system.name}"):
+        out.print(table)

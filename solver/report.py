@@ -1,0 +1,112 @@
+"""Human-readable tables (rich) and JSON documents for evaluations and search results.
+Units convert here, at the output boundary: seconds, GiB, GB/s, percent."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from costmodel.evaluate import Evaluation
+from costmodel.units import GB, GiB
+
+TIME_LABELS = {
+    "forward_s": "forward (blocks + output layer)",
+    "backward_s": "backward (activation + weight gradients)",
+    "recompute_s": "recompute",
+    "tp_comm_s": "TP communication, exposed (+ stolen compute)",
+    "pp_comm_s": "PP point-to-point",
+    "bubble_s": "pipeline bubble",
+    "dp_comm_s": "DP gradient reduction, exposed (+ stolen compute)",
+    "optimizer_s": "optimizer step",
+    "offload_s": "offload traffic not hidden by compute",
+}
+MEMORY_LABELS = {
+    "weights_bytes": "weights",
+    "weight_grads_bytes": "weight gradients (fp32)",
+    "optimizer_bytes": "optimizer state (fp32 master + Adam)",
+    "embedding_bytes": "embedding (weights + grads + optimizer)",
+    "activations_bytes": "stored activations (in flight)",
+    "activation_workspace_bytes": "activation workspace (recompute)",
+}
+
+
+def console() -> Console:
+    return Console(file=sys.stdout, soft_wrap=True)
+
+
+def mapping_summary(mapping_fields: dict) -> str:
+    """A one-line description of a mapping, in the project's vocabulary."""
+    m = mapping_fields
+    parts = [f"tp{m['tensor_par']} pp{m['pipeline_par']} dp{m['data_par']}",
+             f"batch {m['batch_size']} mb {m['microbatch_size']}"]
+    if m["pipeline_par"] > 1:
+        parts.append(f"il {m['pipeline_interleaving']}")
+    parts.append(f"recompute {m['activation_recompute']}")
+    if m["tensor_par"] > 1:
+        parts.append(f"tp-comm {m['tensor_par_comm_type']} overlap {m['tensor_par_overlap']}")
+        if m["seq_par_ag_redo"]:
+            parts.append("ag-redo")
+    if m["data_par"] > 1:
+        if m["optimizer_sharding"]:
+            parts.append("opt-shard")
+        if m["data_par_overlap"]:
+            parts.append("dp-overlap")
+    offload = [name for name, key in (("w", "weight_offload"), ("a", "activations_offload"),
+                                      ("o", "optimizer_offload")) if m[key]]
+    if offload:
+        parts.append("offload " + "+".join(offload))
+    nets = f"nets tp{m['tensor_par_net']}/pp{m['pipeline_par_net']}/dp{m['data_par_net']}"
+    return ", ".join(parts) + f", {nets}"
+
+
+def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
+    """The time and memory breakdown of one evaluation."""
+    head = Table(title=f"{title}: {mapping_summary(ev.mapping.model_dump(mode='json'))}", show_header=False)
+    head.add_row("feasible", "yes" if ev.feasible else "NO: " + "; ".join(ev.reasons))
+    head.add_row("iteration time", f"{ev.iteration_time_s:.4f} s")
+    head.add_row("sample rate", f"{ev.sample_rate:.2f} sequences/s")
+    head.add_row("MFU (model FLOP, no recompute)", f"{100 * ev.mfu:.2f} %")
+    head.add_row("HFU (hardware FLOP, with recompute)", f"{100 * ev.hfu:.2f} %")
+    if ev.offload_bytes_per_s_needed > 0:
+        head.add_row("offload bandwidth to hide traffic", f"{ev.offload_bytes_per_s_needed / GB:.1f} GB/s")
+
+    time_table = Table(title="time per iteration")
+    time_table.add_column("term")
+    time_table.add_column("seconds", justify="right")
+    time_table.add_column("share", justify="right")
+    for key, label in TIME_LABELS.items():
+        value = ev.time_s[key]
+        time_table.add_row(label, f"{value:.4f}", f"{100 * value / ev.iteration_time_s:.1f} %")
+    time_table.add_row("total", f"{ev.iteration_time_s:.4f}", "100.0 %", style="bold")
+
+    mem_table = Table(title="memory per GPU, first pipeline stage")
+    mem_table.add_column("term")
+    mem_table.add_column("GiB", justify="right")
+    for key, label in MEMORY_LABELS.items():
+        mem_table.add_row(label, f"{ev.memory_bytes[key] / GiB:.2f}")
+    mem_table.add_row("in HBM (tier 1)", f"{ev.hbm_bytes / GiB:.2f}", style="bold")
+    mem_table.add_row("in offload memory (tier 2)", f"{ev.offload_bytes / GiB:.2f}", style="bold")
+    return [head, time_table, mem_table]
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: numpy scalars to Python, non-finite floats to null."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def dumps(document: dict) -> str:
+    """Deterministic JSON: sorted keys, fixed indentation."""
+    return json.dumps(_clean(document), indent=2, sort_keys=True)

@@ -1,0 +1,70 @@
+"""Hypothesis strategies for random valid models, systems and mappings."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from costmodel.mapping import Mapping, Recompute, TPComm, TPOverlap
+from costmodel.model import Model
+from costmodel.system import Compute, Datatype, Memory, Network, System
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@st.composite
+def models(draw) -> Model:
+    heads = draw(st.sampled_from([8, 12, 16, 32, 48]))
+    head_size = draw(st.sampled_from([32, 64, 128]))
+    hidden = heads * head_size
+    return Model(name="random", hidden=hidden, feedforward=4 * hidden, attn_heads=heads, attn_size=head_size,
+                 seq_size=draw(st.sampled_from([512, 1024, 2048])), num_blocks=draw(st.sampled_from([4, 6, 12, 16, 24])),
+                 vocab_size=draw(st.sampled_from([32000, 51200])))
+
+
+@st.composite
+def systems(draw, offload: bool | None = None) -> System:
+    curve = [(0, draw(st.floats(0.2, 0.5))), (1e9, draw(st.floats(0.5, 0.7))), (1e11, draw(st.floats(0.7, 0.9)))]
+    compute = Compute(matrix_tflops=draw(st.sampled_from([312.0, 989.0])), vector_tflops=60.0,
+                      matrix_efficiency=curve, vector_efficiency=[(0, 0.6)])
+    has_offload = draw(st.booleans()) if offload is None else offload
+    return System(
+        name="random",
+        compute={Datatype.float16: compute, Datatype.bfloat16: compute, Datatype.float8: compute},
+        hbm=Memory(capacity_gib=draw(st.sampled_from([40.0, 80.0, 120.0])), bandwidth_gbps=2000.0,
+                   efficiency=[(0, 0.6), (1e7, 0.85)]),
+        offload=Memory(capacity_gib=512.0, bandwidth_gbps=draw(st.sampled_from([50.0, 100.0]))) if has_offload else None,
+        networks=[Network(name="nvlink", size=draw(st.sampled_from([4, 8, 16])), bandwidth_gbps=300.0, efficiency=0.7,
+                          latency_us=5.0, processor_usage=0.15),
+                  Network(name="ib", size=4096, bandwidth_gbps=25.0, efficiency=0.8, latency_us=20.0,
+                          processor_usage=0.05)],
+    )
+
+
+@st.composite
+def mappings(draw, model: Model, system: System, gpus: int | None = None) -> Mapping:
+    """A mapping valid for the model and system (divisibility rules hold)."""
+    tp = draw(st.sampled_from([t for t in divisors(model.attn_heads) if model.hidden % t == 0 and model.seq_size % t == 0 and t <= 16]))
+    pp = draw(st.sampled_from(divisors(model.num_blocks)))
+    dp = draw(st.sampled_from([1, 2, 4])) if gpus is None else None
+    if gpus is not None:
+        dp = max(1, gpus // (tp * pp))
+    local_batch = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    microbatch = draw(st.sampled_from([d for d in divisors(local_batch) if (d * model.seq_size) % tp == 0]))
+    interleaving = draw(st.sampled_from(divisors(model.num_blocks // pp))) if pp > 1 else 1
+    recompute = draw(st.sampled_from(list(Recompute)))
+    offload = system.offload is not None
+    nets = len(system.networks)
+    return Mapping(
+        num_procs=tp * pp * dp, tensor_par=tp, pipeline_par=pp, data_par=dp,
+        tensor_par_net=draw(st.integers(0, nets - 1)), pipeline_par_net=draw(st.integers(0, nets - 1)),
+        data_par_net=draw(st.integers(0, nets - 1)), batch_size=local_batch * dp, microbatch_size=microbatch,
+        datatype=draw(st.sampled_from([Datatype.float16, Datatype.float8])),
+        activation_recompute=recompute, pipeline_interleaving=interleaving,
+        optimizer_sharding=draw(st.booleans()), tensor_par_comm_type=draw(st.sampled_from(list(TPComm))),
+        tensor_par_overlap=draw(st.sampled_from(list(TPOverlap))), seq_par_ag_redo=draw(st.booleans()),
+        data_par_overlap=draw(st.booleans()),
+        weight_offload=offload and draw(st.booleans()), activations_offload=offload and draw(st.booleans()),
+        optimizer_offload=offload and draw(st.booleans()),
+    )
