@@ -1,0 +1,162 @@
+"""How many mappings a space holds, in closed form over the (tp, pp, interleaving) skeleton.
+
+For one skeleton the count is
+
+    interleavings × microbatches × flag combinations,
+
+and the flag combinations are summed over the assignments of the flags that other flags'
+conditions read (recompute × tp_comm: 9 terms) of the product of the other flags' domain
+sizes (1 when a flag is pinned). Nothing loops over mappings: the 15.6 million of the
+brief's 256-block model take a few milliseconds.
+
+With `feasible=True` the mappings are also evaluated with the exact vectorized model (see
+`solver.brute.scan`) and those passing its network-size and memory checks are counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from costmodel.model import Model
+from costmodel.system import Datatype, System
+from solver.space import Skeleton, Space, facts, skeletons
+
+SKELETON_BREAKDOWN = ("tp", "pp", "dp", "batch", "interleaving", "microbatch")
+
+
+@dataclass(frozen=True)
+class CountResult:
+    """Counts of one space for one problem.
+
+    `by_dimension[d][v]` is how many mappings have value `v` in dimension `d` (values as
+    strings: numbers for the skeleton and networks, choice names for the other flags); each
+    dimension's counts sum to `mappings`. `feasible` and `feasible_by_dimension` are set
+    only when feasibility was counted."""
+
+    space: str
+    num_gpus: int
+    max_batch: int
+    mappings: int
+    skeletons: int
+    by_dimension: dict[str, dict[str, int]]
+    seconds: float
+    feasible: int | None = None
+    feasible_by_dimension: dict[str, dict[str, int]] | None = None
+    datatype: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        out = {"space": self.space, "gpus": self.num_gpus, "max_batch": self.max_batch,
+               "mappings": self.mappings, "skeletons": self.skeletons, "by_dimension": self.by_dimension}
+        if self.feasible is not None:
+            out.update(feasible=self.feasible, datatype=self.datatype, feasible_by_dimension=self.feasible_by_dimension)
+        out["seconds"] = self.seconds
+        return out
+
+
+def _referenced_flags(space: Space) -> list[str]:
+    """Flags that some other flag's condition reads (recompute and tp_comm), in order."""
+    read = {c.subject for dim in space.flags for c in dim.free_when}
+    return [dim.name for dim in space.flags if dim.name in read]
+
+
+@lru_cache(maxsize=4096)
+def count_flag_combinations(space: Space, known: tuple[tuple[str, int], ...], num_networks: int,
+                            fixed: tuple[str, int] | None = None) -> int:
+    """Number of valid flag combinations given the skeleton facts `known`, optionally with one
+    flag fixed to one code (for the per-value breakdown). Closed form: a sum over the
+    assignments of the referenced flags of a product of the other flags' sizes."""
+    dims = space.flags
+    referenced = _referenced_flags(space)
+    by_name = {dim.name: dim for dim in dims}
+
+    def options(name: str, values: dict[str, int]) -> tuple[int, ...]:
+        dim = by_name[name]
+        domain = dim.domain(num_networks)
+        domain = domain if dim.is_free(values) else domain[:1]
+        if fixed is not None and fixed[0] == name:
+            domain = tuple(c for c in domain if c == fixed[1])
+        return domain
+
+    total = 0
+    base = dict(known)
+    # Assign the referenced flags in declaration order (each may depend on earlier ones).
+    stack: list[dict[str, int]] = [base]
+    for name in referenced:
+        stack = [{**values, name: code} for values in stack for code in options(name, values)]
+    for values in stack:
+        product = 1
+        for dim in dims:
+            if dim.name not in values:
+                product *= len(options(dim.name, values))
+        total += product
+    return total
+
+
+def _known(skeleton: Skeleton, system: System) -> tuple[tuple[str, int], ...]:
+    """Skeleton facts reduced to what conditions can tell apart (tp, pp, dp compared with 1)."""
+    f = facts(skeleton, system)
+    return tuple(sorted({"tp": min(f["tp"], 2), "pp": min(f["pp"], 2), "dp": min(f["dp"], 2),
+                         "offload": f["offload"]}.items()))
+
+
+def _flag_label(space: Space, name: str, code: int) -> str:
+    dim = next(d for d in space.flags if d.name == name)
+    return dim.labels[dim.codes.index(code)] if dim.labels else str(code)
+
+
+def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, space: Space,
+                   feasible: bool = False, datatype: Datatype = Datatype.bfloat16,
+                   workers: int | None = None, progress: bool = False) -> CountResult:
+    """Count the mappings of `space` (closed form) and, with `feasible`, those the exact model
+    accepts (by evaluating them all in chunks)."""
+    start = time.perf_counter()
+    skels = skeletons(model, num_gpus, max_batch, space)
+    n_net = len(system.networks)
+    breakdown: dict[str, dict[int | str, int]] = defaultdict(lambda: defaultdict(int))
+    total = 0
+    for sk in skels:
+        known = _known(sk, system)
+        flags = count_flag_combinations(space, known, n_net)
+        n_il, n_mb = len(sk.interleavings), len(sk.microbatches)
+        here = n_il * n_mb * flags
+        total += here
+        for name in ("tp", "pp", "dp", "batch"):
+            breakdown[name][getattr(sk, name)] += here
+        for il in sk.interleavings:
+            breakdown["interleaving"][il] += n_mb * flags
+        for mb in sk.microbatches:
+            breakdown["microbatch"][mb] += n_il * flags
+        for dim in space.flags:
+            for code in dim.domain(n_net):
+                part = count_flag_combinations(space, known, n_net, (dim.name, code))
+                if part:
+                    breakdown[dim.name][code] += n_il * n_mb * part
+    by_dimension = _labelled(space, breakdown)
+    result = CountResult(space=space.name, num_gpus=num_gpus, max_batch=max_batch, mappings=total,
+                         skeletons=len(skels), by_dimension=by_dimension, seconds=0.0)
+    if feasible:
+        from solver.brute import scan  # the evaluator is only needed here
+
+        scanned = scan(model, system, num_gpus, max_batch, space, datatype, top_k=0, workers=workers,
+                       progress=progress)
+        result = CountResult(**{**result.__dict__, "feasible": scanned.feasible, "datatype": datatype.value,
+                                "feasible_by_dimension": scanned.feasible_by_dimension})
+    return CountResult(**{**result.__dict__, "seconds": time.perf_counter() - start})
+
+
+def _labelled(space: Space, breakdown: dict[str, dict[int, int]]) -> dict[str, dict[str, int]]:
+    """Breakdown keyed by readable labels, dimensions in space order, values ascending."""
+    order = [*SKELETON_BREAKDOWN, *(d.name for d in space.flags)]
+    out: dict[str, dict[str, int]] = {}
+    for name in order:
+        values = breakdown.get(name, {})
+        if name in SKELETON_BREAKDOWN:
+            out[name] = {str(v): values[v] for v in sorted(values)}
+        else:
+            out[name] = {_flag_label(space, name, v): values[v] for v in sorted(values)}
+    return out
+

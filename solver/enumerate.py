@@ -1,0 +1,134 @@
+"""Every mapping of a space as `MappingArrays`, built with numpy in bounded chunks.
+
+Order (deterministic, and the tie-break order of the brute-force search): skeletons by tp
+ascending then pp ascending; inside a skeleton, interleaving ascending, then microbatch
+ascending, then the flag combinations in lexicographic order of their codes in
+`Space.flags` order (recompute, tp_comm, tp_overlap, optimizer_sharding, seq_par_ag_redo,
+dp_overlap, weight_offload, activations_offload, optimizer_offload, tp_net, pp_net,
+dp_net). Since dp and batch follow from (tp, pp), this is the lexicographic order of the
+tuple (tp, pp, interleaving, microbatch, recompute, tp_comm, ..., dp_net).
+
+The position of a mapping in that order is its **ordinal**. A chunk is a contiguous range
+of ordinals inside one skeleton: row r of skeleton s has interleaving index
+r // (microbatches·flags), microbatch index (r // flags) % microbatches and flag row
+r % flags, so a chunk is built with integer division and table look-ups, not a Python loop
+per mapping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from costmodel.encoding import MappingArrays
+from costmodel.model import Model
+from costmodel.system import System
+from solver.space import Skeleton, Space, flag_table, skeletons
+
+DEFAULT_CHUNK_ROWS = 1 << 20
+"""Rows per chunk: about 1M mappings, ~60 MB of columns before evaluation."""
+
+_BOOL_FLAGS = ("optimizer_sharding", "seq_par_ag_redo", "dp_overlap", "weight_offload",
+               "activations_offload", "optimizer_offload")
+
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """Rows [start, stop) of skeleton number `skeleton_index`; `ordinal` is the global
+    ordinal of its first row."""
+
+    skeleton_index: int
+    start: int
+    stop: int
+    ordinal: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything needed to build any chunk: the skeletons, their flag tables (rows of flag
+    codes in `space.flags` order) and the chunks."""
+
+    space: Space
+    skeletons: tuple[Skeleton, ...]
+    flag_tables: tuple[np.ndarray, ...]
+    chunks: tuple[ChunkSpec, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(c.rows for c in self.chunks)
+
+    def build(self, chunk: ChunkSpec) -> MappingArrays:
+        return build_rows(self.space, self.skeletons[chunk.skeleton_index], self.flag_tables[chunk.skeleton_index],
+                          chunk.start, chunk.stop)
+
+
+def skeleton_rows(skeleton: Skeleton, table: np.ndarray) -> int:
+    """Mappings on one skeleton: interleavings × microbatches × flag combinations."""
+    return len(skeleton.interleavings) * len(skeleton.microbatches) * len(table)
+
+
+def plan(model: Model, system: System, num_gpus: int, max_batch: int, space: Space,
+         chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Plan:
+    """Split the space into chunks of at most `chunk_rows` mappings, in enumeration order."""
+    if chunk_rows <= 0:
+        raise ValueError(f"chunk_rows {chunk_rows} must be > 0")
+    skels = tuple(skeletons(model, num_gpus, max_batch, space))
+    tables = tuple(np.array(flag_table(space, sk, system), dtype=np.int16).reshape(-1, len(space.flags))
+                   for sk in skels)
+    chunks = []
+    ordinal = 0
+    for index, (sk, table) in enumerate(zip(skels, tables)):
+        rows = skeleton_rows(sk, table)
+        for start in range(0, rows, chunk_rows):
+            stop = min(start + chunk_rows, rows)
+            chunks.append(ChunkSpec(index, start, stop, ordinal + start))
+        ordinal += rows
+    return Plan(space, skels, tables, tuple(chunks))
+
+
+def build_rows(space: Space, skeleton: Skeleton, table: np.ndarray, start: int, stop: int) -> MappingArrays:
+    """Rows [start, stop) of one skeleton (see the module docstring for the layout)."""
+    n = stop - start
+    n_flags, n_mb = len(table), len(skeleton.microbatches)
+    row = np.arange(start, stop, dtype=np.int64)
+    flag_row = row % n_flags
+    mb_index = (row // n_flags) % n_mb
+    il_index = row // (n_flags * n_mb)
+    flags = table[flag_row]
+    columns = {dim.name: flags[:, j] for j, dim in enumerate(space.flags)}
+
+    def full(value: int) -> np.ndarray:
+        return np.full(n, value, dtype=np.int64)
+
+    return MappingArrays(
+        tp=full(skeleton.tp), pp=full(skeleton.pp), dp=full(skeleton.dp), batch=full(skeleton.batch),
+        microbatch=np.asarray(skeleton.microbatches, dtype=np.int64)[mb_index],
+        interleaving=np.asarray(skeleton.interleavings, dtype=np.int64)[il_index],
+        recompute=columns["recompute"].astype(np.int8), tp_comm=columns["tp_comm"].astype(np.int8),
+        tp_overlap=columns["tp_overlap"].astype(np.int8),
+        **{name: columns[name].astype(bool) for name in _BOOL_FLAGS},
+        tp_net=columns["tp_net"].astype(np.int8), pp_net=columns["pp_net"].astype(np.int8),
+        dp_net=columns["dp_net"].astype(np.int8),
+    )
+
+
+def iter_chunks(model: Model, system: System, num_gpus: int, max_batch: int, space: Space,
+                chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Iterator[tuple[ChunkSpec, MappingArrays]]:
+    """Each chunk with its spec, in enumeration order."""
+    p = plan(model, system, num_gpus, max_batch, space, chunk_rows)
+    for chunk in p.chunks:
+        yield chunk, p.build(chunk)
+
+
+def enumerate_all(model: Model, system: System, num_gpus: int, max_batch: int, space: Space) -> MappingArrays:
+    """The whole space as one MappingArrays — for small spaces (tests, plotting)."""
+    p = plan(model, system, num_gpus, max_batch, space)
+    if not p.chunks:
+        return MappingArrays.from_mappings([])
+    return MappingArrays.concatenate([p.build(c) for c in p.chunks])

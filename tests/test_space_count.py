@@ -1,0 +1,290 @@
+"""The mapping space: closed-form counts against explicit enumeration, against CP-SAT's own
+solution count (an independent encoding of the skeleton rules), and the published counts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from ortools.sat.python import cp_model
+
+from costmodel.encoding import MappingArrays
+from costmodel.mapping import check_mapping_fits
+from costmodel.model import Model
+from costmodel.system import Datatype, System
+from solver.cli import cli
+from solver.count import count_mappings
+from solver.enumerate import enumerate_all, plan
+from solver.space import SPACES, Space, get_space
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "problems" / "models"
+
+
+def make_system(num_networks: int = 2, offload: bool = True) -> System:
+    """A minimal system: only the number of networks and the offload tier matter to counting."""
+    networks = [dict(name=f"net{i}", size=8 * 64**i, bandwidth_gbps=100.0, efficiency=0.8, latency_us=1.0,
+                     processor_usage=0.1) for i in range(num_networks)]
+    return System.model_validate(dict(
+        name="test", compute={"bfloat16": dict(matrix_tflops=100.0, vector_tflops=10.0,
+                                               matrix_efficiency=[[0, 1.0]], vector_efficiency=[[0, 1.0]])},
+        hbm=dict(capacity_gib=80, bandwidth_gbps=2000), networks=networks,
+        offload=dict(capacity_gib=512, bandwidth_gbps=100) if offload else None))
+
+
+def gpt_1t(blocks: int) -> Model:
+    return Model(name=f"gpt-1t-{blocks}b", hidden=18432, feedforward=73728, seq_size=8192, attn_heads=256,
+                 attn_size=72, num_blocks=blocks)
+
+
+# ---------------------------------------------------------------- the published counts
+@pytest.mark.parametrize("blocks, space, expected", [
+    (256, "calculon-2023", 15_612_832), (254, "calculon-2023", 842_080),
+    (256, "full", 23_311_328), (254, "full", 1_260_992),
+])
+def test_published_counts(blocks: int, space: str, expected: int) -> None:
+    result = count_mappings(gpt_1t(blocks), make_system(), 4096, 3072, get_space(space))
+    assert result.mappings == expected
+    for name, values in result.by_dimension.items():
+        assert sum(values.values()) == expected, name
+
+
+@pytest.mark.parametrize("blocks, expected", [(256, 15_612_224), (254, 841_472)])
+def test_published_counts_without_batch_quirk(blocks: int, expected: int) -> None:
+    strict = dataclasses.replace(SPACES["calculon-2023"], batch_is_dp_above_cap=False)
+    assert count_mappings(gpt_1t(blocks), make_system(), 4096, 3072, strict).mappings == expected
+
+
+def test_model_files_match_the_brief() -> None:
+    from costmodel.load import load_model
+
+    for blocks in (256, 254):
+        model = load_model(MODELS / f"gpt-1t-{blocks}b.yaml")
+        assert model.model_dump(exclude={"name"}) == gpt_1t(blocks).model_dump(exclude={"name"})
+
+
+def test_full_space_enumerates_exactly_its_count() -> None:
+    p = plan(gpt_1t(254), make_system(), 4096, 3072, SPACES["full"], chunk_rows=100_000)
+    assert p.total == 1_260_992
+    assert max(c.rows for c in p.chunks) <= 100_000
+    ordinals = [c.ordinal for c in p.chunks]
+    assert ordinals == sorted(ordinals) and ordinals[0] == 0
+
+
+# ---------------------------------------------------------------- small random problems
+@st.composite
+def small_problems(draw):
+    heads = draw(st.sampled_from([1, 2, 3, 4, 6, 8]))
+    model = Model(hidden=heads * draw(st.sampled_from([1, 2, 4])), feedforward=draw(st.sampled_from([4, 8, 12, 16])),
+                  seq_size=draw(st.sampled_from([1, 2, 3, 8])), attn_heads=heads, attn_size=1,
+                  num_blocks=draw(st.integers(1, 12)))
+    system = make_system(draw(st.integers(1, 3)), draw(st.booleans()))
+    num_gpus = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16]))
+    max_batch = draw(st.integers(1, 24))
+    space = draw(st.sampled_from(list(SPACES.values())))
+    if draw(st.booleans()):
+        space = dataclasses.replace(space, tp_max=draw(st.sampled_from([1, 2, 4])))
+    return model, system, num_gpus, max_batch, space
+
+
+def columns(arrays: MappingArrays) -> np.ndarray:
+    return np.column_stack([getattr(arrays, f.name).astype(np.int64) for f in dataclasses.fields(arrays)])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_problems())
+def test_closed_form_equals_enumeration(problem) -> None:
+    model, system, num_gpus, max_batch, space = problem
+    counted = count_mappings(model, system, num_gpus, max_batch, space)
+    arrays = enumerate_all(model, system, num_gpus, max_batch, space)
+    assert counted.mappings == len(arrays)
+    table = columns(arrays)
+    assert len(np.unique(table, axis=0)) == len(arrays), "enumeration repeats a mapping"
+    # Enumeration order is lexicographic in (tp, pp, interleaving, microbatch, flags...).
+    names = [f.name for f in dataclasses.fields(arrays)]
+    key = ["tp", "pp", "interleaving", "microbatch"] + [d.name for d in space.flags]
+    ordered = table[:, [names.index(k) for k in key]]
+    if len(ordered) > 1:
+        assert all(tuple(a) < tuple(b) for a, b in zip(ordered[:-1], ordered[1:]))
+    # Each dimension's breakdown is what the enumeration holds.
+    for name, values in counted.by_dimension.items():
+        if name in ("tp", "pp", "dp", "batch", "interleaving", "microbatch", "tp_net", "pp_net", "dp_net"):
+            got = dict(zip(*np.unique(getattr(arrays, name), return_counts=True)))
+            assert {str(k): int(v) for k, v in got.items()} == values, name
+    # Every enumerated mapping is a valid Mapping that fits the model and the system.
+    for i in range(0, len(arrays), max(1, len(arrays) // 7)):
+        mapping = arrays.to_mapping(i, Datatype.bfloat16)
+        check_mapping_fits(model, system, mapping)
+        assert mapping.batch_size <= max(max_batch, mapping.dp if space.batch_is_dp_above_cap else 0)
+
+
+# ---------------------------------------------------------------- CP-SAT's own count
+def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, space: Space) -> int:
+    """Count mappings with CP-SAT: the skeleton rules written again as constraints from the
+    brief's wording, the flags read from the Space declaration."""
+    m = cp_model.CpModel()
+    tp = m.NewIntVar(1, min(num_gpus, space.tp_max), "tp")
+    pp = m.NewIntVar(1, num_gpus, "pp")
+    dp = m.NewIntVar(1, num_gpus, "dp")
+    tp_pp = m.NewIntVar(1, num_gpus, "tp_pp")
+    m.AddMultiplicationEquality(tp_pp, [tp, pp])
+    m.AddMultiplicationEquality(num_gpus, [tp_pp, dp])          # tp·pp·dp = N
+    for size in (model.hidden, model.attn_heads, model.feedforward):
+        m.AddModuloEquality(0, size, tp)                          # tp divides hidden, heads, feedforward
+    m.AddModuloEquality(0, model.num_blocks, pp)                  # pp divides blocks
+    per_stage = m.NewIntVar(1, model.num_blocks, "blocks_per_stage")
+    m.AddDivisionEquality(per_stage, model.num_blocks, pp)
+    interleaving = m.NewIntVar(1, model.num_blocks, "interleaving")
+    m.AddModuloEquality(0, per_stage, interleaving)               # interleaving divides blocks/pp
+    pp_is_1 = m.NewBoolVar("pp_is_1")
+    m.Add(pp == 1).OnlyEnforceIf(pp_is_1)
+    m.Add(pp != 1).OnlyEnforceIf(pp_is_1.Not())
+    m.Add(interleaving == 1).OnlyEnforceIf(pp_is_1)               # no interleaving without a pipeline
+    replicas_per_cap = m.NewIntVar(0, max_batch, "cap_div_dp")
+    m.AddDivisionEquality(replicas_per_cap, max_batch, dp)        # batch = dp·floor(cap/dp)
+    local = m.NewIntVar(1, max_batch, "local_batch")
+    if space.batch_is_dp_above_cap:
+        m.AddMaxEquality(local, [replicas_per_cap, 1])            # quirk: batch = dp when dp > cap
+    else:
+        m.Add(local == replicas_per_cap)                          # strict: needs dp <= cap
+    microbatch = m.NewIntVar(1, max_batch, "microbatch")
+    m.AddModuloEquality(0, local, microbatch)                     # microbatch divides the local batch
+    tokens = m.NewIntVar(1, max_batch * model.seq_size, "tokens")
+    m.Add(tokens == microbatch * model.seq_size)
+    m.AddModuloEquality(0, tokens, tp)                            # microbatch·seq divisible by tp
+    subjects = {"tp": tp, "pp": pp, "dp": dp, "offload": int(system.offload is not None)}
+    for dim in space.flags:
+        domain = dim.domain(len(system.networks))
+        var = m.NewIntVarFromDomain(cp_model.Domain.FromValues(list(domain)), dim.name)
+        holds = []
+        for i, cond in enumerate(dim.free_when):
+            b = m.NewBoolVar(f"{dim.name}_cond{i}")
+            subject = subjects[cond.subject]
+            expr = {"==": (subject == cond.value, subject != cond.value),
+                    "!=": (subject != cond.value, subject == cond.value),
+                    ">": (subject > cond.value, subject <= cond.value)}[cond.op]
+            if isinstance(subject, int):                            # a fact of the system
+                m.Add(b == int(cond.holds({cond.subject: subject})))
+            else:
+                m.Add(expr[0]).OnlyEnforceIf(b)
+                m.Add(expr[1]).OnlyEnforceIf(b.Not())
+            holds.append(b)
+        free = m.NewBoolVar(f"{dim.name}_free")
+        m.AddBoolAnd(holds).OnlyEnforceIf(free)
+        m.AddBoolOr([h.Not() for h in holds] or [m.NewConstant(0)]).OnlyEnforceIf(free.Not())
+        m.Add(var == domain[0]).OnlyEnforceIf(free.Not())         # a pinned flag takes its first code
+        subjects[dim.name] = var
+
+    class Counter(cp_model.CpSolverSolutionCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.solutions = 0
+
+        def on_solution_callback(self) -> None:
+            self.solutions += 1
+
+    solver = cp_model.CpSolver()
+    solver.parameters.enumerate_all_solutions = True
+    solver.parameters.num_workers = 1
+    counter = Counter()
+    status = solver.Solve(m, counter)
+    assert status in (cp_model.OPTIMAL, cp_model.INFEASIBLE)
+    return counter.solutions
+
+
+@pytest.mark.parametrize("hidden, heads, blocks, seq, gpus, cap, networks, offload", [
+    (8, 4, 6, 8, 8, 8, 1, False),
+    (12, 6, 4, 3, 6, 5, 1, False),     # seq 3: microbatch·3 must be divisible by tp
+    (8, 8, 8, 1, 4, 3, 2, False),      # dp = 4 > cap 3: the two spaces differ
+    (4, 4, 2, 8, 2, 4, 2, True),       # offload and two networks
+    (8, 8, 6, 4, 6, 4, 1, True),       # dp 6 > cap 4 with offload
+])
+def test_closed_form_equals_cp_sat(hidden, heads, blocks, seq, gpus, cap, networks, offload) -> None:
+    model = Model(hidden=hidden, feedforward=4 * hidden, seq_size=seq, attn_heads=heads, attn_size=1,
+                  num_blocks=blocks)
+    system = make_system(networks, offload)
+    for space in SPACES.values():
+        expected = cp_sat_count(model, system, gpus, cap, space)
+        assert count_mappings(model, system, gpus, cap, space).mappings == expected
+
+
+def test_no_mapping_when_dp_exceeds_cap_in_full_space() -> None:
+    model = Model(hidden=8, feedforward=32, seq_size=8, attn_heads=8, attn_size=1, num_blocks=1)
+    system = make_system(1, False)
+    # tp must be 1 or divide 8 and pp = 1 (one block), so dp >= 64/8 = 8 > cap 4.
+    assert count_mappings(model, system, 64, 4, SPACES["full"]).mappings == 0
+    assert count_mappings(model, system, 64, 4, SPACES["calculon-2023"]).mappings > 0
+    assert len(enumerate_all(model, system, 64, 4, SPACES["full"])) == 0
+
+
+def test_unknown_space_names_the_presets() -> None:
+    with pytest.raises(Exception, match="calculon-2023"):
+        get_space("nope")
+
+
+# ---------------------------------------------------------------- CLI
+def write_system(tmp_path: Path) -> Path:
+    path = tmp_path / "system.json"
+    path.write_text(make_system(2, True).model_dump_json())
+    return path
+
+
+def test_cli_count_json_reproduces_published_count(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["count", "--model", str(MODELS / "gpt-1t-254b.yaml"), "--system",
+                                      str(write_system(tmp_path)), "--gpus", "4096", "--space", "calculon-2023",
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["mappings"] == 842_080
+    assert sum(data["by_dimension"]["tp"].values()) == 842_080
+    assert "feasible" not in data
+
+
+def test_cli_count_table(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["count", "--model", str(MODELS / "gpt-1t-256b.yaml"), "--system",
+                                      str(write_system(tmp_path)), "--gpus", "4096"])
+    assert result.exit_code == 0, result.output
+    assert "23,311,328" in result.output and "microbatch" in result.output
+
+
+@pytest.mark.parametrize("gpus", ["0", "-4", "many"])
+def test_cli_count_bad_gpus_is_a_usage_error(tmp_path: Path, gpus: str) -> None:
+    result = CliRunner().invoke(cli, ["count", "--model", str(MODELS / "gpt-1t-256b.yaml"), "--system",
+                                      str(write_system(tmp_path)), "--gpus", gpus])
+    assert result.exit_code == 2
+    assert "--gpus" in result.output and "Traceback" not in result.output
+
+
+def test_cli_count_missing_model_file(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["count", "--model", str(tmp_path / "none.yaml"), "--system",
+                                      str(write_system(tmp_path)), "--gpus", "8"])
+    assert result.exit_code == 1
+    assert "none.yaml" in result.output and "Traceback" not in result.output
+
+
+def test_cli_spaces_lists_every_dimension() -> None:
+    result = CliRunner().invoke(cli, ["spaces", "--json"])
+    assert result.exit_code == 0, result.output
+    described = {s["name"]: s for s in json.loads(result.output)}
+    assert set(described) == set(SPACES)
+    for space in described.values():
+        names = [d["name"] for d in space["dimensions"]]
+        assert names[:6] == ["tp", "pp", "dp", "batch", "interleaving", "microbatch"]
+        assert {"recompute", "tp_overlap", "seq_par_ag_redo", "dp_net"} <= set(names)
+    overlap = {n: next(d for d in s["dimensions"] if d["name"] == "tp_overlap")["domain"] for n, s in described.items()}
+    assert overlap == {"full": "none | ring | pipe", "calculon-2023": "none | ring"}
+    table = CliRunner().invoke(cli, ["spaces"])
+    assert table.exit_code == 0 and "calculon-2023" in table.output
+
+
+@pytest.mark.parametrize("name", ["count", "spaces"])
+def test_commands_have_help_with_an_example(name: str) -> None:
+    result = CliRunner().invoke(cli, [name, "--help"])
+    assert result.exit_code == 0
+    assert "Example" in result.output
