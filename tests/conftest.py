@@ -1,0 +1,80 @@
+"""Shared test fixtures: where the shipped problems live, small valid inputs to break on
+purpose, and a helper that writes them to files."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PROBLEMS = REPO / "problems"
+MODELS_DIR = PROBLEMS / "models"
+SYSTEMS_DIR = PROBLEMS / "systems"
+MAPPINGS_DIR = PROBLEMS / "mappings"
+A100_SYSTEM = SYSTEMS_DIR / "a100-80g-selene.yaml"
+H100_SYSTEM = SYSTEMS_DIR / "h100-80g-nvl8.yaml"
+# The measurements of the brief live in shared/, beside the clone (as in CI).
+SELENE_VALIDATION = REPO.parent / "shared" / "validation" / "selene-2022.json"
+
+# A small valid model, system and mapping. Tests copy one and break a single field.
+MODEL_DATA: dict[str, Any] = {
+    "name": "tiny", "hidden": 1024, "feedforward": 4096, "seq_size": 2048,
+    "attn_heads": 16, "attn_size": 64, "num_blocks": 24, "vocab_size": 51200,
+}
+SYSTEM_DATA: dict[str, Any] = {
+    "name": "tiny-gpu",
+    "compute": {
+        "bfloat16": {"matrix_tflops": 100.0, "vector_tflops": 10.0,
+                     "matrix_efficiency": [[0, 0.5], [1.0e9, 0.9]], "vector_efficiency": [[0, 0.8]]},
+    },
+    "hbm": {"capacity_gib": 80, "bandwidth_gbps": 2000, "efficiency": [[0, 0.5], [1.0e6, 0.9]]},
+    "networks": [
+        {"name": "nvlink", "size": 8, "bandwidth_gbps": 300, "efficiency": 0.8, "latency_us": 10,
+         "processor_usage": 0.15},
+        {"name": "infiniband", "size": 1024, "bandwidth_gbps": 25, "efficiency": 0.9, "latency_us": 20,
+         "processor_usage": 0.05},
+    ],
+}
+MAPPING_DATA: dict[str, Any] = {
+    "num_procs": 16, "tensor_par": 2, "pipeline_par": 4, "data_par": 2,
+    "tensor_par_net": 0, "pipeline_par_net": 1, "data_par_net": 1,
+    "batch_size": 16, "microbatch_size": 2, "datatype": "bfloat16",
+}
+
+
+@pytest.fixture
+def model_data() -> dict[str, Any]:
+    return copy.deepcopy(MODEL_DATA)
+
+
+@pytest.fixture
+def system_data() -> dict[str, Any]:
+    return copy.deepcopy(SYSTEM_DATA)
+
+
+@pytest.fixture
+def mapping_data() -> dict[str, Any]:
+    return copy.deepcopy(MAPPING_DATA)
+
+
+@pytest.fixture
+def write_file(tmp_path: Path) -> Callable[[str, Any], Path]:
+    """write_file(name, content) -> path in tmp_path. Strings are written as they are; other
+    content is dumped as JSON for *.json names and as YAML otherwise."""
+
+    def write(name: str, content: Any) -> Path:
+        path = tmp_path / name
+        if isinstance(content, str):
+            path.write_text(content)
+        elif path.suffix == ".json":
+            path.write_text(json.dumps(content, indent=2))
+        else:
+            path.write_text(yaml.safe_dump(content, sort_keys=False))
+        return path
+
+    return write
