@@ -135,7 +135,7 @@ def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, 
                 part = count_flag_combinations(space, known, n_net, (dim.name, code))
                 if part:
                     breakdown[dim.name][code] += n_il * n_mb * part
-    by_dimension = _labelled(space, breakdown)
+    by_dimension = label_breakdown(space, breakdown)
     result = CountResult(space=space.name, num_gpus=num_gpus, max_batch=max_batch, mappings=total,
                          skeletons=len(skels), by_dimension=by_dimension, seconds=0.0)
     if feasible:
@@ -148,7 +148,7 @@ def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, 
     return CountResult(**{**result.__dict__, "seconds": time.perf_counter() - start})
 
 
-def _labelled(space: Space, breakdown: dict[str, dict[int, int]]) -> dict[str, dict[str, int]]:
+def label_breakdown(space: Space, breakdown: dict[str, dict[int, int]]) -> dict[str, dict[str, int]]:
     """Breakdown keyed by readable labels, dimensions in space order, values ascending."""
     order = [*SKELETON_BREAKDOWN, *(d.name for d in space.flags)]
     out: dict[str, dict[str, int]] = {}

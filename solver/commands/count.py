@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from costmodel.system import Datatype
 from solver.cli import load_problem, problem_options, user_errors
-from solver.commands.spaces import datatype_option, space_options
+from solver.commands.spaces import datatype_option, space_options, wide_console
 from solver.count import CountResult, count_mappings
 from solver.space import get_space
 
@@ -52,7 +51,7 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
 
 def print_count(result: CountResult, model_name: str, system_name: str) -> None:
     """Human output: the total, then one row per dimension with the count per value."""
-    console = Console(soft_wrap=False)
+    console = wide_console()
     line = (f"[bold]{result.mappings:,}[/bold] mappings of {model_name} on {result.num_gpus:,} GPUs of {system_name} "
             f"(space {result.space}, max batch {result.max_batch:,}, {result.skeletons} (tp, pp) splits)")
     if result.feasible is not None:

@@ -18,6 +18,13 @@ from solver.cli import user_errors
 from solver.space import DEFAULT_SPACE, SPACES, Space
 
 
+def wide_console() -> Console:
+    """A console for tables: the terminal's width, or 200 columns when writing to a file or
+    pipe (rich would otherwise squeeze tables into 80 and cut every cell)."""
+    console = Console(soft_wrap=False)
+    return console if console.is_terminal else Console(soft_wrap=False, width=200)
+
+
 def space_options(func: Callable) -> Callable:
     """--gpus N [--max-batch B] [--space NAME]."""
     options = [
@@ -68,7 +75,7 @@ def command(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(described, indent=2))
         return
-    console = Console(soft_wrap=False)
+    console = wide_console()
     for space in described:
         default = " (default)" if space["default"] else ""
         table = Table(title=f"{space['name']}{default}: {space['summary']}", title_justify="left")
