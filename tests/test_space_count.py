@@ -113,10 +113,12 @@ def test_closed_form_equals_enumeration(problem) -> None:
     if len(ordered) > 1:
         assert all(tuple(a) < tuple(b) for a, b in zip(ordered[:-1], ordered[1:]))
     # Each dimension's breakdown is what the enumeration holds.
+    flags = {d.name: d for d in space.flags}
     for name, values in counted.by_dimension.items():
-        if name in ("tp", "pp", "dp", "batch", "interleaving", "microbatch", "tp_net", "pp_net", "dp_net"):
-            got = dict(zip(*np.unique(getattr(arrays, name), return_counts=True)))
-            assert {str(k): int(v) for k, v in got.items()} == values, name
+        codes, counts = np.unique(getattr(arrays, name).astype(np.int64), return_counts=True)
+        dim = flags.get(name)
+        labels = [dim.labels[dim.codes.index(c)] if dim is not None and dim.labels else str(c) for c in codes.tolist()]
+        assert dict(zip(labels, counts.tolist())) == values, name
     # Every enumerated mapping is a valid Mapping that fits the model and the system.
     for i in range(0, len(arrays), max(1, len(arrays) // 7)):
         mapping = arrays.to_mapping(i, Datatype.bfloat16)
