@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import difflib
 import json
+import types
+import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,64 +24,158 @@ from costmodel.system import System
 T = TypeVar("T", bound=BaseModel)
 
 
+class _DuplicateKey(ValueError):
+    """A key given twice in one mapping: YAML and JSON readers would quietly keep the last."""
+
+
+class _StrictYamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: let the base loader report it
+                break
+            if duplicate:
+                raise _DuplicateKey(f"field {key!r} is given twice (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict:
+    keys = [key for key, _ in pairs]
+    for key in keys:
+        if keys.count(key) > 1:
+            raise _DuplicateKey(f"field {key!r} is given twice")
+    return dict(pairs)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
 def read_document(path: str | Path) -> Any:
     """Parse a YAML or JSON file (JSON is YAML, but JSON errors read better from json)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise InputError(f"{path}: is a directory, not a file") from None
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: not a text file (byte {err.start} is not UTF-8)") from None
     except OSError as err:
         raise InputError(f"{path}: cannot be read ({err.strerror})") from None
+    if not text.strip():
+        raise InputError(f"{path}: is empty")
     try:
         if path.suffix.lower() == ".json":
-            return json.loads(text)
-        return yaml.safe_load(text)
+            data = json.loads(text, object_pairs_hook=_json_object)
+        else:
+            data = yaml.load(text, Loader=_StrictYamlLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as err:
+        raise InputError(f"{path}: {err}") from None
     except json.JSONDecodeError as err:
         raise InputError(f"{path}: not valid JSON at line {err.lineno} column {err.colno}: {err.msg}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise InputError(f"{path}: not valid YAML{where}: {problem}") from None
+        problem = getattr(err, "problem", None) or str(err)
+        raise InputError(f"{path}: not valid YAML{where}: {_one_line(problem)}") from None
+    if data is None:
+        raise InputError(f"{path}: is empty (no fields, only comments or null)")
+    return data
+
+
+# ---------------------------------------------------------------- pydantic errors as one line
+
+
+def _unwrap(annotation: Any) -> list[Any]:
+    """The alternatives of an annotation: X | None -> [X, None]; Annotated[X, ...] -> [X]."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [alt for arg in typing.get_args(annotation) for alt in _unwrap(arg)]
+    return [annotation]
+
+
+def _descend(annotation: Any, part: Any) -> Any:
+    """The annotation of the value at `part` inside a value of type `annotation`: a field of a
+    model, an item of a list or tuple, a value of a dict (whatever the key)."""
+    for alt in _unwrap(annotation):
+        if isinstance(alt, type) and issubclass(alt, BaseModel):
+            field = alt.model_fields.get(part) if isinstance(part, str) else None
+            if field is not None:
+                return field.annotation
+            continue
+        origin, args = typing.get_origin(alt), typing.get_args(alt)
+        if origin is dict and len(args) == 2:
+            return args[1]
+        if origin in (list, tuple, set, frozenset) and args:
+            return args[0]
+    return None
 
 
 def _field_names(model_cls: type[BaseModel], loc: tuple) -> list[str]:
-    """Known field names at the location of an error, for typo suggestions."""
-    cls: Any = model_cls
+    """Known field names of the model holding the field at `loc` (for typo suggestions)."""
+    annotation: Any = model_cls
     for part in loc[:-1]:
-        if isinstance(part, int) or cls is None:
-            continue
-        field = getattr(cls, "model_fields", {}).get(part)
-        if field is None:
+        annotation = _descend(annotation, part)
+        if annotation is None:
             return []
-        annotation = field.annotation
-        args = getattr(annotation, "__args__", ()) or (annotation,)
-        cls = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
-    return list(getattr(cls, "model_fields", {}).keys()) if cls else []
+    for alt in _unwrap(annotation):
+        if isinstance(alt, type) and issubclass(alt, BaseModel):
+            return list(alt.model_fields)
+    return []
+
+
+def _first_problem(errors: list[dict]) -> dict:
+    """The error to report: an unknown field first (a misspelt required field is also reported
+    missing, and the typo is the cause), then a missing field, then the first other error."""
+    for kind in ("extra_forbidden", "missing"):
+        for error in errors:
+            if error.get("type") == kind:
+                return error
+    return errors[0]
 
 
 def describe_validation_error(err: ValidationError, model_cls: type[BaseModel], source: str) -> str:
-    """The first problem of a pydantic error as one line: `source: field 'x.y': value 7: reason`."""
-    first = err.errors()[0]
+    """One problem of a pydantic error as one line: `source: field 'x.y' 7: reason`."""
+    errors = err.errors()
+    first = _first_problem(errors)
     loc = tuple(first.get("loc", ()))
     where = ".".join(str(part) for part in loc)
     kind = first.get("type", "")
     if kind == "extra_forbidden":
-        known = _field_names(model_cls, loc)
-        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        typo = str(loc[-1])
+        # A missing field beside the unknown one is the likeliest meaning; then any known field.
+        missing = [str(e["loc"][-1]) for e in errors
+                   if e.get("type") == "missing" and tuple(e.get("loc", ()))[:-1] == loc[:-1]]
+        close = (difflib.get_close_matches(typo, missing, n=1)
+                 or difflib.get_close_matches(typo, _field_names(model_cls, loc), n=1))
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         return f"{source}: unknown field '{where}'{hint}"
     if kind == "missing":
         return f"{source}: missing field '{where}'"
-    message = first.get("msg", "invalid").removeprefix("Value error, ")
+    message = _one_line(first.get("msg", "invalid").removeprefix("Value error, "))
     if not loc:
         return f"{source}: {message}"
     value = first.get("input")
-    shown = "" if isinstance(value, (dict, list)) else f" {value!r}"
+    if loc[-1] == "[key]":  # a bad key of a dict, e.g. a datatype under compute
+        where = ".".join(str(part) for part in loc[:-2])
+        return f"{source}: field '{where}' key {_shown(value)}: {message}"
+    shown = "" if isinstance(value, (dict, list)) else f" {_shown(value)}"
     return f"{source}: field '{where}'{shown}: {message}"
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A value as it appears in a message: its repr, cut short if long."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def parse(model_cls: type[T], data: Any, source: str) -> T:

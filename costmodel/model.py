@@ -6,24 +6,84 @@ Field names follow Calculon's model files (`hidden`, `feedforward`, `seq_size`,
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import math
+import re
+from numbers import Integral, Real
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from costmodel.errors import InputError
+
+
+# ---- field types shared by the three inputs (model, system, mapping) ----
+# pydantic's lax mode would read `true` (and YAML 1.1's yes/on) as 1 and the string "12" as
+# 12; a size in an input file must be written as a number.
+
+
+def _whole_number(value: object) -> object:
+    """A whole number as written in a file: an int (numpy integers too), or a float with no
+    fractional part (12.0, as JSON writers sometimes emit, reads as 12). Booleans, strings
+    and fractions are rejected with a message saying why."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean, not a whole number (YAML reads yes/no/on/off as booleans too)")
+    if isinstance(value, str):
+        if _yaml_exponent_text(value):
+            signed = re.sub(r"([eE])(\d)", r"\1+\2", value)
+            raise ValueError(f"text, not a number: YAML 1.1 reads an exponent without a sign as text (write {signed})")
+        raise ValueError("a string, not a whole number (write the number without quotes)")
+    if isinstance(value, Integral):
+        return int(value)
+    if isinstance(value, Real):
+        if not math.isfinite(value):
+            raise ValueError("not a finite number")
+        if value != int(value):
+            raise ValueError("not a whole number")
+        return int(value)
+    return value  # anything else (a list, a mapping) fails as "a valid integer" below
+
+
+def _yaml_exponent_text(text: str) -> bool:
+    """True for text like 1e3 or 2.5E9: a number to Python, a string to YAML 1.1."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return "e" in text.lower() and "inf" not in text.lower()
+
+
+def _real_number(value: object) -> object:
+    """A real number: not a boolean (lax pydantic would read `true` as 1.0). Strings holding a
+    number are accepted: YAML 1.1 reads an exponent without a sign (`3.17e9`) as a string,
+    and the number written is the one meant. NaN and infinity are refused by allow_inf_nan."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean, not a number (YAML reads yes/no/on/off as booleans too)")
+    return value
+
+
+WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
+"""An int field of an input file (a size, a count, an index)."""
+
+RealNumber = Annotated[float, BeforeValidator(_real_number)]
+"""A float field of an input file; finite (every input model sets allow_inf_nan=False)."""
+
+INPUT_CONFIG = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+"""Every input is frozen, forbids unknown fields (typos) and refuses NaN and infinity."""
 
 
 class Model(BaseModel):
     """A decoder-only transformer: `num_blocks` identical blocks of attention + MLP."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = INPUT_CONFIG
 
     name: str = Field("model", description="A label for tables and plots.")
-    hidden: int = Field(gt=0, description="Model (embedding) width, h.")
-    feedforward: int = Field(gt=0, description="Width of the MLP's inner layer, usually 4·h.")
-    seq_size: int = Field(gt=0, description="Sequence length in tokens, s.")
-    attn_heads: int = Field(gt=0, description="Number of attention heads, a.")
-    attn_size: int = Field(gt=0, description="Width of one attention head, d (a·d is usually h).")
-    num_blocks: int = Field(gt=0, description="Number of transformer blocks, L.")
-    vocab_size: int = Field(51200, gt=0, description="Vocabulary size, V (Megatron's GPT-2 default).")
+    hidden: WholeNumber = Field(gt=0, description="Model (embedding) width, h.")
+    feedforward: WholeNumber = Field(gt=0, description="Width of the MLP's inner layer, usually 4·h.")
+    seq_size: WholeNumber = Field(gt=0, description="Sequence length in tokens, s.")
+    attn_heads: WholeNumber = Field(gt=0, description="Number of attention heads, a.")
+    attn_size: WholeNumber = Field(gt=0, description="Width of one attention head, d (a·d is usually h).")
+    num_blocks: WholeNumber = Field(gt=0, description="Number of transformer blocks, L.")
+    vocab_size: WholeNumber = Field(51200, gt=0, description="Vocabulary size, V (Megatron's GPT-2 default).")
 
     # ---- parameter counts (the weights of one block, and of the whole model) ----
     @property

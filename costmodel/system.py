@@ -8,13 +8,16 @@ docs/system-files.md. Rates and capacities are given in the units vendors quote
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from costmodel.errors import InputError
+from costmodel.model import INPUT_CONFIG, RealNumber, WholeNumber
 from costmodel.units import GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = INPUT_CONFIG
 
 
 class Datatype(str, Enum):
@@ -42,7 +45,7 @@ class Collective(str, Enum):
 
 # An efficiency curve: [[size, efficiency], ...] with sizes ascending; an operation of size x
 # runs at the efficiency of the largest listed size <= x (a step function, as in Calculon).
-EfficiencyCurve = list[tuple[float, float]]
+EfficiencyCurve = list[tuple[RealNumber, RealNumber]]
 
 
 def _check_curve(curve: EfficiencyCurve, field: str) -> EfficiencyCurve:
@@ -64,8 +67,8 @@ class Compute(BaseModel):
 
     model_config = _FROZEN
 
-    matrix_tflops: float = Field(gt=0, description="Dense matrix-multiply peak, TFLOP/s (tensor cores).")
-    vector_tflops: float = Field(gt=0, description="Element-wise peak, TFLOP/s (CUDA cores).")
+    matrix_tflops: RealNumber = Field(gt=0, description="Dense matrix-multiply peak, TFLOP/s (tensor cores).")
+    vector_tflops: RealNumber = Field(gt=0, description="Element-wise peak, TFLOP/s (CUDA cores).")
     matrix_efficiency: EfficiencyCurve = Field(
         description="[[flops, efficiency], ...]: fraction of matrix peak reached by a matrix multiply of that many FLOP.")
     vector_efficiency: EfficiencyCurve = Field(
@@ -90,8 +93,8 @@ class Memory(BaseModel):
 
     model_config = _FROZEN
 
-    capacity_gib: float = Field(gt=0, description="Capacity per GPU, GiB.")
-    bandwidth_gbps: float = Field(gt=0, description="Bandwidth per GPU, GB/s (per direction for offload memory).")
+    capacity_gib: RealNumber = Field(gt=0, description="Capacity per GPU, GiB.")
+    bandwidth_gbps: RealNumber = Field(gt=0, description="Bandwidth per GPU, GB/s (per direction for offload memory).")
     efficiency: EfficiencyCurve = Field(
         default=[(0, 1.0)],
         description="[[bytes, efficiency], ...]: fraction of bandwidth reached by a transfer of that many bytes.")
@@ -117,8 +120,8 @@ class CollectiveCost(BaseModel):
 
     model_config = _FROZEN
 
-    bytes_factor: float = Field(gt=0)
-    n_offset: float = Field(le=0)
+    bytes_factor: RealNumber = Field(gt=0)
+    n_offset: RealNumber = Field(le=0)
 
 
 def _default_collectives() -> dict[Collective, CollectiveCost]:
@@ -136,11 +139,11 @@ class Network(BaseModel):
     model_config = _FROZEN
 
     name: str = Field(description="A label, e.g. nvlink or infiniband.")
-    size: int = Field(gt=0, description="How many GPUs one instance of this network spans.")
-    bandwidth_gbps: float = Field(gt=0, description="Injection bandwidth per GPU per direction, GB/s.")
-    efficiency: float = Field(gt=0, le=1, description="Fraction of bandwidth collectives reach on large messages.")
-    latency_us: float = Field(ge=0, description="Fixed cost of one collective or send, µs.")
-    processor_usage: float = Field(
+    size: WholeNumber = Field(gt=0, description="How many GPUs one instance of this network spans.")
+    bandwidth_gbps: RealNumber = Field(gt=0, description="Injection bandwidth per GPU per direction, GB/s.")
+    efficiency: RealNumber = Field(gt=0, le=1, description="Fraction of bandwidth collectives reach on large messages.")
+    latency_us: RealNumber = Field(ge=0, description="Fixed cost of one collective or send, µs.")
+    processor_usage: RealNumber = Field(
         ge=0, lt=1, description="Share of GPU compute that communication on this network steals while it overlaps compute.")
     must_be_filled: bool = Field(
         False, description="A group using this network must span all `size` GPUs (e.g. a switch that cannot be partitioned).")
@@ -187,8 +190,6 @@ class System(BaseModel):
         return self
 
     def compute_for(self, datatype: Datatype) -> Compute:
-        from costmodel.errors import InputError
-
         if datatype not in self.compute:
             have = ", ".join(d.value for d in self.compute)
             raise InputError(f"datatype: system {self.name!r} has no {datatype.value} compute (it has {have})")
@@ -198,39 +199,63 @@ class System(BaseModel):
                        offload_gbps: float | None = None, nvlink_size: int | None = None) -> "System":
         """The co-design knobs: replace HBM capacity, add or resize the offload tier, resize the
         first network. Adding an offload tier needs both capacity and bandwidth unless the
-        system already has one."""
-        from costmodel.errors import InputError
+        system already has one.
 
-        update: dict = {}
+        Every bad value is an InputError naming the command-line flag and the value; the
+        result is validated as a whole, as a system file would be."""
+        given = {"--hbm-gib": hbm_gib, "--offload-gib": offload_gib, "--offload-gbps": offload_gbps,
+                 "--nvlink-size": nvlink_size}
+        for flag, value in given.items():
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InputError(f"{flag}: {value!r} is not a number")
+            if not math.isfinite(value):
+                raise InputError(f"{flag}: {value} is not a finite number")
+        if hbm_gib is not None and hbm_gib <= 0:
+            raise InputError(f"--hbm-gib: {hbm_gib} must be > 0")
+        if offload_gib is not None and offload_gib < 0:
+            raise InputError(f"--offload-gib: {offload_gib} must be >= 0 (0 removes the offload memory)")
+        if offload_gbps is not None and offload_gbps <= 0:
+            raise InputError(f"--offload-gbps: {offload_gbps} must be > 0")
+        if nvlink_size is not None:
+            if nvlink_size != int(nvlink_size):
+                raise InputError(f"--nvlink-size: {nvlink_size} is not a whole number of GPUs")
+            if nvlink_size <= 0:
+                raise InputError(f"--nvlink-size: {nvlink_size} must be > 0")
+            if len(self.networks) > 1 and nvlink_size > self.networks[1].size:
+                outer = self.networks[1]
+                raise InputError(f"--nvlink-size: {nvlink_size} is larger than the next network, "
+                                 f"{outer.name} (size {outer.size}); networks nest innermost first")
+
+        data = self.model_dump()
         if hbm_gib is not None:
-            if hbm_gib <= 0:
-                raise InputError(f"--hbm-gib: {hbm_gib} must be > 0")
-            update["hbm"] = self.hbm.model_copy(update={"capacity_gib": hbm_gib})
-        if offload_gib is not None or offload_gbps is not None:
-            for flag, value in (("--offload-gib", offload_gib), ("--offload-gbps", offload_gbps)):
-                if value is not None and value < 0:
-                    raise InputError(f"{flag}: {value} must be >= 0")
-            if offload_gib == 0:
-                update["offload"] = None
-            elif self.offload is None:
+            data["hbm"]["capacity_gib"] = hbm_gib
+        if offload_gib == 0:
+            data["offload"] = None
+        elif offload_gib is not None or offload_gbps is not None:
+            if data["offload"] is None:
                 if offload_gib is None:
                     raise InputError(f"--offload-gbps: system {self.name!r} has no offload memory; give --offload-gib too")
                 # Without a stated bandwidth the offload tier is as fast as HBM ("unbounded" in the
                 # paper's experiments is any bandwidth that never stalls compute).
                 gbps = offload_gbps if offload_gbps is not None else self.hbm.bandwidth_gbps
-                update["offload"] = Memory(capacity_gib=offload_gib, bandwidth_gbps=gbps)
+                data["offload"] = {"capacity_gib": offload_gib, "bandwidth_gbps": gbps}
             else:
-                changes = {}
                 if offload_gib is not None:
-                    changes["capacity_gib"] = offload_gib
+                    data["offload"]["capacity_gib"] = offload_gib
                 if offload_gbps is not None:
-                    changes["bandwidth_gbps"] = offload_gbps
-                update["offload"] = self.offload.model_copy(update=changes)
+                    data["offload"]["bandwidth_gbps"] = offload_gbps
         if nvlink_size is not None:
-            if nvlink_size <= 0:
-                raise InputError(f"--nvlink-size: {nvlink_size} must be > 0")
-            first = self.networks[0].model_copy(update={"size": nvlink_size})
-            update["networks"] = [first, *self.networks[1:]]
-        if not update:
+            data["networks"][0]["size"] = int(nvlink_size)
+        if all(value is None for value in given.values()):
             return self
-        return System.model_validate({**self.model_dump(), **{k: v for k, v in update.items()}})
+        try:
+            return System.model_validate(data)
+        except ValidationError as err:
+            # Not reached by the checks above; kept so no override can surface as a traceback.
+            flags = " ".join(f"{flag} {value}" for flag, value in given.items() if value is not None)
+            problem = err.errors()[0]
+            where = ".".join(str(part) for part in problem["loc"])
+            reason = problem["msg"].removeprefix("Value error, ")
+            raise InputError(f"{flags}: the system no longer validates: {where + ': ' if where else ''}{reason}") from None

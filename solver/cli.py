@@ -29,24 +29,36 @@ def cli(ctx: click.Context, debug: bool) -> None:
     \b
     Example:
       mapsat solve --model problems/models/gpt-1t-256b.yaml \\
-                   --system problems/systems/h100-80g-nvl8.yaml --gpus 4096 --offload-gib 1024
+                   --system problems/systems/h100-80g-nvl8.yaml --gpus 4096 \\
+                   --datatype float8 --offload-gib 1024 --offload-gbps 100
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
 
 
+def _debugging() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.find_root().obj and ctx.find_root().obj.get("debug"))
+
+
 def user_errors(func: Callable) -> Callable:
-    """Turn MapsatError into a one-line message and exit status 1 (unless --debug)."""
+    """Turn the errors a user causes into a one-line message and exit status 1 (unless --debug):
+    MapsatError (bad input, infeasible problem), and an OSError on a file the user named
+    (a --csv or output path in a missing directory, a full disk, no permission)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
         except MapsatError as err:
-            ctx = click.get_current_context(silent=True)
-            if ctx is not None and ctx.find_root().obj and ctx.find_root().obj.get("debug"):
+            if _debugging():
                 raise
             click.echo(f"error: {err}", err=True)
+            sys.exit(1)
+        except OSError as err:
+            if _debugging() or err.filename is None:
+                raise
+            click.echo(f"error: {err.filename}: {err.strerror or err}", err=True)
             sys.exit(1)
 
     return wrapper
