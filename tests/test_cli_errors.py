@@ -39,6 +39,16 @@ def test_group_help(mapsat):
     assert "--debug" in result.output
 
 
+def test_group_help_example_is_the_readme_main_job(mapsat):
+    def solve_args(text: str) -> list[str]:
+        command = re.search(r"mapsat solve (.*?)(?:\n\s*\n|\n```|$)", text.replace("\\\n", " "), re.DOTALL)
+        assert command, text
+        return command.group(1).split()
+
+    readme = (REPO / "README.md").read_text()
+    assert solve_args(mapsat("--help").output) == solve_args(readme.split("## On a fresh machine", 1)[1])
+
+
 def test_short_help_option(mapsat):
     result = mapsat("-h")
     assert result.exit_code == 0, result.output
