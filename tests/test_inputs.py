@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -432,6 +433,14 @@ def test_whole_float_is_read_as_a_size(write_file, model_data, mapping_data):
     assert model.num_blocks == 24 and type(model.num_blocks) is int
     mapping_data["num_procs"] = 16.0
     assert type(load_mapping(write_file("mapping.json", mapping_data)).num_procs) is int
+
+
+def test_numpy_integers_are_whole_numbers(mapping_data):
+    # Solvers decode mappings from numpy arrays; their integers are sizes like any other.
+    mapping = Mapping.model_validate({**mapping_data, "tensor_par": np.int64(2), "batch_size": np.int32(16),
+                                      "num_procs": np.float64(16.0)})
+    assert (mapping.tp, mapping.batch_size, mapping.num_procs) == (2, 16, 16)
+    assert {type(mapping.tp), type(mapping.batch_size), type(mapping.num_procs)} == {int}
 
 
 @pytest.mark.parametrize("loader, name, data, where", [
