@@ -475,3 +475,91 @@ def test_output_file_in_a_missing_directory_is_one_line(mapsat, tmp_path):
     csv = tmp_path / "no-such-dir" / "all.csv"
     result = mapsat(*problem_args("brute"), "--csv", str(csv))
     assert_problem_error(result, str(csv), "No such file or directory")
+
+
+# ---- commands over files of their own: batch (a batch file), plot (a results directory),
+# shape (parameter counts). Each case is run only when its command is registered.
+
+def _write_batch(write_file, text: str) -> str:
+    """A batch file; MODEL and SYSTEM stand for the shipped 1.3B model and H100 system."""
+    return str(write_file("batch.yaml", text.replace("MODEL", MODEL).replace("SYSTEM", SYSTEM)))
+
+
+BATCH_CASES = [
+    ("malformed-yaml", "models: [MODEL\n", ["not valid YAML at line"]),
+    ("empty", "", ["is empty"]),
+    ("unknown-field", "modles: [MODEL]\nsystems: [SYSTEM]\ngpus: [8]\n",
+     ["unknown field 'modles' (did you mean 'models'?)"]),
+    ("missing-field", "systems: [SYSTEM]\ngpus: [8]\n", ["missing field 'models'"]),
+    ("zero-gpus", "models: [MODEL]\nsystems: [SYSTEM]\ngpus: [0]\n", ["'gpus.0' 0"]),
+    ("gpus-many", "models: [MODEL]\nsystems: [SYSTEM]\ngpus: [many]\n", ["'gpus.0' 'many'"]),
+    ("model-file-missing", "models: [no-such-model.yaml]\nsystems: [SYSTEM]\ngpus: [8]\n",
+     ["no-such-model.yaml: no such file"]),
+    ("override-breaks-the-system", "models: [MODEL]\nsystems: [SYSTEM]\ngpus: [8]\noverrides: {nvlink_size: 100000}\n",
+     ["--nvlink-size: 100000 is larger than the next network"]),
+]
+
+
+@pytest.mark.skipif("batch" not in cli.commands, reason="mapsat batch not installed")
+@pytest.mark.parametrize("text, fragments", [pytest.param(*case[1:], id=case[0]) for case in BATCH_CASES])
+def test_bad_batch_file(mapsat, write_file, tmp_path, text, fragments):
+    result = mapsat("batch", _write_batch(write_file, text), "--out", str(tmp_path / "out"), "--quiet")
+    assert_problem_error(result, *fragments)
+
+
+@pytest.mark.skipif("batch" not in cli.commands, reason="mapsat batch not installed")
+@pytest.mark.parametrize("args, fragments", [
+    (["--jobs", "0"], ["'--jobs'", "0 is not in the range"]),
+    (["--time-limit", "-1"], ["'--time-limit'"]),
+], ids=["jobs-zero", "time-limit-negative"])
+def test_bad_batch_option_is_a_usage_error(mapsat, write_file, tmp_path, args, fragments):
+    path = _write_batch(write_file, "models: [MODEL]\nsystems: [SYSTEM]\ngpus: [8]\n")
+    assert_usage_error(mapsat("batch", path, "--out", str(tmp_path / "out"), *args), *fragments)
+
+
+@pytest.mark.skipif("batch" not in cli.commands, reason="mapsat batch not installed")
+def test_batch_file_missing(mapsat, tmp_path):
+    missing = tmp_path / "no-such-batch.yaml"
+    assert_problem_error(mapsat("batch", str(missing), "--out", str(tmp_path / "out")), str(missing), "no such file")
+
+
+@pytest.mark.skipif("plot" not in cli.commands, reason="mapsat plot not installed")
+@pytest.mark.parametrize("make", ["missing", "empty"])
+def test_plot_without_results(mapsat, tmp_path, make):
+    directory = tmp_path / "runs"
+    if make == "empty":
+        directory.mkdir()
+    assert_problem_error(mapsat("plot", str(directory)), str(directory))
+
+
+@pytest.mark.skipif("plot" not in cli.commands, reason="mapsat plot not installed")
+def test_plot_unknown_kind_is_a_usage_error(mapsat, tmp_path):
+    assert_usage_error(mapsat("plot", str(tmp_path), "--kind", "pie"), "'--kind'", "'pie'")
+
+
+@pytest.mark.skipif("shape" not in cli.commands, reason="mapsat shape not installed")
+@pytest.mark.parametrize("args, fragments", [
+    (["--params", "0"], ["'--params'", "0"]),
+    (["--params", "many"], ["'--params'", "'many'"]),
+    (["--params", "nan"], ["'--params'", "nan"]),
+    (["--params", "1e12", "--gpus", "0"], ["'--gpus'", "0 is not in the range"]),
+    (["--params", "1e12", "--gpus", "many"], ["'--gpus'", "'many'"]),
+    (["--params", "1e12", "--blocks", "x"], ["'--blocks'", "'x'"]),
+], ids=["params-zero", "params-many", "params-nan", "gpus-zero", "gpus-many", "blocks-not-numbers"])
+def test_bad_shape_option_is_a_usage_error(mapsat, args, fragments):
+    assert_usage_error(mapsat("shape", *args), *fragments)
+
+
+@pytest.mark.skipif("shape" not in cli.commands, reason="mapsat shape not installed")
+@pytest.mark.parametrize("case", ["malformed-system", "missing-system", "datatype-missing"])
+def test_bad_shape_problem(mapsat, write_file, tmp_path, case):
+    args = ["shape", "--params", "1e12", "--rule-only", "--gpus", "8", "--system"]
+    if case == "malformed-system":
+        path = str(write_file("system.yaml", "hbm: [\n"))
+        result, fragments = mapsat(*args, path), [path, "not valid YAML"]
+    elif case == "missing-system":
+        path = str(tmp_path / "nope.yaml")
+        result, fragments = mapsat(*args, path), [path, "no such file"]
+    else:
+        result, fragments = mapsat(*args, A100, "--datatype", "float8"), ["has no float8 compute"]
+    assert_problem_error(result, *fragments)
