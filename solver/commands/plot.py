@@ -1,0 +1,38 @@
+"""`mapsat plot`: PNG plots of a batch's results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from solver.cli import user_errors
+from solver.plots import KINDS, make_plots
+from solver.store import read_results
+
+
+@click.command(name="plot")
+@click.argument("results_dir", type=click.Path(file_okay=False))
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS),
+              help="Plot kind, repeatable (default: every kind the results can fill): size, gpus, offload, "
+                   "bandwidth = MFU against that; heatmap = MFU over two of them; summary = a bar per problem.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Directory for the PNG files (default: RESULTS_DIR/plots).")
+@user_errors
+def command(results_dir: str, kinds: tuple[str, ...], out_dir: str | None) -> None:
+    """Draw PNG plots from the results of `mapsat batch` (RESULTS_DIR/results.jsonl).
+
+    MFU against model size, GPU count, offload capacity and offload bandwidth, heatmaps
+    over two of those, and one bar per problem; the kinds are chosen from what varies in
+    the results. Infeasible problems show as × at 0 %. Works while a batch is still
+    running (it reads the finished lines).
+
+    \b
+    Example:
+      mapsat batch problems/paper/fig4-offload.yaml --out runs/fig4
+      mapsat plot runs/fig4 --kind size --kind heatmap
+    """
+    records = read_results(results_dir)
+    paths = make_plots(records, out_dir or Path(results_dir) / "plots", list(kinds) or None)
+    for path in paths:
+        click.echo(str(path))
