@@ -1,0 +1,153 @@
+"""Run the paper's experiments (problems/paper/*.yaml), draw their plots and print the tables
+docs/paper-reproduction.md quotes.
+
+    python benchmarks/run_paper.py                       # every figure, into runs/paper/
+    python benchmarks/run_paper.py fig2 fig7 --jobs 2 --time-limit 60
+    python benchmarks/run_paper.py --tables-only         # tables from results already there
+
+Long (hundreds of solves of 1T-128T models on 4k-16k GPUs); not part of the tests. Each
+figure's batch resumes like `mapsat batch`: rerun to continue after an interruption. The
+tables go to stdout and to runs/paper/tables.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from solver.batch import load_batch, run_batch  # noqa: E402
+from solver.plots import make_plots  # noqa: E402
+from solver.store import read_results  # noqa: E402
+
+FIGURES = ["fig2-mappability", "fig4-offload", "fig5-offload-capacity", "fig7-strong-scaling", "fig8-128T"]
+
+
+def mfu(record: dict) -> str:
+    best = record.get("best") or {}
+    if best.get("mfu") is not None:
+        star = "" if record.get("certified_optimal") else f" (gap {record.get('gap') or 0:.0%})"
+        return f"{best['mfu']:.1%}{star}"
+    return {"infeasible": "does not fit", "error": "error"}.get(record["status"], record["status"])
+
+
+def model_label(record: dict) -> str:
+    model = record["problem"]["model"]
+    return f"{model['name']} ({model['params'] / 1e12:.3g}T)"
+
+
+def offload_label(system: dict) -> str:
+    if not system.get("offload_gib"):
+        return "no offload"
+    gbps = "unbounded" if system.get("offload_unbounded") else f"{system['offload_gbps']:g} GB/s"
+    return f"{system['offload_gib']:g} GiB @ {gbps}"
+
+
+def pivot(records: list[dict], row, column, title: str) -> str:
+    """A markdown table: one row per `row(record)`, one column per `column(record)`, MFU inside."""
+    cells: dict[str, dict[str, str]] = defaultdict(dict)
+    columns: list[str] = []
+    for r in records:
+        col = column(r)
+        if col not in columns:
+            columns.append(col)
+        cells[row(r)][col] = mfu(r)
+    lines = [f"**{title}**", "", "| | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for name, values in cells.items():
+        lines.append(f"| {name} | " + " | ".join(values.get(c, "") for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def fig2_table(records: list[dict]) -> str:
+    lines = ["**Figure 2: mappability (4,096 H100, FP8, 1 TiB offload @ 100 GB/s)**", "",
+             "| model | space | mappings | MFU | iteration s | best mapping (tp, pp, dp, mb, il, recompute) |",
+             "|---|---|---|---|---|---|"]
+    by_space: dict[str, dict[int, float]] = defaultdict(dict)
+    for r in records:
+        best, problem = r.get("best") or {}, r["problem"]
+        m = best.get("mapping") or {}
+        shape = (f"{m.get('tensor_par')}, {m.get('pipeline_par')}, {m.get('data_par')}, {m.get('microbatch_size')}, "
+                 f"{m.get('pipeline_interleaving')}, {m.get('activation_recompute')}") if m else ""
+        seconds = f"{best['iteration_time_s']:.2f}" if best.get("iteration_time_s") else ""
+        lines.append(f"| {model_label(r)} | {problem['space']} | {r.get('mappings') or 0:,} | {mfu(r)} | {seconds} | {shape} |")
+        if best.get("mfu"):
+            by_space[problem["space"]][problem["model"]["num_blocks"]] = best["mfu"]
+    for space, values in by_space.items():
+        if 256 in values and 254 in values:
+            lines.append(f"\n{space}: 256 blocks / 254 blocks MFU = {values[256] / values[254]:.2f}× (paper: 75/54 = 1.39×)")
+    return "\n".join(lines) + "\n"
+
+
+def fig7_table(records: list[dict]) -> str:
+    table = pivot(records, lambda r: f"{r['problem']['gpus']:,} GPUs",
+                  lambda r: f"NVLink {r['problem']['system']['nvlink_size']}", "Figure 7: strong scaling of the 1T model (MFU)")
+    lines = ["", "Speed-up over 4,096 GPUs (ideal = GPUs / 4,096):", "",
+             "| GPUs | ideal | " + " | ".join(f"NVLink {n}" for n in (8, 16)) + " |", "|---|---|---|---|"]
+    times = {(r["problem"]["gpus"], r["problem"]["system"]["nvlink_size"]): (r.get("best") or {}).get("iteration_time_s")
+             for r in records}
+    for gpus in sorted({g for g, _ in times}):
+        row = [f"{gpus:,}", f"{gpus / 4096:.2f}"]
+        for nvl in (8, 16):
+            base, here = times.get((4096, nvl)), times.get((gpus, nvl))
+            row.append(f"{base / here:.2f}" if base and here else "")
+        lines.append("| " + " | ".join(row) + " |")
+    return table + "\n".join(lines) + "\n"
+
+
+TABLES = {
+    "fig2-mappability": fig2_table,
+    "fig4-offload": lambda rs: pivot(rs, model_label, lambda r: offload_label(r["problem"]["system"]),
+                                     "Figure 4: MFU on 4,096 H100 (FP8) by offload memory"),
+    "fig5-offload-capacity": lambda rs: pivot(
+        rs, lambda r: f"{model_label(r)}, {r['problem']['gpus']:,} GPUs", lambda r: offload_label(r["problem"]["system"]),
+        "Figure 5: MFU by offload capacity and bandwidth"),
+    "fig7-strong-scaling": fig7_table,
+    "fig8-128T": lambda rs: pivot(
+        rs, model_label, lambda r: f"HBM {r['problem']['system']['hbm_gib']:g}, {offload_label(r['problem']['system'])}",
+        "Figure 8: MFU on 4,096 H100 (FP8) by HBM and offload capacity (100 GB/s)"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("figures", nargs="*", help="fig2, fig4, fig5, fig7, fig8 (default: all)")
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "paper")
+    parser.add_argument("--jobs", type=int, default=None)
+    parser.add_argument("--solver-workers", type=int, default=1)
+    parser.add_argument("--time-limit", type=float, default=None, help="seconds per problem (default: the files')")
+    parser.add_argument("--retry-errors", action="store_true", help="solve again the problems recorded as errors")
+    parser.add_argument("--tables-only", action="store_true", help="do not solve; tables and plots from results")
+    args = parser.parse_args()
+    chosen = [f for f in FIGURES if not args.figures or f.split("-")[0] in args.figures]
+    tables = []
+    for name in chosen:
+        out = args.out / name
+        problems = load_batch(REPO / "problems" / "paper" / f"{name}.yaml", time_limit_s=args.time_limit)
+        if not args.tables_only:
+            print(f"== {name}: {len(problems)} problems -> {out}", flush=True)
+            summary = run_batch(problems, out, jobs=args.jobs, solver_workers=args.solver_workers,
+                                retry_errors=args.retry_errors)
+            print(f"   {summary.by_status} in {summary.seconds:.0f} s", flush=True)
+            if summary.interrupted:
+                break
+        if not (out / "results.jsonl").exists():
+            continue
+        order = {p.id: i for i, p in enumerate(problems)}
+        records = sorted((r for r in read_results(out) if r["id"] in order), key=lambda r: order[r["id"]])
+        if records:
+            make_plots(records, out / "plots")
+            missing = len(problems) - len(records)
+            note = f"\n({missing} of {len(problems)} problems not run yet)\n" if missing else ""
+            tables.append(TABLES[name](records) + note)
+    text = "\n".join(tables)
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tables.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
