@@ -430,6 +430,21 @@ def test_bad_space_option_is_a_usage_error(mapsat, command, options, fragments):
     assert_usage_error(mapsat(*problem_args(command), *options), *fragments)
 
 
+@pytest.mark.parametrize("command, options, fragments", [
+    pytest.param(command, options, fragments, id=f"{command}-{'-'.join(o.lstrip('-') for o in options)}")
+    for command, options, fragments in [
+        ("brute", ["--top-k", "0"], ["'--top-k'", "0 is not in the range"]),
+        ("brute", ["--workers", "0"], ["'--workers'", "0 is not in the range"]),
+        ("count", ["--workers", "0"], ["'--workers'", "0 is not in the range"]),
+        ("solve", ["--top-k", "0"], ["'--top-k'", "0 is not in the range"]),
+        ("solve", ["--workers", "0"], ["'--workers'", "0 is not in the range"]),
+        ("solve", ["--time-limit", "0"], ["'--time-limit'", "0"]),
+        ("solve", ["--time-limit", "soon"], ["'--time-limit'", "'soon'"]),
+    ] if command in PROBLEM_COMMANDS])
+def test_bad_search_option_is_a_usage_error(mapsat, command, options, fragments):
+    assert_usage_error(mapsat(*problem_args(command), *options), *fragments)
+
+
 @pytest.mark.parametrize("command", PROBLEM_COMMANDS)
 @pytest.mark.parametrize("missing", ["--model", "--system"])
 def test_missing_required_file_option_is_a_usage_error(mapsat, command, missing):

@@ -36,6 +36,8 @@ CASES = {
     "count-feasible": ["count", *PROBLEM, *SMALL_SPACE, "--feasible", "--workers", "1", "--json"],
     "brute": ["brute", *PROBLEM, *SMALL_SPACE, "--top-k", "10", "--workers", "1", "--json"],
     "solve": ["solve", *PROBLEM, *SMALL_SPACE, "--json"],
+    "solve-offload": ["solve", "--model", str(MODELS_DIR / "gpt3-13b.yaml"), "--system", SYSTEM, "--gpus", "32",
+                      "--offload-gib", "256", "--offload-gbps", "100", "--json"],
 }
 CASES = {name: args for name, args in CASES.items() if args[0] in cli.commands}
 
