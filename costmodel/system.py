@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from enum import Enum
+from numbers import Real
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
@@ -208,7 +209,7 @@ class System(BaseModel):
         for flag, value in given.items():
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, bool) or not isinstance(value, Real):
                 raise InputError(f"{flag}: {value!r} is not a number")
             if not math.isfinite(value):
                 raise InputError(f"{flag}: {value} is not a finite number")
