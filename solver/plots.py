@@ -77,10 +77,26 @@ DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (
     Dimension("system", "system", lambda r: _system(r).get("name"), str),
     Dimension("shape", "model shape", lambda r: (_problem(r).get("model") or {}).get("name"), str),
 )}
+def _offload(record: dict) -> tuple[float, float]:
+    """Offload capacity and bandwidth as one value (0, 0 without offload memory)."""
+    gib = _system(record).get("offload_gib") or 0
+    return (gib, (_gbps(record) or 0) if gib else 0)
+
+
+def _offload_label(value: tuple[float, float]) -> str:
+    gib, gbps = value
+    if not gib:
+        return "no offload"
+    return f"{gib:g} GiB @ " + ("unbounded" if gbps == math.inf else f"{gbps:g} GB/s")
+
+
+OFFLOAD = Dimension("offload", "offload memory per GPU (capacity @ bandwidth)", _offload, _offload_label)
+"""Heatmaps only: capacity and bandwidth together, one column per variant."""
+
 LINE_KINDS = {"size": "params", "gpus": "gpus", "offload": "offload_gib", "bandwidth": "offload_gbps"}
 KINDS = (*LINE_KINDS, "heatmap", "summary")
-HEATMAP_PAIRS = (("offload_gib", "offload_gbps"), ("offload_gib", "params"), ("hbm_gib", "params"),
-                 ("offload_gbps", "params"), ("gpus", "params"), ("offload_gib", "gpus"), ("nvlink_size", "gpus"))
+HEATMAP_PAIRS = (("offload", "params"), ("offload_gib", "offload_gbps"), ("hbm_gib", "params"), ("gpus", "params"),
+                 ("offload", "gpus"), ("nvlink_size", "gpus"))
 
 
 def _pyplot():
@@ -94,8 +110,12 @@ def _pyplot():
     return plt
 
 
+def _dimension(dim: str) -> Dimension:
+    return OFFLOAD if dim == "offload" else DIMENSIONS[dim]
+
+
 def _value(record: dict, dim: str):
-    return DIMENSIONS[dim].value(record)
+    return _dimension(dim).value(record)
 
 
 def _mfu(record: dict) -> float | None:
@@ -144,6 +164,9 @@ def _lines(records: list[dict], x: str, vary: list[str]) -> dict[tuple, list[dic
 
 
 def _heatmap_pair(vary: list[str]) -> tuple[str, str] | None:
+    """The first pair of HEATMAP_PAIRS whose two dimensions vary ("offload" varies when its
+    capacity or its bandwidth does)."""
+    vary = set(vary) | ({"offload"} if {"offload_gib", "offload_gbps"} & set(vary) else set())
     return next(((a, b) for a, b in HEATMAP_PAIRS if a in vary and b in vary), None)
 
 
@@ -250,7 +273,8 @@ def plot_heatmap(records: list[dict], out_dir: Path) -> list[Path]:
     if pair is None:
         return []
     x, y = pair
-    rest = [d for d in vary if d not in (x, y, "shape")]
+    covered = {x, y, "shape"} | ({"offload_gib", "offload_gbps"} if "offload" in (x, y) else set())
+    rest = [d for d in vary if d not in covered]
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
         groups[tuple((d, _value(r, d)) for d in rest)].append(r)
@@ -268,7 +292,7 @@ def plot_heatmap(records: list[dict], out_dir: Path) -> list[Path]:
                 grid[i, j] = 100 * mfu
                 text[i][j] = f"{100 * mfu:.0f}"
             else:
-                text[i][j] = "×" if r.get("status") == "infeasible" else r.get("status", "")[:4]
+                text[i][j] = {"infeasible": "×", "error": "err"}.get(r.get("status"), r.get("status", "")[:4])
         fig, ax = plt.subplots(figsize=(1.2 * len(xs) + 3, 0.45 * len(ys) + 2.5))
         cmap = plt.get_cmap("viridis").with_extremes(bad="#e8e8e8")
         image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=max(80, np.nanmax(grid) if np.isfinite(grid).any() else 80),
@@ -280,8 +304,8 @@ def plot_heatmap(records: list[dict], out_dir: Path) -> list[Path]:
         ax.set_xticks(range(len(xs)), [_tick(x, v) for v in xs],
                       rotation=30, ha="right", fontsize=8)
         ax.set_yticks(range(len(ys)), [_tick(y, v) for v in ys], fontsize=8)
-        ax.set_xlabel(DIMENSIONS[x].axis_label)
-        ax.set_ylabel(DIMENSIONS[y].axis_label)
+        ax.set_xlabel(_dimension(x).axis_label)
+        ax.set_ylabel(_dimension(y).axis_label)
         fig.colorbar(image, ax=ax, label="MFU (%)")
         title = ", ".join(filter(None, [legend_label(facet) if facet else "", _fixed_text(rs, vary)]))
         ax.set_title(f"MFU (%), × = no feasible mapping\n{title}", fontsize=10)
@@ -291,7 +315,7 @@ def plot_heatmap(records: list[dict], out_dir: Path) -> list[Path]:
 
 
 def _tick(dim: str, value) -> str:
-    return DIMENSIONS[dim].label(value) if value is not None or dim == "offload_gbps" else "none"
+    return _dimension(dim).label(value) if value is not None or dim == "offload_gbps" else "none"
 
 
 def plot_summary(records: list[dict], out_dir: Path, limit: int = 60) -> list[Path]:
