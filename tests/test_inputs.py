@@ -219,6 +219,19 @@ def test_field_given_twice(write_file, name, content, fragment):
     one_line_error(excinfo, str(path), fragment)
 
 
+def test_yaml_anchors_and_merge_keys_still_work(write_file):
+    # A `<<:` merge whose key the mapping overrides is not a field given twice.
+    text = ("common: &link {bandwidth_gbps: 300, latency_us: 10}\n"
+            "networks:\n"
+            "  - {<<: *link, name: nvlink, size: 8}\n"
+            "  - <<: *link\n"
+            "    name: infiniband\n"
+            "    bandwidth_gbps: 25\n")
+    data = read_document(write_file("anchored.yaml", text))
+    assert data["networks"] == [{"bandwidth_gbps": 300, "latency_us": 10, "name": "nvlink", "size": 8},
+                                {"bandwidth_gbps": 25, "latency_us": 10, "name": "infiniband"}]
+
+
 def test_yaml_with_two_documents(write_file):
     path = write_file("model.yaml", "hidden: 1024\n---\nhidden: 2048\n")
     with pytest.raises(InputError) as excinfo:
