@@ -30,24 +30,18 @@ def _rate(bytes_per_s: float) -> float:
     return bytes_per_s if bytes_per_s > 0 else float("inf")
 
 
-def iteration_terms(c: Context, m, xp) -> dict:
-    """All named time (s), memory (bytes) and rate terms of one iteration."""
-    t, p, dp, v, b = m.tp, m.pp, m.dp, m.interleaving, m.microbatch
-    e = c.elem_bytes
-    microbatches = m.batch / dp / b
-    blocks_per_stage = c.blocks / p
-    tokens = b * c.seq
-
-    # ---- one block, one microbatch ----
+def block_terms(c: Context, m, xp) -> dict:
+    """One block, one microbatch, one GPU: compute, exposed TP communication (with the
+    compute it steals) and recomputation, in seconds. Reads tp, microbatch and the flags."""
     fw = block_forward_times(c, m, xp)
     compute_fwd = fw["gemm_s"] + fw["eltwise_s"]
     compute_bwd = 2 * compute_fwd
 
-    act_message = e * tokens * c.hidden
+    act_message = c.elem_bytes * m.microbatch * c.seq * c.hidden
     region_s, hidden_fraction = tp_overlap_terms(c, m, xp, act_message)
     tp_usage = xp.pick(c.net_usage, m.tp_net)
     redo_gather = m.seq_par & m.ag_redo & m.not_recompute_full
-    gather_s = collective_s(c, xp, Collective.all_gather, t, act_message, m.tp_net)
+    gather_s = collective_s(c, xp, Collective.all_gather, m.tp, act_message, m.tp_net)
     tp_fwd = 2 * region_s                       # two parallel regions: attention, MLP
     tp_bwd = 2 * region_s + xp.where(redo_gather, 2 * gather_s, 0.0)
     tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw["gemm_s"], hidden_fraction, tp_usage, xp)
@@ -57,8 +51,9 @@ def iteration_terms(c: Context, m, xp) -> dict:
     recompute = xp.where(m.recompute_full, block_fwd, xp.where(m.recompute_none, 0.0, fw["attention_core_s"]))
 
     # ---- offload traffic per block and microbatch (tier 2 <-> HBM, per direction) ----
+    e = c.elem_bytes
     act = block_stored_activation_bytes(c, m, xp)
-    block_params = c.block_params / t
+    block_params = c.block_params / m.tp
     off_rate = _rate(c.offload_bytes_per_s)
     fwd_read = xp.where(m.w_off, e * block_params, 0.0)
     fwd_write = xp.where(m.a_off, act["stored"], 0.0)
@@ -68,16 +63,53 @@ def iteration_terms(c: Context, m, xp) -> dict:
     off_bwd_bytes = xp.maximum(bwd_read, bwd_write)
     off_fwd_s = off_fwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_fwd_bytes))
     off_bwd_s = off_bwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_bwd_bytes))
-    off_fwd_exposed = xp.maximum(off_fwd_s - block_fwd, 0.0)
-    off_bwd_exposed = xp.maximum(off_bwd_s - (block_bwd + recompute), 0.0)
-    offload_needed = xp.maximum(off_fwd_bytes / block_fwd, off_bwd_bytes / (block_bwd + recompute))
+    return {
+        "forward": fw,
+        "compute_fwd_s": compute_fwd,
+        "compute_bwd_s": compute_bwd,
+        "tp_fwd_s": tp_fwd_exposed + tp_fwd_stolen,
+        "tp_bwd_s": tp_bwd_exposed + tp_bwd_stolen,
+        "block_fwd_s": block_fwd,
+        "block_bwd_s": block_bwd,
+        "recompute_s": recompute,
+        "act_message_bytes": act_message,
+        "activations": act,
+        # offload traffic that compute cannot hide
+        "offload_fwd_s": xp.maximum(off_fwd_s - block_fwd, 0.0),
+        "offload_bwd_s": xp.maximum(off_bwd_s - (block_bwd + recompute), 0.0),
+        "offload_bytes_per_s_needed": xp.maximum(off_fwd_bytes / block_fwd, off_bwd_bytes / (block_bwd + recompute)),
+    }
 
-    # ---- the output layer on the last stage: logits GEMM and cross-entropy ----
-    vocab_cols = c.vocab / t
-    head_gemm_flops = 2 * tokens * c.hidden * vocab_cols
-    head_gemm_bytes = e * (tokens * c.hidden + c.hidden * vocab_cols + tokens * vocab_cols)
-    head_fwd = (gemm_s(c, xp, head_gemm_flops, head_gemm_bytes)
-                + eltwise_s(c, xp, tokens * vocab_cols, CROSS_ENTROPY_FLOPS_PER_ELEM, 2 * e))
+
+def output_layer_s(c: Context, m, xp):
+    """Forward time of the logits GEMM and cross-entropy on the last stage, one microbatch."""
+    tokens = m.microbatch * c.seq
+    vocab_cols = c.vocab / m.tp
+    flops = 2 * tokens * c.hidden * vocab_cols
+    num_bytes = c.elem_bytes * (tokens * c.hidden + c.hidden * vocab_cols + tokens * vocab_cols)
+    return gemm_s(c, xp, flops, num_bytes) + eltwise_s(c, xp, tokens * vocab_cols, CROSS_ENTROPY_FLOPS_PER_ELEM,
+                                                        2 * c.elem_bytes)
+
+
+def iteration_terms(c: Context, m, xp) -> dict:
+    """All named time (s), memory (bytes) and rate terms of one iteration."""
+    t, p, dp, v, b = m.tp, m.pp, m.dp, m.interleaving, m.microbatch
+    e = c.elem_bytes
+    microbatches = m.batch / dp / b
+    blocks_per_stage = c.blocks / p
+
+    # ---- one block, one microbatch ----
+    blk = block_terms(c, m, xp)
+    fw = blk["forward"]
+    compute_fwd, compute_bwd = blk["compute_fwd_s"], blk["compute_bwd_s"]
+    block_fwd, block_bwd, recompute = blk["block_fwd_s"], blk["block_bwd_s"], blk["recompute_s"]
+    act_message = blk["act_message_bytes"]
+    act = blk["activations"]
+    block_params = c.block_params / t
+    off_fwd_exposed, off_bwd_exposed = blk["offload_fwd_s"], blk["offload_bwd_s"]
+    offload_needed = blk["offload_bytes_per_s_needed"]
+
+    head_fwd = output_layer_s(c, m, xp)
     head_bwd = 2 * head_fwd
 
     # ---- pipeline: 1F1B, interleaved over v chunks per stage ----
@@ -115,7 +147,7 @@ def iteration_terms(c: Context, m, xp) -> dict:
                     + xp.where(m.w_off, GRAD_BYTES_PER_PARAM, 0.0)) * opt_params
     opt_off_write = (xp.where(m.o_off, c.optimizer_bytes_per_param, 0.0) + xp.where(m.w_off, e, 0.0)) * opt_params
     opt_off_bytes = xp.maximum(opt_off_read, opt_off_write)
-    opt_off_s = opt_off_bytes / (off_rate * xp.lookup(c.offload_curve, opt_off_bytes))
+    opt_off_s = opt_off_bytes / (_rate(c.offload_bytes_per_s) * xp.lookup(c.offload_curve, opt_off_bytes))
     optimizer_s = xp.maximum(opt_hbm_s, opt_off_s)
 
     iteration_s = pipeline_s + dp_exposed + dp_stolen + optimizer_s
@@ -138,7 +170,8 @@ def iteration_terms(c: Context, m, xp) -> dict:
     resident_blocks = xp.minimum(2.0, blocks_per_stage)
     weights_hbm = xp.where(m.w_off, resident_blocks * block_params * (e + GRAD_BYTES_PER_PARAM), weights + grads)
     activations_hbm = xp.where(m.a_off, xp.minimum(2.0, inflight_blocks) * act["stored"], activations)
-    hbm = weights_hbm + xp.where(m.o_off, 0.0, optimizer) + activations_hbm + workspace + embedding
+    optimizer_hbm = xp.where(m.o_off, 0.0, optimizer)
+    hbm = weights_hbm + optimizer_hbm + activations_hbm + workspace + embedding
     offload = (xp.where(m.w_off, weights + grads, 0.0) + xp.where(m.o_off, optimizer, 0.0)
                + xp.where(m.a_off, activations, 0.0))
 
@@ -151,7 +184,7 @@ def iteration_terms(c: Context, m, xp) -> dict:
         "forward_s": microbatches * (blocks_per_stage * compute_fwd + head_fwd),
         "backward_s": microbatches * (blocks_per_stage * compute_bwd + head_bwd),
         "recompute_s": microbatches * blocks_per_stage * recompute,
-        "tp_comm_s": microbatches * blocks_per_stage * (tp_fwd_exposed + tp_fwd_stolen + tp_bwd_exposed + tp_bwd_stolen),
+        "tp_comm_s": microbatches * blocks_per_stage * (blk["tp_fwd_s"] + blk["tp_bwd_s"]),
         "offload_s": microbatches * blocks_per_stage * (off_fwd_exposed + off_bwd_exposed),
         "pp_comm_s": microbatches * pp_comm_micro,
         "bubble_s": bubble_micro * micro_s,
@@ -164,6 +197,9 @@ def iteration_terms(c: Context, m, xp) -> dict:
         "activations_bytes": activations,
         "activation_workspace_bytes": workspace,
         "hbm_bytes": hbm,
+        "weights_hbm_bytes": weights_hbm,
+        "optimizer_hbm_bytes": optimizer_hbm,
+        "activations_hbm_bytes": activations_hbm,
         "offload_bytes": offload,
         "offload_bytes_per_s_needed": offload_needed,
         "mfu": model_flops / peak,

@@ -79,8 +79,14 @@ def plan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
     if chunk_rows <= 0:
         raise ValueError(f"chunk_rows {chunk_rows} must be > 0")
     skels = tuple(skeletons(model, num_gpus, max_batch, space))
-    tables = tuple(np.array(flag_table(space, sk, system), dtype=np.int16).reshape(-1, len(space.flags))
-                   for sk in skels)
+    as_array: dict[int, np.ndarray] = {}   # flag tables are shared (cached) tuples: convert each once
+    tables = []
+    for sk in skels:
+        rows = flag_table(space, sk, system)
+        if id(rows) not in as_array:
+            as_array[id(rows)] = np.array(rows, dtype=np.int16).reshape(-1, len(space.flags))
+        tables.append(as_array[id(rows)])
+    tables = tuple(tables)
     chunks = []
     ordinal = 0
     for index, (sk, table) in enumerate(zip(skels, tables)):

@@ -1,0 +1,73 @@
+"""mapsat solve: the certified optimal mapping with CP-SAT."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from costmodel.errors import MapsatError
+from costmodel.system import Datatype
+from solver.cli import load_problem, problem_options, user_errors
+from solver.commands.spaces import datatype_option, space_options, wide_console
+from solver.report import dumps, evaluation_tables, mapping_summary
+from solver.solve import SolverConfig, SolveResult, solve
+
+
+@click.command("solve")
+@problem_options
+@space_options
+@datatype_option
+@click.option("--top-k", type=click.IntRange(min=1), default=5, show_default=True,
+              help="How many best mappings to list (all certified when the search completes).")
+@click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True), default=120.0,
+              show_default=True, help="Wall-clock limit, s; on expiry the incumbent is returned with its gap.")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="CP-SAT search workers.")
+@click.option("--seed", type=int, default=0, show_default=True, help="CP-SAT random seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
+@user_errors
+def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch,
+            space_name, datatype, top_k, time_limit_s, workers, seed, as_json):
+    """Find the fastest mapping under the exact model, certified optimal by CP-SAT.
+
+    Exits 1 when no mapping is feasible, naming the constraints that rule every mapping out.
+
+    \b
+    Example:
+      mapsat solve --model problems/models/gpt-1t-256b.yaml \\
+                   --system problems/systems/h100-80g-nvl8.yaml --gpus 4096 \\
+                   --datatype float8 --offload-gib 1024 --offload-gbps 100
+    """
+    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+    config = SolverConfig(time_limit_s=time_limit_s, workers=workers, seed=seed, top_k=top_k)
+    result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype), space=space_name,
+                   config=config)
+    if as_json:
+        click.echo(dumps(result.to_dict()))
+    else:
+        print_result(result, f"{model.name} on {num_gpus:,} x {system.name}, {datatype}, space {space_name}")
+    if result.best is None:
+        raise MapsatError(f"infeasible: {'; '.join(result.infeasible_reasons)}")
+
+
+def print_result(result: SolveResult, title: str) -> None:
+    out = wide_console()
+    verdict = ("certified optimal" if result.certified_optimal
+               else f"best found, not certified: gap {100 * (result.gap or 0):.2f} % to the bound")
+    out.print(f"{title}: {verdict} in {result.seconds:.2f} s "
+              f"({result.rounds} CP-SAT rounds; {result.candidates_scored:,} of {result.space_size:,} mappings "
+              f"scored exactly, in {result.blocks_scored} blocks)")
+    if result.best is None:
+        return
+    for table in evaluation_tables(result.best, title="best"):
+        out.print(table)
+    top = Table(title=f"top {len(result.top)}")
+    for column in ("#", "time (s)", "MFU", "HBM (GiB)", "mapping"):
+        top.add_column(column, justify="left" if column == "mapping" else "right")
+    for rank, ev in enumerate(result.top, 1):
+        top.add_row(str(rank), f"{ev.iteration_time_s:.4f}", f"{100 * ev.mfu:.2f} %", f"{ev.hbm_bytes / 2**30:.1f}",
+                    mapping_summary(ev.mapping.model_dump(mode="json")))
+    out.print(top)
+    bound = f"{result.bound_s:.4f} s" if result.bound_s is not None else "none"
+    out.print(f"lower bound on any mapping: {bound}; gap {100 * (result.gap or 0):.3f} %")
+    if result.binding:
+        out.print("what limits it: " + "; ".join(result.binding))

@@ -1,0 +1,231 @@
+"""The named constraints of the mapping space, each able to add itself to the CP-SAT model
+and to measure its own violation on a decoded mapping (0 when satisfied).
+
+Together with the variable domains they admit exactly the mappings of the space
+declaration (solver.space), so CP-SAT's solution count equals the closed-form count; the
+memory relaxation (HbmCapacity) lives with the objective in solver.cpsat.surrogate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from costmodel.evaluate import Evaluation
+from costmodel.mapping import Mapping
+from costmodel.model import Model
+from costmodel.system import System
+from solver.cpsat.variables import Variables
+from solver.space import SKELETON_FACTS, Space
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the constraints read: the model, the system, the GPU count, the batch cap, the space."""
+
+    model: Model
+    system: System
+    num_gpus: int
+    max_batch: int
+    space: Space
+
+
+class Constraint:
+    name: str = "constraint"
+
+    def describe(self, p: Problem) -> str:
+        raise NotImplementedError
+
+    def add(self, m: cp_model.CpModel, v: Variables, p: Problem) -> None:
+        raise NotImplementedError
+
+    def violation(self, mapping: Mapping, evaluation: Evaluation, p: Problem) -> float:
+        raise NotImplementedError
+
+
+class ParallelSplit(Constraint):
+    name = "parallel split"
+
+    def describe(self, p):
+        return f"tp·pp·dp = {p.num_gpus} GPUs"
+
+    def add(self, m, v, p):
+        m.AddMultiplicationEquality(p.num_gpus, [v.tp.var, v.pp.var, v.dp.var])
+
+    def violation(self, mapping, evaluation, p):
+        return abs(mapping.tp * mapping.pp * mapping.dp - p.num_gpus)
+
+
+class TensorDivisibility(Constraint):
+    name = "tensor divisibility"
+
+    def describe(self, p):
+        return (f"tp divides hidden ({p.model.hidden}), attn_heads ({p.model.attn_heads}) and feedforward "
+                f"({p.model.feedforward}); tp <= {p.space.tp_max}")
+
+    def add(self, m, v, p):
+        for label, size in (("hidden", p.model.hidden), ("heads", p.model.attn_heads), ("ff", p.model.feedforward)):
+            quotient = m.NewIntVar(1, size, f"{label}_per_tp")
+            m.AddMultiplicationEquality(size, [v.tp.var, quotient])
+        m.Add(v.tp.var <= p.space.tp_max)
+
+    def violation(self, mapping, evaluation, p):
+        sizes = (p.model.hidden, p.model.attn_heads, p.model.feedforward)
+        return sum(size % mapping.tp for size in sizes) + max(0, mapping.tp - p.space.tp_max)
+
+
+class PipelineDivisibility(Constraint):
+    name = "pipeline divisibility"
+
+    def describe(self, p):
+        return f"pp·interleaving divides num_blocks ({p.model.num_blocks}); interleaving is 1 without pp"
+
+    def add(self, m, v, p):
+        chunk = m.NewIntVar(1, p.model.num_blocks, "blocks_per_chunk")
+        m.AddMultiplicationEquality(p.model.num_blocks, [v.pp.var, v.interleaving.var, chunk])
+        if 1 in v.pp.is_:
+            m.Add(v.interleaving.var == 1).OnlyEnforceIf(v.pp.is_[1])
+
+    def violation(self, mapping, evaluation, p):
+        il = mapping.pipeline_interleaving
+        return p.model.num_blocks % (mapping.pp * il) + (il - 1 if mapping.pp == 1 else 0)
+
+
+class BatchCap(Constraint):
+    name = "batch cap"
+
+    def describe(self, p):
+        quirk = ", or dp itself when dp > cap" if p.space.batch_is_dp_above_cap else "; dp <= cap"
+        return f"global batch = largest multiple of dp <= {p.max_batch}{quirk}"
+
+    def add(self, m, v, p):
+        floor_q = m.NewIntVar(0, p.max_batch, "cap_over_dp")
+        m.AddDivisionEquality(floor_q, p.max_batch, v.dp.var)
+        if p.space.batch_is_dp_above_cap:
+            m.AddMaxEquality(v.local_batch, [floor_q, 1])
+        else:
+            m.Add(v.local_batch == floor_q)
+        m.AddMultiplicationEquality(v.batch, [v.dp.var, v.local_batch])
+
+    def violation(self, mapping, evaluation, p):
+        expected = p.space.batch_for(mapping.dp, p.max_batch)
+        return abs(mapping.batch_size - expected) if expected is not None else mapping.batch_size
+
+
+class MicrobatchDivisibility(Constraint):
+    name = "microbatch divisibility"
+
+    def describe(self, p):
+        return f"microbatch divides batch/dp, and microbatch·seq_size ({p.model.seq_size}) is divisible by tp"
+
+    def add(self, m, v, p):
+        m.AddMultiplicationEquality(v.local_batch, [v.microbatch.var, v.microbatches])
+        tokens_per_tp = m.NewIntVar(1, p.model.seq_size * p.max_batch, "microbatch_tokens_per_tp")
+        m.AddMultiplicationEquality(p.model.seq_size * v.microbatch.var, [v.tp.var, tokens_per_tp])
+
+    def violation(self, mapping, evaluation, p):
+        return (mapping.local_batch % mapping.microbatch_size
+                + (mapping.microbatch_size * p.model.seq_size) % mapping.tp)
+
+
+def _fact_literal(m: cp_model.CpModel, v: Variables, p: Problem, subject: str):
+    """A literal true when the skeleton fact `subject > 1` holds (or offload exists)."""
+    if subject == "offload":
+        return m.NewConstant(int(p.system.offload is not None))
+    dim = {"tp": v.tp, "pp": v.pp, "dp": v.dp}[subject]
+    return dim.is_[1].Not() if 1 in dim.is_ else m.NewConstant(1)
+
+
+class FlagRules(Constraint):
+    """A flag is free when all its conditions hold, else pinned to its first code."""
+
+    name = "flag rules"
+
+    def describe(self, p):
+        return "; ".join(f"{d.name} free {d.rule_text()}" for d in p.space.flags)
+
+    def add(self, m, v, p):
+        for dim in p.space.flags:
+            if dim.name not in v.flags:
+                continue
+            conditions = []
+            for cond in dim.free_when:
+                if cond.subject in SKELETON_FACTS:
+                    conditions.append(_fact_literal(m, v, p, cond.subject))   # reads 'subject > 1'
+                else:
+                    lit = v.flag(cond.subject, cond.value)
+                    conditions.append(lit if cond.op == "==" else lit.Not())
+            if not conditions:
+                continue
+            free = m.NewBoolVar(f"{dim.name}_free")
+            for c in conditions:
+                m.AddImplication(free, c)
+            m.AddBoolOr([c.Not() for c in conditions] + [free])
+            first = dim.domain(v.num_networks)[0]
+            m.AddImplication(free.Not(), v.flag(dim.name, first))
+
+    def violation(self, mapping, evaluation, p):
+        return 0.0  # a Mapping decoded from MappingArrays always obeys them; kept for the interface
+
+
+class NetworkFit(Constraint):
+    """Groups nest tp, pp, dp: the network carrying a dimension spans at least its group
+    (tp, tp·pp, N GPUs); a must-be-filled network is spanned whole by its widest group."""
+
+    name = "network size"
+
+    def describe(self, p):
+        sizes = ", ".join(f"{n.name} {n.size}" for n in p.system.networks)
+        return f"tp, tp·pp and all {p.num_gpus} GPUs fit the networks carrying tp, pp, dp ({sizes})"
+
+    def add(self, m, v, p):
+        tp_pp_span = sum(t * q * lit for (t, q), lit in v.tp_pp.items())
+        spans = {"tp_net": ("tp", v.tp.var), "pp_net": ("pp", tp_pp_span), "dp_net": ("dp", p.num_gpus)}
+        if "tp_net" not in v.flags:
+            # Network choices not modelled: relax to "some network is wide enough" (never
+            # excludes a mapping whose groups fit; must-be-filled is left to the exact model).
+            widest = max(n.size for n in p.system.networks)
+            for fact, span in spans.values():
+                _add_at_most(m, span, widest, _fact_literal(m, v, p, fact))
+            return
+        for k, network in enumerate(p.system.networks):
+            carried, widest = [], []
+            for flag, (fact, span) in spans.items():
+                # on = this dimension is > 1 and travels on network k
+                on = m.NewBoolVar(f"{fact}_on_net{k}")
+                m.AddBoolAnd([v.flag(flag, k), _fact_literal(m, v, p, fact)]).OnlyEnforceIf(on)
+                m.AddBoolOr([v.flag(flag, k).Not(), _fact_literal(m, v, p, fact).Not(), on])
+                _add_at_most(m, span, network.size, on)
+                carried.append(on)
+                if network.must_be_filled:
+                    fills = m.NewBoolVar(f"{fact}_fills_net{k}")
+                    m.AddImplication(fills, on)
+                    _add_at_least(m, span, network.size, fills)
+                    widest.append(fills)
+            # must be filled: if the network carries anything, some group spans it whole
+            for on in carried if network.must_be_filled else ():
+                m.AddBoolOr([on.Not(), *widest])
+
+    def violation(self, mapping, evaluation, p):
+        return float(sum(1 for r in evaluation.reasons if r.startswith("network")))
+
+
+def _add_at_most(m: cp_model.CpModel, expr, bound: int, enforce) -> None:
+    if isinstance(expr, int):
+        if expr > bound:
+            m.AddBoolOr([enforce.Not()])
+    else:
+        m.Add(expr <= bound).OnlyEnforceIf(enforce)
+
+
+def _add_at_least(m: cp_model.CpModel, expr, bound: int, enforce) -> None:
+    if isinstance(expr, int):
+        if expr < bound:
+            m.AddBoolOr([enforce.Not()])
+    else:
+        m.Add(expr >= bound).OnlyEnforceIf(enforce)
+
+
+STRUCTURE: tuple[Constraint, ...] = (ParallelSplit(), TensorDivisibility(), PipelineDivisibility(), BatchCap(),
+                                     MicrobatchDivisibility(), FlagRules(), NetworkFit())

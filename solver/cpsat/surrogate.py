@@ -1,0 +1,511 @@
+"""The piecewise-linear lower bound of iteration time (the objective) and of HBM use (the
+memory constraint), built from tables of the exact model.
+
+Soundness is the point: for every mapping the surrogate objective is <= its exact time and
+the surrogate memory <= its exact HBM use, so CP-SAT never excludes a feasible mapping
+and never over-estimates one; the exact model adjudicates every candidate (solver.solve).
+
+How: the exact iteration time is bounded below by a sum of products,
+
+    (n + (pp-1)/v) · (L/pp · (C + TP + R) + H + 2·v·P2P) + DP + OPT,
+
+(n = microbatches = batch/dp/microbatch; C compute, TP exposed tensor-parallel
+communication, R recompute of one block and microbatch; H the output layer; P2P one
+pipeline send; DP exposed data-parallel reduction; OPT the optimizer step), each factor an
+exact table of the model over one or two dimensions (tp × microbatch, tp × pp) minimised
+over the flags it does not read. Expanded, each product term is exp(y) with y a sum of
+logarithms — linear in the one-hot Booleans — and exp(y) is bounded below by tangent lines
+(exp is convex). Memory is the same with one product term (stored activations × blocks in
+flight).
+
+The quantization boundary (all integers CP-SAT sees are made here):
+    Y = floor(LOG_SCALE · ln value) for added logs, and -ceil(...) for subtracted ones, so
+    a sum of quantized logs never exceeds the true one;
+    time in units of `time_unit_s`, memory in MiB; every tangent line's intercept is
+    floored, and since each term variable is an integer that may round its bound up by
+    less than one unit, the proven bound is taken as (objective - number of terms) units.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from costmodel.comm import collective_s
+from costmodel.context import Context
+from costmodel.encoding import RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG
+from costmodel.iteration import block_terms, iteration_terms, output_layer_s
+from costmodel.ops import ArrayOps
+from costmodel.system import Collective
+from costmodel.units import MiB
+from solver.cpsat.variables import Variables
+
+LOG_SCALE = 10_000
+"""Y = floor(LOG_SCALE · ln x): logarithms resolved to 1e-4 (0.01 % in value)."""
+TANGENT_STEP = 0.1
+"""Tangent points every 0.1 in ln-space: exp lies at most step²/8 ≈ 0.13 % above its tangents."""
+SLOPE_SCALE = 2**20
+"""Tangent slopes are rational with this denominator."""
+TANGENT_DECADES = 7.0
+"""Tangents cover 7 decades below the ceiling (to 1e-3 reference times); below, a term's
+bound is 0 (still sound, and such terms are negligible next to the optimum)."""
+UNITS_PER_REFERENCE = 1e6
+"""Time unit = reference time / 1e6, the reference being a lower bound on any mapping's
+compute time: the objective resolves the optimum to about a millionth."""
+CEILING_REFERENCES = 1e4
+"""Tangents stop at 10^4 reference times; above, the last tangent continues (still a lower
+bound, and no mapping that slow can be optimal), which keeps every coefficient in int64."""
+MEMORY_UNIT_BYTES = MiB
+TINY = 1e-30
+"""Stands in for an exact 0 inside a logarithm (a term that vanishes, e.g. TP with tp = 1)."""
+
+ACT_CLASSES = ("no_sp", "sp", "sp_redo")  # how stored activations split: SP off, SP storing gathered inputs, SP + redo
+
+
+def qlog(value: float, sign: int = 1) -> int:
+    """sign·ln(value) quantized downward, so sums of quantized logs never exceed the true sum."""
+    return math.floor(sign * LOG_SCALE * math.log(max(value, TINY)))
+
+
+@dataclass(frozen=True)
+class Quantization:
+    time_unit_s: float
+    memory_unit_bytes: float
+    time_terms: int
+    memory_terms: int
+
+
+class LogLinear:
+    """A linear expression over Booleans in quantized-log units, with its range."""
+
+    def __init__(self, const: int = 0):
+        self.const = const
+        self.terms: list[tuple[int, cp_model.IntVar]] = []
+        self.lo = const
+        self.hi = const
+
+    def add_table(self, table: dict, lits: dict, sign: int = 1) -> "LogLinear":
+        """Add Σ qlog(table[k], sign)·lits[k] over an exactly-one set of literals."""
+        coefs = {k: qlog(table[k], sign) for k in lits}
+        self.terms += [(coefs[k], lits[k]) for k in lits]
+        self.lo += min(coefs.values())
+        self.hi += max(coefs.values())
+        return self
+
+    def add_const(self, value: float, sign: int = 1) -> "LogLinear":
+        q = qlog(value, sign)
+        self.const += q
+        self.lo += q
+        self.hi += q
+        return self
+
+    def add_var(self, var: cp_model.IntVar, lo: int, hi: int) -> "LogLinear":
+        self.terms.append((1, var))
+        self.lo += lo
+        self.hi += hi
+        return self
+
+    def plus(self, other: "LogLinear") -> "LogLinear":
+        out = LogLinear(self.const + other.const)
+        out.terms = self.terms + other.terms
+        out.lo, out.hi = self.lo + other.lo, self.hi + other.hi
+        return out
+
+    def expr(self):
+        return sum(c * v for c, v in self.terms) + self.const
+
+
+def add_log_var(m: cp_model.CpModel, name: str, alternatives: list[tuple[list, LogLinear]],
+                floor: LogLinear | None = None) -> LogLinear:
+    """A variable equal to the alternative whose literals hold, as a one-term LogLinear.
+    `floor`, a lower bound of every alternative, is added unconditionally: the enforced
+    equalities relax to nothing in CP-SAT's LP, the floor keeps the LP bound useful."""
+    lo = min(a.lo for _, a in alternatives)
+    hi = max(a.hi for _, a in alternatives)
+    y = m.NewIntVar(lo, hi, name)
+    for lits, alt in alternatives:
+        m.Add(y == alt.expr()).OnlyEnforceIf(lits)
+    if floor is not None:
+        m.Add(y >= floor.expr())
+    return LogLinear().add_var(y, lo, hi)
+
+
+def add_exp_term(m: cp_model.CpModel, name: str, alternatives: list[tuple[list, LogLinear]], unit: float,
+                 ceiling: float, active=None) -> cp_model.IntVar:
+    """z >= exp(y)/unit by tangent lines, where y equals the alternative whose literals hold.
+    The alternatives must cover every solution (one of them holds); `active` (a literal or
+    None for always) switches the bound on — when off, z >= 0 only."""
+    lo = min(a.lo for _, a in alternatives)
+    hi = max(a.hi for _, a in alternatives)
+    y = m.NewIntVar(lo, hi, f"log_{name}")
+    for lits, alt in alternatives:
+        ct = m.Add(y == alt.expr())
+        if lits:
+            ct.OnlyEnforceIf(lits)
+    y_top = min(hi / LOG_SCALE, math.log(ceiling))
+    start = max(lo / LOG_SCALE, y_top - TANGENT_DECADES * math.log(10))
+    points = np.arange(y_top, start - TANGENT_STEP, -TANGENT_STEP)
+    lines = []
+    for point in points:
+        value = math.exp(point) / unit                       # F(Y) = exp(Y/S)/unit at the point
+        slope = math.floor(value / LOG_SCALE * SLOPE_SCALE)  # K·F'(Y), rounded down
+        if slope <= 0:
+            continue
+        # Tangent of F with exactly this rational slope touches at Y* where F'(Y*) = slope/K.
+        y_star = LOG_SCALE * math.log(slope * LOG_SCALE * unit / SLOPE_SCALE)
+        f_star = slope * LOG_SCALE / SLOPE_SCALE
+        intercept = math.floor(SLOPE_SCALE * f_star - slope * y_star) - 1
+        lines.append((slope, intercept))
+    # z's domain must hold every line's value over y's range, or CP-SAT would exclude mappings
+    z_max = max([0] + [math.ceil((s * hi + b) / SLOPE_SCALE) for s, b in lines])
+    z = m.NewIntVar(0, z_max, name)
+    for slope, intercept in lines:
+        ct = m.Add(SLOPE_SCALE * z >= slope * y + intercept)
+        if active is not None:
+            ct.OnlyEnforceIf(active)
+    return z
+
+
+def _namespace(**columns) -> SimpleNamespace:
+    """Array fields of costmodel.evaluate's mapping namespace from raw columns."""
+    n = len(next(iter(columns.values())))
+    f64 = np.float64
+    defaults = dict(num_procs=1, pp=1, dp=1, batch=1, interleaving=1, recompute=RECOMPUTE_NONE, tp_comm=0,
+                    tp_overlap=0, ag_redo=False, opt_shard=False, dp_overlap=False, w_off=False, a_off=False,
+                    o_off=False, tp_net=0, pp_net=0, dp_net=0)
+    col = {k: np.broadcast_to(np.asarray(columns.get(k, v)), (n,)) for k, v in {**defaults, **columns}.items()}
+    rc, comm, ovl = col["recompute"], col["tp_comm"], col["tp_overlap"]
+    return SimpleNamespace(
+        num_procs=col["num_procs"].astype(f64), tp=col["tp"].astype(f64), pp=col["pp"].astype(f64),
+        dp=col["dp"].astype(f64), batch=col["batch"].astype(f64), microbatch=col["microbatch"].astype(f64),
+        interleaving=col["interleaving"].astype(f64),
+        recompute_full=rc == RECOMPUTE_FULL, recompute_none=rc == RECOMPUTE_NONE, not_recompute_full=rc != RECOMPUTE_FULL,
+        seq_par=comm == TP_COMM_RS_AG, tp_comm_ar=comm == 0, tp_overlap_ring=ovl == 1, tp_overlap_pipe=ovl == 2,
+        ag_redo=col["ag_redo"].astype(bool), opt_shard=col["opt_shard"].astype(bool),
+        dp_overlap=col["dp_overlap"].astype(bool), w_off=col["w_off"].astype(bool), a_off=col["a_off"].astype(bool),
+        o_off=col["o_off"].astype(bool), tp_net=col["tp_net"].astype(np.intp), pp_net=col["pp_net"].astype(np.intp),
+        dp_net=col["dp_net"].astype(np.intp))
+
+
+def _grid(**axes):
+    """Cartesian product of named axes as flat columns, plus the shape to reshape results."""
+    names = list(axes)
+    mesh = np.meshgrid(*[np.asarray(axes[k]) for k in names], indexing="ij")
+    return {k: g.ravel() for k, g in zip(names, mesh)}, mesh[0].shape
+
+
+class Tables:
+    """Exact-model tables over tp × microbatch and tp × pp, minimised over unread flags."""
+
+    def __init__(self, c: Context, v: Variables, num_gpus: int, tp_overlaps: tuple[int, ...], networks: int):
+        self.tm_keys = list(v.tp_mb)
+        self.tp_keys = list(v.tp_pp)
+        nets = list(range(networks))
+        tm = np.array(self.tm_keys, dtype=float)
+        # ---- block tables over (tp, microbatch) × comm × overlap × redo × recompute × offloads × net ----
+        cols, shape = _grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2], ag_redo=[False, True],
+                            recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE], w_off=[False, True],
+                            a_off=[False, True], tp_net=nets)
+        ns = _namespace(tp=tm[cols["key"], 0], microbatch=tm[cols["key"], 1], **{k: v_ for k, v_ in cols.items()
+                                                                                   if k != "key"})
+        blk = block_terms(c, ns, ArrayOps)
+        act = blk["activations"]
+
+        def arr(values):
+            return np.broadcast_to(values, (len(ns.tp),)).reshape(shape)
+
+        # one block, one microbatch, forward + backward + recompute + exposed TP and offload:
+        # exact for every flag combination the block reads, minimised over the TP network
+        block = arr(blk["block_fwd_s"] + blk["block_bwd_s"] + blk["recompute_s"] + blk["offload_fwd_s"]
+                    + blk["offload_bwd_s"]).min(axis=-1)
+        # TP overlap only changes time: the best overlap the space offers bounds every one
+        block = block[:, :, list(tp_overlaps)].min(axis=2)
+        rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
+        self.block = {(comm, redo, rcs[rc], w, a): self._by_tm(block[:, comm, redo, rc, w, a])
+                      for comm in range(3) for redo in (0, 1) for rc in range(3) for w in (0, 1) for a in (0, 1)}
+        everything = (1, 2, 3, 4, 5, 6, 7)
+        self.compute = self._by_tm(arr(blk["compute_fwd_s"] + blk["compute_bwd_s"]).min(axis=everything))
+        self.head = self._by_tm(3 * arr(output_layer_s(c, ns, ArrayOps)).min(axis=everything))
+        p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk["act_message_bytes"] / ns.tp,
+                                     np.full(len(ns.tp), k)) for k in nets]).min(axis=0)
+        self.p2p = self._by_tm(arr(p2p).min(axis=everything))
+        stored = arr(act["stored"])
+        workspace = arr(np.where(ns.recompute_full, act["full"], np.where(ns.recompute_none, 0.0,
+                                                                          act["attention_core"])))
+        # activation classes: (comm code, redo) rows that realise each class
+        cls_rows = {"no_sp": (0, 0), "sp": (TP_COMM_RS_AG, 0), "sp_redo": (TP_COMM_RS_AG, 1)}
+        rc_index = {RECOMPUTE_FULL: 0, RECOMPUTE_ATTN_ONLY: 1, RECOMPUTE_NONE: 2}
+        self.stored = {(rc, cls): self._by_tm(stored[:, comm, 0, redo, rc_index[rc], 0, 0, 0])
+                       for rc in rc_index for cls, (comm, redo) in cls_rows.items()}
+        self.workspace = {(rc, cls): self._by_tm(workspace[:, comm, 0, redo, rc_index[rc], 0, 0, 0])
+                          for rc in rc_index for cls, (comm, redo) in cls_rows.items()}
+
+        # ---- stage tables over (tp, pp) × sharding × offload flags × net ----
+        tpp = np.array(self.tp_keys, dtype=float)
+        cols, shape = _grid(key=np.arange(len(tpp)), opt_shard=[False, True], w_off=[False, True],
+                            o_off=[False, True], dp_net=nets)
+        t_, p_ = tpp[cols["key"], 0], tpp[cols["key"], 1]
+        dp = num_gpus / (t_ * p_)
+        ns = _namespace(tp=t_, pp=p_, dp=dp, num_procs=np.full(len(t_), float(num_gpus)), batch=dp,
+                        microbatch=np.ones(len(t_)), **{k: v_ for k, v_ in cols.items() if k != "key"})
+        terms = iteration_terms(c, ns, ArrayOps)
+
+        def arr2(values):
+            return np.broadcast_to(values, (len(t_),)).reshape(shape)
+
+        # Exposed + stolen DP time is at least usage × the reduction time (overlap hides at
+        # most all of it, stealing `usage` of the compute meanwhile), and all of it unoverlapped.
+        usage = np.minimum(1.0, np.asarray(c.net_usage)[ns.dp_net])
+        self.dp_comm = self._by_tp(arr2(terms["dp_comm_s"] * usage).min(axis=(1, 2, 3, 4)))
+        optimizer = arr2(terms["optimizer_s"])
+        self.optimizer = {shard: self._by_tp(optimizer[:, shard].min(axis=(1, 2, 3))) for shard in (0, 1)}
+        weights = arr2(terms["weights_hbm_bytes"])
+        self.weights_hbm = {w: self._by_tp(weights[:, 0, w, 0, 0]) for w in (0, 1)}
+        opt_mem = arr2(terms["optimizer_hbm_bytes"])
+        self.optimizer_hbm = {(shard, o): self._by_tp(opt_mem[:, shard, 0, o, 0]) for shard in (0, 1) for o in (0, 1)}
+        states = arr2(terms["weights_bytes"] + terms["weight_grads_bytes"])
+        self.weights_and_grads = self._by_tp(states[:, 0, 0, 0, 0])
+        opt_state = arr2(terms["optimizer_bytes"])
+        self.optimizer_state = {shard: self._by_tp(opt_state[:, shard, 0, 0, 0]) for shard in (0, 1)}
+        emb = arr2(terms["embedding_bytes"])
+        self.embedding = {shard: self._by_tp(emb[:, shard, 0, 0, 0]) for shard in (0, 1)}
+
+    def _by_tm(self, values: np.ndarray) -> dict:
+        return {k: float(x) for k, x in zip(self.tm_keys, values)}
+
+    def _by_tp(self, values: np.ndarray) -> dict:
+        return {k: float(x) for k, x in zip(self.tp_keys, values)}
+
+
+@dataclass
+class Bounds:
+    """What the surrogate added to the model: the objective's term variables and the memory
+    lower bound, with the quantization that maps them back to seconds and bytes."""
+
+    objective_terms: list
+    memory_terms: list
+    quantization: Quantization
+    block_floors: dict      # (tp, pp, interleaving, microbatch) -> surrogate lower bound, s
+
+    def objective(self):
+        return sum(self.objective_terms)
+
+    def memory(self):
+        return sum(self.memory_terms)
+
+    def add_floor_cuts(self, m: cp_model.CpModel, v: Variables, exclude=()) -> None:
+        """Cuts from the block floors of the blocks not in `exclude` (those already scored and
+        cut): objective >= the smallest floor of the (tp, pp) split, and of the (tp,
+        microbatch) pair, that a solution picks; a split or pair with nothing left is
+        forbidden. Valid inequalities: they never exclude an unscored mapping."""
+        q = self.quantization
+        skip = set(exclude)
+        by_split: dict = {}
+        by_tp_mb: dict = {}
+        for key, floor in self.block_floors.items():
+            if key in skip:
+                continue
+            t, p, _, mb = key
+            by_split[(t, p)] = min(by_split.get((t, p), math.inf), floor)
+            by_tp_mb[(t, mb)] = min(by_tp_mb.get((t, mb), math.inf), floor)
+        objective = self.objective()
+        for floors, lits in ((by_split, v.tp_pp), (by_tp_mb, v.tp_mb)):
+            for key, lit in lits.items():
+                value = floors.get(key, math.inf)
+                if not math.isfinite(value):
+                    m.AddBoolOr([lit.Not()])
+                else:
+                    m.Add(objective >= math.floor(value / q.time_unit_s) - q.time_terms).OnlyEnforceIf(lit)
+
+    def seconds(self, objective_units: float) -> float:
+        """A proven objective bound in units, as a sound bound on the exact time in seconds."""
+        q = self.quantization
+        return max(0.0, (objective_units - q.time_terms) * q.time_unit_s)
+
+
+def block_lower_bounds(tables: Tables, c: Context, skeletons, local_batch: dict, has_offload: bool,
+                       hbm_capacity_bytes: float) -> dict:
+    """For each (tp, pp, interleaving, microbatch) block, the smallest value the surrogate
+    time takes over the memory-relevant flags that pass the same memory relaxations as the
+    CP-SAT model (inf when none does). Computed with numpy from the surrogate's own tables,
+    so it is a lower bound of every exact time in the block. It ranks candidates for exact
+    scoring, and its minimum per (tp, pp) split becomes a cut that gives CP-SAT's LP the
+    bound its one-hot relaxation cannot."""
+    blocks = c.blocks
+    rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
+    combos = [(comm, redo, rc, w, a) for comm in range(3) for redo in (0, 1) for rc in rcs
+              for w in ((0, 1) if has_offload else (0,)) for a in ((0, 1) if has_offload else (0,))
+              if not (redo and (comm != TP_COMM_RS_AG or rc == RECOMPUTE_FULL)) and not (a and rc == RECOMPUTE_FULL)]
+    out = {}
+    for sk in skeletons:
+        t, p = sk.tp, sk.pp
+        key = (t, p)
+        mbs = np.array(sk.microbatches, dtype=float)
+        ils = np.array(sk.interleavings, dtype=float)
+        n = local_batch[key] / mbs                                           # [M]
+        bubble = (p - 1) / ils                                               # [V]
+        block = np.array([[tables.block[cb][(t, int(mb))] for cb in combos] for mb in mbs])  # [M, K]
+        head = np.array([tables.head[(t, int(mb))] for mb in mbs])           # [M]
+        sends = np.array([tables.p2p[(t, int(mb))] for mb in mbs]) if p > 1 else np.zeros(len(mbs))
+        # time[V, M, K] without the optimizer and DP terms (added per sharding below)
+        per_micro = blocks / p * block + head[:, None]                       # [M, K]
+        time = ((n[None, :, None] + bubble[:, None, None]) * per_micro[None]
+                + (n[None, :] + bubble[:, None])[:, :, None] * (2 * ils[:, None, None] * sends[None, :, None]))
+        cls = ["sp_redo" if (comm == TP_COMM_RS_AG and redo) else ("sp" if comm == TP_COMM_RS_AG else "no_sp")
+               for comm, redo, rc, w, a in combos]
+        stored = np.array([[tables.stored[(cb[2], cl)][(t, int(mb))] for cb, cl in zip(combos, cls)] for mb in mbs])
+        workspace = np.array([[tables.workspace[(cb[2], cl)][(t, int(mb))] for cb, cl in zip(combos, cls)]
+                              for mb in mbs])
+        a_off = np.array([cb[4] for cb in combos], dtype=bool)
+        w_off = np.array([cb[3] for cb in combos])
+        inflight = blocks / p * np.minimum(p, n)                             # [M]
+        activations = np.where(a_off[None, :], stored, stored * inflight[:, None])
+        best = np.full((len(ils), len(mbs)), math.inf)
+        shards = (0, 1) if sk.dp > 1 else (0,)
+        for shard in shards:
+            for o in ((0, 1) if has_offload else (0,)):
+                memory = (np.array([tables.weights_hbm[w][key] for w in w_off])[None, :] + activations + workspace
+                          + tables.optimizer_hbm[(shard, o)][key] + tables.embedding[shard][key])       # [M, K]
+                offloaded = (w_off * tables.weights_and_grads[key])[None, :] + o * tables.optimizer_state[shard][key]
+                fits = (memory <= hbm_capacity_bytes) & (offloaded <= c.offload_capacity_bytes)  # [M, K]
+                if not fits.any():
+                    continue
+                extra = tables.optimizer[shard][key] + tables.dp_comm[key]
+                best = np.minimum(best, np.where(fits[None], time, np.inf).min(axis=2) + extra)
+        for i, il in enumerate(sk.interleavings):
+            for j, mb in enumerate(sk.microbatches):
+                out[(t, p, il, mb)] = float(best[i, j])
+    return out
+
+
+def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, local_batch: dict,
+               tp_overlaps: tuple[int, ...], hbm_capacity_bytes: float | None, enforce_hbm: bool = True,
+               skeletons=None) -> Bounds:
+    """Add the time objective terms and, unless `hbm_capacity_bytes` is None, the HBM lower
+    bound (constrained to the capacity when `enforce_hbm`). `local_batch[(tp, pp)]` is
+    batch/dp of that split."""
+    tables = Tables(c, v, num_gpus, tp_overlaps, len(c.net_size))
+    blocks = c.blocks
+    flag = v.flag
+    # literals meaning "pp > 1": [] when always, None when never
+    if 1 not in v.pp.is_:
+        pp_gt1: list | None = []
+    elif len(v.pp.is_) == 1:
+        pp_gt1 = None
+    else:
+        pp_gt1 = [v.pp.is_[1].Not()]
+    pp_values = {p: float(p) for p in v.pp.is_}
+    pp_minus_1 = {p: float(p - 1) for p in v.pp.is_}
+    mb_values = {mb: float(mb) for mb in v.microbatch.is_}
+    il_values = {il: float(il) for il in v.interleaving.is_}
+    local = {k: float(local_batch[k]) for k in v.tp_pp}
+
+    t_ref = min(local[(t, p)] * blocks / p * min(tables.compute[(t2, mb)] / mb for (t2, mb) in tables.tm_keys if t2 == t)
+                for (t, p) in v.tp_pp)
+    unit = t_ref / UNITS_PER_REFERENCE
+    ceiling = t_ref * CEILING_REFERENCES
+
+    def microbatches():       # ln(batch/dp/microbatch)
+        return LogLinear().add_table(local, v.tp_pp).add_table(mb_values, v.microbatch.is_, -1)
+
+    def bubble():             # ln((pp-1)/interleaving)
+        return LogLinear().add_table(pp_minus_1, v.pp.is_).add_table(il_values, v.interleaving.is_, -1)
+
+    def per_stage(table):     # ln(blocks/pp · table[tp, microbatch])
+        return LogLinear().add_const(blocks).add_table(pp_values, v.pp.is_, -1).add_table(table, v.tp_mb)
+
+    comm_rs_ag = flag("tp_comm", TP_COMM_RS_AG)
+    # ln(one block's time): one alternative per combination of the flags a block reads
+    block_alternatives = [([flag("tp_comm", comm), flag("seq_par_ag_redo", redo),
+                            flag("recompute", rc), flag("weight_offload", w), flag("activations_offload", a)],
+                           LogLinear().add_table(table, v.tp_mb))
+                          for (comm, redo, rc, w, a), table in tables.block.items()]
+    block_floor = {k: min(table[k] for table in tables.block.values()) for k in v.tp_mb}
+    block_log = add_log_var(m, "log_block_s", block_alternatives, LogLinear().add_table(block_floor, v.tp_mb))
+    parts = {  # name -> (LogLinear of the part, literals that switch it on; None = never)
+        "blocks": (LogLinear().add_const(blocks).add_table(pp_values, v.pp.is_, -1).plus(block_log), []),
+        "output_layer": (LogLinear().add_table(tables.head, v.tp_mb), []),
+        "pp_send": (LogLinear().add_const(2.0).add_table(il_values, v.interleaving.is_).add_table(tables.p2p, v.tp_mb),
+                    pp_gt1),
+    }
+    objective = []
+    for weight_name, weight, weight_active in (("n", microbatches, []), ("bubble", bubble, pp_gt1)):
+        for part_name, (part, part_active) in parts.items():
+            if weight_active is None or part_active is None:
+                continue      # pp is 1 in every mapping: bubble and sends vanish
+            active = weight_active + part_active
+            objective.append(add_exp_term(m, f"time_{weight_name}_{part_name}", [([], weight().plus(part))], unit,
+                                          ceiling, active or None))
+    exp_terms = len(objective)
+
+    def linear_term(name, options, divisor):
+        """z >= Σ floor(table[k]/divisor)·pair[k], one table per option literal list."""
+        top = max(max(t.values()) for _, t in options) / divisor
+        z = m.NewIntVar(0, int(top) + 1, name)
+        for lits, table in options:
+            ct = m.Add(z >= sum(math.floor(table[k] / divisor) * lit for k, lit in v.tp_pp.items()))
+            if lits:
+                ct.OnlyEnforceIf(lits)
+        return z
+
+    objective.append(linear_term("time_dp_comm", [([], tables.dp_comm)], unit))
+    objective.append(linear_term("time_optimizer", [([flag("optimizer_sharding", s)], tables.optimizer[s])
+                                                    for s in (0, 1)], unit))
+
+    memory = []
+    if hbm_capacity_bytes is not None:
+        mib = MEMORY_UNIT_BYTES
+        memory.append(linear_term("hbm_weights", [([flag("weight_offload", w)], tables.weights_hbm[w])
+                                                  for w in (0, 1)], mib))
+        memory.append(linear_term("hbm_optimizer", [([flag("optimizer_sharding", s), flag("optimizer_offload", o)],
+                                                     tables.optimizer_hbm[(s, o)]) for s in (0, 1) for o in (0, 1)], mib))
+        memory.append(linear_term("hbm_embedding", [([flag("optimizer_sharding", s)], tables.embedding[s])
+                                                    for s in (0, 1)], mib))
+        class_lits = {"no_sp": [comm_rs_ag.Not()], "sp": [comm_rs_ag, flag("seq_par_ag_redo", 0)],
+                      "sp_redo": [comm_rs_ag, flag("seq_par_ag_redo", 1)]}
+        rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
+        top = max(max(tables.workspace[(rc, cls)].values()) for rc in rcs for cls in ACT_CLASSES) / mib
+        workspace = m.NewIntVar(0, int(top) + 1, "hbm_workspace")
+        for rc in rcs:
+            for cls in ACT_CLASSES:
+                table = tables.workspace[(rc, cls)]
+                m.Add(workspace >= sum(math.floor(table[k] / mib) * lit for k, lit in v.tp_mb.items())
+                      ).OnlyEnforceIf([flag("recompute", rc), *class_lits[cls]])
+        memory.append(workspace)
+        # blocks in flight >= blocks/pp · min(pp, microbatches): w = min(ln n, ln pp) exactly
+        n_log, p_log = microbatches(), LogLinear().add_table(pp_values, v.pp.is_)
+        w_lo, w_hi = min(n_log.lo, p_log.lo), max(n_log.hi, p_log.hi)
+        w = m.NewIntVar(w_lo, w_hi, "log_min_pp_microbatches")
+        pick_n = m.NewBoolVar("inflight_limited_by_microbatches")
+        m.Add(w <= n_log.expr())
+        m.Add(w <= p_log.expr())
+        m.Add(w >= n_log.expr()).OnlyEnforceIf(pick_n)
+        m.Add(w >= p_log.expr()).OnlyEnforceIf(pick_n.Not())
+        alternatives = []
+        for rc in rcs:
+            for cls in ACT_CLASSES:
+                stored = LogLinear().add_table(tables.stored[(rc, cls)], v.tp_mb)
+                in_hbm = (LogLinear().add_const(blocks).add_table(pp_values, v.pp.is_, -1)
+                          .add_var(w, w_lo, w_hi))
+                lits = [flag("recompute", rc), *class_lits[cls]]
+                alternatives.append((lits + [flag("activations_offload", 0)], stored.plus(in_hbm)))
+                # offloaded: HBM keeps at least one block's worth of the stage's activations
+                alternatives.append((lits + [flag("activations_offload", 1)], stored))
+        memory.append(add_exp_term(m, "hbm_activations", alternatives, mib, 64 * hbm_capacity_bytes))
+        if enforce_hbm:
+            m.Add(sum(memory) <= math.floor(hbm_capacity_bytes / mib) + 1)
+        # Offload capacity: offloaded weights with their gradients, and offloaded optimizer
+        # state, must fit (offloaded activations only add to this, so leaving them out relaxes).
+        offloaded = [linear_term("offload_weights", [([flag("weight_offload", 1)], tables.weights_and_grads)], mib),
+                     linear_term("offload_optimizer", [([flag("optimizer_offload", 1), flag("optimizer_sharding", s)],
+                                                        tables.optimizer_state[s]) for s in (0, 1)], mib)]
+        m.Add(sum(offloaded) <= math.floor(c.offload_capacity_bytes / mib))
+    block_floors = {}
+    if skeletons is not None and hbm_capacity_bytes is not None and enforce_hbm:
+        block_floors = block_lower_bounds(tables, c, skeletons, local_batch, c.offload_capacity_bytes > 0,
+                                          hbm_capacity_bytes)
+    return Bounds(objective, memory, Quantization(unit, MEMORY_UNIT_BYTES, exp_terms, 1), block_floors)

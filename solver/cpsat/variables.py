@@ -1,0 +1,116 @@
+"""The CP-SAT variables of a mapping, built from the space declaration, and their decoding.
+
+Skeleton dimensions are integer variables (tp, pp, dp, batch, interleaving, microbatch)
+with one Boolean per value (`tp[8]`, `pp[16]`, ...), linked both ways; flags get one Boolean
+per code (`recompute[full]`, `tp_net[1]`). Pairs of skeleton values that objective and
+memory tables need — (tp, pp) and (tp, microbatch) — get a Boolean each that is the AND of
+the two value Booleans. The domains are the values any valid mapping can take (read off the
+space's skeletons); which combinations are valid is left to the constraints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from costmodel.encoding import RECOMPUTE_CHOICES, TP_COMM_CHOICES, TP_OVERLAP_CHOICES
+from solver.space import NETWORKS, Skeleton, Space, divisors
+
+_FLAG_LABELS = {"recompute": [c.value for c in RECOMPUTE_CHOICES], "tp_comm": [c.value for c in TP_COMM_CHOICES],
+                "tp_overlap": [c.value for c in TP_OVERLAP_CHOICES]}
+
+
+def _label(flag: str, code: int) -> str:
+    if flag in _FLAG_LABELS:
+        return _FLAG_LABELS[flag][code]
+    return str(code) if flag.endswith("_net") else ("on" if code else "off")
+
+
+@dataclass
+class OneHot:
+    """An integer dimension with one Boolean per value: var == v  <=>  is_[v]."""
+
+    var: cp_model.IntVar
+    is_: dict[int, cp_model.IntVar]
+
+    def value_of(self, solver: cp_model.CpSolver) -> int:
+        return next(v for v, lit in self.is_.items() if solver.BooleanValue(lit))
+
+
+def one_hot(model: cp_model.CpModel, name: str, values) -> OneHot:
+    values = sorted(set(int(v) for v in values))
+    var = model.NewIntVarFromDomain(cp_model.Domain.FromValues(values), name)
+    lits = {v: model.NewBoolVar(f"{name}[{v}]") for v in values}
+    model.AddExactlyOne(lits.values())
+    # var = Σ v·[var == v]: the integer and its Booleans agree.
+    model.Add(var == sum(v * lit for v, lit in lits.items()))
+    return OneHot(var, lits)
+
+
+def and_pairs(model: cp_model.CpModel, name: str, first: OneHot, second: OneHot, keep) -> dict:
+    """Booleans pair[(a, b)] = first[a] AND second[b] for the pairs `keep(a, b)` allows;
+    exactly one of them is true in every solution where (first, second) is such a pair."""
+    pairs = {}
+    for a, lit_a in first.is_.items():
+        for b, lit_b in second.is_.items():
+            if not keep(a, b):
+                continue
+            lit = model.NewBoolVar(f"{name}[{a},{b}]")
+            model.AddImplication(lit, lit_a)
+            model.AddImplication(lit, lit_b)
+            model.AddBoolOr([lit_a.Not(), lit_b.Not(), lit])
+            pairs[(a, b)] = lit
+    # Every valid mapping has an allowed pair: forbid the disallowed ones outright.
+    model.AddExactlyOne(pairs.values())
+    return pairs
+
+
+class Variables:
+    """Owns every decision variable of the mapping and decodes a solution."""
+
+    def __init__(self, model: cp_model.CpModel, space: Space, skeletons: list[Skeleton], num_gpus: int,
+                 num_networks: int, flags: tuple[str, ...] | None = None):
+        """`flags` names the flag dimensions to model (default: all of the space's)."""
+        self.model = model
+        self.space = space
+        self.num_networks = num_networks
+        tps = {s.tp for s in skeletons}
+        pps = {s.pp for s in skeletons}
+        self.tp = one_hot(model, "tp", tps)
+        self.pp = one_hot(model, "pp", pps)
+        self.dp = one_hot(model, "dp", {s.dp for s in skeletons})
+        self.batch = model.NewIntVarFromDomain(cp_model.Domain.FromValues(sorted({s.batch for s in skeletons})), "batch")
+        local_batches = {s.local_batch for s in skeletons}
+        self.local_batch = model.NewIntVarFromDomain(cp_model.Domain.FromValues(sorted(local_batches)), "local_batch")
+        self.microbatch = one_hot(model, "microbatch", {m for s in skeletons for m in s.microbatches})
+        self.microbatches = model.NewIntVarFromDomain(
+            cp_model.Domain.FromValues(sorted({d for q in local_batches for d in divisors(q)})), "microbatches")
+        self.interleaving = one_hot(model, "interleaving", {v for s in skeletons for v in s.interleavings})
+        self.tp_pp = and_pairs(model, "tp_pp", self.tp, self.pp, lambda t, p: num_gpus % (t * p) == 0)
+        self.tp_mb = and_pairs(model, "tp_mb", self.tp, self.microbatch, lambda t, m: True)
+        self.flags: dict[str, dict[int, cp_model.IntVar]] = {}
+        for dim in space.flags:
+            if flags is not None and dim.name not in flags:
+                continue
+            self.flags[dim.name] = {code: model.NewBoolVar(f"{dim.name}[{_label(dim.name, code)}]")
+                                    for code in dim.domain(num_networks)}
+            model.AddExactlyOne(self.flags[dim.name].values())
+
+    def flag(self, name: str, code: int) -> cp_model.IntVar:
+        return self.flags[name][code]
+
+    def decode(self, solver: cp_model.CpSolver) -> tuple[tuple[int, int, int, int], dict[str, int]]:
+        """(tp, pp, interleaving, microbatch) and the flag codes of a solution."""
+        key = (self.tp.value_of(solver), self.pp.value_of(solver), self.interleaving.value_of(solver),
+               self.microbatch.value_of(solver))
+        flags = {name: next(c for c, lit in lits.items() if solver.BooleanValue(lit))
+                 for name, lits in self.flags.items()}
+        return key, flags
+
+    @property
+    def network_codes(self) -> tuple[int, ...]:
+        return tuple(range(self.num_networks))
+
+
+__all__ = ["Variables", "OneHot", "one_hot", "and_pairs", "NETWORKS"]

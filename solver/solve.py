@@ -1,0 +1,319 @@
+"""The certified optimum: CP-SAT over a sound surrogate, refined by the exact model.
+
+    data        the space's skeletons, the exact model's tables (solver.cpsat.surrogate)
+    variables   tp, pp, dp, batch, interleaving, microbatch and every flag (Variables)
+    constraints the named constraints (solver.cpsat.constraints) + the HBM relaxation
+    objective   a piecewise-linear lower bound of the exact iteration time
+    loop        solve → take the candidates CP-SAT found → score their whole (tp, pp,
+                interleaving, microbatch) block exactly with the vectorized model → keep the
+                top K → cut the scored blocks → require the surrogate to beat the K-th best
+                → repeat until CP-SAT proves nothing left can (certified) or time runs out.
+
+Because the surrogate never over-estimates an exact time and its constraints never exclude
+a feasible mapping, the end of the loop certifies the exact model's optimum — the same
+answer as scoring every mapping (solver.brute), ties broken the same way (time, then
+enumeration order).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from costmodel.context import Context
+from costmodel.encoding import MappingArrays
+from costmodel.evaluate import Evaluation, evaluate_arrays_in_context, evaluate_in_context
+from costmodel.model import Model
+from costmodel.system import Datatype, System
+from costmodel.units import GiB
+from solver.cpsat.constraints import STRUCTURE, NetworkFit, Problem
+from solver.cpsat.surrogate import add_bounds
+from solver.cpsat.variables import Variables
+from solver.enumerate import build_rows, plan
+from solver.space import Space, get_space
+
+
+WARM_START_BLOCKS = 256
+"""At most this many blocks are scored before the first CP-SAT round, best surrogate bound first."""
+WARM_START_MARGIN = 0.005
+"""The warm start goes on past the K-th best by this fraction: CP-SAT's tangent-line
+objective sits up to ~0.2 % below the tables the ranking uses, so blocks just above the
+line would otherwise come back as CP-SAT candidates one round at a time."""
+SEARCHED_FLAGS = ("recompute", "tp_comm", "optimizer_sharding", "seq_par_ag_redo", "weight_offload",
+                  "activations_offload", "optimizer_offload")
+"""Flags CP-SAT decides. The others (TP overlap, DP overlap, the network of each dimension)
+change only time, never memory: the surrogate takes their best case, and the exact scoring
+of a block tries every value."""
+
+
+@dataclass(frozen=True)
+class SolverConfig:
+    """How hard and how to search. Nothing in the loop is hard-coded beyond these."""
+
+    time_limit_s: float = 120.0   # wall-clock budget for the whole loop
+    workers: int = 2              # CP-SAT search workers
+    seed: int = 0                 # CP-SAT random seed
+    top_k: int = 5                # mappings reported, all certified when the loop completes
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    status: str                       # optimal | feasible | infeasible | unknown
+    best: Evaluation | None
+    top: list[Evaluation]
+    certified_optimal: bool
+    bound_s: float | None             # proven lower bound on the best exact time
+    gap: float | None                 # (best - bound) / best
+    seconds: float
+    candidates_scored: int            # mappings the exact model scored
+    blocks_scored: int                # (tp, pp, interleaving, microbatch) blocks scored
+    rounds: int                       # CP-SAT solves
+    space_size: int                   # mappings in the space
+    binding: list[str] = field(default_factory=list)
+    infeasible_reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        def brief(ev: Evaluation) -> dict:
+            d = ev.to_dict()
+            return {"mapping": d["mapping"], "iteration_time_s": d["iteration_time_s"], "mfu": d["mfu"],
+                    "hfu": d["hfu"], "sample_rate": d["sample_rate"], "memory": d["memory"], "time": d["time"]}
+
+        return {"status": self.status, "certified_optimal": self.certified_optimal,
+                "best": brief(self.best) if self.best else None, "top": [brief(e) for e in self.top],
+                "bound_s": self.bound_s, "gap": self.gap, "seconds": self.seconds,
+                "candidates_scored": self.candidates_scored, "blocks_scored": self.blocks_scored,
+                "rounds": self.rounds, "space_size": self.space_size, "binding": self.binding,
+                "infeasible_reasons": self.infeasible_reasons}
+
+
+class _Collector(cp_model.CpSolverSolutionCallback):
+    """Records the (tp, pp, interleaving, microbatch) block of every solution CP-SAT finds."""
+
+    def __init__(self, variables: Variables):
+        super().__init__()
+        self.variables = variables
+        self.blocks: list[tuple[int, int, int, int]] = []
+
+    def on_solution_callback(self) -> None:
+        key, _ = self.variables.decode(self)
+        if key not in self.blocks:
+            self.blocks.append(key)
+
+
+class _Incumbents:
+    """The K best exactly scored feasible mappings, by (time, ordinal)."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.time_s = np.zeros(0)
+        self.ordinal = np.zeros(0, dtype=np.int64)
+        self.rows: MappingArrays | None = None
+
+    def offer(self, time_s: np.ndarray, ordinal: np.ndarray, rows: MappingArrays) -> None:
+        rows_all = rows if self.rows is None else MappingArrays.concatenate([self.rows, rows])
+        time_all = np.concatenate([self.time_s, time_s])
+        ord_all = np.concatenate([self.ordinal, ordinal])
+        keep = np.lexsort((ord_all, time_all))[: self.k]
+        self.time_s, self.ordinal, self.rows = time_all[keep], ord_all[keep], rows_all.take(keep)
+
+    @property
+    def target_s(self) -> float:
+        """The time a new mapping must beat (or tie) to enter the top K."""
+        return float(self.time_s[-1]) if len(self.time_s) == self.k else math.inf
+
+
+def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
+          datatype: Datatype = Datatype.bfloat16, space: str | Space = "full",
+          config: SolverConfig = SolverConfig()) -> SolveResult:
+    """The fastest mapping of `model` on `num_gpus` GPUs of `system` under the exact model."""
+    started = time.perf_counter()
+    the_space = get_space(space) if isinstance(space, str) else space
+    c = Context.build(model, system, datatype, fused_activation=the_space.fused_activation)
+    the_plan = plan(model, system, num_gpus, max_batch, the_space, chunk_rows=1 << 62)
+    skels = the_plan.skeletons
+    problem = Problem(model, system, num_gpus, max_batch, the_space)
+    if not skels:
+        return _infeasible(started, 0, [f"parallel split: no (tp, pp, dp) split of {num_gpus} GPUs meets the "
+                                         f"divisibility rules (tp | hidden {model.hidden}, heads {model.attn_heads}; "
+                                         f"pp | blocks {model.num_blocks}) and the batch cap {max_batch}"])
+
+    m = cp_model.CpModel()
+    v = Variables(m, the_space, list(skels), num_gpus, len(system.networks), flags=SEARCHED_FLAGS)
+    for constraint in (*STRUCTURE, NetworkFit()):
+        constraint.add(m, v, problem)
+    local_batch = _local_batches(problem, v)
+    bounds = add_bounds(m, v, c, num_gpus, local_batch, the_space.tp_overlap_codes, c.hbm_capacity_bytes,
+                        skeletons=skels)
+    objective = bounds.objective()
+    m.Minimize(objective)
+
+    index = {(s.tp, s.pp): i for i, s in enumerate(skels)}
+    ordinal_base = {chunk.skeleton_index: chunk.ordinal for chunk in the_plan.chunks}
+    best = _Incumbents(config.top_k)
+    scored_keys: list[tuple[int, int, int, int]] = []
+
+    def score(key: tuple[int, int, int, int]) -> None:
+        """Score every mapping of one (tp, pp, interleaving, microbatch) block exactly, keep
+        the best, and cut the block from the CP-SAT model."""
+        tp, pp, il, mb = key
+        i = index[(tp, pp)]
+        sk, table = skels[i], the_plan.flag_tables[i]
+        n_flags = len(table)
+        start = (sk.interleavings.index(il) * len(sk.microbatches) + sk.microbatches.index(mb)) * n_flags
+        rows = build_rows(the_space, sk, table, start, start + n_flags)
+        ev = evaluate_arrays_in_context(c, rows)
+        ok = np.flatnonzero(ev.feasible)
+        if len(ok):
+            best.offer(ev.iteration_time_s[ok], ordinal_base[i] + start + ok, rows.take(ok))
+        scored_keys.append(key)
+        m.AddBoolOr([v.tp.is_[tp].Not(), v.pp.is_[pp].Not(), v.interleaving.is_[il].Not(), v.microbatch.is_[mb].Not()])
+
+    # Warm start: the blocks the surrogate ranks best, scored until the next one's bound
+    # cannot beat the K-th best (or WARM_START_BLOCKS are done).
+    ranked = sorted((floor, key) for key, floor in bounds.block_floors.items() if math.isfinite(floor))
+    for floor, key in ranked[:WARM_START_BLOCKS]:
+        if floor >= best.target_s * (1 + WARM_START_MARGIN):
+            break
+        score(key)
+    bounds.add_floor_cuts(m, v, exclude=scored_keys)
+
+    rounds, certified, bound_units = 0, False, None
+    while True:
+        remaining = config.time_limit_s - (time.perf_counter() - started)
+        if remaining <= 0:
+            break
+        if math.isfinite(best.target_s):
+            m.Add(objective <= math.floor(best.target_s / bounds.quantization.time_unit_s)
+                  + bounds.quantization.time_terms)
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = remaining
+        solver.parameters.num_workers = config.workers
+        solver.parameters.random_seed = config.seed
+        collector = _Collector(v)
+        status = solver.Solve(m, collector)
+        rounds += 1
+        if status == cp_model.INFEASIBLE:
+            certified = True      # no unscored mapping's bound beats the K-th best
+            break
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
+        bound_units = solver.BestObjectiveBound()
+        # Score each candidate's block, and the same split and microbatch at every other
+        # interleaving: neighbours that are often nearly as fast, cheap to score together.
+        for tp, pp, _, mb in collector.blocks:
+            for il in skels[index[(tp, pp)]].interleavings:
+                if (tp, pp, il, mb) not in scored_keys:
+                    score((tp, pp, il, mb))
+        if status == cp_model.OPTIMAL and bounds.seconds(bound_units) >= best.target_s:
+            certified = True
+            break
+    blocks = len(scored_keys)
+    scored = sum(len(the_plan.flag_tables[index[(k[0], k[1])]]) for k in scored_keys)
+
+    top = [evaluate_in_context(c, best.rows.to_mapping(i, datatype, the_space.fused_activation))
+           for i in range(len(best.time_s))] if best.rows is not None else []
+    seconds = time.perf_counter() - started
+    if not top:
+        if certified:
+            return _infeasible(started, scored, diagnose(model, system, problem, c), rounds, blocks,
+                               the_plan.total)
+        return SolveResult("unknown", None, [], False, None, None, seconds, scored, blocks, rounds, the_plan.total,
+                           infeasible_reasons=["time limit reached before any feasible mapping was found"])
+    best_time = top[0].iteration_time_s
+    if certified:
+        bound_s, gap = best_time, 0.0
+    else:
+        # Sound either way: CP-SAT's proven bound on what was left in its last round, and
+        # the smallest surrogate floor of any block not yet scored.
+        done = set(scored_keys)
+        unscored = min((f for k, f in bounds.block_floors.items() if k not in done), default=math.inf)
+        bound_s = max(bounds.seconds(bound_units) if bound_units is not None else 0.0, min(unscored, best_time))
+        bound_s = min(bound_s, best_time)
+        gap = (best_time - bound_s) / best_time
+    return SolveResult("optimal" if certified else "feasible", top[0], top, certified, bound_s, gap, seconds,
+                       scored, blocks, rounds, the_plan.total, binding=binding_constraints(problem, top[0]))
+
+
+def _infeasible(started, scored, reasons, rounds=0, blocks=0, size=0) -> SolveResult:
+    return SolveResult("infeasible", None, [], True, None, None, time.perf_counter() - started, scored, blocks,
+                       rounds, size, infeasible_reasons=list(reasons))
+
+
+def binding_constraints(problem: Problem, ev: Evaluation) -> list[str]:
+    """What limits the best mapping: capacities nearly used up, caps reached, networks filled."""
+    out = []
+    system, mapping = problem.system, ev.mapping
+    hbm = system.hbm.capacity_bytes
+    if ev.hbm_bytes >= 0.9 * hbm:
+        out.append(f"hbm capacity: {ev.hbm_bytes / GiB:.1f} of {hbm / GiB:.1f} GiB used ({100 * ev.hbm_bytes / hbm:.0f} %)")
+    if system.offload is not None and ev.offload_bytes >= 0.9 * system.offload.capacity_bytes:
+        cap = system.offload.capacity_bytes
+        out.append(f"offload capacity: {ev.offload_bytes / GiB:.1f} of {cap / GiB:.1f} GiB used")
+    if mapping.batch_size + mapping.dp > problem.max_batch:
+        out.append(f"batch cap: global batch {mapping.batch_size} is the largest multiple of dp {mapping.dp} "
+                   f"<= {problem.max_batch}")
+    for name, degree, span, net in (("tp", mapping.tp, mapping.tp, mapping.tensor_par_net),
+                                    ("pp", mapping.pp, mapping.tp * mapping.pp, mapping.pipeline_par_net)):
+        size = system.networks[net].size
+        if degree > 1 and span == size:
+            out.append(f"network size: the {name} group spans all {size} GPUs of {system.networks[net].name}")
+    if ev.time_s["offload_s"] > 0:
+        out.append(f"offload bandwidth: {ev.time_s['offload_s']:.3f} s of offload traffic is not hidden "
+                   f"(needs {ev.offload_bytes_per_s_needed / 1e9:.0f} GB/s)")
+    return out
+
+
+def _structure_model(problem: Problem, skels, flags=None) -> tuple[cp_model.CpModel, Variables]:
+    m = cp_model.CpModel()
+    v = Variables(m, problem.space, list(skels), problem.num_gpus, len(problem.system.networks), flags=flags)
+    for constraint in (*STRUCTURE, NetworkFit()):
+        constraint.add(m, v, problem)
+    return m, v
+
+
+def diagnose(model: Model, system: System, problem: Problem, c: Context) -> list[str]:
+    """Which named constraints rule out every mapping, with the numbers."""
+    reasons = []
+    skels = plan(model, system, problem.num_gpus, problem.max_batch, problem.space, chunk_rows=1 << 62).skeletons
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = 30
+    solver.parameters.num_workers = 1
+    m, _ = _structure_model(problem, skels)
+    if solver.Solve(m) == cp_model.INFEASIBLE:
+        sizes = ", ".join(f"{n.name} {n.size}" for n in system.networks)
+        reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts tp, tp·pp and all GPUs on "
+                       f"networks that span them ({sizes})")
+        return reasons
+    # the smallest HBM footprint any mapping can have (a sound lower bound)
+    m, v = _structure_model(problem, skels, flags=SEARCHED_FLAGS)
+    local_batch = _local_batches(problem, v)
+    bounds = add_bounds(m, v, c, problem.num_gpus, local_batch, problem.space.tp_overlap_codes,
+                        c.hbm_capacity_bytes, enforce_hbm=False)
+    m.Minimize(bounds.memory())
+    status = solver.Solve(m)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        q = bounds.quantization
+        smallest = max(0.0, solver.BestObjectiveBound() - q.memory_terms) * q.memory_unit_bytes
+        if smallest > c.hbm_capacity_bytes:
+            reasons.append(f"hbm capacity: the smallest possible footprint is at least {smallest / GiB:.1f} GiB per "
+                           f"GPU > {c.hbm_capacity_bytes / GiB:.1f} GiB HBM")
+    elif status == cp_model.INFEASIBLE and system.offload is not None:
+        reasons.append(f"offload capacity: no mapping's offloaded state fits {system.offload.capacity_gib:g} GiB")
+    if not reasons:
+        reasons.append("exact model: every mapping the relaxed constraints allow fails the exact memory, "
+                       "offload-capacity or network check")
+    return reasons
+
+
+def _local_batches(problem: Problem, v: Variables) -> dict:
+    """batch/dp of every (tp, pp) pair the variables allow (1 where no batch exists)."""
+    out = {}
+    for (t, p) in v.tp_pp:
+        dp = problem.num_gpus // (t * p)
+        batch = problem.space.batch_for(dp, problem.max_batch)
+        out[(t, p)] = max(1, (batch or 1) // dp)
+    return out

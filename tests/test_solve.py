@@ -1,0 +1,144 @@
+"""The CP-SAT solver against exhaustive search: same optimum (to 1e-9), certified, on varied
+small problems; infeasible problems name the constraint; time limits return a gap."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from ortools.sat.python import cp_model
+
+from costmodel.load import load_system
+from costmodel.model import Model
+from costmodel.system import Datatype
+from solver.brute import scan
+from solver.cli import cli
+from solver.count import count_mappings
+from solver.cpsat.constraints import STRUCTURE, Problem
+from solver.cpsat.variables import Variables
+from solver.solve import SolverConfig, solve
+from solver.space import get_space, skeletons
+
+ROOT = Path(__file__).resolve().parents[1]
+A100 = load_system(ROOT / "problems/systems/a100-80g-selene.yaml")
+H100 = load_system(ROOT / "problems/systems/h100-80g-nvl8.yaml")
+
+
+def small_model(blocks: int, hidden: int = 2048, heads: int = 16, seq: int = 2048) -> Model:
+    return Model(name=f"m{blocks}", hidden=hidden, feedforward=4 * hidden, seq_size=seq, attn_heads=heads,
+                 attn_size=hidden // heads, num_blocks=blocks)
+
+
+CASES = [
+    # (id, model, system, gpus, max_batch, datatype, space)
+    ("a100-8gpu-fp16", small_model(16), A100, 8, 64, Datatype.float16, "full"),
+    ("a100-32gpu-fp16", small_model(16), A100, 32, 256, Datatype.float16, "full"),
+    ("a100-offload", small_model(24, hidden=4096, heads=32), A100.with_overrides(offload_gib=256, offload_gbps=50),
+     16, 64, Datatype.bfloat16, "full"),
+    ("h100-fp8-prime-blocks", small_model(22), H100, 16, 128, Datatype.float8, "full"),   # 22 = 2 x 11
+    ("h100-fp8-offload-calculon", small_model(16, hidden=4096, heads=32),
+     H100.with_overrides(offload_gib=512, offload_gbps=100), 64, 512, Datatype.float8, "calculon-2023"),
+    ("h100-tight-hbm", small_model(32, hidden=6144, heads=48), H100.with_overrides(hbm_gib=24), 16, 64,
+     Datatype.bfloat16, "full"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_solve_equals_brute_force(case):
+    _, model, system, gpus, max_batch, datatype, space = case
+    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space,
+                   config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
+    reference = scan(model, system, gpus, max_batch, get_space(space), datatype, top_k=3, workers=1)
+    assert result.certified_optimal and result.status == "optimal"
+    assert reference.best is not None
+    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
+    assert result.best.mapping == reference.best.mapping          # same tie-break: time, then enumeration order
+    assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],
+                                                                     rel=1e-9)
+    assert result.best.feasible
+    assert result.gap == 0.0
+    # it scored only part of the space exactly
+    assert result.candidates_scored <= reference.evaluated
+
+
+def test_solver_constraints_admit_exactly_the_space():
+    """The named structure constraints, over all flags, have as many CP-SAT solutions as the
+    closed-form count (network sizes are a feasibility check, not part of the count)."""
+    model = small_model(8, hidden=1024, heads=16, seq=1024)
+    system = A100.with_overrides(offload_gib=64, offload_gbps=50)
+    for space_name, gpus, max_batch in (("full", 8, 16), ("calculon-2023", 4, 2)):
+        space = get_space(space_name)
+        m = cp_model.CpModel()
+        v = Variables(m, space, skeletons(model, gpus, max_batch, space), gpus, len(system.networks))
+        problem = Problem(model, system, gpus, max_batch, space)
+        for constraint in STRUCTURE:
+            constraint.add(m, v, problem)
+
+        class Count(cp_model.CpSolverSolutionCallback):
+            n = 0
+
+            def on_solution_callback(self):
+                self.n += 1
+
+        solver = cp_model.CpSolver()
+        solver.parameters.enumerate_all_solutions = True
+        solver.parameters.num_workers = 1
+        counter = Count()
+        solver.Solve(m, counter)
+        assert counter.n == count_mappings(model, system, gpus, max_batch, space).mappings
+
+
+def test_named_constraints_measure_their_violation():
+    model = small_model(16)
+    result = solve(model, A100, 8, max_batch=64, datatype=Datatype.float16, config=SolverConfig(top_k=1))
+    problem = Problem(model, A100, 8, 64, get_space("full"))
+    for constraint in STRUCTURE:
+        assert constraint.violation(result.best.mapping, result.best, problem) == 0, constraint.name
+    broken = result.best.mapping.model_copy(update={"batch_size": result.best.mapping.batch_size // 2 or 1})
+    assert STRUCTURE[3].name == "batch cap"
+    assert STRUCTURE[3].violation(broken, result.best, problem) > 0
+
+
+def test_infeasible_problem_names_the_memory_constraint():
+    gpt3 = Model(name="gpt3-175b", hidden=12288, feedforward=49152, seq_size=2048, attn_heads=96, attn_size=128,
+                 num_blocks=96)
+    result = solve(gpt3, A100, 2, max_batch=8, datatype=Datatype.float16, config=SolverConfig(top_k=1))
+    assert result.status == "infeasible" and result.best is None
+    assert any(r.startswith("hbm capacity: the smallest possible footprint is at least") for r in result.infeasible_reasons)
+
+
+def test_time_limit_returns_incumbent_with_gap():
+    model = small_model(32, hidden=4096, heads=32)
+    result = solve(model, H100, 64, max_batch=512, datatype=Datatype.float8,
+                   config=SolverConfig(time_limit_s=1e-6, top_k=1))
+    assert not result.certified_optimal
+    if result.best is not None:
+        assert result.status == "feasible"
+        assert 0 <= result.gap <= 1 and result.bound_s <= result.best.iteration_time_s
+
+
+def test_cli_solve_json_is_deterministic_and_complete():
+    args = ["solve", "--model", str(ROOT / "problems/models/gpt-1.3b.yaml"), "--system",
+            str(ROOT / "problems/systems/a100-80g-selene.yaml"), "--gpus", "16", "--max-batch", "64",
+            "--datatype", "bfloat16", "--json", "--workers", "1"]
+    runs = [CliRunner().invoke(cli, args) for _ in range(2)]
+    for run in runs:
+        assert run.exit_code == 0, run.output
+    docs = [json.loads(r.output) for r in runs]
+    for d in docs:
+        d.pop("seconds")
+    assert docs[0] == docs[1]
+    d = docs[0]
+    assert d["certified_optimal"] is True and d["gap"] == 0.0
+    assert {"mapping", "iteration_time_s", "mfu", "memory"} <= set(d["best"])
+    assert d["bound_s"] == pytest.approx(d["best"]["iteration_time_s"])
+
+
+def test_cli_solve_infeasible_exits_1_with_reason():
+    result = CliRunner().invoke(cli, ["solve", "--model", str(ROOT / "problems/models/gpt3-175b.yaml"), "--system",
+                                      str(ROOT / "problems/systems/a100-80g-selene.yaml"), "--gpus", "2",
+                                      "--max-batch", "8", "--datatype", "float16"])
+    assert result.exit_code == 1
+    assert "infeasible" in result.output and "hbm capacity" in result.output
+    assert "Traceback" not in result.output
