@@ -120,13 +120,29 @@ def _reasons(checks: dict, terms: dict, c: Context, m) -> tuple[str, ...]:
     return tuple(reasons)
 
 
+_CONTEXTS: dict[tuple, tuple[Model, System, Context]] = {}
+
+
+def _context_for(model: Model, system: System, mapping: Mapping) -> Context:
+    """The problem constants, built once per (model, system, datatype, ...) object seen
+    recently: evaluating many mappings of one problem one by one stays cheap."""
+    key = (id(model), id(system), mapping.datatype, mapping.fused_activation, mapping.attention_type)
+    hit = _CONTEXTS.get(key)
+    if hit is not None and hit[0] is model and hit[1] is system:
+        return hit[2]
+    c = Context.build(model, system, mapping.datatype, fused_activation=mapping.fused_activation,
+                      attention_type=mapping.attention_type)
+    if len(_CONTEXTS) >= 16:
+        _CONTEXTS.clear()
+    _CONTEXTS[key] = (model, system, c)
+    return c
+
+
 def evaluate(model: Model, system: System, mapping: Mapping) -> Evaluation:
     """Time and memory of one mapping, with every term named. Raises InputError if the
     mapping does not fit the model or system (divisibility, unknown network, datatype)."""
     check_mapping_fits(model, system, mapping)
-    c = Context.build(model, system, mapping.datatype, fused_activation=mapping.fused_activation,
-                      attention_type=mapping.attention_type)
-    return evaluate_in_context(c, mapping)
+    return evaluate_in_context(_context_for(model, system, mapping), mapping)
 
 
 def evaluate_in_context(c: Context, mapping: Mapping) -> Evaluation:
