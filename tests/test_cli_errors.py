@@ -578,3 +578,11 @@ def test_bad_shape_problem(mapsat, write_file, tmp_path, case):
     else:
         result, fragments = mapsat(*args, A100, "--datatype", "float8"), ["has no float8 compute"]
     assert_problem_error(result, *fragments)
+
+
+@pytest.mark.parametrize("command", [name for name in ("brute", "solve") if name in PROBLEM_COMMANDS])
+def test_impossible_problem_is_one_line(mapsat, command):
+    # 175B parameters need ~3 TB of weights and optimizer state: 2 GPUs of 80 GiB cannot hold them.
+    args = problem_args(command, model=str(MODELS_DIR / "gpt3-175b.yaml"))
+    args[args.index("--gpus") + 1] = "2"
+    assert_problem_error(mapsat(*args), "infeasible")
