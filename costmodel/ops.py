@@ -70,4 +70,9 @@ class ArrayOps:
 
     @staticmethod
     def pick(table: tuple, index):
+        # When every network has the same value (usual for some parameters), a scalar
+        # broadcasts for free where a gather would copy a whole column.
+        first = table[0]
+        if all(x == first for x in table):
+            return first
         return np.asarray(table)[index]
