@@ -1,0 +1,192 @@
+"""Tables of the exact model that the surrogate is built from, and the per-block lower
+bounds computed from them with numpy.
+
+Every table is the exact model (costmodel.iteration's own functions) evaluated on a grid
+of the few dimensions it depends on, minimised over the flags it is not keyed by; so
+each is a lower bound of the corresponding exact term for every mapping.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+from costmodel.comm import collective_s
+from costmodel.context import Context
+from costmodel.encoding import RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG
+from costmodel.iteration import block_terms, iteration_terms, output_layer_s
+from costmodel.ops import ArrayOps
+from costmodel.system import Collective
+from solver.cpsat.variables import Variables
+
+ACT_CLASSES = ("no_sp", "sp", "sp_redo")
+"""How stored activations split: no sequence parallelism; SP storing the gathered GEMM
+inputs; SP redoing the all-gather in backward."""
+
+
+def _namespace(**columns) -> SimpleNamespace:
+    """Array fields of costmodel.evaluate's mapping namespace from raw columns."""
+    n = len(next(iter(columns.values())))
+    f64 = np.float64
+    defaults = dict(num_procs=1, pp=1, dp=1, batch=1, interleaving=1, recompute=RECOMPUTE_NONE, tp_comm=0,
+                    tp_overlap=0, ag_redo=False, opt_shard=False, dp_overlap=False, w_off=False, a_off=False,
+                    o_off=False, tp_net=0, pp_net=0, dp_net=0)
+    col = {k: np.broadcast_to(np.asarray(columns.get(k, v)), (n,)) for k, v in {**defaults, **columns}.items()}
+    rc, comm, ovl = col["recompute"], col["tp_comm"], col["tp_overlap"]
+    return SimpleNamespace(
+        num_procs=col["num_procs"].astype(f64), tp=col["tp"].astype(f64), pp=col["pp"].astype(f64),
+        dp=col["dp"].astype(f64), batch=col["batch"].astype(f64), microbatch=col["microbatch"].astype(f64),
+        interleaving=col["interleaving"].astype(f64),
+        recompute_full=rc == RECOMPUTE_FULL, recompute_none=rc == RECOMPUTE_NONE, not_recompute_full=rc != RECOMPUTE_FULL,
+        seq_par=comm == TP_COMM_RS_AG, tp_comm_ar=comm == 0, tp_overlap_ring=ovl == 1, tp_overlap_pipe=ovl == 2,
+        ag_redo=col["ag_redo"].astype(bool), opt_shard=col["opt_shard"].astype(bool),
+        dp_overlap=col["dp_overlap"].astype(bool), w_off=col["w_off"].astype(bool), a_off=col["a_off"].astype(bool),
+        o_off=col["o_off"].astype(bool), tp_net=col["tp_net"].astype(np.intp), pp_net=col["pp_net"].astype(np.intp),
+        dp_net=col["dp_net"].astype(np.intp))
+
+
+def _grid(**axes):
+    """Cartesian product of named axes as flat columns, plus the shape to reshape results."""
+    names = list(axes)
+    mesh = np.meshgrid(*[np.asarray(axes[k]) for k in names], indexing="ij")
+    return {k: g.ravel() for k, g in zip(names, mesh)}, mesh[0].shape
+
+
+class Tables:
+    """Exact-model tables over tp × microbatch and tp × pp, minimised over unread flags."""
+
+    def __init__(self, c: Context, v: Variables, num_gpus: int, tp_overlaps: tuple[int, ...], networks: int):
+        self.tm_keys = list(v.tp_mb)
+        self.tp_keys = list(v.tp_pp)
+        nets = list(range(networks))
+        tm = np.array(self.tm_keys, dtype=float)
+        # ---- block tables over (tp, microbatch) × comm × overlap × redo × recompute × offloads × net ----
+        cols, shape = _grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2], ag_redo=[False, True],
+                            recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE], w_off=[False, True],
+                            a_off=[False, True], tp_net=nets)
+        ns = _namespace(tp=tm[cols["key"], 0], microbatch=tm[cols["key"], 1], **{k: v_ for k, v_ in cols.items()
+                                                                                   if k != "key"})
+        blk = block_terms(c, ns, ArrayOps)
+        act = blk["activations"]
+
+        def arr(values):
+            return np.broadcast_to(values, (len(ns.tp),)).reshape(shape)
+
+        # one block, one microbatch, forward + backward + recompute + exposed TP and offload:
+        # exact for every flag combination the block reads, minimised over the TP network
+        block = arr(blk["block_fwd_s"] + blk["block_bwd_s"] + blk["recompute_s"] + blk["offload_fwd_s"]
+                    + blk["offload_bwd_s"]).min(axis=-1)
+        # TP overlap only changes time: the best overlap the space offers bounds every one
+        block = block[:, :, list(tp_overlaps)].min(axis=2)
+        rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
+        self.block = {(comm, redo, rcs[rc], w, a): self._by_tm(block[:, comm, redo, rc, w, a])
+                      for comm in range(3) for redo in (0, 1) for rc in range(3) for w in (0, 1) for a in (0, 1)}
+        everything = (1, 2, 3, 4, 5, 6, 7)
+        self.compute = self._by_tm(arr(blk["compute_fwd_s"] + blk["compute_bwd_s"]).min(axis=everything))
+        self.head = self._by_tm(3 * arr(output_layer_s(c, ns, ArrayOps)).min(axis=everything))
+        p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk["act_message_bytes"] / ns.tp,
+                                     np.full(len(ns.tp), k)) for k in nets]).min(axis=0)
+        self.p2p = self._by_tm(arr(p2p).min(axis=everything))
+        stored = arr(act["stored"])
+        workspace = arr(np.where(ns.recompute_full, act["full"], np.where(ns.recompute_none, 0.0,
+                                                                          act["attention_core"])))
+        # activation classes: (comm code, redo) rows that realise each class
+        cls_rows = {"no_sp": (0, 0), "sp": (TP_COMM_RS_AG, 0), "sp_redo": (TP_COMM_RS_AG, 1)}
+        rc_index = {RECOMPUTE_FULL: 0, RECOMPUTE_ATTN_ONLY: 1, RECOMPUTE_NONE: 2}
+        self.stored = {(rc, cls): self._by_tm(stored[:, comm, 0, redo, rc_index[rc], 0, 0, 0])
+                       for rc in rc_index for cls, (comm, redo) in cls_rows.items()}
+        self.workspace = {(rc, cls): self._by_tm(workspace[:, comm, 0, redo, rc_index[rc], 0, 0, 0])
+                          for rc in rc_index for cls, (comm, redo) in cls_rows.items()}
+
+        # ---- stage tables over (tp, pp) × sharding × offload flags × net ----
+        tpp = np.array(self.tp_keys, dtype=float)
+        cols, shape = _grid(key=np.arange(len(tpp)), opt_shard=[False, True], w_off=[False, True],
+                            o_off=[False, True], dp_net=nets)
+        t_, p_ = tpp[cols["key"], 0], tpp[cols["key"], 1]
+        dp = num_gpus / (t_ * p_)
+        ns = _namespace(tp=t_, pp=p_, dp=dp, num_procs=np.full(len(t_), float(num_gpus)), batch=dp,
+                        microbatch=np.ones(len(t_)), **{k: v_ for k, v_ in cols.items() if k != "key"})
+        terms = iteration_terms(c, ns, ArrayOps)
+
+        def arr2(values):
+            return np.broadcast_to(values, (len(t_),)).reshape(shape)
+
+        # Exposed + stolen DP time is at least usage × the reduction time (overlap hides at
+        # most all of it, stealing `usage` of the compute meanwhile), and all of it unoverlapped.
+        usage = np.minimum(1.0, np.asarray(c.net_usage)[ns.dp_net])
+        self.dp_comm = self._by_tp(arr2(terms["dp_comm_s"] * usage).min(axis=(1, 2, 3, 4)))
+        optimizer = arr2(terms["optimizer_s"])
+        self.optimizer = {shard: self._by_tp(optimizer[:, shard].min(axis=(1, 2, 3))) for shard in (0, 1)}
+        weights = arr2(terms["weights_hbm_bytes"])
+        self.weights_hbm = {w: self._by_tp(weights[:, 0, w, 0, 0]) for w in (0, 1)}
+        opt_mem = arr2(terms["optimizer_hbm_bytes"])
+        self.optimizer_hbm = {(shard, o): self._by_tp(opt_mem[:, shard, 0, o, 0]) for shard in (0, 1) for o in (0, 1)}
+        states = arr2(terms["weights_bytes"] + terms["weight_grads_bytes"])
+        self.weights_and_grads = self._by_tp(states[:, 0, 0, 0, 0])
+        opt_state = arr2(terms["optimizer_bytes"])
+        self.optimizer_state = {shard: self._by_tp(opt_state[:, shard, 0, 0, 0]) for shard in (0, 1)}
+        emb = arr2(terms["embedding_bytes"])
+        self.embedding = {shard: self._by_tp(emb[:, shard, 0, 0, 0]) for shard in (0, 1)}
+
+    def _by_tm(self, values: np.ndarray) -> dict:
+        return {k: float(x) for k, x in zip(self.tm_keys, values)}
+
+    def _by_tp(self, values: np.ndarray) -> dict:
+        return {k: float(x) for k, x in zip(self.tp_keys, values)}
+
+
+def block_lower_bounds(tables: Tables, c: Context, skeletons, local_batch: dict, has_offload: bool,
+                       hbm_capacity_bytes: float) -> dict:
+    """For each (tp, pp, interleaving, microbatch) block, the smallest value the surrogate
+    time takes over the memory-relevant flags that pass the same memory relaxations as the
+    CP-SAT model (inf when none does). Computed with numpy from the surrogate's own tables,
+    so it is a lower bound of every exact time in the block. It ranks candidates for exact
+    scoring, and its minimum per (tp, pp) split becomes a cut that gives CP-SAT's LP the
+    bound its one-hot relaxation cannot."""
+    blocks = c.blocks
+    rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
+    combos = [(comm, redo, rc, w, a) for comm in range(3) for redo in (0, 1) for rc in rcs
+              for w in ((0, 1) if has_offload else (0,)) for a in ((0, 1) if has_offload else (0,))
+              if not (redo and (comm != TP_COMM_RS_AG or rc == RECOMPUTE_FULL)) and not (a and rc == RECOMPUTE_FULL)]
+    out = {}
+    for sk in skeletons:
+        t, p = sk.tp, sk.pp
+        key = (t, p)
+        mbs = np.array(sk.microbatches, dtype=float)
+        ils = np.array(sk.interleavings, dtype=float)
+        n = local_batch[key] / mbs                                           # [M]
+        bubble = (p - 1) / ils                                               # [V]
+        block = np.array([[tables.block[cb][(t, int(mb))] for cb in combos] for mb in mbs])  # [M, K]
+        head = np.array([tables.head[(t, int(mb))] for mb in mbs])           # [M]
+        sends = np.array([tables.p2p[(t, int(mb))] for mb in mbs]) if p > 1 else np.zeros(len(mbs))
+        # time[V, M, K] without the optimizer and DP terms (added per sharding below)
+        per_micro = blocks / p * block + head[:, None]                       # [M, K]
+        time = ((n[None, :, None] + bubble[:, None, None]) * per_micro[None]
+                + (n[None, :] + bubble[:, None])[:, :, None] * (2 * ils[:, None, None] * sends[None, :, None]))
+        cls = ["sp_redo" if (comm == TP_COMM_RS_AG and redo) else ("sp" if comm == TP_COMM_RS_AG else "no_sp")
+               for comm, redo, rc, w, a in combos]
+        stored = np.array([[tables.stored[(cb[2], cl)][(t, int(mb))] for cb, cl in zip(combos, cls)] for mb in mbs])
+        workspace = np.array([[tables.workspace[(cb[2], cl)][(t, int(mb))] for cb, cl in zip(combos, cls)]
+                              for mb in mbs])
+        a_off = np.array([cb[4] for cb in combos], dtype=bool)
+        w_off = np.array([cb[3] for cb in combos])
+        inflight = blocks / p * np.minimum(p, n)                             # [M]
+        activations = np.where(a_off[None, :], stored, stored * inflight[:, None])
+        best = np.full((len(ils), len(mbs)), math.inf)
+        shards = (0, 1) if sk.dp > 1 else (0,)
+        for shard in shards:
+            for o in ((0, 1) if has_offload else (0,)):
+                memory = (np.array([tables.weights_hbm[w][key] for w in w_off])[None, :] + activations + workspace
+                          + tables.optimizer_hbm[(shard, o)][key] + tables.embedding[shard][key])       # [M, K]
+                offloaded = (w_off * tables.weights_and_grads[key])[None, :] + o * tables.optimizer_state[shard][key]
+                fits = (memory <= hbm_capacity_bytes) & (offloaded <= c.offload_capacity_bytes)  # [M, K]
+                if not fits.any():
+                    continue
+                extra = tables.optimizer[shard][key] + tables.dp_comm[key]
+                best = np.minimum(best, np.where(fits[None], time, np.inf).min(axis=2) + extra)
+        for i, il in enumerate(sk.interleavings):
+            for j, mb in enumerate(sk.microbatches):
+                out[(t, p, il, mb)] = float(best[i, j])
+    return out
