@@ -374,8 +374,6 @@ def test_count_feasible_datatype_the_system_does_not_have(mapsat):
     assert_problem_error(result, "datatype", "'a100-80g-selene' has no float8 compute")
 
 
-@pytest.mark.xfail(strict=True, reason="solver/commands/count.py: without --feasible, `count` never looks at "
-                                       "--datatype, so a datatype the system lacks is accepted silently")
 def test_count_datatype_the_system_does_not_have(mapsat):
     result = mapsat(*problem_args("count", system=A100), "--datatype", "float8")
     assert_problem_error(result, "has no float8 compute")
