@@ -154,7 +154,8 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     index = {(s.tp, s.pp): i for i, s in enumerate(skels)}
     ordinal_base = {chunk.skeleton_index: chunk.ordinal for chunk in the_plan.chunks}
     best = _Incumbents(config.top_k)
-    scored_keys: list[tuple[int, int, int, int]] = []
+    scored_keys: list[tuple[int, int, int, int]] = []   # in scoring order
+    scored_set: set[tuple[int, int, int, int]] = set()
 
     def score(key: tuple[int, int, int, int]) -> None:
         """Score every mapping of one (tp, pp, interleaving, microbatch) block exactly, keep
@@ -170,6 +171,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
         if len(ok):
             best.offer(ev.iteration_time_s[ok], ordinal_base[i] + start + ok, rows.take(ok))
         scored_keys.append(key)
+        scored_set.add(key)
         m.AddBoolOr([v.tp.is_[tp].Not(), v.pp.is_[pp].Not(), v.interleaving.is_[il].Not(), v.microbatch.is_[mb].Not()])
 
     # Warm start: the blocks the surrogate ranks best, scored until the next one's bound
@@ -206,7 +208,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
         # interleaving: neighbours that are often nearly as fast, cheap to score together.
         for tp, pp, _, mb in collector.blocks:
             for il in skels[index[(tp, pp)]].interleavings:
-                if (tp, pp, il, mb) not in scored_keys:
+                if (tp, pp, il, mb) not in scored_set:
                     score((tp, pp, il, mb))
         if status == cp_model.OPTIMAL and bounds.seconds(bound_units) >= best.target_s:
             certified = True
@@ -229,8 +231,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     else:
         # Sound either way: CP-SAT's proven bound on what was left in its last round, and
         # the smallest surrogate floor of any block not yet scored.
-        done = set(scored_keys)
-        unscored = min((f for k, f in bounds.block_floors.items() if k not in done), default=math.inf)
+        unscored = min((f for k, f in bounds.block_floors.items() if k not in scored_set), default=math.inf)
         bound_s = max(bounds.seconds(bound_units) if bound_units is not None else 0.0, min(unscored, best_time))
         bound_s = min(bound_s, best_time)
         gap = (best_time - bound_s) / best_time
