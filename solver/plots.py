@@ -211,7 +211,7 @@ def plot_line(records: list[dict], kind: str, out_dir: Path) -> list[Path]:
             rs = sorted(rs, key=lambda r: _key(_value(r, x)))
             xs = [position[_value(r, x)] if categorical else _value(r, x) for r in rs]
             ys = [_mfu(r) for r in rs]
-            label = legend_label(label_parts)
+            label = legend_label(label_parts, rs[0])
             solved = [(a, 100 * b) for a, b, r in zip(xs, ys, rs) if b is not None]
             if solved:
                 ax.plot(*zip(*solved), marker=marker, color=color, label=label, alpha=0.85)
@@ -238,8 +238,9 @@ def plot_line(records: list[dict], kind: str, out_dir: Path) -> list[Path]:
     return paths
 
 
-def legend_label(parts: tuple[tuple[str, object], ...]) -> str:
-    """Legend text for a line; offload capacity and bandwidth read as one phrase."""
+def legend_label(parts: tuple[tuple[str, object], ...], record: dict | None = None) -> str:
+    """Legend text for a line; offload capacity and bandwidth read as one phrase, and a model
+    size names its model (two shapes can have nearly the same size)."""
     values = dict(parts)
     texts = []
     for name, value in parts:
@@ -249,8 +250,15 @@ def legend_label(parts: tuple[tuple[str, object], ...]) -> str:
             gbps = values["offload_gbps"]
             texts.append(f"offload {value:g} GiB @ " + ("unbounded bandwidth" if gbps == math.inf else f"{gbps:g} GB/s"))
             continue
+        if name == "params" and record is not None:
+            texts.append(_model_text(record))
+            continue
         texts.append(DIMENSIONS[name].label(value))
     return ", ".join(texts) or "all"
+
+
+def _model_text(record: dict) -> str:
+    return f"{_value(record, 'shape')} ({_value(record, 'params') / 1e12:.3g}T)"
 
 
 def _fixed_text(records: list[dict], vary: list[str]) -> str:
@@ -258,10 +266,10 @@ def _fixed_text(records: list[dict], vary: list[str]) -> str:
         return ""
     first = records[0]
     parts = []
-    for name in ("shape", "system", "gpus", "datatype", "hbm_gib", "nvlink_size"):
+    for name in ("shape", "system", "gpus", "datatype", "hbm_gib", "offload_gbps", "nvlink_size"):
         if name not in vary and (name != "shape" or "params" not in vary):
             value = _value(first, name)
-            if value is not None:
+            if value is not None or name == "offload_gbps" and "offload_gib" in vary:
                 parts.append(DIMENSIONS[name].label(value))
     return ", ".join(parts)
 
@@ -303,7 +311,8 @@ def plot_heatmap(records: list[dict], out_dir: Path) -> list[Path]:
                     color="white" if np.isfinite(value) and value < 45 else "black")
         ax.set_xticks(range(len(xs)), [_tick(x, v) for v in xs],
                       rotation=30, ha="right", fontsize=8)
-        ax.set_yticks(range(len(ys)), [_tick(y, v) for v in ys], fontsize=8)
+        names = {_value(r, "params"): _model_text(r) for r in rs}
+        ax.set_yticks(range(len(ys)), [names[v] if y == "params" else _tick(y, v) for v in ys], fontsize=8)
         ax.set_xlabel(_dimension(x).axis_label)
         ax.set_ylabel(_dimension(y).axis_label)
         fig.colorbar(image, ax=ax, label="MFU (%)")
