@@ -212,13 +212,14 @@ def plot_line(records: list[dict], kind: str, out_dir: Path) -> list[Path]:
             xs = [position[_value(r, x)] if categorical else _value(r, x) for r in rs]
             ys = [_mfu(r) for r in rs]
             label = legend_label(label_parts, rs[0])
-            solved = [(a, 100 * b) for a, b, r in zip(xs, ys, rs) if b is not None]
-            if solved:
-                ax.plot(*zip(*solved), marker=marker, color=color, label=label, alpha=0.85)
+            solved = [b is not None for b in ys]
+            if any(solved):  # NaN where nothing was solved: the line breaks there
+                ax.plot(xs, [100 * b if b is not None else math.nan for b in ys], marker=marker, color=color,
+                        label=label, alpha=0.85)
             infeasible = [a for a, r in zip(xs, rs) if r.get("status") == "infeasible"]
             if infeasible:
                 ax.plot(infeasible, [0] * len(infeasible), "x", color=color, markersize=9,
-                        label=None if solved else label)
+                        label=None if any(solved) else label)
         if categorical:
             ax.set_xticks(range(len(all_x)), [_gbps_text(v) for v in all_x])
         elif DIMENSIONS[x].log:
