@@ -185,7 +185,7 @@ def _facets(records: list[dict], used: list[str], vary: list[str], lines: int) -
 def _slug(dim: str, value) -> str:
     """A file-name part: 1e12 parameters -> '1T', 1024.0 -> '1024', inf -> 'unbounded'."""
     if dim == "params" and value is not None:
-        return f"{value / 1e12:g}T"
+        return f"{value / 1e12:.3g}T"
     if dim == "offload_gbps":
         return _gbps_text(value)
     text = f"{value:g}" if isinstance(value, float) else str(value)

@@ -147,7 +147,7 @@ class ResultStore:
             raise ValueError("a result record needs an id")
         if record["id"] in self.records:
             return  # already there: never duplicate
-        line = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode()
+        line = (json.dumps(_finite(record), sort_keys=True, allow_nan=False) + "\n").encode()
         fd = os.open(self.jsonl_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             written = 0
@@ -184,6 +184,17 @@ class ResultStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _finite(value):
+    """Strict JSON: non-finite floats (inf, nan) become null."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    return value
 
 
 def _parse_line(line: bytes) -> dict | None:

@@ -359,3 +359,9 @@ def test_half_written_last_line_is_redone(batch_file, tmp_path):
     assert "dropped a partial last line" in rerun.stderr
     assert "solved 1 in this run" in rerun.stdout
     assert sorted(ids_in(out)) == sorted(p.id for p in load_batch(path))
+
+
+def test_store_writes_strict_json(tmp_path):
+    with ResultStore.open(tmp_path) as store:
+        store.append({**record(1), "gap": float("inf"), "best": {"mfu": float("nan")}})
+    assert json.loads((tmp_path / "results.jsonl").read_text()) == {**record(1), "gap": None, "best": {"mfu": None}}
