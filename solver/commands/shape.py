@@ -83,7 +83,7 @@ def command(targets: tuple[float, ...], blocks: list[int] | None, heads: int | N
       mapsat shape --params 1.1e12 --gpus 4096
       mapsat shape --params 1.04e12 --blocks 254,256 --heads 256 --gpus 4096 \\
                    --system problems/systems/h100-80g-nvl8.yaml --datatype float8 \\
-                   --offload-gib 1024 --offload-gbps 100
+                   --offload-gib 256 --offload-gbps 100
       mapsat shape --params 1e12 --params 128e12 --rule-only --write problems/paper/models
     """
     if system_path is not None and num_gpus is None:
