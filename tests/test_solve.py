@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
 from costmodel.load import load_system
@@ -19,6 +21,7 @@ from solver.cpsat.constraints import STRUCTURE, Problem
 from solver.cpsat.variables import Variables
 from solver.solve import SolverConfig, solve
 from solver.space import get_space, skeletons
+from tests.strategies import models, systems
 
 ROOT = Path(__file__).resolve().parents[1]
 A100 = load_system(ROOT / "problems/systems/a100-80g-selene.yaml")
@@ -144,3 +147,32 @@ def test_cli_solve_infeasible_exits_1_with_reason():
     assert result.exit_code == 1
     assert "infeasible" in result.output and "hbm capacity" in result.output
     assert "Traceback" not in result.output
+
+
+@st.composite
+def small_problems(draw):
+    """Random small models, systems (with or without offload) and GPU counts."""
+    model = draw(models())
+    system = draw(systems())
+    gpus = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    max_batch = draw(st.sampled_from([4, 16, 64]))
+    datatype = draw(st.sampled_from([Datatype.float16, Datatype.float8]))
+    space = draw(st.sampled_from(["full", "calculon-2023"]))
+    return model, system, gpus, max_batch, datatype, space
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_problems())
+def test_property_solver_equals_brute_force_and_returns_feasible_mappings(problem):
+    model, system, gpus, max_batch, datatype, space = problem
+    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space,
+                   config=SolverConfig(top_k=2, time_limit_s=120))
+    reference = scan(model, system, gpus, max_batch, get_space(space), datatype, top_k=2, workers=1)
+    assert result.certified_optimal
+    if reference.best is None:
+        assert result.best is None and result.status == "infeasible"
+        return
+    assert result.best is not None and result.best.feasible          # never an infeasible answer
+    assert all(ev.feasible for ev in result.top)
+    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
+    assert result.best.mapping == reference.best.mapping
