@@ -20,7 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from solver.batch import load_batch, run_batch  # noqa: E402
+from solver.batch import load_batch  # noqa: E402
+from solver.runner import run_batch  # noqa: E402
 from solver.plots import make_plots  # noqa: E402
 from solver.store import read_results  # noqa: E402
 

@@ -94,12 +94,12 @@ def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
     return [head, time_table, mem_table]
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON-safe: numpy scalars to Python, non-finite floats to null."""
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
@@ -109,4 +109,4 @@ def _clean(value: Any) -> Any:
 
 def dumps(document: dict) -> str:
     """Deterministic JSON: sorted keys, fixed indentation."""
-    return json.dumps(_clean(document), indent=2, sort_keys=True)
+    return json.dumps(json_safe(document), indent=2, sort_keys=True)

@@ -20,8 +20,9 @@ from click.testing import CliRunner
 from conftest import H100_SYSTEM, MODELS_DIR
 from costmodel.errors import InputError
 from costmodel.model import Model
-from solver import batch as batch_module
-from solver.batch import Problem, load_batch, problem_id, run_batch
+from solver import runner as runner_module
+from solver.batch import Problem, load_batch, problem_id
+from solver.runner import run_batch
 from solver.cli import cli
 from solver.store import ResultStore, read_results
 
@@ -246,8 +247,8 @@ def test_run_solves_records_errors_resumes_and_writes_csv(batch_file, tmp_path):
 @pytest.mark.skipif(sys.platform != "linux", reason="the patched solve reaches the workers through fork")
 def test_a_problem_over_its_hard_limit_is_killed_and_recorded(monkeypatch, batch_file, tmp_path):
     problems = load_batch(batch_file(batch_doc(gpus=4, overrides={})))
-    monkeypatch.setattr(batch_module, "hard_limit_s", lambda limit: 0.2)
-    monkeypatch.setattr(batch_module, "solve_payload", lambda payload: time.sleep(60))  # a solve that hangs
+    monkeypatch.setattr(runner_module, "hard_limit_s", lambda limit: 0.2)
+    monkeypatch.setattr(runner_module, "solve_payload", lambda payload: time.sleep(60))  # a solve that hangs
     summary = run_batch(problems, tmp_path / "out", jobs=1)
     assert summary.by_status == {"error": 1}
     assert "hard time limit" in read_results(tmp_path / "out")[0]["error"]
@@ -306,9 +307,9 @@ def slow_batch(batch_file) -> Path:
 # The batch command, with every problem's solve delayed by 0.5 s so that a signal reliably
 # lands mid-run however fast the solver gets. The workers are forked, so they inherit it.
 SLOW_MAIN = """
-import time, solver.batch as batch
-solve = batch.solve_payload
-batch.solve_payload = lambda payload: (time.sleep(0.5), solve(payload))[1]
+import time, solver.runner as runner
+solve = runner.solve_payload
+runner.solve_payload = lambda payload: (time.sleep(0.5), solve(payload))[1]
 from solver.cli import main
 main()
 """

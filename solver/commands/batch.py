@@ -8,7 +8,8 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from solver.batch import Reporter, load_batch, run_batch
+from solver.batch import load_batch
+from solver.runner import Reporter, run_batch
 from solver.cli import user_errors
 from solver.store import RESULTS_CSV, RESULTS_JSONL
 
