@@ -19,7 +19,6 @@ MAPPINGS_DIR = PROBLEMS / "mappings"
 A100_SYSTEM = SYSTEMS_DIR / "a100-80g-selene.yaml"
 H100_SYSTEM = SYSTEMS_DIR / "h100-80g-nvl8.yaml"
 # The measurements of the brief live in shared/, beside the clone (as in CI).
-SELENE_VALIDATION = REPO.parent / "shared" / "validation" / "selene-2022.json"
 
 # A small valid model, system and mapping. Tests copy one and break a single field.
 MODEL_DATA: dict[str, Any] = {
