@@ -206,3 +206,13 @@ def load_system(path: str | Path) -> System:
 
 def load_mapping(path: str | Path) -> Mapping:
     return parse(Mapping, read_document(path), str(path))
+
+
+def ensure_directory(path: str | Path, option: str) -> Path:
+    """Create an output directory the user named with `option`, or a one-line InputError."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"{option} {path}: cannot create the directory ({err.strerror})") from None
+    return path

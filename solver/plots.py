@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from costmodel.errors import InputError
+from costmodel.load import ensure_directory
 
 MAX_LINES = 8
 MAX_FILES_PER_KIND = 12
@@ -365,11 +366,7 @@ def make_plots(records: list[dict], out_dir: str | Path, kinds: list[str] | None
     for kind in kinds or []:
         if kind not in available:
             raise InputError(f"--kind {kind}: these results cannot fill it (available: {', '.join(available)})")
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise InputError(f"--out {out_dir}: cannot create the directory ({err.strerror})") from None
+    out_dir = ensure_directory(out_dir, "--out")
     paths = []
     for kind in kinds or available:
         if kind in LINE_KINDS:

@@ -37,7 +37,9 @@ import numpy as np
 import yaml
 
 from costmodel.errors import InputError
+from costmodel.load import ensure_directory
 from costmodel.model import Model
+from costmodel.system import System
 
 SEQ_SIZE = 8192
 """Sequence length of every model in the paper's scaling study (brief: "sequence 8192")."""
@@ -234,11 +236,7 @@ def model_yaml(shape: Shape) -> str:
 
 def write_shapes(shapes: list[Shape], directory: str | Path) -> list[Path]:
     """Write one `<name>.yaml` per shape into `directory` (created); returns the paths."""
-    directory = Path(directory)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise InputError(f"--write {directory}: cannot create the directory ({err.strerror})") from None
+    directory = ensure_directory(directory, "--write")
     paths = []
     for shape in shapes:
         path = directory / f"{shape.model.name}.yaml"
@@ -248,12 +246,10 @@ def write_shapes(shapes: list[Shape], directory: str | Path) -> list[Path]:
 
 
 # ---------------------------------------------------------------------- counts and MFU per shape
-def counting_system() -> "System":
+def counting_system() -> System:
     """When no system is given, mappings are counted as in the paper's mappability study:
     two networks (an NVLink domain of 8 inside an InfiniBand fabric) and offload memory
     present. Counting reads nothing else of a system, so the rates here are placeholders."""
-    from costmodel.system import System
-
     curve = [[0, 1.0]]
     net = {"bandwidth_gbps": 1, "efficiency": 1, "latency_us": 0, "processor_usage": 0}
     return System.model_validate({
@@ -277,7 +273,7 @@ class ShapeAssessment:
         return {**self.shape.to_dict(), "gpus": self.gpus, "mappings": self.mappings, "solved": self.solved}
 
 
-def assess_shapes(shapes: list[Shape], *, gpus: int | None, system: "System | None", max_batch: int = 3072,
+def assess_shapes(shapes: list[Shape], *, gpus: int | None, system: System | None, max_batch: int = 3072,
                   space: str = "calculon-2023", datatype: str = "bfloat16", time_limit_s: float = 60.0,
                   solver_workers: int = 2) -> list[ShapeAssessment]:
     """Count each shape's mappings on `gpus` GPUs (closed form) and, with a system, solve it."""
