@@ -32,7 +32,8 @@ def _rate(bytes_per_s: float) -> float:
 
 def block_terms(c: Context, m, xp) -> dict:
     """One block, one microbatch, one GPU: compute, exposed TP communication (with the
-    compute it steals) and recomputation, in seconds. Reads tp, microbatch and the flags."""
+    compute it steals), recomputation and the offload traffic compute cannot hide, in
+    seconds; and the block's stored activations. Reads tp, microbatch and the flags."""
     fw = block_forward_times(c, m, xp)
     compute_fwd = fw["gemm_s"] + fw["eltwise_s"]
     compute_bwd = 2 * compute_fwd

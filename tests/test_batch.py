@@ -6,7 +6,6 @@ SIGKILL, and Dask on a local cluster. Problems are tiny so the whole file takes 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
