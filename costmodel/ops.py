@@ -65,8 +65,13 @@ class ArrayOps:
 
     @staticmethod
     def lookup(curve: Curve, size):
-        index = np.searchsorted(curve.sizes_array, size, side="right") - 1
-        return curve.efficiencies_array[index]
+        # A few masked copies beat searchsorted + gather on curves of a handful of steps,
+        # and give exactly the listed efficiencies (the scalar path's values).
+        size = np.asarray(size)
+        out = np.full(size.shape, curve.efficiencies[0])
+        for threshold, efficiency in zip(curve.sizes[1:], curve.efficiencies[1:]):
+            np.copyto(out, efficiency, where=size >= threshold)
+        return out
 
     @staticmethod
     def pick(table: tuple, index):
