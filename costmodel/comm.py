@@ -28,8 +28,9 @@ def collective_s(c: Context, xp, op: Collective, group, message_bytes, net):
 
 
 def tp_overlap_terms(c: Context, m, xp, message_bytes):
-    """Per-collective time of the TP collectives for each comm type, and the fraction of
-    them overlap can hide behind the neighbouring GEMM.
+    """Time of one parallel region's TP collectives for each comm type, the fraction of
+    them overlap can hide behind the neighbouring GEMM, and the time of one all-gather of
+    the message (what redoing a sequence-parallel gather in backward costs).
 
     ar:        one all-reduce per parallel region.
     p2p_rs_ag: the all-reduce done as a reduce-scatter then an all-gather.
@@ -43,8 +44,8 @@ def tp_overlap_terms(c: Context, m, xp, message_bytes):
     t, net = m.tp, m.tp_net
     latency = xp.pick(c.net_latency_s, net)
     all_reduce = collective_s(c, xp, Collective.all_reduce, t, message_bytes, net)
-    split_pair = (collective_s(c, xp, Collective.reduce_scatter, t, message_bytes, net)
-                  + collective_s(c, xp, Collective.all_gather, t, message_bytes, net))
+    all_gather = collective_s(c, xp, Collective.all_gather, t, message_bytes, net)
+    split_pair = collective_s(c, xp, Collective.reduce_scatter, t, message_bytes, net) + all_gather
     region_s = xp.where(m.tp_comm_ar, all_reduce, split_pair)
     collectives_per_region = xp.where(m.tp_comm_ar, 1.0, 2.0)
     extra_latency = xp.where(m.tp_overlap_ring, xp.where(m.tp_comm_ar, 0.0, (t - 2) * latency),
@@ -52,7 +53,7 @@ def tp_overlap_terms(c: Context, m, xp, message_bytes):
     region_s = region_s + xp.where(t > 1, collectives_per_region * extra_latency, 0.0)
     hidden_fraction = xp.where(m.tp_overlap_ring, xp.where(m.tp_comm_ar, 0.0, (t - 1) / t),
                                xp.where(m.tp_overlap_pipe, (PIPE_CHUNKS - 1) / PIPE_CHUNKS, 0.0))
-    return region_s, hidden_fraction
+    return region_s, hidden_fraction, all_gather
 
 
 def overlapped(exposed_candidate_s, window_s, hidden_fraction, usage, xp):

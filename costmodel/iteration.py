@@ -39,10 +39,9 @@ def block_terms(c: Context, m, xp) -> dict:
     compute_bwd = 2 * compute_fwd
 
     act_message = c.elem_bytes * m.microbatch * c.seq * c.hidden
-    region_s, hidden_fraction = tp_overlap_terms(c, m, xp, act_message)
+    region_s, hidden_fraction, gather_s = tp_overlap_terms(c, m, xp, act_message)
     tp_usage = xp.pick(c.net_usage, m.tp_net)
     redo_gather = m.seq_par & m.ag_redo & m.not_recompute_full
-    gather_s = collective_s(c, xp, Collective.all_gather, m.tp, act_message, m.tp_net)
     tp_fwd = 2 * region_s                       # two parallel regions: attention, MLP
     tp_bwd = 2 * region_s + xp.where(redo_gather, 2 * gather_s, 0.0)
     tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw["gemm_s"], hidden_fraction, tp_usage, xp)

@@ -21,11 +21,6 @@ class Curve:
     sizes: tuple[float, ...]
     efficiencies: tuple[float, ...]
 
-    def __post_init__(self) -> None:
-        # numpy copies for the array backend, made once
-        object.__setattr__(self, "sizes_array", np.asarray(self.sizes))
-        object.__setattr__(self, "efficiencies_array", np.asarray(self.efficiencies))
-
     @staticmethod
     def of(pairs) -> "Curve":
         return Curve(tuple(float(s) for s, _ in pairs), tuple(float(e) for _, e in pairs))
