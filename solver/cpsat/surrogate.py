@@ -7,13 +7,14 @@ and never over-estimates one; the exact model adjudicates every candidate (solve
 
 How: the exact iteration time is bounded below by a sum of products,
 
-    (n + (pp-1)/v) · (L/pp · (C + TP + R) + H + 2·v·P2P) + DP + OPT,
+    (n + (pp-1)/v) · (L/pp · B + H + 2·v·P2P) + usage·DP + OPT,
 
-(n = microbatches = batch/dp/microbatch; C compute, TP exposed tensor-parallel
-communication, R recompute of one block and microbatch; H the output layer; P2P one
-pipeline send; DP exposed data-parallel reduction; OPT the optimizer step), each factor an
-exact table of the model over one or two dimensions (tp × microbatch, tp × pp) minimised
-over the flags it does not read. Expanded, each product term is exp(y) with y a sum of
+(n = microbatches = batch/dp/microbatch; B one block and microbatch — compute, exposed TP
+communication, recompute and unhidden offload traffic; H the output layer; P2P one
+pipeline send; DP the data-parallel reduction, of which overlap hides at most all but the
+compute it steals; OPT the optimizer step), each factor an exact table of the model over
+one or two dimensions (tp × microbatch, tp × pp) minimised over the flags it does not
+read (solver.cpsat.tables); B has one table per combination of the flags it reads. Expanded, each product term is exp(y) with y a sum of
 logarithms — linear in the one-hot Booleans — and exp(y) is bounded below by tangent lines
 (exp is convex). Memory is the same with one product term (stored activations × blocks in
 flight).
@@ -56,6 +57,9 @@ CEILING_REFERENCES = 1e4
 """Tangents stop at 10^4 reference times; above, the last tangent continues (still a lower
 bound, and no mapping that slow can be optimal), which keeps every coefficient in int64."""
 MEMORY_UNIT_BYTES = MiB
+MEMORY_CEILING_CAPACITIES = 64
+"""Activation tangents stop at 64 × the HBM capacity: any mapping needing more is far past
+infeasible, and the last tangent still bounds it from below."""
 TINY = 1e-30
 """Stands in for an exact 0 inside a logarithm (a term that vanishes, e.g. TP with tp = 1)."""
 
@@ -128,18 +132,13 @@ def add_log_var(m: cp_model.CpModel, name: str, alternatives: list[tuple[list, L
     return LogLinear().add_var(y, lo, hi)
 
 
-def add_exp_term(m: cp_model.CpModel, name: str, alternatives: list[tuple[list, LogLinear]], unit: float,
-                 ceiling: float, active=None) -> cp_model.IntVar:
-    """z >= exp(y)/unit by tangent lines, where y equals the alternative whose literals hold.
-    The alternatives must cover every solution (one of them holds); `active` (a literal or
+def add_exp_term(m: cp_model.CpModel, name: str, log: LogLinear, unit: float, ceiling: float,
+                 active=None) -> cp_model.IntVar:
+    """z >= exp(y)/unit by tangent lines, where y = `log` (quantized). `active` (literals, or
     None for always) switches the bound on — when off, z >= 0 only."""
-    lo = min(a.lo for _, a in alternatives)
-    hi = max(a.hi for _, a in alternatives)
+    lo, hi = log.lo, log.hi
     y = m.NewIntVar(lo, hi, f"log_{name}")
-    for lits, alt in alternatives:
-        ct = m.Add(y == alt.expr())
-        if lits:
-            ct.OnlyEnforceIf(lits)
+    m.Add(y == log.expr())
     y_top = min(hi / LOG_SCALE, math.log(ceiling))
     start = max(lo / LOG_SCALE, y_top - TANGENT_DECADES * math.log(10))
     points = np.arange(y_top, start - TANGENT_STEP, -TANGENT_STEP)
@@ -266,7 +265,7 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
             if weight_active is None or part_active is None:
                 continue      # pp is 1 in every mapping: bubble and sends vanish
             active = weight_active + part_active
-            objective.append(add_exp_term(m, f"time_{weight_name}_{part_name}", [([], weight().plus(part))], unit,
+            objective.append(add_exp_term(m, f"time_{weight_name}_{part_name}", weight().plus(part), unit,
                                           ceiling, active or None))
     exp_terms = len(objective)
 
@@ -323,7 +322,9 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
                 alternatives.append((lits + [flag("activations_offload", 0)], stored.plus(in_hbm)))
                 # offloaded: HBM keeps at least one block's worth of the stage's activations
                 alternatives.append((lits + [flag("activations_offload", 1)], stored))
-        memory.append(add_exp_term(m, "hbm_activations", alternatives, mib, 64 * hbm_capacity_bytes))
+        activations = add_log_var(m, "log_hbm_activations", alternatives)
+        memory.append(add_exp_term(m, "hbm_activations", activations, mib,
+                                   MEMORY_CEILING_CAPACITIES * hbm_capacity_bytes))
         if enforce_hbm:
             m.Add(sum(memory) <= math.floor(hbm_capacity_bytes / mib) + 1)
         # Offload capacity: offloaded weights with their gradients, and offloaded optimizer

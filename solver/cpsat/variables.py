@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from costmodel.encoding import RECOMPUTE_CHOICES, TP_COMM_CHOICES, TP_OVERLAP_CHOICES
-from solver.space import NETWORKS, Skeleton, Space, divisors
+from solver.space import Skeleton, Space, divisors
 
 _FLAG_LABELS = {"recompute": [c.value for c in RECOMPUTE_CHOICES], "tp_comm": [c.value for c in TP_COMM_CHOICES],
                 "tp_overlap": [c.value for c in TP_OVERLAP_CHOICES]}
@@ -107,10 +107,3 @@ class Variables:
         flags = {name: next(c for c, lit in lits.items() if solver.BooleanValue(lit))
                  for name, lits in self.flags.items()}
         return key, flags
-
-    @property
-    def network_codes(self) -> tuple[int, ...]:
-        return tuple(range(self.num_networks))
-
-
-__all__ = ["Variables", "OneHot", "one_hot", "and_pairs", "NETWORKS"]
