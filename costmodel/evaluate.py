@@ -180,7 +180,8 @@ class ArrayEvaluation:
     checks: dict[str, np.ndarray]   # every feasibility check, True where it passes
 
 
-def _array_fields(arrays: MappingArrays) -> SimpleNamespace:
+def array_fields(arrays: MappingArrays) -> SimpleNamespace:
+    """The formulas' view of many mappings: numeric columns as floats, choices as Booleans."""
     f64 = np.float64
     recompute, tp_comm, overlap = arrays.recompute, arrays.tp_comm, arrays.tp_overlap
     return SimpleNamespace(
@@ -207,7 +208,7 @@ def evaluate_arrays(model: Model, system: System, arrays: MappingArrays, datatyp
 
 
 def evaluate_arrays_in_context(c: Context, arrays: MappingArrays) -> ArrayEvaluation:
-    m = _array_fields(arrays)
+    m = array_fields(arrays)
     terms = iteration_terms(c, m, ArrayOps)
     checks = _feasibility(c, m, terms, ArrayOps)
     feasible = np.logical_and.reduce(list(checks.values()))

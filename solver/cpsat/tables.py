@@ -15,8 +15,10 @@ import numpy as np
 
 from costmodel.comm import collective_s
 from costmodel.context import Context
-from costmodel.encoding import RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG
+from costmodel.encoding import (RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG,
+                                MappingArrays)
 from costmodel.iteration import block_terms, iteration_terms, output_layer_s
+from costmodel.evaluate import array_fields
 from costmodel.ops import ArrayOps
 from costmodel.system import Collective
 from solver.cpsat.variables import Variables
@@ -26,25 +28,18 @@ ACT_CLASSES = ("no_sp", "sp", "sp_redo")
 inputs; SP redoing the all-gather in backward."""
 
 
+_DEFAULT_COLUMNS = dict(pp=1, dp=1, batch=1, interleaving=1, recompute=RECOMPUTE_NONE, tp_comm=0, tp_overlap=0,
+                        optimizer_sharding=False, seq_par_ag_redo=False, dp_overlap=False, weight_offload=False,
+                        activations_offload=False, optimizer_offload=False, tp_net=0, pp_net=0, dp_net=0)
+
+
 def _namespace(**columns) -> SimpleNamespace:
-    """Array fields of costmodel.evaluate's mapping namespace from raw columns."""
+    """The evaluator's mapping fields for a grid of partial mappings (MappingArrays columns;
+    those not given take the defaults above, which the tables built from them never read)."""
     n = len(next(iter(columns.values())))
-    f64 = np.float64
-    defaults = dict(num_procs=1, pp=1, dp=1, batch=1, interleaving=1, recompute=RECOMPUTE_NONE, tp_comm=0,
-                    tp_overlap=0, ag_redo=False, opt_shard=False, dp_overlap=False, w_off=False, a_off=False,
-                    o_off=False, tp_net=0, pp_net=0, dp_net=0)
-    col = {k: np.broadcast_to(np.asarray(columns.get(k, v)), (n,)) for k, v in {**defaults, **columns}.items()}
-    rc, comm, ovl = col["recompute"], col["tp_comm"], col["tp_overlap"]
-    return SimpleNamespace(
-        num_procs=col["num_procs"].astype(f64), tp=col["tp"].astype(f64), pp=col["pp"].astype(f64),
-        dp=col["dp"].astype(f64), batch=col["batch"].astype(f64), microbatch=col["microbatch"].astype(f64),
-        interleaving=col["interleaving"].astype(f64),
-        recompute_full=rc == RECOMPUTE_FULL, recompute_none=rc == RECOMPUTE_NONE, not_recompute_full=rc != RECOMPUTE_FULL,
-        seq_par=comm == TP_COMM_RS_AG, tp_comm_ar=comm == 0, tp_overlap_ring=ovl == 1, tp_overlap_pipe=ovl == 2,
-        ag_redo=col["ag_redo"].astype(bool), opt_shard=col["opt_shard"].astype(bool),
-        dp_overlap=col["dp_overlap"].astype(bool), w_off=col["w_off"].astype(bool), a_off=col["a_off"].astype(bool),
-        o_off=col["o_off"].astype(bool), tp_net=col["tp_net"].astype(np.intp), pp_net=col["pp_net"].astype(np.intp),
-        dp_net=col["dp_net"].astype(np.intp))
+    arrays = MappingArrays(**{k: np.broadcast_to(np.asarray(v), (n,))
+                              for k, v in {**_DEFAULT_COLUMNS, **columns}.items()})
+    return array_fields(arrays)
 
 
 def _grid(**axes):
@@ -63,9 +58,9 @@ class Tables:
         nets = list(range(networks))
         tm = np.array(self.tm_keys, dtype=float)
         # ---- block tables over (tp, microbatch) × comm × overlap × redo × recompute × offloads × net ----
-        cols, shape = _grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2], ag_redo=[False, True],
-                            recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE], w_off=[False, True],
-                            a_off=[False, True], tp_net=nets)
+        cols, shape = _grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2], seq_par_ag_redo=[False, True],
+                            recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE], weight_offload=[False, True],
+                            activations_offload=[False, True], tp_net=nets)
         ns = _namespace(tp=tm[cols["key"], 0], microbatch=tm[cols["key"], 1], **{k: v_ for k, v_ in cols.items()
                                                                                    if k != "key"})
         blk = block_terms(c, ns, ArrayOps)
@@ -102,11 +97,11 @@ class Tables:
 
         # ---- stage tables over (tp, pp) × sharding × offload flags × net ----
         tpp = np.array(self.tp_keys, dtype=float)
-        cols, shape = _grid(key=np.arange(len(tpp)), opt_shard=[False, True], w_off=[False, True],
-                            o_off=[False, True], dp_net=nets)
+        cols, shape = _grid(key=np.arange(len(tpp)), optimizer_sharding=[False, True],
+                            weight_offload=[False, True], optimizer_offload=[False, True], dp_net=nets)
         t_, p_ = tpp[cols["key"], 0], tpp[cols["key"], 1]
-        dp = num_gpus / (t_ * p_)
-        ns = _namespace(tp=t_, pp=p_, dp=dp, num_procs=np.full(len(t_), float(num_gpus)), batch=dp,
+        dp = num_gpus // (t_ * p_).astype(np.int64)
+        ns = _namespace(tp=t_, pp=p_, dp=dp, batch=dp,
                         microbatch=np.ones(len(t_)), **{k: v_ for k, v_ in cols.items() if k != "key"})
         terms = iteration_terms(c, ns, ArrayOps)
 
