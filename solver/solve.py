@@ -141,10 +141,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
                                          f"divisibility rules (tp | hidden {model.hidden}, heads {model.attn_heads}; "
                                          f"pp | blocks {model.num_blocks}) and the batch cap {max_batch}"])
 
-    m = cp_model.CpModel()
-    v = Variables(m, the_space, list(skels), num_gpus, len(system.networks), flags=SEARCHED_FLAGS)
-    for constraint in (*STRUCTURE, NetworkFit()):
-        constraint.add(m, v, problem)
+    m, v = _structure_model(problem, skels, flags=SEARCHED_FLAGS)
     local_batch = _local_batches(problem, v)
     bounds = add_bounds(m, v, c, num_gpus, local_batch, the_space.tp_overlap_codes, c.hbm_capacity_bytes,
                         skeletons=skels)
@@ -221,7 +218,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     seconds = time.perf_counter() - started
     if not top:
         if certified:
-            return _infeasible(started, scored, diagnose(model, system, problem, c), rounds, blocks,
+            return _infeasible(started, scored, diagnose(problem, skels, c), rounds, blocks,
                                the_plan.total)
         return SolveResult("unknown", None, [], False, None, None, seconds, scored, blocks, rounds, the_plan.total,
                            infeasible_reasons=["time limit reached before any feasible mapping was found"])
@@ -276,10 +273,10 @@ def _structure_model(problem: Problem, skels, flags=None) -> tuple[cp_model.CpMo
     return m, v
 
 
-def diagnose(model: Model, system: System, problem: Problem, c: Context) -> list[str]:
-    """Which named constraints rule out every mapping, with the numbers."""
+def diagnose(problem: Problem, skels, c: Context) -> list[str]:
+    """Which named constraints rule out every mapping of the space's skeletons, with the numbers."""
     reasons = []
-    skels = plan(model, system, problem.num_gpus, problem.max_batch, problem.space, chunk_rows=1 << 62).skeletons
+    system = problem.system
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = 30
     solver.parameters.num_workers = 1
