@@ -103,6 +103,10 @@ def test_named_constraints_measure_their_violation():
     broken = result.best.mapping.model_copy(update={"batch_size": result.best.mapping.batch_size // 2 or 1})
     assert STRUCTURE[3].name == "batch cap"
     assert STRUCTURE[3].violation(broken, result.best, problem) > 0
+    # a flag its rule pins: the all-gather redo without sequence parallelism
+    pinned = result.best.mapping.model_copy(update={"tensor_par_comm_type": "ar", "seq_par_ag_redo": True})
+    assert STRUCTURE[5].name == "flag rules"
+    assert STRUCTURE[5].violation(pinned, result.best, problem) == 1
 
 
 def test_infeasible_problem_names_the_memory_constraint():

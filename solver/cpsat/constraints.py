@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from costmodel.encoding import MappingArrays
 from costmodel.evaluate import Evaluation
 from costmodel.mapping import Mapping
 from costmodel.model import Model
@@ -166,7 +167,17 @@ class FlagRules(Constraint):
             m.AddImplication(free.Not(), v.flag(dim.name, first))
 
     def violation(self, mapping, evaluation, p):
-        return 0.0  # a Mapping decoded from MappingArrays always obeys them; kept for the interface
+        """How many flags take a value their rule forbids (pinned but moved, or outside the domain)."""
+        codes = MappingArrays.from_mappings([mapping])
+        values = {"tp": mapping.tp, "pp": mapping.pp, "dp": mapping.dp, "offload": int(p.system.offload is not None)}
+        wrong = 0
+        for dim in p.space.flags:
+            value = int(getattr(codes, dim.name)[0])
+            domain = dim.domain(len(p.system.networks))
+            allowed = domain if dim.is_free(values) else domain[:1]
+            wrong += value not in allowed
+            values[dim.name] = value
+        return float(wrong)
 
 
 class NetworkFit(Constraint):
