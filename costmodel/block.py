@@ -13,6 +13,13 @@ efficiency for that many bytes. Backward (activation gradient + weight gradient)
 the work of forward, layer by layer, at the same efficiencies: two GEMMs per forward GEMM,
 and element-wise backward reads the saved input and the output gradient and writes the input
 gradient.
+
+The attention core (scores GEMM · softmax · dropout · context GEMM) is either four kernels
+that pass the b·a·s² score matrix through HBM (Megatron-LM as measured on Selene, 2022), or,
+with `fused_attention`, one FlashAttention kernel (Dao et al. 2022) that keeps score tiles
+on chip: HBM sees only Q, K, V read and the output and the softmax statistics (one fp32
+log-sum-exp per row) written, and its backward kernel recomputes Q·Kᵀ and the softmax
+instead of reading a stored score matrix. That recomputation is counted as recompute time.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ SOFTMAX_FLOPS_PER_ELEM = 6.0
 DROPOUT_FLOPS_PER_ELEM = 2.0
 RESIDUAL_FLOPS_PER_ELEM = 3.0
 GELU_FLOPS_PER_ELEM = 8.0
+# FlashAttention keeps one fp32 log-sum-exp per query row and head for its backward pass.
+SOFTMAX_STATS_BYTES = 4.0
 
 
 def gemm_s(c: Context, xp, flops, num_bytes):
@@ -45,6 +54,16 @@ def eltwise_s(c: Context, xp, elems, flops_per_elem, bytes_per_elem):
     compute = flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, flops))
     memory = num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
     return xp.maximum(compute, memory)
+
+
+def fused_attention_s(c: Context, xp, matrix_flops, vector_flops, num_bytes):
+    """Roofline time of one fused attention kernel: its tensor-core work, its element-wise
+    softmax work on the vector units (overlapped with the matrix work, as FlashAttention
+    pipelines them) and its HBM traffic, whichever is slowest."""
+    matrix = matrix_flops / (c.matrix_flops_per_s * xp.lookup(c.matrix_curve, matrix_flops))
+    vector = vector_flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, vector_flops))
+    memory = num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
+    return xp.maximum(xp.maximum(matrix, vector), memory)
 
 
 def block_forward_times(c: Context, m, xp) -> dict:
@@ -64,30 +83,49 @@ def block_forward_times(c: Context, m, xp) -> dict:
     ln_tokens = xp.where(m.seq_par, tokens / t, tokens)
 
     qkv = gemm_s(c, xp, 2 * tokens * h * qkv_cols, e * (tokens * h + h * qkv_cols + tokens * qkv_cols))
-    score_flops = 2 * b * heads * s * s * d
-    scores = gemm_s(c, xp, score_flops, e * (b * heads * s * d + b * kv_cols / d * s * d + b * heads * s * s))
-    context = gemm_s(c, xp, score_flops, e * (b * heads * s * s + b * kv_cols / d * s * d + b * heads * s * d))
     proj = gemm_s(c, xp, 2 * tokens * q_cols * h, e * (tokens * q_cols + q_cols * h + tokens * h))
     mlp_flops = 2 * tokens * h * f_cols
     mlp_bytes = e * (tokens * h + h * f_cols + tokens * f_cols)
     mlp = 2 * gemm_s(c, xp, mlp_flops, mlp_bytes)
 
+    score_flops = 2 * b * heads * s * s * d              # Q·Kᵀ; the context GEMM (·V) is as large
     score_elems = b * heads * s * s
-    softmax = eltwise_s(c, xp, score_elems, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
-    attn_dropout = eltwise_s(c, xp, score_elems, DROPOUT_FLOPS_PER_ELEM, 2 * e + MASK_BYTES)
+    if c.fused_attention:
+        # Q, K, V read; the output and the softmax statistics written.
+        kernel_bytes = e * tokens * (2 * q_cols + 2 * kv_cols) + SOFTMAX_STATS_BYTES * b * heads * s
+        core_gemm = fused_attention_s(c, xp, 2 * score_flops,
+                                      score_elems * (SOFTMAX_FLOPS_PER_ELEM + DROPOUT_FLOPS_PER_ELEM), kernel_bytes)
+        core_eltwise = 0.0
+        # Backward recomputes Q·Kᵀ and the softmax (statistics in hand) on chip.
+        kernel_recompute = fused_attention_s(c, xp, score_flops, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0)
+        kernel_recompute_flops = score_flops
+        selective_recompute, selective_recompute_flops = 0.0, 0.0   # nothing outside the kernel to redo
+    else:
+        scores = gemm_s(c, xp, score_flops, e * (b * heads * s * d + b * kv_cols / d * s * d + score_elems))
+        context = gemm_s(c, xp, score_flops, e * (score_elems + b * kv_cols / d * s * d + b * heads * s * d))
+        softmax = eltwise_s(c, xp, score_elems, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
+        attn_dropout = eltwise_s(c, xp, score_elems, DROPOUT_FLOPS_PER_ELEM, 2 * e + MASK_BYTES)
+        core_gemm = scores + context
+        core_eltwise = softmax + attn_dropout
+        kernel_recompute, kernel_recompute_flops = 0.0, 0.0
+        # Selective recomputation reruns the four kernels of the attention core.
+        selective_recompute, selective_recompute_flops = core_gemm + core_eltwise, 2 * score_flops
+
     layernorms = 2 * eltwise_s(c, xp, ln_tokens * h, LAYERNORM_FLOPS_PER_ELEM, 2 * e)
     residuals = 2 * eltwise_s(c, xp, ln_tokens * h, RESIDUAL_FLOPS_PER_ELEM, 3 * e + MASK_BYTES)
     # A fused GeLU runs in the epilogue of the h→f GEMM: no pass over memory of its own.
     gelu = 0.0 if c.fused_activation else eltwise_s(c, xp, tokens * f_cols, GELU_FLOPS_PER_ELEM, 2 * e)
 
-    attention_core = scores + softmax + attn_dropout + context
-    gemm = qkv + scores + context + proj + mlp
     return {
-        "gemm_s": gemm,
-        "eltwise_s": softmax + attn_dropout + layernorms + residuals + gelu,
-        "attention_core_s": attention_core,
+        "gemm_s": qkv + core_gemm + proj + mlp,
+        "eltwise_s": core_eltwise + layernorms + residuals + gelu,
         "matrix_flops": 2 * tokens * h * (qkv_cols + q_cols + 2 * f_cols) + 2 * score_flops,
-        "attention_core_flops": 2 * score_flops,
+        # recomputation the attention core needs under attn_only, and what a fused kernel
+        # redoes in backward whatever the recompute setting
+        "selective_recompute_s": selective_recompute,
+        "selective_recompute_flops": selective_recompute_flops,
+        "kernel_recompute_s": kernel_recompute,
+        "kernel_recompute_flops": kernel_recompute_flops,
     }
 
 
@@ -100,7 +138,13 @@ def block_stored_activation_bytes(c: Context, m, xp):
     sequence parallelism: the two layer-norm inputs and the two dropout masks. The inputs
     of the QKV and h→f GEMMs are gathered tensors under SP: stored whole unless the
     all-gather is redone in backward (seq_par_ag_redo), in which case the shard suffices.
-    Full recomputation keeps only the block input.
+    Full recomputation keeps only the block input. A fused attention kernel stores no score
+    matrix, only its softmax statistics, and keeps them under attn_only too (its backward
+    recomputes the scores itself).
+
+    Also returns the transient workspace recomputation needs while one block's backward
+    runs: the whole block's activations under full recompute, the attention core's under
+    attn_only (unfused), nothing otherwise.
     """
     e, h, f, s, d = c.elem_bytes, c.hidden, c.feedforward, c.seq, c.head_size
     t = m.tp
@@ -117,13 +161,19 @@ def block_stored_activation_bytes(c: Context, m, xp):
     gemm_inputs = 2 * e * tokens * h / gemm_inputs_split
     qkv_and_proj = e * tokens * (q_cols + 2 * kv_cols + q_cols)
     mlp_intermediates = 2 * e * tokens * f / t
-    attention_core = (2 * e + MASK_BYTES) * b * heads * s * s
+    if c.fused_attention:
+        attention_core = SOFTMAX_STATS_BYTES * b * heads * s
+        core_recomputed = False
+    else:
+        attention_core = (2 * e + MASK_BYTES) * b * heads * s * s     # softmax out, dropout mask and out
+        core_recomputed = m.recompute_attn_only                       # attn_only drops it
 
     everything = layernorm_inputs + dropout_masks + gemm_inputs + qkv_and_proj + mlp_intermediates
-    stored = xp.where(m.recompute_none, everything + attention_core, everything)
+    full = everything + attention_core
+    stored = xp.where(core_recomputed, everything, full)
     block_input = e * tokens * h / sp_split
     return {
         "stored": xp.where(m.recompute_full, block_input, stored),
-        "full": everything + attention_core,
-        "attention_core": attention_core,
+        "full": full,
+        "workspace": xp.where(m.recompute_full, full, xp.where(core_recomputed, attention_core, 0.0)),
     }

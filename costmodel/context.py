@@ -42,6 +42,7 @@ class Context:
     grad_comm_bytes: float       # bytes per gradient element on the DP network
     optimizer_bytes_per_param: float
     fused_activation: bool
+    fused_attention: bool
     # compute
     matrix_flops_per_s: float
     vector_flops_per_s: float
@@ -65,7 +66,7 @@ class Context:
 
     @staticmethod
     def build(model: Model, system: System, datatype: Datatype, *, fused_activation: bool = True,
-              attention_type: AttentionType = AttentionType.multihead) -> "Context":
+              fused_attention: bool = True, attention_type: AttentionType = AttentionType.multihead) -> "Context":
         compute = system.compute_for(datatype)
         elem = float(datatype.bytes)
         master = 0.0 if datatype is Datatype.float32 else MASTER_WEIGHT_BYTES_PER_PARAM
@@ -85,7 +86,7 @@ class Context:
             # wgrads in bf16); fp32 training sends fp32.
             grad_comm_bytes=max(elem, 2.0),
             optimizer_bytes_per_param=master + ADAM_MOMENT_BYTES_PER_PARAM,
-            fused_activation=fused_activation,
+            fused_activation=fused_activation, fused_attention=fused_attention,
             matrix_flops_per_s=compute.matrix_flops_per_s, vector_flops_per_s=compute.vector_flops_per_s,
             matrix_curve=Curve.of(compute.matrix_efficiency), vector_curve=Curve.of(compute.vector_efficiency),
             hbm_bytes_per_s=system.hbm.bandwidth_bytes_per_s, hbm_curve=Curve.of(system.hbm.efficiency),

@@ -58,14 +58,15 @@ class MappingArrays:
     def concatenate(parts: list["MappingArrays"]) -> "MappingArrays":
         return MappingArrays(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(MappingArrays)})
 
-    def to_mapping(self, i: int, datatype: Datatype, fused_activation: bool = True) -> Mapping:
+    def to_mapping(self, i: int, datatype: Datatype, fused_activation: bool = True,
+                   fused_attention: bool = True) -> Mapping:
         """Row i as a typed Mapping (Calculon field names)."""
         tp, pp, dp = int(self.tp[i]), int(self.pp[i]), int(self.dp[i])
         return Mapping(
             num_procs=tp * pp * dp, tensor_par=tp, pipeline_par=pp, data_par=dp,
             tensor_par_net=int(self.tp_net[i]), pipeline_par_net=int(self.pp_net[i]), data_par_net=int(self.dp_net[i]),
             batch_size=int(self.batch[i]), microbatch_size=int(self.microbatch[i]), datatype=datatype,
-            fused_activation=fused_activation,
+            fused_activation=fused_activation, fused_attention=fused_attention,
             activation_recompute=RECOMPUTE_CHOICES[int(self.recompute[i])],
             pipeline_interleaving=int(self.interleaving[i]),
             optimizer_sharding=bool(self.optimizer_sharding[i]),

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from costmodel.context import Context
-from costmodel.encoding import (RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_AR, TP_COMM_RS_AG, TP_OVERLAP_PIPE,
+from costmodel.encoding import (RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_AR, TP_COMM_RS_AG, TP_OVERLAP_PIPE,
                                 TP_OVERLAP_RING, MappingArrays)
 from costmodel.iteration import MEMORY_TERMS, TIME_TERMS, iteration_terms
 from costmodel.mapping import AttentionType, Mapping, Recompute, TPComm, TPOverlap, check_mapping_fits
@@ -92,7 +92,7 @@ def _scalar_fields(mapping: Mapping) -> SimpleNamespace:
         batch=float(mapping.batch_size), microbatch=float(mapping.microbatch_size),
         interleaving=float(mapping.pipeline_interleaving),
         recompute_full=recompute is Recompute.full, recompute_none=recompute is Recompute.none,
-        not_recompute_full=recompute is not Recompute.full,
+        not_recompute_full=recompute is not Recompute.full, recompute_attn_only=recompute is Recompute.attn_only,
         seq_par=mapping.tensor_par_comm_type is TPComm.rs_ag, tp_comm_ar=mapping.tensor_par_comm_type is TPComm.ar,
         tp_overlap_ring=mapping.tensor_par_overlap is TPOverlap.ring,
         tp_overlap_pipe=mapping.tensor_par_overlap is TPOverlap.pipe,
@@ -126,12 +126,13 @@ _CONTEXTS: dict[tuple, tuple[Model, System, Context]] = {}
 def _context_for(model: Model, system: System, mapping: Mapping) -> Context:
     """The problem constants, built once per (model, system, datatype, ...) object seen
     recently: evaluating many mappings of one problem one by one stays cheap."""
-    key = (id(model), id(system), mapping.datatype, mapping.fused_activation, mapping.attention_type)
+    key = (id(model), id(system), mapping.datatype, mapping.fused_activation, mapping.fused_attention,
+           mapping.attention_type)
     hit = _CONTEXTS.get(key)
     if hit is not None and hit[0] is model and hit[1] is system:
         return hit[2]
     c = Context.build(model, system, mapping.datatype, fused_activation=mapping.fused_activation,
-                      attention_type=mapping.attention_type)
+                      fused_attention=mapping.fused_attention, attention_type=mapping.attention_type)
     if len(_CONTEXTS) >= 16:
         _CONTEXTS.clear()
     _CONTEXTS[key] = (model, system, c)
@@ -189,7 +190,7 @@ def array_fields(arrays: MappingArrays) -> SimpleNamespace:
         pp=arrays.pp.astype(f64), dp=arrays.dp.astype(f64), batch=arrays.batch.astype(f64),
         microbatch=arrays.microbatch.astype(f64), interleaving=arrays.interleaving.astype(f64),
         recompute_full=recompute == RECOMPUTE_FULL, recompute_none=recompute == RECOMPUTE_NONE,
-        not_recompute_full=recompute != RECOMPUTE_FULL,
+        not_recompute_full=recompute != RECOMPUTE_FULL, recompute_attn_only=recompute == RECOMPUTE_ATTN_ONLY,
         seq_par=tp_comm == TP_COMM_RS_AG, tp_comm_ar=tp_comm == TP_COMM_AR,
         tp_overlap_ring=overlap == TP_OVERLAP_RING, tp_overlap_pipe=overlap == TP_OVERLAP_PIPE,
         ag_redo=arrays.seq_par_ag_redo, opt_shard=arrays.optimizer_sharding, dp_overlap=arrays.dp_overlap,
@@ -200,10 +201,11 @@ def array_fields(arrays: MappingArrays) -> SimpleNamespace:
 
 
 def evaluate_arrays(model: Model, system: System, arrays: MappingArrays, datatype: Datatype, *,
-                    fused_activation: bool = True,
+                    fused_activation: bool = True, fused_attention: bool = True,
                     attention_type: AttentionType = AttentionType.multihead) -> ArrayEvaluation:
     """Score every mapping in `arrays` (all valid for `model` on the same GPU count)."""
-    c = Context.build(model, system, datatype, fused_activation=fused_activation, attention_type=attention_type)
+    c = Context.build(model, system, datatype, fused_activation=fused_activation, fused_attention=fused_attention,
+                      attention_type=attention_type)
     return evaluate_arrays_in_context(c, arrays)
 
 

@@ -48,7 +48,10 @@ def block_terms(c: Context, m, xp) -> dict:
     tp_bwd_exposed, tp_bwd_stolen = overlapped(tp_bwd, 2 * fw["gemm_s"], hidden_fraction, tp_usage, xp)
     block_fwd = compute_fwd + tp_fwd_exposed + tp_fwd_stolen
     block_bwd = compute_bwd + tp_bwd_exposed + tp_bwd_stolen
-    recompute = xp.where(m.recompute_full, block_fwd, xp.where(m.recompute_none, 0.0, fw["attention_core_s"]))
+    # Full: the whole block forward again; attn_only: the (unfused) attention core; and a fused
+    # attention kernel's backward redoes its scores whatever the setting.
+    recompute = fw["kernel_recompute_s"] + xp.where(m.recompute_full, block_fwd,
+                                                    xp.where(m.recompute_attn_only, fw["selective_recompute_s"], 0.0))
 
     # ---- offload traffic per block and microbatch (tier 2 <-> HBM, per direction) ----
     e = c.elem_bytes
@@ -165,7 +168,7 @@ def iteration_terms(c: Context, m, xp) -> dict:
     inflight_blocks = xp.where(v == 1, blocks_per_stage * xp.minimum(p, microbatches),
                                blocks_per_stage / v * xp.minimum(microbatches * v, p * v + p - 1))
     activations = act["stored"] * inflight_blocks
-    workspace = xp.where(m.recompute_full, act["full"], xp.where(m.recompute_none, 0.0, act["attention_core"]))
+    workspace = act["workspace"]
     # Offloaded state keeps two blocks in HBM: the one computing and the one in transit.
     resident_blocks = xp.minimum(2.0, blocks_per_stage)
     weights_hbm = xp.where(m.w_off, resident_blocks * block_params * (e + GRAD_BYTES_PER_PARAM), weights + grads)
@@ -176,8 +179,8 @@ def iteration_terms(c: Context, m, xp) -> dict:
                + xp.where(m.a_off, activations, 0.0))
 
     model_flops = c.model_flops_per_sample * m.batch
-    recompute_flops = c.blocks * xp.where(m.recompute_full, fw["matrix_flops"],
-                                          xp.where(m.recompute_none, 0.0, fw["attention_core_flops"])) * t / b
+    recompute_flops = c.blocks * t / b * (fw["kernel_recompute_flops"] + xp.where(
+        m.recompute_full, fw["matrix_flops"], xp.where(m.recompute_attn_only, fw["selective_recompute_flops"], 0.0)))
     peak = iteration_s * m.num_procs * c.matrix_flops_per_s
     return {
         "iteration_s": iteration_s,

@@ -66,6 +66,9 @@ class Mapping(BaseModel):
     microbatch_size: WholeNumber = Field(gt=0, description="Sequences per microbatch on one pipeline.")
     datatype: Datatype = Field(Datatype.bfloat16, description="Compute datatype.")
     fused_activation: bool = Field(True, description="GeLU fused into the preceding matrix multiply.")
+    fused_attention: bool = Field(
+        True, description="FlashAttention: the attention core is one kernel and the s×s scores never reach HBM "
+                          "(false: four kernels through HBM, as Megatron-LM in 2022 and Calculon model it).")
     attention_type: AttentionType = Field(AttentionType.multihead, description="multihead, or multiquery (one K/V head).")
     activation_recompute: Recompute = Field(Recompute.none, description="full | attn_only | none.")
     pipeline_interleaving: WholeNumber = Field(1, gt=0, description="Model chunks per pipeline stage (1 = plain 1F1B).")

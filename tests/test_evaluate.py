@@ -2,6 +2,7 @@
 up, memory follows the parallelism, and known closed forms hold."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import evaluate, evaluate_arrays
 from costmodel.iteration import TIME_TERMS
+from costmodel.load import load_system
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from tests.strategies import mappings, models, systems
@@ -21,8 +23,8 @@ def problems(draw):
     model = draw(models())
     system = draw(systems())
     batch = draw(st.lists(mappings(model, system), min_size=1, max_size=6))
-    datatype = batch[0].datatype
-    batch = [m.model_copy(update={"datatype": datatype}) for m in batch]
+    kernel = {"datatype": batch[0].datatype, "fused_attention": batch[0].fused_attention}
+    batch = [m.model_copy(update=kernel) for m in batch]
     return model, system, batch
 
 
@@ -31,7 +33,8 @@ def problems(draw):
 def test_scalar_and_array_evaluators_agree(problem):
     model, system, batch = problem
     scalar = [evaluate(model, system, m) for m in batch]
-    arrays = evaluate_arrays(model, system, MappingArrays.from_mappings(batch), batch[0].datatype)
+    arrays = evaluate_arrays(model, system, MappingArrays.from_mappings(batch), batch[0].datatype,
+                             fused_attention=batch[0].fused_attention)
     for i, ev in enumerate(scalar):
         assert ev.feasible == bool(arrays.feasible[i])
         for name in ("iteration_time_s", "mfu", "hfu", "hbm_bytes", "offload_bytes"):
@@ -121,3 +124,61 @@ def test_arrays_roundtrip_to_mappings():
     assert arrays.to_mapping(1, m.datatype) == m
     assert np.all(arrays.take(np.array([True, False])).tp == 2)
     del model
+
+
+SELENE = Path(__file__).resolve().parents[1] / "problems/systems/a100-80g-selene.yaml"
+
+
+def one_gpu_mapping(**fields) -> Mapping:
+    return Mapping(**{"num_procs": 1, "tensor_par": 1, "pipeline_par": 1, "data_par": 1, "batch_size": 2,
+                      "microbatch_size": 2, "datatype": "float16", **fields})
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_stored_activations_follow_korthikanti_with_and_without_fused_attention(fused):
+    # Korthikanti et al. 2022 §4.1, 16-bit, no parallelism, nothing recomputed:
+    # s·b·h·(34 + 5·a·s/h) bytes per block. A fused kernel stores no score matrix (the 5·a·s²·b
+    # term) but one fp32 log-sum-exp per query row and head: 4·a·s·b.
+    model = Model(hidden=2048, feedforward=8192, seq_size=2048, attn_heads=16, attn_size=128, num_blocks=4)
+    s, b, h, a, L = 2048, 2, 2048, 16, 4
+    system = load_system(SELENE)
+    ev = evaluate(model, system, one_gpu_mapping(fused_attention=fused))
+    core = 4 * a * s * b if fused else 5 * a * s * s * b
+    assert ev.memory_bytes["activations_bytes"] == pytest.approx(L * (34 * s * b * h + core), rel=1e-12)
+
+
+def test_fused_attention_makes_selective_recompute_a_no_op():
+    # The fused backward kernel recomputes the scores itself; there is nothing for
+    # attn_only to drop or redo, so it costs exactly what no recomputation costs.
+    model = Model(hidden=2048, feedforward=8192, seq_size=4096, attn_heads=16, attn_size=128, num_blocks=4)
+    system = load_system(SELENE)
+    none = evaluate(model, system, one_gpu_mapping(activation_recompute="none"))
+    selective = evaluate(model, system, one_gpu_mapping(activation_recompute="attn_only"))
+    assert selective.iteration_time_s == pytest.approx(none.iteration_time_s, rel=1e-12)
+    assert selective.hbm_bytes == pytest.approx(none.hbm_bytes, rel=1e-12)
+    unfused = [evaluate(model, system, one_gpu_mapping(activation_recompute=r, fused_attention=False))
+               for r in ("none", "attn_only")]
+    assert unfused[1].iteration_time_s > unfused[0].iteration_time_s and unfused[1].hbm_bytes < unfused[0].hbm_bytes
+
+
+def test_fused_attention_hardware_flops_count_the_in_kernel_recompute():
+    # With no recomputation of our own, HFU exceeds MFU only by the Q·Kᵀ GEMM the fused
+    # backward redoes: 2·s²·h FLOP per block per sequence (a·d = h).
+    model = Model(hidden=2048, feedforward=8192, seq_size=4096, attn_heads=16, attn_size=128, num_blocks=4)
+    s, h, L = 4096, 2048, 4
+    system = load_system(SELENE)
+    ev = evaluate(model, system, one_gpu_mapping())
+    assert ev.hfu / ev.mfu - 1 == pytest.approx(L * 2 * s * s * h / model.model_flops_per_sample(), rel=1e-12)
+    unfused = evaluate(model, system, one_gpu_mapping(fused_attention=False))
+    assert unfused.hfu == pytest.approx(unfused.mfu, rel=1e-12)
+
+
+def test_fused_attention_removes_the_score_traffic_at_long_sequences():
+    # At s = 8192 the unfused softmax and dropout move 2·(2e + 1)·a·s²·b bytes per block forward,
+    # more than the GEMMs take: fusing must make the iteration faster, and recomputation cheaper.
+    model = Model(hidden=4096, feedforward=16384, seq_size=8192, attn_heads=32, attn_size=128, num_blocks=4)
+    system = load_system(SELENE)
+    fused = evaluate(model, system, one_gpu_mapping(batch_size=1, microbatch_size=1))
+    unfused = evaluate(model, system, one_gpu_mapping(batch_size=1, microbatch_size=1, fused_attention=False))
+    assert fused.time_s["forward_s"] < 0.8 * unfused.time_s["forward_s"]
+    assert fused.mfu > unfused.mfu

@@ -85,8 +85,7 @@ class Tables:
                                      np.full(len(ns.tp), k)) for k in nets]).min(axis=0)
         self.p2p = self._by_tm(arr(p2p).min(axis=everything))
         stored = arr(act["stored"])
-        workspace = arr(np.where(ns.recompute_full, act["full"], np.where(ns.recompute_none, 0.0,
-                                                                          act["attention_core"])))
+        workspace = arr(act["workspace"])
         # activation classes: (comm code, redo) rows that realise each class
         cls_rows = {"no_sp": (0, 0), "sp": (TP_COMM_RS_AG, 0), "sp_redo": (TP_COMM_RS_AG, 1)}
         rc_index = {RECOMPUTE_FULL: 0, RECOMPUTE_ATTN_ONLY: 1, RECOMPUTE_NONE: 2}
