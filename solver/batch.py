@@ -18,7 +18,7 @@ from costmodel.errors import InputError
 from costmodel.load import describe_validation_error, load_model, load_system, parse, read_document
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.space import SPACES
+from solver.space import ATTENTION_KERNELS, SPACES
 
 DEFAULT_MAX_BATCH = 3072
 DEFAULT_SPACE = "full"
@@ -64,6 +64,8 @@ class GridSpec(BaseModel):
         None, description=f"Caps on the global batch (default {DEFAULT_MAX_BATCH}).")
     datatype: Grid(Datatype) | None = Field(None, description="Compute datatypes (default bfloat16).")
     space: Grid(Literal[tuple(SPACES)]) | None = Field(None, description=f"Mapping spaces (default {DEFAULT_SPACE}).")
+    attention: Grid(Literal[ATTENTION_KERNELS]) | None = Field(
+        None, description="Attention kernels: fused (FlashAttention, the default) or unfused.")
     overrides: Overrides | None = Field(None, description="System overrides, each a value or a list.")
     time_limit_s: float | None = Field(None, gt=0, description=f"Solver time limit per problem, s "
                                                                 f"(default {DEFAULT_TIME_LIMIT_S:g}).")
@@ -94,6 +96,7 @@ class Problem:
     space: str
     time_limit_s: float
     offload_unbounded: bool = False  # offload bandwidth = HBM's, standing for "unbounded"
+    attention: str = "fused"         # the attention kernel (solver.space.ATTENTION_KERNELS)
 
     def to_dict(self) -> dict:
         """The `problem` field of a result record: everything needed to read the result."""
@@ -107,7 +110,8 @@ class Problem:
                        "offload_unbounded": self.offload_unbounded,
                        "nvlink_size": self.system.networks[0].size},
             "overrides": dict(self.overrides), "gpus": self.gpus, "max_batch": self.max_batch,
-            "datatype": self.datatype.value, "space": self.space, "time_limit_s": self.time_limit_s,
+            "datatype": self.datatype.value, "space": self.space, "attention": self.attention,
+            "time_limit_s": self.time_limit_s,
         }
 
     def payload(self, solver_workers: int = 1) -> dict:
@@ -185,14 +189,16 @@ def _slug(text: str) -> str:
 
 
 def problem_id(model: Model, system_name: str, gpus: int, datatype: Datatype, max_batch: int, space: str,
-               overrides: dict[str, Any]) -> str:
+               overrides: dict[str, Any], attention: str = "fused") -> str:
     """A readable id, e.g. gpt-1t-256b__h100-80g-nvl8__g4096__fp8__off1024g100; the max
-    batch and space appear only when they differ from the defaults."""
+    batch, space and attention kernel appear only when they differ from the defaults."""
     parts = [_slug(model.name), _slug(system_name), f"g{gpus}", DATATYPE_TAGS[datatype.value]]
     if max_batch != DEFAULT_MAX_BATCH:
         parts.append(f"b{max_batch}")
     if space != DEFAULT_SPACE:
         parts.append(_slug(space))
+    if attention != "fused":
+        parts.append(f"{attention}-attn")
     if "hbm_gib" in overrides:
         parts.append(f"hbm{_number(overrides['hbm_gib'])}")
     if overrides.get("offload_gib") == 0:
@@ -214,21 +220,21 @@ def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None)
     out = []
     combos = itertools.product(grid["models"], grid["systems"], grid["gpus"], grid.get("max_batch", [DEFAULT_MAX_BATCH]),
                                grid.get("datatype", [Datatype.bfloat16]), grid.get("space", [DEFAULT_SPACE]),
-                               *(overrides[k] for k in knob_names))
-    for model_ref, system_ref, gpus, max_batch, datatype, space, *knob_values in combos:
+                               grid.get("attention", ["fused"]), *(overrides[k] for k in knob_names))
+    for model_ref, system_ref, gpus, max_batch, datatype, space, attention, *knob_values in combos:
         model, _ = loader.get("models", model_ref, where)
         base, source = loader.get("systems", system_ref, where)
         given = dict(zip(knob_names, knob_values))
         if given.get("offload_gib") == 0:
             given.pop("offload_gbps", None)  # no offload memory: its bandwidth means nothing
         datatype = Datatype(datatype)
-        pid = problem_id(model, base.name, gpus, datatype, max_batch, space, given)
+        pid = problem_id(model, base.name, gpus, datatype, max_batch, space, given, attention)
         system = _apply(base, given, f"{where}: {pid}")
         system.compute_for(datatype)
         unbounded = system.offload is not None and (given.get("offload_gbps") == UNBOUNDED or (
             base.offload is None and "offload_gbps" not in given))
         out.append(Problem(pid, model, system, base.name, source, given, gpus, max_batch, datatype, space, limit,
-                           unbounded))
+                           unbounded, attention))
     return out
 
 

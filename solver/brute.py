@@ -95,12 +95,13 @@ class BruteResult:
     blocked: dict[str, int] = field(default_factory=dict)
     min_hbm_bytes: float | None = None
     best_time_breakdown_s: dict[str, float] = field(default_factory=dict)
+    attention: str = "fused"
 
     def to_dict(self) -> dict:
         best = None
         if self.best is not None:
             best = {**self.best.to_dict(), "time": dict(self.best_time_breakdown_s)}
-        return {"space": self.space, "gpus": self.num_gpus, "max_batch": self.max_batch, "datatype": self.datatype,
+        return {"space": self.space, "attention": self.attention, "gpus": self.num_gpus, "max_batch": self.max_batch, "datatype": self.datatype,
                 "best": best, "top": [c.to_dict() for c in self.top], "evaluated": self.evaluated,
                 "feasible": self.feasible, "feasible_by_dimension": self.feasible_by_dimension,
                 "blocked": self.blocked, "min_hbm_bytes": self.min_hbm_bytes, "workers": self.workers,
@@ -147,7 +148,7 @@ def _evaluate_chunk(index: int) -> _ChunkOutcome:
     chunk: ChunkSpec = the_plan.chunks[index]
     arrays = the_plan.build(chunk)
     result = evaluate_arrays(_WORKER["model"], _WORKER["system"], arrays, _WORKER["datatype"],
-                             fused_activation=the_plan.space.fused_activation)
+                             **the_plan.space.kernels)
     time_s = np.asarray(result.iteration_time_s, dtype=np.float64)
     ok = np.asarray(result.feasible, dtype=bool) & np.isfinite(time_s)
     ordinal = chunk.ordinal + np.arange(chunk.rows, dtype=np.int64)
@@ -275,7 +276,7 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
         seconds=time.perf_counter() - start, workers=workers,
         feasible_by_dimension=label_breakdown(space, breakdown) if feasible else {},
         blocked={k: v for k, v in blocked.items() if v}, min_hbm_bytes=min_hbm if evaluated else None,
-        best_time_breakdown_s=breakdown_times)
+        best_time_breakdown_s=breakdown_times, attention="fused" if space.fused_attention else "unfused")
 
 
 def _run(args: tuple, num_chunks: int, workers: int):
@@ -302,6 +303,6 @@ def _merge_top(outcomes: list[_ChunkOutcome], k: int, datatype: Datatype, space:
     memory = {f: np.concatenate([o.top_memory[f] for o in outcomes]) for f in MEMORY_FIELDS}
     rows = MappingArrays.concatenate([o.top_rows for o in outcomes])
     order = np.lexsort((ordinal, time_s))[:k]
-    return [Candidate(ordinal=int(ordinal[i]), mapping=rows.to_mapping(int(i), datatype, space.fused_activation),
+    return [Candidate(ordinal=int(ordinal[i]), mapping=rows.to_mapping(int(i), datatype, **space.kernels),
                       iteration_time_s=float(time_s[i]), mfu=float(mfu[i]),
                       memory={f: float(memory[f][i]) for f in MEMORY_FIELDS}) for i in order]

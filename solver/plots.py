@@ -74,6 +74,8 @@ DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (
               lambda v: f"NVLink {v}", log=True),
     Dimension("datatype", "datatype", lambda r: _problem(r).get("datatype"), str),
     Dimension("space", "mapping space", lambda r: _problem(r).get("space"), lambda v: f"space {v}"),
+    Dimension("attention", "attention kernel", lambda r: _problem(r).get("attention", "fused"),
+              lambda v: f"{v} attention"),
     Dimension("max_batch", "max batch", lambda r: _problem(r).get("max_batch"), lambda v: f"batch ≤ {v}"),
     Dimension("system", "system", lambda r: _system(r).get("name"), str),
     Dimension("shape", "model shape", lambda r: (_problem(r).get("model") or {}).get("name"), str),
@@ -268,7 +270,7 @@ def _fixed_text(records: list[dict], vary: list[str]) -> str:
         return ""
     first = records[0]
     parts = []
-    for name in ("shape", "system", "gpus", "datatype", "hbm_gib", "offload_gbps", "nvlink_size"):
+    for name in ("shape", "system", "gpus", "datatype", "attention", "hbm_gib", "offload_gbps", "nvlink_size"):
         if name not in vary and (name != "shape" or "params" not in vary):
             value = _value(first, name)
             if value is not None or name == "offload_gbps" and "offload_gib" in vary:

@@ -24,13 +24,15 @@ def solve_payload(payload: dict) -> dict:
     record = {"id": payload["id"], "problem": payload["problem"]}
     try:
         from solver.solve import SolverConfig, solve
+        from solver.space import get_space
 
         problem = payload["problem"]
         model = Model.model_validate(payload["model"])
         system = System.model_validate(payload["system"])
         config = SolverConfig(time_limit_s=problem["time_limit_s"], workers=payload.get("solver_workers", 1))
         result = solve(model, system, problem["gpus"], max_batch=problem["max_batch"],
-                       datatype=Datatype(problem["datatype"]), space=problem["space"], config=config)
+                       datatype=Datatype(problem["datatype"]),
+                       space=get_space(problem["space"], attention=problem.get("attention", "fused")), config=config)
         solved = result.to_dict()
         record.update(solved)
         record["mappings"] = solved.get("space_size")

@@ -274,23 +274,23 @@ class ShapeAssessment:
 
 
 def assess_shapes(shapes: list[Shape], *, gpus: int | None, system: System | None, max_batch: int = 3072,
-                  space: str = "calculon-2023", datatype: str = "bfloat16", time_limit_s: float = 60.0,
-                  solver_workers: int = 2) -> list[ShapeAssessment]:
+                  space: str = "calculon-2023", attention: str = "fused", datatype: str = "bfloat16",
+                  time_limit_s: float = 60.0, solver_workers: int = 2) -> list[ShapeAssessment]:
     """Count each shape's mappings on `gpus` GPUs (closed form) and, with a system, solve it."""
     from costmodel.system import Datatype
     from solver.count import count_mappings
     from solver.space import get_space
 
+    the_space = get_space(space, attention=attention)
     out = []
     for shape in shapes:
         mappings = solved = None
         if gpus is not None:
-            mappings = count_mappings(shape.model, system or counting_system(), gpus, max_batch,
-                                      get_space(space)).mappings
+            mappings = count_mappings(shape.model, system or counting_system(), gpus, max_batch, the_space).mappings
         if gpus is not None and system is not None:
             from solver.solve import SolverConfig, solve
 
-            result = solve(shape.model, system, gpus, max_batch=max_batch, datatype=Datatype(datatype), space=space,
+            result = solve(shape.model, system, gpus, max_batch=max_batch, datatype=Datatype(datatype), space=the_space,
                            config=SolverConfig(time_limit_s=time_limit_s, workers=solver_workers))
             best = result.best
             solved = {"status": result.status, "mfu": best.mfu if best else None,

@@ -132,7 +132,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     """The fastest mapping of `model` on `num_gpus` GPUs of `system` under the exact model."""
     started = time.perf_counter()
     the_space = get_space(space) if isinstance(space, str) else space
-    c = Context.build(model, system, datatype, fused_activation=the_space.fused_activation)
+    c = Context.build(model, system, datatype, **the_space.kernels)
     the_plan = plan(model, system, num_gpus, max_batch, the_space, chunk_rows=1 << 62)
     skels = the_plan.skeletons
     problem = Problem(model, system, num_gpus, max_batch, the_space)
@@ -213,7 +213,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     blocks = len(scored_keys)
     scored = sum(len(the_plan.flag_tables[index[(k[0], k[1])]]) for k in scored_keys)
 
-    top = [evaluate_in_context(c, best.rows.to_mapping(i, datatype, the_space.fused_activation))
+    top = [evaluate_in_context(c, best.rows.to_mapping(i, datatype, **the_space.kernels))
            for i in range(len(best.time_s))] if best.rows is not None else []
     seconds = time.perf_counter() - started
     if not top:

@@ -22,7 +22,7 @@ reproduce Calculon's published counts exactly. Two named presets (`SPACES`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Iterator, Literal
 
@@ -155,6 +155,9 @@ class Space:
     sequence per replica) instead of there being no valid batch."""
     fused_activation: bool = True
     """GeLU fused into the preceding matrix multiply, a constant of the problem, not searched."""
+    fused_attention: bool = True
+    """FlashAttention-style attention core, a constant of the problem, not searched
+    (`--unfused-attention` makes the variant that passes the scores through HBM)."""
 
     def __post_init__(self) -> None:
         # The flag tables are cached per (tp > 1, pp > 1, dp > 1); a condition testing a
@@ -167,6 +170,11 @@ class Space:
                 if cond.subject not in SKELETON_FACTS and cond.subject not in names:
                     raise ValueError(f"{dim.name}: condition on {cond.subject!r}, which is not an earlier flag")
             names.add(dim.name)
+
+    @property
+    def kernels(self) -> dict[str, bool]:
+        """The kernel choices every mapping of the space shares, as Mapping/Context keywords."""
+        return {"fused_activation": self.fused_activation, "fused_attention": self.fused_attention}
 
     @property
     def flags(self) -> tuple[FlagDimension, ...]:
@@ -208,11 +216,18 @@ SPACES: dict[str, Space] = {
 DEFAULT_SPACE = "full"
 
 
-def get_space(name: str) -> Space:
-    """The preset called `name`, or an InputError listing the presets."""
+ATTENTION_KERNELS = ("fused", "unfused")
+"""How the attention core runs: one FlashAttention kernel, or four kernels through HBM."""
+
+
+def get_space(name: str, *, attention: str = "fused") -> Space:
+    """The preset called `name` with the attention kernel `attention`, or an InputError
+    listing the presets."""
     if name not in SPACES:
         raise InputError(f"space {name!r} does not exist (choose from {', '.join(SPACES)})")
-    return SPACES[name]
+    if attention not in ATTENTION_KERNELS:
+        raise InputError(f"attention {attention!r} does not exist (choose from {', '.join(ATTENTION_KERNELS)})")
+    return replace(SPACES[name], fused_attention=attention == "fused")
 
 
 def divisors(n: int) -> tuple[int, ...]:

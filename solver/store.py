@@ -226,7 +226,7 @@ def read_results(directory: str | Path) -> list[dict]:
 # ---------------------------------------------------------------------- the CSV table
 CSV_COLUMNS = [
     "id", "status", "model", "params", "num_blocks", "hidden", "attn_heads", "seq_size",
-    "system", "gpus", "datatype", "space", "max_batch", "hbm_gib", "offload_gib", "offload_gbps", "nvlink_size",
+    "system", "gpus", "datatype", "space", "attention", "max_batch", "hbm_gib", "offload_gib", "offload_gbps", "nvlink_size",
     "mappings", "iteration_time_s", "mfu", "hfu", "tp", "pp", "dp", "batch", "microbatch", "interleaving",
     "recompute", "tp_comm", "tp_overlap", "optimizer_sharding", "weight_offload", "activations_offload",
     "optimizer_offload", "hbm_used_gib", "offload_used_gib", "certified_optimal", "gap", "seconds", "error",
@@ -246,7 +246,8 @@ def csv_row(record: dict) -> dict:
         "model": model.get("name"), "params": model.get("params"), "num_blocks": model.get("num_blocks"),
         "hidden": model.get("hidden"), "attn_heads": model.get("attn_heads"), "seq_size": model.get("seq_size"),
         "system": system.get("name"), "gpus": problem.get("gpus"), "datatype": problem.get("datatype"),
-        "space": problem.get("space"), "max_batch": problem.get("max_batch"),
+        "space": problem.get("space"), "attention": problem.get("attention", "fused"),
+        "max_batch": problem.get("max_batch"),
         "hbm_gib": system.get("hbm_gib"), "offload_gib": system.get("offload_gib"),
         "offload_gbps": system.get("offload_gbps"), "nvlink_size": system.get("nvlink_size"),
         "mappings": record.get("mappings"),

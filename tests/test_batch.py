@@ -67,6 +67,20 @@ def test_id_of_the_paper_example():
                       {"offload_gib": 1024, "offload_gbps": 100}) == "gpt-1t-256b__h100-80g-nvl8__g4096__fp8__off1024g100"
 
 
+def test_attention_kernels_expand_and_reach_the_solver(batch_file, tmp_path):
+    problems = load_batch(batch_file(batch_doc(gpus=1, attention=["fused", "unfused"],
+                                               overrides={"offload_gib": 0})))
+    assert [p.id for p in problems] == ["toy__h100-80g-nvl8__g1__bf16__b8__nooff",
+                                        "toy__h100-80g-nvl8__g1__bf16__b8__unfused-attn__nooff"]
+    run_batch(problems, tmp_path / "out", jobs=1)
+    records = {r["id"]: r for r in read_results(tmp_path / "out")}
+    fused, unfused = (records[p.id] for p in problems)
+    assert fused["problem"]["attention"] == "fused" and unfused["problem"]["attention"] == "unfused"
+    assert fused["best"]["mapping"]["fused_attention"] is True
+    assert unfused["best"]["mapping"]["fused_attention"] is False
+    assert fused["best"]["iteration_time_s"] != unfused["best"]["iteration_time_s"]
+
+
 def test_no_offload_merges_its_bandwidths_and_unbounded_is_hbm_speed(batch_file):
     problems = load_batch(batch_file(batch_doc(gpus=1, overrides={"offload_gib": [0, 1024],
                                                                   "offload_gbps": ["unbounded", 100]})))
@@ -110,7 +124,7 @@ def test_paper_batches_load():
     counts = {}
     for path in sorted((Path(__file__).resolve().parents[1] / "problems" / "paper").glob("*.yaml")):
         counts[path.stem] = len(load_batch(path))
-    assert counts == {"fig2-mappability": 10, "fig4-offload": 30, "fig5-offload-capacity": 72,
+    assert counts == {"fig2-mappability": 12, "fig4-offload": 30, "fig5-offload-capacity": 72,
                       "fig7-strong-scaling": 14, "fig8-128T": 56}
 
 

@@ -34,25 +34,26 @@ def small_model(blocks: int, hidden: int = 2048, heads: int = 16, seq: int = 204
 
 
 CASES = [
-    # (id, model, system, gpus, max_batch, datatype, space)
-    ("a100-8gpu-fp16", small_model(16), A100, 8, 64, Datatype.float16, "full"),
-    ("a100-32gpu-fp16", small_model(16), A100, 32, 256, Datatype.float16, "full"),
+    # (id, model, system, gpus, max_batch, datatype, space, attention)
+    ("a100-8gpu-fp16", small_model(16), A100, 8, 64, Datatype.float16, "full", "unfused"),
+    ("a100-32gpu-fp16", small_model(16), A100, 32, 256, Datatype.float16, "full", "fused"),
     ("a100-offload", small_model(24, hidden=4096, heads=32), A100.with_overrides(offload_gib=256, offload_gbps=50),
-     16, 64, Datatype.bfloat16, "full"),
-    ("h100-fp8-prime-blocks", small_model(22), H100, 16, 128, Datatype.float8, "full"),   # 22 = 2 x 11
+     16, 64, Datatype.bfloat16, "full", "unfused"),
+    ("h100-fp8-prime-blocks", small_model(22), H100, 16, 128, Datatype.float8, "full", "fused"),   # 22 = 2 x 11
     ("h100-fp8-offload-calculon", small_model(16, hidden=4096, heads=32),
-     H100.with_overrides(offload_gib=512, offload_gbps=100), 64, 512, Datatype.float8, "calculon-2023"),
+     H100.with_overrides(offload_gib=512, offload_gbps=100), 64, 512, Datatype.float8, "calculon-2023", "fused"),
     ("h100-tight-hbm", small_model(32, hidden=6144, heads=48), H100.with_overrides(hbm_gib=24), 16, 64,
-     Datatype.bfloat16, "full"),
+     Datatype.bfloat16, "full", "unfused"),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_solve_equals_brute_force(case):
-    _, model, system, gpus, max_batch, datatype, space = case
+    _, model, system, gpus, max_batch, datatype, space_name, attention = case
+    space = get_space(space_name, attention=attention)
     result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space,
                    config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
-    reference = scan(model, system, gpus, max_batch, get_space(space), datatype, top_k=3, workers=1)
+    reference = scan(model, system, gpus, max_batch, space, datatype, top_k=3, workers=1)
     assert result.certified_optimal and result.status == "optimal"
     assert reference.best is not None
     assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
@@ -144,6 +145,17 @@ def test_cli_solve_json_is_deterministic_and_complete():
     assert d["bound_s"] == pytest.approx(d["best"]["iteration_time_s"])
 
 
+def test_cli_attention_option_reaches_the_model():
+    args = ["solve", "--model", str(ROOT / "problems/models/gpt-1.3b.yaml"), "--system",
+            str(ROOT / "problems/systems/a100-80g-selene.yaml"), "--gpus", "8", "--max-batch", "64", "--json"]
+    runner = CliRunner()
+    fused = json.loads(runner.invoke(cli, args).output)
+    unfused = json.loads(runner.invoke(cli, [*args, "--attention", "unfused"]).output)
+    assert fused["best"]["mapping"]["fused_attention"] is True
+    assert unfused["best"]["mapping"]["fused_attention"] is False
+    assert fused["best"]["iteration_time_s"] < unfused["best"]["iteration_time_s"]
+
+
 def test_cli_solve_infeasible_exits_1_with_reason():
     result = CliRunner().invoke(cli, ["solve", "--model", str(ROOT / "problems/models/gpt3-175b.yaml"), "--system",
                                       str(ROOT / "problems/systems/a100-80g-selene.yaml"), "--gpus", "2",
@@ -161,7 +173,7 @@ def small_problems(draw):
     gpus = draw(st.sampled_from([1, 2, 4, 8, 16]))
     max_batch = draw(st.sampled_from([4, 16, 64]))
     datatype = draw(st.sampled_from([Datatype.float16, Datatype.float8]))
-    space = draw(st.sampled_from(["full", "calculon-2023"]))
+    space = get_space(draw(st.sampled_from(["full", "calculon-2023"])), attention=draw(st.sampled_from(["fused", "unfused"])))
     return model, system, gpus, max_batch, datatype, space
 
 
@@ -171,7 +183,7 @@ def test_property_solver_equals_brute_force_and_returns_feasible_mappings(proble
     model, system, gpus, max_batch, datatype, space = problem
     result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space,
                    config=SolverConfig(top_k=2, time_limit_s=120))
-    reference = scan(model, system, gpus, max_batch, get_space(space), datatype, top_k=2, workers=1)
+    reference = scan(model, system, gpus, max_batch, space, datatype, top_k=2, workers=1)
     assert result.certified_optimal
     if reference.best is None:
         assert result.best is None and result.status == "infeasible"

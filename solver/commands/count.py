@@ -27,7 +27,7 @@ from solver.space import get_space
 @user_errors
 def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gib: float | None,
             offload_gbps: float | None, nvlink_size: int | None, num_gpus: int, max_batch: int, space_name: str,
-            feasible: bool, datatype: str, workers: int | None, as_json: bool) -> None:
+            attention: str, feasible: bool, datatype: str, workers: int | None, as_json: bool) -> None:
     """Count the mappings of a model onto N GPUs, in closed form (milliseconds).
 
     Prints the total and how many mappings each value of each dimension contributes (tp,
@@ -43,7 +43,7 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
     if click.get_current_context().get_parameter_source("datatype") is not click.core.ParameterSource.DEFAULT:
         system.compute_for(Datatype(datatype))   # a datatype given explicitly must exist, counted or not
-    result = count_mappings(model, system, num_gpus, max_batch, get_space(space_name), feasible=feasible,
+    result = count_mappings(model, system, num_gpus, max_batch, get_space(space_name, attention=attention), feasible=feasible,
                             datatype=Datatype(datatype), workers=workers, progress=feasible and not as_json)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

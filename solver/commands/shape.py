@@ -11,7 +11,7 @@ from rich.table import Table
 from costmodel.errors import InputError
 from costmodel.load import load_system
 from solver.cli import system_override_options, user_errors
-from solver.commands.spaces import datatype_option, wide_console
+from solver.commands.spaces import attention_option, datatype_option, wide_console
 from solver.report import mapping_summary
 from solver.shape import (ASPECT_INTERCEPT, ASPECT_POINTS, ASPECT_SLOPE, BLOCKS_STEP, SEQ_SIZE, VOCAB_SIZE,
                           ShapeAssessment, aspect_ratio, assess_shapes, candidate_shapes, rule_shape, write_shapes)
@@ -58,6 +58,7 @@ def _positive_params(ctx, param, values: tuple[float, ...]) -> tuple[float, ...]
 @click.option("--max-batch", type=click.IntRange(min=1), default=3072, show_default=True, help="Global batch cap.")
 @click.option("--space", "space_name", type=click.Choice(list(SPACES)), default="calculon-2023", show_default=True,
               help="Mapping space for counts and solves (calculon-2023 reproduces the paper's counts).")
+@attention_option
 @datatype_option
 @click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True), default=60.0,
               show_default=True, help="Solver time limit per shape, seconds.")
@@ -68,7 +69,7 @@ def _positive_params(ctx, param, values: tuple[float, ...]) -> tuple[float, ...]
 def command(targets: tuple[float, ...], blocks: list[int] | None, heads: int | None, spread: int, blocks_step: int,
             rule_only: bool, seq_size: int, vocab_size: int, num_gpus: int | None, system_path: str | None,
             hbm_gib: float | None, offload_gib: float | None, offload_gbps: float | None, nvlink_size: int | None,
-            max_batch: int, space_name: str, datatype: str, time_limit_s: float, write_dir: str | None,
+            max_batch: int, space_name: str, attention: str, datatype: str, time_limit_s: float, write_dir: str | None,
             as_json: bool) -> None:
     """List model shapes near a parameter count by the paper's rule, with mapping counts.
 
@@ -103,12 +104,12 @@ def command(targets: tuple[float, ...], blocks: list[int] | None, heads: int | N
             shapes += candidate_shapes(target, blocks=blocks, heads=heads, spread=spread, blocks_step=blocks_step,
                                        seq_size=seq_size, vocab_size=vocab_size)
     rows = assess_shapes(shapes, gpus=num_gpus, system=system, max_batch=max_batch, space=space_name,
-                         datatype=datatype, time_limit_s=time_limit_s)
+                         attention=attention, datatype=datatype, time_limit_s=time_limit_s)
     written = write_shapes(shapes, write_dir) if write_dir else []
     if as_json:
         document = {"targets": list(targets), "aspect_fit": {"intercept": ASPECT_INTERCEPT, "slope_per_decade": ASPECT_SLOPE,
                                                              "points": [p.__dict__ for p in ASPECT_POINTS]},
-                    "space": space_name, "shapes": [r.to_dict() for r in rows], "written": [str(p) for p in written]}
+                    "space": space_name, "attention": attention, "shapes": [r.to_dict() for r in rows], "written": [str(p) for p in written]}
         click.echo(json.dumps(document, indent=2))
         return
     print_shapes(rows, targets, system.name if system else None, space_name)

@@ -11,6 +11,7 @@ from solver.cli import load_problem, problem_options, user_errors
 from solver.commands.spaces import datatype_option, space_options, wide_console
 from solver.report import dumps, evaluation_tables, mapping_summary
 from solver.solve import SolverConfig, SolveResult, solve
+from solver.space import get_space
 
 
 @click.command("solve")
@@ -27,7 +28,7 @@ from solver.solve import SolverConfig, SolveResult, solve
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
 @user_errors
 def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch,
-            space_name, datatype, top_k, time_limit_s, workers, seed, as_json):
+            space_name, attention, datatype, top_k, time_limit_s, workers, seed, as_json):
     """Find the fastest mapping under the exact model, certified optimal by CP-SAT.
 
     Exits 1 when no mapping is feasible, naming the constraints that rule every mapping out.
@@ -40,12 +41,13 @@ def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_
     """
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
     config = SolverConfig(time_limit_s=time_limit_s, workers=workers, seed=seed, top_k=top_k)
-    result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype), space=space_name,
-                   config=config)
+    result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),
+                   space=get_space(space_name, attention=attention), config=config)
     if as_json:
         click.echo(dumps(result.to_dict()))
     else:
-        print_result(result, f"{model.name} on {num_gpus:,} x {system.name}, {datatype}, space {space_name}")
+        print_result(result, f"{model.name} on {num_gpus:,} x {system.name}, {datatype}, space {space_name}, "
+                                   f"{attention} attention")
     if result.best is None:
         raise MapsatError(f"infeasible: {'; '.join(result.infeasible_reasons)}")
 

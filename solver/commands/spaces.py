@@ -15,7 +15,7 @@ from rich.table import Table
 
 from costmodel.system import Datatype
 from solver.cli import user_errors
-from solver.space import DEFAULT_SPACE, SPACES, Space
+from solver.space import ATTENTION_KERNELS, DEFAULT_SPACE, SPACES, Space
 
 
 def wide_console() -> Console:
@@ -25,8 +25,14 @@ def wide_console() -> Console:
     return console if console.is_terminal else Console(soft_wrap=False, width=200)
 
 
+attention_option = click.option(
+    "--attention", type=click.Choice(ATTENTION_KERNELS), default="fused", show_default=True,
+    help="Attention core: one FlashAttention kernel (fused), or four kernels passing the s×s scores "
+         "through HBM (unfused: Megatron-LM 2022, Calculon).")
+
+
 def space_options(func: Callable) -> Callable:
-    """--gpus N [--max-batch B] [--space NAME]."""
+    """--gpus N [--max-batch B] [--space NAME] [--attention fused|unfused]."""
     options = [
         click.option("--gpus", "num_gpus", required=True, type=click.IntRange(min=1),
                      help="Number of GPUs, N (tp·pp·dp = N)."),
@@ -34,6 +40,7 @@ def space_options(func: Callable) -> Callable:
                      help="Cap on the global batch, in sequences."),
         click.option("--space", "space_name", type=click.Choice(list(SPACES)), default=DEFAULT_SPACE,
                      show_default=True, help="Named mapping space (see `mapsat spaces`)."),
+        attention_option,
     ]
     for option in reversed(options):
         func = option(func)
@@ -53,7 +60,7 @@ def space_as_dict(space: Space) -> dict:
     dims += [{"name": d.name, "domain": d.domain_text(), "rule": d.rule_text(), "meaning": d.meaning}
              for d in space.flags]
     return {"name": space.name, "summary": space.summary, "tp_max": space.tp_max,
-            "batch_is_dp_above_cap": space.batch_is_dp_above_cap, "fused_activation": space.fused_activation,
+            "batch_is_dp_above_cap": space.batch_is_dp_above_cap, **space.kernels,
             "default": space.name == DEFAULT_SPACE, "dimensions": dims}
 
 
