@@ -17,7 +17,7 @@ from costmodel.units import GB, GiB
 TIME_LABELS = {
     "forward_s": "forward (blocks + output layer)",
     "backward_s": "backward (activation + weight gradients)",
-    "recompute_s": "recompute",
+    "recompute_s": "recompute (incl. scores a fused attention backward redoes)",
     "tp_comm_s": "TP communication, exposed (+ stolen compute)",
     "pp_comm_s": "PP point-to-point",
     "bubble_s": "pipeline bubble",
@@ -47,6 +47,8 @@ def mapping_summary(mapping_fields: dict) -> str:
     if m["pipeline_par"] > 1:
         parts.append(f"il {m['pipeline_interleaving']}")
     parts.append(f"recompute {m['activation_recompute']}")
+    if not m.get("fused_attention", True):
+        parts.append("unfused attention")
     if m["tensor_par"] > 1:
         parts.append(f"tp-comm {m['tensor_par_comm_type']} overlap {m['tensor_par_overlap']}")
         if m["seq_par_ag_redo"]:
