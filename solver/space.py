@@ -49,7 +49,9 @@ class Condition:
     value: int
 
     def holds(self, values: dict[str, int]) -> bool:
-        actual = values[self.subject]
+        return self.holds_for(values[self.subject])
+
+    def holds_for(self, actual: int) -> bool:
         if self.op == "==":
             return actual == self.value
         if self.op == "!=":
@@ -284,19 +286,21 @@ def facts(skeleton: Skeleton, system: System) -> dict[str, int]:
 
 
 def iter_flag_combinations(space: Space, known: dict[str, int], num_networks: int) -> Iterator[tuple[int, ...]]:
-    """Valid flag code tuples (in `space.flags` order), lexicographic in that order."""
+    """Valid flag code tuples (in `space.flags` order), lexicographic in that order: built
+    one flag at a time, each partial tuple extended by the codes its flag may take."""
     dims = space.flags
-
-    def walk(i: int, values: dict[str, int], chosen: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
-        if i == len(dims):
-            yield chosen
-            return
-        dim = dims[i]
-        domain = dim.domain(num_networks) if dim.is_free(values) else dim.domain(num_networks)[:1]
-        for code in domain:
-            yield from walk(i + 1, {**values, dim.name: code}, chosen + (code,))
-
-    yield from walk(0, dict(known), ())
+    position = {dim.name: i for i, dim in enumerate(dims)}
+    combos: list[tuple[int, ...]] = [()]
+    for dim in dims:
+        domain = dim.domain(num_networks)
+        if not all(c.holds(known) for c in dim.free_when if c.subject in known):
+            combos = [combo + domain[:1] for combo in combos]
+            continue
+        on_flags = [(position[c.subject], c) for c in dim.free_when if c.subject not in known]
+        combos = [combo + (code,)
+                  for combo in combos
+                  for code in (domain if all(c.holds_for(combo[i]) for i, c in on_flags) else domain[:1])]
+    return iter(combos)
 
 
 @lru_cache(maxsize=256)

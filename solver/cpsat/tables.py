@@ -134,11 +134,14 @@ class Tables:
 def block_lower_bounds(tables: Tables, c: Context, skeletons, local_batch: dict, has_offload: bool,
                        hbm_capacity_bytes: float) -> dict:
     """For each (tp, pp, interleaving, microbatch) block, the smallest value the surrogate
-    time takes over the memory-relevant flags that pass the same memory relaxations as the
-    CP-SAT model (inf when none does). Computed with numpy from the surrogate's own tables,
-    so it is a lower bound of every exact time in the block. It ranks candidates for exact
-    scoring, and its minimum per (tp, pp) split becomes a cut that gives CP-SAT's LP the
-    bound its one-hot relaxation cannot."""
+    time takes over the memory-relevant flags whose HBM and offload footprints fit (inf when
+    none does). Computed with numpy from the surrogate's own tables, with the pipeline
+    bubble and the blocks in flight exactly as the model counts them for this interleaving
+    and microbatch (which the CP-SAT objective only bounds), so it is a lower bound of every
+    exact time in the block and every footprint it checks is the exact one. It ranks
+    candidates for exact scoring, and its minimum per (tp, pp) split and per (tp,
+    microbatch) becomes a cut that gives CP-SAT's LP the bound its one-hot relaxation
+    cannot."""
     blocks = c.blocks
     rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
     combos = [(comm, redo, rc, w, a) for comm in range(3) for redo in (0, 1) for rc in rcs
@@ -151,14 +154,15 @@ def block_lower_bounds(tables: Tables, c: Context, skeletons, local_batch: dict,
         mbs = np.array(sk.microbatches, dtype=float)
         ils = np.array(sk.interleavings, dtype=float)
         n = local_batch[key] / mbs                                           # [M]
-        bubble = (p - 1) / ils                                               # [V]
+        il = ils[:, None]                                                    # [V, 1]
+        # (p-1)/v microbatch times once there are as many microbatches as stages, else p-1
+        bubble = np.where(n[None, :] >= p, (p - 1) / il, p - 1.0)            # [V, M]
         block = np.array([[tables.block[cb][(t, int(mb))] for cb in combos] for mb in mbs])  # [M, K]
         head = np.array([tables.head[(t, int(mb))] for mb in mbs])           # [M]
         sends = np.array([tables.p2p[(t, int(mb))] for mb in mbs]) if p > 1 else np.zeros(len(mbs))
         # time[V, M, K] without the optimizer and DP terms (added per sharding below)
         per_micro = blocks / p * block + head[:, None]                       # [M, K]
-        time = ((n[None, :, None] + bubble[:, None, None]) * per_micro[None]
-                + (n[None, :] + bubble[:, None])[:, :, None] * (2 * ils[:, None, None] * sends[None, :, None]))
+        time = (n[None, :] + bubble)[:, :, None] * (per_micro[None] + (2 * il * sends[None, :])[:, :, None])
         cls = ["sp_redo" if (comm == TP_COMM_RS_AG and redo) else ("sp" if comm == TP_COMM_RS_AG else "no_sp")
                for comm, redo, rc, w, a in combos]
         stored = np.array([[tables.stored[(cb[2], cl)][(t, int(mb))] for cb, cl in zip(combos, cls)] for mb in mbs])
@@ -166,20 +170,24 @@ def block_lower_bounds(tables: Tables, c: Context, skeletons, local_batch: dict,
                               for mb in mbs])
         a_off = np.array([cb[4] for cb in combos], dtype=bool)
         w_off = np.array([cb[3] for cb in combos])
-        inflight = blocks / p * np.minimum(p, n)                             # [M]
-        activations = np.where(a_off[None, :], stored, stored * inflight[:, None])
+        inflight = np.where(il == 1, blocks / p * np.minimum(p, n[None, :]),
+                            blocks / p / il * np.minimum(n[None, :] * il, p * il + p - 1))[:, :, None]  # [V, M, 1]
+        all_activations = stored[None] * inflight                                                  # [V, M, K]
+        activations_hbm = np.where(a_off, np.minimum(2.0, inflight) * stored[None], all_activations)
+        activations_offloaded = np.where(a_off, all_activations, 0.0)
         best = np.full((len(ils), len(mbs)), math.inf)
         shards = (0, 1) if sk.dp > 1 else (0,)
         for shard in shards:
             for o in ((0, 1) if has_offload else (0,)):
-                memory = (np.array([tables.weights_hbm[w][key] for w in w_off])[None, :] + activations + workspace
-                          + tables.optimizer_hbm[(shard, o)][key] + tables.embedding[shard][key])       # [M, K]
-                offloaded = (w_off * tables.weights_and_grads[key])[None, :] + o * tables.optimizer_state[shard][key]
-                fits = (memory <= hbm_capacity_bytes) & (offloaded <= c.offload_capacity_bytes)  # [M, K]
+                memory = (np.array([tables.weights_hbm[w][key] for w in w_off]) + activations_hbm + workspace[None]
+                          + tables.optimizer_hbm[(shard, o)][key] + tables.embedding[shard][key])       # [V, M, K]
+                offloaded = (w_off * tables.weights_and_grads[key] + o * tables.optimizer_state[shard][key]
+                             + activations_offloaded)                                                   # [V, M, K]
+                fits = (memory <= hbm_capacity_bytes) & (offloaded <= c.offload_capacity_bytes)
                 if not fits.any():
                     continue
                 extra = tables.optimizer[shard][key] + tables.dp_comm[key]
-                best = np.minimum(best, np.where(fits[None], time, np.inf).min(axis=2) + extra)
+                best = np.minimum(best, np.where(fits, time, np.inf).min(axis=2) + extra)
         for i, il in enumerate(sk.interleavings):
             for j, mb in enumerate(sk.microbatches):
                 out[(t, p, il, mb)] = float(best[i, j])
