@@ -297,8 +297,11 @@ def diagnose(problem: Problem, skels, c: Context) -> list[str]:
         q = bounds.quantization
         smallest = max(0.0, solver.BestObjectiveBound() - q.memory_terms) * q.memory_unit_bytes
         if smallest > c.hbm_capacity_bytes:
+            # the relaxation also holds offloaded state within the offload capacity
+            beside = (f", with at most {system.offload.capacity_gib:g} GiB in offload memory"
+                      if system.offload is not None else "")
             reasons.append(f"hbm capacity: the smallest possible footprint is at least {smallest / GiB:.1f} GiB per "
-                           f"GPU > {c.hbm_capacity_bytes / GiB:.1f} GiB HBM")
+                           f"GPU > {c.hbm_capacity_bytes / GiB:.1f} GiB HBM{beside}")
     elif status == cp_model.INFEASIBLE and system.offload is not None:
         reasons.append(f"offload capacity: no mapping's offloaded state fits {system.offload.capacity_gib:g} GiB")
     if not reasons:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
-from costmodel.load import load_system
+from costmodel.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.brute import scan
@@ -161,8 +161,19 @@ def test_cli_solve_infeasible_exits_1_with_reason():
                                       str(ROOT / "problems/systems/a100-80g-selene.yaml"), "--gpus", "2",
                                       "--max-batch", "8", "--datatype", "float16"])
     assert result.exit_code == 1
-    assert "infeasible" in result.output and "hbm capacity" in result.output
+    assert "proven infeasible" in result.output and "certified optimal" not in result.output
+    assert "hbm capacity" in result.output
     assert "Traceback" not in result.output
+
+
+def test_infeasible_with_offload_names_the_offload_capacity_it_assumed():
+    # 175B on 2 GPUs with 16 GiB of offload: even with that full, HBM cannot hold the rest.
+    system = A100.with_overrides(offload_gib=16, offload_gbps=50)
+    result = solve(load_model(ROOT / "problems/models/gpt3-175b.yaml"), system, 2, max_batch=8,
+                   datatype=Datatype.float16)
+    assert result.status == "infeasible"
+    assert any(r.startswith("hbm capacity") and "with at most 16 GiB in offload memory" in r
+               for r in result.infeasible_reasons)
 
 
 @st.composite

@@ -54,8 +54,12 @@ def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_
 
 def print_result(result: SolveResult, title: str) -> None:
     out = wide_console()
-    verdict = ("certified optimal" if result.certified_optimal
-               else f"best found, not certified: gap {100 * (result.gap or 0):.2f} % to the bound")
+    if result.status == "infeasible":
+        verdict = "proven infeasible"
+    elif result.certified_optimal:
+        verdict = "certified optimal"
+    else:
+        verdict = f"best found, not certified: gap {100 * (result.gap or 0):.2f} % to the bound"
     out.print(f"{title}: {verdict} in {result.seconds:.2f} s "
               f"({result.rounds} CP-SAT rounds; {result.candidates_scored:,} of {result.space_size:,} mappings "
               f"scored exactly, in {result.blocks_scored} blocks)")
