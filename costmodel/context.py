@@ -71,7 +71,7 @@ class Context:
         elem = float(datatype.bytes)
         master = 0.0 if datatype is Datatype.float32 else MASTER_WEIGHT_BYTES_PER_PARAM
         nets = system.networks
-        multiquery = attention_type is AttentionType.multiquery
+        multiquery = AttentionType(attention_type) is AttentionType.multiquery
         block_params = float(model.block_params)
         if multiquery:
             # K and V shrink from a·d to d columns each (weights and biases).

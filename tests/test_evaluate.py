@@ -182,3 +182,13 @@ def test_fused_attention_removes_the_score_traffic_at_long_sequences():
     unfused = evaluate(model, system, one_gpu_mapping(batch_size=1, microbatch_size=1, fused_attention=False))
     assert fused.time_s["forward_s"] < 0.8 * unfused.time_s["forward_s"]
     assert fused.mfu > unfused.mfu
+
+
+def test_attention_type_given_as_text_is_read_as_the_enum():
+    model = Model(hidden=2048, feedforward=8192, seq_size=2048, attn_heads=16, attn_size=128, num_blocks=4)
+    system = load_system(SELENE)
+    arrays = MappingArrays.from_mappings([one_gpu_mapping(attention_type="multiquery")])
+    as_text = evaluate_arrays(model, system, arrays, one_gpu_mapping().datatype, attention_type="multiquery")
+    scalar = evaluate(model, system, one_gpu_mapping(attention_type="multiquery"))
+    assert float(as_text.iteration_time_s[0]) == pytest.approx(scalar.iteration_time_s, rel=1e-12)
+    assert scalar.iteration_time_s < evaluate(model, system, one_gpu_mapping()).iteration_time_s
