@@ -91,17 +91,23 @@ def fig2_table(records: list[dict]) -> str:
 
 
 def fig7_table(records: list[dict]) -> str:
-    table = pivot(records, lambda r: f"{r['problem']['gpus']:,} GPUs",
-                  lambda r: f"NVLink {r['problem']['system']['nvlink_size']}", "Figure 7: strong scaling of the 1T model (MFU)")
-    lines = ["", "Speed-up over 4,096 GPUs (ideal = GPUs / 4,096):", "",
-             "| GPUs | ideal | " + " | ".join(f"NVLink {n}" for n in (8, 16)) + " |", "|---|---|---|---|"]
-    times = {(r["problem"]["gpus"], r["problem"]["system"]["nvlink_size"]): (r.get("best") or {}).get("iteration_time_s")
-             for r in records}
-    for gpus in sorted({g for g, _ in times}):
+    def setting(r: dict) -> str:
+        system = r["problem"]["system"]
+        return f"NVLink {system['nvlink_size']}, {offload_label(system)}"
+
+    table = pivot(records, lambda r: f"{r['problem']['gpus']:,} GPUs", setting,
+                  "Figure 7: strong scaling of the 1T model (MFU)")
+    settings = list(dict.fromkeys(setting(r) for r in records))
+    # Throughput (sequences/s), not iteration time: the global batch is the largest multiple
+    # of dp under the cap, so it changes with the GPU count (2,560 on 10,240 GPUs with dp 640).
+    lines = ["", "Speed-up in sequences/s over 4,096 GPUs (ideal = GPUs / 4,096):", "",
+             "| GPUs | ideal | " + " | ".join(settings) + " |", "|---" * (len(settings) + 2) + "|"]
+    rates = {(r["problem"]["gpus"], setting(r)): (r.get("best") or {}).get("sample_rate") for r in records}
+    for gpus in sorted({g for g, _ in rates}):
         row = [f"{gpus:,}", f"{gpus / 4096:.2f}"]
-        for nvl in (8, 16):
-            base, here = times.get((4096, nvl)), times.get((gpus, nvl))
-            row.append(f"{base / here:.2f}" if base and here else "")
+        for name in settings:
+            base, here = rates.get((4096, name)), rates.get((gpus, name))
+            row.append(f"{here / base:.2f}" if base and here else "")
         lines.append("| " + " | ".join(row) + " |")
     return table + "\n".join(lines) + "\n"
 

@@ -150,7 +150,7 @@ def available_kinds(records: list[dict]) -> list[str]:
     """The plot kinds these results can fill."""
     vary = varying(records)
     kinds = [kind for kind, dim in LINE_KINDS.items() if dim in vary and _lines(records, dim, vary)]
-    if _heatmap_pair(vary):
+    if _heatmap_pair(vary, records):
         kinds.append("heatmap")
     if records:
         kinds.append("summary")
@@ -166,11 +166,17 @@ def _lines(records: list[dict], x: str, vary: list[str]) -> dict[tuple, list[dic
     return {k: v for k, v in groups.items() if len({_key(_value(r, x)) for r in v}) > 1}
 
 
-def _heatmap_pair(vary: list[str]) -> tuple[str, str] | None:
+def _heatmap_pair(vary: list[str], records: list[dict]) -> tuple[str, str] | None:
     """The first pair of HEATMAP_PAIRS whose two dimensions vary ("offload" varies when its
-    capacity or its bandwidth does)."""
+    capacity or its bandwidth does) independently: a pair in which one value decides the
+    other (no offload memory has no bandwidth) fills only a diagonal, which lines show better."""
     vary = set(vary) | ({"offload"} if {"offload_gib", "offload_gbps"} & set(vary) else set())
-    return next(((a, b) for a, b in HEATMAP_PAIRS if a in vary and b in vary), None)
+
+    def crossed(a: str, b: str) -> bool:
+        pairs = {(_key(_value(r, a)), _key(_value(r, b))) for r in records}
+        return len(pairs) > max(len({p[0] for p in pairs}), len({p[1] for p in pairs}))
+
+    return next(((a, b) for a, b in HEATMAP_PAIRS if a in vary and b in vary and crossed(a, b)), None)
 
 
 def _facets(records: list[dict], used: list[str], vary: list[str], lines: int) -> list[tuple[str, list[dict]]]:
@@ -281,7 +287,7 @@ def _fixed_text(records: list[dict], vary: list[str]) -> str:
 def plot_heatmap(records: list[dict], out_dir: Path) -> list[Path]:
     plt = _pyplot()
     vary = varying(records)
-    pair = _heatmap_pair(vary)
+    pair = _heatmap_pair(vary, records)
     if pair is None:
         return []
     x, y = pair

@@ -110,3 +110,14 @@ def test_plot_errors(tmp_path, setup, args, code, message):
     result = CliRunner().invoke(cli, ["plot", str(directory), *args])
     assert result.exit_code == code, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_no_heatmap_for_dimensions_that_vary_together(tmp_path):
+    # With and without one offload memory: its capacity decides its bandwidth (none without
+    # it), so a capacity × bandwidth heatmap would fill a diagonal; lines are drawn instead.
+    together = [fake_record(1e12, 4096, gib, gbps) for gib, gbps in ((0, None), (512, 100))]
+    assert "heatmap" not in available_kinds(together)
+    with pytest.raises(InputError, match="--kind heatmap: these results cannot fill it"):
+        make_plots(together, tmp_path, kinds=["heatmap"])
+    crossed = [fake_record(1e12, 4096, gib, gbps) for gib, gbps in itertools.product([512, 1024], [50, 100])]
+    assert "heatmap" in available_kinds(crossed)
