@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from costmodel.context import Context
-from costmodel.encoding import (RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_AR, TP_COMM_RS_AG, TP_OVERLAP_PIPE,
-                                TP_OVERLAP_RING, MappingArrays)
+from costmodel.encoding import (RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_AR, TP_COMM_RS_AG,
+                                TP_OVERLAP_PIPE, TP_OVERLAP_RING, MappingArrays)
 from costmodel.iteration import MEMORY_TERMS, TIME_TERMS, iteration_terms
 from costmodel.mapping import AttentionType, Mapping, Recompute, TPComm, TPOverlap, check_mapping_fits
 from costmodel.model import Model

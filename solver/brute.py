@@ -101,9 +101,9 @@ class BruteResult:
         best = None
         if self.best is not None:
             best = {**self.best.to_dict(), "time": dict(self.best_time_breakdown_s)}
-        return {"space": self.space, "attention": self.attention, "gpus": self.num_gpus, "max_batch": self.max_batch, "datatype": self.datatype,
-                "best": best, "top": [c.to_dict() for c in self.top], "evaluated": self.evaluated,
-                "feasible": self.feasible, "feasible_by_dimension": self.feasible_by_dimension,
+        return {"space": self.space, "attention": self.attention, "gpus": self.num_gpus, "max_batch": self.max_batch,
+                "datatype": self.datatype, "best": best, "top": [c.to_dict() for c in self.top],
+                "evaluated": self.evaluated, "feasible": self.feasible, "feasible_by_dimension": self.feasible_by_dimension,
                 "blocked": self.blocked, "min_hbm_bytes": self.min_hbm_bytes, "workers": self.workers,
                 "seconds": self.seconds}
 

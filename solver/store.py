@@ -226,7 +226,8 @@ def read_results(directory: str | Path) -> list[dict]:
 # ---------------------------------------------------------------------- the CSV table
 CSV_COLUMNS = [
     "id", "status", "model", "params", "num_blocks", "hidden", "attn_heads", "seq_size",
-    "system", "gpus", "datatype", "space", "attention", "max_batch", "hbm_gib", "offload_gib", "offload_gbps", "nvlink_size",
+    "system", "gpus", "datatype", "space", "attention", "max_batch", "hbm_gib", "offload_gib", "offload_gbps",
+    "nvlink_size",
     "mappings", "iteration_time_s", "mfu", "hfu", "tp", "pp", "dp", "batch", "microbatch", "interleaving",
     "recompute", "tp_comm", "tp_overlap", "optimizer_sharding", "weight_offload", "activations_offload",
     "optimizer_offload", "hbm_used_gib", "offload_used_gib", "certified_optimal", "gap", "seconds", "error",

@@ -184,7 +184,8 @@ def small_problems(draw):
     gpus = draw(st.sampled_from([1, 2, 4, 8, 16]))
     max_batch = draw(st.sampled_from([4, 16, 64]))
     datatype = draw(st.sampled_from([Datatype.float16, Datatype.float8]))
-    space = get_space(draw(st.sampled_from(["full", "calculon-2023"])), attention=draw(st.sampled_from(["fused", "unfused"])))
+    space = get_space(draw(st.sampled_from(["full", "calculon-2023"])),
+                      attention=draw(st.sampled_from(["fused", "unfused"])))
     return model, system, gpus, max_batch, datatype, space
 
 

@@ -28,7 +28,8 @@ from solver.space import get_space
 @user_errors
 def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gib: float | None,
             offload_gbps: float | None, nvlink_size: int | None, num_gpus: int, max_batch: int, space_name: str,
-            attention: str, datatype: str, top_k: int, csv_path: str | None, workers: int | None, as_json: bool) -> None:
+            attention: str, datatype: str, top_k: int, csv_path: str | None, workers: int | None,
+            as_json: bool) -> None:
     """Evaluate every mapping with the exact model and list the fastest.
 
     Exhaustive and exact: the reference the CP-SAT solver is tested against. Ties in time
@@ -42,7 +43,8 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
                    --gpus 4096 --datatype float8 --top-k 5
     """
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
-    result = scan(model, system, num_gpus, max_batch, get_space(space_name, attention=attention), Datatype(datatype), top_k=top_k,
+    space = get_space(space_name, attention=attention)
+    result = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), top_k=top_k,
                   workers=workers, progress=not as_json, csv_path=csv_path)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
@@ -64,8 +66,8 @@ def print_brute(result: BruteResult, model_name: str, system_name: str) -> None:
     """Human output: counts, the best mapping with its time and memory, the top-k table."""
     console = wide_console()
     rate = result.evaluated / result.seconds if result.seconds > 0 else 0.0
-    console.print(f"{model_name} on {result.num_gpus:,} GPUs of {system_name}, {result.datatype}, space {result.space}, "
-                  f"{result.attention} attention: "
+    console.print(f"{model_name} on {result.num_gpus:,} GPUs of {system_name}, {result.datatype}, "
+                  f"space {result.space}, {result.attention} attention: "
                   f"evaluated [bold]{result.evaluated:,}[/bold] mappings, [bold]{result.feasible:,}[/bold] feasible, "
                   f"in {result.seconds:.1f} s ({rate:,.0f} mappings/s, {result.workers} workers)")
     if result.best is None:

@@ -43,7 +43,8 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
     if click.get_current_context().get_parameter_source("datatype") is not click.core.ParameterSource.DEFAULT:
         system.compute_for(Datatype(datatype))   # a datatype given explicitly must exist, counted or not
-    result = count_mappings(model, system, num_gpus, max_batch, get_space(space_name, attention=attention), feasible=feasible,
+    space = get_space(space_name, attention=attention)
+    result = count_mappings(model, system, num_gpus, max_batch, space, feasible=feasible,
                             datatype=Datatype(datatype), workers=workers, progress=feasible and not as_json)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

@@ -109,7 +109,8 @@ def command(targets: tuple[float, ...], blocks: list[int] | None, heads: int | N
     if as_json:
         document = {"targets": list(targets), "aspect_fit": {"intercept": ASPECT_INTERCEPT, "slope_per_decade": ASPECT_SLOPE,
                                                              "points": [p.__dict__ for p in ASPECT_POINTS]},
-                    "space": space_name, "attention": attention, "shapes": [r.to_dict() for r in rows], "written": [str(p) for p in written]}
+                    "space": space_name, "attention": attention, "shapes": [r.to_dict() for r in rows],
+                    "written": [str(p) for p in written]}
         click.echo(json.dumps(document, indent=2))
         return
     print_shapes(rows, targets, system.name if system else None, space_name)

@@ -23,6 +23,10 @@ from costmodel.ops import ArrayOps
 from costmodel.system import Collective
 from solver.cpsat.variables import Variables
 
+FIT_SLACK = 1 + 1e-9
+"""Block floors test exact footprints against capacities with this relative slack, so that
+floating-point rounding can never rule out a mapping the exact model finds feasible."""
+
 ACT_CLASSES = ("no_sp", "sp", "sp_redo")
 """How stored activations split: no sequence parallelism; SP storing the gathered GEMM
 inputs; SP redoing the all-gather in backward."""
@@ -183,7 +187,8 @@ def block_lower_bounds(tables: Tables, c: Context, skeletons, local_batch: dict,
                           + tables.optimizer_hbm[(shard, o)][key] + tables.embedding[shard][key])       # [V, M, K]
                 offloaded = (w_off * tables.weights_and_grads[key] + o * tables.optimizer_state[shard][key]
                              + activations_offloaded)                                                   # [V, M, K]
-                fits = (memory <= hbm_capacity_bytes) & (offloaded <= c.offload_capacity_bytes)
+                # (a hair of slack: these sums round differently from the evaluator's)
+                fits = (memory <= hbm_capacity_bytes * FIT_SLACK) & (offloaded <= c.offload_capacity_bytes * FIT_SLACK)
                 if not fits.any():
                     continue
                 extra = tables.optimizer[shard][key] + tables.dp_comm[key]
