@@ -17,7 +17,7 @@ from costmodel.units import GB, GiB
 TIME_LABELS = {
     "forward_s": "forward (blocks + output layer)",
     "backward_s": "backward (activation + weight gradients)",
-    "recompute_s": "recompute (incl. scores a fused attention backward redoes)",
+    "recompute_s": "recompute (+ fused attention's score redo)",
     "tp_comm_s": "TP communication, exposed (+ stolen compute)",
     "pp_comm_s": "PP point-to-point",
     "bubble_s": "pipeline bubble",
