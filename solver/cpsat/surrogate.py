@@ -183,7 +183,11 @@ class Bounds:
         """Cuts from the block floors of the blocks not in `exclude` (those already scored and
         cut): objective >= the smallest floor of the (tp, pp) split, and of the (tp,
         microbatch) pair, that a solution picks; a split or pair with nothing left is
-        forbidden. Valid inequalities: they never exclude an unscored mapping."""
+        forbidden. Valid inequalities: they never exclude an unscored mapping.
+
+        Exactly one split and one pair literal is true, so each family is one linear
+        inequality, objective >= Σ floor · literal, which the LP relaxation reads at full
+        strength (one implied inequality per literal would reach the LP only big-M weak)."""
         q = self.quantization
         skip = set(exclude)
         by_split: dict = {}
@@ -196,12 +200,15 @@ class Bounds:
             by_tp_mb[(t, mb)] = min(by_tp_mb.get((t, mb), math.inf), floor)
         objective = self.objective()
         for floors, lits in ((by_split, v.tp_pp), (by_tp_mb, v.tp_mb)):
+            weighted = []
             for key, lit in lits.items():
                 value = floors.get(key, math.inf)
                 if not math.isfinite(value):
                     m.AddBoolOr([lit.Not()])
                 else:
-                    m.Add(objective >= math.floor(value / q.time_unit_s) - q.time_terms).OnlyEnforceIf(lit)
+                    floor_units = math.floor(value / q.time_unit_s) - q.time_terms
+                    weighted.append(max(0, floor_units) * lit)
+            m.Add(objective >= sum(weighted))
 
     def seconds(self, objective_units: float) -> float:
         """A proven objective bound in units, as a sound bound on the exact time in seconds."""
