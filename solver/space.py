@@ -159,7 +159,7 @@ class Space:
     """GeLU fused into the preceding matrix multiply, a constant of the problem, not searched."""
     fused_attention: bool = True
     """FlashAttention-style attention core, a constant of the problem, not searched
-    (`--unfused-attention` makes the variant that passes the scores through HBM)."""
+    (`--attention unfused` makes the variant that passes the scores through HBM)."""
 
     def __post_init__(self) -> None:
         # The flag tables are cached per (tp > 1, pp > 1, dp > 1); a condition testing a
