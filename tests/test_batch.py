@@ -133,6 +133,7 @@ def test_paper_batches_load():
     ({"gpus": [4, 0]}, "field 'gpus.1' 0: Input should be greater than 0"),
     ({"gpus": "many"}, "field 'gpus.0' 'many'"),
     ({"gpus": 2.5}, "field 'gpus.0' 2.5"),
+    ({"attention": "flash"}, "field 'attention.0' 'flash': Input should be 'fused' or 'unfused'"),
     ({"datatype": "float7"}, "field 'datatype.0' 'float7'"),
     ({"space": "huge"}, "field 'space.0' 'huge'"),
     ({"overrides": {"offload_gbps": "fast"}}, "field 'overrides.offload_gbps.0"),
