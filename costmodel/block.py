@@ -59,11 +59,10 @@ def eltwise_s(c: Context, xp, elems, flops_per_elem, bytes_per_elem):
 def fused_attention_s(c: Context, xp, matrix_flops, vector_flops, num_bytes):
     """Roofline time of one fused attention kernel: its tensor-core work, its element-wise
     softmax work on the vector units (overlapped with the matrix work, as FlashAttention
-    pipelines them) and its HBM traffic, whichever is slowest."""
-    matrix = matrix_flops / (c.matrix_flops_per_s * xp.lookup(c.matrix_curve, matrix_flops))
+    pipelines them) and its HBM traffic, whichever is slowest: a GEMM's roofline with a
+    third ceiling."""
     vector = vector_flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, vector_flops))
-    memory = num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
-    return xp.maximum(xp.maximum(matrix, vector), memory)
+    return xp.maximum(gemm_s(c, xp, matrix_flops, num_bytes), vector)
 
 
 def block_forward_times(c: Context, m, xp) -> dict:
