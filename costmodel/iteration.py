@@ -24,6 +24,21 @@ MEMORY_TERMS = ("weights_bytes", "weight_grads_bytes", "optimizer_bytes", "embed
                 "activations_bytes", "activation_workspace_bytes")
 
 
+def bubble_microbatches(xp, p, v, microbatches):
+    """The 1F1B bubble in microbatch times: (p-1)/v once the pipeline is full; with fewer
+    microbatches than stages interleaving cannot fill it and it is p-1."""
+    return xp.where(microbatches >= p, (p - 1) / v, p - 1.0)
+
+
+def blocks_in_flight(xp, blocks_per_stage, p, v, microbatches):
+    """Blocks whose activations are alive at the peak on a first-stage GPU: p microbatches of
+    the stage's blocks for 1F1B; (p·v + p - 1) chunks of blocks/(p·v) blocks when
+    interleaved (Korthikanti et al. 2022 §4.2.3: L·(1 + (p-1)/(p·v)) layers); fewer if there
+    are fewer microbatches."""
+    return xp.where(v == 1, blocks_per_stage * xp.minimum(p, microbatches),
+                    blocks_per_stage / v * xp.minimum(microbatches * v, p * v + p - 1))
+
+
 def _rate(bytes_per_s: float) -> float:
     # No offload tier: its flags are never on, so its traffic is 0 bytes; an infinite rate
     # keeps 0 / rate = 0 without dividing by zero.
@@ -123,9 +138,7 @@ def iteration_terms(c: Context, m, xp) -> dict:
     p2p_s = collective_s(c, xp, Collective.p2p, p, act_message / t, m.pp_net)
     pp_comm_micro = 2 * v * p2p_s
     micro_s = stage_fwd + stage_bwd + pp_comm_micro
-    # The bubble is (p-1)/v microbatch times once the pipeline is full; with fewer
-    # microbatches than stages interleaving cannot fill it and it is p-1.
-    bubble_micro = xp.where(microbatches >= p, (p - 1) / v, p - 1)
+    bubble_micro = bubble_microbatches(xp, p, v, microbatches)
     pipeline_s = (microbatches + bubble_micro) * micro_s
 
     # ---- data parallelism: gradient reduction of the stage's parameters ----
@@ -162,11 +175,7 @@ def iteration_terms(c: Context, m, xp) -> dict:
     grads = stage_block_params * GRAD_BYTES_PER_PARAM
     optimizer = stage_block_params * c.optimizer_bytes_per_param / shards
     embedding = c.embedding_params / t * (e + GRAD_BYTES_PER_PARAM + c.optimizer_bytes_per_param / shards)
-    # Blocks whose activations are alive at the peak: p microbatches of the stage's blocks
-    # for 1F1B; (p·v + p - 1) chunks of blocks/(p·v) blocks when interleaved (Korthikanti
-    # et al. 2022 §4.2.3: L·(1 + (p-1)/(p·v)) layers); fewer if there are fewer microbatches.
-    inflight_blocks = xp.where(v == 1, blocks_per_stage * xp.minimum(p, microbatches),
-                               blocks_per_stage / v * xp.minimum(microbatches * v, p * v + p - 1))
+    inflight_blocks = blocks_in_flight(xp, blocks_per_stage, p, v, microbatches)
     activations = act["stored"] * inflight_blocks
     workspace = act["workspace"]
     # Offloaded state keeps two blocks in HBM: the one computing and the one in transit.

@@ -17,7 +17,8 @@ from costmodel.comm import collective_s
 from costmodel.context import Context
 from costmodel.encoding import (RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG,
                                 MappingArrays)
-from costmodel.iteration import block_terms, iteration_terms, output_layer_s
+from costmodel.iteration import (block_terms, blocks_in_flight, bubble_microbatches, iteration_terms,
+                                 output_layer_s)
 from costmodel.evaluate import array_fields
 from costmodel.ops import ArrayOps
 from costmodel.system import Collective
@@ -159,8 +160,7 @@ def block_lower_bounds(tables: Tables, c: Context, skeletons, local_batch: dict,
         ils = np.array(sk.interleavings, dtype=float)
         n = local_batch[key] / mbs                                           # [M]
         il = ils[:, None]                                                    # [V, 1]
-        # (p-1)/v microbatch times once there are as many microbatches as stages, else p-1
-        bubble = np.where(n[None, :] >= p, (p - 1) / il, p - 1.0)            # [V, M]
+        bubble = bubble_microbatches(ArrayOps, p, il, n[None, :])           # [V, M]
         block = np.array([[tables.block[cb][(t, int(mb))] for cb in combos] for mb in mbs])  # [M, K]
         head = np.array([tables.head[(t, int(mb))] for mb in mbs])           # [M]
         sends = np.array([tables.p2p[(t, int(mb))] for mb in mbs]) if p > 1 else np.zeros(len(mbs))
@@ -174,8 +174,7 @@ def block_lower_bounds(tables: Tables, c: Context, skeletons, local_batch: dict,
                               for mb in mbs])
         a_off = np.array([cb[4] for cb in combos], dtype=bool)
         w_off = np.array([cb[3] for cb in combos])
-        inflight = np.where(il == 1, blocks / p * np.minimum(p, n[None, :]),
-                            blocks / p / il * np.minimum(n[None, :] * il, p * il + p - 1))[:, :, None]  # [V, M, 1]
+        inflight = blocks_in_flight(ArrayOps, blocks / p, p, il, n[None, :])[:, :, None]  # [V, M, 1]
         all_activations = stored[None] * inflight                                                  # [V, M, K]
         activations_hbm = np.where(a_off, np.minimum(2.0, inflight) * stored[None], all_activations)
         activations_offloaded = np.where(a_off, all_activations, 0.0)
