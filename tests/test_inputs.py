@@ -36,6 +36,26 @@ def one_line_error(excinfo: pytest.ExceptionInfo, *fragments: str) -> str:
     return message
 
 
+LOADERS = {"model": (load_model, "model.yaml"), "system": (load_system, "system.yaml"),
+           "mapping": (load_mapping, "mapping.json")}
+
+
+def load_fails(write_file, kind: str, data) -> tuple[pytest.ExceptionInfo, Path]:
+    """Write `data` as a `kind` file, load it, and return the InputError raised and the path."""
+    load, file_name = LOADERS[kind]
+    path = write_file(file_name, data)
+    with pytest.raises(InputError) as excinfo:
+        load(path)
+    return excinfo, path
+
+
+def parent_of(data: dict, where: tuple) -> dict:
+    """The dict or list holding the field at path `where` (keys and list indices) in `data`."""
+    for key in where[:-1]:
+        data = data[key]
+    return data
+
+
 def model_for_mapping(path: Path) -> Path:
     """Mapping files are named <model>-<variant>.json: the longest model name that prefixes it."""
     stems = [m.stem for m in MODEL_FILES if path.stem.startswith(m.stem + "-")]
@@ -184,9 +204,7 @@ def test_malformed_json(write_file):
 
 @pytest.mark.parametrize("content, kind", [("- 1\n- 2\n", "list"), ("7\n", "int"), ("just words\n", "str")])
 def test_document_that_is_not_a_mapping(write_file, content, kind):
-    path = write_file("model.yaml", content)
-    with pytest.raises(InputError) as excinfo:
-        load_model(path)
+    excinfo, path = load_fails(write_file, "model", content)
     one_line_error(excinfo, str(path), "expected a mapping of field names to values", kind)
 
 
@@ -257,49 +275,37 @@ def test_json_document_reads_as_json(write_file, mapping_data):
 
 def test_unknown_model_field_suggests_the_close_match(write_file, model_data):
     model_data["vocab_sise"] = model_data.pop("vocab_size")
-    path = write_file("model.yaml", model_data)
-    with pytest.raises(InputError) as excinfo:
-        load_model(path)
+    excinfo, path = load_fails(write_file, "model", model_data)
     one_line_error(excinfo, str(path), "unknown field 'vocab_sise'", "did you mean 'vocab_size'?")
 
 
 def test_unknown_field_without_a_close_match_has_no_suggestion(write_file, model_data):
     model_data["colour"] = "blue"
-    path = write_file("model.yaml", model_data)
-    with pytest.raises(InputError) as excinfo:
-        load_model(path)
+    excinfo, path = load_fails(write_file, "model", model_data)
     assert "did you mean" not in one_line_error(excinfo, "unknown field 'colour'")
 
 
 def test_unknown_network_field_suggests_the_close_match(write_file, system_data):
     system_data["networks"][1]["must_be_filed"] = True
-    path = write_file("system.yaml", system_data)
-    with pytest.raises(InputError) as excinfo:
-        load_system(path)
+    excinfo, path = load_fails(write_file, "system", system_data)
     one_line_error(excinfo, str(path), "unknown field 'networks.1.must_be_filed'", "did you mean 'must_be_filled'?")
 
 
 def test_unknown_memory_field_suggests_the_close_match(write_file, system_data):
     system_data["hbm"]["efficency"] = system_data["hbm"].pop("efficiency")
-    path = write_file("system.yaml", system_data)
-    with pytest.raises(InputError) as excinfo:
-        load_system(path)
+    excinfo, path = load_fails(write_file, "system", system_data)
     one_line_error(excinfo, "unknown field 'hbm.efficency'", "did you mean 'efficiency'?")
 
 
 def test_unknown_mapping_field_suggests_the_close_match(write_file, mapping_data):
     mapping_data["data_par_overlpa"] = True
-    path = write_file("mapping.json", mapping_data)
-    with pytest.raises(InputError) as excinfo:
-        load_mapping(path)
+    excinfo, path = load_fails(write_file, "mapping", mapping_data)
     one_line_error(excinfo, str(path), "unknown field 'data_par_overlpa'", "did you mean 'data_par_overlap'?")
 
 
 def test_unknown_compute_field_suggests_the_close_match(write_file, system_data):
     system_data["compute"]["bfloat16"]["vector_efficency"] = system_data["compute"]["bfloat16"].pop("vector_efficiency")
-    path = write_file("system.yaml", system_data)
-    with pytest.raises(InputError) as excinfo:
-        load_system(path)
+    excinfo, path = load_fails(write_file, "system", system_data)
     one_line_error(excinfo, "unknown field 'compute.bfloat16.vector_efficency'", "did you mean 'vector_efficiency'?")
 
 
@@ -324,13 +330,9 @@ def test_typo_of_a_required_field_names_the_typo(request, write_file, loader, na
     (("hbm", "capacity_gib"), "capacity_gb"),
 ])
 def test_typo_of_a_required_nested_field_names_the_typo(write_file, system_data, where, typo):
-    node = system_data
-    for key in where[:-1]:
-        node = node[key]
+    node = parent_of(system_data, where)
     node[typo] = node.pop(where[-1])
-    path = write_file("system.yaml", system_data)
-    with pytest.raises(InputError) as excinfo:
-        load_system(path)
+    excinfo, path = load_fails(write_file, "system", system_data)
     parent = ".".join(map(str, where[:-1]))
     assert one_line_error(excinfo) == f"{path}: unknown field '{parent}.{typo}' (did you mean '{where[-1]}'?)"
 
@@ -348,25 +350,19 @@ def test_typo_in_a_collective_cost_suggests_the_close_match(write_file, system_d
 @pytest.mark.parametrize("field", ["hidden", "num_blocks", "attn_heads", "seq_size"])
 def test_missing_model_field(write_file, model_data, field):
     del model_data[field]
-    path = write_file("model.yaml", model_data)
-    with pytest.raises(InputError) as excinfo:
-        load_model(path)
+    excinfo, path = load_fails(write_file, "model", model_data)
     one_line_error(excinfo, str(path), f"missing field '{field}'")
 
 
 def test_missing_system_field(write_file, system_data):
     del system_data["networks"][0]["latency_us"]
-    path = write_file("system.yaml", system_data)
-    with pytest.raises(InputError) as excinfo:
-        load_system(path)
+    excinfo, path = load_fails(write_file, "system", system_data)
     one_line_error(excinfo, str(path), "missing field 'networks.0.latency_us'")
 
 
 def test_missing_mapping_field(write_file, mapping_data):
     del mapping_data["batch_size"]
-    path = write_file("mapping.json", mapping_data)
-    with pytest.raises(InputError) as excinfo:
-        load_mapping(path)
+    excinfo, path = load_fails(write_file, "mapping", mapping_data)
     one_line_error(excinfo, str(path), "missing field 'batch_size'")
 
 
@@ -390,9 +386,7 @@ def test_vocab_size_defaults_to_51200(write_file, model_data):
 ])
 def test_wrong_type_for_a_model_size(write_file, model_data, value, reason):
     model_data["hidden"] = value
-    path = write_file("model.yaml", model_data)
-    with pytest.raises(InputError) as excinfo:
-        load_model(path)
+    excinfo, path = load_fails(write_file, "model", model_data)
     one_line_error(excinfo, str(path), "field 'hidden'", reason)
 
 
@@ -407,37 +401,27 @@ def test_wrong_type_names_the_value(write_file, model_data):
 def test_boolean_is_not_a_size(write_file, model_data, written):
     # YAML 1.1 (PyYAML) reads yes/no/on/off as booleans; pydantic's lax mode would take them as 1/0.
     text = yaml.safe_dump(model_data, sort_keys=False).replace("num_blocks: 24", f"num_blocks: {written}")
-    path = write_file("model.yaml", text)
-    with pytest.raises(InputError) as excinfo:
-        load_model(path)
+    excinfo, path = load_fails(write_file, "model", text)
     one_line_error(excinfo, str(path), "field 'num_blocks'", "a boolean, not a whole number")
 
 
-@pytest.mark.parametrize("loader, name, data, where", [
-    (load_mapping, "mapping.json", "mapping_data", ("tensor_par",)),
-    (load_mapping, "mapping.json", "mapping_data", ("data_par_net",)),
-    (load_system, "system.yaml", "system_data", ("networks", 0, "size")),
+@pytest.mark.parametrize("kind, where", [
+    ("mapping", ("tensor_par",)),
+    ("mapping", ("data_par_net",)),
+    ("system", ("networks", 0, "size")),
 ])
-def test_boolean_is_not_a_size_in_a_mapping_or_system(request, write_file, loader, name, data, where):
-    content = request.getfixturevalue(data)
-    node = content
-    for key in where[:-1]:
-        node = node[key]
-    node[where[-1]] = True
-    with pytest.raises(InputError) as excinfo:
-        loader(write_file(name, content))
+def test_boolean_is_not_a_size_in_a_mapping_or_system(request, write_file, kind, where):
+    content = request.getfixturevalue(f"{kind}_data")
+    parent_of(content, where)[where[-1]] = True
+    excinfo, _ = load_fails(write_file, kind, content)
     one_line_error(excinfo, f"field '{'.'.join(map(str, where))}' True", "a boolean, not a whole number")
 
 
 @pytest.mark.parametrize("where", [("hbm", "capacity_gib"), ("networks", 0, "efficiency"),
                                    ("compute", "bfloat16", "vector_tflops")])
 def test_boolean_is_not_a_number_in_a_system(write_file, system_data, where):
-    node = system_data
-    for key in where[:-1]:
-        node = node[key]
-    node[where[-1]] = True
-    with pytest.raises(InputError) as excinfo:
-        load_system(write_file("system.yaml", system_data))
+    parent_of(system_data, where)[where[-1]] = True
+    excinfo, _ = load_fails(write_file, "system", system_data)
     one_line_error(excinfo, f"field '{'.'.join(map(str, where))}' True", "a boolean, not a number")
 
 
@@ -458,36 +442,27 @@ def test_numpy_integers_are_whole_numbers(mapping_data):
     assert {type(mapping.tp), type(mapping.batch_size), type(mapping.num_procs)} == {int}
 
 
-@pytest.mark.parametrize("loader, name, data, where", [
-    (load_mapping, "mapping.json", "mapping_data", ("microbatch_size",)),
-    (load_system, "system.yaml", "system_data", ("networks", 0, "size")),
+@pytest.mark.parametrize("kind, where", [
+    ("mapping", ("microbatch_size",)),
+    ("system", ("networks", 0, "size")),
 ])
-def test_fractional_size(request, write_file, loader, name, data, where):
-    content = request.getfixturevalue(data)
-    node = content
-    for key in where[:-1]:
-        node = node[key]
-    node[where[-1]] = 2.5
-    path = write_file(name, content)
-    with pytest.raises(InputError) as excinfo:
-        loader(path)
+def test_fractional_size(request, write_file, kind, where):
+    content = request.getfixturevalue(f"{kind}_data")
+    parent_of(content, where)[where[-1]] = 2.5
+    excinfo, path = load_fails(write_file, kind, content)
     one_line_error(excinfo, str(path), f"field '{'.'.join(map(str, where))}' 2.5: not a whole number")
 
 
 def test_yaml_exponent_read_as_text_is_explained(write_file, model_data):
     text = yaml.safe_dump(model_data, sort_keys=False).replace("vocab_size: 51200", "vocab_size: 5e4")
-    path = write_file("model.yaml", text)
-    with pytest.raises(InputError) as excinfo:
-        load_model(path)
+    excinfo, path = load_fails(write_file, "model", text)
     one_line_error(excinfo, str(path), "field 'vocab_size' '5e4'", "exponent without a sign", "write 5e+4")
 
 
 @pytest.mark.parametrize("written", [".nan", ".inf", "-.inf"])
 def test_system_number_must_be_finite(write_file, system_data, written):
     text = yaml.safe_dump(system_data, sort_keys=False).replace("capacity_gib: 80", f"capacity_gib: {written}")
-    path = write_file("system.yaml", text)
-    with pytest.raises(InputError) as excinfo:
-        load_system(path)
+    excinfo, path = load_fails(write_file, "system", text)
     one_line_error(excinfo, str(path), "field 'hbm.capacity_gib'", "finite number")
 
 
@@ -516,18 +491,19 @@ def test_long_value_is_shortened(write_file, model_data):
 
 def test_wrong_type_for_a_mapping_switch(write_file, mapping_data):
     mapping_data["weight_offload"] = "maybe"
-    path = write_file("mapping.json", mapping_data)
-    with pytest.raises(InputError) as excinfo:
-        load_mapping(path)
+    excinfo, path = load_fails(write_file, "mapping", mapping_data)
     one_line_error(excinfo, str(path), "field 'weight_offload' 'maybe'", "valid boolean")
 
 
-@pytest.mark.parametrize("field, value", [("hidden", 0), ("num_blocks", -1), ("seq_size", 0), ("attn_heads", -16)])
-def test_zero_or_negative_model_size(write_file, model_data, field, value):
-    model_data[field] = value
-    path = write_file("model.yaml", model_data)
-    with pytest.raises(InputError) as excinfo:
-        load_model(path)
+@pytest.mark.parametrize("kind, field, value", [
+    ("model", "hidden", 0), ("model", "num_blocks", -1), ("model", "seq_size", 0), ("model", "attn_heads", -16),
+    ("mapping", "num_procs", 0), ("mapping", "microbatch_size", 0), ("mapping", "batch_size", -16),
+    ("mapping", "tensor_par", 0), ("mapping", "pipeline_interleaving", 0),
+])
+def test_zero_or_negative_model_or_mapping_size(request, write_file, kind, field, value):
+    data = request.getfixturevalue(f"{kind}_data")
+    data[field] = value
+    excinfo, path = load_fails(write_file, kind, data)
     one_line_error(excinfo, str(path), f"field '{field}' {value}", "greater than 0")
 
 
@@ -539,24 +515,9 @@ def test_zero_or_negative_model_size(write_file, model_data, field, value):
     (("compute", "bfloat16", "matrix_tflops"), -100),
 ])
 def test_zero_or_negative_system_size(write_file, system_data, where, value):
-    node = system_data
-    for key in where[:-1]:
-        node = node[key]
-    node[where[-1]] = value
-    path = write_file("system.yaml", system_data)
-    with pytest.raises(InputError) as excinfo:
-        load_system(path)
+    parent_of(system_data, where)[where[-1]] = value
+    excinfo, path = load_fails(write_file, "system", system_data)
     one_line_error(excinfo, str(path), f"field '{'.'.join(map(str, where))}' {value}", "greater than 0")
-
-
-@pytest.mark.parametrize("field, value", [("num_procs", 0), ("microbatch_size", 0), ("batch_size", -16),
-                                          ("tensor_par", 0), ("pipeline_interleaving", 0)])
-def test_zero_or_negative_mapping_size(write_file, mapping_data, field, value):
-    mapping_data[field] = value
-    path = write_file("mapping.json", mapping_data)
-    with pytest.raises(InputError) as excinfo:
-        load_mapping(path)
-    one_line_error(excinfo, str(path), f"field '{field}' {value}", "greater than 0")
 
 
 @pytest.mark.parametrize("field, value, reason", [
@@ -576,17 +537,13 @@ def test_network_fraction_out_of_range(write_file, system_data, field, value, re
 
 def test_parallelism_product_differs_from_num_procs(write_file, mapping_data):
     mapping_data.update(num_procs=16, tensor_par=2, pipeline_par=4, data_par=3, batch_size=24)
-    path = write_file("mapping.json", mapping_data)
-    with pytest.raises(InputError) as excinfo:
-        load_mapping(path)
+    excinfo, path = load_fails(write_file, "mapping", mapping_data)
     one_line_error(excinfo, str(path), "tensor_par(2)·pipeline_par(4)·data_par(3)=24 ≠ num_procs(16)")
 
 
 def test_microbatch_does_not_divide_the_local_batch(write_file, mapping_data):
     mapping_data.update(batch_size=16, data_par=2, microbatch_size=3)
-    path = write_file("mapping.json", mapping_data)
-    with pytest.raises(InputError) as excinfo:
-        load_mapping(path)
+    excinfo, path = load_fails(write_file, "mapping", mapping_data)
     one_line_error(excinfo, str(path), "microbatch_size(3) does not divide the local batch",
                    "batch_size/data_par = 16/2 = 8")
 
@@ -619,17 +576,13 @@ def test_calculon_boolean_tp_overlap_reads_as_ring_or_none(write_file, mapping_d
 
 def test_unknown_datatype_in_a_mapping(write_file, mapping_data):
     mapping_data["datatype"] = "fp8"
-    path = write_file("mapping.json", mapping_data)
-    with pytest.raises(InputError) as excinfo:
-        load_mapping(path)
+    excinfo, path = load_fails(write_file, "mapping", mapping_data)
     one_line_error(excinfo, str(path), "field 'datatype' 'fp8'", "'float8'", "'bfloat16'")
 
 
 def test_unknown_datatype_in_a_system(write_file, system_data):
     system_data["compute"]["bf16"] = system_data["compute"].pop("bfloat16")
-    path = write_file("system.yaml", system_data)
-    with pytest.raises(InputError) as excinfo:
-        load_system(path)
+    excinfo, path = load_fails(write_file, "system", system_data)
     one_line_error(excinfo, str(path), "field 'compute' key 'bf16'", "'bfloat16'")
 
 
@@ -670,17 +623,13 @@ def test_mapping_that_does_not_fit_the_model_or_system(write_file, model_data, s
 ])
 def test_bad_efficiency_curve(write_file, system_data, curve, reason):
     system_data["compute"]["bfloat16"]["matrix_efficiency"] = curve
-    path = write_file("system.yaml", system_data)
-    with pytest.raises(InputError) as excinfo:
-        load_system(path)
+    excinfo, path = load_fails(write_file, "system", system_data)
     one_line_error(excinfo, str(path), "compute.bfloat16.matrix_efficiency", reason)
 
 
 def test_networks_listed_outermost_first(write_file, system_data):
     system_data["networks"].reverse()
-    path = write_file("system.yaml", system_data)
-    with pytest.raises(InputError) as excinfo:
-        load_system(path)
+    excinfo, path = load_fails(write_file, "system", system_data)
     one_line_error(excinfo, str(path), "innermost first", "nvlink size 8 < infiniband size 1024")
 
 
