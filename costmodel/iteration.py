@@ -17,6 +17,9 @@ from costmodel.system import Collective
 ADAM_FLOPS_PER_PARAM = 12.0
 # Softmax + cross-entropy over the logits: ~6 FLOP per logit, as the attention softmax.
 CROSS_ENTROPY_FLOPS_PER_ELEM = 6.0
+# Offloaded state keeps two blocks in HBM: the one computing and the one in transit
+# (the paper's reason why 128T needs 120 GiB of HBM).
+RESIDENT_BLOCKS = 2.0
 
 TIME_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "pp_comm_s", "bubble_s",
               "dp_comm_s", "optimizer_s", "offload_s")
@@ -178,10 +181,9 @@ def iteration_terms(c: Context, m, xp) -> dict:
     inflight_blocks = blocks_in_flight(xp, blocks_per_stage, p, v, microbatches)
     activations = act["stored"] * inflight_blocks
     workspace = act["workspace"]
-    # Offloaded state keeps two blocks in HBM: the one computing and the one in transit.
-    resident_blocks = xp.minimum(2.0, blocks_per_stage)
+    resident_blocks = xp.minimum(RESIDENT_BLOCKS, blocks_per_stage)
     weights_hbm = xp.where(m.w_off, resident_blocks * block_params * (e + GRAD_BYTES_PER_PARAM), weights + grads)
-    activations_hbm = xp.where(m.a_off, xp.minimum(2.0, inflight_blocks) * act["stored"], activations)
+    activations_hbm = xp.where(m.a_off, xp.minimum(RESIDENT_BLOCKS, inflight_blocks) * act["stored"], activations)
     optimizer_hbm = xp.where(m.o_off, 0.0, optimizer)
     hbm = weights_hbm + optimizer_hbm + activations_hbm + workspace + embedding
     offload = (xp.where(m.w_off, weights + grads, 0.0) + xp.where(m.o_off, optimizer, 0.0)

@@ -17,8 +17,8 @@ from costmodel.comm import collective_s
 from costmodel.context import Context
 from costmodel.encoding import (RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG,
                                 MappingArrays)
-from costmodel.iteration import (block_terms, blocks_in_flight, bubble_microbatches, iteration_terms,
-                                 output_layer_s)
+from costmodel.iteration import (RESIDENT_BLOCKS, block_terms, blocks_in_flight, bubble_microbatches,
+                                 iteration_terms, output_layer_s)
 from costmodel.evaluate import array_fields
 from costmodel.ops import ArrayOps
 from costmodel.system import Collective
@@ -176,7 +176,7 @@ def block_lower_bounds(tables: Tables, c: Context, skeletons, local_batch: dict,
         w_off = np.array([cb[3] for cb in combos])
         inflight = blocks_in_flight(ArrayOps, blocks / p, p, il, n[None, :])[:, :, None]  # [V, M, 1]
         all_activations = stored[None] * inflight                                                  # [V, M, K]
-        activations_hbm = np.where(a_off, np.minimum(2.0, inflight) * stored[None], all_activations)
+        activations_hbm = np.where(a_off, np.minimum(RESIDENT_BLOCKS, inflight) * stored[None], all_activations)
         activations_offloaded = np.where(a_off, all_activations, 0.0)
         best = np.full((len(ils), len(mbs)), math.inf)
         shards = (0, 1) if sk.dp > 1 else (0,)
