@@ -18,9 +18,9 @@ from pathlib import Path
 
 from costmodel.load import load_model, load_system
 from costmodel.system import Datatype
-from solver.brute import default_workers, scan
-from solver.count import count_mappings
-from solver.space import get_space
+from solver.search.brute import default_workers, scan
+from solver.space.count import count_mappings
+from solver.space.declaration import get_space
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 120.0

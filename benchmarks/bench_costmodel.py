@@ -17,8 +17,8 @@ from costmodel.context import Context
 from costmodel.evaluate import evaluate, evaluate_arrays_in_context, evaluate_in_context
 from costmodel.load import load_model, load_system
 from costmodel.system import Datatype
-from solver.enumerate import plan
-from solver.space import get_space
+from solver.space.enumerate import plan
+from solver.space.declaration import get_space
 
 ROOT = Path(__file__).resolve().parents[1]
 

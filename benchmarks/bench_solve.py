@@ -23,9 +23,9 @@ from pathlib import Path
 
 from costmodel.load import load_model, load_system
 from costmodel.system import Datatype
-from solver.brute import scan
-from solver.solve import SolverConfig, solve
-from solver.space import get_space
+from solver.search.brute import scan
+from solver.search.solve import SolverConfig, solve
+from solver.space.declaration import get_space
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,10 +20,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from solver.batch import load_batch  # noqa: E402
-from solver.runner import run_batch  # noqa: E402
-from solver.plots import make_plots  # noqa: E402
-from solver.store import read_results  # noqa: E402
+from solver.study.batch import load_batch  # noqa: E402
+from solver.study.runner import run_batch  # noqa: E402
+from solver.report.plots import make_plots  # noqa: E402
+from solver.study.store import read_results  # noqa: E402
 
 FIGURES = ["fig2-mappability", "fig4-offload", "fig5-offload-capacity", "fig7-strong-scaling", "fig8-128T"]
 

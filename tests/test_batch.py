@@ -19,11 +19,11 @@ from click.testing import CliRunner
 from conftest import H100_SYSTEM, MODELS_DIR
 from costmodel.errors import InputError
 from costmodel.model import Model
-from solver import runner as runner_module
-from solver.batch import Problem, load_batch, problem_id
-from solver.runner import run_batch
-from solver.cli import cli
-from solver.store import ResultStore, read_results
+from solver.study import runner as runner_module
+from solver.study.batch import Problem, load_batch, problem_id
+from solver.study.runner import run_batch
+from solver.cli.app import cli
+from solver.study.store import ResultStore, read_results
 
 TOY = {"name": "toy", "hidden": 512, "feedforward": 2048, "seq_size": 1024, "attn_heads": 8, "attn_size": 64,
        "num_blocks": 4}
@@ -321,10 +321,10 @@ def slow_batch(batch_file) -> Path:
 # The batch command, with every problem's solve delayed by 0.5 s so that a signal reliably
 # lands mid-run however fast the solver gets. The workers are forked, so they inherit it.
 SLOW_MAIN = """
-import time, solver.runner as runner
+import time, solver.study.runner as runner
 solve = runner.solve_payload
 runner.solve_payload = lambda payload: (time.sleep(0.5), solve(payload))[1]
-from solver.cli import main
+from solver.cli.app import main
 main()
 """
 
@@ -346,7 +346,7 @@ def wait_for_lines(out: Path, n: int, process: subprocess.Popen, timeout: float 
 
 
 def finish(path: Path, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from solver.cli import main; main()", "batch", str(path), "--out",
+    return subprocess.run([sys.executable, "-c", "from solver.cli.app import main; main()", "batch", str(path), "--out",
                            str(out), "--jobs", "2"], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[1])
 

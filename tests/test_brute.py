@@ -17,11 +17,11 @@ from costmodel.evaluate import evaluate, evaluate_arrays
 from costmodel.load import load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
-from solver.brute import _top_indices, scan
-from solver.cli import cli
-from solver.count import count_mappings
-from solver.enumerate import enumerate_all
-from solver.space import SPACES
+from solver.search.brute import _top_indices, scan
+from solver.cli.app import cli
+from solver.space.count import count_mappings
+from solver.space.enumerate import enumerate_all
+from solver.space.declaration import SPACES
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "problems" / "systems" / "h100-80g-nvl8.yaml"

@@ -18,7 +18,8 @@ from click.testing import CliRunner
 
 from conftest import A100_SYSTEM, H100_SYSTEM, MAPPING_DATA, MAPPINGS_DIR, MODEL_DATA, MODELS_DIR, REPO, SYSTEM_DATA
 from costmodel.errors import InputError
-from solver.cli import cli, load_problem, problem_options, user_errors
+from solver.cli.app import cli
+from solver.cli.options import load_problem, problem_options, user_errors
 
 COMMANDS = sorted(cli.commands)
 
@@ -476,7 +477,7 @@ def test_debug_prints_the_traceback_in_a_real_process(write_file):
     # Without --debug the CliRunner tests above already prove no exception escapes main().
     path = str(write_file("model.yaml", _broken(MODEL_DATA, _rename("num_blocks", "num_block"))))
     args = ["--debug", "count", "--model", path, "--system", SYSTEM, "--gpus", "8"]
-    run = subprocess.run([sys.executable, "-c", "from solver.cli import main; main()", *args],
+    run = subprocess.run([sys.executable, "-c", "from solver.cli.app import main; main()", *args],
                          capture_output=True, text=True, cwd=REPO, timeout=60)
     assert run.returncode == 1
     assert run.stdout == ""

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import H100_SYSTEM, MAPPINGS_DIR, MODELS_DIR, REPO
-from solver.cli import cli
+from solver.cli.app import cli
 
 MODEL = str(MODELS_DIR / "gpt-1.3b.yaml")
 SYSTEM = str(H100_SYSTEM)
@@ -78,7 +78,7 @@ def test_same_json_in_a_fresh_process_with_another_hash_seed(first_run):
     seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
     script = ("import json, sys\n"
               "from click.testing import CliRunner\n"
-              "from solver.cli import cli\n"
+              "from solver.cli.app import cli\n"
               "cases = json.loads(sys.argv[1])\n"
               "print(json.dumps({name: CliRunner().invoke(cli, args).stdout for name, args in cases.items()}))\n")
     proc = subprocess.run([sys.executable, "-c", script, json.dumps(CASES)], capture_output=True, text=True,

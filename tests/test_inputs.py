@@ -17,7 +17,7 @@ from costmodel.load import load_mapping, load_model, load_system, read_document
 from costmodel.mapping import Mapping, Recompute, TPComm, check_mapping_fits
 from costmodel.system import Datatype, System
 from costmodel.validation import load_selene_data, selene_mapping
-from solver.cli import load_problem
+from solver.cli.options import load_problem
 
 MODEL_FILES = sorted(MODELS_DIR.glob("*.yaml"))
 SYSTEM_FILES = sorted(SYSTEMS_DIR.glob("*.yaml"))

@@ -10,8 +10,8 @@ LLM Training". Fig. 2: 15,612,832 vs 842,080 mappings on 4,096 H100s; MFU 75% vs
 from __future__ import annotations
 
 from conftest import PROBLEMS
-from solver.batch import load_batch
-from solver.runner import solve_payload
+from solver.study.batch import load_batch
+from solver.study.runner import solve_payload
 
 FIG2 = PROBLEMS / "paper" / "fig2-mappability.yaml"
 PAPER_SETTING = "__fp8__calculon-2023__off512g100"   # the paper's system: 512 GiB @ 100 GB/s

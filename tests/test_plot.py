@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from costmodel.errors import InputError
-from solver.cli import cli
-from solver.plots import available_kinds, make_plots, varying
+from solver.cli.app import cli
+from solver.report.plots import available_kinds, make_plots, varying
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

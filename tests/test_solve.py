@@ -14,13 +14,13 @@ from ortools.sat.python import cp_model
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
-from solver.brute import scan
-from solver.cli import cli
-from solver.count import count_mappings
-from solver.cpsat.constraints import STRUCTURE, Problem
-from solver.cpsat.variables import Variables
-from solver.solve import SolverConfig, solve
-from solver.space import get_space, skeletons
+from solver.search.brute import scan
+from solver.cli.app import cli
+from solver.space.count import count_mappings
+from solver.search.cpsat.constraints import STRUCTURE, Problem
+from solver.search.cpsat.variables import Variables
+from solver.search.solve import SolverConfig, solve
+from solver.space.declaration import get_space, skeletons
 from tests.strategies import models, systems
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,10 +18,10 @@ from costmodel.encoding import MappingArrays
 from costmodel.mapping import check_mapping_fits
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.cli import cli
-from solver.count import count_mappings
-from solver.enumerate import enumerate_all, plan
-from solver.space import SPACES, Space, get_space
+from solver.cli.app import cli
+from solver.space.count import count_mappings
+from solver.space.enumerate import enumerate_all, plan
+from solver.space.declaration import SPACES, Space, get_space
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "problems" / "models"

@@ -18,7 +18,7 @@ from costmodel.errors import InputError
 from costmodel.load import describe_validation_error, load_model, load_system, parse, read_document
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.space import ATTENTION_KERNELS, SPACES
+from solver.space.declaration import ATTENTION_KERNELS, SPACES
 
 DEFAULT_MAX_BATCH = 3072
 DEFAULT_SPACE = "full"

@@ -13,8 +13,8 @@ from typing import Any
 from costmodel.errors import InputError
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.batch import Problem
-from solver.report import json_safe
+from solver.study.batch import Problem
+from solver.report.tables import json_safe
 
 # ---------------------------------------------------------------------- one problem
 def solve_payload(payload: dict) -> dict:
@@ -23,8 +23,8 @@ def solve_payload(payload: dict) -> dict:
     started = time.perf_counter()
     record = {"id": payload["id"], "problem": payload["problem"]}
     try:
-        from solver.solve import SolverConfig, solve
-        from solver.space import get_space
+        from solver.search.solve import SolverConfig, solve
+        from solver.space.declaration import get_space
 
         problem = payload["problem"]
         model = Model.model_validate(payload["model"])
@@ -94,7 +94,7 @@ def run_batch(problems: list[Problem], out_dir: str | Path, *, jobs: int | None 
     """Solve every problem not yet in `out_dir`/results.jsonl, appending each record as it
     finishes, then write results.csv. Ctrl-C (SIGINT) or SIGTERM stop it cleanly: the
     finished records stay and a rerun resumes. See solver/store.py for crash safety."""
-    from solver.store import ResultStore
+    from solver.study.store import ResultStore
 
     reporter = reporter or Reporter()
     started = time.perf_counter()
@@ -204,7 +204,7 @@ def _context():
     import sys
 
     if sys.platform == "linux":
-        import solver.solve  # noqa: F401 - imported once here, inherited by every child
+        import solver.search.solve  # noqa: F401 - imported once here, inherited by every child
 
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context("spawn")

@@ -25,7 +25,7 @@ import numpy as np
 from costmodel.encoding import MappingArrays
 from costmodel.model import Model
 from costmodel.system import System
-from solver.space import Skeleton, Space, flag_table, skeletons
+from solver.space.declaration import Skeleton, Space, flag_table, skeletons
 
 DEFAULT_CHUNK_ROWS = 1 << 20
 """Rows per chunk: about 1M mappings, ~60 MB of columns before evaluation."""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from costmodel.encoding import RECOMPUTE_CHOICES, TP_COMM_CHOICES, TP_OVERLAP_CHOICES
-from solver.space import Skeleton, Space, divisors
+from solver.space.declaration import Skeleton, Space, divisors
 
 _FLAG_LABELS = {"recompute": [c.value for c in RECOMPUTE_CHOICES], "tp_comm": [c.value for c in TP_COMM_CHOICES],
                 "tp_overlap": [c.value for c in TP_OVERLAP_CHOICES]}

@@ -8,10 +8,10 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from solver.batch import load_batch
-from solver.runner import Reporter, run_batch
-from solver.cli import user_errors
-from solver.store import RESULTS_CSV, RESULTS_JSONL
+from solver.study.batch import load_batch
+from solver.study.runner import Reporter, run_batch
+from solver.cli.options import user_errors
+from solver.study.store import RESULTS_CSV, RESULTS_JSONL
 
 
 class ProgressReporter(Reporter):

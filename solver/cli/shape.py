@@ -10,12 +10,12 @@ from rich.table import Table
 
 from costmodel.errors import InputError
 from costmodel.load import load_system
-from solver.cli import system_override_options, user_errors
-from solver.commands.spaces import attention_option, datatype_option, wide_console
-from solver.report import mapping_summary
-from solver.shape import (ASPECT_INTERCEPT, ASPECT_POINTS, ASPECT_SLOPE, BLOCKS_STEP, SEQ_SIZE, VOCAB_SIZE,
+from solver.cli.options import (attention_option, datatype_option, system_override_options,
+                                user_errors, wide_console)
+from solver.report.tables import mapping_summary
+from solver.study.shape import (ASPECT_INTERCEPT, ASPECT_POINTS, ASPECT_SLOPE, BLOCKS_STEP, SEQ_SIZE, VOCAB_SIZE,
                           ShapeAssessment, aspect_ratio, assess_shapes, candidate_shapes, rule_shape, write_shapes)
-from solver.space import SPACES
+from solver.space.declaration import SPACES
 
 
 def _int_list(ctx, param, value: str | None) -> list[int] | None:
@@ -75,7 +75,7 @@ def command(targets: tuple[float, ...], blocks: list[int] | None, heads: int | N
 
     The rule: sequence 8192, feed-forward 4 × hidden, heads = blocks unless --heads is
     given, hidden in steps of 1024, and hidden/blocks from a log-linear fit of published
-    models (solver/shape.py, docs/paper-reproduction.md). With --gpus each shape's
+    models (solver/study/shape.py, docs/paper-reproduction.md). With --gpus each shape's
     mappings are counted; with --system too, each is solved for its best MFU — one table
     showing why block and head counts that are powers of two map better.
 

@@ -1,8 +1,8 @@
 """The certified optimum: CP-SAT over a sound surrogate, refined by the exact model.
 
-    data        the space's skeletons, the exact model's tables (solver.cpsat.surrogate)
+    data        the space's skeletons, the exact model's tables (solver.search.cpsat.surrogate)
     variables   tp, pp, dp, batch, interleaving, microbatch and every flag (Variables)
-    constraints the named constraints (solver.cpsat.constraints) + the HBM relaxation
+    constraints the named constraints (solver.search.cpsat.constraints) + the HBM relaxation
     objective   a piecewise-linear lower bound of the exact iteration time
     loop        solve → take the candidates CP-SAT found → score their whole (tp, pp,
                 interleaving, microbatch) block exactly with the vectorized model → keep the
@@ -11,7 +11,7 @@
 
 Because the surrogate never over-estimates an exact time and its constraints never exclude
 a feasible mapping, the end of the loop certifies the exact model's optimum — the same
-answer as scoring every mapping (solver.brute), ties broken the same way (time, then
+answer as scoring every mapping (solver.search.brute), ties broken the same way (time, then
 enumeration order).
 """
 
@@ -30,11 +30,11 @@ from costmodel.evaluate import Evaluation, evaluate_arrays_in_context, evaluate_
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
-from solver.cpsat.constraints import STRUCTURE, NetworkFit, Problem
-from solver.cpsat.surrogate import add_bounds
-from solver.cpsat.variables import Variables
-from solver.enumerate import build_rows, plan
-from solver.space import Space, get_space
+from solver.search.cpsat.constraints import STRUCTURE, NetworkFit, Problem
+from solver.search.cpsat.surrogate import add_bounds
+from solver.search.cpsat.variables import Variables
+from solver.space.enumerate import build_rows, plan
+from solver.space.declaration import Space, get_space
 
 
 WARM_START_BLOCKS = 256

@@ -10,10 +10,10 @@ from rich.table import Table
 from costmodel.errors import MapsatError
 from costmodel.system import Datatype
 from costmodel.units import GiB
-from solver.brute import BruteResult, Candidate, scan
-from solver.cli import load_problem, problem_options, user_errors
-from solver.commands.spaces import datatype_option, space_options, wide_console
-from solver.space import get_space
+from solver.search.brute import BruteResult, Candidate, scan
+from solver.cli.options import (datatype_option, load_problem, problem_options,
+                                space_options, user_errors, wide_console)
+from solver.space.declaration import get_space
 
 
 @click.command(name="brute")

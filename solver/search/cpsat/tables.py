@@ -22,7 +22,7 @@ from costmodel.iteration import (RESIDENT_BLOCKS, block_terms, blocks_in_flight,
 from costmodel.evaluate import array_fields
 from costmodel.ops import ArrayOps
 from costmodel.system import Collective
-from solver.cpsat.variables import Variables
+from solver.search.cpsat.variables import Variables
 
 FIT_SLACK = 1 + 1e-9
 """Block floors test exact footprints against capacities with this relative slack, so that

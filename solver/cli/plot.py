@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from solver.cli import user_errors
-from solver.plots import KINDS, make_plots
-from solver.store import read_results
+from solver.cli.options import user_errors
+from solver.report.plots import KINDS, make_plots
+from solver.study.store import read_results
 
 
 @click.command(name="plot")

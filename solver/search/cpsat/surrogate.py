@@ -3,7 +3,7 @@ memory constraint), built from tables of the exact model.
 
 Soundness is the point: for every mapping the surrogate objective is <= its exact time and
 the surrogate memory <= its exact HBM use, so CP-SAT never excludes a feasible mapping
-and never over-estimates one; the exact model adjudicates every candidate (solver.solve).
+and never over-estimates one; the exact model adjudicates every candidate (solver.search.solve).
 
 How: the exact iteration time is bounded below by a sum of products,
 
@@ -14,7 +14,7 @@ communication, recompute and unhidden offload traffic; H the output layer; P2P o
 pipeline send; DP the data-parallel reduction, of which overlap hides at most all but the
 compute it steals; OPT the optimizer step), each factor an exact table of the model over
 one or two dimensions (tp × microbatch, tp × pp) minimised over the flags it does not
-read (solver.cpsat.tables); B has one table per combination of the flags it reads. Expanded, each product term is exp(y) with y a sum of
+read (solver.search.cpsat.tables); B has one table per combination of the flags it reads. Expanded, each product term is exp(y) with y a sum of
 logarithms — linear in the one-hot Booleans — and exp(y) is bounded below by tangent lines
 (exp is convex). Memory is the same with one product term (stored activations × blocks in
 flight).
@@ -38,8 +38,8 @@ from ortools.sat.python import cp_model
 from costmodel.context import Context
 from costmodel.encoding import RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG
 from costmodel.units import MiB
-from solver.cpsat.tables import ACT_CLASSES, Tables, block_lower_bounds
-from solver.cpsat.variables import Variables
+from solver.search.cpsat.tables import ACT_CLASSES, Tables, block_lower_bounds
+from solver.search.cpsat.variables import Variables
 
 LOG_SCALE = 10_000
 """Y = floor(LOG_SCALE · ln x): logarithms resolved to 1e-4 (0.01 % in value)."""

@@ -9,20 +9,20 @@ conditions read (recompute × tp_comm: 9 terms) of the product of the other flag
 sizes (1 when a flag is pinned). Nothing loops over mappings: the 15.6 million of the
 brief's 256-block model take a few milliseconds.
 
-With `feasible=True` the mappings are also evaluated with the exact vectorized model (see
-`solver.brute.scan`) and those passing its network-size and memory checks are counted.
+How many of them the exact model accepts is a search, not a count: `mapsat count
+--feasible` adds it from `solver.search.brute.scan` (`CountResult.with_feasible`).
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.space import Skeleton, Space, facts, skeletons
+from solver.space.declaration import Skeleton, Space, facts, skeletons
 
 SKELETON_BREAKDOWN = ("tp", "pp", "dp", "batch", "interleaving", "microbatch")
 
@@ -47,6 +47,12 @@ class CountResult:
     feasible_by_dimension: dict[str, dict[str, int]] | None = None
     datatype: str | None = None
     notes: list[str] = field(default_factory=list)
+
+    def with_feasible(self, feasible: int, feasible_by_dimension: dict[str, dict[str, int]], datatype: Datatype,
+                      seconds: float) -> "CountResult":
+        """This count with the feasible ones (from an exhaustive scan) added, `seconds` more."""
+        return replace(self, feasible=feasible, feasible_by_dimension=feasible_by_dimension,
+                       datatype=datatype.value, seconds=self.seconds + seconds)
 
     def to_dict(self) -> dict:
         out = {"space": self.space, "gpus": self.num_gpus, "max_batch": self.max_batch,
@@ -108,11 +114,8 @@ def _flag_label(space: Space, name: str, code: int) -> str:
     return dim.labels[dim.codes.index(code)] if dim.labels else str(code)
 
 
-def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, space: Space,
-                   feasible: bool = False, datatype: Datatype = Datatype.bfloat16,
-                   workers: int | None = None, progress: bool = False) -> CountResult:
-    """Count the mappings of `space` (closed form) and, with `feasible`, those the exact model
-    accepts (by evaluating them all in chunks)."""
+def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, space: Space) -> CountResult:
+    """Count the mappings of `space` in closed form, with the count per value of each dimension."""
     start = time.perf_counter()
     skels = skeletons(model, num_gpus, max_batch, space)
     n_net = len(system.networks)
@@ -135,17 +138,9 @@ def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, 
                 part = count_flag_combinations(space, known, n_net, (dim.name, code))
                 if part:
                     breakdown[dim.name][code] += n_il * n_mb * part
-    by_dimension = label_breakdown(space, breakdown)
-    result = CountResult(space=space.name, num_gpus=num_gpus, max_batch=max_batch, mappings=total,
-                         skeletons=len(skels), by_dimension=by_dimension, seconds=0.0)
-    if feasible:
-        from solver.brute import scan  # the evaluator is only needed here
-
-        scanned = scan(model, system, num_gpus, max_batch, space, datatype, top_k=0, workers=workers,
-                       progress=progress)
-        result = CountResult(**{**result.__dict__, "feasible": scanned.feasible, "datatype": datatype.value,
-                                "feasible_by_dimension": scanned.feasible_by_dimension})
-    return CountResult(**{**result.__dict__, "seconds": time.perf_counter() - start})
+    return CountResult(space=space.name, num_gpus=num_gpus, max_batch=max_batch, mappings=total,
+                       skeletons=len(skels), by_dimension=label_breakdown(space, breakdown),
+                       seconds=time.perf_counter() - start)
 
 
 def label_breakdown(space: Space, breakdown: dict[str, dict[int, int]]) -> dict[str, dict[str, int]]:

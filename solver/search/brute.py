@@ -1,6 +1,6 @@
 """Exhaustive search: score every mapping of a space with the exact vectorized model.
 
-The space is cut into chunks of contiguous ordinals (see `solver.enumerate`); each worker
+The space is cut into chunks of contiguous ordinals (see `solver.space.enumerate`); each worker
 process builds its chunk from the plan, evaluates it with
 `costmodel.evaluate.evaluate_arrays`, and sends back only small results: counts, the
 chunk's best K, a per-dimension count of feasible mappings and, when asked, CSV text.
@@ -31,9 +31,9 @@ from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
-from solver.count import label_breakdown
-from solver.enumerate import ChunkSpec, Plan, plan
-from solver.space import Space
+from solver.space.count import label_breakdown
+from solver.space.enumerate import ChunkSpec, Plan, plan
+from solver.space.declaration import Space
 
 BRUTE_CHUNK_ROWS = 1 << 18
 """Rows per chunk for the search: ~262k mappings (a few hundred MB of model terms at most),

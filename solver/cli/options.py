@@ -1,9 +1,6 @@
-"""The `mapsat` command line: parse, load, call the library, format. Nothing else.
-
-Each command lives in its own module under solver/commands/ and registers itself on `cli`.
-Errors the user caused (MapsatError) print one line and exit 1; usage errors exit 2 (click);
-`mapsat --debug ...` shows the traceback instead.
-"""
+"""What every command shares: the one-line error handling (`user_errors`), the problem
+options (--model, --system and the co-design overrides), the space options (--gpus,
+--max-batch, --space, --attention), --datatype, and the wide console for tables."""
 
 from __future__ import annotations
 
@@ -12,28 +9,13 @@ import sys
 from typing import Callable
 
 import click
+from rich.console import Console
 
 from costmodel.errors import MapsatError
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
-from costmodel.system import System
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--debug", is_flag=True, help="Show a traceback on errors instead of one line.")
-@click.version_option(package_name="mapsat")
-@click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
-    """Find the fastest way to train a transformer on a GPU cluster.
-
-    \b
-    Example:
-      mapsat solve --model problems/models/gpt-1t-256b.yaml \\
-                   --system problems/systems/h100-80g-nvl8.yaml --gpus 4096 \\
-                   --datatype float8 --offload-gib 1024 --offload-gbps 100
-    """
-    ctx.ensure_object(dict)
-    ctx.obj["debug"] = debug
+from costmodel.system import Datatype, System
+from solver.space.declaration import ATTENTION_KERNELS, DEFAULT_SPACE, SPACES
 
 
 def _debugging() -> bool:
@@ -97,19 +79,36 @@ def load_problem(model_path: str, system_path: str, hbm_gib: float | None, offlo
     return model, system
 
 
-def _register_commands() -> None:
-    import importlib
-    import pkgutil
-
-    import solver.commands as package
-
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-        module = importlib.import_module(f"solver.commands.{info.name}")
-        cli.add_command(module.command)
+def wide_console() -> Console:
+    """A console for tables: the terminal's width, or 200 columns when writing to a file or
+    pipe (rich would otherwise squeeze tables into 80 and cut every cell)."""
+    console = Console(soft_wrap=False)
+    return console if console.is_terminal else Console(soft_wrap=False, width=200)
 
 
-_register_commands()
+attention_option = click.option(
+    "--attention", type=click.Choice(ATTENTION_KERNELS), default="fused", show_default=True,
+    help="Attention core: one FlashAttention kernel (fused), or four kernels passing the s×s scores "
+         "through HBM (unfused: Megatron-LM 2022, Calculon).")
 
 
-def main() -> None:
-    cli(obj={})
+def space_options(func: Callable) -> Callable:
+    """--gpus N [--max-batch B] [--space NAME] [--attention fused|unfused]."""
+    options = [
+        click.option("--gpus", "num_gpus", required=True, type=click.IntRange(min=1),
+                     help="Number of GPUs, N (tp·pp·dp = N)."),
+        click.option("--max-batch", type=click.IntRange(min=1), default=3072, show_default=True,
+                     help="Cap on the global batch, in sequences."),
+        click.option("--space", "space_name", type=click.Choice(list(SPACES)), default=DEFAULT_SPACE,
+                     show_default=True, help="Named mapping space (see `mapsat spaces`)."),
+        attention_option,
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def datatype_option(func: Callable) -> Callable:
+    """--datatype D."""
+    return click.option("--datatype", type=click.Choice([d.value for d in Datatype]), default=Datatype.bfloat16.value,
+                        show_default=True, help="Compute datatype; the system must list it.")(func)

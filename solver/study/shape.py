@@ -278,8 +278,8 @@ def assess_shapes(shapes: list[Shape], *, gpus: int | None, system: System | Non
                   time_limit_s: float = 60.0, solver_workers: int = 2) -> list[ShapeAssessment]:
     """Count each shape's mappings on `gpus` GPUs (closed form) and, with a system, solve it."""
     from costmodel.system import Datatype
-    from solver.count import count_mappings
-    from solver.space import get_space
+    from solver.space.count import count_mappings
+    from solver.space.declaration import get_space
 
     the_space = get_space(space, attention=attention)
     out = []
@@ -288,7 +288,7 @@ def assess_shapes(shapes: list[Shape], *, gpus: int | None, system: System | Non
         if gpus is not None:
             mappings = count_mappings(shape.model, system or counting_system(), gpus, max_batch, the_space).mappings
         if gpus is not None and system is not None:
-            from solver.solve import SolverConfig, solve
+            from solver.search.solve import SolverConfig, solve
 
             result = solve(shape.model, system, gpus, max_batch=max_batch, datatype=Datatype(datatype), space=the_space,
                            config=SolverConfig(time_limit_s=time_limit_s, workers=solver_workers))

@@ -7,11 +7,11 @@ from rich.table import Table
 
 from costmodel.errors import MapsatError
 from costmodel.system import Datatype
-from solver.cli import load_problem, problem_options, user_errors
-from solver.commands.spaces import datatype_option, space_options, wide_console
-from solver.report import dumps, evaluation_tables, mapping_summary
-from solver.solve import SolverConfig, SolveResult, solve
-from solver.space import get_space
+from solver.cli.options import (datatype_option, load_problem, problem_options,
+                                space_options, user_errors, wide_console)
+from solver.report.tables import dumps, evaluation_tables, mapping_summary
+from solver.search.solve import SolverConfig, SolveResult, solve
+from solver.space.declaration import get_space
 
 
 @click.command("solve")

@@ -6,8 +6,8 @@ import click
 
 from costmodel.evaluate import evaluate
 from costmodel.load import load_mapping
-from solver.cli import load_problem, problem_options, user_errors
-from solver.report import console, dumps, evaluation_tables
+from solver.cli.options import load_problem, problem_options, user_errors
+from solver.report.tables import console, dumps, evaluation_tables
 
 
 @click.command("eval")
@@ -23,7 +23,7 @@ def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_
     Example:
       mapsat eval --model problems/models/gpt3-175b.yaml \\
                   --system problems/systems/a100-80g-selene.yaml \\
-                  --mapping problems/mappings/gpt3-175b-selene-seqsel.json
+                  --mapping problems/mappings/gpt3-175b-seqsel.json
     """
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
     ev = evaluate(model, system, load_mapping(mapping_path))

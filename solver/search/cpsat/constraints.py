@@ -2,8 +2,8 @@
 and to measure its own violation on a decoded mapping (0 when satisfied).
 
 Together with the variable domains they admit exactly the mappings of the space
-declaration (solver.space), so CP-SAT's solution count equals the closed-form count; the
-memory relaxation (HbmCapacity) lives with the objective in solver.cpsat.surrogate.
+declaration (solver.space.declaration), so CP-SAT's solution count equals the closed-form count; the
+memory relaxation (HbmCapacity) lives with the objective in solver.search.cpsat.surrogate.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from costmodel.evaluate import Evaluation
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import System
-from solver.cpsat.variables import Variables
-from solver.space import SKELETON_FACTS, Space
+from solver.search.cpsat.variables import Variables
+from solver.space.declaration import SKELETON_FACTS, Space
 
 
 @dataclass(frozen=True)

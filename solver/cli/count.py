@@ -4,15 +4,17 @@ many of them the exact model accepts."""
 from __future__ import annotations
 
 import json
+import time
 
 import click
 from rich.table import Table
 
 from costmodel.system import Datatype
-from solver.cli import load_problem, problem_options, user_errors
-from solver.commands.spaces import datatype_option, space_options, wide_console
-from solver.count import CountResult, count_mappings
-from solver.space import get_space
+from solver.cli.options import (datatype_option, load_problem, problem_options,
+                                space_options, user_errors, wide_console)
+from solver.search.brute import scan
+from solver.space.count import CountResult, count_mappings
+from solver.space.declaration import get_space
 
 
 @click.command(name="count")
@@ -44,8 +46,13 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
     if click.get_current_context().get_parameter_source("datatype") is not click.core.ParameterSource.DEFAULT:
         system.compute_for(Datatype(datatype))   # a datatype given explicitly must exist, counted or not
     space = get_space(space_name, attention=attention)
-    result = count_mappings(model, system, num_gpus, max_batch, space, feasible=feasible,
-                            datatype=Datatype(datatype), workers=workers, progress=feasible and not as_json)
+    result = count_mappings(model, system, num_gpus, max_batch, space)
+    if feasible:
+        start = time.perf_counter()
+        scanned = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), top_k=0, workers=workers,
+                       progress=not as_json)
+        result = result.with_feasible(scanned.feasible, scanned.feasible_by_dimension, Datatype(datatype),
+                                      time.perf_counter() - start)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:

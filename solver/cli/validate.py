@@ -9,8 +9,8 @@ from rich.table import Table
 
 from costmodel.load import load_system
 from costmodel.validation import validate_selene
-from solver.cli import user_errors
-from solver.report import console, dumps
+from solver.cli.options import user_errors
+from solver.report.tables import console, dumps
 
 DEFAULT_SYSTEM = Path(__file__).resolve().parents[2] / "problems" / "systems" / "a100-80g-selene.yaml"
 

@@ -1,1 +1,0 @@
-"""One module per `mapsat` subcommand; each defines a click command named `command`."""

@@ -1,2 +1,0 @@
-"""The CP-SAT model of the mapping space: variables, named constraints and the
-piecewise-linear lower-bound objective (see solver.solve for the certified loop)."""

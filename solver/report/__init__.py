@@ -1,0 +1,1 @@
+"""What people read: tables and JSON (`tables`) and plots (`plots`)."""
