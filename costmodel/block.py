@@ -153,7 +153,7 @@ def block_stored_activation_bytes(c: Context, m, xp):
     q_cols = heads * d
     kv_cols = d if c.multiquery else q_cols
     sp_split = xp.where(m.seq_par, t, 1.0)
-    gemm_inputs_split = xp.where(m.seq_par & m.ag_redo, t, 1.0)
+    gemm_inputs_split = xp.where(m.seq_par & m.seq_par_ag_redo, t, 1.0)
 
     layernorm_inputs = 2 * e * tokens * h / sp_split
     dropout_masks = 2 * MASK_BYTES * tokens * h / sp_split

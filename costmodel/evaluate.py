@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import numpy as np
 
 from costmodel.context import Context
-from costmodel.encoding import (RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_AR, TP_COMM_RS_AG,
-                                TP_OVERLAP_PIPE, TP_OVERLAP_RING, MappingArrays)
+from costmodel.dimensions import DIMENSIONS, group_spans
+from costmodel.encoding import MappingArrays
 from costmodel.iteration import MEMORY_TERMS, TIME_TERMS, iteration_terms
-from costmodel.mapping import AttentionType, Mapping, Recompute, TPComm, TPOverlap, check_mapping_fits
+from costmodel.mapping import AttentionType, Mapping, check_mapping_fits
 from costmodel.model import Model
 from costmodel.ops import ArrayOps, ScalarOps
 from costmodel.system import Datatype, System
@@ -29,16 +29,15 @@ def network_checks(c: Context, m, xp) -> dict:
     then pp, then dp: a TP group spans tp GPUs, a PP group tp·pp, a DP group tp·pp·dp, and
     the network carrying a dimension must span at least that many. A network marked
     must_be_filled, when used, must be spanned whole by the widest group on it."""
-    spans = ((m.tp, m.tp, m.tp_net), (m.pp, m.tp * m.pp, m.pp_net),
-             (m.dp, m.num_procs, m.dp_net))
+    spans = group_spans(m)
     checks = {}
-    for name, (degree, span, net) in zip(("tp", "pp", "dp"), spans):
+    for name, degree, span, net in spans:
         checks[f"{name}_network"] = (degree == 1) | (span <= xp.pick(c.net_size, net))
     for k, must_fill in enumerate(c.net_must_fill):
         if not must_fill:
             continue
         widest = 0.0
-        for degree, span, net in spans:
+        for _, degree, span, net in spans:
             widest = xp.maximum(widest, xp.where((degree > 1) & (net == k), span, 0.0))
         checks[f"network{k}_filled"] = (widest == 0.0) | (widest >= c.net_size[k])
     return checks
@@ -85,27 +84,36 @@ class Evaluation:
         }
 
 
+def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
+    """The formulas' view of one mapping or many (`codes`: each dimension's code by short
+    name): whole numbers as floats, network indices as indices, switches as Booleans, and
+    for each choice one Boolean per member, `<dimension>_<member>` (`recompute_full`,
+    `tp_comm_rs_ag`, `tp_overlap_ring`, ...). Two derived names: `num_procs` = tp·pp·dp and
+    `seq_par` = tp_comm_rs_ag (sequence parallelism)."""
+    view = {}
+    for dim in DIMENSIONS:
+        value = codes[dim.name]
+        if dim.kind in ("split", "per_split"):
+            view[dim.name] = as_float(value)
+        elif dim.kind == "network":
+            view[dim.name] = as_index(value)
+        elif dim.kind == "switch":
+            view[dim.name] = value
+        else:
+            for code, member in enumerate(dim.choices):
+                view[f"{dim.name}_{member.value}"] = value == code
+    view["num_procs"] = view["tp"] * view["pp"] * view["dp"]
+    view["seq_par"] = view["tp_comm_rs_ag"]
+    return SimpleNamespace(**view)
+
+
 def _scalar_fields(mapping: Mapping) -> SimpleNamespace:
-    recompute = mapping.activation_recompute
-    return SimpleNamespace(
-        num_procs=float(mapping.num_procs), tp=float(mapping.tp), pp=float(mapping.pp), dp=float(mapping.dp),
-        batch=float(mapping.batch_size), microbatch=float(mapping.microbatch_size),
-        interleaving=float(mapping.pipeline_interleaving),
-        recompute_full=recompute is Recompute.full, recompute_none=recompute is Recompute.none,
-        not_recompute_full=recompute is not Recompute.full, recompute_attn_only=recompute is Recompute.attn_only,
-        seq_par=mapping.tensor_par_comm_type is TPComm.rs_ag, tp_comm_ar=mapping.tensor_par_comm_type is TPComm.ar,
-        tp_overlap_ring=mapping.tensor_par_overlap is TPOverlap.ring,
-        tp_overlap_pipe=mapping.tensor_par_overlap is TPOverlap.pipe,
-        ag_redo=mapping.seq_par_ag_redo, opt_shard=mapping.optimizer_sharding, dp_overlap=mapping.data_par_overlap,
-        w_off=mapping.weight_offload, a_off=mapping.activations_offload, o_off=mapping.optimizer_offload,
-        tp_net=mapping.tensor_par_net, pp_net=mapping.pipeline_par_net, dp_net=mapping.data_par_net,
-    )
+    return formula_view({dim.name: dim.code_of(getattr(mapping, dim.field)) for dim in DIMENSIONS}, float, int)
 
 
 def _reasons(checks: dict, terms: dict, c: Context, m) -> tuple[str, ...]:
     reasons = []
-    for name, degree, span, net in (("tp", m.tp, m.tp, m.tp_net), ("pp", m.pp, m.tp * m.pp, m.pp_net),
-                                    ("dp", m.dp, m.num_procs, m.dp_net)):
+    for name, degree, span, net in group_spans(m):
         if not checks[f"{name}_network"]:
             reasons.append(f"network: a {name} group spans {span:g} GPUs > network {net} size {c.net_size[net]:g}")
     for key, ok in checks.items():
@@ -182,22 +190,8 @@ class ArrayEvaluation:
 
 
 def array_fields(arrays: MappingArrays) -> SimpleNamespace:
-    """The formulas' view of many mappings: numeric columns as floats, choices as Booleans."""
-    f64 = np.float64
-    recompute, tp_comm, overlap = arrays.recompute, arrays.tp_comm, arrays.tp_overlap
-    return SimpleNamespace(
-        num_procs=(arrays.tp * arrays.pp * arrays.dp).astype(f64), tp=arrays.tp.astype(f64),
-        pp=arrays.pp.astype(f64), dp=arrays.dp.astype(f64), batch=arrays.batch.astype(f64),
-        microbatch=arrays.microbatch.astype(f64), interleaving=arrays.interleaving.astype(f64),
-        recompute_full=recompute == RECOMPUTE_FULL, recompute_none=recompute == RECOMPUTE_NONE,
-        not_recompute_full=recompute != RECOMPUTE_FULL, recompute_attn_only=recompute == RECOMPUTE_ATTN_ONLY,
-        seq_par=tp_comm == TP_COMM_RS_AG, tp_comm_ar=tp_comm == TP_COMM_AR,
-        tp_overlap_ring=overlap == TP_OVERLAP_RING, tp_overlap_pipe=overlap == TP_OVERLAP_PIPE,
-        ag_redo=arrays.seq_par_ag_redo, opt_shard=arrays.optimizer_sharding, dp_overlap=arrays.dp_overlap,
-        w_off=arrays.weight_offload, a_off=arrays.activations_offload, o_off=arrays.optimizer_offload,
-        tp_net=arrays.tp_net.astype(np.intp), pp_net=arrays.pp_net.astype(np.intp),
-        dp_net=arrays.dp_net.astype(np.intp),
-    )
+    """The formulas' view of many mappings (see `formula_view`)."""
+    return formula_view(arrays.columns, lambda a: a.astype(np.float64), lambda a: a.astype(np.intp))
 
 
 def evaluate_arrays(model: Model, system: System, arrays: MappingArrays, datatype: Datatype, *,

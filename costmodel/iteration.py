@@ -59,7 +59,7 @@ def block_terms(c: Context, m, xp) -> dict:
     act_message = c.elem_bytes * m.microbatch * c.seq * c.hidden
     region_s, hidden_fraction, gather_s = tp_overlap_terms(c, m, xp, act_message)
     tp_usage = xp.pick(c.net_usage, m.tp_net)
-    redo_gather = m.seq_par & m.ag_redo & m.not_recompute_full
+    redo_gather = m.seq_par & m.seq_par_ag_redo & xp.logical_not(m.recompute_full)
     tp_fwd = 2 * region_s                       # two parallel regions: attention, MLP
     tp_bwd = 2 * region_s + xp.where(redo_gather, 2 * gather_s, 0.0)
     tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw["gemm_s"], hidden_fraction, tp_usage, xp)
@@ -76,10 +76,10 @@ def block_terms(c: Context, m, xp) -> dict:
     act = block_stored_activation_bytes(c, m, xp)
     block_params = c.block_params / m.tp
     off_rate = _rate(c.offload_bytes_per_s)
-    fwd_read = xp.where(m.w_off, e * block_params, 0.0)
-    fwd_write = xp.where(m.a_off, act["stored"], 0.0)
-    bwd_read = xp.where(m.w_off, (e + GRAD_BYTES_PER_PARAM) * block_params, 0.0) + fwd_write
-    bwd_write = xp.where(m.w_off, GRAD_BYTES_PER_PARAM * block_params, 0.0)
+    fwd_read = xp.where(m.weight_offload, e * block_params, 0.0)
+    fwd_write = xp.where(m.activations_offload, act["stored"], 0.0)
+    bwd_read = xp.where(m.weight_offload, (e + GRAD_BYTES_PER_PARAM) * block_params, 0.0) + fwd_write
+    bwd_write = xp.where(m.weight_offload, GRAD_BYTES_PER_PARAM * block_params, 0.0)
     off_fwd_bytes = xp.maximum(fwd_read, fwd_write)
     off_bwd_bytes = xp.maximum(bwd_read, bwd_write)
     off_fwd_s = off_fwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_fwd_bytes))
@@ -150,7 +150,7 @@ def iteration_terms(c: Context, m, xp) -> dict:
     dp_all_reduce = collective_s(c, xp, Collective.all_reduce, dp, grad_bytes, m.dp_net)
     dp_sharded = (collective_s(c, xp, Collective.reduce_scatter, dp, grad_bytes, m.dp_net)
                   + collective_s(c, xp, Collective.all_gather, dp, e * stage_params, m.dp_net))
-    dp_comm = xp.where(m.opt_shard, dp_sharded, dp_all_reduce)
+    dp_comm = xp.where(m.optimizer_sharding, dp_sharded, dp_all_reduce)
     # Overlapped, each block's gradients reduce while the last microbatch's backward runs
     # through the blocks before it; the last block's reduction has nothing left to hide behind.
     dp_window = (blocks_per_stage - 1) * (block_bwd + recompute)
@@ -158,13 +158,13 @@ def iteration_terms(c: Context, m, xp) -> dict:
                                        xp.pick(c.net_usage, m.dp_net), xp)
 
     # ---- optimizer step over this GPU's share of the stage's parameters ----
-    opt_params = stage_params / xp.where(m.opt_shard, dp, 1.0)
+    opt_params = stage_params / xp.where(m.optimizer_sharding, dp, 1.0)
     # reads gradient and state, writes state and the new weights
     opt_bytes_per_param = GRAD_BYTES_PER_PARAM + 2 * c.optimizer_bytes_per_param + e
     opt_hbm_s = eltwise_s(c, xp, opt_params, ADAM_FLOPS_PER_PARAM, opt_bytes_per_param)
-    opt_off_read = (xp.where(m.o_off, c.optimizer_bytes_per_param, 0.0)
-                    + xp.where(m.w_off, GRAD_BYTES_PER_PARAM, 0.0)) * opt_params
-    opt_off_write = (xp.where(m.o_off, c.optimizer_bytes_per_param, 0.0) + xp.where(m.w_off, e, 0.0)) * opt_params
+    opt_off_read = (xp.where(m.optimizer_offload, c.optimizer_bytes_per_param, 0.0)
+                    + xp.where(m.weight_offload, GRAD_BYTES_PER_PARAM, 0.0)) * opt_params
+    opt_off_write = (xp.where(m.optimizer_offload, c.optimizer_bytes_per_param, 0.0) + xp.where(m.weight_offload, e, 0.0)) * opt_params
     opt_off_bytes = xp.maximum(opt_off_read, opt_off_write)
     opt_off_s = opt_off_bytes / (_rate(c.offload_bytes_per_s) * xp.lookup(c.offload_curve, opt_off_bytes))
     optimizer_s = xp.maximum(opt_hbm_s, opt_off_s)
@@ -172,7 +172,7 @@ def iteration_terms(c: Context, m, xp) -> dict:
     iteration_s = pipeline_s + dp_exposed + dp_stolen + optimizer_s
 
     # ---- memory of a GPU in the first stage (it holds the most activations) ----
-    shards = xp.where(m.opt_shard, dp, 1.0)
+    shards = xp.where(m.optimizer_sharding, dp, 1.0)
     stage_block_params = blocks_per_stage * block_params
     weights = stage_block_params * e
     grads = stage_block_params * GRAD_BYTES_PER_PARAM
@@ -182,12 +182,12 @@ def iteration_terms(c: Context, m, xp) -> dict:
     activations = act["stored"] * inflight_blocks
     workspace = act["workspace"]
     resident_blocks = xp.minimum(RESIDENT_BLOCKS, blocks_per_stage)
-    weights_hbm = xp.where(m.w_off, resident_blocks * block_params * (e + GRAD_BYTES_PER_PARAM), weights + grads)
-    activations_hbm = xp.where(m.a_off, xp.minimum(RESIDENT_BLOCKS, inflight_blocks) * act["stored"], activations)
-    optimizer_hbm = xp.where(m.o_off, 0.0, optimizer)
+    weights_hbm = xp.where(m.weight_offload, resident_blocks * block_params * (e + GRAD_BYTES_PER_PARAM), weights + grads)
+    activations_hbm = xp.where(m.activations_offload, xp.minimum(RESIDENT_BLOCKS, inflight_blocks) * act["stored"], activations)
+    optimizer_hbm = xp.where(m.optimizer_offload, 0.0, optimizer)
     hbm = weights_hbm + optimizer_hbm + activations_hbm + workspace + embedding
-    offload = (xp.where(m.w_off, weights + grads, 0.0) + xp.where(m.o_off, optimizer, 0.0)
-               + xp.where(m.a_off, activations, 0.0))
+    offload = (xp.where(m.weight_offload, weights + grads, 0.0) + xp.where(m.optimizer_offload, optimizer, 0.0)
+               + xp.where(m.activations_offload, activations, 0.0))
 
     model_flops = c.model_flops_per_sample * m.batch
     recompute_flops = c.blocks * t / b * (fw["kernel_recompute_flops"] + xp.where(

@@ -94,7 +94,7 @@ def small_problems(draw):
 
 
 def columns(arrays: MappingArrays) -> np.ndarray:
-    return np.column_stack([getattr(arrays, f.name).astype(np.int64) for f in dataclasses.fields(arrays)])
+    return np.column_stack([column.astype(np.int64) for column in arrays.columns.values()])
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -107,7 +107,7 @@ def test_closed_form_equals_enumeration(problem) -> None:
     table = columns(arrays)
     assert len(np.unique(table, axis=0)) == len(arrays), "enumeration repeats a mapping"
     # Enumeration order is lexicographic in (tp, pp, interleaving, microbatch, flags...).
-    names = [f.name for f in dataclasses.fields(arrays)]
+    names = list(arrays.columns)
     key = ["tp", "pp", "interleaving", "microbatch"] + [d.name for d in space.flags]
     ordered = table[:, [names.index(k) for k in key]]
     if len(ordered) > 1:
@@ -117,7 +117,7 @@ def test_closed_form_equals_enumeration(problem) -> None:
     for name, values in counted.by_dimension.items():
         codes, counts = np.unique(getattr(arrays, name).astype(np.int64), return_counts=True)
         dim = flags.get(name)
-        labels = [dim.labels[dim.codes.index(c)] if dim is not None and dim.labels else str(c) for c in codes.tolist()]
+        labels = [dim.label_of(c) if dim is not None else str(c) for c in codes.tolist()]
         assert dict(zip(labels, counts.tolist())) == values, name
     # Every enumerated mapping is a valid Mapping that fits the model and the system.
     for i in range(0, len(arrays), max(1, len(arrays) // 7)):

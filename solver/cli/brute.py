@@ -10,7 +10,8 @@ from rich.table import Table
 from costmodel.errors import MapsatError
 from costmodel.system import Datatype
 from costmodel.units import GiB
-from solver.search.brute import BruteResult, Candidate, scan
+from solver.report.tables import MAPPING_HEADERS, mapping_cells
+from solver.search.brute import BruteResult, scan
 from solver.cli.options import (datatype_option, load_problem, problem_options,
                                 space_options, user_errors, wide_console)
 from solver.space.declaration import get_space
@@ -54,14 +55,6 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
         raise MapsatError(result.infeasible_reason(system.hbm.capacity_bytes))
 
 
-def _flags(candidate: Candidate) -> str:
-    m = candidate.mapping
-    on = [name for name, value in (("opt-shard", m.optimizer_sharding), ("ag-redo", m.seq_par_ag_redo),
-                                   ("dp-overlap", m.data_par_overlap), ("w-off", m.weight_offload),
-                                   ("a-off", m.activations_offload), ("o-off", m.optimizer_offload)) if value]
-    return " ".join(on) or "-"
-
-
 def print_brute(result: BruteResult, model_name: str, system_name: str) -> None:
     """Human output: counts, the best mapping with its time and memory, the top-k table."""
     console = wide_console()
@@ -91,14 +84,9 @@ def print_brute(result: BruteResult, model_name: str, system_name: str) -> None:
         detail.add_row(t[0], "" if t[1] is None else f"{t[1]:.4f}", mem[0], "" if mem[1] is None else f"{mem[1] / GiB:.2f}")
     console.print(detail)
     top = Table(title=f"Top {len(result.top)} (ties: first enumerated wins)", title_justify="left")
-    for header in ("#", "time s", "MFU", "tp", "pp", "dp", "mb", "il", "recompute", "tp comm", "tp overlap", "flags",
-                   "nets tp/pp/dp", "HBM GiB", "offload GiB"):
-        top.add_column(header, justify="right" if header not in ("recompute", "tp comm", "tp overlap", "flags") else "left")
+    for header in ("#", "time s", "MFU", *MAPPING_HEADERS, "HBM GiB", "offload GiB"):
+        top.add_column(header, justify="right")
     for rank, c in enumerate(result.top, start=1):
-        m = c.mapping
-        top.add_row(str(rank), f"{c.iteration_time_s:.4f}", f"{c.mfu:.1%}", str(m.tp), str(m.pp), str(m.dp),
-                    str(m.microbatch_size), str(m.pipeline_interleaving), m.activation_recompute.value,
-                    m.tensor_par_comm_type.value, m.tensor_par_overlap.value, _flags(c),
-                    f"{m.tensor_par_net}/{m.pipeline_par_net}/{m.data_par_net}",
+        top.add_row(str(rank), f"{c.iteration_time_s:.4f}", f"{c.mfu:.1%}", *mapping_cells(c.mapping.model_dump(mode="json")),
                     f"{c.memory['hbm_bytes'] / GiB:.1f}", f"{c.memory['offload_bytes'] / GiB:.1f}")
     console.print(top)

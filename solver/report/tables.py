@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from costmodel.dimensions import BY_NAME, DIMENSIONS, NETWORK_GROUPS
 from costmodel.evaluate import Evaluation
 from costmodel.units import GB, GiB
 
@@ -39,31 +40,47 @@ def console() -> Console:
     return Console(file=sys.stdout, soft_wrap=True)
 
 
+def _fields_by_name(mapping_fields: dict) -> dict:
+    return {dim.name: mapping_fields[dim.field] for dim in DIMENSIONS}
+
+
 def mapping_summary(mapping_fields: dict) -> str:
-    """A one-line description of a mapping, in the project's vocabulary."""
-    m = mapping_fields
-    parts = [f"tp{m['tensor_par']} pp{m['pipeline_par']} dp{m['data_par']}",
-             f"batch {m['batch_size']} mb {m['microbatch_size']}"]
-    if m["pipeline_par"] > 1:
-        parts.append(f"il {m['pipeline_interleaving']}")
-    parts.append(f"recompute {m['activation_recompute']}")
-    if not m.get("fused_attention", True):
+    """A one-line description of a mapping (a Mapping's JSON fields) in the project's
+    vocabulary (costmodel.dimensions): the split, batch and microbatch, the interleaving
+    when pp > 1, each choice whose conditions on the split hold, the switches that are on,
+    and the network of each parallel group."""
+    v = _fields_by_name(mapping_fields)
+    splits = {d.name: v[d.name] for d in DIMENSIONS if d.kind == "split"}
+    parts = [" ".join(f"{name}{splits[name]}" for name, _ in NETWORK_GROUPS),
+             f"batch {v['batch']} {BY_NAME['microbatch'].header} {v['microbatch']}"]
+    if v["pp"] > 1:
+        parts.append(f"{BY_NAME['interleaving'].header} {v['interleaving']}")
+    facts = {name: splits[name] for name, _ in NETWORK_GROUPS}
+    for dim in DIMENSIONS:
+        skeleton_rules = [c for c in dim.free_when if c.subject in facts]
+        if dim.kind == "choice" and all(c.holds(facts) for c in skeleton_rules):
+            parts.append(f"{dim.header} {v[dim.name]}")
+    if not mapping_fields.get("fused_attention", True):
         parts.append("unfused attention")
-    if m["tensor_par"] > 1:
-        parts.append(f"tp-comm {m['tensor_par_comm_type']} overlap {m['tensor_par_overlap']}")
-        if m["seq_par_ag_redo"]:
-            parts.append("ag-redo")
-    if m["data_par"] > 1:
-        if m["optimizer_sharding"]:
-            parts.append("opt-shard")
-        if m["data_par_overlap"]:
-            parts.append("dp-overlap")
-    offload = [name for name, key in (("w", "weight_offload"), ("a", "activations_offload"),
-                                      ("o", "optimizer_offload")) if m[key]]
-    if offload:
-        parts.append("offload " + "+".join(offload))
-    nets = f"nets tp{m['tensor_par_net']}/pp{m['pipeline_par_net']}/dp{m['data_par_net']}"
-    return ", ".join(parts) + f", {nets}"
+    on = [dim.header for dim in DIMENSIONS if dim.kind == "switch" and v[dim.name]]
+    if on:
+        parts.append(" ".join(on))
+    nets = "/".join(f"{name}{v[net]}" for name, net in NETWORK_GROUPS)
+    return ", ".join(parts) + f", nets {nets}"
+
+
+def mapping_cells(mapping_fields: dict) -> list[str]:
+    """A mapping as table cells under `MAPPING_HEADERS`: every split and per-split number,
+    every choice, the switches that are on, and the networks."""
+    v = _fields_by_name(mapping_fields)
+    cells = [str(v[d.name]) for d in DIMENSIONS if d.kind in ("split", "per_split", "choice")]
+    cells.append(" ".join(d.header for d in DIMENSIONS if d.kind == "switch" and v[d.name]) or "-")
+    cells.append("/".join(str(v[net]) for _, net in NETWORK_GROUPS))
+    return cells
+
+
+MAPPING_HEADERS = (*(d.header for d in DIMENSIONS if d.kind in ("split", "per_split", "choice")), "on",
+                   "nets " + "/".join(name for name, _ in NETWORK_GROUPS))
 
 
 def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:

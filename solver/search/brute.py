@@ -25,15 +25,15 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from costmodel.encoding import RECOMPUTE_CHOICES, TP_COMM_CHOICES, TP_OVERLAP_CHOICES, MappingArrays
+from costmodel.dimensions import DIMENSIONS
+from costmodel.encoding import MappingArrays
 from costmodel.evaluate import evaluate, evaluate_arrays
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
-from solver.space.count import label_breakdown
 from solver.space.enumerate import ChunkSpec, Plan, plan
-from solver.space.declaration import Space
+from solver.space.declaration import Space, label_breakdown
 
 BRUTE_CHUNK_ROWS = 1 << 18
 """Rows per chunk for the search: ~262k mappings (a few hundred MB of model terms at most),
@@ -43,21 +43,7 @@ MEMORY_FIELDS = ("hbm_bytes", "offload_bytes", "weights_bytes", "weight_grads_by
                  "activations_bytes")
 
 # CSV columns: the ordinal, the mapping in Calculon's field names, then time and memory.
-CSV_MAPPING_COLUMNS = (
-    ("tensor_par", "tp"), ("pipeline_par", "pp"), ("data_par", "dp"), ("batch_size", "batch"),
-    ("microbatch_size", "microbatch"), ("pipeline_interleaving", "interleaving"),
-    ("activation_recompute", "recompute"), ("tensor_par_comm_type", "tp_comm"),
-    ("tensor_par_overlap", "tp_overlap"), ("optimizer_sharding", "optimizer_sharding"),
-    ("seq_par_ag_redo", "seq_par_ag_redo"), ("data_par_overlap", "dp_overlap"),
-    ("weight_offload", "weight_offload"), ("activations_offload", "activations_offload"),
-    ("optimizer_offload", "optimizer_offload"), ("tensor_par_net", "tp_net"),
-    ("pipeline_par_net", "pp_net"), ("data_par_net", "dp_net"),
-)
-CSV_HEADER = ",".join(["ordinal", *(name for name, _ in CSV_MAPPING_COLUMNS), "iteration_time_s", "mfu",
-                       *MEMORY_FIELDS])
-_CSV_LABELS = {"recompute": np.array([c.value for c in RECOMPUTE_CHOICES], dtype=object),
-               "tp_comm": np.array([c.value for c in TP_COMM_CHOICES], dtype=object),
-               "tp_overlap": np.array([c.value for c in TP_OVERLAP_CHOICES], dtype=object)}
+CSV_HEADER = ",".join(["ordinal", *(dim.field for dim in DIMENSIONS), "iteration_time_s", "mfu", *MEMORY_FIELDS])
 
 
 @dataclass(frozen=True)
@@ -156,7 +142,7 @@ def _evaluate_chunk(index: int) -> _ChunkOutcome:
     top = _top_indices(time_s[feasible_index], ordinal[feasible_index], _WORKER["top_k"])
     chosen = feasible_index[top]
     feasible_rows = arrays.take(feasible_index)
-    breakdown = {name: _value_counts(getattr(feasible_rows, name)) for name in _BREAKDOWN_COLUMNS}
+    breakdown = {name: _value_counts(column) for name, column in feasible_rows.columns.items()}
     blocked = {name: int(chunk.rows - np.count_nonzero(passed)) for name, passed in result.checks.items()}
     csv_text = None
     if _WORKER["csv"] and len(feasible_index):
@@ -169,11 +155,6 @@ def _evaluate_chunk(index: int) -> _ChunkOutcome:
         top_ordinal=ordinal[chosen], top_time_s=time_s[chosen], top_mfu=np.asarray(result.mfu)[chosen],
         top_memory={f: np.asarray(getattr(result, f))[chosen] for f in MEMORY_FIELDS},
         top_rows=arrays.take(chosen), csv_text=csv_text)
-
-
-_BREAKDOWN_COLUMNS = ("tp", "pp", "dp", "batch", "interleaving", "microbatch", "recompute", "tp_comm", "tp_overlap",
-                      "optimizer_sharding", "seq_par_ag_redo", "dp_overlap", "weight_offload", "activations_offload",
-                      "optimizer_offload", "tp_net", "pp_net", "dp_net")
 
 
 def _value_counts(values: np.ndarray) -> dict[int, int]:
@@ -202,11 +183,11 @@ def _csv_rows(rows: MappingArrays, ordinal: np.ndarray, time_s: np.ndarray, mfu:
     """CSV lines for these rows. Small-valued columns become strings by table look-up, so
     the cost is mostly the float formatting (~1 µs per value)."""
     columns: list[list[str]] = [list(map(str, ordinal.tolist()))]
-    for _, attr in CSV_MAPPING_COLUMNS:
-        values = getattr(rows, attr)
-        if attr in _CSV_LABELS:
-            table = _CSV_LABELS[attr]
-        elif values.dtype == bool:
+    for dim in DIMENSIONS:
+        values = rows.columns[dim.name]
+        if dim.kind == "choice":
+            table = np.array([c.value for c in dim.choices], dtype=object)
+        elif dim.kind == "switch":
             table = np.array(["false", "true"], dtype=object)
         else:
             table = np.array([str(v) for v in range(int(values.max()) + 1)], dtype=object)

@@ -22,9 +22,7 @@ from functools import lru_cache
 
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.space.declaration import Skeleton, Space, facts, skeletons
-
-SKELETON_BREAKDOWN = ("tp", "pp", "dp", "batch", "interleaving", "microbatch")
+from solver.space.declaration import Skeleton, Space, facts, label_breakdown, skeletons
 
 
 @dataclass(frozen=True)
@@ -109,11 +107,6 @@ def _known(skeleton: Skeleton, system: System) -> tuple[tuple[str, int], ...]:
                          "offload": f["offload"]}.items()))
 
 
-def _flag_label(space: Space, name: str, code: int) -> str:
-    dim = next(d for d in space.flags if d.name == name)
-    return dim.labels[dim.codes.index(code)] if dim.labels else str(code)
-
-
 def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, space: Space) -> CountResult:
     """Count the mappings of `space` in closed form, with the count per value of each dimension."""
     start = time.perf_counter()
@@ -141,17 +134,3 @@ def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, 
     return CountResult(space=space.name, num_gpus=num_gpus, max_batch=max_batch, mappings=total,
                        skeletons=len(skels), by_dimension=label_breakdown(space, breakdown),
                        seconds=time.perf_counter() - start)
-
-
-def label_breakdown(space: Space, breakdown: dict[str, dict[int, int]]) -> dict[str, dict[str, int]]:
-    """Breakdown keyed by readable labels, dimensions in space order, values ascending."""
-    order = [*SKELETON_BREAKDOWN, *(d.name for d in space.flags)]
-    out: dict[str, dict[str, int]] = {}
-    for name in order:
-        values = breakdown.get(name, {})
-        if name in SKELETON_BREAKDOWN:
-            out[name] = {str(v): values[v] for v in sorted(values)}
-        else:
-            out[name] = {_flag_label(space, name, v): values[v] for v in sorted(values)}
-    return out
-

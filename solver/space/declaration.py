@@ -1,15 +1,15 @@
-"""The mapping space, declared once: counting, enumeration, brute force and CP-SAT all read it.
+"""The mapping space: which values each dimension of costmodel.dimensions may take for a
+model on N GPUs, under a named preset. Counting, enumeration, brute force and CP-SAT all
+read it.
 
-A mapping of a model onto N GPUs has two kinds of dimensions:
+A mapping has two kinds of dimensions (costmodel.dimensions declares both):
 
-* the **skeleton** — tp, pp, dp, global batch, pipeline interleaving and microbatch — tied
-  together by divisibility rules (`skeletons` computes every valid (tp, pp) with its batch
-  and the valid interleavings and microbatch sizes);
-* the **flags** — recompute, optimizer sharding, TP communication, sequence-parallel
-  all-gather redo, DP overlap, TP overlap, the three offloads and the network carrying each
-  of tp, pp, dp. Each flag is a `FlagDimension` with a domain of integer codes (the codes of
-  `costmodel.encoding`) and the conditions (`Condition`) under which it is free; when a
-  condition fails the flag is pinned to its first code (off / none / network 0).
+* the **skeleton** — tp, pp, dp and the global batch, fixed by the (tp, pp) split, and the
+  pipeline interleaving and microbatch, chosen given the split independently of each other
+  (`skeletons` computes every valid split with its valid interleavings and microbatches,
+  using each dimension's declared `fits` rule and the space's own rules below);
+* the **flags** — every choice, switch and network dimension, free when its declared
+  conditions hold and otherwise pinned to its first code.
 
 The rules are those of "The mapping space and how it is counted" in the project brief, which
 reproduce Calculon's published counts exactly. Two named presets (`SPACES`):
@@ -24,112 +24,54 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Iterator, Literal
+from typing import Iterator
 
-from costmodel.encoding import (
-    RECOMPUTE_CHOICES, RECOMPUTE_FULL, TP_COMM_CHOICES, TP_COMM_RS_AG, TP_OVERLAP_CHOICES,
-    TP_OVERLAP_NONE, TP_OVERLAP_PIPE, TP_OVERLAP_RING,
-)
+from costmodel.choices import TPOverlap
+from costmodel.dimensions import BY_NAME, DIMENSIONS, FLAGS, SKELETON_FACTS, Condition, Dimension
 from costmodel.errors import InputError
 from costmodel.model import Model
 from costmodel.system import System
 
-# Facts a condition may test besides earlier flags: tp, pp, dp (the skeleton) and `offload`
-# (1 when the system has an offload memory tier, else 0).
-SKELETON_FACTS = ("tp", "pp", "dp", "offload")
-
-
-@dataclass(frozen=True)
-class Condition:
-    """`subject op value`, e.g. dp > 1 or recompute != full. `subject` is a skeleton fact
-    (tp, pp, dp, offload) or the name of an earlier flag dimension (compared by code)."""
-
-    subject: str
-    op: Literal["==", "!=", ">"]
-    value: int
-
-    def holds(self, values: dict[str, int]) -> bool:
-        return self.holds_for(values[self.subject])
-
-    def holds_for(self, actual: int) -> bool:
-        if self.op == "==":
-            return actual == self.value
-        if self.op == "!=":
-            return actual != self.value
-        return actual > self.value
-
-    def describe(self) -> str:
-        names = {"recompute": RECOMPUTE_CHOICES, "tp_comm": TP_COMM_CHOICES}
-        shown = names[self.subject][self.value].value if self.subject in names else str(self.value)
-        if (self.subject, self.op, self.value) == ("offload", ">", 0):
-            return "the system has offload memory"
-        return f"{self.subject} {self.op} {shown}"
-
-
-NETWORKS = "networks"
-"""Domain marker: one code per network of the system (0 .. len(system.networks) - 1)."""
+__all__ = ["SKELETON_FACTS", "Condition", "FlagDimension", "Skeleton", "Space", "SPACES", "get_space", "skeletons",
+           "flag_table", "divisors", "label_breakdown"]
 
 
 @dataclass(frozen=True)
 class FlagDimension:
-    """A flag of the mapping: a column of `MappingArrays` holding one of `codes`.
+    """A flag as a space offers it: its declaration and, where the space offers fewer, the
+    codes it offers (the first stays the pinned value)."""
 
-    Free (any code) when every condition in `free_when` holds, otherwise pinned to
-    `codes[0]`. Conditions may only refer to skeleton facts and to flags declared earlier,
-    so the flags can be chosen in declaration order."""
+    dim: Dimension
+    offered: tuple[int, ...] | None = None
 
-    name: str
-    codes: tuple[int, ...] | Literal["networks"]
-    free_when: tuple[Condition, ...]
-    meaning: str
-    labels: tuple[str, ...] = ()
+    @property
+    def name(self) -> str:
+        return self.dim.name
+
+    @property
+    def free_when(self) -> tuple[Condition, ...]:
+        return self.dim.free_when
+
+    @property
+    def meaning(self) -> str:
+        return self.dim.meaning
 
     def domain(self, num_networks: int) -> tuple[int, ...]:
-        return tuple(range(num_networks)) if self.codes == NETWORKS else self.codes
+        return self.offered if self.offered is not None else self.dim.codes(num_networks)
 
     def is_free(self, values: dict[str, int]) -> bool:
-        return all(c.holds(values) for c in self.free_when)
+        return self.dim.is_free(values)
+
+    def label_of(self, code: int) -> str:
+        return self.dim.label_of(code)
 
     def domain_text(self) -> str:
-        if self.codes == NETWORKS:
-            return "0 .. networks-1"
-        return " | ".join(self.labels) if self.labels else " | ".join(map(str, self.codes))
+        if self.offered is None:
+            return self.dim.domain_text()
+        return " | ".join(self.dim.label_of(c) for c in self.offered)
 
     def rule_text(self) -> str:
-        return "always" if not self.free_when else "when " + " and ".join(c.describe() for c in self.free_when)
-
-
-_OFF_ON = (0, 1)
-_HAS_OFFLOAD = Condition("offload", ">", 0)
-
-
-def _flag_dimensions(tp_overlap_codes: tuple[int, ...]) -> tuple[FlagDimension, ...]:
-    """The flags in declaration (= enumeration) order."""
-    return (
-        FlagDimension("recompute", (0, 1, 2), (), "activation recomputation: full (store block inputs only), "
-                      "attn_only (recompute the attention core), none", tuple(c.value for c in RECOMPUTE_CHOICES)),
-        FlagDimension("tp_comm", (0, 1, 2), (), "TP communication: all-reduce, p2p reduce-scatter/all-gather, "
-                      "or rs_ag = sequence parallelism", tuple(c.value for c in TP_COMM_CHOICES)),
-        FlagDimension("tp_overlap", tp_overlap_codes, (Condition("tp", ">", 1),),
-                      "overlap TP communication with the neighbouring matrix multiply",
-                      tuple(TP_OVERLAP_CHOICES[c].value for c in tp_overlap_codes)),
-        FlagDimension("optimizer_sharding", _OFF_ON, (Condition("dp", ">", 1),),
-                      "shard optimizer state across the dp replicas (ZeRO-1)", ("off", "on")),
-        FlagDimension("seq_par_ag_redo", _OFF_ON,
-                      (Condition("tp_comm", "==", TP_COMM_RS_AG), Condition("recompute", "!=", RECOMPUTE_FULL)),
-                      "redo the sequence-parallel all-gather in backward instead of storing its output", ("off", "on")),
-        FlagDimension("dp_overlap", _OFF_ON, (Condition("dp", ">", 1),),
-                      "overlap the DP gradient reduction with the backward pass", ("off", "on")),
-        FlagDimension("weight_offload", _OFF_ON, (_HAS_OFFLOAD,),
-                      "keep weights in offload memory, prefetching each block", ("off", "on")),
-        FlagDimension("activations_offload", _OFF_ON, (_HAS_OFFLOAD, Condition("recompute", "!=", RECOMPUTE_FULL)),
-                      "keep stored activations in offload memory", ("off", "on")),
-        FlagDimension("optimizer_offload", _OFF_ON, (_HAS_OFFLOAD,),
-                      "keep optimizer state in offload memory; the step streams it", ("off", "on")),
-        FlagDimension("tp_net", NETWORKS, (Condition("tp", ">", 1),), "network index carrying TP traffic"),
-        FlagDimension("pp_net", NETWORKS, (Condition("pp", ">", 1),), "network index carrying PP traffic"),
-        FlagDimension("dp_net", NETWORKS, (Condition("dp", ">", 1),), "network index carrying DP traffic"),
-    )
+        return self.dim.rule_text()
 
 
 @dataclass(frozen=True)
@@ -144,14 +86,14 @@ class SkeletonDimension:
 
 @dataclass(frozen=True)
 class Space:
-    """A named mapping space: the skeleton rules plus the flag dimensions."""
+    """A named mapping space: the skeleton rules plus the flags, some offering fewer codes."""
 
     name: str
     summary: str
     tp_max: int
     """Largest tensor parallelism considered (Calculon's searches stop at 256)."""
-    tp_overlap_codes: tuple[int, ...]
-    """TP-overlap codes offered (into costmodel.encoding.TP_OVERLAP_CHOICES)."""
+    offered: tuple[tuple[str, tuple[int, ...]], ...]
+    """Flags that offer fewer codes than they declare: (name, codes offered)."""
     batch_is_dp_above_cap: bool
     """Calculon-2023 quirk: when dp alone exceeds the batch cap, the global batch is dp (one
     sequence per replica) instead of there being no valid batch."""
@@ -161,18 +103,6 @@ class Space:
     """FlashAttention-style attention core, a constant of the problem, not searched
     (`--attention unfused` makes the variant that passes the scores through HBM)."""
 
-    def __post_init__(self) -> None:
-        # The flag tables are cached per (tp > 1, pp > 1, dp > 1); a condition testing a
-        # skeleton fact any other way would make that cache wrong, so refuse it here.
-        names = set()
-        for dim in self.flags:
-            for cond in dim.free_when:
-                if cond.subject in ("tp", "pp", "dp") and (cond.op, cond.value) != (">", 1):
-                    raise ValueError(f"{dim.name}: skeleton conditions must read '{cond.subject} > 1'")
-                if cond.subject not in SKELETON_FACTS and cond.subject not in names:
-                    raise ValueError(f"{dim.name}: condition on {cond.subject!r}, which is not an earlier flag")
-            names.add(dim.name)
-
     @property
     def kernels(self) -> dict[str, bool]:
         """The kernel choices every mapping of the space shares, as Mapping/Context keywords."""
@@ -180,24 +110,25 @@ class Space:
 
     @property
     def flags(self) -> tuple[FlagDimension, ...]:
-        return _flag_dimensions(self.tp_overlap_codes)
+        offered = dict(self.offered)
+        return tuple(FlagDimension(dim, offered.get(dim.name)) for dim in FLAGS)
+
+    @property
+    def tp_overlap_codes(self) -> tuple[int, ...]:
+        """TP-overlap codes the space offers (the CP-SAT tables take the best of them)."""
+        return next(f.domain(1) for f in self.flags if f.name == "tp_overlap")
 
     def skeleton_dimensions(self) -> tuple[SkeletonDimension, ...]:
         quirk = ("; if dp > cap, batch = dp (calculon-2023 quirk)" if self.batch_is_dp_above_cap
                  else "; if dp > cap there is no batch and no mapping")
-        return (
-            SkeletonDimension("tp", f"1 .. {self.tp_max}", "divides N, hidden, feedforward and attn_heads",
-                              "tensor parallelism: each weight matrix is split tp ways"),
-            SkeletonDimension("pp", "1 .. blocks", "divides min(N/tp, num_blocks) and num_blocks",
-                              "pipeline parallelism: the blocks are split into pp stages"),
-            SkeletonDimension("dp", "N/(tp·pp)", "tp·pp·dp = N", "data parallelism: replicas of the pipeline"),
-            SkeletonDimension("batch", "<= cap", "largest multiple of dp <= cap (the max batch)" + quirk,
-                              "global batch, in sequences"),
-            SkeletonDimension("interleaving", "divisors of blocks/pp", "1 when pp = 1, else divides num_blocks/pp",
-                              "model chunks per pipeline stage (interleaved 1F1B)"),
-            SkeletonDimension("microbatch", "divisors of batch/dp", "divides batch/dp; microbatch·seq_size divisible by tp",
-                              "sequences per microbatch"),
-        )
+        out = []
+        for dim in DIMENSIONS:
+            if dim.is_flag:
+                continue
+            domain, _, rule = dim.rule.partition("; ")
+            domain = domain.replace("tp_max", str(self.tp_max))
+            out.append(SkeletonDimension(dim.name, domain, rule + (quirk if dim.name == "batch" else ""), dim.meaning))
+        return tuple(out)
 
     def batch_for(self, dp: int, max_batch: int) -> int | None:
         """Global batch for `dp` replicas under the cap, or None when there is none."""
@@ -206,14 +137,16 @@ class Space:
         return dp if self.batch_is_dp_above_cap else None
 
 
+_CODE = BY_NAME["tp_overlap"].code_of
 SPACES: dict[str, Space] = {
     "full": Space(
         name="full", summary="Calculon's current enumeration: TP overlap none | ring | pipe, strict batch cap.",
-        tp_max=256, tp_overlap_codes=(TP_OVERLAP_NONE, TP_OVERLAP_RING, TP_OVERLAP_PIPE), batch_is_dp_above_cap=False),
+        tp_max=256, offered=(), batch_is_dp_above_cap=False),
     "calculon-2023": Space(
         name="calculon-2023",
         summary="The space of the 2023 papers (reproduces 15,612,832 / 842,080): TP overlap on/off, batch = dp when dp > cap.",
-        tp_max=256, tp_overlap_codes=(TP_OVERLAP_NONE, TP_OVERLAP_RING), batch_is_dp_above_cap=True),
+        tp_max=256, offered=(("tp_overlap", (_CODE(TPOverlap.none), _CODE(TPOverlap.ring))),),
+        batch_is_dp_above_cap=True),
 }
 DEFAULT_SPACE = "full"
 
@@ -255,19 +188,26 @@ class Skeleton:
         return self.batch // self.dp
 
 
+_TP, _PP = BY_NAME["tp"], BY_NAME["pp"]
+
+
 def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list[Skeleton]:
     """Every valid (tp, pp) skeleton, in enumeration order (tp ascending, then pp ascending).
-    Skeletons with no valid microbatch or batch are left out."""
+    tp and pp obey their declared `fits` rules, tp <= the space's tp_max and pp divides N/tp;
+    every interleaving dividing blocks/pp is valid (`fits` by construction); microbatches
+    divide the local batch and, a rule of the space for every TP communication (Calculon's),
+    split microbatch·seq_size tokens evenly over tp. Skeletons with no valid microbatch or
+    batch are left out."""
     if num_gpus <= 0:
         raise InputError(f"gpus: {num_gpus} must be > 0")
     if max_batch <= 0:
         raise InputError(f"max batch: {max_batch} must be > 0")
     result = []
     for tp in divisors(num_gpus):
-        if tp > space.tp_max or model.hidden % tp or model.attn_heads % tp or model.feedforward % tp:
+        if tp > space.tp_max or _TP.fits(model, None, {"tp": tp}):
             continue
         for pp in divisors(min(num_gpus // tp, model.num_blocks)):
-            if model.num_blocks % pp or (num_gpus // tp) % pp:
+            if _PP.fits(model, None, {"pp": pp}) or (num_gpus // tp) % pp:
                 continue
             dp = num_gpus // (tp * pp)
             batch = space.batch_for(dp, max_batch)
@@ -303,6 +243,16 @@ def iter_flag_combinations(space: Space, known: dict[str, int], num_networks: in
     return iter(combos)
 
 
+def flag_projection(space: Space, names: tuple[str, ...], known: dict[str, int],
+                    num_networks: int) -> list[tuple[int, ...]]:
+    """The distinct valid assignments of the flags `names` (codes in that order) given the
+    skeleton facts `known`: the valid flag combinations projected onto those flags."""
+    position = {dim.name: i for i, dim in enumerate(space.flags)}
+    index = [position[name] for name in names]
+    combos = iter_flag_combinations(space, known, num_networks)
+    return list(dict.fromkeys(tuple(combo[i] for i in index) for combo in combos))
+
+
 @lru_cache(maxsize=256)
 def _flag_table_cached(space: Space, tp_gt1: bool, pp_gt1: bool, dp_gt1: bool, offload: bool,
                        num_networks: int) -> tuple[tuple[int, ...], ...]:
@@ -315,3 +265,14 @@ def flag_table(space: Space, skeleton: Skeleton, system: System) -> tuple[tuple[
     so at most 8 tables per (space, system) exist; they are cached."""
     f = facts(skeleton, system)
     return _flag_table_cached(space, f["tp"] > 1, f["pp"] > 1, f["dp"] > 1, bool(f["offload"]), len(system.networks))
+
+
+def label_breakdown(space: Space, breakdown: dict[str, dict[int, int]]) -> dict[str, dict[str, int]]:
+    """A count per value of each dimension keyed by readable labels: dimensions in declaration
+    order, values ascending (numbers for the skeleton and networks, choice names, off/on)."""
+    out: dict[str, dict[str, int]] = {}
+    for dim in DIMENSIONS:
+        values = breakdown.get(dim.name, {})
+        label = dim.label_of if dim.is_flag else str
+        out[dim.name] = {label(v): values[v] for v in sorted(values)}
+    return out

@@ -22,6 +22,7 @@ from typing import Iterator
 
 import numpy as np
 
+from costmodel.dimensions import DIMENSIONS
 from costmodel.encoding import MappingArrays
 from costmodel.model import Model
 from costmodel.system import System
@@ -29,10 +30,6 @@ from solver.space.declaration import Skeleton, Space, flag_table, skeletons
 
 DEFAULT_CHUNK_ROWS = 1 << 20
 """Rows per chunk: about 1M mappings, ~60 MB of columns before evaluation."""
-
-_BOOL_FLAGS = ("optimizer_sharding", "seq_par_ag_redo", "dp_overlap", "weight_offload",
-               "activations_offload", "optimizer_offload")
-
 
 @dataclass(frozen=True)
 class ChunkSpec:
@@ -107,21 +104,13 @@ def build_rows(space: Space, skeleton: Skeleton, table: np.ndarray, start: int, 
     mb_index = (row // n_flags) % n_mb
     il_index = row // (n_flags * n_mb)
     flags = table[flag_row]
+    per_split = {"interleaving": np.asarray(skeleton.interleavings, dtype=np.int64)[il_index],
+                 "microbatch": np.asarray(skeleton.microbatches, dtype=np.int64)[mb_index]}
     columns = {dim.name: flags[:, j] for j, dim in enumerate(space.flags)}
-
-    def full(value: int) -> np.ndarray:
-        return np.full(n, value, dtype=np.int64)
-
-    return MappingArrays(
-        tp=full(skeleton.tp), pp=full(skeleton.pp), dp=full(skeleton.dp), batch=full(skeleton.batch),
-        microbatch=np.asarray(skeleton.microbatches, dtype=np.int64)[mb_index],
-        interleaving=np.asarray(skeleton.interleavings, dtype=np.int64)[il_index],
-        recompute=columns["recompute"].astype(np.int8), tp_comm=columns["tp_comm"].astype(np.int8),
-        tp_overlap=columns["tp_overlap"].astype(np.int8),
-        **{name: columns[name].astype(bool) for name in _BOOL_FLAGS},
-        tp_net=columns["tp_net"].astype(np.int8), pp_net=columns["pp_net"].astype(np.int8),
-        dp_net=columns["dp_net"].astype(np.int8),
-    )
+    for dim in DIMENSIONS:
+        if dim.kind == "split":
+            columns[dim.name] = np.full(n, getattr(skeleton, dim.name), dtype=np.int64)
+    return MappingArrays.of(**columns, **per_split)
 
 
 def iter_chunks(model: Model, system: System, num_gpus: int, max_batch: int, space: Space,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from costmodel.dimensions import DIMENSIONS
 from costmodel.errors import InputError
 from costmodel.units import GiB
 
@@ -228,9 +229,8 @@ CSV_COLUMNS = [
     "id", "status", "model", "params", "num_blocks", "hidden", "attn_heads", "seq_size",
     "system", "gpus", "datatype", "space", "attention", "max_batch", "hbm_gib", "offload_gib", "offload_gbps",
     "nvlink_size",
-    "mappings", "iteration_time_s", "mfu", "hfu", "tp", "pp", "dp", "batch", "microbatch", "interleaving",
-    "recompute", "tp_comm", "tp_overlap", "optimizer_sharding", "weight_offload", "activations_offload",
-    "optimizer_offload", "hbm_used_gib", "offload_used_gib", "certified_optimal", "gap", "seconds", "error",
+    "mappings", "iteration_time_s", "mfu", "hfu", *(dim.name for dim in DIMENSIONS),
+    "hbm_used_gib", "offload_used_gib", "certified_optimal", "gap", "seconds", "error",
 ]
 
 
@@ -253,13 +253,7 @@ def csv_row(record: dict) -> dict:
         "offload_gbps": system.get("offload_gbps"), "nvlink_size": system.get("nvlink_size"),
         "mappings": record.get("mappings"),
         "iteration_time_s": best.get("iteration_time_s"), "mfu": best.get("mfu"), "hfu": best.get("hfu"),
-        "tp": mapping.get("tensor_par"), "pp": mapping.get("pipeline_par"), "dp": mapping.get("data_par"),
-        "batch": mapping.get("batch_size"), "microbatch": mapping.get("microbatch_size"),
-        "interleaving": mapping.get("pipeline_interleaving"), "recompute": mapping.get("activation_recompute"),
-        "tp_comm": mapping.get("tensor_par_comm_type"), "tp_overlap": mapping.get("tensor_par_overlap"),
-        "optimizer_sharding": mapping.get("optimizer_sharding"), "weight_offload": mapping.get("weight_offload"),
-        "activations_offload": mapping.get("activations_offload"),
-        "optimizer_offload": mapping.get("optimizer_offload"),
+        **{dim.name: mapping.get(dim.field) for dim in DIMENSIONS},
         "hbm_used_gib": memory["hbm_bytes"] / GiB if "hbm_bytes" in memory else None,
         "offload_used_gib": memory["offload_bytes"] / GiB if "offload_bytes" in memory else None,
         "certified_optimal": record.get("certified_optimal"), "gap": record.get("gap"),

@@ -36,9 +36,9 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from costmodel.context import Context
-from costmodel.encoding import RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG
 from costmodel.units import MiB
-from solver.search.cpsat.tables import ACT_CLASSES, Tables, block_lower_bounds
+from solver.search.cpsat.tables import (ACT_CLASSES, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG,
+                                        Tables, block_lower_bounds)
 from solver.search.cpsat.variables import Variables
 
 LOG_SCALE = 10_000
@@ -342,6 +342,6 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
         m.Add(sum(offloaded) <= math.floor(c.offload_capacity_bytes / mib))
     block_floors = {}
     if skeletons is not None and hbm_capacity_bytes is not None and enforce_hbm:
-        block_floors = block_lower_bounds(tables, c, skeletons, local_batch, c.offload_capacity_bytes > 0,
-                                          hbm_capacity_bytes)
+        block_floors = block_lower_bounds(tables, c, v.space, skeletons, local_batch, c.offload_capacity_bytes > 0,
+                                          v.num_networks, hbm_capacity_bytes)
     return Bounds(objective, memory, Quantization(unit, MEMORY_UNIT_BYTES, exp_terms, 1), block_floors)

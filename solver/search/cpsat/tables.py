@@ -15,14 +15,16 @@ import numpy as np
 
 from costmodel.comm import collective_s
 from costmodel.context import Context
-from costmodel.encoding import (RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG,
-                                MappingArrays)
+from costmodel.choices import Recompute, TPComm
+from costmodel.dimensions import DIMENSIONS
+from costmodel.encoding import MappingArrays, code
 from costmodel.iteration import (RESIDENT_BLOCKS, block_terms, blocks_in_flight, bubble_microbatches,
                                  iteration_terms, output_layer_s)
 from costmodel.evaluate import array_fields
 from costmodel.ops import ArrayOps
 from costmodel.system import Collective
 from solver.search.cpsat.variables import Variables
+from solver.space.declaration import Space, flag_projection
 
 FIT_SLACK = 1 + 1e-9
 """Block floors test exact footprints against capacities with this relative slack, so that
@@ -33,17 +35,23 @@ ACT_CLASSES = ("no_sp", "sp", "sp_redo")
 inputs; SP redoing the all-gather in backward."""
 
 
-_DEFAULT_COLUMNS = dict(pp=1, dp=1, batch=1, interleaving=1, recompute=RECOMPUTE_NONE, tp_comm=0, tp_overlap=0,
-                        optimizer_sharding=False, seq_par_ag_redo=False, dp_overlap=False, weight_offload=False,
-                        activations_offload=False, optimizer_offload=False, tp_net=0, pp_net=0, dp_net=0)
+RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE = (code("recompute", r) for r in
+                                                      (Recompute.full, Recompute.attn_only, Recompute.none))
+TP_COMM_RS_AG = code("tp_comm", TPComm.rs_ag)
+BLOCK_FLAGS = ("tp_comm", "seq_par_ag_redo", "recompute", "weight_offload", "activations_offload")
+"""The flags one block's time reads, in the order the block tables are keyed by."""
+
+# Columns the tables' grids do not set: numbers 1, flags their first code, no recompute.
+# The tables built from them never read these.
+_DEFAULT_COLUMNS = {**{dim.name: 0 if dim.is_flag else 1 for dim in DIMENSIONS}, "recompute": RECOMPUTE_NONE}
 
 
 def _namespace(**columns) -> SimpleNamespace:
     """The evaluator's mapping fields for a grid of partial mappings (MappingArrays columns;
     those not given take the defaults above, which the tables built from them never read)."""
     n = len(next(iter(columns.values())))
-    arrays = MappingArrays(**{k: np.broadcast_to(np.asarray(v), (n,))
-                              for k, v in {**_DEFAULT_COLUMNS, **columns}.items()})
+    arrays = MappingArrays.of(**{k: np.broadcast_to(np.asarray(v), (n,))
+                                 for k, v in {**_DEFAULT_COLUMNS, **columns}.items()})
     return array_fields(arrays)
 
 
@@ -136,8 +144,8 @@ class Tables:
         return {k: float(x) for k, x in zip(self.tp_keys, values)}
 
 
-def block_lower_bounds(tables: Tables, c: Context, skeletons, local_batch: dict, has_offload: bool,
-                       hbm_capacity_bytes: float) -> dict:
+def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, local_batch: dict, has_offload: bool,
+                       num_networks: int, hbm_capacity_bytes: float) -> dict:
     """For each (tp, pp, interleaving, microbatch) block, the smallest value the surrogate
     time takes over the memory-relevant flags whose HBM and offload footprints fit (inf when
     none does). Computed with numpy from the surrogate's own tables, with the pipeline
@@ -148,10 +156,9 @@ def block_lower_bounds(tables: Tables, c: Context, skeletons, local_batch: dict,
     microbatch) becomes a cut that gives CP-SAT's LP the bound its one-hot relaxation
     cannot."""
     blocks = c.blocks
-    rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
-    combos = [(comm, redo, rc, w, a) for comm in range(3) for redo in (0, 1) for rc in rcs
-              for w in ((0, 1) if has_offload else (0,)) for a in ((0, 1) if has_offload else (0,))
-              if not (redo and (comm != TP_COMM_RS_AG or rc == RECOMPUTE_FULL)) and not (a and rc == RECOMPUTE_FULL)]
+    # every valid assignment of the flags a block reads (the space's own rules, tp, pp, dp > 1)
+    known = {"tp": 2, "pp": 2, "dp": 2, "offload": int(has_offload)}
+    combos = sorted(flag_projection(space, BLOCK_FLAGS, known, num_networks))
     out = {}
     for sk in skeletons:
         t, p = sk.tp, sk.pp

@@ -14,17 +14,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from costmodel.encoding import RECOMPUTE_CHOICES, TP_COMM_CHOICES, TP_OVERLAP_CHOICES
 from solver.space.declaration import Skeleton, Space, divisors
-
-_FLAG_LABELS = {"recompute": [c.value for c in RECOMPUTE_CHOICES], "tp_comm": [c.value for c in TP_COMM_CHOICES],
-                "tp_overlap": [c.value for c in TP_OVERLAP_CHOICES]}
-
-
-def _label(flag: str, code: int) -> str:
-    if flag in _FLAG_LABELS:
-        return _FLAG_LABELS[flag][code]
-    return str(code) if flag.endswith("_net") else ("on" if code else "off")
 
 
 @dataclass
@@ -93,7 +83,7 @@ class Variables:
         for dim in space.flags:
             if flags is not None and dim.name not in flags:
                 continue
-            self.flags[dim.name] = {code: model.NewBoolVar(f"{dim.name}[{_label(dim.name, code)}]")
+            self.flags[dim.name] = {code: model.NewBoolVar(f"{dim.name}[{dim.label_of(code)}]")
                                     for code in dim.domain(num_networks)}
             model.AddExactlyOne(self.flags[dim.name].values())
 

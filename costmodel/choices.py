@@ -1,0 +1,41 @@
+"""The categorical choices of a mapping, as enums (their order is their code order in
+costmodel.dimensions)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Recompute(str, Enum):
+    """Activation recomputation: store nothing but block inputs (full), recompute only the
+    attention core (attn_only, "selective"), or store everything (none)."""
+
+    full = "full"
+    attn_only = "attn_only"
+    none = "none"
+
+
+class TPComm(str, Enum):
+    """Tensor-parallel communication: all-reduce after each parallel region (ar); the same
+    with the reduction split into reduce-scatter + all-gather point to point (p2p_rs_ag);
+    or sequence parallelism, which keeps activations between regions split along the
+    sequence and replaces each all-reduce by a reduce-scatter and an all-gather (rs_ag)."""
+
+    ar = "ar"
+    p2p_rs_ag = "p2p_rs_ag"
+    rs_ag = "rs_ag"
+
+
+class TPOverlap(str, Enum):
+    """Overlap of TP communication with the neighbouring matrix multiply: none; ring (the
+    collective decomposed into ring steps, each hidden behind a slice of the multiply); pipe
+    (the multiply split into chunks pipelined with the communication)."""
+
+    none = "none"
+    ring = "ring"
+    pipe = "pipe"
+
+
+class AttentionType(str, Enum):
+    multihead = "multihead"
+    multiquery = "multiquery"

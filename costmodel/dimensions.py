@@ -1,0 +1,278 @@
+"""The dimensions of a mapping, each declared once.
+
+A `Dimension` says everything the rest of the code needs to know about one axis of the
+mapping space:
+
+* `name` — the one short name used inside: `MappingArrays` columns, the formulas' view
+  (`m.tp`, `m.weight_offload`), count breakdowns, CSV and report columns, CP-SAT variable
+  names (`tp[8]`, `recompute[full]`);
+* `field` — Calculon's execution-file field (`tensor_par`), used only at the file boundary;
+* `kind` — how values are encoded: a whole number (`split` for tp/pp/dp/batch, fixed by the
+  (tp, pp) split; `per_split` for interleaving and microbatch, chosen given the split), a
+  `choice` among an Enum's members (code i = i-th member), an on/off `switch`, or the index
+  of a `network`;
+* `free_when` — for flags (choice, switch, network): the conditions under which any code
+  may be taken; otherwise the flag is pinned to its first code (off / none / network 0);
+* `fits` — the rule any mapping of a model must satisfy in this dimension (divisibility,
+  an existing network, ...), as a function returning the reason it does not, or None;
+* `meaning`, `rule`, `label` — for people (`mapsat spaces`, docs, table headers).
+
+The Mapping schema (costmodel.mapping), the array encoding (costmodel.encoding), the
+formulas' view (costmodel.evaluate), and in solver/ the space rules, count, enumeration,
+CP-SAT variables, stores and reports all read `DIMENSIONS`. docs/mapping-space.md says how
+to add one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Literal
+
+import numpy as np
+
+from costmodel.choices import Recompute, TPComm, TPOverlap
+
+Kind = Literal["split", "per_split", "choice", "switch", "network"]
+FLAG_KINDS = ("choice", "switch", "network")
+SKELETON_FACTS = ("tp", "pp", "dp", "offload")
+"""What a flag's condition may test besides earlier flags: the split's degrees (tp, pp, dp,
+compared with 1) and `offload` (1 when the system has an offload memory tier)."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    """`subject op value`, e.g. dp > 1 or recompute != full. `subject` is a skeleton fact
+    or the name of an earlier flag (compared by code)."""
+
+    subject: str
+    op: Literal["==", "!=", ">"]
+    value: int
+
+    def holds(self, values: dict[str, int]) -> bool:
+        return self.holds_for(values[self.subject])
+
+    def holds_for(self, actual: int) -> bool:
+        if self.op == "==":
+            return actual == self.value
+        if self.op == "!=":
+            return actual != self.value
+        return actual > self.value
+
+    def describe(self) -> str:
+        if (self.subject, self.op, self.value) == ("offload", ">", 0):
+            return "the system has offload memory"
+        shown = str(self.value)
+        if self.subject in BY_NAME and BY_NAME[self.subject].choices is not None:
+            shown = BY_NAME[self.subject].label_of(self.value)
+        return f"{self.subject} {self.op} {shown}"
+
+
+FitRule = Callable[[object, object, dict], "str | None"]
+"""fits(model, system, values) -> why the value of this dimension does not fit, or None.
+`values` maps every dimension's name to its value (enum members for choices)."""
+
+
+@dataclass(frozen=True)
+class Dimension:
+    name: str
+    field: str
+    kind: Kind
+    meaning: str
+    label: str = ""
+    choices: type[Enum] | None = None
+    free_when: tuple[Condition, ...] = ()
+    rule: str = ""
+    fits: FitRule | None = None
+
+    @property
+    def is_flag(self) -> bool:
+        return self.kind in FLAG_KINDS
+
+    @property
+    def header(self) -> str:
+        """Short column header for tables."""
+        return self.label or self.name
+
+    def codes(self, num_networks: int) -> tuple[int, ...]:
+        """Every code of a flag (choices in declaration order, off/on, network indices)."""
+        if self.kind == "choice":
+            return tuple(range(len(self.choices)))
+        if self.kind == "switch":
+            return (0, 1)
+        if self.kind == "network":
+            return tuple(range(num_networks))
+        raise ValueError(f"{self.name} is not a flag")
+
+    def label_of(self, code: int) -> str:
+        """How people read a code: the choice's name, off/on, the network index, the number."""
+        if self.kind == "choice":
+            return list(self.choices)[code].value
+        if self.kind == "switch":
+            return "on" if code else "off"
+        return str(code)
+
+    def value_of(self, code):
+        """The Mapping field's value for a code (an Enum member, a bool or an int)."""
+        if self.kind == "choice":
+            return list(self.choices)[int(code)]
+        if self.kind == "switch":
+            return bool(code)
+        return int(code)
+
+    def code_of(self, value) -> int:
+        """The integer code of a Mapping field's value."""
+        if self.kind == "choice":
+            return list(self.choices).index(self.choices(value))
+        return int(value)
+
+    @property
+    def dtype(self) -> type:
+        """numpy dtype of the column in MappingArrays."""
+        return {"split": np.int64, "per_split": np.int64, "choice": np.int8, "switch": np.bool_,
+                "network": np.int8}[self.kind]
+
+    def is_free(self, values: dict[str, int]) -> bool:
+        return all(c.holds(values) for c in self.free_when)
+
+    def domain_text(self) -> str:
+        if self.kind == "network":
+            return "0 .. networks-1"
+        if self.kind in ("choice", "switch"):
+            return " | ".join(self.label_of(c) for c in self.codes(0))
+        return self.rule.split(";")[0]
+
+    def rule_text(self) -> str:
+        if not self.is_flag:
+            return self.rule
+        return "always" if not self.free_when else "when " + " and ".join(c.describe() for c in self.free_when)
+
+
+# ---- the rules any mapping must satisfy (costmodel.mapping.check_mapping_fits reads them) ----
+def _tp_fits(model, system, v) -> str | None:
+    tp = v["tp"]
+    for name in ("attn_heads", "hidden", "feedforward"):
+        if getattr(model, name) % tp:
+            return f"tensor_par({tp}) does not divide {name}({getattr(model, name)})"
+    return None
+
+
+def _pp_fits(model, system, v) -> str | None:
+    if model.num_blocks % v["pp"]:
+        return f"pipeline_par({v['pp']}) does not divide num_blocks({model.num_blocks})"
+    return None
+
+
+def _interleaving_fits(model, system, v) -> str | None:
+    per_stage = model.num_blocks // v["pp"]
+    if per_stage % v["interleaving"]:
+        return (f"pipeline_interleaving({v['interleaving']}) does not divide num_blocks/pipeline_par = "
+                f"{model.num_blocks}/{v['pp']} = {per_stage}")
+    return None
+
+
+def _seq_par_fits(model, system, v) -> str | None:
+    if v["tp_comm"] is TPComm.rs_ag and (v["microbatch"] * model.seq_size) % v["tp"]:
+        return (f"sequence parallelism splits microbatch_size·seq_size = {v['microbatch']}·{model.seq_size} "
+                f"tokens, which tensor_par({v['tp']}) does not divide")
+    return None
+
+
+def _network_exists(dim_name: str) -> FitRule:
+    def fits(model, system, v) -> str | None:
+        index = v[dim_name]
+        if index >= len(system.networks):
+            return (f"{BY_NAME[dim_name].field}: network {index} does not exist "
+                    f"(system {system.name!r} has {len(system.networks)})")
+        return None
+    return fits
+
+
+def _needs_offload(dim_name: str) -> FitRule:
+    def fits(model, system, v) -> str | None:
+        if v[dim_name] and system.offload is None:
+            return f"{BY_NAME[dim_name].field}: system {system.name!r} has no offload memory (try --offload-gib)"
+        return None
+    return fits
+
+
+_FULL = list(Recompute).index(Recompute.full)
+_RS_AG = list(TPComm).index(TPComm.rs_ag)
+_HAS_OFFLOAD = Condition("offload", ">", 0)
+
+DIMENSIONS: tuple[Dimension, ...] = (
+    # ---- the split and the batch, fixed by (tp, pp) ----
+    Dimension("tp", "tensor_par", "split", "tensor parallelism: each weight matrix is split tp ways",
+              rule="1 .. tp_max; divides N, hidden, feedforward and attn_heads", fits=_tp_fits),
+    Dimension("pp", "pipeline_par", "split", "pipeline parallelism: the blocks are split into pp stages",
+              rule="1 .. blocks; divides min(N/tp, num_blocks) and num_blocks", fits=_pp_fits),
+    Dimension("dp", "data_par", "split", "data parallelism: replicas of the pipeline", rule="N/(tp·pp); tp·pp·dp = N"),
+    Dimension("batch", "batch_size", "split", "global batch, in sequences",
+              rule="<= cap; largest multiple of dp <= cap (the max batch)"),
+    # ---- chosen given the split, independently of each other ----
+    Dimension("interleaving", "pipeline_interleaving", "per_split", "model chunks per pipeline stage (interleaved 1F1B)",
+              label="il", rule="divisors of blocks/pp; 1 when pp = 1, else divides num_blocks/pp",
+              fits=_interleaving_fits),
+    Dimension("microbatch", "microbatch_size", "per_split", "sequences per microbatch", label="mb",
+              rule="divisors of batch/dp; divides batch/dp; microbatch·seq_size divisible by tp", fits=_seq_par_fits),
+    # ---- flags, in enumeration order; conditions read only skeleton facts and earlier flags ----
+    Dimension("recompute", "activation_recompute", "choice", "activation recomputation: full (store block inputs "
+              "only), attn_only (recompute the attention core), none", choices=Recompute),
+    Dimension("tp_comm", "tensor_par_comm_type", "choice", label="tp-comm", meaning="TP communication: all-reduce, p2p reduce-scatter/"
+              "all-gather, or rs_ag = sequence parallelism", choices=TPComm),
+    Dimension("tp_overlap", "tensor_par_overlap", "choice", label="tp-overlap", meaning="overlap TP communication with the neighbouring matrix "
+              "multiply", choices=TPOverlap, free_when=(Condition("tp", ">", 1),)),
+    Dimension("optimizer_sharding", "optimizer_sharding", "switch", label="opt-shard", meaning="shard optimizer state across the dp replicas "
+              "(ZeRO-1)", free_when=(Condition("dp", ">", 1),)),
+    Dimension("seq_par_ag_redo", "seq_par_ag_redo", "switch", label="ag-redo", meaning="redo the sequence-parallel all-gather in backward "
+              "instead of storing its output", free_when=(Condition("tp_comm", "==", _RS_AG), Condition("recompute", "!=", _FULL))),
+    Dimension("dp_overlap", "data_par_overlap", "switch", label="dp-overlap", meaning="overlap the DP gradient reduction with the backward pass",
+              free_when=(Condition("dp", ">", 1),)),
+    Dimension("weight_offload", "weight_offload", "switch", label="w-off", meaning="keep weights in offload memory, prefetching each block",
+              free_when=(_HAS_OFFLOAD,), fits=_needs_offload("weight_offload")),
+    Dimension("activations_offload", "activations_offload", "switch", label="a-off", meaning="keep stored activations in offload memory",
+              free_when=(_HAS_OFFLOAD, Condition("recompute", "!=", _FULL)),
+              fits=_needs_offload("activations_offload")),
+    Dimension("optimizer_offload", "optimizer_offload", "switch", label="o-off", meaning="keep optimizer state in offload memory; the step "
+              "streams it", free_when=(_HAS_OFFLOAD,), fits=_needs_offload("optimizer_offload")),
+    Dimension("tp_net", "tensor_par_net", "network", "network index carrying TP traffic",
+              free_when=(Condition("tp", ">", 1),), fits=_network_exists("tp_net")),
+    Dimension("pp_net", "pipeline_par_net", "network", "network index carrying PP traffic",
+              free_when=(Condition("pp", ">", 1),), fits=_network_exists("pp_net")),
+    Dimension("dp_net", "data_par_net", "network", "network index carrying DP traffic",
+              free_when=(Condition("dp", ">", 1),), fits=_network_exists("dp_net")),
+)
+BY_NAME: dict[str, Dimension] = {d.name: d for d in DIMENSIONS}
+FLAGS: tuple[Dimension, ...] = tuple(d for d in DIMENSIONS if d.is_flag)
+
+NETWORK_GROUPS: tuple[tuple[str, str], ...] = (("tp", "tp_net"), ("pp", "pp_net"), ("dp", "dp_net"))
+"""Parallel groups nest in this order, innermost first, each with the flag naming its
+network: a group of one dimension spans the product of its degree and every degree before
+it (tp; tp·pp; tp·pp·dp = N)."""
+
+
+def group_spans(m) -> tuple[tuple[str, object, object, object], ...]:
+    """(name, degree, GPUs spanned, network index) of each parallel group of `m` (a mapping's
+    formula view: scalars or arrays)."""
+    out, span = [], 1.0
+    for degree_name, net_name in NETWORK_GROUPS:
+        degree = getattr(m, degree_name)
+        span = span * degree
+        out.append((degree_name, degree, span, getattr(m, net_name)))
+    return tuple(out)
+
+
+def _check_declaration() -> None:
+    """Conditions may only read skeleton facts (as `> 1`, or offload) and earlier flags, so
+    flags can be chosen in declaration order and flag tables cached per (tp > 1, pp > 1, dp > 1)."""
+    seen: set[str] = set()
+    for dim in FLAGS:
+        for cond in dim.free_when:
+            if cond.subject in ("tp", "pp", "dp") and (cond.op, cond.value) != (">", 1):
+                raise ValueError(f"{dim.name}: skeleton conditions must read '{cond.subject} > 1'")
+            if cond.subject not in SKELETON_FACTS and cond.subject not in seen:
+                raise ValueError(f"{dim.name}: condition on {cond.subject!r}, which is not an earlier flag")
+        seen.add(dim.name)
+
+
+_check_declaration()
