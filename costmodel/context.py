@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.mapping import AttentionType
+from costmodel.choices import AttentionType
+from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.ops import Curve
 from costmodel.system import Collective, Datatype, System
@@ -65,8 +66,8 @@ class Context:
     net_offset: dict[Collective, tuple[float, ...]]
 
     @staticmethod
-    def build(model: Model, system: System, datatype: Datatype, *, fused_activation: bool = True,
-              fused_attention: bool = True, attention_type: AttentionType = AttentionType.multihead) -> "Context":
+    def build(model: Model, system: System, datatype: Datatype, kernels: Kernels = Kernels(), *,
+              attention_type: AttentionType = AttentionType.multihead) -> "Context":
         compute = system.compute_for(datatype)
         elem = float(datatype.bytes)
         master = 0.0 if datatype is Datatype.float32 else MASTER_WEIGHT_BYTES_PER_PARAM
@@ -86,7 +87,7 @@ class Context:
             # wgrads in bf16); fp32 training sends fp32.
             grad_comm_bytes=max(elem, 2.0),
             optimizer_bytes_per_param=master + ADAM_MOMENT_BYTES_PER_PARAM,
-            fused_activation=fused_activation, fused_attention=fused_attention,
+            fused_activation=kernels.fused_activation, fused_attention=kernels.fused_attention,
             matrix_flops_per_s=compute.matrix_flops_per_s, vector_flops_per_s=compute.vector_flops_per_s,
             matrix_curve=Curve.of(compute.matrix_efficiency), vector_curve=Curve.of(compute.vector_efficiency),
             hbm_bytes_per_s=system.hbm.bandwidth_bytes_per_s, hbm_curve=Curve.of(system.hbm.efficiency),

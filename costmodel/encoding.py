@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.dimensions import BY_NAME, DIMENSIONS
+from costmodel.kernels import Kernels
 from costmodel.mapping import Mapping
 from costmodel.system import Datatype
 
@@ -63,12 +64,11 @@ class MappingArrays:
     def concatenate(parts: list["MappingArrays"]) -> "MappingArrays":
         return MappingArrays({name: np.concatenate([p.columns[name] for p in parts]) for name in NAMES})
 
-    def to_mapping(self, i: int, datatype: Datatype, fused_activation: bool = True,
-                   fused_attention: bool = True) -> Mapping:
+    def to_mapping(self, i: int, datatype: Datatype, kernels: Kernels = Kernels()) -> Mapping:
         """Row i as a typed Mapping (Calculon field names)."""
         fields = {dim.field: dim.value_of(self.columns[dim.name][i]) for dim in DIMENSIONS}
         return Mapping(num_procs=int(self.tp[i] * self.pp[i] * self.dp[i]), datatype=datatype,
-                       fused_activation=fused_activation, fused_attention=fused_attention, **fields)
+                       fused_activation=kernels.fused_activation, fused_attention=kernels.fused_attention, **fields)
 
     @staticmethod
     def from_mappings(mappings: list[Mapping]) -> "MappingArrays":

@@ -16,6 +16,7 @@ import numpy as np
 from costmodel.context import Context
 from costmodel.dimensions import DIMENSIONS, group_spans
 from costmodel.encoding import MappingArrays
+from costmodel.kernels import Kernels
 from costmodel.iteration import MEMORY_TERMS, TIME_TERMS, iteration_terms
 from costmodel.mapping import AttentionType, Mapping, check_mapping_fits
 from costmodel.model import Model
@@ -134,13 +135,11 @@ _CONTEXTS: dict[tuple, tuple[Model, System, Context]] = {}
 def _context_for(model: Model, system: System, mapping: Mapping) -> Context:
     """The problem constants, built once per (model, system, datatype, ...) object seen
     recently: evaluating many mappings of one problem one by one stays cheap."""
-    key = (id(model), id(system), mapping.datatype, mapping.fused_activation, mapping.fused_attention,
-           mapping.attention_type)
+    key = (id(model), id(system), mapping.datatype, mapping.kernels, mapping.attention_type)
     hit = _CONTEXTS.get(key)
     if hit is not None and hit[0] is model and hit[1] is system:
         return hit[2]
-    c = Context.build(model, system, mapping.datatype, fused_activation=mapping.fused_activation,
-                      fused_attention=mapping.fused_attention, attention_type=mapping.attention_type)
+    c = Context.build(model, system, mapping.datatype, mapping.kernels, attention_type=mapping.attention_type)
     if len(_CONTEXTS) >= 16:
         _CONTEXTS.clear()
     _CONTEXTS[key] = (model, system, c)
@@ -194,12 +193,11 @@ def array_fields(arrays: MappingArrays) -> SimpleNamespace:
     return formula_view(arrays.columns, lambda a: a.astype(np.float64), lambda a: a.astype(np.intp))
 
 
-def evaluate_arrays(model: Model, system: System, arrays: MappingArrays, datatype: Datatype, *,
-                    fused_activation: bool = True, fused_attention: bool = True,
+def evaluate_arrays(model: Model, system: System, arrays: MappingArrays, datatype: Datatype,
+                    kernels: Kernels = Kernels(), *,
                     attention_type: AttentionType = AttentionType.multihead) -> ArrayEvaluation:
     """Score every mapping in `arrays` (all valid for `model` on the same GPU count)."""
-    c = Context.build(model, system, datatype, fused_activation=fused_activation, fused_attention=fused_attention,
-                      attention_type=attention_type)
+    c = Context.build(model, system, datatype, kernels, attention_type=attention_type)
     return evaluate_arrays_in_context(c, arrays)
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, create_model, field_validator, model_vali
 from costmodel.choices import AttentionType, Recompute, TPComm, TPOverlap
 from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
+from costmodel.kernels import Kernels
 from costmodel.model import INPUT_CONFIG, Model, WholeNumber
 from costmodel.system import Datatype, System
 
@@ -105,6 +106,11 @@ class _MappingBase(BaseModel):
     @property
     def num_microbatches(self) -> int:
         return self.local_batch // self.microbatch_size
+
+    @property
+    def kernels(self) -> Kernels:
+        """The kernel choices the file states (problem constants, costmodel.kernels)."""
+        return Kernels(fused_activation=self.fused_activation, fused_attention=self.fused_attention)
 
     @property
     def seq_par(self) -> bool:

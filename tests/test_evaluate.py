@@ -34,7 +34,7 @@ def test_scalar_and_array_evaluators_agree(problem):
     model, system, batch = problem
     scalar = [evaluate(model, system, m) for m in batch]
     arrays = evaluate_arrays(model, system, MappingArrays.from_mappings(batch), batch[0].datatype,
-                             fused_attention=batch[0].fused_attention)
+                             batch[0].kernels)
     for i, ev in enumerate(scalar):
         assert ev.feasible == bool(arrays.feasible[i])
         for name in ("iteration_time_s", "mfu", "hfu", "hbm_bytes", "offload_bytes"):

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
+from costmodel.kernels import Kernels
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
@@ -50,10 +51,10 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_solve_equals_brute_force(case):
     _, model, system, gpus, max_batch, datatype, space_name, attention = case
-    space = get_space(space_name, attention=attention)
-    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space,
+    space, kernels = get_space(space_name), Kernels.with_attention(attention)
+    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
                    config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
-    reference = scan(model, system, gpus, max_batch, space, datatype, top_k=3, workers=1)
+    reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=3, workers=1)
     assert result.certified_optimal and result.status == "optimal"
     assert reference.best is not None
     assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
@@ -184,18 +185,18 @@ def small_problems(draw):
     gpus = draw(st.sampled_from([1, 2, 4, 8, 16]))
     max_batch = draw(st.sampled_from([4, 16, 64]))
     datatype = draw(st.sampled_from([Datatype.float16, Datatype.float8]))
-    space = get_space(draw(st.sampled_from(["full", "calculon-2023"])),
-                      attention=draw(st.sampled_from(["fused", "unfused"])))
-    return model, system, gpus, max_batch, datatype, space
+    space = get_space(draw(st.sampled_from(["full", "calculon-2023"])))
+    kernels = Kernels.with_attention(draw(st.sampled_from(["fused", "unfused"])))
+    return model, system, gpus, max_batch, datatype, space, kernels
 
 
 @settings(max_examples=40, deadline=None)
 @given(small_problems())
 def test_property_solver_equals_brute_force_and_returns_feasible_mappings(problem):
-    model, system, gpus, max_batch, datatype, space = problem
-    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space,
+    model, system, gpus, max_batch, datatype, space, kernels = problem
+    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
                    config=SolverConfig(top_k=2, time_limit_s=120))
-    reference = scan(model, system, gpus, max_batch, space, datatype, top_k=2, workers=1)
+    reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=2, workers=1)
     assert result.certified_optimal
     if reference.best is None:
         assert result.best is None and result.status == "infeasible"

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
+from costmodel.dimensions import DIMENSIONS
 from costmodel.encoding import MappingArrays
 from costmodel.mapping import check_mapping_fits
 from costmodel.model import Model
@@ -290,3 +291,56 @@ def test_commands_have_help_with_an_example(name: str) -> None:
     result = CliRunner().invoke(cli, [name, "--help"])
     assert result.exit_code == 0
     assert "Example" in result.output
+
+
+# ---------------------------------------------------------------- walking the declaration
+def test_every_declared_dimension_agrees_in_count_enumeration_and_cp_sat():
+    """For every dimension of costmodel.dimensions and every value it takes, the closed-form
+    count, the enumeration and the solver's own CP-SAT model (its named constraints, with
+    that one dimension pinned) count the same mappings; and each dimension has its column in
+    the arrays, the CSV and the report."""
+    from solver.report.tables import MAPPING_HEADERS
+    from solver.search.brute import CSV_HEADER
+    from solver.search.cpsat.constraints import STRUCTURE, Problem
+    from solver.search.cpsat.variables import Variables
+    from solver.space.declaration import skeletons
+    from solver.study.store import CSV_COLUMNS
+
+    model = Model(hidden=512, feedforward=2048, seq_size=256, attn_heads=8, attn_size=64, num_blocks=4)
+    system = make_system()
+    # tp, pp, dp up to 2 on 2 networks with offload; the second has dp 2 > cap 1 (batch = dp quirk)
+    problems = ((get_space("full"), 2, 2), (get_space("calculon-2023"), 2, 1))
+    for space, gpus, cap in problems:
+        counted = count_mappings(model, system, gpus, cap, space)
+        arrays = enumerate_all(model, system, gpus, cap, space)
+        assert counted.mappings == len(arrays) > 0
+        for dim in DIMENSIONS:
+            assert dim.name in arrays.columns and dim.name in counted.by_dimension
+            assert dim.name in CSV_COLUMNS and dim.field in CSV_HEADER.split(",")
+            assert dim.header in MAPPING_HEADERS or dim.kind in ("switch", "network")
+            column = arrays.columns[dim.name].astype(np.int64)
+            for value in np.unique(column).tolist():
+                label = dim.label_of(value) if dim.is_flag else str(value)
+                expected = counted.by_dimension[dim.name][label]
+                assert expected == int(np.count_nonzero(column == value)), (dim.name, label)
+                m = cp_model.CpModel()
+                v = Variables(m, space, skeletons(model, gpus, cap, space), gpus, len(system.networks))
+                for constraint in STRUCTURE:
+                    constraint.add(m, v, Problem(model, system, gpus, cap, space))
+                v.pin(dim.name, value)
+                assert _cp_sat_solutions(m) == expected, (space.name, dim.name, label)
+
+
+def _cp_sat_solutions(m: cp_model.CpModel) -> int:
+    class Count(cp_model.CpSolverSolutionCallback):
+        n = 0
+
+        def on_solution_callback(self) -> None:
+            self.n += 1
+
+    solver = cp_model.CpSolver()
+    solver.parameters.enumerate_all_solutions = True
+    solver.parameters.num_workers = 1
+    counter = Count()
+    solver.Solve(m, counter)
+    return counter.n

@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from costmodel.errors import MapsatError
+from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from costmodel.units import GiB
 from solver.report.tables import MAPPING_HEADERS, mapping_cells
@@ -44,9 +45,9 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
                    --gpus 4096 --datatype float8 --top-k 5
     """
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
-    space = get_space(space_name, attention=attention)
-    result = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), top_k=top_k,
-                  workers=workers, progress=not as_json, csv_path=csv_path)
+    space = get_space(space_name)
+    result = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), Kernels.with_attention(attention),
+                  top_k=top_k, workers=workers, progress=not as_json, csv_path=csv_path)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:

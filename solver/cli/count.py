@@ -9,6 +9,7 @@ import time
 import click
 from rich.table import Table
 
+from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from solver.cli.options import (datatype_option, load_problem, problem_options,
                                 space_options, user_errors, wide_console)
@@ -45,11 +46,12 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
     if click.get_current_context().get_parameter_source("datatype") is not click.core.ParameterSource.DEFAULT:
         system.compute_for(Datatype(datatype))   # a datatype given explicitly must exist, counted or not
-    space = get_space(space_name, attention=attention)
+    space = get_space(space_name)
     result = count_mappings(model, system, num_gpus, max_batch, space)
     if feasible:
         start = time.perf_counter()
-        scanned = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), top_k=0, workers=workers,
+        scanned = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), Kernels.with_attention(attention),
+                       top_k=0, workers=workers,
                        progress=not as_json)
         result = result.with_feasible(scanned.feasible, scanned.feasible_by_dimension, Datatype(datatype),
                                       time.perf_counter() - start)

@@ -12,10 +12,11 @@ import click
 from rich.console import Console
 
 from costmodel.errors import MapsatError
+from costmodel.kernels import ATTENTION_KERNELS
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.space.declaration import ATTENTION_KERNELS, DEFAULT_SPACE, SPACES
+from solver.space.declaration import DEFAULT_SPACE, SPACES
 
 
 def _debugging() -> bool:

@@ -6,6 +6,7 @@ import click
 from rich.table import Table
 
 from costmodel.errors import MapsatError
+from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from solver.cli.options import (datatype_option, load_problem, problem_options,
                                 space_options, user_errors, wide_console)
@@ -42,7 +43,8 @@ def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
     config = SolverConfig(time_limit_s=time_limit_s, workers=workers, seed=seed, top_k=top_k)
     result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),
-                   space=get_space(space_name, attention=attention), config=config)
+                   space=get_space(space_name),
+                   kernels=Kernels.with_attention(attention), config=config)
     if as_json:
         click.echo(dumps(result.to_dict()))
     else:

@@ -19,7 +19,7 @@ def space_as_dict(space: Space) -> dict:
     dims += [{"name": d.name, "domain": d.domain_text(), "rule": d.rule_text(), "meaning": d.meaning}
              for d in space.flags]
     return {"name": space.name, "summary": space.summary, "tp_max": space.tp_max,
-            "batch_is_dp_above_cap": space.batch_is_dp_above_cap, **space.kernels,
+            "batch_is_dp_above_cap": space.batch_is_dp_above_cap,
             "default": space.name == DEFAULT_SPACE, "dimensions": dims}
 
 

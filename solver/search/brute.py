@@ -28,6 +28,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from costmodel.dimensions import DIMENSIONS
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import evaluate, evaluate_arrays
+from costmodel.kernels import Kernels
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import Datatype, System
@@ -124,8 +125,9 @@ class _ChunkOutcome:
 _WORKER: dict = {}
 
 
-def _init_worker(model: Model, system: System, the_plan: Plan, datatype: Datatype, top_k: int, csv: bool) -> None:
-    _WORKER.update(model=model, system=system, plan=the_plan, datatype=datatype, top_k=top_k, csv=csv)
+def _init_worker(model: Model, system: System, the_plan: Plan, datatype: Datatype, kernels: Kernels, top_k: int,
+                 csv: bool) -> None:
+    _WORKER.update(model=model, system=system, plan=the_plan, datatype=datatype, kernels=kernels, top_k=top_k, csv=csv)
 
 
 def _evaluate_chunk(index: int) -> _ChunkOutcome:
@@ -134,7 +136,7 @@ def _evaluate_chunk(index: int) -> _ChunkOutcome:
     chunk: ChunkSpec = the_plan.chunks[index]
     arrays = the_plan.build(chunk)
     result = evaluate_arrays(_WORKER["model"], _WORKER["system"], arrays, _WORKER["datatype"],
-                             **the_plan.space.kernels)
+                             _WORKER["kernels"])
     time_s = np.asarray(result.iteration_time_s, dtype=np.float64)
     ok = np.asarray(result.feasible, dtype=bool) & np.isfinite(time_s)
     ordinal = chunk.ordinal + np.arange(chunk.rows, dtype=np.int64)
@@ -206,7 +208,7 @@ def default_workers() -> int:
 
 
 def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Space, datatype: Datatype,
-         top_k: int = 10, workers: int | None = None, chunk_rows: int = BRUTE_CHUNK_ROWS, progress: bool = False,
+         kernels: Kernels = Kernels(), top_k: int = 10, workers: int | None = None, chunk_rows: int = BRUTE_CHUNK_ROWS, progress: bool = False,
          csv_path: str | Path | None = None) -> BruteResult:
     """Evaluate every mapping of `space`; return the best `top_k` (by time, then ordinal),
     counts, and optionally write every feasible mapping to `csv_path` in enumeration order."""
@@ -214,7 +216,7 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
     system.compute_for(datatype)  # a missing datatype is the user's error, said once, here
     the_plan = plan(model, system, num_gpus, max_batch, space, chunk_rows)
     workers = min(workers or default_workers(), max(1, len(the_plan.chunks)))
-    args = (model, system, the_plan, datatype, top_k, csv_path is not None)
+    args = (model, system, the_plan, datatype, kernels, top_k, csv_path is not None)
     evaluated = feasible = 0
     breakdown: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     blocked: dict[str, int] = defaultdict(int)
@@ -247,7 +249,7 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
     finally:
         if csv_file is not None:
             csv_file.close()
-    top = _merge_top(tops, top_k, datatype, space)
+    top = _merge_top(tops, top_k, datatype, kernels)
     breakdown_times = {}
     if top:
         breakdown_times = dict(evaluate(model, system, top[0].mapping).time_s)
@@ -257,7 +259,7 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
         seconds=time.perf_counter() - start, workers=workers,
         feasible_by_dimension=label_breakdown(space, breakdown) if feasible else {},
         blocked={k: v for k, v in blocked.items() if v}, min_hbm_bytes=min_hbm if evaluated else None,
-        best_time_breakdown_s=breakdown_times, attention="fused" if space.fused_attention else "unfused")
+        best_time_breakdown_s=breakdown_times, attention=kernels.attention)
 
 
 def _run(args: tuple, num_chunks: int, workers: int):
@@ -275,7 +277,7 @@ def _run(args: tuple, num_chunks: int, workers: int):
         yield from pool.imap(_evaluate_chunk, range(num_chunks), chunksize=1)
 
 
-def _merge_top(outcomes: list[_ChunkOutcome], k: int, datatype: Datatype, space: Space) -> list[Candidate]:
+def _merge_top(outcomes: list[_ChunkOutcome], k: int, datatype: Datatype, kernels: Kernels) -> list[Candidate]:
     if not outcomes or k <= 0:
         return []
     time_s = np.concatenate([o.top_time_s for o in outcomes])
@@ -284,6 +286,6 @@ def _merge_top(outcomes: list[_ChunkOutcome], k: int, datatype: Datatype, space:
     memory = {f: np.concatenate([o.top_memory[f] for o in outcomes]) for f in MEMORY_FIELDS}
     rows = MappingArrays.concatenate([o.top_rows for o in outcomes])
     order = np.lexsort((ordinal, time_s))[:k]
-    return [Candidate(ordinal=int(ordinal[i]), mapping=rows.to_mapping(int(i), datatype, **space.kernels),
+    return [Candidate(ordinal=int(ordinal[i]), mapping=rows.to_mapping(int(i), datatype, kernels),
                       iteration_time_s=float(time_s[i]), mfu=float(mfu[i]),
                       memory={f: float(memory[f][i]) for f in MEMORY_FIELDS}) for i in order]

@@ -27,6 +27,7 @@ from ortools.sat.python import cp_model
 from costmodel.context import Context
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import Evaluation, evaluate_arrays_in_context, evaluate_in_context
+from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
@@ -127,12 +128,12 @@ class _Incumbents:
 
 
 def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
-          datatype: Datatype = Datatype.bfloat16, space: str | Space = "full",
+          datatype: Datatype = Datatype.bfloat16, space: str | Space = "full", kernels: Kernels = Kernels(),
           config: SolverConfig = SolverConfig()) -> SolveResult:
     """The fastest mapping of `model` on `num_gpus` GPUs of `system` under the exact model."""
     started = time.perf_counter()
     the_space = get_space(space) if isinstance(space, str) else space
-    c = Context.build(model, system, datatype, **the_space.kernels)
+    c = Context.build(model, system, datatype, kernels)
     the_plan = plan(model, system, num_gpus, max_batch, the_space, chunk_rows=1 << 62)
     skels = the_plan.skeletons
     problem = Problem(model, system, num_gpus, max_batch, the_space)
@@ -213,7 +214,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     blocks = len(scored_keys)
     scored = sum(len(the_plan.flag_tables[index[(k[0], k[1])]]) for k in scored_keys)
 
-    top = [evaluate_in_context(c, best.rows.to_mapping(i, datatype, **the_space.kernels))
+    top = [evaluate_in_context(c, best.rows.to_mapping(i, datatype, kernels))
            for i in range(len(best.time_s))] if best.rows is not None else []
     seconds = time.perf_counter() - started
     if not top:

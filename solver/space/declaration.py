@@ -22,7 +22,7 @@ reproduce Calculon's published counts exactly. Two named presets (`SPACES`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator
 
@@ -97,17 +97,6 @@ class Space:
     batch_is_dp_above_cap: bool
     """Calculon-2023 quirk: when dp alone exceeds the batch cap, the global batch is dp (one
     sequence per replica) instead of there being no valid batch."""
-    fused_activation: bool = True
-    """GeLU fused into the preceding matrix multiply, a constant of the problem, not searched."""
-    fused_attention: bool = True
-    """FlashAttention-style attention core, a constant of the problem, not searched
-    (`--attention unfused` makes the variant that passes the scores through HBM)."""
-
-    @property
-    def kernels(self) -> dict[str, bool]:
-        """The kernel choices every mapping of the space shares, as Mapping/Context keywords."""
-        return {"fused_activation": self.fused_activation, "fused_attention": self.fused_attention}
-
     @property
     def flags(self) -> tuple[FlagDimension, ...]:
         offered = dict(self.offered)
@@ -151,18 +140,11 @@ SPACES: dict[str, Space] = {
 DEFAULT_SPACE = "full"
 
 
-ATTENTION_KERNELS = ("fused", "unfused")
-"""How the attention core runs: one FlashAttention kernel, or four kernels through HBM."""
-
-
-def get_space(name: str, *, attention: str = "fused") -> Space:
-    """The preset called `name` with the attention kernel `attention`, or an InputError
-    listing the presets."""
+def get_space(name: str) -> Space:
+    """The preset called `name`, or an InputError listing the presets."""
     if name not in SPACES:
         raise InputError(f"space {name!r} does not exist (choose from {', '.join(SPACES)})")
-    if attention not in ATTENTION_KERNELS:
-        raise InputError(f"attention {attention!r} does not exist (choose from {', '.join(ATTENTION_KERNELS)})")
-    return replace(SPACES[name], fused_attention=attention == "fused")
+    return SPACES[name]
 
 
 def divisors(n: int) -> tuple[int, ...]:

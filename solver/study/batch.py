@@ -18,7 +18,8 @@ from costmodel.errors import InputError
 from costmodel.load import describe_validation_error, load_model, load_system, parse, read_document
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.space.declaration import ATTENTION_KERNELS, SPACES
+from costmodel.kernels import ATTENTION_KERNELS
+from solver.space.declaration import SPACES
 
 DEFAULT_MAX_BATCH = 3072
 DEFAULT_SPACE = "full"
@@ -96,7 +97,7 @@ class Problem:
     space: str
     time_limit_s: float
     offload_unbounded: bool = False  # offload bandwidth = HBM's, standing for "unbounded"
-    attention: str = "fused"         # the attention kernel (solver.space.ATTENTION_KERNELS)
+    attention: str = "fused"         # the attention kernel (costmodel.kernels.ATTENTION_KERNELS)
 
     def to_dict(self) -> dict:
         """The `problem` field of a result record: everything needed to read the result."""

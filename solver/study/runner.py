@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.errors import InputError
+from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from solver.study.batch import Problem
@@ -32,7 +33,8 @@ def solve_payload(payload: dict) -> dict:
         config = SolverConfig(time_limit_s=problem["time_limit_s"], workers=payload.get("solver_workers", 1))
         result = solve(model, system, problem["gpus"], max_batch=problem["max_batch"],
                        datatype=Datatype(problem["datatype"]),
-                       space=get_space(problem["space"], attention=problem.get("attention", "fused")), config=config)
+                       space=get_space(problem["space"]),
+                       kernels=Kernels.with_attention(problem.get("attention", "fused")), config=config)
         solved = result.to_dict()
         record.update(solved)
         record["mappings"] = solved.get("space_size")

@@ -37,6 +37,7 @@ import numpy as np
 import yaml
 
 from costmodel.errors import InputError
+from costmodel.kernels import Kernels
 from costmodel.load import ensure_directory
 from costmodel.model import Model
 from costmodel.system import System
@@ -281,7 +282,8 @@ def assess_shapes(shapes: list[Shape], *, gpus: int | None, system: System | Non
     from solver.space.count import count_mappings
     from solver.space.declaration import get_space
 
-    the_space = get_space(space, attention=attention)
+    the_space = get_space(space)
+    kernels = Kernels.with_attention(attention)
     out = []
     for shape in shapes:
         mappings = solved = None
@@ -291,7 +293,7 @@ def assess_shapes(shapes: list[Shape], *, gpus: int | None, system: System | Non
             from solver.search.solve import SolverConfig, solve
 
             result = solve(shape.model, system, gpus, max_batch=max_batch, datatype=Datatype(datatype), space=the_space,
-                           config=SolverConfig(time_limit_s=time_limit_s, workers=solver_workers))
+                           kernels=kernels, config=SolverConfig(time_limit_s=time_limit_s, workers=solver_workers))
             best = result.best
             solved = {"status": result.status, "mfu": best.mfu if best else None,
                       "iteration_time_s": best.iteration_time_s if best else None,

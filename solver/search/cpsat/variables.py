@@ -90,6 +90,21 @@ class Variables:
     def flag(self, name: str, code: int) -> cp_model.IntVar:
         return self.flags[name][code]
 
+    def pin(self, name: str, value: int) -> None:
+        """Fix dimension `name` (costmodel.dimensions) to `value` (a number, or a flag's code);
+        a value outside the variable's domain makes the model infeasible."""
+        if name in self.flags:
+            lits = self.flags[name]
+        elif isinstance(getattr(self, name, None), OneHot):
+            lits = getattr(self, name).is_
+        else:                                   # batch: a plain integer variable
+            self.model.Add(getattr(self, name) == value)
+            return
+        if value not in lits:
+            self.model.AddBoolOr([])            # no such value: nothing is feasible
+            return
+        self.model.Add(lits[value] == 1)
+
     def decode(self, solver: cp_model.CpSolver) -> tuple[tuple[int, int, int, int], dict[str, int]]:
         """(tp, pp, interleaving, microbatch) and the flag codes of a solution."""
         key = (self.tp.value_of(solver), self.pp.value_of(solver), self.interleaving.value_of(solver),
