@@ -24,6 +24,8 @@ instead of reading a stored score matrix. That recomputation is counted as recom
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from costmodel.context import MASK_BYTES, Context
 
 # FLOP per element of the element-wise layers (forward): layer norm = mean, variance,
@@ -65,7 +67,36 @@ def fused_attention_s(c: Context, xp, matrix_flops, vector_flops, num_bytes):
     return xp.maximum(gemm_s(c, xp, matrix_flops, num_bytes), vector)
 
 
-def block_forward_times(c: Context, m, xp) -> dict:
+@dataclass(frozen=True)
+class BlockForward:
+    """The forward pass of one block, one microbatch, one GPU (each a scalar or an array)."""
+
+    gemm_s: object
+    """matrix multiplies (and the fused attention kernel)"""
+    eltwise_s: object
+    """element-wise layers: layer norms, residuals, dropouts, an unfused attention core's softmax"""
+    matrix_flops: object
+    selective_recompute_s: object
+    """what attn_only recomputes: the unfused attention core (0 when fused)"""
+    selective_recompute_flops: object
+    kernel_recompute_s: object
+    """what a fused attention kernel redoes in its backward whatever the recompute setting"""
+    kernel_recompute_flops: object
+
+
+@dataclass(frozen=True)
+class StoredActivations:
+    """Bytes one block keeps for backward, one microbatch, one GPU."""
+
+    stored: object
+    """kept from forward to backward under the mapping's recompute setting"""
+    full: object
+    """what storing everything would keep"""
+    workspace: object
+    """transient bytes recomputation needs while one block's backward runs"""
+
+
+def block_forward_times(c: Context, m, xp) -> BlockForward:
     """Forward time of each layer group of one block, one microbatch, one GPU (seconds),
     and the forward matrix FLOP. `m` has tp, microbatch, seq_par (arrays or scalars)."""
     e, h, f, s, d = c.elem_bytes, c.hidden, c.feedforward, c.seq, c.head_size
@@ -115,20 +146,18 @@ def block_forward_times(c: Context, m, xp) -> dict:
     # A fused GeLU runs in the epilogue of the h→f GEMM: no pass over memory of its own.
     gelu = 0.0 if c.fused_activation else eltwise_s(c, xp, tokens * f_cols, GELU_FLOPS_PER_ELEM, 2 * e)
 
-    return {
-        "gemm_s": qkv + core_gemm + proj + mlp,
-        "eltwise_s": core_eltwise + layernorms + residuals + gelu,
-        "matrix_flops": 2 * tokens * h * (qkv_cols + q_cols + 2 * f_cols) + 2 * score_flops,
-        # recomputation the attention core needs under attn_only, and what a fused kernel
-        # redoes in backward whatever the recompute setting
-        "selective_recompute_s": selective_recompute,
-        "selective_recompute_flops": selective_recompute_flops,
-        "kernel_recompute_s": kernel_recompute,
-        "kernel_recompute_flops": kernel_recompute_flops,
-    }
+    return BlockForward(
+        gemm_s=qkv + core_gemm + proj + mlp,
+        eltwise_s=core_eltwise + layernorms + residuals + gelu,
+        matrix_flops=2 * tokens * h * (qkv_cols + q_cols + 2 * f_cols) + 2 * score_flops,
+        selective_recompute_s=selective_recompute,
+        selective_recompute_flops=selective_recompute_flops,
+        kernel_recompute_s=kernel_recompute,
+        kernel_recompute_flops=kernel_recompute_flops,
+    )
 
 
-def block_stored_activation_bytes(c: Context, m, xp):
+def block_stored_activation_bytes(c: Context, m, xp) -> StoredActivations:
     """Bytes one block keeps from forward to backward for one microbatch on one GPU
     (Korthikanti et al. 2022, §4: 34·s·b·h + 5·a·s²·b with no parallelism, 16-bit).
 
@@ -171,8 +200,8 @@ def block_stored_activation_bytes(c: Context, m, xp):
     full = everything + attention_core
     stored = xp.where(core_recomputed, everything, full)
     block_input = e * tokens * h / sp_split
-    return {
-        "stored": xp.where(m.recompute_full, block_input, stored),
-        "full": full,
-        "workspace": xp.where(m.recompute_full, full, xp.where(core_recomputed, attention_core, 0.0)),
-    }
+    return StoredActivations(
+        stored=xp.where(m.recompute_full, block_input, stored),
+        full=full,
+        workspace=xp.where(m.recompute_full, full, xp.where(core_recomputed, attention_core, 0.0)),
+    )

@@ -17,7 +17,7 @@ from costmodel.context import Context
 from costmodel.dimensions import DIMENSIONS, group_spans
 from costmodel.encoding import MappingArrays
 from costmodel.kernels import Kernels
-from costmodel.iteration import MEMORY_TERMS, TIME_TERMS, iteration_terms
+from costmodel.iteration import MEMORY_TERMS, TIME_TERMS, IterationTerms, iteration_terms
 from costmodel.mapping import AttentionType, Mapping, check_mapping_fits
 from costmodel.model import Model
 from costmodel.ops import ArrayOps, ScalarOps
@@ -44,10 +44,10 @@ def network_checks(c: Context, m, xp) -> dict:
     return checks
 
 
-def _feasibility(c: Context, m, terms: dict, xp) -> dict:
+def _feasibility(c: Context, m, terms: IterationTerms, xp) -> dict:
     checks = network_checks(c, m, xp)
-    checks["hbm_capacity"] = terms["hbm_bytes"] <= c.hbm_capacity_bytes
-    checks["offload_capacity"] = terms["offload_bytes"] <= c.offload_capacity_bytes
+    checks["hbm_capacity"] = terms.hbm_bytes <= c.hbm_capacity_bytes
+    checks["offload_capacity"] = terms.offload_bytes <= c.offload_capacity_bytes
     return checks
 
 
@@ -112,7 +112,7 @@ def _scalar_fields(mapping: Mapping) -> SimpleNamespace:
     return formula_view({dim.name: dim.code_of(getattr(mapping, dim.field)) for dim in DIMENSIONS}, float, int)
 
 
-def _reasons(checks: dict, terms: dict, c: Context, m) -> tuple[str, ...]:
+def _reasons(checks: dict, terms: IterationTerms, c: Context, m) -> tuple[str, ...]:
     reasons = []
     for name, degree, span, net in group_spans(m):
         if not checks[f"{name}_network"]:
@@ -122,9 +122,9 @@ def _reasons(checks: dict, terms: dict, c: Context, m) -> tuple[str, ...]:
             k = int(key.removeprefix("network").removesuffix("_filled"))
             reasons.append(f"network: network {k} must be filled ({c.net_size[k]:g} GPUs) by the group using it")
     if not checks["hbm_capacity"]:
-        reasons.append(f"hbm: needs {terms['hbm_bytes'] / GiB:.1f} GiB > {c.hbm_capacity_bytes / GiB:.1f} GiB")
+        reasons.append(f"hbm: needs {terms.hbm_bytes / GiB:.1f} GiB > {c.hbm_capacity_bytes / GiB:.1f} GiB")
     if not checks["offload_capacity"]:
-        reasons.append(f"offload: needs {terms['offload_bytes'] / GiB:.1f} GiB > "
+        reasons.append(f"offload: needs {terms.offload_bytes / GiB:.1f} GiB > "
                        f"{c.offload_capacity_bytes / GiB:.1f} GiB")
     return tuple(reasons)
 
@@ -161,10 +161,10 @@ def evaluate_in_context(c: Context, mapping: Mapping) -> Evaluation:
     reasons = _reasons(checks, terms, c, m)
     return Evaluation(
         mapping=mapping, feasible=not reasons, reasons=reasons,
-        iteration_time_s=terms["iteration_s"], sample_rate=terms["sample_rate"], mfu=terms["mfu"], hfu=terms["hfu"],
-        time_s={k: terms[k] for k in TIME_TERMS}, memory_bytes={k: terms[k] for k in MEMORY_TERMS},
-        hbm_bytes=terms["hbm_bytes"], offload_bytes=terms["offload_bytes"],
-        offload_bytes_per_s_needed=terms["offload_bytes_per_s_needed"],
+        iteration_time_s=terms.iteration_s, sample_rate=terms.sample_rate, mfu=terms.mfu, hfu=terms.hfu,
+        time_s=terms.named(TIME_TERMS), memory_bytes=terms.named(MEMORY_TERMS),
+        hbm_bytes=terms.hbm_bytes, offload_bytes=terms.offload_bytes,
+        offload_bytes_per_s_needed=terms.offload_bytes_per_s_needed,
     )
 
 
@@ -184,7 +184,7 @@ class ArrayEvaluation:
     weight_grads_bytes: np.ndarray
     optimizer_bytes: np.ndarray
     activations_bytes: np.ndarray
-    terms: dict[str, np.ndarray]    # every named term, as in Evaluation
+    terms: IterationTerms           # every named term, as in Evaluation (arrays)
     checks: dict[str, np.ndarray]   # every feasibility check, True where it passes
 
 
@@ -207,9 +207,9 @@ def evaluate_arrays_in_context(c: Context, arrays: MappingArrays) -> ArrayEvalua
     checks = _feasibility(c, m, terms, ArrayOps)
     feasible = np.logical_and.reduce(list(checks.values()))
     return ArrayEvaluation(
-        iteration_time_s=terms["iteration_s"], feasible=feasible, mfu=terms["mfu"], hfu=terms["hfu"],
-        sample_rate=terms["sample_rate"], hbm_bytes=terms["hbm_bytes"], offload_bytes=terms["offload_bytes"],
-        weights_bytes=terms["weights_bytes"], weight_grads_bytes=terms["weight_grads_bytes"],
-        optimizer_bytes=terms["optimizer_bytes"], activations_bytes=terms["activations_bytes"],
+        iteration_time_s=terms.iteration_s, feasible=feasible, mfu=terms.mfu, hfu=terms.hfu,
+        sample_rate=terms.sample_rate, hbm_bytes=terms.hbm_bytes, offload_bytes=terms.offload_bytes,
+        weights_bytes=terms.weights_bytes, weight_grads_bytes=terms.weight_grads_bytes,
+        optimizer_bytes=terms.optimizer_bytes, activations_bytes=terms.activations_bytes,
         terms=terms, checks=checks,
     )

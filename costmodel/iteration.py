@@ -7,7 +7,10 @@ mapping) or numpy arrays (many). Every returned name is a term a person can trac
 
 from __future__ import annotations
 
-from costmodel.block import block_forward_times, block_stored_activation_bytes, eltwise_s, gemm_s
+from dataclasses import dataclass
+
+from costmodel.block import (BlockForward, StoredActivations, block_forward_times, block_stored_activation_bytes,
+                             eltwise_s, gemm_s)
 from costmodel.comm import collective_s, overlapped, tp_overlap_terms
 from costmodel.context import GRAD_BYTES_PER_PARAM, Context
 from costmodel.system import Collective
@@ -25,6 +28,67 @@ TIME_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "pp_comm_s"
               "dp_comm_s", "optimizer_s", "offload_s")
 MEMORY_TERMS = ("weights_bytes", "weight_grads_bytes", "optimizer_bytes", "embedding_bytes",
                 "activations_bytes", "activation_workspace_bytes")
+
+
+@dataclass(frozen=True)
+class BlockTerms:
+    """One block, one microbatch, one GPU (seconds, bytes; each a scalar or an array)."""
+
+    forward: BlockForward
+    compute_fwd_s: object
+    compute_bwd_s: object
+    tp_fwd_s: object
+    """TP communication in forward, exposed plus the compute it steals while overlapping"""
+    tp_bwd_s: object
+    block_fwd_s: object
+    """compute + TP communication, forward"""
+    block_bwd_s: object
+    recompute_s: object
+    act_message_bytes: object
+    """one activation tensor (microbatch · seq · hidden elements)"""
+    activations: StoredActivations
+    offload_fwd_s: object
+    """offload traffic compute cannot hide, forward"""
+    offload_bwd_s: object
+    offload_bytes_per_s_needed: object
+    """offload bandwidth that would hide all of this block's traffic"""
+
+
+@dataclass(frozen=True)
+class IterationTerms:
+    """Every named term of one iteration (SI units; each a scalar or an array). The time
+    terms (`TIME_TERMS`) add up to `iteration_s`; the memory terms (`MEMORY_TERMS`) are per
+    GPU of the first pipeline stage; docs/cost-model.md gives each formula."""
+
+    iteration_s: object
+    forward_s: object
+    backward_s: object
+    recompute_s: object
+    tp_comm_s: object
+    offload_s: object
+    pp_comm_s: object
+    bubble_s: object
+    dp_comm_s: object
+    optimizer_s: object
+    weights_bytes: object
+    weight_grads_bytes: object
+    optimizer_bytes: object
+    embedding_bytes: object
+    activations_bytes: object
+    activation_workspace_bytes: object
+    hbm_bytes: object
+    weights_hbm_bytes: object
+    optimizer_hbm_bytes: object
+    activations_hbm_bytes: object
+    offload_bytes: object
+    offload_bytes_per_s_needed: object
+    mfu: object
+    hfu: object
+    sample_rate: object
+
+    def named(self, names: tuple[str, ...]) -> dict:
+        """The terms called `names` (e.g. TIME_TERMS), by name, for output."""
+        return {name: getattr(self, name) for name in names}
 
 
 def bubble_microbatches(xp, p, v, microbatches):
@@ -48,12 +112,12 @@ def _rate(bytes_per_s: float) -> float:
     return bytes_per_s if bytes_per_s > 0 else float("inf")
 
 
-def block_terms(c: Context, m, xp) -> dict:
+def block_terms(c: Context, m, xp) -> BlockTerms:
     """One block, one microbatch, one GPU: compute, exposed TP communication (with the
     compute it steals), recomputation and the offload traffic compute cannot hide, in
     seconds; and the block's stored activations. Reads tp, microbatch and the flags."""
     fw = block_forward_times(c, m, xp)
-    compute_fwd = fw["gemm_s"] + fw["eltwise_s"]
+    compute_fwd = fw.gemm_s + fw.eltwise_s
     compute_bwd = 2 * compute_fwd
 
     act_message = c.elem_bytes * m.microbatch * c.seq * c.hidden
@@ -62,14 +126,14 @@ def block_terms(c: Context, m, xp) -> dict:
     redo_gather = m.seq_par & m.seq_par_ag_redo & xp.logical_not(m.recompute_full)
     tp_fwd = 2 * region_s                       # two parallel regions: attention, MLP
     tp_bwd = 2 * region_s + xp.where(redo_gather, 2 * gather_s, 0.0)
-    tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw["gemm_s"], hidden_fraction, tp_usage, xp)
-    tp_bwd_exposed, tp_bwd_stolen = overlapped(tp_bwd, 2 * fw["gemm_s"], hidden_fraction, tp_usage, xp)
+    tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw.gemm_s, hidden_fraction, tp_usage, xp)
+    tp_bwd_exposed, tp_bwd_stolen = overlapped(tp_bwd, 2 * fw.gemm_s, hidden_fraction, tp_usage, xp)
     block_fwd = compute_fwd + tp_fwd_exposed + tp_fwd_stolen
     block_bwd = compute_bwd + tp_bwd_exposed + tp_bwd_stolen
     # Full: the whole block forward again; attn_only: the (unfused) attention core; and a fused
     # attention kernel's backward redoes its scores whatever the setting.
-    recompute = fw["kernel_recompute_s"] + xp.where(m.recompute_full, block_fwd,
-                                                    xp.where(m.recompute_attn_only, fw["selective_recompute_s"], 0.0))
+    recompute = fw.kernel_recompute_s + xp.where(m.recompute_full, block_fwd,
+                                                    xp.where(m.recompute_attn_only, fw.selective_recompute_s, 0.0))
 
     # ---- offload traffic per block and microbatch (tier 2 <-> HBM, per direction) ----
     e = c.elem_bytes
@@ -77,29 +141,28 @@ def block_terms(c: Context, m, xp) -> dict:
     block_params = c.block_params / m.tp
     off_rate = _rate(c.offload_bytes_per_s)
     fwd_read = xp.where(m.weight_offload, e * block_params, 0.0)
-    fwd_write = xp.where(m.activations_offload, act["stored"], 0.0)
+    fwd_write = xp.where(m.activations_offload, act.stored, 0.0)
     bwd_read = xp.where(m.weight_offload, (e + GRAD_BYTES_PER_PARAM) * block_params, 0.0) + fwd_write
     bwd_write = xp.where(m.weight_offload, GRAD_BYTES_PER_PARAM * block_params, 0.0)
     off_fwd_bytes = xp.maximum(fwd_read, fwd_write)
     off_bwd_bytes = xp.maximum(bwd_read, bwd_write)
     off_fwd_s = off_fwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_fwd_bytes))
     off_bwd_s = off_bwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_bwd_bytes))
-    return {
-        "forward": fw,
-        "compute_fwd_s": compute_fwd,
-        "compute_bwd_s": compute_bwd,
-        "tp_fwd_s": tp_fwd_exposed + tp_fwd_stolen,
-        "tp_bwd_s": tp_bwd_exposed + tp_bwd_stolen,
-        "block_fwd_s": block_fwd,
-        "block_bwd_s": block_bwd,
-        "recompute_s": recompute,
-        "act_message_bytes": act_message,
-        "activations": act,
-        # offload traffic that compute cannot hide
-        "offload_fwd_s": xp.maximum(off_fwd_s - block_fwd, 0.0),
-        "offload_bwd_s": xp.maximum(off_bwd_s - (block_bwd + recompute), 0.0),
-        "offload_bytes_per_s_needed": xp.maximum(off_fwd_bytes / block_fwd, off_bwd_bytes / (block_bwd + recompute)),
-    }
+    return BlockTerms(
+        forward=fw,
+        compute_fwd_s=compute_fwd,
+        compute_bwd_s=compute_bwd,
+        tp_fwd_s=tp_fwd_exposed + tp_fwd_stolen,
+        tp_bwd_s=tp_bwd_exposed + tp_bwd_stolen,
+        block_fwd_s=block_fwd,
+        block_bwd_s=block_bwd,
+        recompute_s=recompute,
+        act_message_bytes=act_message,
+        activations=act,
+        offload_fwd_s=xp.maximum(off_fwd_s - block_fwd, 0.0),
+        offload_bwd_s=xp.maximum(off_bwd_s - (block_bwd + recompute), 0.0),
+        offload_bytes_per_s_needed=xp.maximum(off_fwd_bytes / block_fwd, off_bwd_bytes / (block_bwd + recompute)),
+    )
 
 
 def output_layer_s(c: Context, m, xp):
@@ -112,7 +175,7 @@ def output_layer_s(c: Context, m, xp):
                                                         2 * c.elem_bytes)
 
 
-def iteration_terms(c: Context, m, xp) -> dict:
+def iteration_terms(c: Context, m, xp) -> IterationTerms:
     """All named time (s), memory (bytes) and rate terms of one iteration."""
     t, p, dp, v, b = m.tp, m.pp, m.dp, m.interleaving, m.microbatch
     e = c.elem_bytes
@@ -121,14 +184,14 @@ def iteration_terms(c: Context, m, xp) -> dict:
 
     # ---- one block, one microbatch ----
     blk = block_terms(c, m, xp)
-    fw = blk["forward"]
-    compute_fwd, compute_bwd = blk["compute_fwd_s"], blk["compute_bwd_s"]
-    block_fwd, block_bwd, recompute = blk["block_fwd_s"], blk["block_bwd_s"], blk["recompute_s"]
-    act_message = blk["act_message_bytes"]
-    act = blk["activations"]
+    fw = blk.forward
+    compute_fwd, compute_bwd = blk.compute_fwd_s, blk.compute_bwd_s
+    block_fwd, block_bwd, recompute = blk.block_fwd_s, blk.block_bwd_s, blk.recompute_s
+    act_message = blk.act_message_bytes
+    act = blk.activations
     block_params = c.block_params / t
-    off_fwd_exposed, off_bwd_exposed = blk["offload_fwd_s"], blk["offload_bwd_s"]
-    offload_needed = blk["offload_bytes_per_s_needed"]
+    off_fwd_exposed, off_bwd_exposed = blk.offload_fwd_s, blk.offload_bwd_s
+    offload_needed = blk.offload_bytes_per_s_needed
 
     head_fwd = output_layer_s(c, m, xp)
     head_bwd = 2 * head_fwd
@@ -179,45 +242,45 @@ def iteration_terms(c: Context, m, xp) -> dict:
     optimizer = stage_block_params * c.optimizer_bytes_per_param / shards
     embedding = c.embedding_params / t * (e + GRAD_BYTES_PER_PARAM + c.optimizer_bytes_per_param / shards)
     inflight_blocks = blocks_in_flight(xp, blocks_per_stage, p, v, microbatches)
-    activations = act["stored"] * inflight_blocks
-    workspace = act["workspace"]
+    activations = act.stored * inflight_blocks
+    workspace = act.workspace
     resident_blocks = xp.minimum(RESIDENT_BLOCKS, blocks_per_stage)
     weights_hbm = xp.where(m.weight_offload, resident_blocks * block_params * (e + GRAD_BYTES_PER_PARAM), weights + grads)
-    activations_hbm = xp.where(m.activations_offload, xp.minimum(RESIDENT_BLOCKS, inflight_blocks) * act["stored"], activations)
+    activations_hbm = xp.where(m.activations_offload, xp.minimum(RESIDENT_BLOCKS, inflight_blocks) * act.stored, activations)
     optimizer_hbm = xp.where(m.optimizer_offload, 0.0, optimizer)
     hbm = weights_hbm + optimizer_hbm + activations_hbm + workspace + embedding
     offload = (xp.where(m.weight_offload, weights + grads, 0.0) + xp.where(m.optimizer_offload, optimizer, 0.0)
                + xp.where(m.activations_offload, activations, 0.0))
 
     model_flops = c.model_flops_per_sample * m.batch
-    recompute_flops = c.blocks * t / b * (fw["kernel_recompute_flops"] + xp.where(
-        m.recompute_full, fw["matrix_flops"], xp.where(m.recompute_attn_only, fw["selective_recompute_flops"], 0.0)))
+    recompute_flops = c.blocks * t / b * (fw.kernel_recompute_flops + xp.where(
+        m.recompute_full, fw.matrix_flops, xp.where(m.recompute_attn_only, fw.selective_recompute_flops, 0.0)))
     peak = iteration_s * m.num_procs * c.matrix_flops_per_s
-    return {
-        "iteration_s": iteration_s,
-        "forward_s": microbatches * (blocks_per_stage * compute_fwd + head_fwd),
-        "backward_s": microbatches * (blocks_per_stage * compute_bwd + head_bwd),
-        "recompute_s": microbatches * blocks_per_stage * recompute,
-        "tp_comm_s": microbatches * blocks_per_stage * (blk["tp_fwd_s"] + blk["tp_bwd_s"]),
-        "offload_s": microbatches * blocks_per_stage * (off_fwd_exposed + off_bwd_exposed),
-        "pp_comm_s": microbatches * pp_comm_micro,
-        "bubble_s": bubble_micro * micro_s,
-        "dp_comm_s": dp_exposed + dp_stolen,
-        "optimizer_s": optimizer_s,
-        "weights_bytes": weights,
-        "weight_grads_bytes": grads,
-        "optimizer_bytes": optimizer,
-        "embedding_bytes": embedding,
-        "activations_bytes": activations,
-        "activation_workspace_bytes": workspace,
-        "hbm_bytes": hbm,
-        "weights_hbm_bytes": weights_hbm,
-        "optimizer_hbm_bytes": optimizer_hbm,
-        "activations_hbm_bytes": activations_hbm,
-        "offload_bytes": offload,
-        "offload_bytes_per_s_needed": offload_needed,
-        "mfu": model_flops / peak,
-        "hfu": (model_flops + recompute_flops * m.batch) / peak,
-        "sample_rate": m.batch / iteration_s,
-    }
+    return IterationTerms(
+        iteration_s=iteration_s,
+        forward_s=microbatches * (blocks_per_stage * compute_fwd + head_fwd),
+        backward_s=microbatches * (blocks_per_stage * compute_bwd + head_bwd),
+        recompute_s=microbatches * blocks_per_stage * recompute,
+        tp_comm_s=microbatches * blocks_per_stage * (blk.tp_fwd_s + blk.tp_bwd_s),
+        offload_s=microbatches * blocks_per_stage * (off_fwd_exposed + off_bwd_exposed),
+        pp_comm_s=microbatches * pp_comm_micro,
+        bubble_s=bubble_micro * micro_s,
+        dp_comm_s=dp_exposed + dp_stolen,
+        optimizer_s=optimizer_s,
+        weights_bytes=weights,
+        weight_grads_bytes=grads,
+        optimizer_bytes=optimizer,
+        embedding_bytes=embedding,
+        activations_bytes=activations,
+        activation_workspace_bytes=workspace,
+        hbm_bytes=hbm,
+        weights_hbm_bytes=weights_hbm,
+        optimizer_hbm_bytes=optimizer_hbm,
+        activations_hbm_bytes=activations_hbm,
+        offload_bytes=offload,
+        offload_bytes_per_s_needed=offload_needed,
+        mfu=model_flops / peak,
+        hfu=(model_flops + recompute_flops * m.batch) / peak,
+        sample_rate=m.batch / iteration_s,
+    )
 

@@ -40,7 +40,7 @@ def test_scalar_and_array_evaluators_agree(problem):
         for name in ("iteration_time_s", "mfu", "hfu", "hbm_bytes", "offload_bytes"):
             assert math.isclose(getattr(ev, name), float(getattr(arrays, name)[i]), rel_tol=1e-12, abs_tol=1e-9), name
         for name, value in ev.time_s.items():
-            assert math.isclose(value, float(arrays.terms[name][i]), rel_tol=1e-12, abs_tol=1e-12), name
+            assert math.isclose(value, float(getattr(arrays.terms, name)[i]), rel_tol=1e-12, abs_tol=1e-12), name
 
 
 @settings(max_examples=60, deadline=None)

@@ -77,28 +77,28 @@ class Tables:
         ns = _namespace(tp=tm[cols["key"], 0], microbatch=tm[cols["key"], 1], **{k: v_ for k, v_ in cols.items()
                                                                                    if k != "key"})
         blk = block_terms(c, ns, ArrayOps)
-        act = blk["activations"]
+        act = blk.activations
 
         def arr(values):
             return np.broadcast_to(values, (len(ns.tp),)).reshape(shape)
 
         # one block, one microbatch, forward + backward + recompute + exposed TP and offload:
         # exact for every flag combination the block reads, minimised over the TP network
-        block = arr(blk["block_fwd_s"] + blk["block_bwd_s"] + blk["recompute_s"] + blk["offload_fwd_s"]
-                    + blk["offload_bwd_s"]).min(axis=-1)
+        block = arr(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
+                    + blk.offload_bwd_s).min(axis=-1)
         # TP overlap only changes time: the best overlap the space offers bounds every one
         block = block[:, :, list(tp_overlaps)].min(axis=2)
         rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
         self.block = {(comm, redo, rcs[rc], w, a): self._by_tm(block[:, comm, redo, rc, w, a])
                       for comm in range(3) for redo in (0, 1) for rc in range(3) for w in (0, 1) for a in (0, 1)}
         everything = (1, 2, 3, 4, 5, 6, 7)
-        self.compute = self._by_tm(arr(blk["compute_fwd_s"] + blk["compute_bwd_s"]).min(axis=everything))
+        self.compute = self._by_tm(arr(blk.compute_fwd_s + blk.compute_bwd_s).min(axis=everything))
         self.head = self._by_tm(3 * arr(output_layer_s(c, ns, ArrayOps)).min(axis=everything))
-        p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk["act_message_bytes"] / ns.tp,
+        p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
                                      np.full(len(ns.tp), k)) for k in nets]).min(axis=0)
         self.p2p = self._by_tm(arr(p2p).min(axis=everything))
-        stored = arr(act["stored"])
-        workspace = arr(act["workspace"])
+        stored = arr(act.stored)
+        workspace = arr(act.workspace)
         # activation classes: (comm code, redo) rows that realise each class
         cls_rows = {"no_sp": (0, 0), "sp": (TP_COMM_RS_AG, 0), "sp_redo": (TP_COMM_RS_AG, 1)}
         rc_index = {RECOMPUTE_FULL: 0, RECOMPUTE_ATTN_ONLY: 1, RECOMPUTE_NONE: 2}
@@ -123,18 +123,18 @@ class Tables:
         # Exposed + stolen DP time is at least usage × the reduction time (overlap hides at
         # most all of it, stealing `usage` of the compute meanwhile), and all of it unoverlapped.
         usage = np.minimum(1.0, np.asarray(c.net_usage)[ns.dp_net])
-        self.dp_comm = self._by_tp(arr2(terms["dp_comm_s"] * usage).min(axis=(1, 2, 3, 4)))
-        optimizer = arr2(terms["optimizer_s"])
+        self.dp_comm = self._by_tp(arr2(terms.dp_comm_s * usage).min(axis=(1, 2, 3, 4)))
+        optimizer = arr2(terms.optimizer_s)
         self.optimizer = {shard: self._by_tp(optimizer[:, shard].min(axis=(1, 2, 3))) for shard in (0, 1)}
-        weights = arr2(terms["weights_hbm_bytes"])
+        weights = arr2(terms.weights_hbm_bytes)
         self.weights_hbm = {w: self._by_tp(weights[:, 0, w, 0, 0]) for w in (0, 1)}
-        opt_mem = arr2(terms["optimizer_hbm_bytes"])
+        opt_mem = arr2(terms.optimizer_hbm_bytes)
         self.optimizer_hbm = {(shard, o): self._by_tp(opt_mem[:, shard, 0, o, 0]) for shard in (0, 1) for o in (0, 1)}
-        states = arr2(terms["weights_bytes"] + terms["weight_grads_bytes"])
+        states = arr2(terms.weights_bytes + terms.weight_grads_bytes)
         self.weights_and_grads = self._by_tp(states[:, 0, 0, 0, 0])
-        opt_state = arr2(terms["optimizer_bytes"])
+        opt_state = arr2(terms.optimizer_bytes)
         self.optimizer_state = {shard: self._by_tp(opt_state[:, shard, 0, 0, 0]) for shard in (0, 1)}
-        emb = arr2(terms["embedding_bytes"])
+        emb = arr2(terms.embedding_bytes)
         self.embedding = {shard: self._by_tp(emb[:, shard, 0, 0, 0]) for shard in (0, 1)}
 
     def _by_tm(self, values: np.ndarray) -> dict:
