@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import cache
 from typing import Callable, Literal
 
 import numpy as np
@@ -121,9 +122,9 @@ class Dimension:
         return int(code)
 
     def code_of(self, value) -> int:
-        """The integer code of a Mapping field's value."""
+        """The integer code of a Mapping field's value (a choice by member or by its text)."""
         if self.kind == "choice":
-            return list(self.choices).index(self.choices(value))
+            return _choice_codes(self.choices)[value]
         return int(value)
 
     @property
@@ -146,6 +147,12 @@ class Dimension:
         if not self.is_flag:
             return self.rule
         return "always" if not self.free_when else "when " + " and ".join(c.describe() for c in self.free_when)
+
+
+@cache
+def _choice_codes(choices: type[Enum]) -> dict:
+    """Member (and its text) -> code, for one choice enum."""
+    return {**{m: i for i, m in enumerate(choices)}, **{m.value: i for i, m in enumerate(choices)}}
 
 
 # ---- the rules any mapping must satisfy (costmodel.mapping.check_mapping_fits reads them) ----

@@ -85,6 +85,13 @@ class Evaluation:
         }
 
 
+# How each dimension appears in the formulas' view, worked out once from the declaration.
+_VIEW = tuple((dim.name, dim.field, dim.kind,
+               tuple(f"{dim.name}_{member.value}" for member in dim.choices) if dim.kind == "choice" else ())
+              for dim in DIMENSIONS)
+_CODE_OF = {dim.name: dim.code_of for dim in DIMENSIONS}
+
+
 def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
     """The formulas' view of one mapping or many (`codes`: each dimension's code by short
     name): whole numbers as floats, network indices as indices, switches as Booleans, and
@@ -92,24 +99,24 @@ def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
     `tp_comm_rs_ag`, `tp_overlap_ring`, ...). Two derived names: `num_procs` = tp·pp·dp and
     `seq_par` = tp_comm_rs_ag (sequence parallelism)."""
     view = {}
-    for dim in DIMENSIONS:
-        value = codes[dim.name]
-        if dim.kind in ("split", "per_split"):
-            view[dim.name] = as_float(value)
-        elif dim.kind == "network":
-            view[dim.name] = as_index(value)
-        elif dim.kind == "switch":
-            view[dim.name] = value
+    for name, _, kind, predicates in _VIEW:
+        value = codes[name]
+        if kind == "choice":
+            for code, predicate in enumerate(predicates):
+                view[predicate] = value == code
+        elif kind == "network":
+            view[name] = as_index(value)
+        elif kind == "switch":
+            view[name] = value
         else:
-            for code, member in enumerate(dim.choices):
-                view[f"{dim.name}_{member.value}"] = value == code
+            view[name] = as_float(value)
     view["num_procs"] = view["tp"] * view["pp"] * view["dp"]
     view["seq_par"] = view["tp_comm_rs_ag"]
     return SimpleNamespace(**view)
 
 
 def _scalar_fields(mapping: Mapping) -> SimpleNamespace:
-    return formula_view({dim.name: dim.code_of(getattr(mapping, dim.field)) for dim in DIMENSIONS}, float, int)
+    return formula_view({name: _CODE_OF[name](getattr(mapping, field)) for name, field, _, _ in _VIEW}, float, int)
 
 
 def _reasons(checks: dict, terms: IterationTerms, c: Context, m) -> tuple[str, ...]:
