@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from costmodel.dimensions import NETWORK_GROUPS
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import Evaluation
 from costmodel.mapping import Mapping
@@ -191,9 +192,11 @@ class NetworkFit(Constraint):
         return f"tp, tp·pp and all {p.num_gpus} GPUs fit the networks carrying tp, pp, dp ({sizes})"
 
     def add(self, m, v, p):
-        tp_pp_span = sum(t * q * lit for (t, q), lit in v.tp_pp.items())
-        spans = {"tp_net": ("tp", v.tp.var), "pp_net": ("pp", tp_pp_span), "dp_net": ("dp", p.num_gpus)}
-        if "tp_net" not in v.flags:
+        # Spans of the nested groups (costmodel.dimensions.NETWORK_GROUPS): tp; tp·pp (one
+        # literal per (tp, pp) pair); every GPU.
+        span_of = (v.tp.var, sum(t * q * lit for (t, q), lit in v.tp_pp.items()), p.num_gpus)
+        spans = {net: (degree, span) for (degree, net), span in zip(NETWORK_GROUPS, span_of, strict=True)}
+        if NETWORK_GROUPS[0][1] not in v.flags:
             # Network choices not modelled: relax to "some network is wide enough" (never
             # excludes a mapping whose groups fit; must-be-filled is left to the exact model).
             widest = max(n.size for n in p.system.networks)
