@@ -12,10 +12,10 @@ from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from costmodel.units import GiB
 from solver.report.tables import MAPPING_HEADERS, mapping_cells
+from solver.space.pins import describe_pins, pins_text
 from solver.search.brute import BruteResult, scan
 from solver.cli.options import (datatype_option, load_problem, problem_options,
-                                space_options, user_errors, wide_console)
-from solver.space.declaration import get_space
+                                space_and_cap, space_options, user_errors, wide_console)
 
 
 @click.command(name="brute")
@@ -29,7 +29,8 @@ from solver.space.declaration import get_space
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @user_errors
 def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gib: float | None,
-            offload_gbps: float | None, nvlink_size: int | None, num_gpus: int, max_batch: int, space_name: str,
+            offload_gbps: float | None, nvlink_size: int | None, num_gpus: int, max_batch: int, batch: int | None,
+            batch_tokens: int | None, space_name: str, fix: tuple[str, ...],
             attention: str, datatype: str, top_k: int, csv_path: str | None, workers: int | None,
             as_json: bool) -> None:
     """Evaluate every mapping with the exact model and list the fastest.
@@ -45,13 +46,13 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
                    --gpus 4096 --datatype float8 --top-k 5
     """
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
-    space = get_space(space_name)
+    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
     result = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), Kernels.with_attention(attention),
                   top_k=top_k, workers=workers, progress=not as_json, csv_path=csv_path)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(json.dumps({**result.to_dict(), "fixed": describe_pins(space)}, indent=2))
     else:
-        print_brute(result, model.name, system.name)
+        print_brute(result, model.name, system.name + pins_text(space))
     if result.best is None:
         raise MapsatError(result.infeasible_reason(system.hbm.capacity_bytes))
 

@@ -12,10 +12,10 @@ from rich.table import Table
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from solver.cli.options import (datatype_option, load_problem, problem_options,
-                                space_options, user_errors, wide_console)
+                                space_and_cap, space_options, user_errors, wide_console)
 from solver.search.brute import scan
+from solver.space.pins import describe_pins, pins_text
 from solver.space.count import CountResult, count_mappings
-from solver.space.declaration import get_space
 
 
 @click.command(name="count")
@@ -29,7 +29,8 @@ from solver.space.declaration import get_space
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @user_errors
 def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gib: float | None,
-            offload_gbps: float | None, nvlink_size: int | None, num_gpus: int, max_batch: int, space_name: str,
+            offload_gbps: float | None, nvlink_size: int | None, num_gpus: int, max_batch: int, batch: int | None,
+            batch_tokens: int | None, space_name: str, fix: tuple[str, ...],
             attention: str, feasible: bool, datatype: str, workers: int | None, as_json: bool) -> None:
     """Count the mappings of a model onto N GPUs, in closed form (milliseconds).
 
@@ -46,7 +47,7 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
     if click.get_current_context().get_parameter_source("datatype") is not click.core.ParameterSource.DEFAULT:
         system.compute_for(Datatype(datatype))   # a datatype given explicitly must exist, counted or not
-    space = get_space(space_name)
+    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
     result = count_mappings(model, system, num_gpus, max_batch, space)
     if feasible:
         start = time.perf_counter()
@@ -56,9 +57,9 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
         result = result.with_feasible(scanned.feasible, scanned.feasible_by_dimension, Datatype(datatype),
                                       time.perf_counter() - start)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        click.echo(json.dumps({**result.to_dict(), "fixed": describe_pins(space)}, indent=2))
     else:
-        print_count(result, model.name, system.name)
+        print_count(result, model.name, system.name + pins_text(space))
 
 
 def print_count(result: CountResult, model_name: str, system_name: str) -> None:

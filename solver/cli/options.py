@@ -16,7 +16,8 @@ from costmodel.kernels import ATTENTION_KERNELS
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.space.declaration import DEFAULT_SPACE, SPACES
+from solver.space.declaration import DEFAULT_SPACE, SPACES, Space, get_space
+from solver.space.pins import batch_cap, parse_pins, pinned
 
 
 def _debugging() -> bool:
@@ -94,19 +95,36 @@ attention_option = click.option(
 
 
 def space_options(func: Callable) -> Callable:
-    """--gpus N [--max-batch B] [--space NAME] [--attention fused|unfused]."""
+    """--gpus N [--max-batch B | --batch B | --batch-tokens T] [--space NAME] [--fix DIM=V,...]
+    [--attention fused|unfused]."""
     options = [
         click.option("--gpus", "num_gpus", required=True, type=click.IntRange(min=1),
                      help="Number of GPUs, N (tp·pp·dp = N)."),
         click.option("--max-batch", type=click.IntRange(min=1), default=3072, show_default=True,
-                     help="Cap on the global batch, in sequences."),
+                     help="Cap on the global batch, in sequences: each split takes the largest multiple of dp "
+                          "under it."),
+        click.option("--batch", type=click.IntRange(min=1), default=None,
+                     help="Fix the global batch, in sequences (only splits whose dp divides it remain)."),
+        click.option("--batch-tokens", type=click.IntRange(min=1), default=None,
+                     help="Fix the global batch in tokens (a whole number of sequences, e.g. 16777216)."),
         click.option("--space", "space_name", type=click.Choice(list(SPACES)), default=DEFAULT_SPACE,
                      show_default=True, help="Named mapping space (see `mapsat spaces`)."),
+        click.option("--fix", "fix", multiple=True, metavar="DIM=VALUE[,VALUE...]",
+                     help="Keep only mappings whose dimension DIM takes one of these values, e.g. --fix tp=8 "
+                          "--fix recompute=full,none (repeatable; dimensions: `mapsat spaces`)."),
         attention_option,
     ]
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def space_and_cap(space_name: str, fix: tuple[str, ...], max_batch: int, batch: int | None,
+                  batch_tokens: int | None, model: Model) -> tuple[Space, int]:
+    """The named space with the --fix pins and a fixed batch applied, and the batch cap."""
+    given = click.get_current_context().get_parameter_source("max_batch") is not click.core.ParameterSource.DEFAULT
+    cap, batch_pins = batch_cap(max_batch, batch, batch_tokens, model.seq_size, given)
+    return pinned(get_space(space_name), parse_pins(fix) + batch_pins), cap
 
 
 def datatype_option(func: Callable) -> Callable:

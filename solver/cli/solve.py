@@ -9,10 +9,10 @@ from costmodel.errors import MapsatError
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from solver.cli.options import (datatype_option, load_problem, problem_options,
-                                space_options, user_errors, wide_console)
+                                space_and_cap, space_options, user_errors, wide_console)
 from solver.report.tables import dumps, evaluation_tables, mapping_summary
+from solver.space.pins import describe_pins, pins_text
 from solver.search.solve import SolverConfig, SolveResult, solve
-from solver.space.declaration import get_space
 
 
 @click.command("solve")
@@ -28,8 +28,8 @@ from solver.space.declaration import get_space
 @click.option("--seed", type=int, default=0, show_default=True, help="CP-SAT random seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
 @user_errors
-def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch,
-            space_name, attention, datatype, top_k, time_limit_s, workers, seed, as_json):
+def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch, batch,
+            batch_tokens, space_name, fix, attention, datatype, top_k, time_limit_s, workers, seed, as_json):
     """Find the fastest mapping under the exact model, certified optimal by CP-SAT.
 
     Exits 1 when no mapping is feasible, naming the constraints that rule every mapping out.
@@ -41,14 +41,15 @@ def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_
                    --datatype float8 --offload-gib 1024 --offload-gbps 100
     """
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
     config = SolverConfig(time_limit_s=time_limit_s, workers=workers, seed=seed, top_k=top_k)
     result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),
-                   space=get_space(space_name),
+                   space=space,
                    kernels=Kernels.with_attention(attention), config=config)
     if as_json:
-        click.echo(dumps(result.to_dict()))
+        click.echo(dumps({**result.to_dict(), "fixed": describe_pins(space)}))
     else:
-        print_result(result, f"{model.name} on {num_gpus:,} x {system.name}, {datatype}, space {space_name}, "
+        print_result(result, f"{model.name} on {num_gpus:,} x {system.name}, {datatype}, space {space_name}{pins_text(space)}, "
                                    f"{attention} attention")
     if result.best is None:
         raise MapsatError(f"infeasible: {'; '.join(result.infeasible_reasons)}")

@@ -81,6 +81,7 @@ def count_flag_combinations(space: Space, known: tuple[tuple[str, int], ...], nu
         dim = by_name[name]
         domain = dim.domain(num_networks)
         domain = domain if dim.is_free(values) else domain[:1]
+        domain = tuple(c for c in domain if space.admits(name, c))
         if fixed is not None and fixed[0] == name:
             domain = tuple(c for c in domain if c == fixed[1])
         return domain

@@ -97,6 +97,16 @@ class Space:
     batch_is_dp_above_cap: bool
     """Calculon-2023 quirk: when dp alone exceeds the batch cap, the global batch is dp (one
     sequence per replica) instead of there being no valid batch."""
+    pins: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """Dimensions the user fixed (`--fix`, solver.space.pins): (name, the values — numbers,
+    or a flag's codes — it may take). Every mapping outside is left out of the space."""
+
+    def admits(self, name: str, value: int) -> bool:
+        """Whether the pins let dimension `name` take `value`."""
+        for pinned, allowed in self.pins:
+            if pinned == name:
+                return value in allowed
+        return True
     @property
     def flags(self) -> tuple[FlagDimension, ...]:
         offered = dict(self.offered)
@@ -186,18 +196,20 @@ def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list
         raise InputError(f"max batch: {max_batch} must be > 0")
     result = []
     for tp in divisors(num_gpus):
-        if tp > space.tp_max or _TP.fits(model, None, {"tp": tp}):
+        if tp > space.tp_max or _TP.fits(model, None, {"tp": tp}) or not space.admits("tp", tp):
             continue
         for pp in divisors(min(num_gpus // tp, model.num_blocks)):
-            if _PP.fits(model, None, {"pp": pp}) or (num_gpus // tp) % pp:
+            if _PP.fits(model, None, {"pp": pp}) or (num_gpus // tp) % pp or not space.admits("pp", pp):
                 continue
             dp = num_gpus // (tp * pp)
             batch = space.batch_for(dp, max_batch)
-            if batch is None:
+            if batch is None or not (space.admits("dp", dp) and space.admits("batch", batch)):
                 continue
             interleavings = (1,) if pp == 1 else divisors(model.num_blocks // pp)
-            microbatches = tuple(m for m in divisors(batch // dp) if (m * model.seq_size) % tp == 0)
-            if microbatches:
+            interleavings = tuple(v for v in interleavings if space.admits("interleaving", v))
+            microbatches = tuple(m for m in divisors(batch // dp)
+                                 if (m * model.seq_size) % tp == 0 and space.admits("microbatch", m))
+            if interleavings and microbatches:
                 result.append(Skeleton(tp, pp, dp, batch, interleavings, microbatches))
     return result
 
@@ -209,19 +221,22 @@ def facts(skeleton: Skeleton, system: System) -> dict[str, int]:
 
 def iter_flag_combinations(space: Space, known: dict[str, int], num_networks: int) -> Iterator[tuple[int, ...]]:
     """Valid flag code tuples (in `space.flags` order), lexicographic in that order: built
-    one flag at a time, each partial tuple extended by the codes its flag may take."""
+    one flag at a time, each partial tuple extended by the codes its flag may take (and the
+    space's pins admit)."""
     dims = space.flags
     position = {dim.name: i for i, dim in enumerate(dims)}
     combos: list[tuple[int, ...]] = [()]
     for dim in dims:
         domain = dim.domain(num_networks)
+        free = tuple(code for code in domain if space.admits(dim.name, code))
+        pinned = free[:1] if free[:1] == domain[:1] else ()
         if not all(c.holds(known) for c in dim.free_when if c.subject in known):
-            combos = [combo + domain[:1] for combo in combos]
+            combos = [combo + pinned for combo in combos] if pinned else []
             continue
         on_flags = [(position[c.subject], c) for c in dim.free_when if c.subject not in known]
         combos = [combo + (code,)
                   for combo in combos
-                  for code in (domain if all(c.holds_for(combo[i]) for i, c in on_flags) else domain[:1])]
+                  for code in (free if all(c.holds_for(combo[i]) for i, c in on_flags) else pinned)]
     return iter(combos)
 
 

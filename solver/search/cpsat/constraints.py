@@ -131,6 +131,27 @@ class MicrobatchDivisibility(Constraint):
                 + (mapping.microbatch_size * p.model.seq_size) % mapping.tp)
 
 
+class Pins(Constraint):
+    """Dimensions the user fixed (Space.pins): a flag takes one of the codes given. Pinned
+    skeleton dimensions need nothing here: the variables' domains come from skeletons that
+    already obey the pins."""
+
+    name = "fixed dimensions"
+
+    def describe(self, p):
+        return "; ".join(f"{name} in {list(values)}" for name, values in p.space.pins) or "none"
+
+    def add(self, m, v, p):
+        for name, allowed in p.space.pins:
+            if name in v.flags:
+                m.AddExactlyOne([v.flags[name][code] for code in allowed if code in v.flags[name]] or
+                                [m.NewConstant(0)])
+
+    def violation(self, mapping, evaluation, p):
+        values = MappingArrays.from_mappings([mapping])
+        return float(sum(int(values.columns[name][0]) not in allowed for name, allowed in p.space.pins))
+
+
 def _fact_literal(m: cp_model.CpModel, v: Variables, p: Problem, subject: str):
     """A literal true when the skeleton fact `subject > 1` holds (or offload exists)."""
     if subject == "offload":
@@ -242,4 +263,4 @@ def _add_at_least(m: cp_model.CpModel, expr, bound: int, enforce) -> None:
 
 
 STRUCTURE: tuple[Constraint, ...] = (ParallelSplit(), TensorDivisibility(), PipelineDivisibility(), BatchCap(),
-                                     MicrobatchDivisibility(), FlagRules(), NetworkFit())
+                                     MicrobatchDivisibility(), FlagRules(), Pins(), NetworkFit())
