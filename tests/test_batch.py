@@ -393,3 +393,28 @@ def test_store_writes_strict_json(tmp_path):
     with ResultStore.open(tmp_path) as store:
         store.append({**record(1), "gap": float("inf"), "best": {"mfu": float("nan")}})
     assert json.loads((tmp_path / "results.jsonl").read_text()) == {**record(1), "gap": None, "best": {"mfu": None}}
+
+
+def test_fixed_dimensions_and_fixed_batch_reach_the_solver(batch_file, tmp_path):
+    doc = batch_doc(gpus=[4], fix={"tp": 2, "recompute": ["full", "none"]}, batch=[4, 8])
+    del doc["max_batch"]
+    problems = load_batch(batch_file(doc))
+    assert {p.max_batch for p in problems} == {4, 8}
+    assert all(p.fix[:2] == ("tp=2", "recompute=full,none") and p.fix[2] == f"batch={p.max_batch}" for p in problems)
+    out = tmp_path / "out"
+    run_batch(problems, out, jobs=1)
+    for record in read_results(out):
+        mapping = record["best"]["mapping"]
+        assert mapping["tensor_par"] == 2 and mapping["activation_recompute"] in ("full", "none")
+        assert mapping["batch_size"] == record["problem"]["max_batch"]
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"fix": {"tpp": 2}}, "'tpp' is not a dimension (did you mean tp?)"),
+    ({"fix": {"recompute": "most"}}, "'most' is not a recompute"),
+    ({"batch": 8}, "'batch' fixes the global batch and 'max_batch' caps it: give one"),
+])
+def test_bad_fix_in_a_batch_file_is_one_line(batch_file, changes, message):
+    with pytest.raises(InputError) as raised:
+        load_batch(batch_file(batch_doc(**changes)))
+    assert message in str(raised.value) and "\n" not in str(raised.value)

@@ -20,6 +20,7 @@ from costmodel.model import Model
 from costmodel.system import Datatype, System
 from costmodel.kernels import ATTENTION_KERNELS
 from solver.space.declaration import SPACES
+from solver.space.pins import parse_pins
 
 DEFAULT_MAX_BATCH = 3072
 DEFAULT_SPACE = "full"
@@ -63,6 +64,10 @@ class GridSpec(BaseModel):
     gpus: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(None, description="GPU counts.")
     max_batch: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
         None, description=f"Caps on the global batch (default {DEFAULT_MAX_BATCH}).")
+    batch: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
+        None, description="Fixed global batches, in sequences (instead of a cap): only splits whose dp divides it.")
+    fix: dict[str, int | str | bool | list[int | str | bool]] | None = Field(
+        None, description="Dimensions to fix, as on the command line: {tp: 8, recompute: [full, none]}.")
     datatype: Grid(Datatype) | None = Field(None, description="Compute datatypes (default bfloat16).")
     space: Grid(Literal[tuple(SPACES)]) | None = Field(None, description=f"Mapping spaces (default {DEFAULT_SPACE}).")
     attention: Grid(Literal[ATTENTION_KERNELS]) | None = Field(
@@ -98,6 +103,7 @@ class Problem:
     time_limit_s: float
     offload_unbounded: bool = False  # offload bandwidth = HBM's, standing for "unbounded"
     attention: str = "fused"         # the attention kernel (costmodel.kernels.ATTENTION_KERNELS)
+    fix: tuple[str, ...] = ()        # pins as --fix takes them ("tp=8"); a fixed batch is "batch=B"
 
     def to_dict(self) -> dict:
         """The `problem` field of a result record: everything needed to read the result."""
@@ -112,7 +118,7 @@ class Problem:
                        "nvlink_size": self.system.networks[0].size},
             "overrides": dict(self.overrides), "gpus": self.gpus, "max_batch": self.max_batch,
             "datatype": self.datatype.value, "space": self.space, "attention": self.attention,
-            "time_limit_s": self.time_limit_s,
+            "time_limit_s": self.time_limit_s, "fix": list(self.fix),
         }
 
     def payload(self, solver_workers: int = 1) -> dict:
@@ -139,6 +145,8 @@ def load_batch(path: str | Path, *, time_limit_s: float | None = None) -> list[P
         for field in ("models", "systems", "gpus"):
             if field not in grid:
                 raise InputError(f"{where}: missing field '{field}'")
+        if "batch" in grid and "max_batch" in grid:
+            raise InputError(f"{where}: 'batch' fixes the global batch and 'max_batch' caps it: give one")
         for problem in _expand(grid, loader, where, time_limit_s):
             known = problems.get(problem.id)
             if known is None:
@@ -190,7 +198,7 @@ def _slug(text: str) -> str:
 
 
 def problem_id(model: Model, system_name: str, gpus: int, datatype: Datatype, max_batch: int, space: str,
-               overrides: dict[str, Any], attention: str = "fused") -> str:
+               overrides: dict[str, Any], attention: str = "fused", fix: tuple[str, ...] = ()) -> str:
     """A readable id, e.g. gpt-1t-256b__h100-80g-nvl8__g4096__fp8__off1024g100; the max
     batch, space and attention kernel appear only when they differ from the defaults."""
     parts = [_slug(model.name), _slug(system_name), f"g{gpus}", DATATYPE_TAGS[datatype.value]]
@@ -200,6 +208,8 @@ def problem_id(model: Model, system_name: str, gpus: int, datatype: Datatype, ma
         parts.append(_slug(space))
     if attention != "fused":
         parts.append(f"{attention}-attn")
+    if fix:
+        parts.append("fix-" + "-".join(_slug(pin.replace("=", "").replace(",", "+")) for pin in fix))
     if "hbm_gib" in overrides:
         parts.append(f"hbm{_number(overrides['hbm_gib'])}")
     if overrides.get("offload_gib") == 0:
@@ -219,24 +229,42 @@ def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None)
     knob_names = [k for k in ("hbm_gib", "offload_gib", "offload_gbps", "nvlink_size") if k in overrides]
     limit = time_limit_s or grid.get("time_limit_s", DEFAULT_TIME_LIMIT_S)
     out = []
-    combos = itertools.product(grid["models"], grid["systems"], grid["gpus"], grid.get("max_batch", [DEFAULT_MAX_BATCH]),
+    fix = _pin_texts(grid.get("fix", {}), where)
+    fixed_batch = "batch" in grid
+    combos = itertools.product(grid["models"], grid["systems"], grid["gpus"],
+                               grid.get("batch", grid.get("max_batch", [DEFAULT_MAX_BATCH])),
                                grid.get("datatype", [Datatype.bfloat16]), grid.get("space", [DEFAULT_SPACE]),
                                grid.get("attention", ["fused"]), *(overrides[k] for k in knob_names))
     for model_ref, system_ref, gpus, max_batch, datatype, space, attention, *knob_values in combos:
+        pins = (*fix, f"batch={max_batch}") if fixed_batch else fix
         model, _ = loader.get("models", model_ref, where)
         base, source = loader.get("systems", system_ref, where)
         given = dict(zip(knob_names, knob_values))
         if given.get("offload_gib") == 0:
             given.pop("offload_gbps", None)  # no offload memory: its bandwidth means nothing
         datatype = Datatype(datatype)
-        pid = problem_id(model, base.name, gpus, datatype, max_batch, space, given, attention)
+        pid = problem_id(model, base.name, gpus, datatype, max_batch, space, given, attention, pins)
         system = _apply(base, given, f"{where}: {pid}")
         system.compute_for(datatype)
         unbounded = system.offload is not None and (given.get("offload_gbps") == UNBOUNDED or (
             base.offload is None and "offload_gbps" not in given))
         out.append(Problem(pid, model, system, base.name, source, given, gpus, max_batch, datatype, space, limit,
-                           unbounded, attention))
+                           unbounded, attention, pins))
     return out
+
+
+def _pin_texts(fix: dict[str, Any], where: str) -> tuple[str, ...]:
+    """A batch file's `fix` as --fix texts, checked now so a bad pin is an error before any solve."""
+    texts = []
+    for name, values in fix.items():
+        values = values if isinstance(values, list) else [values]
+        words = [("on" if v else "off") if isinstance(v, bool) else str(v) for v in values]
+        texts.append(f"{name}={','.join(words)}")
+    try:
+        parse_pins(texts)
+    except InputError as err:
+        raise InputError(f"{where}: fix: {str(err).removeprefix('--fix')}".replace(":  ", ": ")) from None
+    return tuple(texts)
 
 
 def _apply(system: System, given: dict[str, Any], where: str) -> System:

@@ -26,6 +26,7 @@ def solve_payload(payload: dict) -> dict:
     try:
         from solver.search.solve import SolverConfig, solve
         from solver.space.declaration import get_space
+        from solver.space.pins import parse_pins, pinned
 
         problem = payload["problem"]
         model = Model.model_validate(payload["model"])
@@ -33,7 +34,7 @@ def solve_payload(payload: dict) -> dict:
         config = SolverConfig(time_limit_s=problem["time_limit_s"], workers=payload.get("solver_workers", 1))
         result = solve(model, system, problem["gpus"], max_batch=problem["max_batch"],
                        datatype=Datatype(problem["datatype"]),
-                       space=get_space(problem["space"]),
+                       space=pinned(get_space(problem["space"]), parse_pins(problem.get("fix", []))),
                        kernels=Kernels.with_attention(problem.get("attention", "fused")), config=config)
         solved = result.to_dict()
         record.update(solved)
