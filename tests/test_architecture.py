@@ -109,3 +109,14 @@ def test_every_file_in_a_help_example_exists():
                 if "/" in word and word.endswith((".yaml", ".yml", ".json")) and not (ROOT / word).is_file():
                     missing.append(f"{name}: {word}")
     assert not missing, "help examples name missing files: " + ", ".join(missing)
+
+
+def test_the_lazy_command_list_matches_each_command():
+    """`mapsat --help` lists commands from a static table (so it need not import them): each
+    entry names the module that holds the command and repeats its first line of help."""
+    from solver.cli.app import COMMANDS
+
+    for name, (module, summary) in COMMANDS.items():
+        command = cli.commands[name]
+        assert command.name == name and command.callback.__module__ == module
+        assert command.help.strip().splitlines()[0].strip() == summary
