@@ -179,7 +179,7 @@ def fit_attention(data: AttentionData) -> FamilyFit:
     fields = dict(zip(names, (rounded(v, f) for v, f in zip((best[0] / MICRO, best[1] / TERA, *best[2:]), floors))))
     return FamilyFit("attention bf16", fields, Errors.of(attention_fwd_bwd_s(fields, train), train.fwd_bwd_s),
                      Errors.of(attention_fwd_bwd_s(fields, test), test.fwd_bwd_s),
-                     "sequence 2048, 8192 (forward + backward)", f"sequence {ATTENTION_TEST_SEQ:g}")
+                     "seq 2048, 8192 (fwd + bwd)", f"seq {ATTENTION_TEST_SEQ:g} (fwd + bwd)")
 
 
 # ---------------------------------------------------------------- HBM-bound layers
