@@ -79,7 +79,14 @@ def rounded(value: float, floor: float = 0.0) -> float:
 def fit_log_least_squares(model: Callable[[np.ndarray], np.ndarray], start: np.ndarray, measured: np.ndarray,
                           iterations: int = 300) -> np.ndarray:
     """Positive parameters minimising Σ log(model(params) / measured)², by Levenberg–Marquardt
-    on log(params) with a forward-difference Jacobian. Deterministic."""
+    on log(params) with a forward-difference Jacobian. Deterministic.
+
+    Marquardt's schedule: damping starts at 1e-3 of the normal matrix's diagonal, is divided
+    by 3 after a step that lowers the cost and multiplied by 4 after one that does not; it
+    gives up past 1e10 (no descent left) and stops when no log-parameter moves by 1e-8. The
+    Jacobian's step is 1e-6 in log space (a relative change of 1e-6 in each parameter); 1e-12
+    on the diagonal keeps the system solvable when a parameter has no effect; log-parameters
+    stay within ±700 so that exp() stays finite."""
     logp = np.log(np.asarray(start, dtype=float))
     residual = np.log(model(np.exp(logp)) / measured)
     cost, damping, step_size = residual @ residual, 1e-3, 1e-6
@@ -124,6 +131,8 @@ def fit_gemm(train: GemmData, test: GemmData, peak_flops_per_s: float, hbm_bytes
              elem_bytes: float, label: str) -> FamilyFit:
     names = ("launch_us", "efficiency", "depth_overhead", "fill_outputs", "power_drop", "power_flops",
              "hbm_efficiency")
+    # Below these a fitted value is negligible and written as 0: 0.01 µs of launch, less than
+    # one element of overhead, a power drop under 0.1 %.
     floors = (0.01, 0.0, 1.0, 1.0, 1e-3, 0.0, 0.0)
 
     def fields_of(values) -> dict:
@@ -137,6 +146,8 @@ def fit_gemm(train: GemmData, test: GemmData, peak_flops_per_s: float, hbm_bytes
         return gemm_time_s(timing, ArrayOps, train.rows, train.cols, train.depth, _gemm_bytes(train, elem_bytes),
                            peak_flops_per_s, hbm_bytes_per_s)
 
+    # Starting point (the fit moves far from it): 5 µs launch, 0.8 of peak, 200 K-steps of
+    # tile overhead, 1e5 outputs to fill the GPU, a 30 % power drop from ~1e12 FLOP, 0.7 of HBM.
     start = np.array([5e-6, 0.8, 200.0, 1e5, 0.3, 1e12, 0.7])
     best = fit_log_least_squares(model, start, train.time_s)
     values = [best[0] / MICRO, *best[1:]]
@@ -169,12 +180,14 @@ def fit_attention(data: AttentionData) -> FamilyFit:
     if len(train.seq) < 5:
         raise InputError(f"attention: {len(train.seq)} points outside sequence {ATTENTION_TEST_SEQ:g}; need >= 5")
     names = ("launch_us", "tflops", "head_size_overhead", "seq_overhead", "fill_rows")
-    floors = (0.01, 0.0, 1.0, 1.0, 1.0)
+    floors = (0.01, 0.0, 1.0, 1.0, 1.0)      # as for GEMMs: 0.01 µs, one element, position or row
 
     def model(params: np.ndarray) -> np.ndarray:
         fields = dict(zip(names, (params[0] / MICRO, params[1] / TERA, *params[2:])))
         return attention_fwd_bwd_s(fields, train)
 
+    # Starting point: 10 µs launch, 1,000 TFLOP/s, 30 head-size elements, 300 key positions and
+    # 1e4 query rows of overhead.
     best = fit_log_least_squares(model, np.array([1e-5, 1e15, 30.0, 300.0, 1e4]), train.fwd_bwd_s)
     fields = dict(zip(names, (rounded(v, f) for v, f in zip((best[0] / MICRO, best[1] / TERA, *best[2:]), floors))))
     return FamilyFit("attention bf16", fields, Errors.of(attention_fwd_bwd_s(fields, train), train.fwd_bwd_s),
@@ -197,7 +210,7 @@ def fit_hbm(data: EltwiseData, hbm_bytes_per_s: float) -> FamilyFit:
     def model(params: np.ndarray) -> np.ndarray:
         return hbm_pass_s(data.num_bytes[train], hbm_bytes_per_s * min(params[1], 1.0), params[0])
 
-    best = fit_log_least_squares(model, np.array([5e-6, 0.8]), data.time_s[train])
+    best = fit_log_least_squares(model, np.array([5e-6, 0.8]), data.time_s[train])   # 5 µs, 0.8 of bandwidth
     fields = {"efficiency": rounded(min(best[1], 1.0)), "latency_us": rounded(best[0] / MICRO, 0.01)}
     return FamilyFit("hbm-bound layers", fields,
                      Errors.of(hbm_predict(fields, data.num_bytes[train], hbm_bytes_per_s), data.time_s[train]),
