@@ -111,7 +111,8 @@ def block_forward_times(c: Context, m, xp) -> dict:
         kernel_recompute_flops = score_flops
         selective_recompute, selective_recompute_flops = 0.0, 0.0   # nothing outside the kernel to redo
     else:
-        scores = gemm_s(c, xp, s, s, d, e * (b * heads * s * d + b * kv_cols / d * s * d + score_elems), batch=b * heads)
+        scores = gemm_s(c, xp, s, s, d, e * (b * heads * s * d + b * kv_cols / d * s * d + score_elems),
+                        batch=b * heads)
         context = gemm_s(c, xp, s, d, s, e * (score_elems + b * kv_cols / d * s * d + b * heads * s * d),
                          batch=b * heads)
         softmax = eltwise_s(c, xp, score_elems, SOFTMAX_FLOPS_PER_ELEM, 2 * e)

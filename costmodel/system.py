@@ -71,11 +71,13 @@ class GemmFit(BaseModel):
     model_config = _FROZEN
 
     launch_us: RealNumber = Field(ge=0, description="Fixed cost of one GEMM kernel, µs.")
-    efficiency: RealNumber = Field(gt=0, le=1, description="Fraction of matrix peak the main loop reaches at full clocks.")
+    efficiency: RealNumber = Field(
+        gt=0, le=1, description="Fraction of matrix peak the main loop reaches at full clocks.")
     depth_overhead: RealNumber = Field(
         ge=0, description="Per-tile prologue/epilogue in equivalent reduction steps: time × (1 + depth_overhead / K).")
     fill_outputs: RealNumber = Field(
-        ge=0, description="Output elements M·N at which poor SM fill doubles the time: × (1 + fill_outputs / (M·N)).")
+        ge=0, description="Output elements M·N at which poor SM fill doubles the time: "
+                          "× (1 + fill_outputs / (M·N)).")
     power_drop: RealNumber = Field(
         ge=0, description="Long GEMMs run at efficiency / (1 + power_drop) under the power limit.")
     power_flops: RealNumber = Field(gt=0, description="GEMM FLOP at which half of power_drop has set in.")
@@ -97,8 +99,10 @@ class AttentionFit(BaseModel):
 
     launch_us: RealNumber = Field(ge=0, description="Fixed cost of one attention kernel, µs.")
     tflops: RealNumber = Field(
-        gt=0, description="Sustained rate on the full (non-causal) 2·b·a·s²·d FLOP count per s×s×d product, TFLOP/s.")
-    head_size_overhead: RealNumber = Field(ge=0, description="× (1 + head_size_overhead / d'), d' the padded head size.")
+        gt=0, description="Sustained rate on the full (non-causal) 2·b·a·s²·d FLOP count per s×s×d product, "
+                          "TFLOP/s.")
+    head_size_overhead: RealNumber = Field(
+        ge=0, description="× (1 + head_size_overhead / d'), d' the padded head size.")
     seq_overhead: RealNumber = Field(ge=0, description="× (1 + seq_overhead / s).")
     fill_rows: RealNumber = Field(ge=0, description="Query rows b·a·s at which poor SM fill doubles the time.")
     head_size_step: WholeNumber = Field(32, gt=0, description="Head sizes are padded up to a multiple of this.")
@@ -137,7 +141,8 @@ class Compute(BaseModel):
     def _one_gemm_model(self) -> "Compute":
         if (self.matrix_efficiency is None) == (self.gemm is None):
             given = "both" if self.gemm is not None else "neither"
-            raise ValueError(f"give exactly one of matrix_efficiency (a step curve) and gemm (a fitted model); got {given}")
+            raise ValueError("give exactly one of matrix_efficiency (a step curve) and gemm (a fitted model); "
+                             f"got {given}")
         return self
 
     @property

@@ -153,10 +153,9 @@ def fit_gemm(train: GemmData, test: GemmData, peak_flops_per_s: float, hbm_bytes
     values = [best[0] / MICRO, *best[1:]]
     values[1], values[6] = min(values[1], 1.0), min(values[6], 1.0)
     fields = fields_of(rounded(v, f) for v, f in zip(values, floors))
-    return FamilyFit(f"gemm {label}", fields,
-                     Errors.of(gemm_predict(fields, train, peak_flops_per_s, hbm_bytes_per_s, elem_bytes), train.time_s),
-                     Errors.of(gemm_predict(fields, test, peak_flops_per_s, hbm_bytes_per_s, elem_bytes), test.time_s),
-                     "kind: grid", "kind: block")
+    rates = (peak_flops_per_s, hbm_bytes_per_s, elem_bytes)
+    return FamilyFit(f"gemm {label}", fields, Errors.of(gemm_predict(fields, train, *rates), train.time_s),
+                     Errors.of(gemm_predict(fields, test, *rates), test.time_s), "kind: grid", "kind: block")
 
 
 # ---------------------------------------------------------------- fused attention
@@ -237,5 +236,5 @@ def fit_network(data: NcclData, bandwidth_gbps: float, label: str) -> FamilyFit:
                          f"exceeds the network's bandwidth_gbps {bandwidth_gbps:g}")
     fields = {"efficiency": rounded(efficiency), "latency_us": rounded(latency_s / MICRO, 0.01)}
     modelled = fields["latency_us"] * MICRO + data.bus_bytes / (bandwidth_gbps * 1e9 * fields["efficiency"])
-    return FamilyFit(f"network {label}", fields, Errors.of(modelled, data.time_s), Errors.of(np.array([]), np.array([])),
-                     "every message size", "none")
+    no_points = Errors.of(np.array([]), np.array([]))
+    return FamilyFit(f"network {label}", fields, Errors.of(modelled, data.time_s), no_points, "every message size", "none")
