@@ -167,3 +167,26 @@ def test_files_from_public_specifications_say_they_are_uncalibrated(name):
     assert system.name == name
     if name == "gb200-186g-nvl72":
         assert system.networks[0].size == 72 and system.offload is not None
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"gemm": {"launch_us": 6, "efficiency": 0.9, "depth_overhead": 200, "fill_outputs": 3e5, "power_drop": 0.3,
+               "power_flops": 1e12, "hbm_efficiency": 0.7}}, "give exactly one of matrix_efficiency"),
+    ({"matrix_efficiency": None}, "give exactly one of matrix_efficiency"),
+])
+def test_a_compute_entry_has_one_gemm_model(system_data, write_file, change, message):
+    from costmodel.errors import InputError
+    system_data["compute"]["bfloat16"].update(change)
+    if change.get("matrix_efficiency", 0) is None:
+        del system_data["compute"]["bfloat16"]["matrix_efficiency"]
+    with pytest.raises(InputError) as excinfo:
+        load_system(write_file("s.yaml", system_data))
+    text = str(excinfo.value)
+    assert "\n" not in text and "compute.bfloat16" in text and message in text, text
+
+
+def test_offload_memory_has_no_kernel_latency(system_data, write_file):
+    from costmodel.errors import InputError
+    system_data["offload"] = {"capacity_gib": 512, "bandwidth_gbps": 48, "latency_us": 5}
+    with pytest.raises(InputError, match="offload.latency_us: 5.0 must be 0"):
+        load_system(write_file("s.yaml", system_data))
