@@ -8,10 +8,12 @@ per family, at the indentation where the fields belong:
     # mapsat-calibrate: hbm             (inside hbm: efficiency and latency_us)
     # mapsat-calibrate: network NAME    (inside that network: efficiency and latency_us, from nccl-tests)
 
-Each marker becomes the fitted fields with a comment stating the measurements, the split and
-the errors; every other line of the base is copied as it is (comments included). The result
-is a pure function of the base text and the measurements, so a test can regenerate a shipped
-file and compare it byte for byte.
+Below each marker go the fitted fields with a comment stating the measurements, the split
+and the errors; every other line of the base is copied as it is (comments included). The
+markers stay in the result, so a calibrated file is also a base: calibrating it again
+replaces the fields a previous run wrote (an update in place). The result is a pure function
+of the base text and the measurements, so a test can regenerate a shipped file and compare it
+byte for byte.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ GEMM_DATATYPES = {"fp8": ("float8", 1.0), "bf16": ("bfloat16", 2.0)}
 # Fused AdamW reads parameter, gradient and both moments and writes parameter and moments:
 # 7 fp32 values = 28 bytes per parameter (the measuring script's count).
 ADAM_BYTES_PER_PARAM = 28.0
+# What a run writes below each marker: the fields (keys at the marker's indentation) and the
+# comment lines that open the block (_comment).
+GENERATED_KEYS = {"gemm": ("gemm",), "attention": ("attention",), "hbm": ("efficiency", "latency_us"),
+                  "network": ("efficiency", "latency_us")}
+GENERATED_COMMENTS = ("# Fitted by `mapsat calibrate`", "# |error| of time", "# Held out,")
 
 
 @dataclass(frozen=True)
@@ -100,12 +107,20 @@ def calibrate_system(base_path: Path, measurements: Path, nccl: dict[str, Path] 
     hbm_bytes_per_s = gbps_to_bytes_per_s(float(_get(doc, ("hbm", "bandwidth_gbps"), base_path)))
     folder = measurements.name
     out, fits, notes, used_nccl = [], [], [], set()
-    for number, line in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines()
+    index = 0
+    while index < len(lines):
+        line, number = lines[index], index + 1
+        index += 1
         match = MARKER.match(line)
         if not match:
             out.append(line)
             continue
         indent, what = match["indent"], match["what"].split()
+        # The marker stays, so the written file can be calibrated again (updated in place);
+        # what a previous run wrote below it is dropped and written anew.
+        out.append(line)
+        index = _after_generated(lines, index, indent, GENERATED_KEYS.get(what[0] if what else "", ()))
         if len(what) == 2 and what[0] == "gemm" and what[1] in GEMM_DATATYPES:
             datatype, elem_bytes = GEMM_DATATYPES[what[1]]
             peak = tflops_to_flops_per_s(float(_get(doc, ("compute", datatype, "matrix_tflops"), base_path)))
@@ -147,6 +162,26 @@ def calibrate_system(base_path: Path, measurements: Path, nccl: dict[str, Path] 
     result = "\n".join(out) + ("\n" if text.endswith("\n") else "")
     parse(System, yaml.safe_load(result), f"{base_path} once calibrated")
     return Calibration(result, fits, notes)
+
+
+def _after_generated(lines: list[str], start: int, indent: str, keys: tuple[str, ...]) -> int:
+    """The index of the first line after the block a previous run wrote below a marker at
+    `indent`: its comment lines, then the family's keys at that indentation with the deeper
+    lines below each (a map's fields, a curve's pairs)."""
+    index = start
+    while index < len(lines):
+        line = lines[index]
+        if line.startswith(tuple(indent + c for c in GENERATED_COMMENTS)):
+            index += 1
+            continue
+        at_indent = line.startswith(indent) and not line[len(indent):].startswith((" ", "#"))
+        if at_indent and line[len(indent):].split(":")[0] in keys:
+            index += 1
+            while index < len(lines) and lines[index].startswith(indent + " ") and lines[index].strip():
+                index += 1
+            continue
+        return index
+    return index
 
 
 def _adam_check(hbm_fields: dict, measurements: Path, hbm_bytes_per_s: float) -> fitting.FamilyFit:
