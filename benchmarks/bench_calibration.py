@@ -9,6 +9,7 @@ per family, the |relative error| of modelled time where fitted and on the held-o
     GEMM (bf16, fp8)    fitted on `kind: grid` shapes, tested on `kind: block` shapes
     fused attention     fitted on sequence 2048 and 8192, tested on 4096 (forward + backward)
     HBM-bound layers    fitted on 1, 16, 256 MiB, tested on 4, 64, 1024 MiB, and on fused Adam
+    whole layers        the block GEMMs' forward + backward against block.py's 3 × forward rule
 
 Issue 12's bound for GEMMs: held-out median <= 10 %, 90th percentile <= 25 % per GPU and
 datatype (asserted loosely in tests/test_calibration.py). Also prints, for reference, the
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from costmodel.calibration import calibrate_system
-from costmodel.calibration.fit import Errors
+from costmodel.calibration.fit import Errors, layer_errors
 from costmodel.calibration.measurements import load_gemm
 from costmodel.load import load_system
 from costmodel.ops import ArrayOps, Curve
@@ -71,6 +72,16 @@ def main() -> None:
             print(f"   {f.family:<22} {f.fit_points[:34]:<34} {cells(f.fit)}   {f.test_points[:34]:<34} {cells(f.test)}")
         for note in result.notes:
             print(f"   {note}")
+    print("== whole layers (held out): block.py's backward = 2 × forward, i.e. forward + activation-gradient + "
+          "weight-gradient GEMMs = 3 × the forward shape's time")
+    for system, folder in SYSTEMS.items():
+        doc = load_system(ROOT / "problems/systems" / f"{system}.yaml")
+        for dtype, datatype, elem in (("bf16", Datatype.bfloat16, 2.0), ("fp8", Datatype.float8, 1.0)):
+            compute = doc.compute[datatype]
+            e = layer_errors(compute.gemm.model_dump(), load_gemm(ROOT / "problems/measurements" / folder / "gemm.json",
+                                                                   dtype, "block"),
+                             compute.matrix_flops_per_s, doc.hbm.bandwidth_bytes_per_s, elem)
+            print(f"   {system} {dtype}: {e.count} layers, median {100 * e.median:.1f} %, p90 {100 * e.p90:.1f} %")
     print("== for reference: the paper-era step curves (h100-80g-nvl8-paper2023.yaml) on the H100 block GEMMs")
     for dtype, e in step_curve_errors(ROOT / "problems/systems/h100-80g-nvl8-paper2023.yaml",
                                       ROOT / "problems/measurements/h100-sxm-80g").items():

@@ -193,3 +193,20 @@ def test_offload_memory_has_no_kernel_latency(system_data, write_file):
     system_data["offload"] = {"capacity_gib": 512, "bandwidth_gbps": 48, "latency_us": 5}
     with pytest.raises(InputError, match="offload.latency_us: 5.0 must be 0"):
         load_system(write_file("s.yaml", system_data))
+
+
+@pytest.mark.parametrize("system", sorted(CALIBRATED))
+def test_whole_layers_follow_the_backward_is_twice_forward_rule(system):
+    # block.py times a layer's backward GEMMs as twice its forward GEMM; on the measured
+    # (held-out) block GEMMs, forward + both gradients is predicted within the GEMM bounds.
+    from costmodel.calibration.fit import layer_errors
+    from costmodel.calibration.measurements import load_gemm
+    from costmodel.system import Datatype
+
+    loaded = load_system(SYSTEMS_DIR / f"{system}.yaml")
+    for dtype, datatype, elem in (("bf16", Datatype.bfloat16, 2.0), ("fp8", Datatype.float8, 1.0)):
+        compute = loaded.compute[datatype]
+        e = layer_errors(compute.gemm.model_dump(), load_gemm(MEASUREMENTS / CALIBRATED[system] / "gemm.json", dtype,
+                                                               "block"),
+                         compute.matrix_flops_per_s, loaded.hbm.bandwidth_bytes_per_s, elem)
+        assert e.count == 200 and e.median <= 0.10 and e.p90 <= 0.25, (dtype, e)

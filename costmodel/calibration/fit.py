@@ -158,6 +158,34 @@ def fit_gemm(train: GemmData, test: GemmData, peak_flops_per_s: float, hbm_bytes
                      Errors.of(gemm_predict(fields, test, *rates), test.time_s), "kind: grid", "kind: block")
 
 
+def block_layer_shapes():
+    """(forward, activation-gradient, weight-gradient) GEMM shapes (M, N, K) of the layers of a
+    transformer block, as benchmarks/measure_gpu.py enumerates the `kind: block` GEMMs:
+    hidden h, tp t, T tokens; QKV (h → 3h/t), projection (h/t → h), MLP (h → 4h/t, 4h/t → h)."""
+    for h in (4096, 8192, 12288, 18432, 25600):
+        for t in (1, 2, 4, 8, 16):
+            for tokens in (2048, 8192):
+                for depth, cols in ((h, 3 * h // t), (h // t, h), (h, 4 * h // t), (4 * h // t, h)):
+                    yield (tokens, cols, depth), (tokens, depth, cols), (depth, cols, tokens)
+
+
+def layer_errors(fields: dict, data: GemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
+                 elem_bytes: float) -> Errors:
+    """How well costmodel/block.py's rule — a layer's backward GEMMs take twice its forward
+    GEMM — predicts the measured forward + activation-gradient + weight-gradient time of each
+    layer whose three GEMMs are in `data` (the `kind: block` points: held out from the fit)."""
+    measured = {(m, n, k): t for m, n, k, t in zip(data.rows, data.cols, data.depth, data.time_s)}
+    forward, totals = [], []
+    for shapes in block_layer_shapes():
+        if all(shape in measured for shape in shapes):
+            forward.append(shapes[0])
+            totals.append(sum(measured[shape] for shape in shapes))
+    rows, cols, depth = (np.array([shape[i] for shape in forward], dtype=float) for i in range(3))
+    modelled = 3.0 * gemm_predict(fields, GemmData(rows, cols, depth, np.array(totals)), peak_flops_per_s,
+                                  hbm_bytes_per_s, elem_bytes)
+    return Errors.of(modelled, np.array(totals))
+
+
 # ---------------------------------------------------------------- fused attention
 
 def attention_fwd_bwd_s(fields: dict, d: AttentionData) -> np.ndarray:
