@@ -25,7 +25,7 @@ instead of reading a stored score matrix. That recomputation is counted as recom
 from __future__ import annotations
 
 from costmodel.context import MASK_BYTES, Context
-from costmodel.kernels import attention_time_s, gemm_time_s
+from costmodel.kernel_time import attention_time_s, gemm_time_s
 
 # FLOP per element of the element-wise layers (forward): layer norm = mean, variance,
 # normalize, scale, shift (~8); softmax with scale and causal mask (~6: scale, mask, max,
@@ -44,7 +44,7 @@ SOFTMAX_STATS_BYTES = 4.0
 def gemm_s(c: Context, xp, rows, cols, depth, num_bytes, batch=1.0):
     """Time of `batch` matrix multiplies C[rows, cols] = A[rows, depth] · B[depth, cols] moving
     `num_bytes`: the system's fitted shape-aware model when it has one
-    (costmodel.kernels.gemm_time_s), else the roofline on the step curves by FLOP."""
+    (costmodel.kernel_time.gemm_time_s), else the roofline on the step curves by FLOP."""
     if c.gemm is not None:
         return gemm_time_s(c.gemm, xp, rows, cols, depth, num_bytes, c.matrix_flops_per_s, c.hbm_bytes_per_s, batch)
     flops = 2 * batch * rows * cols * depth
@@ -66,7 +66,7 @@ def eltwise_s(c: Context, xp, elems, flops_per_elem, bytes_per_elem):
 def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_bytes):
     """Time of one fused attention kernel doing `pairs` s×s×d products per (batch, head) over
     `batch_heads` of them. With a fitted attention model, that model
-    (costmodel.kernels.attention_time_s). Otherwise a roofline: its tensor-core work (a batched
+    (costmodel.kernel_time.attention_time_s). Otherwise a roofline: its tensor-core work (a batched
     GEMM), its element-wise softmax work on the vector units (overlapped with the matrix work,
     as FlashAttention pipelines them) and its HBM traffic, whichever is slowest."""
     if c.attention is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.kernels import AttentionTiming, GemmTiming
+from costmodel.kernel_time import AttentionTiming, GemmTiming
 from costmodel.mapping import AttentionType
 from costmodel.model import Model
 from costmodel.ops import Curve
@@ -48,7 +48,7 @@ class Context:
     matrix_flops_per_s: float
     vector_flops_per_s: float
     matrix_curve: Curve | None          # the step curve by FLOP, or None with a fitted GEMM model
-    gemm: GemmTiming | None             # the fitted shape-aware GEMM model (costmodel.kernels)
+    gemm: GemmTiming | None             # the fitted shape-aware GEMM model (costmodel.kernel_time)
     attention: AttentionTiming | None   # the fitted fused-attention model, if the system has one
     vector_curve: Curve
     # memory tiers

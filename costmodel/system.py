@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from costmodel.errors import InputError
 from costmodel.model import INPUT_CONFIG, RealNumber, WholeNumber
-from costmodel.kernels import AttentionTiming, GemmTiming
+from costmodel.kernel_time import AttentionTiming, GemmTiming
 from costmodel.units import MICRO, GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 _FROZEN = INPUT_CONFIG
@@ -66,7 +66,7 @@ def _check_curve(curve: EfficiencyCurve, field: str) -> EfficiencyCurve:
 
 class GemmFit(BaseModel):
     """A GEMM's time from its shape, fitted to measurements (`mapsat calibrate`); the formula is
-    costmodel.kernels.gemm_time_s and docs/cost-model.md."""
+    costmodel.kernel_time.gemm_time_s and docs/cost-model.md."""
 
     model_config = _FROZEN
 
@@ -93,7 +93,7 @@ class GemmFit(BaseModel):
 
 class AttentionFit(BaseModel):
     """A fused attention kernel's time from its shape, fitted to measurements (`mapsat
-    calibrate`); the formula is costmodel.kernels.attention_time_s and docs/cost-model.md."""
+    calibrate`); the formula is costmodel.kernel_time.attention_time_s and docs/cost-model.md."""
 
     model_config = _FROZEN
 

@@ -26,7 +26,7 @@ def models(draw) -> Model:
 @st.composite
 def systems(draw, offload: bool | None = None) -> System:
     curve = [(0, draw(st.floats(0.2, 0.5))), (1e9, draw(st.floats(0.5, 0.7))), (1e11, draw(st.floats(0.7, 0.9)))]
-    # Half the systems use the fitted shape-aware kernels (costmodel.kernels) instead of the curve.
+    # Half the systems use the fitted shape-aware kernels (costmodel.kernel_time) instead of the curve.
     fitted = draw(st.booleans())
     gemm = GemmFit(launch_us=draw(st.floats(0, 10)), efficiency=draw(st.floats(0.6, 0.95)),
                    depth_overhead=draw(st.floats(0, 500)), fill_outputs=draw(st.floats(0, 1e6)),

@@ -1,4 +1,4 @@
-"""`mapsat calibrate` and the kernel-time models it fits (costmodel/kernels.py,
+"""`mapsat calibrate` and the kernel-time models it fits (costmodel/kernel_time.py,
 costmodel/calibration/): the shipped H100 and H200 files are what the command writes from the
 shipped measurements, and the fitted models predict measurements they were not fitted on.
 

@@ -1,4 +1,4 @@
-"""Fitting the kernel-time models of costmodel/kernels.py to measurements, and testing them on
+"""Fitting the kernel-time models of costmodel/kernel_time.py to measurements, and testing them on
 points the fit did not see.
 
 Each family is fitted on one split and tested on the other (never the same points):
@@ -26,7 +26,7 @@ import numpy as np
 
 from costmodel.calibration.measurements import AttentionData, EltwiseData, GemmData, NcclData
 from costmodel.errors import InputError
-from costmodel.kernels import attention_time_s, gemm_time_s, hbm_pass_s
+from costmodel.kernel_time import attention_time_s, gemm_time_s, hbm_pass_s
 from costmodel.ops import ArrayOps
 from costmodel.system import AttentionFit, GemmFit
 from costmodel.units import MICRO, TERA
