@@ -4,6 +4,8 @@ docs/paper-reproduction.md quotes.
     python benchmarks/run_paper.py                       # every figure, into runs/paper/
     python benchmarks/run_paper.py fig2 fig7 --jobs 2 --time-limit 60
     python benchmarks/run_paper.py --tables-only         # tables from results already there
+    python benchmarks/run_paper.py fig2 fig4 --system problems/systems/h100-80g-nvl8.yaml \
+        --out runs/paper-calibrated                       # the same questions on another system
 
 Long (hundreds of solves of 1T-128T models on 4k-16k GPUs); not part of the tests. Each
 figure's batch resumes like `mapsat batch`: rerun to continue after an interruption. The
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+import yaml
 from collections import defaultdict
 from pathlib import Path
 
@@ -126,6 +130,25 @@ TABLES = {
 }
 
 
+def batch_on_system(batch: Path, system: Path, out: Path) -> Path:
+    """A copy of a paper batch file that runs on `system` instead of the papers' assumed H100:
+    the same models, GPU counts and overrides (paths made absolute), written into `out`."""
+    data = yaml.safe_load(batch.read_text())
+
+    def absolute(paths):
+        return [str((batch.parent / p).resolve()) for p in (paths if isinstance(paths, list) else [paths])]
+
+    for grid in [data, *data.get("grids", [])]:
+        if "models" in grid:
+            grid["models"] = absolute(grid["models"])
+        if "systems" in grid:
+            grid["systems"] = [str(system.resolve())]
+    out.mkdir(parents=True, exist_ok=True)
+    copy = out / batch.name
+    copy.write_text(yaml.safe_dump(data, sort_keys=False))
+    return copy
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("figures", nargs="*", help="fig2, fig4, fig5, fig7, fig8 (default: all)")
@@ -135,12 +158,17 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=None, help="seconds per problem (default: the files')")
     parser.add_argument("--retry-errors", action="store_true", help="solve again the problems recorded as errors")
     parser.add_argument("--tables-only", action="store_true", help="do not solve; tables and plots from results")
+    parser.add_argument("--system", type=Path, default=None,
+                        help="run every batch on this system file instead of the papers' assumed H100")
     args = parser.parse_args()
     chosen = [f for f in FIGURES if not args.figures or f.split("-")[0] in args.figures]
     tables = []
     for name in chosen:
         out = args.out / name
-        problems = load_batch(REPO / "problems" / "paper" / f"{name}.yaml", time_limit_s=args.time_limit)
+        batch = REPO / "problems" / "paper" / f"{name}.yaml"
+        if args.system is not None:
+            batch = batch_on_system(batch, args.system, args.out / "batches")
+        problems = load_batch(batch, time_limit_s=args.time_limit)
         if not args.tables_only:
             print(f"== {name}: {len(problems)} problems -> {out}", flush=True)
             summary = run_batch(problems, out, jobs=args.jobs, solver_workers=args.solver_workers,

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.context import MASK_BYTES, Context
+from costmodel.kernel_time import attention_time_s, gemm_time_s
 
 # FLOP per element of the element-wise layers (forward): layer norm = mean, variance,
 # normalize, scale, shift (~8); softmax with scale and causal mask (~6: scale, mask, max,
@@ -42,29 +43,38 @@ GELU_FLOPS_PER_ELEM = 8.0
 SOFTMAX_STATS_BYTES = 4.0
 
 
-def gemm_s(c: Context, xp, flops, num_bytes):
-    """Roofline time of a matrix multiply of `flops` FLOP moving `num_bytes` bytes."""
+def gemm_s(c: Context, xp, rows, cols, depth, num_bytes, batch=1.0):
+    """Time of `batch` matrix multiplies C[rows, cols] = A[rows, depth] · B[depth, cols] moving
+    `num_bytes`: the system's fitted shape-aware model when it has one
+    (costmodel.kernel_time.gemm_time_s), else the roofline on the step curves by FLOP."""
+    if c.gemm is not None:
+        return gemm_time_s(c.gemm, xp, rows, cols, depth, num_bytes, c.matrix_flops_per_s, c.hbm_bytes_per_s, batch)
+    flops = 2 * batch * rows * cols * depth
     compute = flops / (c.matrix_flops_per_s * xp.lookup(c.matrix_curve, flops))
     memory = num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
     return xp.maximum(compute, memory)
 
 
 def eltwise_s(c: Context, xp, elems, flops_per_elem, bytes_per_elem):
-    """Roofline time of an element-wise layer over `elems` elements."""
+    """Roofline time of an element-wise layer over `elems` elements; its memory side pays the
+    HBM's fixed per-kernel cost (0 unless the system file is calibrated)."""
     flops = elems * flops_per_elem
     num_bytes = elems * bytes_per_elem
     compute = flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, flops))
-    memory = num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
+    memory = c.hbm_latency_s + num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
     return xp.maximum(compute, memory)
 
 
-def fused_attention_s(c: Context, xp, matrix_flops, vector_flops, num_bytes):
-    """Roofline time of one fused attention kernel: its tensor-core work, its element-wise
-    softmax work on the vector units (overlapped with the matrix work, as FlashAttention
-    pipelines them) and its HBM traffic, whichever is slowest: a GEMM's roofline with a
-    third ceiling."""
+def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_bytes):
+    """Time of one fused attention kernel doing `pairs` s×s×d products per (batch, head) over
+    `batch_heads` of them. With a fitted attention model, that model
+    (costmodel.kernel_time.attention_time_s). Otherwise a roofline: its tensor-core work (a batched
+    GEMM), its element-wise softmax work on the vector units (overlapped with the matrix work,
+    as FlashAttention pipelines them) and its HBM traffic, whichever is slowest."""
+    if c.attention is not None:
+        return attention_time_s(c.attention, pairs, batch_heads, c.seq, c.head_size)
     vector = vector_flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, vector_flops))
-    return xp.maximum(gemm_s(c, xp, matrix_flops, num_bytes), vector)
+    return xp.maximum(gemm_s(c, xp, c.seq, c.seq, c.head_size, num_bytes, batch=pairs * batch_heads), vector)
 
 
 @dataclass(frozen=True)
@@ -112,27 +122,30 @@ def block_forward_times(c: Context, m, xp) -> BlockForward:
     # is on, and on the whole (replicated) activation otherwise.
     ln_tokens = xp.where(m.seq_par, tokens / t, tokens)
 
-    qkv = gemm_s(c, xp, 2 * tokens * h * qkv_cols, e * (tokens * h + h * qkv_cols + tokens * qkv_cols))
-    proj = gemm_s(c, xp, 2 * tokens * q_cols * h, e * (tokens * q_cols + q_cols * h + tokens * h))
-    mlp_flops = 2 * tokens * h * f_cols
+    # gemm_s(rows = tokens, output columns, reduction depth, bytes)
+    qkv = gemm_s(c, xp, tokens, qkv_cols, h, e * (tokens * h + h * qkv_cols + tokens * qkv_cols))
+    proj = gemm_s(c, xp, tokens, h, q_cols, e * (tokens * q_cols + q_cols * h + tokens * h))
     mlp_bytes = e * (tokens * h + h * f_cols + tokens * f_cols)
-    mlp = 2 * gemm_s(c, xp, mlp_flops, mlp_bytes)
+    mlp = gemm_s(c, xp, tokens, f_cols, h, mlp_bytes) + gemm_s(c, xp, tokens, h, f_cols, mlp_bytes)
 
     score_flops = 2 * b * heads * s * s * d              # Q·Kᵀ; the context GEMM (·V) is as large
     score_elems = b * heads * s * s
     if c.fused_attention:
         # Q, K, V read; the output and the softmax statistics written.
         kernel_bytes = e * tokens * (2 * q_cols + 2 * kv_cols) + SOFTMAX_STATS_BYTES * b * heads * s
-        core_gemm = fused_attention_s(c, xp, 2 * score_flops,
+        # Two s×s×d products per head forward (Q·Kᵀ, ·V).
+        core_gemm = fused_attention_s(c, xp, 2, b * heads,
                                       score_elems * (SOFTMAX_FLOPS_PER_ELEM + DROPOUT_FLOPS_PER_ELEM), kernel_bytes)
         core_eltwise = 0.0
         # Backward recomputes Q·Kᵀ and the softmax (statistics in hand) on chip.
-        kernel_recompute = fused_attention_s(c, xp, score_flops, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0)
+        kernel_recompute = fused_attention_s(c, xp, 1, b * heads, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0)
         kernel_recompute_flops = score_flops
         selective_recompute, selective_recompute_flops = 0.0, 0.0   # nothing outside the kernel to redo
     else:
-        scores = gemm_s(c, xp, score_flops, e * (b * heads * s * d + b * kv_cols / d * s * d + score_elems))
-        context = gemm_s(c, xp, score_flops, e * (score_elems + b * kv_cols / d * s * d + b * heads * s * d))
+        scores = gemm_s(c, xp, s, s, d, e * (b * heads * s * d + b * kv_cols / d * s * d + score_elems),
+                        batch=b * heads)
+        context = gemm_s(c, xp, s, d, s, e * (score_elems + b * kv_cols / d * s * d + b * heads * s * d),
+                         batch=b * heads)
         softmax = eltwise_s(c, xp, score_elems, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
         attn_dropout = eltwise_s(c, xp, score_elems, DROPOUT_FLOPS_PER_ELEM, 2 * e + MASK_BYTES)
         core_gemm = scores + context

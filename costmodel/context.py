@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.choices import AttentionType
+from costmodel.kernel_time import AttentionTiming, GemmTiming
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.ops import Curve
@@ -47,11 +48,14 @@ class Context:
     # compute
     matrix_flops_per_s: float
     vector_flops_per_s: float
-    matrix_curve: Curve
+    matrix_curve: Curve | None          # the step curve by FLOP, or None with a fitted GEMM model
+    gemm: GemmTiming | None             # the fitted shape-aware GEMM model (costmodel.kernel_time)
+    attention: AttentionTiming | None   # the fitted fused-attention model, if the system has one
     vector_curve: Curve
     # memory tiers
     hbm_bytes_per_s: float
     hbm_curve: Curve
+    hbm_latency_s: float                # fixed cost of one element-wise (HBM-bound) kernel
     hbm_capacity_bytes: float
     offload_bytes_per_s: float   # 0 without an offload tier
     offload_curve: Curve
@@ -89,8 +93,12 @@ class Context:
             optimizer_bytes_per_param=master + ADAM_MOMENT_BYTES_PER_PARAM,
             fused_activation=kernels.fused_activation, fused_attention=kernels.fused_attention,
             matrix_flops_per_s=compute.matrix_flops_per_s, vector_flops_per_s=compute.vector_flops_per_s,
-            matrix_curve=Curve.of(compute.matrix_efficiency), vector_curve=Curve.of(compute.vector_efficiency),
+            matrix_curve=Curve.of(compute.matrix_efficiency) if compute.matrix_efficiency is not None else None,
+            gemm=compute.gemm.timing() if compute.gemm is not None else None,
+            attention=compute.attention.timing() if compute.attention is not None else None,
+            vector_curve=Curve.of(compute.vector_efficiency),
             hbm_bytes_per_s=system.hbm.bandwidth_bytes_per_s, hbm_curve=Curve.of(system.hbm.efficiency),
+            hbm_latency_s=system.hbm.latency_s,
             hbm_capacity_bytes=system.hbm.capacity_bytes,
             offload_bytes_per_s=system.offload.bandwidth_bytes_per_s if system.offload else 0.0,
             offload_curve=Curve.of(system.offload.efficiency if system.offload else [(0, 1.0)]),

@@ -169,9 +169,8 @@ def output_layer_s(c: Context, m, xp):
     """Forward time of the logits GEMM and cross-entropy on the last stage, one microbatch."""
     tokens = m.microbatch * c.seq
     vocab_cols = c.vocab / m.tp
-    flops = 2 * tokens * c.hidden * vocab_cols
     num_bytes = c.elem_bytes * (tokens * c.hidden + c.hidden * vocab_cols + tokens * vocab_cols)
-    return gemm_s(c, xp, flops, num_bytes) + eltwise_s(c, xp, tokens * vocab_cols, CROSS_ENTROPY_FLOPS_PER_ELEM,
+    return gemm_s(c, xp, tokens, vocab_cols, c.hidden, num_bytes) + eltwise_s(c, xp, tokens * vocab_cols, CROSS_ENTROPY_FLOPS_PER_ELEM,
                                                         2 * c.elem_bytes)
 
 

@@ -16,7 +16,8 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 from costmodel.errors import InputError
 from costmodel.model import INPUT_CONFIG, RealNumber, WholeNumber
-from costmodel.units import GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s
+from costmodel.kernel_time import AttentionTiming, GemmTiming
+from costmodel.units import MICRO, GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 _FROZEN = INPUT_CONFIG
 
@@ -63,22 +64,86 @@ def _check_curve(curve: EfficiencyCurve, field: str) -> EfficiencyCurve:
     return curve
 
 
+class GemmFit(BaseModel):
+    """A GEMM's time from its shape, fitted to measurements (`mapsat calibrate`); the formula is
+    costmodel.kernel_time.gemm_time_s and docs/cost-model.md."""
+
+    model_config = _FROZEN
+
+    launch_us: RealNumber = Field(ge=0, description="Fixed cost of one GEMM kernel, µs.")
+    efficiency: RealNumber = Field(
+        gt=0, le=1, description="Fraction of matrix peak the main loop reaches at full clocks.")
+    depth_overhead: RealNumber = Field(
+        ge=0, description="Per-tile prologue/epilogue in equivalent reduction steps: time × (1 + depth_overhead / K).")
+    fill_outputs: RealNumber = Field(
+        ge=0, description="Output elements M·N at which poor SM fill doubles the time: "
+                          "× (1 + fill_outputs / (M·N)).")
+    power_drop: RealNumber = Field(
+        ge=0, description="Long GEMMs run at efficiency / (1 + power_drop) under the power limit.")
+    power_flops: RealNumber = Field(gt=0, description="GEMM FLOP at which half of power_drop has set in.")
+    hbm_efficiency: RealNumber = Field(
+        gt=0, le=1, description="Fraction of HBM bandwidth a GEMM bound by its operands' bytes reaches.")
+
+    def timing(self) -> GemmTiming:
+        return GemmTiming(launch_s=self.launch_us * MICRO, efficiency=self.efficiency,
+                          depth_overhead=self.depth_overhead, fill_outputs=self.fill_outputs,
+                          power_drop=self.power_drop, power_flops=self.power_flops,
+                          hbm_efficiency=self.hbm_efficiency)
+
+
+class AttentionFit(BaseModel):
+    """A fused attention kernel's time from its shape, fitted to measurements (`mapsat
+    calibrate`); the formula is costmodel.kernel_time.attention_time_s and docs/cost-model.md."""
+
+    model_config = _FROZEN
+
+    launch_us: RealNumber = Field(ge=0, description="Fixed cost of one attention kernel, µs.")
+    tflops: RealNumber = Field(
+        gt=0, description="Sustained rate on the full (non-causal) 2·b·a·s²·d FLOP count per s×s×d product, "
+                          "TFLOP/s.")
+    head_size_overhead: RealNumber = Field(
+        ge=0, description="× (1 + head_size_overhead / d'), d' the padded head size.")
+    seq_overhead: RealNumber = Field(ge=0, description="× (1 + seq_overhead / s).")
+    fill_rows: RealNumber = Field(ge=0, description="Query rows b·a·s at which poor SM fill doubles the time.")
+    head_size_step: WholeNumber = Field(32, gt=0, description="Head sizes are padded up to a multiple of this.")
+
+    def timing(self) -> AttentionTiming:
+        return AttentionTiming(launch_s=self.launch_us * MICRO, flops_per_s=tflops_to_flops_per_s(self.tflops),
+                               head_size_overhead=self.head_size_overhead, seq_overhead=self.seq_overhead,
+                               fill_rows=self.fill_rows, head_size_step=float(self.head_size_step))
+
+
 class Compute(BaseModel):
-    """Peak throughput of one GPU in one datatype, and how much of it operations of each size reach."""
+    """Peak throughput of one GPU in one datatype, and how much of it operations of each size
+    reach: a step curve by FLOP (Calculon's form) or a GEMM time fitted by shape (`gemm`)."""
 
     model_config = _FROZEN
 
     matrix_tflops: RealNumber = Field(gt=0, description="Dense matrix-multiply peak, TFLOP/s (tensor cores).")
     vector_tflops: RealNumber = Field(gt=0, description="Element-wise peak, TFLOP/s (CUDA cores).")
-    matrix_efficiency: EfficiencyCurve = Field(
-        description="[[flops, efficiency], ...]: fraction of matrix peak reached by a matrix multiply of that many FLOP.")
+    matrix_efficiency: EfficiencyCurve | None = Field(
+        None, description="[[flops, efficiency], ...]: fraction of matrix peak reached by a matrix multiply of that "
+                          "many FLOP. Give this or `gemm`.")
+    gemm: GemmFit | None = Field(None, description="GEMM time by shape, fitted to measurements. Give this or "
+                                                   "`matrix_efficiency`.")
+    attention: AttentionFit | None = Field(
+        None, description="Fused attention kernel time by shape, fitted to measurements; without it the kernel runs "
+                          "on the GEMM model.")
     vector_efficiency: EfficiencyCurve = Field(
         description="[[flops, efficiency], ...]: fraction of vector peak reached by an element-wise op of that many FLOP.")
 
     @field_validator("matrix_efficiency", "vector_efficiency")
     @classmethod
-    def _curve(cls, curve: EfficiencyCurve, info) -> EfficiencyCurve:
-        return _check_curve(curve, info.field_name)
+    def _curve(cls, curve: EfficiencyCurve | None, info) -> EfficiencyCurve | None:
+        return None if curve is None else _check_curve(curve, info.field_name)
+
+    @model_validator(mode="after")
+    def _one_gemm_model(self) -> "Compute":
+        if (self.matrix_efficiency is None) == (self.gemm is None):
+            given = "both" if self.gemm is not None else "neither"
+            raise ValueError("give exactly one of matrix_efficiency (a step curve) and gemm (a fitted model); "
+                             f"got {given}")
+        return self
 
     @property
     def matrix_flops_per_s(self) -> float:
@@ -99,6 +164,9 @@ class Memory(BaseModel):
     efficiency: EfficiencyCurve = Field(
         default=[(0, 1.0)],
         description="[[bytes, efficiency], ...]: fraction of bandwidth reached by a transfer of that many bytes.")
+    latency_us: RealNumber = Field(
+        0.0, ge=0, description="HBM only: fixed cost of one element-wise (HBM-bound) kernel, µs (launch and ramp-up). "
+                               "Must be 0 for an offload tier (not modelled there).")
 
     @field_validator("efficiency")
     @classmethod
@@ -112,6 +180,10 @@ class Memory(BaseModel):
     @property
     def bandwidth_bytes_per_s(self) -> float:
         return gbps_to_bytes_per_s(self.bandwidth_gbps)
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * MICRO
 
 
 class CollectiveCost(BaseModel):
@@ -188,6 +260,9 @@ class System(BaseModel):
                     f"< {inner.name} size {inner.size}")
         if not self.compute:
             raise ValueError("compute must list at least one datatype")
+        if self.offload is not None and self.offload.latency_us != 0:
+            raise ValueError(f"offload.latency_us: {self.offload.latency_us} must be 0 (a per-kernel latency is "
+                             "modelled for HBM only)")
         return self
 
     def compute_for(self, datatype: Datatype) -> Compute:

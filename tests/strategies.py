@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from costmodel.mapping import Mapping, Recompute, TPComm, TPOverlap
 from costmodel.model import Model
-from costmodel.system import Compute, Datatype, Memory, Network, System
+from costmodel.system import AttentionFit, Compute, Datatype, GemmFit, Memory, Network, System
 
 
 def divisors(n: int) -> list[int]:
@@ -26,14 +26,24 @@ def models(draw) -> Model:
 @st.composite
 def systems(draw, offload: bool | None = None) -> System:
     curve = [(0, draw(st.floats(0.2, 0.5))), (1e9, draw(st.floats(0.5, 0.7))), (1e11, draw(st.floats(0.7, 0.9)))]
+    # Half the systems use the fitted shape-aware kernels (costmodel.kernel_time) instead of the curve.
+    fitted = draw(st.booleans())
+    gemm = GemmFit(launch_us=draw(st.floats(0, 10)), efficiency=draw(st.floats(0.6, 0.95)),
+                   depth_overhead=draw(st.floats(0, 500)), fill_outputs=draw(st.floats(0, 1e6)),
+                   power_drop=draw(st.floats(0, 0.6)), power_flops=draw(st.floats(1e11, 1e13)),
+                   hbm_efficiency=draw(st.floats(0.5, 0.9))) if fitted else None
+    attention = AttentionFit(launch_us=draw(st.floats(0, 40)), tflops=draw(st.floats(500, 2000)),
+                             head_size_overhead=draw(st.floats(0, 60)), seq_overhead=draw(st.floats(0, 800)),
+                             fill_rows=draw(st.floats(0, 2e4))) if fitted and draw(st.booleans()) else None
     compute = Compute(matrix_tflops=draw(st.sampled_from([312.0, 989.0])), vector_tflops=60.0,
-                      matrix_efficiency=curve, vector_efficiency=[(0, 0.6)])
+                      matrix_efficiency=None if fitted else curve, gemm=gemm, attention=attention,
+                      vector_efficiency=[(0, 0.6)])
     has_offload = draw(st.booleans()) if offload is None else offload
     return System(
         name="random",
         compute={Datatype.float16: compute, Datatype.bfloat16: compute, Datatype.float8: compute},
         hbm=Memory(capacity_gib=draw(st.sampled_from([40.0, 80.0, 120.0])), bandwidth_gbps=2000.0,
-                   efficiency=[(0, 0.6), (1e7, 0.85)]),
+                   efficiency=[(0, 0.6), (1e7, 0.85)], latency_us=draw(st.sampled_from([0.0, 5.0]))),
         offload=Memory(capacity_gib=512.0, bandwidth_gbps=draw(st.sampled_from([50.0, 100.0]))) if has_offload else None,
         networks=[Network(name="nvlink", size=draw(st.sampled_from([4, 8, 16])), bandwidth_gbps=300.0, efficiency=0.7,
                           latency_us=5.0, processor_usage=0.15),

@@ -19,6 +19,7 @@ import click
 COMMANDS: dict[str, tuple[str, str]] = {
     "batch": ("solver.cli.batch", "Solve every problem of a batch file (models × systems × GPU counts × overrides)."),
     "brute": ("solver.cli.brute", "Evaluate every mapping with the exact model and list the fastest."),
+    "calibrate": ("solver.cli.calibrate", "Fit a system file's kernel times (and network levels) to measurements."),
     "count": ("solver.cli.count", "Count the mappings of a model onto N GPUs, in closed form (milliseconds)."),
     "eval": ("solver.cli.eval", "Evaluate one mapping: iteration time, MFU/HFU and memory, with their breakdown."),
     "plot": ("solver.cli.plot", "Draw PNG plots from the results of `mapsat batch` (RESULTS_DIR/results.jsonl)."),

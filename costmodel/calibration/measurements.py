@@ -1,0 +1,162 @@
+"""Reading measurements in the shared microbenchmark format (benchmarks/measure_gpu.py writes
+it; problems/measurements/README.md describes it) and nccl-tests output, as numpy arrays in SI
+units. Every malformed file or point is an InputError naming the file, the point and the field.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from costmodel.errors import InputError
+from costmodel.load import parse, read_document
+from costmodel.model import RealNumber, WholeNumber
+
+# Points carry derived fields (tflops, gbps, ...) beside the measured ones: ignored, not errors.
+_POINT = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+
+
+class GemmPoint(BaseModel):
+    model_config = _POINT
+    dtype: Literal["bf16", "fp8"]
+    kind: Literal["grid", "block"]
+    M: WholeNumber = Field(gt=0)
+    N: WholeNumber = Field(gt=0)
+    K: WholeNumber = Field(gt=0)
+    ms: RealNumber = Field(gt=0)
+
+
+class AttentionPoint(BaseModel):
+    model_config = _POINT
+    seq: WholeNumber = Field(gt=0)
+    head_dim: WholeNumber = Field(gt=0)
+    heads: WholeNumber = Field(gt=0)
+    batch: WholeNumber = Field(gt=0)
+    fwd_ms: RealNumber = Field(gt=0)
+    fwd_bwd_ms: RealNumber = Field(gt=0)
+
+
+class EltwisePoint(BaseModel):
+    model_config = _POINT
+    op: str
+    mib: RealNumber = Field(gt=0)
+    bytes: RealNumber = Field(gt=0)
+    ms: RealNumber = Field(gt=0)
+
+
+class AdamPoint(BaseModel):
+    model_config = _POINT
+    params: WholeNumber = Field(gt=0)
+    ms: RealNumber = Field(gt=0)
+
+
+def _points(path: Path, cls: type[BaseModel]) -> list:
+    data = read_document(path)
+    if not isinstance(data, list) or not data:
+        raise InputError(f"{path}: expected a non-empty list of measured points")
+    points = []
+    for i, item in enumerate(data):
+        if isinstance(item, dict) and "error" in item:
+            continue                      # a point the measuring script could not take
+        points.append(parse(cls, item, f"{path}: point {i}"))
+    if not points:
+        raise InputError(f"{path}: every point records an error; nothing to fit")
+    return points
+
+
+@dataclass(frozen=True)
+class GemmData:
+    rows: np.ndarray
+    cols: np.ndarray
+    depth: np.ndarray
+    time_s: np.ndarray
+
+
+@dataclass(frozen=True)
+class AttentionData:
+    batch_heads: np.ndarray
+    seq: np.ndarray
+    head_size: np.ndarray
+    fwd_bwd_s: np.ndarray
+
+
+@dataclass(frozen=True)
+class EltwiseData:
+    op: tuple[str, ...]
+    mib: np.ndarray
+    num_bytes: np.ndarray
+    time_s: np.ndarray
+
+
+def load_gemm(path: Path, dtype: str, kind: str) -> GemmData:
+    """The GEMMs of one datatype (`bf16`, `fp8`) and kind (`grid`, `block`) in a gemm.json."""
+    chosen = [p for p in _points(path, GemmPoint) if p.dtype == dtype and p.kind == kind]
+    if not chosen:
+        raise InputError(f"{path}: no {dtype} GEMMs of kind {kind!r}")
+    return GemmData(*(np.array([getattr(p, f) for p in chosen], dtype=float) for f in ("M", "N", "K")),
+                    np.array([p.ms for p in chosen]) * 1e-3)
+
+
+def load_attention(path: Path) -> AttentionData:
+    pts = _points(path, AttentionPoint)
+    return AttentionData(np.array([p.batch * p.heads for p in pts], dtype=float),
+                         np.array([p.seq for p in pts], dtype=float), np.array([p.head_dim for p in pts], dtype=float),
+                         np.array([p.fwd_bwd_ms for p in pts]) * 1e-3)
+
+
+def load_eltwise(path: Path) -> EltwiseData:
+    pts = _points(path, EltwisePoint)
+    return EltwiseData(tuple(p.op for p in pts), np.array([p.mib for p in pts], dtype=float),
+                       np.array([p.bytes for p in pts], dtype=float), np.array([p.ms for p in pts]) * 1e-3)
+
+
+def load_adam(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(parameters, seconds) of the fused AdamW steps in an adam.json."""
+    pts = _points(path, AdamPoint)
+    return np.array([p.params for p in pts], dtype=float), np.array([p.ms for p in pts]) * 1e-3
+
+
+# ---------------------------------------------------------------- nccl-tests
+
+@dataclass(frozen=True)
+class NcclData:
+    """Out-of-place rows of one nccl-tests run: message size, time, and the bytes each GPU puts
+    on the wire (size × busbw / algbw, nccl-tests' bus-bandwidth factor, e.g. 2(n−1)/n)."""
+
+    size_bytes: np.ndarray
+    time_s: np.ndarray
+    bus_bytes: np.ndarray
+
+
+_NUMBER = r"[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?"
+# size count type redop root time algbw busbw #wrong ...  (all_reduce_perf, reduce_scatter_perf, ...)
+_ROW = re.compile(rf"^\s*(\d+)\s+(\d+)\s+\S+\s+\S+\s+{_NUMBER}\s+({_NUMBER})\s+({_NUMBER})\s+({_NUMBER})\s")
+
+
+def load_nccl(path: Path) -> NcclData:
+    """Parse nccl-tests text output (e.g. `all_reduce_perf -b 8 -e 8G -f 2`): each result row
+    gives size (B), count, type, redop, root, then out-of-place time (µs), algbw and busbw (GB/s)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise InputError(f"{path}: cannot be read ({err.strerror})") from None
+    rows = [m.groups() for line in text.splitlines() if not line.lstrip().startswith("#") and (m := _ROW.match(line))]
+    if len(rows) < 2:
+        raise InputError(f"{path}: found {len(rows)} nccl-tests result rows (size count type redop root time algbw "
+                         "busbw ...); need at least 2")
+    size = np.array([float(r[0]) for r in rows])
+    time_s = np.array([float(r[2]) for r in rows]) * 1e-6
+    algbw = np.array([float(r[3]) for r in rows])
+    busbw = np.array([float(r[4]) for r in rows])
+    if (time_s <= 0).any():
+        raise InputError(f"{path}: a row has a time <= 0 µs")
+    # busbw / algbw is the same for every row of one run; small messages print 0.00 for both.
+    ratios = busbw[algbw > 0] / algbw[algbw > 0]
+    if ratios.size == 0:
+        raise InputError(f"{path}: no row has a bandwidth above 0.00 GB/s; measure larger messages")
+    return NcclData(size, time_s, size * float(np.median(ratios)))

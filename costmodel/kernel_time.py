@@ -1,0 +1,78 @@
+"""Fitted kernel-time models: one GEMM from its shape, one fused attention kernel, one pass
+over HBM. Pure functions of SI parameters that broadcast over numpy arrays and plain
+scalars alike (only + − × ÷ and `xp.maximum`), so the cost model (costmodel/block.py) and
+the fit (costmodel/calibration/) call the very same formula. The forms and the meaning of
+each parameter: docs/cost-model.md, "Kernel times from measurements".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GemmTiming:
+    """Shape-aware GEMM time, SI (see `gemm_time_s`)."""
+
+    launch_s: float          # fixed cost of one kernel: launch, prologue, tail
+    efficiency: float        # fraction of the matrix peak the main loop reaches at full clocks
+    depth_overhead: float    # per-tile prologue/epilogue, in equivalent reduction steps (K elements)
+    fill_outputs: float      # output elements (batch·M·N) at which poor SM fill doubles the time
+    power_drop: float        # long GEMMs run at efficiency / (1 + power_drop) under the power limit
+    power_flops: float       # GEMM size (FLOP) at which half of that drop has set in
+    hbm_efficiency: float    # fraction of HBM bandwidth when the GEMM is bound by its operands' bytes
+
+
+@dataclass(frozen=True)
+class AttentionTiming:
+    """Fused (FlashAttention) kernel time, SI (see `attention_time_s`)."""
+
+    launch_s: float
+    flops_per_s: float       # sustained rate on the full (non-causal) s²·d FLOP count of padded heads
+    head_size_overhead: float  # per-row overhead in equivalent head-size elements
+    seq_overhead: float      # per-tile overhead in equivalent key positions
+    fill_rows: float         # query rows (batch·heads·seq) at which poor SM fill doubles the time
+    head_size_step: float    # head sizes are padded up to a multiple of this (kernel templates)
+
+
+def gemm_time_s(p: GemmTiming, xp, rows, cols, depth, num_bytes, peak_flops_per_s, hbm_bytes_per_s, batch=1.0):
+    """Time of `batch` GEMMs C[rows, cols] = A[rows, depth] · B[depth, cols] moving `num_bytes`:
+
+        launch + max(F / (peak · efficiency) · (1 + depth_overhead / K) · (1 + fill_outputs / (batch·M·N))
+                       · (1 + power_drop · F / (F + power_flops)),
+                     bytes / (HBM bandwidth · hbm_efficiency)),   F = 2 · batch · M · N · K
+    """
+    flops = 2.0 * batch * rows * cols * depth
+    compute = (flops / (peak_flops_per_s * p.efficiency)
+               * (1.0 + p.depth_overhead / depth)
+               * (1.0 + p.fill_outputs / (batch * rows * cols))
+               * (1.0 + p.power_drop * flops / (flops + p.power_flops)))
+    memory = num_bytes / (hbm_bytes_per_s * p.hbm_efficiency)
+    return p.launch_s + xp.maximum(compute, memory)
+
+
+def padded_head_size(p: AttentionTiming, head_size):
+    """The head size the kernel computes with: rounded up to a multiple of `head_size_step`
+    (72 runs as 96 with a step of 32). Floor division keeps it exact on floats and arrays."""
+    return -(-head_size // p.head_size_step) * p.head_size_step
+
+
+def attention_time_s(p: AttentionTiming, pairs, batch_heads, seq, head_size):
+    """Time of one fused attention kernel doing `pairs` s×s×d matrix products per (batch, head)
+    (2 forward: Q·Kᵀ and ·V; 1 for the recomputed Q·Kᵀ in backward):
+
+        launch + pairs · 2·(b·a)·s²·d' / rate · (1 + head_size_overhead / d') · (1 + seq_overhead / s)
+                 · (1 + fill_rows / (b·a·s)),   d' = head size padded to the kernel's step
+    """
+    padded = padded_head_size(p, head_size)
+    flops = pairs * 2.0 * batch_heads * seq * seq * padded
+    return p.launch_s + (flops / p.flops_per_s
+                         * (1.0 + p.head_size_overhead / padded)
+                         * (1.0 + p.seq_overhead / seq)
+                         * (1.0 + p.fill_rows / (batch_heads * seq)))
+
+
+def hbm_pass_s(num_bytes, bytes_per_s, latency_s):
+    """Time of one HBM-bound kernel moving `num_bytes` (read + written) at an effective
+    bandwidth `bytes_per_s` (bandwidth × efficiency): latency + bytes / rate."""
+    return latency_s + num_bytes / bytes_per_s
