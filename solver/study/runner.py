@@ -112,7 +112,8 @@ def run_batch(problems: list[Problem], out_dir: str | Path, *, jobs: int | None 
         payloads = [p.payload(solver_workers) for p in pending]
         results = (_run_dask(payloads, dask_address) if dask_address
                    else _run_local(payloads, jobs or default_jobs(solver_workers),
-                                   {p.id: hard_limit_s(p.time_limit_s) for p in pending}, reporter.tick))
+                                   {p.id: hard_limit_s(p.time_limit_s) for p in pending},
+                                   lambda: (guard.check(), reporter.tick())))
         solved, interrupted = 0, False
         try:
             for record in results:
@@ -141,13 +142,19 @@ def default_jobs(solver_workers: int = 1) -> int:
 
 class _Interruptible:
     """SIGINT and SIGTERM raise KeyboardInterrupt, except inside `critical()` sections
-    (writing a record), where they are held until the section ends."""
+    (writing a record), where they are held until the section ends.
+
+    The handler also remembers the signal, and `check()` (called every half second by the
+    local runner) raises it again: a signal that lands while Python runs an at-fork callback
+    (logging's lock release, as each problem's process is forked) raises inside that
+    callback, where Python prints and drops the exception."""
 
     def __enter__(self) -> "_Interruptible":
         import signal
         import threading
 
         self.held = False
+        self.requested = False
         self.in_critical = False
         self.previous = {}
         if threading.current_thread() is threading.main_thread():
@@ -156,9 +163,15 @@ class _Interruptible:
         return self
 
     def _handle(self, signum, frame) -> None:
+        self.requested = True
         if self.in_critical:
             self.held = True
         else:
+            raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt if a signal came and its first raise was lost."""
+        if self.requested and not self.in_critical:
             raise KeyboardInterrupt
 
     def critical(self):
