@@ -17,7 +17,8 @@ from costmodel.context import Context
 from costmodel.encoding import (RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_AR, TP_COMM_RS_AG,
                                 TP_OVERLAP_PIPE, TP_OVERLAP_RING, MappingArrays)
 from costmodel.iteration import MEMORY_TERMS, TIME_TERMS, iteration_terms
-from costmodel.mapping import AttentionType, Mapping, Recompute, TPComm, TPOverlap, check_mapping_fits
+from costmodel.mapping import (Mapping, Recompute, TPComm, TPOverlap, check_mapping_fits,
+                               model_with_attention_type)
 from costmodel.model import Model
 from costmodel.ops import ArrayOps, ScalarOps
 from costmodel.system import Datatype, System
@@ -126,13 +127,12 @@ _CONTEXTS: dict[tuple, tuple[Model, System, Context]] = {}
 def _context_for(model: Model, system: System, mapping: Mapping) -> Context:
     """The problem constants, built once per (model, system, datatype, ...) object seen
     recently: evaluating many mappings of one problem one by one stays cheap."""
-    key = (id(model), id(system), mapping.datatype, mapping.fused_activation, mapping.fused_attention,
-           mapping.attention_type)
+    key = (id(model), id(system), mapping.datatype, mapping.fused_activation, mapping.fused_attention)
     hit = _CONTEXTS.get(key)
     if hit is not None and hit[0] is model and hit[1] is system:
         return hit[2]
     c = Context.build(model, system, mapping.datatype, fused_activation=mapping.fused_activation,
-                      fused_attention=mapping.fused_attention, attention_type=mapping.attention_type)
+                      fused_attention=mapping.fused_attention)
     if len(_CONTEXTS) >= 16:
         _CONTEXTS.clear()
     _CONTEXTS[key] = (model, system, c)
@@ -141,7 +141,9 @@ def _context_for(model: Model, system: System, mapping: Mapping) -> Context:
 
 def evaluate(model: Model, system: System, mapping: Mapping) -> Evaluation:
     """Time and memory of one mapping, with every term named. Raises InputError if the
-    mapping does not fit the model or system (divisibility, unknown network, datatype)."""
+    mapping does not fit the model or system (divisibility, unknown network, datatype), or
+    states an attention_type the model contradicts."""
+    model = model_with_attention_type(model, mapping)
     check_mapping_fits(model, system, mapping)
     return evaluate_in_context(_context_for(model, system, mapping), mapping)
 
@@ -201,11 +203,9 @@ def array_fields(arrays: MappingArrays) -> SimpleNamespace:
 
 
 def evaluate_arrays(model: Model, system: System, arrays: MappingArrays, datatype: Datatype, *,
-                    fused_activation: bool = True, fused_attention: bool = True,
-                    attention_type: AttentionType = AttentionType.multihead) -> ArrayEvaluation:
+                    fused_activation: bool = True, fused_attention: bool = True) -> ArrayEvaluation:
     """Score every mapping in `arrays` (all valid for `model` on the same GPU count)."""
-    c = Context.build(model, system, datatype, fused_activation=fused_activation, fused_attention=fused_attention,
-                      attention_type=attention_type)
+    c = Context.build(model, system, datatype, fused_activation=fused_activation, fused_attention=fused_attention)
     return evaluate_arrays_in_context(c, arrays)
 
 

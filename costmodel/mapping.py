@@ -46,6 +46,9 @@ class TPOverlap(str, Enum):
 
 
 class AttentionType(str, Enum):
+    """Calculon's name for the attention kind. The model carries it (`kv_heads`); a mapping
+    file that states it is read as a setting of the problem (`model_with_attention_type`)."""
+
     multihead = "multihead"
     multiquery = "multiquery"
 
@@ -69,7 +72,9 @@ class Mapping(BaseModel):
     fused_attention: bool = Field(
         True, description="FlashAttention: the attention core is one kernel and the s×s scores never reach HBM "
                           "(false: four kernels through HBM, as Megatron-LM in 2022 and Calculon model it).")
-    attention_type: AttentionType = Field(AttentionType.multihead, description="multihead, or multiquery (one K/V head).")
+    attention_type: AttentionType | None = Field(
+        None, description="Calculon's attention kind, read into the model (which carries it as kv_heads): "
+                          "multiquery means kv_heads = 1; multihead, that it is not 1.")
     activation_recompute: Recompute = Field(Recompute.none, description="full | attn_only | none.")
     pipeline_interleaving: WholeNumber = Field(1, gt=0, description="Model chunks per pipeline stage (1 = plain 1F1B).")
     optimizer_sharding: bool = Field(False, description="Shard optimizer state across DP (ZeRO-1).")
@@ -140,6 +145,9 @@ def check_mapping_fits(model: Model, system: System, mapping: Mapping) -> None:
     tp, pp, il = mapping.tp, mapping.pp, mapping.pipeline_interleaving
     if model.attn_heads % tp:
         raise InputError(f"tensor_par({tp}) does not divide attn_heads({model.attn_heads})")
+    if model.kv_groups % tp:
+        raise InputError(f"tensor_par({tp}) does not divide kv_heads({model.kv_groups}): each tensor-parallel rank "
+                         f"holds whole key/value heads (Megatron-LM's rule for query groups)")
     if model.hidden % tp:
         raise InputError(f"tensor_par({tp}) does not divide hidden({model.hidden})")
     if model.feedforward % tp:
@@ -163,3 +171,26 @@ def check_mapping_fits(model: Model, system: System, mapping: Mapping) -> None:
         for field in ("weight_offload", "activations_offload", "optimizer_offload"):
             if getattr(mapping, field):
                 raise InputError(f"{field}: system {system.name!r} has no offload memory (try --offload-gib)")
+
+
+def model_with_attention_type(model: Model, mapping: Mapping) -> Model:
+    """The model as a mapping file that states Calculon's `attention_type` describes it.
+
+    multiquery: kv_heads = 1 — a model that states no kv_heads takes it, one that states
+    another number is an InputError. multihead (Calculon's only other kind, i.e. "not
+    multiquery"): a model that states no kv_heads stays multi-head, one that states a
+    grouped-query kv_heads keeps it (the more specific fact), one that states kv_heads = 1
+    is an InputError. Unstated (None), the model is left as it is."""
+    kind = mapping.attention_type
+    if kind is None:
+        return model
+    if kind is AttentionType.multiquery:
+        if model.kv_heads is None and model.attn_heads > 1:
+            return model.model_copy(update={"kv_heads": 1})
+        contradicts = model.kv_groups != 1
+    else:
+        contradicts = model.kv_heads == 1 and model.attn_heads > 1
+    if contradicts:
+        raise InputError(f"attention_type: the mapping says {kind.value} but model {model.name!r} states "
+                         f"kv_heads {model.kv_heads}; remove attention_type from the mapping file")
+    return model

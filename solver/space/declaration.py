@@ -186,7 +186,7 @@ class Space:
         quirk = ("; if dp > cap, batch = dp (calculon-2023 quirk)" if self.batch_is_dp_above_cap
                  else "; if dp > cap there is no batch and no mapping")
         return (
-            SkeletonDimension("tp", f"1 .. {self.tp_max}", "divides N, hidden, feedforward and attn_heads",
+            SkeletonDimension("tp", f"1 .. {self.tp_max}", "divides N, hidden, feedforward, attn_heads and kv_heads",
                               "tensor parallelism: each weight matrix is split tp ways"),
             SkeletonDimension("pp", "1 .. blocks", "divides min(N/tp, num_blocks) and num_blocks",
                               "pipeline parallelism: the blocks are split into pp stages"),
@@ -264,7 +264,10 @@ def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list
         raise InputError(f"max batch: {max_batch} must be > 0")
     result = []
     for tp in divisors(num_gpus):
-        if tp > space.tp_max or model.hidden % tp or model.attn_heads % tp or model.feedforward % tp:
+        # tp divides kv_heads too: each rank holds whole key/value heads (Megatron-LM's rule
+        # for query groups; multi-query attention, kv_heads = 1, allows only tp = 1).
+        if (tp > space.tp_max or model.hidden % tp or model.attn_heads % tp or model.kv_groups % tp
+                or model.feedforward % tp):
             continue
         for pp in divisors(min(num_gpus // tp, model.num_blocks)):
             if model.num_blocks % pp or (num_gpus // tp) % pp:
