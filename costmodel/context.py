@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.model import Model
+from costmodel.model import Model, ModelFlops
 from costmodel.ops import Curve
 from costmodel.system import Collective, Datatype, System
 
@@ -43,6 +43,7 @@ class Context:
     output_layer_params: float   # V·h: the output matrix (own when untied, a copy on the last stage when tied)
     final_norm_params: float
     model_flops_per_sample: float
+    model_flops: ModelFlops      # the MFU numerator, term by term
     # datatype
     elem_bytes: float            # bytes per weight/activation element
     grad_comm_bytes: float       # bytes per gradient element on the DP network
@@ -87,7 +88,7 @@ class Context:
             tied_embeddings=model.tied_embeddings,
             block_params=float(model.block_params), embedding_params=float(model.embedding_params),
             output_layer_params=float(model.vocab_size * model.hidden), final_norm_params=float(model.norm_params),
-            model_flops_per_sample=model.model_flops_per_sample(),
+            model_flops_per_sample=model.model_flops_per_sample(), model_flops=model.model_flops(),
             elem_bytes=elem,
             # Gradients travel in 16 bits even with fp8 compute (Transformer Engine keeps
             # wgrads in bf16); fp32 training sends fp32.

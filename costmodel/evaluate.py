@@ -19,7 +19,7 @@ from costmodel.encoding import (RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_N
 from costmodel.iteration import MEMORY_TERMS, TIME_TERMS, iteration_terms
 from costmodel.mapping import (Mapping, Recompute, TPComm, TPOverlap, check_mapping_fits,
                                model_with_attention_type)
-from costmodel.model import Model
+from costmodel.model import Model, ModelFlops
 from costmodel.ops import ArrayOps, ScalarOps
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
@@ -69,6 +69,7 @@ class Evaluation:
     hbm_bytes: float
     offload_bytes: float
     offload_bytes_per_s_needed: float = field(default=0.0)
+    flops: ModelFlops | None = None  # the MFU numerator per token, term by term
 
     def to_dict(self) -> dict:
         """JSON-ready, SI units, with the fields the CLI contract names."""
@@ -82,6 +83,9 @@ class Evaluation:
             "time": dict(self.time_s),
             "memory": {"hbm_bytes": self.hbm_bytes, "offload_bytes": self.offload_bytes, **self.memory_bytes},
             "offload_bytes_per_s_needed": self.offload_bytes_per_s_needed,
+            "model_flops_per_token": None if self.flops is None else {
+                "matrix": self.flops.matrix_per_token, "attention": self.flops.attention_per_token,
+                "total": self.flops.per_token, "attention_halved_by_causal_mask": False},
             "mapping": self.mapping.model_dump(mode="json"),
         }
 
@@ -159,7 +163,7 @@ def evaluate_in_context(c: Context, mapping: Mapping) -> Evaluation:
         iteration_time_s=terms["iteration_s"], sample_rate=terms["sample_rate"], mfu=terms["mfu"], hfu=terms["hfu"],
         time_s={k: terms[k] for k in TIME_TERMS}, memory_bytes={k: terms[k] for k in MEMORY_TERMS},
         hbm_bytes=terms["hbm_bytes"], offload_bytes=terms["offload_bytes"],
-        offload_bytes_per_s_needed=terms["offload_bytes_per_s_needed"],
+        offload_bytes_per_s_needed=terms["offload_bytes_per_s_needed"], flops=c.model_flops,
     )
 
 

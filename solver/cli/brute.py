@@ -26,7 +26,7 @@ from solver.space.declaration import get_space
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @user_errors
-def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gib: float | None,
+def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: float | None, offload_gib: float | None,
             offload_gbps: float | None, nvlink_size: int | None, num_gpus: int, max_batch: int, space_name: str,
             attention: str, datatype: str, top_k: int, csv_path: str | None, workers: int | None,
             as_json: bool) -> None:
@@ -42,7 +42,8 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
                    --system problems/systems/h100-80g-nvl8.yaml --offload-gib 1024 --offload-gbps 100 \\
                    --gpus 4096 --datatype float8 --top-k 5
     """
-    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
+                                 seq_size=seq_size)
     space = get_space(space_name, attention=attention)
     result = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), top_k=top_k,
                   workers=workers, progress=not as_json, csv_path=csv_path)

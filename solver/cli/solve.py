@@ -27,7 +27,7 @@ from solver.space.declaration import get_space
 @click.option("--seed", type=int, default=0, show_default=True, help="CP-SAT random seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
 @user_errors
-def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch,
+def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch,
             space_name, attention, datatype, top_k, time_limit_s, workers, seed, as_json):
     """Find the fastest mapping under the exact model, certified optimal by CP-SAT.
 
@@ -39,7 +39,8 @@ def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_
                    --system problems/systems/h100-80g-nvl8.yaml --gpus 4096 \\
                    --datatype float8 --offload-gib 1024 --offload-gbps 100
     """
-    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
+                                 seq_size=seq_size)
     config = SolverConfig(time_limit_s=time_limit_s, workers=workers, seed=seed, top_k=top_k)
     result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),
                    space=get_space(space_name, attention=attention), config=config)

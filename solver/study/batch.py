@@ -60,6 +60,9 @@ class GridSpec(BaseModel):
     systems: Grid(str | dict[str, Any]) | None = Field(
         None, description="System files (relative to the batch file) or inline systems (with a name).")
     gpus: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(None, description="GPU counts.")
+    seq_size: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
+        None, description="Training sequence lengths, tokens: required with a Hugging Face config.json model; "
+                          "replaces a model file's seq_size.")
     max_batch: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
         None, description=f"Caps on the global batch (default {DEFAULT_MAX_BATCH}).")
     datatype: Grid(Datatype) | None = Field(None, description="Compute datatypes (default bfloat16).")
@@ -162,19 +165,21 @@ class _Loader:
 
     def __init__(self, batch_path: Path):
         self.base = batch_path.parent
-        self.cache: dict[tuple[str, str], Model | System] = {}
+        self.cache: dict[tuple[str, str, int | None], Model | System] = {}
 
-    def get(self, kind: str, ref: str | dict, where: str) -> tuple[Model | System, str]:
+    def get(self, kind: str, ref: str | dict, where: str, seq_size: int | None = None) -> tuple[Model | System, str]:
         if isinstance(ref, dict):
             cls = Model if kind == "models" else System
             if "name" not in ref:
                 raise InputError(f"{where}: an inline entry of '{kind}' needs a name")
+            if seq_size is not None and kind == "models":
+                ref = {**ref, "seq_size": seq_size}
             return parse(cls, ref, f"{where}: {kind} {ref['name']!r}"), "inline"
-        key = (kind, ref)
+        key = (kind, ref, seq_size)
         if key not in self.cache:
             target = self.base / ref
             try:
-                self.cache[key] = load_model(target) if kind == "models" else load_system(target)
+                self.cache[key] = load_model(target, seq_size=seq_size) if kind == "models" else load_system(target)
             except InputError as err:
                 raise InputError(f"{where}: {kind}: {err}") from None
         return self.cache[key], ref
@@ -218,11 +223,14 @@ def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None)
     knob_names = [k for k in ("hbm_gib", "offload_gib", "offload_gbps", "nvlink_size") if k in overrides]
     limit = time_limit_s or grid.get("time_limit_s", DEFAULT_TIME_LIMIT_S)
     out = []
-    combos = itertools.product(grid["models"], grid["systems"], grid["gpus"], grid.get("max_batch", [DEFAULT_MAX_BATCH]),
-                               grid.get("datatype", [Datatype.bfloat16]), grid.get("space", [DEFAULT_SPACE]),
-                               grid.get("attention", ["fused"]), *(overrides[k] for k in knob_names))
-    for model_ref, system_ref, gpus, max_batch, datatype, space, attention, *knob_values in combos:
-        model, _ = loader.get("models", model_ref, where)
+    combos = itertools.product(grid["models"], grid.get("seq_size", [None]), grid["systems"], grid["gpus"],
+                               grid.get("max_batch", [DEFAULT_MAX_BATCH]), grid.get("datatype", [Datatype.bfloat16]),
+                               grid.get("space", [DEFAULT_SPACE]), grid.get("attention", ["fused"]),
+                               *(overrides[k] for k in knob_names))
+    for model_ref, seq_size, system_ref, gpus, max_batch, datatype, space, attention, *knob_values in combos:
+        model, _ = loader.get("models", model_ref, where, seq_size)
+        if seq_size is not None and len(grid["seq_size"]) > 1:
+            model = model.model_copy(update={"name": f"{model.name}-s{seq_size}"})  # one id per sequence length
         base, source = loader.get("systems", system_ref, where)
         given = dict(zip(knob_names, knob_values))
         if given.get("offload_gib") == 0:
