@@ -145,3 +145,16 @@ def test_cli_solve_reads_a_config_json_with_seq_size_and_warns_on_one_line():
     assert counted.exit_code == 0, counted.output
     warning = [line for line in counted.output.splitlines() if line.startswith("warning:")]
     assert len(warning) == 1 and "sliding_window" in warning[0]
+
+
+def test_cli_solves_llama_3_1_70b_on_512_h100s_certified():
+    args = ["solve", "--model", str(MODELS / "llama-3.1-70b" / "config.json"), "--seq-size", "8192",
+            "--system", H100, "--gpus", "512", "--json", "--workers", "1"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["certified_optimal"] and doc["gap"] == 0.0
+    best = doc["best"]["mapping"]
+    assert 8 % best["tensor_par"] == 0                      # tp divides the 8 key/value heads
+    assert doc["best"]["memory"]["runtime_reserve_bytes"] == 2 * 2**30
+    assert doc["best"]["model_flops_per_token"]["total"] * 8192 == pytest.approx(3.94e15, rel=0.02)
