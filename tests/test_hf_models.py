@@ -157,4 +157,3 @@ def test_cli_solves_llama_3_1_70b_on_512_h100s_certified():
     best = doc["best"]["mapping"]
     assert 8 % best["tensor_par"] == 0                      # tp divides the 8 key/value heads
     assert doc["best"]["memory"]["runtime_reserve_bytes"] == 2 * 2**30
-    assert doc["best"]["model_flops_per_token"]["total"] * 8192 == pytest.approx(3.94e15, rel=0.02)
