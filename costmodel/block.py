@@ -150,6 +150,7 @@ def block_forward_times(c: Context, m, xp) -> dict:
     return {
         "gemm_s": qkv + core_gemm + proj + mlp,
         "eltwise_s": core_eltwise + layernorms + residuals + activation + rope,
+        "attention_core_s": core_gemm + core_eltwise,    # part of the two above
         "matrix_flops": 2 * tokens * h * (qkv_cols + q_cols + up_cols + f_cols) + 2 * score_flops,
         # recomputation the attention core needs under attn_only, and what a fused kernel
         # redoes in backward whatever the recompute setting
