@@ -224,15 +224,16 @@ class System(BaseModel):
         return self.compute[datatype]
 
     def with_overrides(self, *, hbm_gib: float | None = None, offload_gib: float | None = None,
-                       offload_gbps: float | None = None, nvlink_size: int | None = None) -> "System":
+                       offload_gbps: float | None = None, nvlink_size: int | None = None,
+                       runtime_reserve_gib: float | None = None) -> "System":
         """The co-design knobs: replace HBM capacity, add or resize the offload tier, resize the
-        first network. Adding an offload tier needs both capacity and bandwidth unless the
+        first network, replace the runtime reserve (batch files only). Adding an offload tier needs both capacity and bandwidth unless the
         system already has one.
 
         Every bad value is an InputError naming the command-line flag and the value; the
         result is validated as a whole, as a system file would be."""
         given = {"--hbm-gib": hbm_gib, "--offload-gib": offload_gib, "--offload-gbps": offload_gbps,
-                 "--nvlink-size": nvlink_size}
+                 "--nvlink-size": nvlink_size, "runtime_reserve_gib": runtime_reserve_gib}
         for flag, value in given.items():
             if value is None:
                 continue
@@ -242,9 +243,12 @@ class System(BaseModel):
                 raise InputError(f"{flag}: {value} is not a finite number")
         if hbm_gib is not None and hbm_gib <= 0:
             raise InputError(f"--hbm-gib: {hbm_gib} must be > 0")
-        if hbm_gib is not None and hbm_gib <= self.runtime_reserve_gib:
+        reserve = self.runtime_reserve_gib if runtime_reserve_gib is None else runtime_reserve_gib
+        if runtime_reserve_gib is not None and runtime_reserve_gib < 0:
+            raise InputError(f"runtime_reserve_gib: {runtime_reserve_gib} must be >= 0")
+        if hbm_gib is not None and hbm_gib <= reserve:
             raise InputError(f"--hbm-gib: {hbm_gib} GiB leaves nothing beside system {self.name!r}'s "
-                             f"runtime_reserve_gib ({self.runtime_reserve_gib:g})")
+                             f"runtime_reserve_gib ({reserve:g})")
         if offload_gib is not None and offload_gib < 0:
             raise InputError(f"--offload-gib: {offload_gib} must be >= 0 (0 removes the offload memory)")
         if offload_gbps is not None and offload_gbps <= 0:
@@ -279,6 +283,8 @@ class System(BaseModel):
                     data["offload"]["bandwidth_gbps"] = offload_gbps
         if nvlink_size is not None:
             data["networks"][0]["size"] = int(nvlink_size)
+        if runtime_reserve_gib is not None:
+            data["runtime_reserve_gib"] = runtime_reserve_gib
         if all(value is None for value in given.values()):
             return self
         try:

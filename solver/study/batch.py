@@ -48,6 +48,8 @@ class Overrides(BaseModel):
         None, description="Offload bandwidth per GPU per direction, GB/s, or 'unbounded' (as fast as HBM).")
     nvlink_size: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
         None, description="Size of the first network (the NVLink domain), GPUs.")
+    runtime_reserve_gib: Grid(Annotated[float, Field(ge=0)]) | None = Field(
+        None, description="HBM per GPU kept by the runtime, GiB (0: none, as the 2023 paper counted).")
 
 
 class GridSpec(BaseModel):
@@ -197,7 +199,10 @@ def problem_id(model: Model, system_name: str, gpus: int, datatype: Datatype, ma
                overrides: dict[str, Any], attention: str = "fused") -> str:
     """A readable id, e.g. gpt-1t-256b__h100-80g-nvl8__g4096__fp8__off1024g100; the max
     batch, space and attention kernel appear only when they differ from the defaults."""
-    parts = [_slug(model.name), _slug(system_name), f"g{gpus}", DATATYPE_TAGS[datatype.value]]
+    system_tag = _slug(system_name)
+    if "runtime_reserve_gib" in overrides:       # a property of the system: tagged on its name
+        system_tag += f"-rr{_number(overrides['runtime_reserve_gib'])}"
+    parts = [_slug(model.name), system_tag, f"g{gpus}", DATATYPE_TAGS[datatype.value]]
     if max_batch != DEFAULT_MAX_BATCH:
         parts.append(f"b{max_batch}")
     if space != DEFAULT_SPACE:
@@ -220,7 +225,8 @@ def problem_id(model: Model, system_name: str, gpus: int, datatype: Datatype, ma
 
 def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None) -> list[Problem]:
     overrides = grid.get("overrides", {})
-    knob_names = [k for k in ("hbm_gib", "offload_gib", "offload_gbps", "nvlink_size") if k in overrides]
+    knob_names = [k for k in ("hbm_gib", "offload_gib", "offload_gbps", "nvlink_size", "runtime_reserve_gib")
+                  if k in overrides]
     limit = time_limit_s or grid.get("time_limit_s", DEFAULT_TIME_LIMIT_S)
     out = []
     combos = itertools.product(grid["models"], grid.get("seq_size", [None]), grid["systems"], grid["gpus"],
@@ -236,7 +242,9 @@ def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None)
         if given.get("offload_gib") == 0:
             given.pop("offload_gbps", None)  # no offload memory: its bandwidth means nothing
         datatype = Datatype(datatype)
-        pid = problem_id(model, base.name, gpus, datatype, max_batch, space, given, attention)
+        # the runtime reserve tags the id only when the grid varies it (one value is a setting)
+        tagged = {k: v for k, v in given.items() if k != "runtime_reserve_gib" or len(overrides[k]) > 1}
+        pid = problem_id(model, base.name, gpus, datatype, max_batch, space, tagged, attention)
         system = _apply(base, given, f"{where}: {pid}")
         system.compute_for(datatype)
         unbounded = system.offload is not None and (given.get("offload_gbps") == UNBOUNDED or (
@@ -252,7 +260,8 @@ def _apply(system: System, given: dict[str, Any], where: str) -> System:
         gbps = system.hbm.bandwidth_gbps if system.offload is not None else None  # None: as fast as HBM
     try:
         return system.with_overrides(hbm_gib=given.get("hbm_gib"), offload_gib=given.get("offload_gib"),
-                                     offload_gbps=gbps, nvlink_size=given.get("nvlink_size"))
+                                     offload_gbps=gbps, nvlink_size=given.get("nvlink_size"),
+                                     runtime_reserve_gib=given.get("runtime_reserve_gib"))
     except InputError as err:
         raise InputError(f"{where}: {err}") from None
     except ValidationError as err:
