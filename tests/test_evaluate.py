@@ -67,7 +67,8 @@ def test_memory_never_grows_when_tp_or_pp_grows(data):
         bigger = base.model_dump()
         bigger[field] *= factor
         bigger["num_procs"] *= factor
-        if (field == "tensor_par" and (model.attn_heads % bigger[field] or model.hidden % bigger[field])) or \
+        if (field == "tensor_par" and (model.attn_heads % bigger[field] or model.hidden % bigger[field]
+                                       or model.kv_groups % bigger[field] or model.feedforward % bigger[field])) or \
            (field == "pipeline_par" and model.num_blocks % bigger[field]):
             continue
         ev2 = evaluate(model, system, Mapping.model_validate(bigger))
