@@ -1,7 +1,7 @@
 """Per-GPU memory against Megatron-LM's own estimator, recomputed here independently.
 
-The reference is megatron/training/theoretical_memory_usage.py (NVIDIA/Megatron-LM, main
-branch, read 2026-11): `compute_weight_and_optimizer_memory` and `compute_activation_memory`
+The reference is megatron/training/theoretical_memory_usage.py (NVIDIA/Megatron-LM at
+commit 00caa53af30912914981c86f39db123961678bbd, read 2026-11-22): `compute_weight_and_optimizer_memory` and `compute_activation_memory`
 (the formula it uses with sequence parallelism and selective recomputation; Table 2 of
 Korthikanti et al. 2022). Its terms, per GPU of the first pipeline stage:
 
