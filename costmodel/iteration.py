@@ -162,7 +162,15 @@ def iteration_terms(c: Context, m, xp) -> dict:
     pipeline_s = (microbatches + bubble_micro) * micro_s
 
     # ---- data parallelism: gradient reduction of the stage's parameters ----
-    stage_params = blocks_per_stage * block_params + c.embedding_params / t
+    # The output layer's V·h/tp weights: its own when untied; when tied, a copy on the last
+    # stage if that is not the first (Megatron-LM keeps one and all-reduces its gradient with
+    # the embedding's), none when pp = 1.
+    output_matrix = xp.where(p > 1, c.output_layer_params, 0.0 if c.tied_embeddings else c.output_layer_params)
+    # The stage with the most parameters outside its blocks (first: embeddings; last: output
+    # layer; both when pp = 1) sets the reduction and the optimizer step.
+    first_extra = c.embedding_params + xp.where(p == 1, output_matrix, 0.0)
+    last_extra = output_matrix + xp.where(p == 1, c.embedding_params, 0.0)
+    stage_params = blocks_per_stage * block_params + xp.maximum(first_extra, last_extra) / t
     grad_bytes = stage_params * c.grad_comm_bytes
     dp_all_reduce = collective_s(c, xp, Collective.all_reduce, dp, grad_bytes, m.dp_net)
     dp_sharded = (collective_s(c, xp, Collective.reduce_scatter, dp, grad_bytes, m.dp_net)
@@ -197,10 +205,7 @@ def iteration_terms(c: Context, m, xp) -> dict:
     optimizer = stage_block_params * c.optimizer_bytes_per_param / shards
     state_per_param = e + GRAD_BYTES_PER_PARAM + c.optimizer_bytes_per_param / shards
     embedding = c.embedding_params / t * state_per_param
-    # The output layer's V·h/tp weights: its own when untied; when tied, a copy on the last
-    # stage if that is not the first (Megatron-LM keeps one and all-reduces its gradient with
-    # the embedding's), none when pp = 1. The final norm is replicated on every tp rank.
-    output_matrix = xp.where(p > 1, c.output_layer_params, 0.0 if c.tied_embeddings else c.output_layer_params)
+    # The output layer (output_matrix above) and the final norm, replicated on every tp rank.
     output_layer = (output_matrix / t + c.final_norm_params) * state_per_param
     tokens = b * c.seq
     logits = (tokens * c.vocab / t * (LOGIT_BYTES_KEPT + LOGIT_GRAD_BYTES)
