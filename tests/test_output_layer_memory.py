@@ -78,3 +78,14 @@ def test_paper_batches_count_no_reserve_and_a_varied_reserve_tags_the_id(tmp_pat
                      "gpus: 8\noverrides: {runtime_reserve_gib: [0, 4]}\n")
     assert [p.id for p in load_batch(batch)] == ["gpt-1.3b__h100-80g-nvl8-rr0__g8__bf16",
                                                  "gpt-1.3b__h100-80g-nvl8-rr4__g8__bf16"]
+
+
+def test_an_untied_output_layer_is_reduced_and_stepped_too():
+    # pp = 1: the optimizer steps over blocks + embedding + output layer; tied, the output
+    # layer is the embedding. The step is HBM-bound: its time scales with the parameters.
+    tied = LLAMA_8B.model_copy(update={"tied_embeddings": True})
+    step = {name: evaluate(m, H100, mapping(8, 1)).time_s["optimizer_s"] for name, m in (("untied", LLAMA_8B),
+                                                                                           ("tied", tied))}
+    blocks = 32 * LLAMA_8B.block_params
+    V_h = 128256 * 4096
+    assert step["untied"] / step["tied"] == pytest.approx((blocks + 2 * V_h) / (blocks + V_h), rel=1e-9)

@@ -38,6 +38,8 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
       mapsat solve --model problems/models/gpt-1t-256b.yaml \\
                    --system problems/systems/h100-80g-nvl8.yaml --gpus 4096 \\
                    --datatype float8 --offload-gib 1024 --offload-gbps 100
+      mapsat solve --model problems/models/llama-3.1-70b/config.json --seq-size 8192 \\
+                   --system problems/systems/h100-80g-nvl8.yaml --gpus 512
     """
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
                                  seq_size=seq_size)
