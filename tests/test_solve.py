@@ -139,6 +139,17 @@ def test_solver_constraints_admit_exactly_the_space():
         assert counter.n == count_mappings(model, system, gpus, max_batch, space).mappings
 
 
+def test_tensor_divisibility_names_kv_heads_and_measures_a_split_group():
+    model, system, gpus, cap, datatype = TP_CAPPED_BY_KV
+    problem = Problem(model, system, gpus, cap, get_space("full"))
+    (rule,) = [c for c in STRUCTURE if c.name == "tensor divisibility"]
+    assert "kv_heads (2)" in rule.describe(problem)
+    result = solve(model, system, gpus, max_batch=cap, datatype=datatype, config=SolverConfig(top_k=1, workers=1))
+    assert rule.violation(result.best.mapping, result.best, problem) == 0
+    split = result.best.mapping.model_copy(update={"tensor_par": 4, "pipeline_par": 1, "data_par": 4})
+    assert rule.violation(split, result.best, problem) > 0
+
+
 def test_named_constraints_measure_their_violation():
     model = small_model(16)
     result = solve(model, A100, 8, max_batch=64, datatype=Datatype.float16, config=SolverConfig(top_k=1))
