@@ -157,3 +157,16 @@ def test_cli_solves_llama_3_1_70b_on_512_h100s_certified():
     best = doc["best"]["mapping"]
     assert 8 % best["tensor_par"] == 0                      # tp divides the 8 key/value heads
     assert doc["best"]["memory"]["runtime_reserve_bytes"] == 2 * 2**30
+
+
+def test_seq_size_replaces_a_model_files_and_batch_files_take_it(tmp_path):
+    from solver.study.batch import load_batch
+    assert load_model(MODELS / "gpt3-175b.yaml", seq_size=4096).seq_size == 4096
+    batch = tmp_path / "b.yaml"
+    batch.write_text(f"models: {MODELS / 'llama-3.1-8b' / 'config.json'}\nsystems: {H100}\ngpus: 8\n")
+    with pytest.raises(InputError, match=r"give --seq-size \(batch files: seq_size\)"):
+        load_batch(batch)
+    batch.write_text(batch.read_text() + "seq_size: [4096, 8192]\n")
+    problems = load_batch(batch)
+    assert [(p.id, p.model.seq_size) for p in problems] == [("llama-3.1-8b-s4096__h100-80g-nvl8__g8__bf16", 4096),
+                                                            ("llama-3.1-8b-s8192__h100-80g-nvl8__g8__bf16", 8192)]
