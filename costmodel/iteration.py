@@ -221,10 +221,11 @@ def iteration_terms(c: Context, m, xp) -> dict:
     last_activations_hbm = xp.where(m.a_off, xp.minimum(RESIDENT_BLOCKS, last_inflight) * act["stored"],
                                     last_activations)
     optimizer_hbm = xp.where(m.o_off, 0.0, optimizer)
-    blocks_hbm = weights_hbm + optimizer_hbm + workspace + c.runtime_reserve_bytes
+    # on every stage: its blocks' state, one block's recompute workspace, the runtime reserve
+    every_stage_hbm = weights_hbm + optimizer_hbm + workspace + c.runtime_reserve_bytes
     single_stage = p == 1
-    first_hbm = blocks_hbm + activations_hbm + embedding + xp.where(single_stage, output_layer + logits, 0.0)
-    last_hbm = blocks_hbm + last_activations_hbm + output_layer + logits + xp.where(single_stage, embedding, 0.0)
+    first_hbm = every_stage_hbm + activations_hbm + embedding + xp.where(single_stage, output_layer + logits, 0.0)
+    last_hbm = every_stage_hbm + last_activations_hbm + output_layer + logits + xp.where(single_stage, embedding, 0.0)
     hbm = xp.maximum(first_hbm, last_hbm)
     offload = (xp.where(m.w_off, weights + grads, 0.0) + xp.where(m.o_off, optimizer, 0.0)
                + xp.where(m.a_off, activations, 0.0))
