@@ -75,13 +75,11 @@ INPUT_CONFIG = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 """Every input is frozen, forbids unknown fields (typos) and refuses NaN and infinity."""
 
 
-MLP_KINDS = ("gelu", "swiglu", "geglu", "squared_relu")
+MlpKind = Literal["gelu", "swiglu", "geglu", "squared_relu"]
 """The MLP's activation: GeLU (two matrices, GPT-2/3); SwiGLU and GeGLU (gated: three
 matrices of hidden × feedforward and an element-wise gate, Shazeer 2020, "GLU Variants
 Improve Transformer"; Llama, Qwen, Mistral); squared ReLU (two matrices, Nemotron-4)."""
 GATED_MLPS = ("swiglu", "geglu")
-
-MlpKind = Literal["gelu", "swiglu", "geglu", "squared_relu"]
 
 
 class Model(BaseModel):
