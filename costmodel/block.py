@@ -3,9 +3,14 @@
 Layers of a block (forward), with b = microbatch, s = sequence, h = hidden, a = heads,
 d = head size, f = feed-forward, t = tp, T = b·s tokens, e = bytes per element:
 
-    attention  LN1 · QKV GEMM · scores GEMM (Q·Kᵀ) · softmax · dropout · context GEMM (·V)
-               · output-projection GEMM · dropout + residual
-    MLP        LN2 · GEMM h→f · GeLU · GEMM f→h · dropout + residual
+    attention  LN1 · QKV GEMM · (RoPE on Q, K) · scores GEMM (Q·Kᵀ) · softmax · dropout
+               · context GEMM (·V) · output-projection GEMM · dropout + residual
+    MLP        LN2 · GEMM h→f (gated: h→2f) · activation (gated: gate) · GEMM f→h
+               · dropout + residual
+
+With grouped-query attention (g = kv_heads key/value heads) K and V have g·d columns, split
+tp ways (tp divides g, Megatron-LM's rule for query groups); the attention core's FLOP
+follow the a query heads and its K/V traffic the g key/value heads.
 
 Each layer takes max(compute time, memory time) (a roofline), where compute runs at peak ×
 the efficiency the system gives an operation of that many FLOP and memory at bandwidth × the
@@ -39,6 +44,18 @@ SOFTMAX_FLOPS_PER_ELEM = 6.0
 DROPOUT_FLOPS_PER_ELEM = 2.0
 RESIDUAL_FLOPS_PER_ELEM = 3.0
 GELU_FLOPS_PER_ELEM = 8.0
+# RMSNorm (Zhang & Sennrich 2019): square, sum, reciprocal square root, scale (~5; no mean,
+# no shift).
+RMSNORM_FLOPS_PER_ELEM = 5.0
+# Activations per element of the f-wide output: squared ReLU (max, multiply: 2); the gates
+# (Shazeer 2020) Swish(x)·y (x·sigmoid(x) ~5, times y: 6) and GeLU(x)·y (8 + 1: 9).
+SQUARED_RELU_FLOPS_PER_ELEM = 2.0
+SWIGLU_FLOPS_PER_ELEM = 6.0
+GEGLU_FLOPS_PER_ELEM = 9.0
+# Rotary position embedding (Su et al. 2021) on Q and K: x·cos + rotate(x)·sin (3 per element).
+ROPE_FLOPS_PER_ELEM = 3.0
+ACTIVATION_FLOPS_PER_ELEM = {"gelu": GELU_FLOPS_PER_ELEM, "squared_relu": SQUARED_RELU_FLOPS_PER_ELEM,
+                             "swiglu": SWIGLU_FLOPS_PER_ELEM, "geglu": GEGLU_FLOPS_PER_ELEM}
 # FlashAttention keeps one fp32 log-sum-exp per query row and head for its backward pass.
 SOFTMAX_STATS_BYTES = 4.0
 
@@ -53,6 +70,13 @@ def gemm_s(c: Context, xp, rows, cols, depth, num_bytes, batch=1.0):
     compute = flops / (c.matrix_flops_per_s * xp.lookup(c.matrix_curve, flops))
     memory = num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
     return xp.maximum(compute, memory)
+
+
+def matmul_s(c: Context, xp, rows, cols, inner):
+    """Time of C[rows, cols] = A[rows, inner]·B[inner, cols] (M = rows, the tokens; N = cols,
+    the output columns; K = inner, the reduction): `gemm_s` with A, B and C moved once in the
+    datatype."""
+    return gemm_s(c, xp, rows, cols, inner, c.elem_bytes * (rows * inner + inner * cols + rows * cols))
 
 
 def eltwise_s(c: Context, xp, elems, flops_per_elem, bytes_per_elem):
@@ -84,7 +108,10 @@ class BlockForward:
     gemm_s: object
     """matrix multiplies (and the fused attention kernel)"""
     eltwise_s: object
-    """element-wise layers: layer norms, residuals, dropouts, an unfused attention core's softmax"""
+    """element-wise layers: norms, residuals, dropouts, the MLP's activation or gate, RoPE, an
+    unfused attention core's softmax"""
+    attention_core_s: object
+    """the attention core (scores, softmax, context), part of the two above"""
     matrix_flops: object
     selective_recompute_s: object
     """what attn_only recomputes: the unfused attention core (0 when fused)"""
@@ -115,18 +142,17 @@ def block_forward_times(c: Context, m, xp) -> BlockForward:
     tokens = b * s
     heads = c.heads / t                                  # heads on this GPU
     q_cols = heads * d                                   # a·d/t
-    kv_cols = d if c.multiquery else q_cols              # MQA: one K/V head, replicated
+    kv_cols = c.kv_heads / t * d                         # g·d/t: K (and V) columns on this GPU
     qkv_cols = q_cols + 2 * kv_cols
     f_cols = f / t
+    up_cols = 2 * f_cols if c.gated_mlp else f_cols      # gated: gate and up projections side by side
     # Layer norms, residuals and their dropouts act on the sequence-parallel shard when SP
     # is on, and on the whole (replicated) activation otherwise.
     ln_tokens = xp.where(m.seq_par, tokens / t, tokens)
 
-    # gemm_s(rows = tokens, output columns, reduction depth, bytes)
-    qkv = gemm_s(c, xp, tokens, qkv_cols, h, e * (tokens * h + h * qkv_cols + tokens * qkv_cols))
-    proj = gemm_s(c, xp, tokens, h, q_cols, e * (tokens * q_cols + q_cols * h + tokens * h))
-    mlp_bytes = e * (tokens * h + h * f_cols + tokens * f_cols)
-    mlp = gemm_s(c, xp, tokens, f_cols, h, mlp_bytes) + gemm_s(c, xp, tokens, h, f_cols, mlp_bytes)
+    qkv = matmul_s(c, xp, tokens, qkv_cols, h)
+    proj = matmul_s(c, xp, tokens, h, q_cols)
+    mlp = matmul_s(c, xp, tokens, up_cols, h) + matmul_s(c, xp, tokens, h, f_cols)   # h→f (or 2f), f→h
 
     score_flops = 2 * b * heads * s * s * d              # Q·Kᵀ; the context GEMM (·V) is as large
     score_elems = b * heads * s * s
@@ -154,15 +180,25 @@ def block_forward_times(c: Context, m, xp) -> BlockForward:
         # Selective recomputation reruns the four kernels of the attention core.
         selective_recompute, selective_recompute_flops = core_gemm + core_eltwise, 2 * score_flops
 
-    layernorms = 2 * eltwise_s(c, xp, ln_tokens * h, LAYERNORM_FLOPS_PER_ELEM, 2 * e)
+    norm_flops = RMSNORM_FLOPS_PER_ELEM if c.rmsnorm else LAYERNORM_FLOPS_PER_ELEM
+    layernorms = 2 * eltwise_s(c, xp, ln_tokens * h, norm_flops, 2 * e)
     residuals = 2 * eltwise_s(c, xp, ln_tokens * h, RESIDUAL_FLOPS_PER_ELEM, 3 * e + MASK_BYTES)
-    # A fused GeLU runs in the epilogue of the h→f GEMM: no pass over memory of its own.
-    gelu = 0.0 if c.fused_activation else eltwise_s(c, xp, tokens * f_cols, GELU_FLOPS_PER_ELEM, 2 * e)
+    act_flops = ACTIVATION_FLOPS_PER_ELEM[c.mlp]
+    if c.gated_mlp:
+        # The gate reads both halves of the h→2f output and writes f: its own kernel
+        # (Megatron-LM's fused bias-SwiGLU is a separate element-wise pass).
+        activation = eltwise_s(c, xp, tokens * f_cols, act_flops, 3 * e)
+    else:
+        # A fused GeLU (or squared ReLU) runs in the epilogue of the h→f GEMM: no pass of its own.
+        activation = 0.0 if c.fused_activation else eltwise_s(c, xp, tokens * f_cols, act_flops, 2 * e)
+    # RoPE rotates Q and K in place: one pass over them (read and write).
+    rope = eltwise_s(c, xp, tokens * (q_cols + kv_cols), ROPE_FLOPS_PER_ELEM, 2 * e) if c.rope else 0.0
 
     return BlockForward(
         gemm_s=qkv + core_gemm + proj + mlp,
-        eltwise_s=core_eltwise + layernorms + residuals + gelu,
-        matrix_flops=2 * tokens * h * (qkv_cols + q_cols + 2 * f_cols) + 2 * score_flops,
+        eltwise_s=core_eltwise + layernorms + residuals + activation + rope,
+        attention_core_s=core_gemm + core_eltwise,
+        matrix_flops=2 * tokens * h * (qkv_cols + q_cols + up_cols + f_cols) + 2 * score_flops,
         selective_recompute_s=selective_recompute,
         selective_recompute_flops=selective_recompute_flops,
         kernel_recompute_s=kernel_recompute,
@@ -174,7 +210,8 @@ def block_stored_activation_bytes(c: Context, m, xp) -> StoredActivations:
     """Bytes one block keeps from forward to backward for one microbatch on one GPU
     (Korthikanti et al. 2022, §4: 34·s·b·h + 5·a·s²·b with no parallelism, 16-bit).
 
-    Split by tp always: Q, K, V, the projection input, the two MLP intermediates, and the
+    Split by tp always: Q, K, V (K and V with g·d columns), the projection input, the MLP
+    intermediates (two f-wide tensors; three when gated), and the
     attention core (softmax output, its dropout mask and output). Split by tp only with
     sequence parallelism: the two layer-norm inputs and the two dropout masks. The inputs
     of the QKV and h→f GEMMs are gathered tensors under SP: stored whole unless the
@@ -193,7 +230,7 @@ def block_stored_activation_bytes(c: Context, m, xp) -> StoredActivations:
     tokens = b * s
     heads = c.heads / t
     q_cols = heads * d
-    kv_cols = d if c.multiquery else q_cols
+    kv_cols = c.kv_heads / t * d
     sp_split = xp.where(m.seq_par, t, 1.0)
     gemm_inputs_split = xp.where(m.seq_par & m.seq_par_ag_redo, t, 1.0)
 
@@ -201,7 +238,9 @@ def block_stored_activation_bytes(c: Context, m, xp) -> StoredActivations:
     dropout_masks = 2 * MASK_BYTES * tokens * h / sp_split
     gemm_inputs = 2 * e * tokens * h / gemm_inputs_split
     qkv_and_proj = e * tokens * (q_cols + 2 * kv_cols + q_cols)
-    mlp_intermediates = 2 * e * tokens * f / t
+    # GeLU / squared ReLU: the activation's input and output (2·f); gated: the h→2f output
+    # (both operands of the gate) and the gate's output (3·f).
+    mlp_intermediates = (3 if c.gated_mlp else 2) * e * tokens * f / t
     if c.fused_attention:
         attention_core = SOFTMAX_STATS_BYTES * b * heads * s
         core_recomputed = False

@@ -37,5 +37,8 @@ class TPOverlap(str, Enum):
 
 
 class AttentionType(str, Enum):
+    """Calculon's name for the attention kind. The model carries it (`kv_heads`); a mapping
+    file that states it is read as a setting of the problem (`model_with_attention_type`)."""
+
     multihead = "multihead"
     multiquery = "multiquery"

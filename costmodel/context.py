@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.choices import AttentionType
 from costmodel.kernel_time import AttentionTiming, GemmTiming
 from costmodel.kernels import Kernels
-from costmodel.model import Model
+from costmodel.model import Model, ModelFlops
 from costmodel.ops import Curve
 from costmodel.system import Collective, Datatype, System
 
@@ -32,13 +31,21 @@ class Context:
     feedforward: float
     seq: float
     heads: float
+    kv_heads: float              # g: key/value heads (= heads unless grouped-query attention)
     head_size: float
     blocks: float
     vocab: float
-    multiquery: bool
+    gated_mlp: bool              # swiglu/geglu: the h→f GEMM is h→2f and an element-wise gate follows
+    mlp: str                     # gelu | swiglu | geglu | squared_relu
+    rmsnorm: bool
+    rope: bool
+    tied_embeddings: bool
     block_params: float
-    embedding_params: float
+    embedding_params: float      # input side (token embedding, learned positions): first stage
+    output_layer_params: float   # V·h: the output matrix (own when untied, a copy on the last stage when tied)
+    final_norm_params: float
     model_flops_per_sample: float
+    model_flops: ModelFlops      # the MFU numerator, term by term
     # datatype
     elem_bytes: float            # bytes per weight/activation element
     grad_comm_bytes: float       # bytes per gradient element on the DP network
@@ -57,6 +64,7 @@ class Context:
     hbm_curve: Curve
     hbm_latency_s: float                # fixed cost of one element-wise (HBM-bound) kernel
     hbm_capacity_bytes: float
+    runtime_reserve_bytes: float  # CUDA context, communication buffers, fragmentation
     offload_bytes_per_s: float   # 0 without an offload tier
     offload_curve: Curve
     offload_capacity_bytes: float
@@ -70,22 +78,21 @@ class Context:
     net_offset: dict[Collective, tuple[float, ...]]
 
     @staticmethod
-    def build(model: Model, system: System, datatype: Datatype, kernels: Kernels = Kernels(), *,
-              attention_type: AttentionType = AttentionType.multihead) -> "Context":
+    def build(model: Model, system: System, datatype: Datatype, kernels: Kernels = Kernels()) -> "Context":
+        """The constants of one problem. The attention kind is the model's (`kv_heads`: 1 is
+        multi-query, attn_heads multi-head, in between grouped-query)."""
         compute = system.compute_for(datatype)
         elem = float(datatype.bytes)
         master = 0.0 if datatype is Datatype.float32 else MASTER_WEIGHT_BYTES_PER_PARAM
         nets = system.networks
-        multiquery = AttentionType(attention_type) is AttentionType.multiquery
-        block_params = float(model.block_params)
-        if multiquery:
-            # K and V shrink from a·d to d columns each (weights and biases).
-            block_params -= 2 * (model.hidden + 1) * (model.attn_width - model.attn_size)
         return Context(
             hidden=model.hidden, feedforward=model.feedforward, seq=model.seq_size, heads=model.attn_heads,
-            head_size=model.attn_size, blocks=model.num_blocks, vocab=model.vocab_size, multiquery=multiquery,
-            block_params=block_params, embedding_params=float(model.embedding_params),
-            model_flops_per_sample=model.model_flops_per_sample(),
+            kv_heads=model.kv_groups, head_size=model.attn_size, blocks=model.num_blocks, vocab=model.vocab_size,
+            gated_mlp=model.gated, mlp=model.mlp, rmsnorm=model.norm == "rmsnorm", rope=model.position == "rope",
+            tied_embeddings=model.tied_embeddings,
+            block_params=float(model.block_params), embedding_params=float(model.embedding_params),
+            output_layer_params=float(model.vocab_size * model.hidden), final_norm_params=float(model.norm_params),
+            model_flops_per_sample=model.model_flops_per_sample(), model_flops=model.model_flops(),
             elem_bytes=elem,
             # Gradients travel in 16 bits even with fp8 compute (Transformer Engine keeps
             # wgrads in bf16); fp32 training sends fp32.
@@ -99,7 +106,7 @@ class Context:
             vector_curve=Curve.of(compute.vector_efficiency),
             hbm_bytes_per_s=system.hbm.bandwidth_bytes_per_s, hbm_curve=Curve.of(system.hbm.efficiency),
             hbm_latency_s=system.hbm.latency_s,
-            hbm_capacity_bytes=system.hbm.capacity_bytes,
+            hbm_capacity_bytes=system.hbm.capacity_bytes, runtime_reserve_bytes=system.runtime_reserve_bytes,
             offload_bytes_per_s=system.offload.bandwidth_bytes_per_s if system.offload else 0.0,
             offload_curve=Curve.of(system.offload.efficiency if system.offload else [(0, 1.0)]),
             offload_capacity_bytes=system.offload.capacity_bytes if system.offload else 0.0,

@@ -158,7 +158,12 @@ def _choice_codes(choices: type[Enum]) -> dict:
 # ---- the rules any mapping must satisfy (costmodel.mapping.check_mapping_fits reads them) ----
 def _tp_fits(model, system, v) -> str | None:
     tp = v["tp"]
-    for name in ("attn_heads", "hidden", "feedforward"):
+    if model.attn_heads % tp:
+        return f"tensor_par({tp}) does not divide attn_heads({model.attn_heads})"
+    if model.kv_groups % tp:
+        return (f"tensor_par({tp}) does not divide kv_heads({model.kv_groups}): each tensor-parallel rank "
+                f"holds whole key/value heads (Megatron-LM's rule for query groups)")
+    for name in ("hidden", "feedforward"):
         if getattr(model, name) % tp:
             return f"tensor_par({tp}) does not divide {name}({getattr(model, name)})"
     return None
@@ -210,7 +215,7 @@ _HAS_OFFLOAD = Condition("offload", ">", 0)
 DIMENSIONS: tuple[Dimension, ...] = (
     # ---- the split and the batch, fixed by (tp, pp) ----
     Dimension("tp", "tensor_par", "split", "tensor parallelism: each weight matrix is split tp ways",
-              rule="1 .. tp_max; divides N, hidden, feedforward and attn_heads", fits=_tp_fits),
+              rule="1 .. tp_max; divides N, hidden, feedforward, attn_heads and kv_heads", fits=_tp_fits),
     Dimension("pp", "pipeline_par", "split", "pipeline parallelism: the blocks are split into pp stages",
               rule="1 .. blocks; divides min(N/tp, num_blocks) and num_blocks", fits=_pp_fits),
     Dimension("dp", "data_par", "split", "data parallelism: replicas of the pipeline", rule="N/(tp·pp); tp·pp·dp = N"),

@@ -18,8 +18,8 @@ from costmodel.dimensions import DIMENSIONS, group_spans
 from costmodel.encoding import MappingArrays
 from costmodel.kernels import Kernels
 from costmodel.iteration import MEMORY_TERMS, TIME_TERMS, IterationTerms, iteration_terms
-from costmodel.mapping import AttentionType, Mapping, check_mapping_fits
-from costmodel.model import Model
+from costmodel.mapping import Mapping, check_mapping_fits, model_with_attention_type
+from costmodel.model import Model, ModelFlops
 from costmodel.ops import ArrayOps, ScalarOps
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
@@ -68,6 +68,7 @@ class Evaluation:
     hbm_bytes: float
     offload_bytes: float
     offload_bytes_per_s_needed: float = field(default=0.0)
+    flops: ModelFlops | None = None  # the MFU numerator per token, term by term
 
     def to_dict(self) -> dict:
         """JSON-ready, SI units, with the fields the CLI contract names."""
@@ -81,6 +82,9 @@ class Evaluation:
             "time": dict(self.time_s),
             "memory": {"hbm_bytes": self.hbm_bytes, "offload_bytes": self.offload_bytes, **self.memory_bytes},
             "offload_bytes_per_s_needed": self.offload_bytes_per_s_needed,
+            "model_flops_per_token": None if self.flops is None else {
+                "matrix": self.flops.matrix_per_token, "attention": self.flops.attention_per_token,
+                "total": self.flops.per_token, "attention_halved_by_causal_mask": False},
             "mapping": self.mapping.model_dump(mode="json"),
         }
 
@@ -142,11 +146,11 @@ _CONTEXTS: dict[tuple, tuple[Model, System, Context]] = {}
 def _context_for(model: Model, system: System, mapping: Mapping) -> Context:
     """The problem constants, built once per (model, system, datatype, ...) object seen
     recently: evaluating many mappings of one problem one by one stays cheap."""
-    key = (id(model), id(system), mapping.datatype, mapping.kernels, mapping.attention_type)
+    key = (id(model), id(system), mapping.datatype, mapping.kernels)
     hit = _CONTEXTS.get(key)
     if hit is not None and hit[0] is model and hit[1] is system:
         return hit[2]
-    c = Context.build(model, system, mapping.datatype, mapping.kernels, attention_type=mapping.attention_type)
+    c = Context.build(model, system, mapping.datatype, mapping.kernels)
     if len(_CONTEXTS) >= 16:
         _CONTEXTS.clear()
     _CONTEXTS[key] = (model, system, c)
@@ -155,7 +159,9 @@ def _context_for(model: Model, system: System, mapping: Mapping) -> Context:
 
 def evaluate(model: Model, system: System, mapping: Mapping) -> Evaluation:
     """Time and memory of one mapping, with every term named. Raises InputError if the
-    mapping does not fit the model or system (divisibility, unknown network, datatype)."""
+    mapping does not fit the model or system (divisibility, unknown network, datatype), or
+    states an attention_type the model contradicts."""
+    model = model_with_attention_type(model, mapping)
     check_mapping_fits(model, system, mapping)
     return evaluate_in_context(_context_for(model, system, mapping), mapping)
 
@@ -171,7 +177,7 @@ def evaluate_in_context(c: Context, mapping: Mapping) -> Evaluation:
         iteration_time_s=terms.iteration_s, sample_rate=terms.sample_rate, mfu=terms.mfu, hfu=terms.hfu,
         time_s=terms.named(TIME_TERMS), memory_bytes=terms.named(MEMORY_TERMS),
         hbm_bytes=terms.hbm_bytes, offload_bytes=terms.offload_bytes,
-        offload_bytes_per_s_needed=terms.offload_bytes_per_s_needed,
+        offload_bytes_per_s_needed=terms.offload_bytes_per_s_needed, flops=c.model_flops,
     )
 
 
@@ -201,10 +207,9 @@ def array_fields(arrays: MappingArrays) -> SimpleNamespace:
 
 
 def evaluate_arrays(model: Model, system: System, arrays: MappingArrays, datatype: Datatype,
-                    kernels: Kernels = Kernels(), *,
-                    attention_type: AttentionType = AttentionType.multihead) -> ArrayEvaluation:
+                    kernels: Kernels = Kernels()) -> ArrayEvaluation:
     """Score every mapping in `arrays` (all valid for `model` on the same GPU count)."""
-    c = Context.build(model, system, datatype, kernels, attention_type=attention_type)
+    c = Context.build(model, system, datatype, kernels)
     return evaluate_arrays_in_context(c, arrays)
 
 

@@ -1,5 +1,5 @@
 """One training iteration: the block costs assembled into pipeline, data-parallel and
-optimizer time, and the memory each GPU of the first pipeline stage holds.
+optimizer time, and the memory a GPU of the first and of the last pipeline stage holds.
 
 Written once against the backend interface of costmodel.ops, so `m` may hold scalars (one
 mapping) or numpy arrays (many). Every returned name is a term a person can trace.
@@ -26,8 +26,17 @@ RESIDENT_BLOCKS = 2.0
 
 TIME_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "pp_comm_s", "bubble_s",
               "dp_comm_s", "optimizer_s", "offload_s")
+# Megatron-LM's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py)
+# turns each GPU's b·s·V/tp logits into fp32 and keeps the fp32 softmax for backward, where
+# the gradient is formed in place and cast back to 16 bits for the output GEMM's backward:
+# 4 bytes per logit kept from forward to backward, and a 16-bit gradient (2 bytes) beside it.
+LOGIT_BYTES_KEPT = 4.0
+LOGIT_GRAD_BYTES = 2.0
+
 MEMORY_TERMS = ("weights_bytes", "weight_grads_bytes", "optimizer_bytes", "embedding_bytes",
-                "activations_bytes", "activation_workspace_bytes")
+                "activations_bytes", "activation_workspace_bytes", "output_layer_bytes", "logits_bytes",
+                "last_stage_activations_bytes", "runtime_reserve_bytes", "first_stage_hbm_bytes",
+                "last_stage_hbm_bytes")
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,8 @@ class BlockTerms:
 class IterationTerms:
     """Every named term of one iteration (SI units; each a scalar or an array). The time
     terms (`TIME_TERMS`) add up to `iteration_s`; the memory terms (`MEMORY_TERMS`) are per
-    GPU of the first pipeline stage; docs/cost-model.md gives each formula."""
+    GPU, of the first pipeline stage unless named for the last; docs/cost-model.md gives
+    each formula."""
 
     iteration_s: object
     forward_s: object
@@ -76,7 +86,16 @@ class IterationTerms:
     embedding_bytes: object
     activations_bytes: object
     activation_workspace_bytes: object
+    output_layer_bytes: object
+    """the output layer and final norm with their gradients and optimizer state (last stage)"""
+    logits_bytes: object
+    """the fp32 logits kept for the loss, their 16-bit gradient and the output GEMM's input"""
+    last_stage_activations_bytes: object
+    runtime_reserve_bytes: object
+    first_stage_hbm_bytes: object
+    last_stage_hbm_bytes: object
     hbm_bytes: object
+    """the larger of the first and the last stage's HBM use"""
     weights_hbm_bytes: object
     optimizer_hbm_bytes: object
     activations_hbm_bytes: object
@@ -104,6 +123,14 @@ def blocks_in_flight(xp, blocks_per_stage, p, v, microbatches):
     are fewer microbatches."""
     return xp.where(v == 1, blocks_per_stage * xp.minimum(p, microbatches),
                     blocks_per_stage / v * xp.minimum(microbatches * v, p * v + p - 1))
+
+
+def blocks_in_flight_last_stage(xp, blocks_per_stage, p, v, microbatches):
+    """Blocks whose activations are alive at the peak on a last-stage GPU: one microbatch
+    for 1F1B (its backward follows its forward at once); (p·v - p + 1) chunks when
+    interleaved (Megatron's warm-up of (v-1)·p chunks on the last rank, plus one); fewer if
+    there are fewer microbatches. With p = 1 it equals blocks_in_flight."""
+    return blocks_per_stage / v * xp.minimum(microbatches * v, p * v - p + 1)
 
 
 def _rate(bytes_per_s: float) -> float:
@@ -207,7 +234,15 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     pipeline_s = (microbatches + bubble_micro) * micro_s
 
     # ---- data parallelism: gradient reduction of the stage's parameters ----
-    stage_params = blocks_per_stage * block_params + c.embedding_params / t
+    # The output layer's V·h/tp weights: its own when untied; when tied, a copy on the last
+    # stage if that is not the first (Megatron-LM keeps one and all-reduces its gradient with
+    # the embedding's), none when pp = 1.
+    output_matrix = xp.where(p > 1, c.output_layer_params, 0.0 if c.tied_embeddings else c.output_layer_params)
+    # The stage with the most parameters outside its blocks (first: embeddings; last: output
+    # layer; both when pp = 1) sets the reduction and the optimizer step.
+    first_extra = c.embedding_params + xp.where(p == 1, output_matrix, 0.0)
+    last_extra = output_matrix + xp.where(p == 1, c.embedding_params, 0.0)
+    stage_params = blocks_per_stage * block_params + xp.maximum(first_extra, last_extra) / t
     grad_bytes = stage_params * c.grad_comm_bytes
     dp_all_reduce = collective_s(c, xp, Collective.all_reduce, dp, grad_bytes, m.dp_net)
     dp_sharded = (collective_s(c, xp, Collective.reduce_scatter, dp, grad_bytes, m.dp_net)
@@ -233,21 +268,37 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
 
     iteration_s = pipeline_s + dp_exposed + dp_stolen + optimizer_s
 
-    # ---- memory of a GPU in the first stage (it holds the most activations) ----
+    # ---- memory of a GPU in the first and in the last pipeline stage (one GPU when pp = 1):
+    # the first holds the most activations, the last the output layer and the logits ----
     shards = xp.where(m.optimizer_sharding, dp, 1.0)
     stage_block_params = blocks_per_stage * block_params
     weights = stage_block_params * e
     grads = stage_block_params * GRAD_BYTES_PER_PARAM
     optimizer = stage_block_params * c.optimizer_bytes_per_param / shards
-    embedding = c.embedding_params / t * (e + GRAD_BYTES_PER_PARAM + c.optimizer_bytes_per_param / shards)
+    state_per_param = e + GRAD_BYTES_PER_PARAM + c.optimizer_bytes_per_param / shards
+    embedding = c.embedding_params / t * state_per_param
+    # The output layer (output_matrix above) and the final norm, replicated on every tp rank.
+    output_layer = (output_matrix / t + c.final_norm_params) * state_per_param
+    tokens = b * c.seq
+    logits = (tokens * c.vocab / t * (LOGIT_BYTES_KEPT + LOGIT_GRAD_BYTES)
+              + e * tokens * c.hidden / xp.where(m.seq_par, t, 1.0))      # and the output GEMM's input
     inflight_blocks = blocks_in_flight(xp, blocks_per_stage, p, v, microbatches)
     activations = act.stored * inflight_blocks
+    last_inflight = blocks_in_flight_last_stage(xp, blocks_per_stage, p, v, microbatches)
+    last_activations = act.stored * last_inflight
     workspace = act.workspace
     resident_blocks = xp.minimum(RESIDENT_BLOCKS, blocks_per_stage)
     weights_hbm = xp.where(m.weight_offload, resident_blocks * block_params * (e + GRAD_BYTES_PER_PARAM), weights + grads)
     activations_hbm = xp.where(m.activations_offload, xp.minimum(RESIDENT_BLOCKS, inflight_blocks) * act.stored, activations)
+    last_activations_hbm = xp.where(m.activations_offload, xp.minimum(RESIDENT_BLOCKS, last_inflight) * act.stored,
+                                    last_activations)
     optimizer_hbm = xp.where(m.optimizer_offload, 0.0, optimizer)
-    hbm = weights_hbm + optimizer_hbm + activations_hbm + workspace + embedding
+    # on every stage: its blocks' state, one block's recompute workspace, the runtime reserve
+    every_stage_hbm = weights_hbm + optimizer_hbm + workspace + c.runtime_reserve_bytes
+    single_stage = p == 1
+    first_hbm = every_stage_hbm + activations_hbm + embedding + xp.where(single_stage, output_layer + logits, 0.0)
+    last_hbm = every_stage_hbm + last_activations_hbm + output_layer + logits + xp.where(single_stage, embedding, 0.0)
+    hbm = xp.maximum(first_hbm, last_hbm)
     offload = (xp.where(m.weight_offload, weights + grads, 0.0) + xp.where(m.optimizer_offload, optimizer, 0.0)
                + xp.where(m.activations_offload, activations, 0.0))
 
@@ -272,6 +323,12 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
         embedding_bytes=embedding,
         activations_bytes=activations,
         activation_workspace_bytes=workspace,
+        output_layer_bytes=output_layer,
+        logits_bytes=logits,
+        last_stage_activations_bytes=last_activations,
+        runtime_reserve_bytes=c.runtime_reserve_bytes,
+        first_stage_hbm_bytes=first_hbm,
+        last_stage_hbm_bytes=last_hbm,
         hbm_bytes=hbm,
         weights_hbm_bytes=weights_hbm,
         optimizer_hbm_bytes=optimizer_hbm,

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from costmodel.errors import InputError
+from costmodel.hf import is_hf_config, model_fields_from_hf
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import System
@@ -190,10 +191,20 @@ def parse(model_cls: type[T], data: Any, source: str) -> T:
         raise InputError(describe_validation_error(err, model_cls, source)) from None
 
 
-def load_model(path: str | Path) -> Model:
+def load_model(path: str | Path, *, seq_size: int | None = None) -> Model:
+    """A model file: this project's (Calculon's field names) or a Hugging Face config.json
+    (costmodel.hf), named after its folder (`llama-3.1-70b/config.json`: llama-3.1-70b).
+    `seq_size`, when given, is the training sequence length: it replaces a model file's and
+    is required with a config.json, which does not state one."""
+    path = Path(path)
     data = read_document(path)
+    if is_hf_config(data):
+        name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
+        return parse(Model, model_fields_from_hf(data, str(path), seq_size=seq_size, name=name), str(path))
     if isinstance(data, dict) and "name" not in data:
-        data = {"name": Path(path).stem, **data}
+        data = {"name": path.stem, **data}
+    if isinstance(data, dict) and seq_size is not None:
+        data = {**data, "seq_size": seq_size}
     return parse(Model, data, str(path))
 
 

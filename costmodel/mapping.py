@@ -19,7 +19,8 @@ from costmodel.kernels import Kernels
 from costmodel.model import INPUT_CONFIG, Model, WholeNumber
 from costmodel.system import Datatype, System
 
-__all__ = ["AttentionType", "Mapping", "Recompute", "TPComm", "TPOverlap", "check_mapping_fits"]
+__all__ = ["AttentionType", "Mapping", "Recompute", "TPComm", "TPOverlap", "check_mapping_fits",
+           "model_with_attention_type"]
 
 # Defaults of the fields a Calculon execution file may leave out (the skeleton has none).
 _FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm.ar, "tp_overlap": TPOverlap.none}
@@ -49,7 +50,9 @@ class _MappingBase(BaseModel):
     fused_attention: bool = Field(
         True, description="FlashAttention: the attention core is one kernel and the s×s scores never reach HBM "
                           "(false: four kernels through HBM, as Megatron-LM in 2022 and Calculon model it).")
-    attention_type: AttentionType = Field(AttentionType.multihead, description="multihead, or multiquery (one K/V head).")
+    attention_type: AttentionType | None = Field(
+        None, description="Calculon's attention kind, read into the model (which carries it as kv_heads): "
+                          "multiquery means kv_heads = 1; multihead, that it is not 1.")
     training: bool = Field(True, description="Training (forward, backward, optimizer). Only training is modelled.")
 
     @field_validator("tensor_par_overlap", mode="before", check_fields=False)
@@ -131,3 +134,26 @@ def check_mapping_fits(model: Model, system: System, mapping: Mapping) -> None:
         if reason is not None:
             raise InputError(reason)
     system.compute_for(mapping.datatype)
+
+
+def model_with_attention_type(model: Model, mapping: Mapping) -> Model:
+    """The model as a mapping file that states Calculon's `attention_type` describes it.
+
+    multiquery: kv_heads = 1 — a model that states no kv_heads takes it, one that states
+    another number is an InputError. multihead (Calculon's only other kind, i.e. "not
+    multiquery"): a model that states no kv_heads stays multi-head, one that states a
+    grouped-query kv_heads keeps it (the more specific fact), one that states kv_heads = 1
+    is an InputError. Unstated (None), the model is left as it is."""
+    kind = mapping.attention_type
+    if kind is None:
+        return model
+    if kind is AttentionType.multiquery:
+        if model.kv_heads is None and model.attn_heads > 1:
+            return model.model_copy(update={"kv_heads": 1})
+        contradicts = model.kv_groups != 1
+    else:
+        contradicts = model.kv_heads == 1 and model.attn_heads > 1
+    if contradicts:
+        raise InputError(f"attention_type: the mapping says {kind.value} but model {model.name!r} states "
+                         f"kv_heads {model.kv_heads}; remove attention_type from the mapping file")
+    return model

@@ -1,7 +1,10 @@
 """The application: the shape of a transformer language model.
 
 Field names follow Calculon's model files (`hidden`, `feedforward`, `seq_size`,
-`attn_heads`, `attn_size`, `num_blocks`) so its users can bring theirs unchanged.
+`attn_heads`, `attn_size`, `num_blocks`) so its users can bring theirs unchanged; the fields
+of today's dense models (`kv_heads`, `mlp`, `norm`, `position`, `tied_embeddings`, `bias`)
+default to the GPT family. A Hugging Face config.json reads into this class too
+(costmodel.hf).
 """
 
 from __future__ import annotations
@@ -9,9 +12,10 @@ from __future__ import annotations
 import math
 import re
 from numbers import Integral, Real
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from costmodel.errors import InputError
 
@@ -71,36 +75,97 @@ INPUT_CONFIG = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 """Every input is frozen, forbids unknown fields (typos) and refuses NaN and infinity."""
 
 
+MlpKind = Literal["gelu", "swiglu", "geglu", "squared_relu"]
+"""The MLP's activation: GeLU (two matrices, GPT-2/3); SwiGLU and GeGLU (gated: three
+matrices of hidden × feedforward and an element-wise gate, Shazeer 2020, "GLU Variants
+Improve Transformer"; Llama, Qwen, Mistral); squared ReLU (two matrices, Nemotron-4)."""
+GATED_MLPS = ("swiglu", "geglu")
+
+
 class Model(BaseModel):
-    """A decoder-only transformer: `num_blocks` identical blocks of attention + MLP."""
+    """A decoder-only transformer: `num_blocks` identical blocks of attention + MLP.
+
+    The defaults describe the GPT-2/GPT-3 family (multi-head attention, GeLU, layer norm,
+    learned positions, tied embeddings, biases), so files written before the newer fields
+    existed read unchanged."""
 
     model_config = INPUT_CONFIG
 
     name: str = Field("model", description="A label for tables and plots.")
     hidden: WholeNumber = Field(gt=0, description="Model (embedding) width, h.")
-    feedforward: WholeNumber = Field(gt=0, description="Width of the MLP's inner layer, usually 4·h.")
-    seq_size: WholeNumber = Field(gt=0, description="Sequence length in tokens, s.")
-    attn_heads: WholeNumber = Field(gt=0, description="Number of attention heads, a.")
+    feedforward: WholeNumber = Field(gt=0, description="Width of the MLP's inner layer, f (4·h for GPT; "
+                                                       "Hugging Face's intermediate_size).")
+    seq_size: WholeNumber = Field(gt=0, description="Training sequence length in tokens, s.")
+    attn_heads: WholeNumber = Field(gt=0, description="Number of attention (query) heads, a.")
     attn_size: WholeNumber = Field(gt=0, description="Width of one attention head, d (a·d is usually h).")
     num_blocks: WholeNumber = Field(gt=0, description="Number of transformer blocks, L.")
     vocab_size: WholeNumber = Field(51200, gt=0, description="Vocabulary size, V (Megatron's GPT-2 default).")
+    kv_heads: WholeNumber | None = Field(
+        None, gt=0, description="Key/value heads, g (grouped-query attention; 1 = multi-query). "
+                                "Default: attn_heads (multi-head). Must divide attn_heads.")
+    mlp: MlpKind = Field("gelu", description="gelu | swiglu | geglu | squared_relu.")
+    norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="layernorm | rmsnorm.")
+    position: Literal["learned", "rope"] = Field(
+        "learned", description="learned (a seq_size × hidden table) | rope (rotary, no parameters).")
+    tied_embeddings: bool = Field(True, description="The output layer shares the token embedding's weights.")
+    bias: bool = Field(True, description="Linear layers and norms carry biases (Llama-class models have none).")
+    qkv_bias: bool | None = Field(None, description="Biases on the Q, K, V projections only (Qwen2); "
+                                                    "default: as `bias`.")
 
-    # ---- parameter counts (the weights of one block, and of the whole model) ----
+    @model_validator(mode="after")
+    def _heads_group(self) -> "Model":
+        if self.kv_heads is not None and self.attn_heads % self.kv_heads:
+            raise ValueError(f"kv_heads({self.kv_heads}) does not divide attn_heads({self.attn_heads}): "
+                             f"each key/value head serves a whole group of query heads")
+        return self
+
+    # ---- derived shape ----
+    @property
+    def kv_groups(self) -> int:
+        """g: key/value heads (attn_heads unless the model states kv_heads)."""
+        return self.attn_heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def gated(self) -> bool:
+        return self.mlp in GATED_MLPS
+
     @property
     def attn_width(self) -> int:
-        """a·d: total width of the attention heads (Q, K, V each have this many columns)."""
+        """a·d: total width of the query heads (Q and the output projection have this many columns)."""
         return self.attn_heads * self.attn_size
 
     @property
+    def kv_width(self) -> int:
+        """g·d: width of K (and of V)."""
+        return self.kv_groups * self.attn_size
+
+    @property
+    def mlp_matrices(self) -> int:
+        """h × f matrices of the MLP: 3 when gated (gate, up, down), else 2 (up, down)."""
+        return 3 if self.gated else 2
+
+    # ---- parameter counts (the weights of one block, and of the whole model) ----
+    @property
     def block_weight_params(self) -> int:
-        """Matrix parameters of one block: QKV (3·h·a·d), output projection (a·d·h), MLP (2·h·f)."""
-        return 4 * self.hidden * self.attn_width + 2 * self.hidden * self.feedforward
+        """Matrix parameters of one block: Q (h·a·d), K and V (2·h·g·d), output projection
+        (a·d·h), MLP (2 or 3 · h·f)."""
+        return (2 * self.hidden * self.attn_width + 2 * self.hidden * self.kv_width
+                + self.mlp_matrices * self.hidden * self.feedforward)
+
+    @property
+    def norm_params(self) -> int:
+        """Parameters of one norm over h: scale and shift (layer norm), scale only (RMSNorm)."""
+        return (2 if self.norm == "layernorm" else 1) * self.hidden
 
     @property
     def block_vector_params(self) -> int:
-        """Biases and layer-norm parameters of one block: QKV bias 3·a·d, projection bias h,
-        MLP biases f + h, two layer norms 2·2·h."""
-        return 3 * self.attn_width + self.hidden + self.feedforward + self.hidden + 4 * self.hidden
+        """Biases and norm parameters of one block: QKV bias a·d + 2·g·d, projection bias h,
+        MLP biases (f or 2·f) + h, two norms."""
+        qkv_bias = self.bias if self.qkv_bias is None else self.qkv_bias
+        biases = (self.attn_width + 2 * self.kv_width if qkv_bias else 0)
+        if self.bias:
+            biases += self.hidden + (self.mlp_matrices - 1) * self.feedforward + self.hidden
+        return biases + 2 * self.norm_params
 
     @property
     def block_params(self) -> int:
@@ -108,22 +173,62 @@ class Model(BaseModel):
 
     @property
     def embedding_params(self) -> int:
-        """Token embedding V·h (tied with the output layer) plus learned positions s·h."""
-        return self.vocab_size * self.hidden + self.seq_size * self.hidden
+        """The first stage's input layers: token embedding V·h, plus learned positions s·h."""
+        return self.vocab_size * self.hidden + (self.seq_size * self.hidden if self.position == "learned" else 0)
+
+    @property
+    def output_params(self) -> int:
+        """The last stage's final norm and output layer: V·h of its own unless tied (Megatron
+        then keeps a copy of the embedding on the last stage, not counted as a parameter)."""
+        return self.norm_params + (0 if self.tied_embeddings else self.vocab_size * self.hidden)
 
     @property
     def total_params(self) -> int:
-        return self.num_blocks * self.block_params + self.embedding_params
+        return self.num_blocks * self.block_params + self.embedding_params + self.output_params
+
+    # ---- model FLOPs (the MFU numerator), stated once ----
+    def model_flops(self) -> "ModelFlops":
+        """Training FLOP per token without recomputation, as Megatron-LM and NeMo count them."""
+        s, L = self.seq_size, self.num_blocks
+        matrix_params = L * self.block_weight_params + self.hidden * self.vocab_size
+        # scores Q·Kᵀ and context ·V: 2·s·a·d FLOP per token each, forward, per block
+        attention_fwd = 2 * 2 * s * self.attn_width * L
+        return ModelFlops(matrix_params=matrix_params, matrix_per_token=6.0 * matrix_params,
+                          attention_per_token=3.0 * attention_fwd, seq_size=s)
 
     def model_flops_per_sample(self) -> float:
-        """Training FLOP per sequence with no recomputation (the MFU numerator): 3 passes
-        (forward, activation gradient, weight gradient) × 2 FLOP per multiply-add over every
-        matrix: the block weights per token, the attention scores and context (2·s·a·d per
-        token each), and the output logits (h·V per token)."""
-        s = self.seq_size
-        per_token_fwd = 2 * self.block_weight_params + 2 * 2 * s * self.attn_width
-        per_token_fwd = per_token_fwd * self.num_blocks + 2 * self.hidden * self.vocab_size
-        return 3.0 * per_token_fwd * s
+        """Training FLOP per sequence with no recomputation (the MFU numerator): see ModelFlops."""
+        return self.model_flops().per_sequence
+
+
+@dataclass(frozen=True)
+class ModelFlops:
+    """Model FLOP per token, the convention of Megatron-LM (Narayanan et al. 2021, eq. 3) and
+    NeMo's benchmark tables: 3 passes (forward, activation gradient, weight gradient) × 2 FLOP
+    per multiply-add over every matrix — the blocks' weights and the output layer (6 × those
+    parameters per token) — plus the attention scores Q·Kᵀ and context ·V (2·s·a·d each per
+    token, forward). Causal masking does NOT halve the attention terms here: the published
+    MFU figures count the full s×s product, so these numbers compare with theirs (a causal
+    kernel skips about half of that work: the attention terms × 1/2 is the useful FLOP).
+    Element-wise work (norms, softmax, activations, the loss) is not counted."""
+
+    matrix_params: int          # parameters in matrix multiplies (blocks + output layer)
+    matrix_per_token: float     # 6 × matrix_params
+    attention_per_token: float  # 3 × 2 × 2·s·a·d × L (full, not halved by the causal mask)
+    seq_size: int
+
+    @property
+    def per_token(self) -> float:
+        return self.matrix_per_token + self.attention_per_token
+
+    @property
+    def per_sequence(self) -> float:
+        return self.per_token * self.seq_size
+
+    @property
+    def causal_attention_per_token(self) -> float:
+        """The attention terms a causal kernel actually computes: half of the full product."""
+        return self.attention_per_token / 2
 
 
 def check_positive_int(value: object, field: str) -> int:

@@ -240,6 +240,22 @@ class Network(BaseModel):
         return self.latency_us * 1e-6
 
 
+RUNTIME_RESERVE_GIB = 2.0
+"""HBM per GPU that training cannot use for model state or activations, GiB: the sum of
+  0.35 GiB the driver keeps out of an "80 GB" H100 (nvidia-smi reports 81,559 of 81,920 MiB:
+       shared/validation/gpu-microbench/h100-sxm-80g/env.json),
+  ~0.5 GiB of CUDA context and library workspaces (a PyTorch process with CUDA, cuBLAS and
+       cuDNN loaded shows ~500 MiB in nvidia-smi before allocating a tensor; cuBLAS keeps
+       8 × 4 MiB of workspace per stream, PyTorch's CUBLAS_WORKSPACE_CONFIG default),
+  ~0.75 GiB of NCCL buffers (NCCL_BUFFSIZE = 4 MiB per channel and direction for each ring
+       neighbour, up to 32 channels on NVSwitch: 2 × 32 × 4 MiB = 256 MiB per communicator,
+       and Megatron-LM holds about three busy ones: tp, pp, dp; NCCL environment docs),
+  and allocator fragmentation, which the PyTorch caching allocator keeps to a few hundred
+       MiB with expandable segments (the rounding up of 2.0 covers it).
+An estimate, not a measurement; set `runtime_reserve_gib` in a system file (0 reproduces
+analyses that count no reserve, such as the 2023 paper's)."""
+
+
 class System(BaseModel):
     """A GPU cluster: per-GPU compute and memory, and the networks joining the GPUs."""
 
@@ -250,9 +266,20 @@ class System(BaseModel):
     hbm: Memory = Field(description="Tier-1 memory (HBM).")
     offload: Memory | None = Field(None, description="Optional tier-2 offload memory (host DRAM, CXL, LPDDR).")
     networks: list[Network] = Field(min_length=1, description="Network levels, innermost (fastest) first.")
+    runtime_reserve_gib: RealNumber = Field(
+        RUNTIME_RESERVE_GIB, ge=0,
+        description="HBM per GPU kept by the runtime (CUDA context, NCCL buffers, allocator fragmentation), "
+                    "GiB; counted against HBM capacity. Default: costmodel.system.RUNTIME_RESERVE_GIB.")
+
+    @property
+    def runtime_reserve_bytes(self) -> float:
+        return self.runtime_reserve_gib * GiB
 
     @model_validator(mode="after")
     def _networks_nest(self) -> "System":
+        if self.runtime_reserve_gib >= self.hbm.capacity_gib:
+            raise ValueError(f"runtime_reserve_gib({self.runtime_reserve_gib:g}) leaves nothing of "
+                             f"hbm.capacity_gib({self.hbm.capacity_gib:g})")
         for inner, outer in zip(self.networks, self.networks[1:]):
             if outer.size < inner.size:
                 raise ValueError(
@@ -272,15 +299,16 @@ class System(BaseModel):
         return self.compute[datatype]
 
     def with_overrides(self, *, hbm_gib: float | None = None, offload_gib: float | None = None,
-                       offload_gbps: float | None = None, nvlink_size: int | None = None) -> "System":
+                       offload_gbps: float | None = None, nvlink_size: int | None = None,
+                       runtime_reserve_gib: float | None = None) -> "System":
         """The co-design knobs: replace HBM capacity, add or resize the offload tier, resize the
-        first network. Adding an offload tier needs both capacity and bandwidth unless the
+        first network, replace the runtime reserve (batch files only). Adding an offload tier needs both capacity and bandwidth unless the
         system already has one.
 
         Every bad value is an InputError naming the command-line flag and the value; the
         result is validated as a whole, as a system file would be."""
         given = {"--hbm-gib": hbm_gib, "--offload-gib": offload_gib, "--offload-gbps": offload_gbps,
-                 "--nvlink-size": nvlink_size}
+                 "--nvlink-size": nvlink_size, "runtime_reserve_gib": runtime_reserve_gib}
         for flag, value in given.items():
             if value is None:
                 continue
@@ -290,6 +318,12 @@ class System(BaseModel):
                 raise InputError(f"{flag}: {value} is not a finite number")
         if hbm_gib is not None and hbm_gib <= 0:
             raise InputError(f"--hbm-gib: {hbm_gib} must be > 0")
+        reserve = self.runtime_reserve_gib if runtime_reserve_gib is None else runtime_reserve_gib
+        if runtime_reserve_gib is not None and runtime_reserve_gib < 0:
+            raise InputError(f"runtime_reserve_gib: {runtime_reserve_gib} must be >= 0")
+        if hbm_gib is not None and hbm_gib <= reserve:
+            raise InputError(f"--hbm-gib: {hbm_gib} GiB leaves nothing beside system {self.name!r}'s "
+                             f"runtime_reserve_gib ({reserve:g})")
         if offload_gib is not None and offload_gib < 0:
             raise InputError(f"--offload-gib: {offload_gib} must be >= 0 (0 removes the offload memory)")
         if offload_gbps is not None and offload_gbps <= 0:
@@ -324,6 +358,8 @@ class System(BaseModel):
                     data["offload"]["bandwidth_gbps"] = offload_gbps
         if nvlink_size is not None:
             data["networks"][0]["size"] = int(nvlink_size)
+        if runtime_reserve_gib is not None:
+            data["runtime_reserve_gib"] = runtime_reserve_gib
         if all(value is None for value in given.values()):
             return self
         try:

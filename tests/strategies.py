@@ -18,7 +18,14 @@ def models(draw) -> Model:
     heads = draw(st.sampled_from([8, 12, 16, 32, 48]))
     head_size = draw(st.sampled_from([32, 64, 128]))
     hidden = heads * head_size
-    return Model(name="random", hidden=hidden, feedforward=4 * hidden, attn_heads=heads, attn_size=head_size,
+    # GPT-style (the defaults) or today's dense shapes: grouped-query or multi-query attention,
+    # gated or squared-ReLU MLPs, RMSNorm, RoPE, untied embeddings, no biases
+    kv_heads = draw(st.one_of(st.none(), st.sampled_from([d for d in divisors(heads) if d < heads])))
+    mlp = draw(st.sampled_from(["gelu", "gelu", "swiglu", "geglu", "squared_relu"]))
+    return Model(name="random", hidden=hidden, feedforward=(8 * hidden // 3 if mlp in ("swiglu", "geglu") else 4 * hidden),
+                 attn_heads=heads, attn_size=head_size, kv_heads=kv_heads, mlp=mlp,
+                 norm=draw(st.sampled_from(["layernorm", "rmsnorm"])), position=draw(st.sampled_from(["learned", "rope"])),
+                 tied_embeddings=draw(st.booleans()), bias=draw(st.booleans()),
                  seq_size=draw(st.sampled_from([512, 1024, 2048])), num_blocks=draw(st.sampled_from([4, 6, 12, 16, 24])),
                  vocab_size=draw(st.sampled_from([32000, 51200])))
 
@@ -55,7 +62,8 @@ def systems(draw, offload: bool | None = None) -> System:
 @st.composite
 def mappings(draw, model: Model, system: System, gpus: int | None = None) -> Mapping:
     """A mapping valid for the model and system (divisibility rules hold)."""
-    tp = draw(st.sampled_from([t for t in divisors(model.attn_heads) if model.hidden % t == 0 and model.seq_size % t == 0 and t <= 16]))
+    tp = draw(st.sampled_from([t for t in divisors(model.kv_groups) if model.hidden % t == 0 and model.seq_size % t == 0
+                               and model.feedforward % t == 0 and t <= 16]))
     pp = draw(st.sampled_from(divisors(model.num_blocks)))
     dp = draw(st.sampled_from([1, 2, 4])) if gpus is None else None
     if gpus is not None:

@@ -28,12 +28,13 @@ H100 = ROOT / "problems" / "systems" / "h100-80g-nvl8.yaml"
 SMALL = Model(name="small", hidden=2048, feedforward=8192, seq_size=2048, attn_heads=16, attn_size=128,
               num_blocks=6)
 SMALL_YAML = "name: small\nhidden: 2048\nfeedforward: 8192\nseq_size: 2048\nattn_heads: 16\nattn_size: 128\nnum_blocks: 6\n"
-GPUS, CAP = 16, 16  # 151,848 mappings in `full`; with 2 GiB HBM both network and HBM checks bind
+GPUS, CAP = 16, 16  # 151,848 mappings in `full`; with 2 GiB of usable HBM both network and HBM checks bind
+HBM_GIB = 4         # 2 GiB usable beside the system's 2 GiB runtime reserve (costmodel.system.RUNTIME_RESERVE_GIB)
 
 
 @pytest.fixture(scope="module")
 def h100():
-    return load_system(H100).with_overrides(offload_gib=64, offload_gbps=100, hbm_gib=2)
+    return load_system(H100).with_overrides(offload_gib=64, offload_gbps=100, hbm_gib=HBM_GIB)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +126,7 @@ def small_model_file(tmp_path: Path) -> Path:
 
 def test_cli_brute_json(tmp_path: Path) -> None:
     args = ["brute", "--model", str(small_model_file(tmp_path)), "--system", str(H100), "--offload-gib", "64",
-            "--hbm-gib", "2", "--gpus", "16", "--max-batch", "16", "--datatype", "float8", "--top-k", "3",
+            "--hbm-gib", str(HBM_GIB), "--gpus", "16", "--max-batch", "16", "--datatype", "float8", "--top-k", "3",
             "--workers", "1", "--json"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output

@@ -92,9 +92,10 @@ def test_every_command_is_in_the_readme(name):
 @click.command("probe-inputs")
 @problem_options
 @user_errors
-def _probe(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size):
+def _probe(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbps, nvlink_size):
     """Load a problem and print what was loaded."""
-    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
+                                 seq_size=seq_size)
     offload = system.offload.capacity_gib if system.offload else 0
     click.echo(f"{model.name} on {system.name}: hbm {system.hbm.capacity_gib} GiB, offload {offload} GiB")
 

@@ -67,7 +67,8 @@ def test_memory_never_grows_when_tp_or_pp_grows(data):
         bigger = base.model_dump()
         bigger[field] *= factor
         bigger["num_procs"] *= factor
-        if (field == "tensor_par" and (model.attn_heads % bigger[field] or model.hidden % bigger[field])) or \
+        if (field == "tensor_par" and (model.attn_heads % bigger[field] or model.hidden % bigger[field]
+                                       or model.kv_groups % bigger[field] or model.feedforward % bigger[field])) or \
            (field == "pipeline_par" and model.num_blocks % bigger[field]):
             continue
         ev2 = evaluate(model, system, Mapping.model_validate(bigger))
@@ -184,11 +185,38 @@ def test_fused_attention_removes_the_score_traffic_at_long_sequences():
     assert fused.mfu > unfused.mfu
 
 
-def test_attention_type_given_as_text_is_read_as_the_enum():
+def test_a_mapping_files_attention_type_is_read_into_the_model():
+    # Calculon's multiquery = kv_heads 1 on the model; the scalar path (which reads the
+    # mapping file's setting) and the array path (which reads only the model) agree.
     model = Model(hidden=2048, feedforward=8192, seq_size=2048, attn_heads=16, attn_size=128, num_blocks=4)
+    multiquery = model.model_copy(update={"kv_heads": 1})
     system = load_system(SELENE)
-    arrays = MappingArrays.from_mappings([one_gpu_mapping(attention_type="multiquery")])
-    as_text = evaluate_arrays(model, system, arrays, one_gpu_mapping().datatype, attention_type="multiquery")
-    scalar = evaluate(model, system, one_gpu_mapping(attention_type="multiquery"))
-    assert float(as_text.iteration_time_s[0]) == pytest.approx(scalar.iteration_time_s, rel=1e-12)
-    assert scalar.iteration_time_s < evaluate(model, system, one_gpu_mapping()).iteration_time_s
+    as_text = evaluate(model, system, one_gpu_mapping(attention_type="multiquery"))
+    on_model = evaluate(multiquery, system, one_gpu_mapping())
+    arrays = evaluate_arrays(multiquery, system, MappingArrays.from_mappings([one_gpu_mapping()]),
+                             one_gpu_mapping().datatype)
+    assert as_text.iteration_time_s == pytest.approx(on_model.iteration_time_s, rel=1e-12)
+    assert float(arrays.iteration_time_s[0]) == pytest.approx(on_model.iteration_time_s, rel=1e-12)
+    assert on_model.iteration_time_s < evaluate(model, system, one_gpu_mapping()).iteration_time_s
+    # multihead says nothing new about a model without kv_heads, nor about a grouped-query one
+    gqa = model.model_copy(update={"kv_heads": 4})
+    assert evaluate(gqa, system, one_gpu_mapping(attention_type="multihead")).iteration_time_s == \
+        pytest.approx(evaluate(gqa, system, one_gpu_mapping()).iteration_time_s, rel=1e-12)
+
+
+def test_attention_type_that_contradicts_the_model_is_one_line_error():
+    from costmodel.errors import InputError
+    model = Model(hidden=2048, feedforward=8192, seq_size=2048, attn_heads=16, attn_size=128, num_blocks=4,
+                  kv_heads=4)
+    with pytest.raises(InputError, match=r"attention_type: the mapping says multiquery but model .* states kv_heads 4"):
+        evaluate(model, load_system(SELENE), one_gpu_mapping(attention_type="multiquery"))
+
+
+def test_multiquery_allows_only_tp_1():
+    # Megatron-LM's rule: tp divides the key/value heads; with one there is no split.
+    from costmodel.errors import InputError
+    model = Model(hidden=2048, feedforward=8192, seq_size=2048, attn_heads=16, attn_size=128, num_blocks=4)
+    mapping = Mapping(num_procs=2, tensor_par=2, pipeline_par=1, data_par=1, batch_size=2, microbatch_size=2,
+                      datatype="float16", attention_type="multiquery")
+    with pytest.raises(InputError, match=r"tensor_par\(2\) does not divide kv_heads\(1\)"):
+        evaluate(model, load_system(SELENE), mapping)

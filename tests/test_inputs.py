@@ -120,7 +120,8 @@ def test_selene_models_and_mappings_match_the_measurements(key):
     data = load_selene_data()
     name = SELENE_MODELS[key]
     model = load_model(MODELS_DIR / f"{name}.yaml")
-    assert model.model_dump(exclude={"name"}) == {k: v for k, v in data["models"][key].items() if k != "name"}
+    assert model.model_dump(exclude={"name"}, exclude_unset=True) == {
+        k: v for k, v in data["models"][key].items() if k != "name"}
     measured = data["mappings"][key]
     for variant in ("full", "seqsel"):
         mapping = load_mapping(MAPPINGS_DIR / f"{name}-{variant}.json")

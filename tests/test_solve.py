@@ -9,8 +9,10 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+import numpy as np
 from ortools.sat.python import cp_model
 
+from costmodel.evaluate import evaluate_arrays
 from costmodel.kernels import Kernels
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
@@ -22,6 +24,7 @@ from solver.search.cpsat.constraints import STRUCTURE, Problem
 from solver.search.cpsat.variables import Variables
 from solver.search.solve import SolverConfig, solve
 from solver.space.declaration import get_space, skeletons
+from solver.space.enumerate import enumerate_all
 from tests.strategies import models, systems
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +37,19 @@ def small_model(blocks: int, hidden: int = 2048, heads: int = 16, seq: int = 204
                  attn_size=hidden // heads, num_blocks=blocks)
 
 
+def gqa_model(blocks: int, hidden: int, heads: int, kv_heads: int, seq: int = 2048, mlp: str = "swiglu") -> Model:
+    """A Llama-shaped model: grouped-query attention, a gated MLP (f ≈ 8/3·h), RMSNorm, RoPE,
+    untied embeddings, no biases."""
+    return Model(name=f"gqa{blocks}-kv{kv_heads}", hidden=hidden, feedforward=8 * hidden // 3 // 128 * 128,
+                 seq_size=seq, attn_heads=heads, attn_size=hidden // heads, num_blocks=blocks, kv_heads=kv_heads,
+                 mlp=mlp, norm="rmsnorm", position="rope", tied_embeddings=False, bias=False, vocab_size=32000)
+
+
+# tp = 4 would be fastest (0.245 s against 0.326 s) but kv_heads = 2 allows tp <= 2
+TP_CAPPED_BY_KV = (gqa_model(8, 8192, 64, 2, seq=4096), H100, 16, 16, Datatype.bfloat16)
+# multi-query attention: tp = 2 would be fastest, kv_heads = 1 allows tp = 1 only
+MULTIQUERY = (gqa_model(4, 4096, 32, 1, seq=8192), H100.with_overrides(hbm_gib=12), 8, 8, Datatype.bfloat16)
+
 CASES = [
     # (id, model, system, gpus, max_batch, datatype, space, attention)
     ("a100-8gpu-fp16", small_model(16), A100, 8, 64, Datatype.float16, "full", "unfused"),
@@ -45,6 +61,12 @@ CASES = [
      H100.with_overrides(offload_gib=512, offload_gbps=100), 64, 512, Datatype.float8, "calculon-2023", "fused"),
     ("h100-tight-hbm", small_model(32, hidden=6144, heads=48), H100.with_overrides(hbm_gib=24), 16, 64,
      Datatype.bfloat16, "full", "unfused"),
+    ("gqa-swiglu-tp-capped-by-kv-heads", *TP_CAPPED_BY_KV, "full", "fused"),
+    ("multiquery-tp-1", *MULTIQUERY, "full", "fused"),
+    ("gqa-geglu-a100-unfused", gqa_model(16, 2048, 16, 4, mlp="geglu"), A100, 16, 64, Datatype.float16, "full",
+     "unfused"),
+    ("gqa-squared-relu-offload-calculon", gqa_model(8, 4096, 32, 8, seq=4096, mlp="squared_relu"),
+     H100.with_overrides(offload_gib=256, offload_gbps=100), 32, 256, Datatype.float8, "calculon-2023", "fused"),
 ]
 
 
@@ -65,6 +87,28 @@ def test_solve_equals_brute_force(case):
     assert result.gap == 0.0
     # it scored only part of the space exactly
     assert result.candidates_scored <= reference.evaluated
+
+
+@pytest.mark.parametrize("problem", [TP_CAPPED_BY_KV, MULTIQUERY], ids=["gqa-kv2", "multiquery"])
+def test_tp_above_kv_heads_would_win_but_the_certified_answer_keeps_tp_within_them(problem):
+    """Megatron-LM's rule (tp divides the key/value heads) binds: scored by the same exact
+    model over the space without the rule, the fastest mapping has tp > kv_heads; the solver's
+    certified optimum, equal to brute force, keeps tp | kv_heads and is slower."""
+    model, system, gpus, cap, datatype = problem
+    space = get_space("full")
+    unruled = enumerate_all(model.model_copy(update={"kv_heads": None}), system, gpus, cap, space)
+    scored = evaluate_arrays(model, system, unruled, datatype)
+    ok = np.flatnonzero(scored.feasible)
+    fastest = ok[np.argmin(scored.iteration_time_s[ok])]
+    assert unruled.tp[fastest] > model.kv_heads
+    result = solve(model, system, gpus, max_batch=cap, datatype=datatype, space=space,
+                   config=SolverConfig(top_k=1, workers=1))
+    reference = scan(model, system, gpus, cap, space, datatype, top_k=1, workers=1)
+    assert result.certified_optimal and result.best.mapping == reference.best.mapping
+    assert model.kv_heads % result.best.mapping.tp == 0
+    assert result.best.iteration_time_s > scored.iteration_time_s[fastest]
+    # count, enumeration and brute force agree on the ruled space
+    assert count_mappings(model, system, gpus, cap, space).mappings == reference.evaluated
 
 
 def test_solver_constraints_admit_exactly_the_space():
@@ -94,6 +138,17 @@ def test_solver_constraints_admit_exactly_the_space():
         counter = Count()
         solver.Solve(m, counter)
         assert counter.n == count_mappings(model, system, gpus, max_batch, space).mappings
+
+
+def test_tensor_divisibility_names_kv_heads_and_measures_a_split_group():
+    model, system, gpus, cap, datatype = TP_CAPPED_BY_KV
+    problem = Problem(model, system, gpus, cap, get_space("full"))
+    (rule,) = [c for c in STRUCTURE if c.name == "tensor divisibility"]
+    assert "kv_heads (2)" in rule.describe(problem)
+    result = solve(model, system, gpus, max_batch=cap, datatype=datatype, config=SolverConfig(top_k=1, workers=1))
+    assert rule.violation(result.best.mapping, result.best, problem) == 0
+    split = result.best.mapping.model_copy(update={"tensor_par": 4, "pipeline_par": 1, "data_par": 4})
+    assert rule.violation(split, result.best, problem) > 0
 
 
 def test_named_constraints_measure_their_violation():

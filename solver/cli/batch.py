@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from solver.study.batch import load_batch
 from solver.study.runner import Reporter, run_batch
-from solver.cli.options import user_errors
+from solver.cli.options import model_warnings_on_stderr, user_errors
 from solver.study.store import RESULTS_CSV, RESULTS_JSONL
 
 
@@ -79,7 +79,8 @@ def command(batch_file: str, out_dir: str, jobs: int | None, time_limit_s: float
       mapsat batch problems/paper/fig2-mappability.yaml --out runs/fig2
       mapsat plot runs/fig2
     """
-    problems = load_batch(batch_file, time_limit_s=time_limit_s)
+    with model_warnings_on_stderr():
+        problems = load_batch(batch_file, time_limit_s=time_limit_s)
     reporter = Reporter() if quiet else ProgressReporter()
     summary = run_batch(problems, out_dir, jobs=jobs, dask_address=dask_address, solver_workers=solver_workers,
                         retry_errors=retry_errors, reporter=reporter)

@@ -28,7 +28,7 @@ from solver.cli.options import (datatype_option, load_problem, problem_options,
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @user_errors
-def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gib: float | None,
+def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: float | None, offload_gib: float | None,
             offload_gbps: float | None, nvlink_size: int | None, num_gpus: int, max_batch: int, batch: int | None,
             batch_tokens: int | None, space_name: str, fix: tuple[str, ...],
             attention: str, datatype: str, top_k: int, csv_path: str | None, workers: int | None,
@@ -45,7 +45,8 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
                    --system problems/systems/h100-80g-nvl8.yaml --offload-gib 1024 --offload-gbps 100 \\
                    --gpus 4096 --datatype float8 --top-k 5
     """
-    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
+                                 seq_size=seq_size)
     space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
     result = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), Kernels.with_attention(attention),
                   top_k=top_k, workers=workers, progress=not as_json, csv_path=csv_path)

@@ -28,7 +28,7 @@ from solver.space.count import CountResult, count_mappings
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes for --feasible (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @user_errors
-def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gib: float | None,
+def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: float | None, offload_gib: float | None,
             offload_gbps: float | None, nvlink_size: int | None, num_gpus: int, max_batch: int, batch: int | None,
             batch_tokens: int | None, space_name: str, fix: tuple[str, ...],
             attention: str, feasible: bool, datatype: str, workers: int | None, as_json: bool) -> None:
@@ -44,7 +44,8 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
                    --system problems/systems/h100-80g-nvl8.yaml --offload-gib 1024 \\
                    --gpus 4096 --space calculon-2023
     """
-    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
+                                 seq_size=seq_size)
     if click.get_current_context().get_parameter_source("datatype") is not click.core.ParameterSource.DEFAULT:
         system.compute_for(Datatype(datatype))   # a datatype given explicitly must exist, counted or not
     space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)

@@ -16,7 +16,7 @@ from solver.report.tables import console, dumps, evaluation_tables
               help="Mapping file (Calculon execution JSON field names).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
 @user_errors
-def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size, mapping_path, as_json):
+def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbps, nvlink_size, mapping_path, as_json):
     """Evaluate one mapping: iteration time, MFU/HFU and memory, with their breakdown.
 
     \b
@@ -25,7 +25,8 @@ def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_
                   --system problems/systems/a100-80g-selene.yaml \\
                   --mapping problems/mappings/gpt3-175b-seqsel.json
     """
-    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
+                                 seq_size=seq_size)
     ev = evaluate(model, system, load_mapping(mapping_path))
     if as_json:
         click.echo(dumps(ev.to_dict()))

@@ -4,14 +4,17 @@ options (--model, --system and the co-design overrides), the space options (--gp
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from typing import Callable
+import warnings
+from typing import Callable, Iterator
 
 import click
 from rich.console import Console
 
 from costmodel.errors import MapsatError
+from costmodel.hf import UnmodelledFieldWarning
 from costmodel.kernels import ATTENTION_KERNELS
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
@@ -64,18 +67,40 @@ def system_override_options(func: Callable) -> Callable:
 
 
 def problem_options(func: Callable) -> Callable:
-    """--model FILE --system FILE and the system overrides."""
+    """--model FILE --system FILE [--seq-size S] and the system overrides."""
     func = system_override_options(func)
+    func = click.option("--seq-size", type=click.IntRange(min=1),
+                        help="Training sequence length, tokens: required with a Hugging Face config.json "
+                             "(which states only the context limit); replaces a model file's seq_size.")(func)
     func = click.option("--system", "system_path", required=True, type=click.Path(dir_okay=False),
                         help="System file (YAML): GPUs, memory tiers, networks.")(func)
     func = click.option("--model", "model_path", required=True, type=click.Path(dir_okay=False),
-                        help="Model file (YAML or JSON, Calculon field names).")(func)
+                        help="Model file: YAML or JSON with Calculon's field names, or a Hugging Face "
+                             "config.json (model_type llama, mistral, qwen2, gpt2, gpt_neox, nemotron).")(func)
     return func
 
 
+@contextlib.contextmanager
+def model_warnings_on_stderr() -> Iterator[None]:
+    """Print each UnmodelledFieldWarning raised inside as one line on stderr ("warning: ...");
+    other warnings go on as they would."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        finally:
+            for w in caught:
+                if issubclass(w.category, UnmodelledFieldWarning):
+                    click.echo(f"warning: {w.message}", err=True)
+                else:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 def load_problem(model_path: str, system_path: str, hbm_gib: float | None, offload_gib: float | None,
-                 offload_gbps: float | None, nvlink_size: int | None) -> tuple[Model, System]:
-    model = load_model(model_path)
+                 offload_gbps: float | None, nvlink_size: int | None, *,
+                 seq_size: int | None = None) -> tuple[Model, System]:
+    with model_warnings_on_stderr():
+        model = load_model(model_path, seq_size=seq_size)
     system = load_system(system_path).with_overrides(
         hbm_gib=hbm_gib, offload_gib=offload_gib, offload_gbps=offload_gbps, nvlink_size=nvlink_size)
     return model, system

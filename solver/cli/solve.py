@@ -28,8 +28,8 @@ from solver.search.solve import SolverConfig, SolveResult, solve
 @click.option("--seed", type=int, default=0, show_default=True, help="CP-SAT random seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
 @user_errors
-def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch, batch,
-            batch_tokens, space_name, fix, attention, datatype, top_k, time_limit_s, workers, seed, as_json):
+def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch,
+            batch, batch_tokens, space_name, fix, attention, datatype, top_k, time_limit_s, workers, seed, as_json):
     """Find the fastest mapping under the exact model, certified optimal by CP-SAT.
 
     Exits 1 when no mapping is feasible, naming the constraints that rule every mapping out.
@@ -39,8 +39,11 @@ def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_
       mapsat solve --model problems/models/gpt-1t-256b.yaml \\
                    --system problems/systems/h100-80g-nvl8.yaml --gpus 4096 \\
                    --datatype float8 --offload-gib 1024 --offload-gbps 100
+      mapsat solve --model problems/models/llama-3.1-70b/config.json --seq-size 8192 \\
+                   --system problems/systems/h100-80g-nvl8.yaml --gpus 512
     """
-    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
+                                 seq_size=seq_size)
     space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
     config = SolverConfig(time_limit_s=time_limit_s, workers=workers, seed=seed, top_k=top_k)
     result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),

@@ -33,6 +33,12 @@ MEMORY_LABELS = {
     "embedding_bytes": "embedding (weights + grads + optimizer)",
     "activations_bytes": "stored activations (in flight)",
     "activation_workspace_bytes": "activation workspace (recompute)",
+    "output_layer_bytes": "last stage: output layer and final norm (weights + grads + optimizer)",
+    "logits_bytes": "last stage: logits (fp32, + 16-bit gradient) and their input",
+    "last_stage_activations_bytes": "last stage: stored activations (in flight)",
+    "runtime_reserve_bytes": "runtime reserve (CUDA context, NCCL buffers, fragmentation)",
+    "first_stage_hbm_bytes": "first stage in HBM",
+    "last_stage_hbm_bytes": "last stage in HBM",
 }
 
 
@@ -91,6 +97,12 @@ def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
     head.add_row("sample rate", f"{ev.sample_rate:.2f} sequences/s")
     head.add_row("MFU (model FLOP, no recompute)", f"{100 * ev.mfu:.2f} %")
     head.add_row("HFU (hardware FLOP, with recompute)", f"{100 * ev.hfu:.2f} %")
+    if ev.flops is not None:
+        f = ev.flops
+        head.add_row("model FLOP per token (MFU numerator)",
+                     f"{f.per_token:.4g} = 6 × {f.matrix_params / 1e9:.4g} B matrix parameters + attention "
+                     f"{f.attention_per_token:.4g} (full s², not halved for the causal mask); "
+                     f"{f.per_sequence:.4g} per sequence of {f.seq_size}")
     if ev.offload_bytes_per_s_needed > 0:
         head.add_row("offload bandwidth to hide traffic", f"{ev.offload_bytes_per_s_needed / GB:.1f} GB/s")
 
@@ -103,12 +115,12 @@ def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
         time_table.add_row(label, f"{value:.4f}", f"{100 * value / ev.iteration_time_s:.1f} %")
     time_table.add_row("total", f"{ev.iteration_time_s:.4f}", "100.0 %", style="bold")
 
-    mem_table = Table(title="memory per GPU, first pipeline stage")
+    mem_table = Table(title="memory per GPU: first pipeline stage, unless marked last")
     mem_table.add_column("term")
     mem_table.add_column("GiB", justify="right")
     for key, label in MEMORY_LABELS.items():
         mem_table.add_row(label, f"{ev.memory_bytes[key] / GiB:.2f}")
-    mem_table.add_row("in HBM (tier 1)", f"{ev.hbm_bytes / GiB:.2f}", style="bold")
+    mem_table.add_row("in HBM (tier 1, the fuller stage)", f"{ev.hbm_bytes / GiB:.2f}", style="bold")
     mem_table.add_row("in offload memory (tier 2)", f"{ev.offload_bytes / GiB:.2f}", style="bold")
     return [head, time_table, mem_table]
 

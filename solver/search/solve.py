@@ -139,7 +139,8 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     problem = Problem(model, system, num_gpus, max_batch, the_space)
     if not skels:
         return _infeasible(started, 0, [f"parallel split: no (tp, pp, dp) split of {num_gpus} GPUs meets the "
-                                         f"divisibility rules (tp | hidden {model.hidden}, heads {model.attn_heads}; "
+                                         f"divisibility rules (tp | hidden {model.hidden}, heads {model.attn_heads}, "
+                                         f"kv_heads {model.kv_groups}; "
                                          f"pp | blocks {model.num_blocks}) and the batch cap {max_batch}"])
 
     m, v = _structure_model(problem, skels, flags=SEARCHED_FLAGS)

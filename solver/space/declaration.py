@@ -196,6 +196,8 @@ def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list
         raise InputError(f"max batch: {max_batch} must be > 0")
     result = []
     for tp in divisors(num_gpus):
+        # tp's declared rule includes kv_heads: each rank holds whole key/value heads (Megatron-LM's
+        # rule for query groups; multi-query attention, kv_heads = 1, allows only tp = 1).
         if tp > space.tp_max or _TP.fits(model, None, {"tp": tp}) or not space.admits("tp", tp):
             continue
         for pp in divisors(min(num_gpus // tp, model.num_blocks)):

@@ -50,6 +50,8 @@ class Overrides(BaseModel):
         None, description="Offload bandwidth per GPU per direction, GB/s, or 'unbounded' (as fast as HBM).")
     nvlink_size: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
         None, description="Size of the first network (the NVLink domain), GPUs.")
+    runtime_reserve_gib: Grid(Annotated[float, Field(ge=0)]) | None = Field(
+        None, description="HBM per GPU kept by the runtime, GiB (0: none, as the 2023 paper counted).")
 
 
 class GridSpec(BaseModel):
@@ -62,6 +64,9 @@ class GridSpec(BaseModel):
     systems: Grid(str | dict[str, Any]) | None = Field(
         None, description="System files (relative to the batch file) or inline systems (with a name).")
     gpus: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(None, description="GPU counts.")
+    seq_size: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
+        None, description="Training sequence lengths, tokens: required with a Hugging Face config.json model; "
+                          "replaces a model file's seq_size.")
     max_batch: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
         None, description=f"Caps on the global batch (default {DEFAULT_MAX_BATCH}).")
     batch: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
@@ -171,19 +176,21 @@ class _Loader:
 
     def __init__(self, batch_path: Path):
         self.base = batch_path.parent
-        self.cache: dict[tuple[str, str], Model | System] = {}
+        self.cache: dict[tuple[str, str, int | None], Model | System] = {}
 
-    def get(self, kind: str, ref: str | dict, where: str) -> tuple[Model | System, str]:
+    def get(self, kind: str, ref: str | dict, where: str, seq_size: int | None = None) -> tuple[Model | System, str]:
         if isinstance(ref, dict):
             cls = Model if kind == "models" else System
             if "name" not in ref:
                 raise InputError(f"{where}: an inline entry of '{kind}' needs a name")
+            if seq_size is not None and kind == "models":
+                ref = {**ref, "seq_size": seq_size}
             return parse(cls, ref, f"{where}: {kind} {ref['name']!r}"), "inline"
-        key = (kind, ref)
+        key = (kind, ref, seq_size)
         if key not in self.cache:
             target = self.base / ref
             try:
-                self.cache[key] = load_model(target) if kind == "models" else load_system(target)
+                self.cache[key] = load_model(target, seq_size=seq_size) if kind == "models" else load_system(target)
             except InputError as err:
                 raise InputError(f"{where}: {kind}: {err}") from None
         return self.cache[key], ref
@@ -201,7 +208,10 @@ def problem_id(model: Model, system_name: str, gpus: int, datatype: Datatype, ma
                overrides: dict[str, Any], attention: str = "fused", fix: tuple[str, ...] = ()) -> str:
     """A readable id, e.g. gpt-1t-256b__h100-80g-nvl8__g4096__fp8__off1024g100; the max
     batch, space and attention kernel appear only when they differ from the defaults."""
-    parts = [_slug(model.name), _slug(system_name), f"g{gpus}", DATATYPE_TAGS[datatype.value]]
+    system_tag = _slug(system_name)
+    if "runtime_reserve_gib" in overrides:       # a property of the system: tagged on its name
+        system_tag += f"-rr{_number(overrides['runtime_reserve_gib'])}"
+    parts = [_slug(model.name), system_tag, f"g{gpus}", DATATYPE_TAGS[datatype.value]]
     if max_batch != DEFAULT_MAX_BATCH:
         parts.append(f"b{max_batch}")
     if space != DEFAULT_SPACE:
@@ -226,24 +236,29 @@ def problem_id(model: Model, system_name: str, gpus: int, datatype: Datatype, ma
 
 def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None) -> list[Problem]:
     overrides = grid.get("overrides", {})
-    knob_names = [k for k in ("hbm_gib", "offload_gib", "offload_gbps", "nvlink_size") if k in overrides]
+    knob_names = [k for k in ("hbm_gib", "offload_gib", "offload_gbps", "nvlink_size", "runtime_reserve_gib")
+                  if k in overrides]
     limit = time_limit_s or grid.get("time_limit_s", DEFAULT_TIME_LIMIT_S)
     out = []
     fix = _pin_texts(grid.get("fix", {}), where)
     fixed_batch = "batch" in grid
-    combos = itertools.product(grid["models"], grid["systems"], grid["gpus"],
+    combos = itertools.product(grid["models"], grid.get("seq_size", [None]), grid["systems"], grid["gpus"],
                                grid.get("batch", grid.get("max_batch", [DEFAULT_MAX_BATCH])),
                                grid.get("datatype", [Datatype.bfloat16]), grid.get("space", [DEFAULT_SPACE]),
                                grid.get("attention", ["fused"]), *(overrides[k] for k in knob_names))
-    for model_ref, system_ref, gpus, max_batch, datatype, space, attention, *knob_values in combos:
+    for model_ref, seq_size, system_ref, gpus, max_batch, datatype, space, attention, *knob_values in combos:
         pins = (*fix, f"batch={max_batch}") if fixed_batch else fix
-        model, _ = loader.get("models", model_ref, where)
+        model, _ = loader.get("models", model_ref, where, seq_size)
+        if seq_size is not None and len(grid["seq_size"]) > 1:
+            model = model.model_copy(update={"name": f"{model.name}-s{seq_size}"})  # one id per sequence length
         base, source = loader.get("systems", system_ref, where)
         given = dict(zip(knob_names, knob_values))
         if given.get("offload_gib") == 0:
             given.pop("offload_gbps", None)  # no offload memory: its bandwidth means nothing
         datatype = Datatype(datatype)
-        pid = problem_id(model, base.name, gpus, datatype, max_batch, space, given, attention, pins)
+        # the runtime reserve tags the id only when the grid varies it (one value is a setting)
+        tagged = {k: v for k, v in given.items() if k != "runtime_reserve_gib" or len(overrides[k]) > 1}
+        pid = problem_id(model, base.name, gpus, datatype, max_batch, space, tagged, attention, pins)
         system = _apply(base, given, f"{where}: {pid}")
         system.compute_for(datatype)
         unbounded = system.offload is not None and (given.get("offload_gbps") == UNBOUNDED or (
@@ -273,7 +288,8 @@ def _apply(system: System, given: dict[str, Any], where: str) -> System:
         gbps = system.hbm.bandwidth_gbps if system.offload is not None else None  # None: as fast as HBM
     try:
         return system.with_overrides(hbm_gib=given.get("hbm_gib"), offload_gib=given.get("offload_gib"),
-                                     offload_gbps=gbps, nvlink_size=given.get("nvlink_size"))
+                                     offload_gbps=gbps, nvlink_size=given.get("nvlink_size"),
+                                     runtime_reserve_gib=given.get("runtime_reserve_gib"))
     except InputError as err:
         raise InputError(f"{where}: {err}") from None
     except ValidationError as err:

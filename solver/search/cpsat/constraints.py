@@ -63,17 +63,18 @@ class TensorDivisibility(Constraint):
     name = "tensor divisibility"
 
     def describe(self, p):
-        return (f"tp divides hidden ({p.model.hidden}), attn_heads ({p.model.attn_heads}) and feedforward "
-                f"({p.model.feedforward}); tp <= {p.space.tp_max}")
+        return (f"tp divides hidden ({p.model.hidden}), attn_heads ({p.model.attn_heads}), kv_heads "
+                f"({p.model.kv_groups}) and feedforward ({p.model.feedforward}); tp <= {p.space.tp_max}")
 
     def add(self, m, v, p):
-        for label, size in (("hidden", p.model.hidden), ("heads", p.model.attn_heads), ("ff", p.model.feedforward)):
+        for label, size in (("hidden", p.model.hidden), ("heads", p.model.attn_heads), ("kv_heads", p.model.kv_groups),
+                            ("ff", p.model.feedforward)):
             quotient = m.NewIntVar(1, size, f"{label}_per_tp")
             m.AddMultiplicationEquality(size, [v.tp.var, quotient])
         m.Add(v.tp.var <= p.space.tp_max)
 
     def violation(self, mapping, evaluation, p):
-        sizes = (p.model.hidden, p.model.attn_heads, p.model.feedforward)
+        sizes = (p.model.hidden, p.model.attn_heads, p.model.kv_groups, p.model.feedforward)
         return sum(size % mapping.tp for size in sizes) + max(0, mapping.tp - p.space.tp_max)
 
 
