@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("solver.cli.calibrate", "Fit a system file's kernel times (and network levels) to measurements."),
     "count": ("solver.cli.count", "Count the mappings of a model onto N GPUs, in closed form (milliseconds)."),
     "eval": ("solver.cli.eval", "Evaluate one mapping: iteration time, MFU/HFU and memory, with their breakdown."),
+    "explain": ("solver.cli.explain", "Explain the best mapping: the certified best time for each value of each dimension."),
     "plot": ("solver.cli.plot", "Draw PNG plots from the results of `mapsat batch` (RESULTS_DIR/results.jsonl)."),
     "shape": ("solver.cli.shape", "List model shapes near a parameter count by the paper's rule, with mapping counts."),
     "solve": ("solver.cli.solve", "Find the fastest mapping under the exact model, certified optimal by CP-SAT."),

@@ -1,0 +1,108 @@
+"""mapsat explain: why the best mapping wins — the certified best for every value of every dimension."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from costmodel.dimensions import BY_NAME
+from costmodel.errors import InputError, MapsatError
+from costmodel.kernels import Kernels
+from costmodel.system import Datatype
+from solver.cli.options import (datatype_option, load_problem, problem_options,
+                                space_and_cap, space_options, user_errors, wide_console)
+from solver.report.tables import dumps, mapping_summary
+from solver.search.explain import Explanation, explain
+from solver.search.solve import SolverConfig
+from solver.space.pins import pins_text
+
+
+@click.command("explain")
+@problem_options
+@space_options
+@datatype_option
+@click.option("--dims", default=None, metavar="DIM[,DIM...]",
+              help="Only these dimensions (default: every one that takes more than one value).")
+@click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, help="Wall-clock limit per value, s; a value not proven in time is marked so.")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="CP-SAT search workers.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Also draw the per-value MFU of each dimension into this PNG.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
+@user_errors
+def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch,
+            batch, batch_tokens, space_name, fix, attention, datatype, dims, time_limit_s, workers, plot_path,
+            as_json):
+    """Explain the best mapping: the certified best time for each value of each dimension.
+
+    For every dimension (tp, pp, microbatch, recompute, offloads, networks, ...) and every
+    value it takes, the best mapping with that value fixed, each proven optimal as `solve`
+    proves its answer; then what binds the winner and the runner-up (the fastest mapping
+    any other value allows). One CP-SAT model answers every question.
+
+    \b
+    Example:
+      mapsat explain --model problems/models/gpt-1t-256b.yaml \\
+                     --system problems/systems/h100-80g-nvl8.yaml --gpus 4096 \\
+                     --datatype float8 --offload-gib 1024 --offload-gbps 100
+    """
+    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
+                                 seq_size=seq_size)
+    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
+    wanted = None
+    if dims:
+        wanted = tuple(d.strip() for d in dims.split(","))
+        unknown = [d for d in wanted if d not in BY_NAME]
+        if unknown:
+            raise InputError(f"--dims: {', '.join(unknown)} is not a dimension (see `mapsat spaces`)")
+    result = explain(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype), space=space,
+                     kernels=Kernels.with_attention(attention),
+                     config=SolverConfig(time_limit_s=time_limit_s, workers=workers), dimensions=wanted)
+    title = (f"{model.name} on {num_gpus:,} x {system.name}, {datatype}, space {space_name}{pins_text(space)}, "
+             f"{attention} attention")
+    if plot_path is not None and result.winner is not None:
+        from solver.report.explain_plot import plot_explanation
+
+        plot_explanation(result, plot_path, title)
+    if as_json:
+        click.echo(dumps(result.to_dict()))
+    else:
+        print_explanation(result, title)
+    if result.winner is None:
+        raise MapsatError("infeasible: no mapping of the space fits (run `mapsat solve` for the reasons)")
+
+
+def print_explanation(result: Explanation, title: str) -> None:
+    console = wide_console()
+    winner = result.winner
+    proven = "every row certified" if result.certified else "NOT every row certified (time limit)"
+    console.print(f"{title}: {proven}; {result.blocks_scored:,} blocks scored exactly in {result.seconds:.1f} s")
+    if winner is None:
+        return
+    console.print(f"  best: {winner.iteration_time_s:.4f} s, MFU {winner.mfu:.1%}: "
+                  f"{mapping_summary(winner.mapping.model_dump(mode='json'))}")
+    for line in result.winner_binding:
+        console.print(f"    binding: {line}")
+    table = Table(title="Certified best per value (the winner's values marked *)", title_justify="left")
+    for header in ("dimension", "value", "best s", "MFU", "vs best", "proven"):
+        table.add_column(header, justify="right" if header not in ("dimension", "value") else "left")
+    current = None
+    for row in result.rows:
+        mine = row.best is not None and row.best.mapping == winner.mapping
+        name = row.dimension if row.dimension != current else ""
+        current = row.dimension
+        if row.best is None:
+            table.add_row(name, row.label, "infeasible", "", "", "yes" if row.certified else "no")
+            continue
+        slower = row.best.iteration_time_s / winner.iteration_time_s - 1
+        table.add_row(name, row.label + (" *" if mine else ""), f"{row.best.iteration_time_s:.4f}",
+                      f"{row.best.mfu:.1%}", "—" if slower < 1e-9 else f"+{slower:.1%}",
+                      "yes" if row.certified else "no")
+    console.print(table)
+    runner = result.runner_up
+    if runner is not None:
+        slower = runner.best.iteration_time_s / winner.iteration_time_s - 1
+        console.print(f"runner-up: {runner.dimension} = {runner.label}, {slower:.2%} slower: "
+                      f"{mapping_summary(runner.best.mapping.model_dump(mode='json'))}")
+        for line in result.runner_up_binding:
+            console.print(f"    binding: {line}")

@@ -1,0 +1,309 @@
+"""Why the best mapping wins: the certified best time for every value of every dimension.
+
+For each dimension of the space (costmodel.dimensions) and each value it takes, the best
+mapping with that one value fixed, certified like `solve`'s answer. One CP-SAT model of the
+space serves every question: the value is an *assumption* (a literal CP-SAT must take for
+that solve only), and so is each round's "beat the best so far" bound; every block the
+exact model scores is cut from the model once and kept, so later questions start from what
+earlier ones scored. A question on a flag CP-SAT does not decide (TP overlap, DP overlap,
+networks) needs no literal: the exact scoring of a block tries every value and keeps the
+pinned ones, and the surrogate, a lower bound over all of them, bounds the pinned ones too.
+
+Certification is `solve`'s: the best scored mapping with the value fixed is optimal once
+CP-SAT proves (under the assumption) that no unscored block's surrogate bound can beat it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from costmodel.context import Context
+from costmodel.dimensions import BY_NAME, DIMENSIONS, NETWORK_GROUPS
+from costmodel.encoding import MappingArrays
+from costmodel.evaluate import Evaluation, evaluate_arrays_in_context, evaluate_in_context
+from costmodel.kernels import Kernels
+from costmodel.model import Model
+from costmodel.system import Datatype, System
+from solver.search.cpsat.constraints import Problem
+from solver.search.cpsat.surrogate import add_bounds
+from solver.search.solve import (SEARCHED_FLAGS, WARM_START_BLOCKS, WARM_START_MARGIN, SolverConfig, _Collector,
+                                 _local_batches, _structure_model, binding_constraints)
+from solver.space.count import count_mappings
+from solver.space.declaration import Space
+from solver.space.enumerate import build_rows, plan
+
+TIE_REL = 1e-9
+"""Times within this relative distance of the winner's are ties (solve = brute tolerance)."""
+
+Key = tuple[int, int, int, int]
+"""A block: (tp, pp, interleaving, microbatch)."""
+
+
+@dataclass(frozen=True)
+class ValueBest:
+    """The best mapping with one dimension fixed to one value."""
+
+    dimension: str
+    value: int                    # a number, or a flag's code
+    label: str                    # as people read it
+    best: Evaluation | None       # None: no mapping with this value is feasible
+    certified: bool               # optimal (or infeasible) proven
+    seconds: float
+
+    def to_dict(self) -> dict:
+        best = self.best
+        return {"dimension": self.dimension, "value": self.label, "certified": self.certified,
+                "iteration_time_s": best.iteration_time_s if best else None, "mfu": best.mfu if best else None,
+                "mapping": best.mapping.model_dump(mode="json") if best else None, "seconds": self.seconds}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The certified best per value of each dimension, the winner and the runner-up (the
+    fastest mapping any other value allows) with what binds each."""
+
+    winner: Evaluation | None
+    rows: list[ValueBest]
+    runner_up: ValueBest | None
+    winner_binding: list[str] = field(default_factory=list)
+    runner_up_binding: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    blocks_scored: int = 0
+
+    @property
+    def certified(self) -> bool:
+        return all(row.certified for row in self.rows)
+
+    def to_dict(self) -> dict:
+        winner = self.winner
+        return {"winner": None if winner is None else {"mapping": winner.mapping.model_dump(mode="json"),
+                                                       "iteration_time_s": winner.iteration_time_s,
+                                                       "mfu": winner.mfu},
+                "winner_binding": self.winner_binding,
+                "runner_up": None if self.runner_up is None else self.runner_up.to_dict(),
+                "runner_up_binding": self.runner_up_binding, "rows": [r.to_dict() for r in self.rows],
+                "certified": self.certified, "blocks_scored": self.blocks_scored, "seconds": self.seconds}
+
+
+class Explorer:
+    """One CP-SAT model of a space, asked for the best mapping under a pinned value at a time."""
+
+    def __init__(self, model: Model, system: System, num_gpus: int, max_batch: int, datatype: Datatype,
+                 space: Space, kernels: Kernels, config: SolverConfig):
+        self.config, self.datatype, self.kernels = config, datatype, kernels
+        self.c = Context.build(model, system, datatype, kernels)
+        self.plan = plan(model, system, num_gpus, max_batch, space, chunk_rows=1 << 62)
+        self.problem = Problem(model, system, num_gpus, max_batch, space)
+        self.m, self.v = _structure_model(self.problem, self.plan.skeletons, flags=SEARCHED_FLAGS)
+        bounds = add_bounds(self.m, self.v, self.c, num_gpus, _local_batches(self.problem, self.v),
+                            space.tp_overlap_codes, self.c.hbm_capacity_bytes, skeletons=self.plan.skeletons)
+        self.bounds, self.objective = bounds, bounds.objective()
+        self.m.Minimize(self.objective)
+        self.index = {(s.tp, s.pp): i for i, s in enumerate(self.plan.skeletons)}
+        self.ordinal_base = {chunk.skeleton_index: chunk.ordinal for chunk in self.plan.chunks}
+        self.scored: dict[Key, tuple[MappingArrays, np.ndarray, np.ndarray]] = {}
+        self.literals: dict[tuple[str, int], cp_model.IntVar] = {}   # one assumption literal per pin
+        self.ranked = sorted((floor, key) for key, floor in bounds.block_floors.items() if math.isfinite(floor))
+        self._floor_cuts_added = False
+
+    # ---- scoring blocks, once each ----
+    def _score(self, key: Key) -> None:
+        tp, pp, il, mb = key
+        i = self.index[(tp, pp)]
+        sk, table = self.plan.skeletons[i], self.plan.flag_tables[i]
+        start = (sk.interleavings.index(il) * len(sk.microbatches) + sk.microbatches.index(mb)) * len(table)
+        rows = build_rows(self.plan.space, sk, table, start, start + len(table))
+        ev = evaluate_arrays_in_context(self.c, rows)
+        time_s = np.where(ev.feasible, ev.iteration_time_s, np.inf)
+        self.scored[key] = (rows, time_s, self.ordinal_base[i] + start + np.arange(len(table)))
+        v = self.v
+        self.m.AddBoolOr([v.tp.is_[tp].Not(), v.pp.is_[pp].Not(), v.interleaving.is_[il].Not(),
+                          v.microbatch.is_[mb].Not()])
+
+    def _compatible(self, key: Key, name: str | None, value: int | None) -> bool:
+        """Whether a block can hold mappings with the pinned value (skeleton pins only decide)."""
+        if name is None or BY_NAME[name].is_flag:
+            return True
+        tp, pp, il, mb = key
+        dp = self.problem.num_gpus // (tp * pp)
+        own = {"tp": tp, "pp": pp, "interleaving": il, "microbatch": mb, "dp": dp,
+               "batch": self.plan.skeletons[self.index[(tp, pp)]].batch}
+        return own[name] == value
+
+    def _block_best(self, key: Key, name: str | None, value: int | None) -> tuple[float, int, Key, int]:
+        """(time, ordinal, block, row) of the best scored mapping of one block with the pinned
+        value ((inf, ...) when it has none)."""
+        rows, time_s, ordinal = self.scored[key]
+        ok = np.isfinite(time_s)
+        if name is not None and BY_NAME[name].is_flag:
+            ok &= rows.columns[name] == value
+        if not self._compatible(key, name, value) or not ok.any():
+            return (math.inf, -1, key, -1)
+        candidates = np.flatnonzero(ok)
+        j = candidates[np.lexsort((ordinal[candidates], time_s[candidates]))[0]]
+        return (float(time_s[j]), int(ordinal[j]), key, int(j))
+
+    def _incumbent(self, name: str | None, value: int | None) -> tuple[float, int, Key, int]:
+        """The best scored mapping with the pinned value, over every scored block."""
+        return min((self._block_best(key, name, value) for key in self.scored), key=_rank,
+                   default=(math.inf, -1, None, -1))
+
+    def _assumption(self, name: str | None, value: int | None) -> list:
+        """The literal CP-SAT must take for the pin. A flag CP-SAT does not decide gets one
+        that implies what the pin needs of the split: a degree > 1 for a value other than the
+        pinned-by-default first code, and for a network, that the group fits it."""
+        if name is None:
+            return []
+        if (name, value) not in self.literals:
+            self.literals[(name, value)] = self._pin_literal(name, value)
+        return [self.literals[(name, value)]]
+
+    def _pin_literal(self, name: str, value: int):
+        v, m, dim = self.v, self.m, BY_NAME[name]
+        if name in v.flags:
+            return v.flags[name][value] if value in v.flags[name] else m.NewConstant(0)
+        if name == "batch":
+            lit = m.NewBoolVar(f"batch_is[{value}]")
+            m.Add(v.batch == value).OnlyEnforceIf(lit)
+            return lit
+        if not dim.is_flag:
+            one_hot = getattr(v, name)
+            return one_hot.is_.get(value, m.NewConstant(0))
+        lit = m.NewBoolVar(f"pin_{name}[{dim.label_of(value)}]")
+        degree_gt1 = {fact: (getattr(v, fact).is_[1].Not() if 1 in getattr(v, fact).is_ else m.NewConstant(1))
+                      for fact, _ in NETWORK_GROUPS}
+        if value != dim.codes(v.num_networks)[0]:
+            for cond in dim.free_when:
+                if cond.subject in degree_gt1:
+                    m.AddImplication(lit, degree_gt1[cond.subject])
+        spans = (v.tp.var, sum(t * q * pair for (t, q), pair in v.tp_pp.items()), self.problem.num_gpus)
+        for (fact, net), span in zip(NETWORK_GROUPS, spans, strict=True):
+            if net == name:
+                size = self.problem.system.networks[value].size
+                if isinstance(span, int):
+                    if span > size:
+                        m.AddBoolOr([lit.Not(), degree_gt1[fact].Not()])
+                else:
+                    m.Add(span <= size).OnlyEnforceIf([lit, degree_gt1[fact]])
+        return lit
+
+    # ---- one question ----
+    def best(self, name: str | None = None, value: int | None = None) -> tuple[Evaluation | None, bool]:
+        """The certified best mapping with dimension `name` fixed to `value` (None: no pin),
+        and whether it is proven (or its absence proven)."""
+        started = time.perf_counter()
+        incumbent = self._incumbent(name, value)
+
+        def score(key: Key) -> None:
+            nonlocal incumbent
+            self._score(key)
+            incumbent = min(incumbent, self._block_best(key, name, value), key=_rank)
+
+        # warm start: the compatible unscored blocks the surrogate ranks best
+        warm = 0
+        for floor, key in self.ranked:
+            if warm >= WARM_START_BLOCKS or floor >= incumbent[0] * (1 + WARM_START_MARGIN):
+                break
+            if key in self.scored or not self._compatible(key, name, value):
+                continue
+            score(key)
+            warm += 1
+        if not self._floor_cuts_added:
+            self.bounds.add_floor_cuts(self.m, self.v, exclude=list(self.scored))
+            self._floor_cuts_added = True
+        certified = False
+        q = self.bounds.quantization
+        while True:
+            remaining = self.config.time_limit_s - (time.perf_counter() - started)
+            if remaining <= 0:
+                break
+            target = incumbent[0]
+            assumptions = self._assumption(name, value)
+            if math.isfinite(target):
+                beat = self.m.NewBoolVar("beat_target")
+                self.m.Add(self.objective <= math.floor(target / q.time_unit_s) + q.time_terms).OnlyEnforceIf(beat)
+                assumptions.append(beat)
+            self.m.ClearAssumptions()
+            self.m.AddAssumptions(assumptions)
+            solver = cp_model.CpSolver()
+            solver.parameters.max_time_in_seconds = remaining
+            solver.parameters.num_workers = self.config.workers
+            solver.parameters.random_seed = self.config.seed
+            collector = _Collector(self.v)
+            status = solver.Solve(self.m, collector)
+            if status == cp_model.INFEASIBLE:
+                certified = True
+                break
+            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                break
+            for tp, pp, _, mb in collector.blocks:
+                for il in self.plan.skeletons[self.index[(tp, pp)]].interleavings:
+                    key = (tp, pp, il, mb)
+                    if key not in self.scored and self._compatible(key, name, value):
+                        score(key)
+            if status == cp_model.OPTIMAL and self.bounds.seconds(solver.BestObjectiveBound()) >= incumbent[0]:
+                certified = True
+                break
+        self.m.ClearAssumptions()
+        time_s, _, key, j = incumbent
+        if not math.isfinite(time_s):
+            return None, certified
+        rows = self.scored[key][0]
+        return evaluate_in_context(self.c, rows.to_mapping(j, self.datatype, self.kernels)), certified
+
+
+def explain(model: Model, system: System, num_gpus: int, *, max_batch: int, datatype: Datatype, space: Space,
+            kernels: Kernels = Kernels(), config: SolverConfig = SolverConfig(),
+            dimensions: tuple[str, ...] | None = None) -> Explanation:
+    """The certified best time for each value of each dimension (all that take more than one
+    value in the space, or `dimensions`), the winner and the runner-up."""
+    started = time.perf_counter()
+    counted = count_mappings(model, system, num_gpus, max_batch, space)
+    explorer = Explorer(model, system, num_gpus, max_batch, datatype, space, kernels, config)
+    winner, _ = explorer.best()
+    rows: list[ValueBest] = []
+    wanted = dimensions or tuple(d.name for d in DIMENSIONS)
+    for dim in DIMENSIONS:
+        values = counted.by_dimension.get(dim.name, {})
+        if dim.name not in wanted or len(values) < 2:
+            continue
+        for label in values:
+            value = _value_of(dim.name, label)
+            begun = time.perf_counter()
+            if winner is not None and _code(dim.name, winner.mapping.value(dim.name)) == value:
+                best, certified = winner, True
+            else:
+                best, certified = explorer.best(dim.name, value)
+            rows.append(ValueBest(dim.name, value, label, best, certified, time.perf_counter() - begun))
+    # the runner-up: the fastest mapping some other value allows that is slower than the
+    # winner (equally fast ones are ties: a setting with no effect, or an exact coincidence)
+    slower = [r for r in rows if r.best is not None and winner is not None
+              and r.best.iteration_time_s > winner.iteration_time_s * (1 + TIE_REL)]
+    runner_up = min(slower, key=lambda r: r.best.iteration_time_s, default=None)
+    return Explanation(
+        winner=winner, rows=rows, runner_up=runner_up,
+        winner_binding=binding_constraints(explorer.problem, winner) if winner else [],
+        runner_up_binding=binding_constraints(explorer.problem, runner_up.best) if runner_up else [],
+        seconds=time.perf_counter() - started, blocks_scored=len(explorer.scored))
+
+
+def _rank(best: tuple) -> tuple[float, int]:
+    """Order of candidate bests: time, then enumeration order (brute force's tie-break)."""
+    return best[0], best[1]
+
+
+def _value_of(name: str, label: str) -> int:
+    dim = BY_NAME[name]
+    if not dim.is_flag:
+        return int(label)
+    return next(code for code in dim.codes(int(label) + 1 if dim.kind == "network" else 0) if dim.label_of(code) == label)
+
+
+def _code(name: str, value) -> int:
+    dim = BY_NAME[name]
+    return dim.code_of(value) if dim.is_flag else int(value)
