@@ -33,6 +33,7 @@ from costmodel.encoding import (
 from costmodel.errors import InputError
 from costmodel.model import Model
 from costmodel.system import System
+from solver.space.factor import divisors as factor_divisors
 
 # Facts a condition may test besides earlier flags: tp, pp, dp (the skeleton) and `offload`
 # (1 when the system has an offload memory tier, else 0).
@@ -233,9 +234,9 @@ def get_space(name: str, *, attention: str = "fused") -> Space:
 
 
 def divisors(n: int) -> tuple[int, ...]:
-    """Positive divisors of n, ascending."""
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return tuple(small + [n // d for d in reversed(small) if d * d != n])
+    """Positive divisors of n, ascending (none for n < 1), by factorisation: instant for any
+    n below 2^64 (solver.space.factor)."""
+    return factor_divisors(n) if n >= 1 else ()
 
 
 @dataclass(frozen=True)
