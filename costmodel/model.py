@@ -11,9 +11,11 @@ import re
 from numbers import Integral, Real
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from costmodel import limits
 from costmodel.errors import InputError
+from costmodel.limits import Bound
 
 
 # ---- field types shared by the three inputs (model, system, mapping) ----
@@ -67,6 +69,18 @@ WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 RealNumber = Annotated[float, BeforeValidator(_real_number)]
 """A float field of an input file; finite (every input model sets allow_inf_nan=False)."""
 
+def within(bound: Bound) -> AfterValidator:
+    """A validator refusing values outside `bound`, naming the bound and its reason."""
+
+    def check(value):
+        problem = bound.problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    return AfterValidator(check)
+
+
 INPUT_CONFIG = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 """Every input is frozen, forbids unknown fields (typos) and refuses NaN and infinity."""
 
@@ -77,13 +91,20 @@ class Model(BaseModel):
     model_config = INPUT_CONFIG
 
     name: str = Field("model", description="A label for tables and plots.")
-    hidden: WholeNumber = Field(gt=0, description="Model (embedding) width, h.")
-    feedforward: WholeNumber = Field(gt=0, description="Width of the MLP's inner layer, usually 4·h.")
-    seq_size: WholeNumber = Field(gt=0, description="Sequence length in tokens, s.")
-    attn_heads: WholeNumber = Field(gt=0, description="Number of attention heads, a.")
-    attn_size: WholeNumber = Field(gt=0, description="Width of one attention head, d (a·d is usually h).")
-    num_blocks: WholeNumber = Field(gt=0, description="Number of transformer blocks, L.")
-    vocab_size: WholeNumber = Field(51200, gt=0, description="Vocabulary size, V (Megatron's GPT-2 default).")
+    hidden: Annotated[WholeNumber, within(limits.HIDDEN)] = Field(
+        gt=0, description="Model (embedding) width, h.")
+    feedforward: Annotated[WholeNumber, within(limits.FEEDFORWARD)] = Field(
+        gt=0, description="Width of the MLP's inner layer, usually 4·h.")
+    seq_size: Annotated[WholeNumber, within(limits.SEQ_SIZE)] = Field(
+        gt=0, description="Sequence length in tokens, s.")
+    attn_heads: Annotated[WholeNumber, within(limits.ATTN_HEADS)] = Field(
+        gt=0, description="Number of attention heads, a.")
+    attn_size: Annotated[WholeNumber, within(limits.ATTN_SIZE)] = Field(
+        gt=0, description="Width of one attention head, d (a·d is usually h).")
+    num_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] = Field(
+        gt=0, description="Number of transformer blocks, L.")
+    vocab_size: Annotated[WholeNumber, within(limits.VOCAB_SIZE)] = Field(
+        51200, gt=0, description="Vocabulary size, V (Megatron's GPT-2 default).")
 
     # ---- parameter counts (the weights of one block, and of the whole model) ----
     @property

@@ -12,10 +12,13 @@ import math
 from enum import Enum
 from numbers import Real
 
+from typing import Annotated
+
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from costmodel import limits
 from costmodel.errors import InputError
-from costmodel.model import INPUT_CONFIG, RealNumber, WholeNumber
+from costmodel.model import INPUT_CONFIG, RealNumber, WholeNumber, within
 from costmodel.units import GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 _FROZEN = INPUT_CONFIG
@@ -60,6 +63,9 @@ def _check_curve(curve: EfficiencyCurve, field: str) -> EfficiencyCurve:
     for size, eff in curve:
         if not 0 < eff <= 1:
             raise ValueError(f"{field}: efficiency {eff} at size {size} is not in (0, 1]")
+        problem = limits.EFFICIENCY.problem(eff) or limits.CURVE_SIZE.problem(size)
+        if problem is not None:
+            raise ValueError(f"{field}: [{size:g}, {eff:g}] is {problem}")
     return curve
 
 
@@ -68,8 +74,10 @@ class Compute(BaseModel):
 
     model_config = _FROZEN
 
-    matrix_tflops: RealNumber = Field(gt=0, description="Dense matrix-multiply peak, TFLOP/s (tensor cores).")
-    vector_tflops: RealNumber = Field(gt=0, description="Element-wise peak, TFLOP/s (CUDA cores).")
+    matrix_tflops: Annotated[RealNumber, within(limits.TFLOPS)] = Field(
+        gt=0, description="Dense matrix-multiply peak, TFLOP/s (tensor cores).")
+    vector_tflops: Annotated[RealNumber, within(limits.TFLOPS)] = Field(
+        gt=0, description="Element-wise peak, TFLOP/s (CUDA cores).")
     matrix_efficiency: EfficiencyCurve = Field(
         description="[[flops, efficiency], ...]: fraction of matrix peak reached by a matrix multiply of that many FLOP.")
     vector_efficiency: EfficiencyCurve = Field(
@@ -94,8 +102,9 @@ class Memory(BaseModel):
 
     model_config = _FROZEN
 
-    capacity_gib: RealNumber = Field(gt=0, description="Capacity per GPU, GiB.")
-    bandwidth_gbps: RealNumber = Field(gt=0, description="Bandwidth per GPU, GB/s (per direction for offload memory).")
+    capacity_gib: Annotated[RealNumber, within(limits.CAPACITY_GIB)] = Field(gt=0, description="Capacity per GPU, GiB.")
+    bandwidth_gbps: Annotated[RealNumber, within(limits.BANDWIDTH_GBPS)] = Field(
+        gt=0, description="Bandwidth per GPU, GB/s (per direction for offload memory).")
     efficiency: EfficiencyCurve = Field(
         default=[(0, 1.0)],
         description="[[bytes, efficiency], ...]: fraction of bandwidth reached by a transfer of that many bytes.")
@@ -121,8 +130,8 @@ class CollectiveCost(BaseModel):
 
     model_config = _FROZEN
 
-    bytes_factor: RealNumber = Field(gt=0)
-    n_offset: RealNumber = Field(le=0)
+    bytes_factor: Annotated[RealNumber, within(limits.BYTES_FACTOR)] = Field(gt=0)
+    n_offset: Annotated[RealNumber, within(limits.N_OFFSET)] = Field(le=0)
 
 
 def _default_collectives() -> dict[Collective, CollectiveCost]:
@@ -140,10 +149,14 @@ class Network(BaseModel):
     model_config = _FROZEN
 
     name: str = Field(description="A label, e.g. nvlink or infiniband.")
-    size: WholeNumber = Field(gt=0, description="How many GPUs one instance of this network spans.")
-    bandwidth_gbps: RealNumber = Field(gt=0, description="Injection bandwidth per GPU per direction, GB/s.")
-    efficiency: RealNumber = Field(gt=0, le=1, description="Fraction of bandwidth collectives reach on large messages.")
-    latency_us: RealNumber = Field(ge=0, description="Fixed cost of one collective or send, µs.")
+    size: Annotated[WholeNumber, within(limits.NETWORK_SIZE)] = Field(
+        gt=0, description="How many GPUs one instance of this network spans.")
+    bandwidth_gbps: Annotated[RealNumber, within(limits.BANDWIDTH_GBPS)] = Field(
+        gt=0, description="Injection bandwidth per GPU per direction, GB/s.")
+    efficiency: Annotated[RealNumber, within(limits.EFFICIENCY)] = Field(
+        gt=0, le=1, description="Fraction of bandwidth collectives reach on large messages.")
+    latency_us: Annotated[RealNumber, within(limits.LATENCY_US)] = Field(
+        ge=0, description="Fixed cost of one collective or send, µs.")
     processor_usage: RealNumber = Field(
         ge=0, lt=1, description="Share of GPU compute that communication on this network steals while it overlaps compute.")
     must_be_filled: bool = Field(
@@ -219,6 +232,13 @@ class System(BaseModel):
             raise InputError(f"--offload-gib: {offload_gib} must be >= 0 (0 removes the offload memory)")
         if offload_gbps is not None and offload_gbps <= 0:
             raise InputError(f"--offload-gbps: {offload_gbps} must be > 0")
+        for flag, value, bound in (("--hbm-gib", hbm_gib, limits.CAPACITY_GIB),
+                                   ("--offload-gib", offload_gib or None, limits.CAPACITY_GIB),
+                                   ("--offload-gbps", offload_gbps, limits.BANDWIDTH_GBPS),
+                                   ("--nvlink-size", nvlink_size, limits.NETWORK_SIZE)):
+            problem = bound.problem(value) if value is not None and value > 0 else None
+            if problem is not None:
+                raise InputError(f"{flag}: {value:g} is {problem}")
         if nvlink_size is not None:
             if nvlink_size != int(nvlink_size):
                 raise InputError(f"--nvlink-size: {nvlink_size} is not a whole number of GPUs")

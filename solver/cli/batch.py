@@ -10,7 +10,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from solver.study.batch import load_batch
 from solver.study.runner import Reporter, run_batch
-from solver.cli.options import user_errors
+from costmodel import limits
+from solver.cli.options import BoundedFloat, BoundedInt, user_errors
 from solver.study.store import RESULTS_CSV, RESULTS_JSONL
 
 
@@ -51,11 +52,11 @@ class ProgressReporter(Reporter):
 @click.argument("batch_file", type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help=f"Directory for {RESULTS_JSONL} and {RESULTS_CSV} (created; a rerun resumes).")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
+@click.option("--jobs", type=BoundedInt(limits.JOBS), default=None,
               help="Problems solved at once, each in its own process (default: cores / solver workers).")
-@click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--time-limit", "time_limit_s", type=BoundedFloat(limits.TIME_LIMIT_S, low_open=0), default=None,
               help="Solver time limit per problem, seconds (replaces the file's time_limit_s).")
-@click.option("--solver-workers", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--solver-workers", type=BoundedInt(limits.WORKERS), default=1, show_default=True,
               help="CP-SAT workers inside each problem.")
 @click.option("--retry-errors", is_flag=True, help="Solve again the problems whose earlier result is an error.")
 @click.option("--dask", "dask_address", default=None, metavar="ADDRESS",

@@ -10,7 +10,8 @@ import click
 from rich.table import Table
 
 from costmodel.system import Datatype
-from solver.cli.options import (datatype_option, load_problem, problem_options,
+from costmodel import limits
+from solver.cli.options import (BoundedInt, datatype_option, load_problem, problem_options,
                                 space_options, user_errors, wide_console)
 from solver.search.brute import scan
 from solver.space.count import CountResult, count_mappings
@@ -19,12 +20,12 @@ from solver.space.declaration import get_space
 
 @click.command(name="count")
 @problem_options
-@space_options
+@space_options(counting=True)
 @click.option("--feasible", is_flag=True,
               help="Also count the mappings that pass the exact model's network-size and memory checks "
                    "(evaluates every mapping: seconds to minutes).")
 @datatype_option
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes for --feasible (default: all cores).")
+@click.option("--workers", type=BoundedInt(limits.WORKERS), default=None, help="Processes for --feasible (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @user_errors
 def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gib: float | None,

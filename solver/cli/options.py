@@ -5,13 +5,16 @@ options (--model, --system and the co-design overrides), the space options (--gp
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from typing import Callable
 
 import click
 from rich.console import Console
 
+from costmodel import limits
 from costmodel.errors import MapsatError
+from costmodel.limits import Bound
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.system import Datatype, System
@@ -44,6 +47,38 @@ def user_errors(func: Callable) -> Callable:
             sys.exit(1)
 
     return wrapper
+
+
+class BoundedInt(click.IntRange):
+    """A whole number at least `bound.low`; above `bound.high` the error names the bound and why."""
+
+    def __init__(self, bound: Bound):
+        super().__init__(min=int(bound.low))
+        self.bound = bound
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        problem = self.bound.problem(number)
+        if problem is not None:
+            self.fail(f"{number} is {problem}", param, ctx)
+        return number
+
+
+class BoundedFloat(click.FloatRange):
+    """A finite number > `low_open` (when given) within `bound`, the error naming the bound and why."""
+
+    def __init__(self, bound: Bound, low_open: float | None = None):
+        super().__init__(min=low_open, min_open=low_open is not None)
+        self.bound = bound
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{number} is not a finite number", param, ctx)
+        problem = self.bound.problem(number)
+        if problem is not None:
+            self.fail(f"{number:g} is {problem}", param, ctx)
+        return number
 
 
 def system_override_options(func: Callable) -> Callable:
@@ -92,12 +127,17 @@ attention_option = click.option(
          "through HBM (unfused: Megatron-LM 2022, Calculon).")
 
 
-def space_options(func: Callable) -> Callable:
-    """--gpus N [--max-batch B] [--space NAME] [--attention fused|unfused]."""
+def space_options(func: Callable | None = None, *, counting: bool = False) -> Callable:
+    """--gpus N [--max-batch B] [--space NAME] [--attention fused|unfused]. Counting (closed
+    form) takes any 64-bit N and B; searching commands (solve, brute) stop at the search bounds."""
+    if func is None:
+        return functools.partial(space_options, counting=counting)
+    gpus = limits.GPUS_COUNT if counting else limits.GPUS_SEARCH
+    max_batch = limits.MAX_BATCH_COUNT if counting else limits.MAX_BATCH_SEARCH
     options = [
-        click.option("--gpus", "num_gpus", required=True, type=click.IntRange(min=1),
+        click.option("--gpus", "num_gpus", required=True, type=BoundedInt(gpus),
                      help="Number of GPUs, N (tp·pp·dp = N)."),
-        click.option("--max-batch", type=click.IntRange(min=1), default=3072, show_default=True,
+        click.option("--max-batch", type=BoundedInt(max_batch), default=3072, show_default=True,
                      help="Cap on the global batch, in sequences."),
         click.option("--space", "space_name", type=click.Choice(list(SPACES)), default=DEFAULT_SPACE,
                      show_default=True, help="Named mapping space (see `mapsat spaces`)."),

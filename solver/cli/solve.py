@@ -7,7 +7,8 @@ from rich.table import Table
 
 from costmodel.errors import MapsatError
 from costmodel.system import Datatype
-from solver.cli.options import (datatype_option, load_problem, problem_options,
+from costmodel import limits
+from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, load_problem, problem_options,
                                 space_options, user_errors, wide_console)
 from solver.report.tables import dumps, evaluation_tables, mapping_summary
 from solver.search.solve import SolverConfig, SolveResult, solve
@@ -18,13 +19,13 @@ from solver.space.declaration import get_space
 @problem_options
 @space_options
 @datatype_option
-@click.option("--top-k", type=click.IntRange(min=1), default=5, show_default=True,
+@click.option("--top-k", type=BoundedInt(limits.TOP_K), default=5, show_default=True,
               help="How many best mappings to list (all certified when the search completes).")
-@click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True), default=120.0,
+@click.option("--time-limit", "time_limit_s", type=BoundedFloat(limits.TIME_LIMIT_S, low_open=0), default=120.0,
               show_default=True, help="Wall-clock limit, s; on expiry the incumbent is returned with its gap.")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--workers", type=BoundedInt(limits.WORKERS), default=1, show_default=True,
               help="CP-SAT search workers; 1 keeps every output identical run to run, more may be faster.")
-@click.option("--seed", type=int, default=0, show_default=True, help="CP-SAT random seed.")
+@click.option("--seed", type=BoundedInt(limits.SEED), default=0, show_default=True, help="CP-SAT random seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
 @user_errors
 def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch,

@@ -16,7 +16,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from costmodel.errors import InputError
 from costmodel.load import describe_validation_error, load_model, load_system, parse, read_document
-from costmodel.model import Model
+from costmodel import limits
+from costmodel.model import Model, within
 from costmodel.system import Datatype, System
 from solver.space.declaration import ATTENTION_KERNELS, SPACES
 
@@ -36,38 +37,42 @@ def Grid(item: Any) -> Any:  # noqa: N802 - reads like a type in the schema belo
     return Annotated[list[item], BeforeValidator(_as_list), Field(min_length=1)]
 
 
+_OFFLOAD_GIB = limits.Bound(0, limits.CAPACITY_GIB.high, limits.CAPACITY_GIB.reason + "; 0 removes it")
+_BATCH_CONFIG = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
 class Overrides(BaseModel):
     """The co-design knobs of `System.with_overrides`; each a value or a list of values."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _BATCH_CONFIG
 
-    hbm_gib: Grid(Annotated[float, Field(gt=0)]) | None = Field(None, description="HBM capacity per GPU, GiB.")
-    offload_gib: Grid(Annotated[float, Field(ge=0)]) | None = Field(
+    hbm_gib: Grid(Annotated[float, Field(gt=0), within(limits.CAPACITY_GIB)]) | None = Field(None, description="HBM capacity per GPU, GiB.")
+    offload_gib: Grid(Annotated[float, Field(ge=0), within(_OFFLOAD_GIB)]) | None = Field(
         None, description="Offload memory per GPU, GiB; 0 = none.")
-    offload_gbps: Grid(Annotated[float, Field(gt=0)] | Literal["unbounded"]) | None = Field(
+    offload_gbps: Grid(Annotated[float, Field(gt=0), within(limits.BANDWIDTH_GBPS)] | Literal["unbounded"]) | None = Field(
         None, description="Offload bandwidth per GPU per direction, GB/s, or 'unbounded' (as fast as HBM).")
-    nvlink_size: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
+    nvlink_size: Grid(Annotated[int, Field(gt=0, strict=True), within(limits.NETWORK_SIZE)]) | None = Field(
         None, description="Size of the first network (the NVLink domain), GPUs.")
 
 
 class GridSpec(BaseModel):
     """One grid of problems: every combination of the listed values."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _BATCH_CONFIG
 
     models: Grid(str | dict[str, Any]) | None = Field(
         None, description="Model files (relative to the batch file) or inline models (with a name).")
     systems: Grid(str | dict[str, Any]) | None = Field(
         None, description="System files (relative to the batch file) or inline systems (with a name).")
-    gpus: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(None, description="GPU counts.")
-    max_batch: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
+    gpus: Grid(Annotated[int, Field(gt=0, strict=True), within(limits.GPUS_SEARCH)]) | None = Field(None, description="GPU counts.")
+    max_batch: Grid(Annotated[int, Field(gt=0, strict=True), within(limits.MAX_BATCH_SEARCH)]) | None = Field(
         None, description=f"Caps on the global batch (default {DEFAULT_MAX_BATCH}).")
     datatype: Grid(Datatype) | None = Field(None, description="Compute datatypes (default bfloat16).")
     space: Grid(Literal[tuple(SPACES)]) | None = Field(None, description=f"Mapping spaces (default {DEFAULT_SPACE}).")
     attention: Grid(Literal[ATTENTION_KERNELS]) | None = Field(
         None, description="Attention kernels: fused (FlashAttention, the default) or unfused.")
     overrides: Overrides | None = Field(None, description="System overrides, each a value or a list.")
-    time_limit_s: float | None = Field(None, gt=0, description=f"Solver time limit per problem, s "
+    time_limit_s: Annotated[float, within(limits.TIME_LIMIT_S)] | None = Field(None, gt=0, description=f"Solver time limit per problem, s "
                                                                 f"(default {DEFAULT_TIME_LIMIT_S:g}).")
 
 
