@@ -55,7 +55,7 @@ VOCAB_SIZE = Bound(1, 1 << 24, "16M tokens, 60 × the largest vocabularies in us
 
 # ---- the system (costmodel.system.System)
 TFLOPS = Bound(1e-3, 1e6, "1 GFLOP/s to 1 EFLOP/s per GPU; an H100 does 989 TFLOP/s in bf16")
-CAPACITY_GIB = Bound(2.0**-10, 2.0**20, "1 MiB (the solver's memory unit) to 1 PiB per GPU")
+CAPACITY_GIB = Bound(2.0**-10, 2.0**16, "1 MiB (the solver's memory unit) to 64 TiB per GPU")
 BANDWIDTH_GBPS = Bound(1e-3, 1e6, "1 MB/s to 1 PB/s per GPU; HBM3 does 3,350 GB/s")
 EFFICIENCY = Bound(1e-3, 1.0, "a fraction of peak; below 0.1 % the hardware is not working")
 LATENCY_US = Bound(0.0, 1e6, "up to one second per collective; real ones take microseconds")

@@ -13,7 +13,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from costmodel import limits
+import costmodel.limits as limits
 from costmodel.errors import InputError
 from costmodel.limits import Bound
 

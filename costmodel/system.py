@@ -16,7 +16,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from costmodel import limits
+import costmodel.limits as limits
 from costmodel.errors import InputError
 from costmodel.model import INPUT_CONFIG, RealNumber, WholeNumber, within
 from costmodel.units import GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s

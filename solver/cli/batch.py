@@ -10,7 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from solver.study.batch import load_batch
 from solver.study.runner import Reporter, run_batch
-from costmodel import limits
+import costmodel.limits as limits
 from solver.cli.options import BoundedFloat, BoundedInt, user_errors
 from solver.study.store import RESULTS_CSV, RESULTS_JSONL
 

@@ -11,7 +11,7 @@ from costmodel.errors import MapsatError
 from costmodel.system import Datatype
 from costmodel.units import GiB
 from solver.search.brute import BruteResult, Candidate, scan
-from costmodel import limits
+import costmodel.limits as limits
 from solver.cli.options import (BoundedInt, datatype_option, load_problem, problem_options,
                                 space_options, user_errors, wide_console)
 from solver.space.declaration import get_space

@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 
 from costmodel.system import Datatype
-from costmodel import limits
+import costmodel.limits as limits
 from solver.cli.options import (BoundedInt, datatype_option, load_problem, problem_options,
                                 space_options, user_errors, wide_console)
 from solver.search.brute import scan
@@ -43,6 +43,11 @@ def command(model_path: str, system_path: str, hbm_gib: float | None, offload_gi
                    --system problems/systems/h100-80g-nvl8.yaml --offload-gib 1024 \\
                    --gpus 4096 --space calculon-2023
     """
+    for option, value, bound in (("--gpus", num_gpus, limits.GPUS_SEARCH), ("--max-batch", max_batch,
+                                                                            limits.MAX_BATCH_SEARCH)):
+        if feasible and bound.problem(value):
+            raise click.BadParameter(f"{value} is {bound.problem(value)} (--feasible scores every mapping)",
+                                     param_hint=f"'{option}'")
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size)
     if click.get_current_context().get_parameter_source("datatype") is not click.core.ParameterSource.DEFAULT:
         system.compute_for(Datatype(datatype))   # a datatype given explicitly must exist, counted or not

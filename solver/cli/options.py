@@ -12,7 +12,7 @@ from typing import Callable
 import click
 from rich.console import Console
 
-from costmodel import limits
+import costmodel.limits as limits
 from costmodel.errors import MapsatError
 from costmodel.limits import Bound
 from costmodel.load import load_model, load_system

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from costmodel.errors import InputError
 from costmodel.load import load_system
-from costmodel import limits
+import costmodel.limits as limits
 from costmodel.limits import Bound
 from solver.cli.options import (BoundedFloat, BoundedInt, attention_option, datatype_option, system_override_options,
                                 user_errors, wide_console)

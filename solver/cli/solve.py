@@ -7,7 +7,7 @@ from rich.table import Table
 
 from costmodel.errors import MapsatError
 from costmodel.system import Datatype
-from costmodel import limits
+import costmodel.limits as limits
 from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, load_problem, problem_options,
                                 space_options, user_errors, wide_console)
 from solver.report.tables import dumps, evaluation_tables, mapping_summary
@@ -49,6 +49,9 @@ def command(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_
     else:
         print_result(result, f"{model.name} on {num_gpus:,} x {system.name}, {datatype}, space {space_name}, "
                                    f"{attention} attention")
+    if result.status == "unknown":
+        raise MapsatError(f"no mapping found within the time limit of {time_limit_s:g} s (none proven infeasible "
+                          f"either): give a longer --time-limit")
     if result.best is None:
         raise MapsatError(f"infeasible: {'; '.join(result.infeasible_reasons)}")
 
@@ -57,6 +60,8 @@ def print_result(result: SolveResult, title: str) -> None:
     out = wide_console()
     if result.status == "infeasible":
         verdict = "proven infeasible"
+    elif result.status == "unknown":
+        verdict = "no mapping found before the time limit, none proven infeasible"
     elif result.certified_optimal:
         verdict = "certified optimal"
     else:

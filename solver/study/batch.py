@@ -16,7 +16,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from costmodel.errors import InputError
 from costmodel.load import describe_validation_error, load_model, load_system, parse, read_document
-from costmodel import limits
+import costmodel.limits as limits
 from costmodel.model import Model, within
 from costmodel.system import Datatype, System
 from solver.space.declaration import ATTENTION_KERNELS, SPACES
