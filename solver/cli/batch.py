@@ -27,6 +27,8 @@ class ProgressReporter(Reporter):
     def start(self, total: int, skipped: int, pending: int) -> None:
         if skipped:
             self.console.print(f"{skipped} of {total} problems already done (resuming); {pending} to solve")
+        else:
+            self.console.print(f"{total} problems to solve")
         self.progress.start()
         self.task = self.progress.add_task("batch", total=total, completed=skipped)
         self.progress.refresh()

@@ -25,6 +25,9 @@ DEFAULT_MAX_BATCH = 3072
 DEFAULT_SPACE = "full"
 DEFAULT_TIME_LIMIT_S = 120.0
 UNBOUNDED = "unbounded"
+MAX_PROBLEMS = 10_000
+"""Problems one batch file may expand to: at a second or more per solve, a larger grid runs for
+days and is better split into files (each resumable on its own)."""
 DATATYPE_TAGS = {"float8": "fp8", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
@@ -143,6 +146,13 @@ def load_batch(path: str | Path, *, time_limit_s: float | None = None) -> list[P
         for field in ("models", "systems", "gpus"):
             if field not in grid:
                 raise InputError(f"{where}: missing field '{field}'")
+    sizes = [grid_size(grid) for grid in grids]
+    if sum(n for n, _ in sizes) > MAX_PROBLEMS:
+        shown = "; ".join(text for _, text in sizes)
+        raise InputError(f"{path}: the batch expands to {sum(n for n, _ in sizes):,} problems ({shown}), more than "
+                         f"{MAX_PROBLEMS:,}: split it into several batch files")
+    for number, grid in enumerate(grids):
+        where = f"{path}: grids.{number}" if batch.grids else str(path)
         for problem in _expand(grid, loader, where, time_limit_s):
             known = problems.get(problem.id)
             if known is None:
@@ -153,6 +163,17 @@ def load_batch(path: str | Path, *, time_limit_s: float | None = None) -> list[P
     if not problems:
         raise InputError(f"{path}: the batch expands to no problems")
     return list(problems.values())
+
+
+def grid_size(grid: dict) -> tuple[int, str]:
+    """How many problems a grid expands to (before duplicates merge), and the product spelled out."""
+    axes = {name: len(grid.get(name, [None])) for name in ("models", "systems", "gpus", "max_batch", "datatype",
+                                                            "space", "attention")}
+    axes.update({name: len(values) for name, values in grid.get("overrides", {}).items()})
+    total = 1
+    for n in axes.values():
+        total *= n
+    return total, " × ".join(f"{name} {n}" for name, n in axes.items() if n > 1) or "1"
 
 
 def _merge(top: dict, grid: dict) -> dict:
