@@ -11,7 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from solver.study.batch import load_batch
 from solver.study.runner import Reporter, run_batch
 import costmodel.limits as limits
-from solver.cli.options import BoundedFloat, BoundedInt, user_errors
+from costmodel.advice import model_warnings
+from solver.cli.options import BoundedFloat, BoundedInt, user_errors, warn
 from solver.study.store import RESULTS_CSV, RESULTS_JSONL
 
 
@@ -83,6 +84,8 @@ def command(batch_file: str, out_dir: str, jobs: int | None, time_limit_s: float
       mapsat plot runs/fig2
     """
     problems = load_batch(batch_file, time_limit_s=time_limit_s)
+    models = {problem.model.name: problem.model for problem in problems}
+    warn(*[line for name, model in models.items() for line in model_warnings(model, f"{batch_file}: model {name!r}")])
     reporter = Reporter() if quiet else ProgressReporter()
     summary = run_batch(problems, out_dir, jobs=jobs, dask_address=dask_address, solver_workers=solver_workers,
                         retry_errors=retry_errors, reporter=reporter)

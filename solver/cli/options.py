@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 
 import costmodel.limits as limits
+from costmodel.advice import model_warnings, override_warnings
 from costmodel.errors import MapsatError
 from costmodel.limits import Bound
 from costmodel.load import load_model, load_system
@@ -96,13 +97,40 @@ def system_override_options(func: Callable) -> Callable:
     return func
 
 
+def given_once(ctx: click.Context, param: click.Parameter, values: tuple):
+    """Callback of an option declared multiple=True that must be given once: click would
+    otherwise keep the last of two silently."""
+    if len(values) > 1:
+        raise click.BadParameter(f"given {len(values)} times ({', '.join(map(str, values))}): give it once")
+    return values[0] if values else None
+
+
+def _remember_quiet(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    ctx.meta["mapsat.quiet"] = bool(value)
+    return value
+
+
+quiet_option = click.option("--quiet", is_flag=True, expose_value=False, callback=_remember_quiet,
+                            help="No warnings about inputs that are legal but probably a mistake.")
+
+
+def warn(*messages: str) -> None:
+    """Each message as one line `warning: ...` on stderr, unless the command got --quiet."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and (ctx.meta.get("mapsat.quiet") or ctx.params.get("quiet")):
+        return
+    for message in messages:
+        click.echo(f"warning: {message}", err=True)
+
+
 def problem_options(func: Callable) -> Callable:
-    """--model FILE --system FILE and the system overrides."""
+    """--model FILE --system FILE, the system overrides and --quiet."""
+    func = quiet_option(func)
     func = system_override_options(func)
-    func = click.option("--system", "system_path", required=True, type=click.Path(dir_okay=False),
-                        help="System file (YAML): GPUs, memory tiers, networks.")(func)
-    func = click.option("--model", "model_path", required=True, type=click.Path(dir_okay=False),
-                        help="Model file (YAML or JSON, Calculon field names).")(func)
+    func = click.option("--system", "system_path", required=True, multiple=True, callback=given_once,
+                        type=click.Path(dir_okay=False), help="System file (YAML): GPUs, memory tiers, networks.")(func)
+    func = click.option("--model", "model_path", required=True, multiple=True, callback=given_once,
+                        type=click.Path(dir_okay=False), help="Model file (YAML or JSON, Calculon field names).")(func)
     return func
 
 
@@ -111,6 +139,7 @@ def load_problem(model_path: str, system_path: str, hbm_gib: float | None, offlo
     model = load_model(model_path)
     system = load_system(system_path).with_overrides(
         hbm_gib=hbm_gib, offload_gib=offload_gib, offload_gbps=offload_gbps, nvlink_size=nvlink_size)
+    warn(*model_warnings(model, str(model_path)), *override_warnings(offload_gib, offload_gbps))
     return model, system
 
 

@@ -207,19 +207,29 @@ def _parse_line(line: bytes) -> dict | None:
     return record
 
 
-def read_results(directory: str | Path) -> list[dict]:
+def read_results(directory: str | Path, dropped: list[int] | None = None) -> list[dict]:
     """The complete records of a batch directory (partial lines ignored), read-only: for
-    plots and reports while a batch may still be running."""
+    plots and reports while a batch may still be running. The numbers of complete lines
+    that are not result records are appended to `dropped` when it is given; a file whose
+    every line is such is an InputError naming it."""
     path = Path(directory) / RESULTS_JSONL
     if not Path(directory).is_dir():
         raise InputError(f"{directory}: no such directory")
     if not path.exists():
         raise InputError(f"{directory}: has no {RESULTS_JSONL} (run `mapsat batch FILE --out {directory}` first)")
     records: dict[str, dict] = {}
-    for line in path.read_bytes().split(b"\n")[:-1]:
+    bad: list[int] = []
+    for number, line in enumerate(path.read_bytes().split(b"\n")[:-1], start=1):
         record = _parse_line(line) if line.strip() else None
-        if record is not None and record["id"] not in records:
+        if record is None and line.strip():
+            bad.append(number)
+        elif record is not None and record["id"] not in records:
             records[record["id"]] = record
+    if bad and not records:
+        shown = ", ".join(map(str, bad[:5])) + (", …" if len(bad) > 5 else "")
+        raise InputError(f"{path}: none of its lines is a result record ({len(bad)} line(s) are not: {shown})")
+    if dropped is not None:
+        dropped.extend(bad)
     return list(records.values())
 
 
