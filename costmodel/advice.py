@@ -21,7 +21,7 @@ def model_warnings(model: Model, source: str) -> list[str]:
         tp = max(d for d in range(1, min(common, TP_MAX) + 1) if common % d == 0)
         only = "tp can only be 1" if tp == 1 else f"tp can be at most {tp}"
         out.append(f"{source}: attn_heads {model.attn_heads} does not divide hidden {model.hidden} (usually hidden = "
-                   f"heads × head size): {only}, a divisor of hidden, heads and feedforward")
+                   f"heads × head size); tp must divide hidden, heads and feedforward, so {only}")
     return out
 
 

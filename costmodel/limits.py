@@ -63,6 +63,9 @@ NETWORK_SIZE = Bound(1, INT64_MAX, "a GPU count is a 64-bit integer; any size >=
 BYTES_FACTOR = Bound(1e-3, 1024.0, "bytes moved per participant per message byte: a ring all-reduce moves 2")
 N_OFFSET = Bound(-2.0, 0.0, "n + n_offset must stay >= 0 for every group of n >= 2 GPUs, or a collective "
                             "would move negative bytes; a ring uses -1")
+NETWORK_INDEX = Bound(0, 1023, "an index into the system's networks; systems have two or three")
+NETWORKS = Bound(1, 16, "network levels; real systems have two or three (NVLink, InfiniBand)")
+CURVE_POINTS = Bound(1, 1024, "[size, efficiency] pairs in one curve; calibrated curves have a handful")
 CURVE_SIZE = Bound(0.0, 1e30, "an operation's FLOP or bytes; 1e30 is past any model")
 
 # ---- the search (command line and batch files)

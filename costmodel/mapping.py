@@ -7,11 +7,13 @@ properties `tp`, `pp`, `dp`, ... so formulas stay legible.
 from __future__ import annotations
 
 from enum import Enum
+from typing import Annotated
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+import costmodel.limits as limits
 from costmodel.errors import InputError
-from costmodel.model import INPUT_CONFIG, Model, WholeNumber
+from costmodel.model import INPUT_CONFIG, Model, WholeNumber, within
 from costmodel.system import Datatype, System
 
 
@@ -55,15 +57,24 @@ class Mapping(BaseModel):
 
     model_config = INPUT_CONFIG
 
-    num_procs: WholeNumber = Field(gt=0, description="GPUs used: tensor_par · pipeline_par · data_par.")
-    tensor_par: WholeNumber = Field(gt=0, description="Tensor parallelism, tp: each matrix is split tp ways.")
-    pipeline_par: WholeNumber = Field(gt=0, description="Pipeline parallelism, pp: blocks are split into pp stages.")
-    data_par: WholeNumber = Field(gt=0, description="Data parallelism, dp: replicas each taking batch/dp samples.")
-    tensor_par_net: WholeNumber = Field(0, ge=0, description="Index of the network carrying TP traffic.")
-    pipeline_par_net: WholeNumber = Field(0, ge=0, description="Index of the network carrying PP traffic.")
-    data_par_net: WholeNumber = Field(0, ge=0, description="Index of the network carrying DP traffic.")
-    batch_size: WholeNumber = Field(gt=0, description="Global batch, in sequences.")
-    microbatch_size: WholeNumber = Field(gt=0, description="Sequences per microbatch on one pipeline.")
+    num_procs: Annotated[WholeNumber, within(limits.GPUS_SEARCH)] = Field(
+        gt=0, description="GPUs used: tensor_par · pipeline_par · data_par.")
+    tensor_par: Annotated[WholeNumber, within(limits.GPUS_SEARCH)] = Field(
+        gt=0, description="Tensor parallelism, tp: each matrix is split tp ways.")
+    pipeline_par: Annotated[WholeNumber, within(limits.GPUS_SEARCH)] = Field(
+        gt=0, description="Pipeline parallelism, pp: blocks are split into pp stages.")
+    data_par: Annotated[WholeNumber, within(limits.GPUS_SEARCH)] = Field(
+        gt=0, description="Data parallelism, dp: replicas each taking batch/dp samples.")
+    tensor_par_net: Annotated[WholeNumber, within(limits.NETWORK_INDEX)] = Field(
+        0, ge=0, description="Index of the network carrying TP traffic.")
+    pipeline_par_net: Annotated[WholeNumber, within(limits.NETWORK_INDEX)] = Field(
+        0, ge=0, description="Index of the network carrying PP traffic.")
+    data_par_net: Annotated[WholeNumber, within(limits.NETWORK_INDEX)] = Field(
+        0, ge=0, description="Index of the network carrying DP traffic.")
+    batch_size: Annotated[WholeNumber, within(limits.MAX_BATCH_SEARCH)] = Field(
+        gt=0, description="Global batch, in sequences.")
+    microbatch_size: Annotated[WholeNumber, within(limits.MAX_BATCH_SEARCH)] = Field(
+        gt=0, description="Sequences per microbatch on one pipeline.")
     datatype: Datatype = Field(Datatype.bfloat16, description="Compute datatype.")
     fused_activation: bool = Field(True, description="GeLU fused into the preceding matrix multiply.")
     fused_attention: bool = Field(
@@ -71,7 +82,8 @@ class Mapping(BaseModel):
                           "(false: four kernels through HBM, as Megatron-LM in 2022 and Calculon model it).")
     attention_type: AttentionType = Field(AttentionType.multihead, description="multihead, or multiquery (one K/V head).")
     activation_recompute: Recompute = Field(Recompute.none, description="full | attn_only | none.")
-    pipeline_interleaving: WholeNumber = Field(1, gt=0, description="Model chunks per pipeline stage (1 = plain 1F1B).")
+    pipeline_interleaving: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] = Field(
+        1, gt=0, description="Model chunks per pipeline stage (1 = plain 1F1B).")
     optimizer_sharding: bool = Field(False, description="Shard optimizer state across DP (ZeRO-1).")
     tensor_par_comm_type: TPComm = Field(TPComm.ar, description="ar | p2p_rs_ag | rs_ag (= sequence parallelism).")
     tensor_par_overlap: TPOverlap = Field(TPOverlap.none, description="none | ring | pipe; true/false read as ring/none.")

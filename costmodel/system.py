@@ -55,6 +55,8 @@ EfficiencyCurve = list[tuple[RealNumber, RealNumber]]
 def _check_curve(curve: EfficiencyCurve, field: str) -> EfficiencyCurve:
     if not curve:
         raise ValueError(f"{field} needs at least one [size, efficiency] pair")
+    if limits.CURVE_POINTS.problem(len(curve)):
+        raise ValueError(f"{field}: {len(curve)} pairs is {limits.CURVE_POINTS.problem(len(curve))}")
     sizes = [size for size, _ in curve]
     if sizes[0] != 0:
         raise ValueError(f"{field} must start at size 0 (got {sizes[0]}) so every size has an efficiency")
@@ -191,6 +193,14 @@ class System(BaseModel):
     hbm: Memory = Field(description="Tier-1 memory (HBM).")
     offload: Memory | None = Field(None, description="Optional tier-2 offload memory (host DRAM, CXL, LPDDR).")
     networks: list[Network] = Field(min_length=1, description="Network levels, innermost (fastest) first.")
+
+    @field_validator("networks")
+    @classmethod
+    def _few_networks(cls, networks: list[Network]) -> list[Network]:
+        problem = limits.NETWORKS.problem(len(networks))
+        if problem:
+            raise ValueError(f"{len(networks)} networks is {problem}")
+        return networks
 
     @model_validator(mode="after")
     def _networks_nest(self) -> "System":
