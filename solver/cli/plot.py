@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import click
@@ -42,6 +43,8 @@ def command(results_dir: str, kinds: tuple[str, ...], out_dir: str | None) -> No
         warn(f"{path}: skipped {len(dropped)} line(s) that are not result records (line {shown})")
     if not records:
         raise InputError(f"{path}: no results to plot (the file holds no complete record yet)")
-    paths = make_plots(records, out_dir or Path(results_dir) / "plots", list(kinds) or None)
+    with warnings.catch_warnings():  # matplotlib's notes (a missing glyph, an empty legend) are not the user's
+        warnings.simplefilter("ignore", UserWarning)
+        paths = make_plots(records, out_dir or Path(results_dir) / "plots", list(kinds) or None)
     for path in paths:
         click.echo(str(path))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,6 +208,49 @@ def _parse_line(line: bytes) -> dict | None:
     return record
 
 
+RECORD_NUMBER_MAX = 2.0**53
+"""Numbers in a record stay below 2^53 (exact in a float): GPU counts, parameters and times do."""
+_NUMBER, _WHOLE, _SIZE, _TEXT, _FLAG = "positive number", "positive whole number", "number >= 0", "text", "true/false"
+_RECORD_FIELDS = {   # what plots and tables read from a record, and the kind each must be
+    ("problem", "gpus"): _WHOLE, ("problem", "max_batch"): _WHOLE, ("problem", "datatype"): _TEXT,
+    ("problem", "space"): _TEXT, ("problem", "attention"): _TEXT, ("problem", "model", "params"): _NUMBER,
+    ("problem", "model", "name"): _TEXT, ("problem", "system", "name"): _TEXT,
+    ("problem", "system", "hbm_gib"): _NUMBER, ("problem", "system", "offload_gib"): _SIZE,
+    ("problem", "system", "offload_gbps"): _NUMBER, ("problem", "system", "offload_unbounded"): _FLAG,
+    ("problem", "system", "nvlink_size"): _WHOLE, ("best", "mfu"): _SIZE, ("best", "iteration_time_s"): _NUMBER,
+}
+
+
+def _is(value, kind: str) -> bool:
+    if kind == _TEXT:
+        return isinstance(value, str)
+    if kind == _FLAG:
+        return isinstance(value, bool)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    if abs(value) > RECORD_NUMBER_MAX:
+        return False
+    if kind == _SIZE:
+        return value >= 0
+    return value > 0 and (kind == _NUMBER or isinstance(value, int))
+
+
+def record_problem(record: dict) -> str | None:
+    """Why a parsed record is not one `mapsat batch` could have written (a field of the wrong
+    kind where plots and tables read it), or None."""
+    for path, kind in _RECORD_FIELDS.items():
+        value: object = record
+        for depth, key in enumerate(path):
+            if value is None:
+                break
+            if not isinstance(value, dict):
+                return f"'{'.'.join(path[:depth])}' is not a mapping"
+            value = value.get(key)
+        if value is not None and not _is(value, kind):
+            return f"'{'.'.join(path)}' {value!r} is not a {kind}"
+    return None
+
+
 def read_results(directory: str | Path, dropped: list[int] | None = None) -> list[dict]:
     """The complete records of a batch directory (partial lines ignored), read-only: for
     plots and reports while a batch may still be running. The numbers of complete lines
@@ -221,6 +265,8 @@ def read_results(directory: str | Path, dropped: list[int] | None = None) -> lis
     bad: list[int] = []
     for number, line in enumerate(path.read_bytes().split(b"\n")[:-1], start=1):
         record = _parse_line(line) if line.strip() else None
+        if record is not None and record_problem(record) is not None:
+            record = None
         if record is None and line.strip():
             bad.append(number)
         elif record is not None and record["id"] not in records:
