@@ -221,7 +221,7 @@ _RECORD_FIELDS = {   # what plots and tables read from a record, and the kind ea
 }
 
 
-def _is(value, kind: str) -> bool:
+def _is(value, kind: str, positive: bool) -> bool:
     if kind == _TEXT:
         return isinstance(value, str)
     if kind == _FLAG:
@@ -230,14 +230,16 @@ def _is(value, kind: str) -> bool:
         return False
     if abs(value) > RECORD_NUMBER_MAX:
         return False
-    if kind == _SIZE:
+    if kind == _SIZE and positive:
         return value >= 0
-    return value > 0 and (kind == _NUMBER or isinstance(value, int))
+    return (value > 0 or not positive) and (kind != _WHOLE or isinstance(value, int))
 
 
 def record_problem(record: dict) -> str | None:
     """Why a parsed record is not one `mapsat batch` could have written (a field of the wrong
-    kind where plots and tables read it), or None."""
+    kind where plots and tables read it), or None. Sizes must be positive in a solved record
+    (plots put them on log axes); an error record may carry any number its input held."""
+    solved = isinstance(record.get("best"), dict)
     for path, kind in _RECORD_FIELDS.items():
         value: object = record
         for depth, key in enumerate(path):
@@ -246,7 +248,7 @@ def record_problem(record: dict) -> str | None:
             if not isinstance(value, dict):
                 return f"'{'.'.join(path[:depth])}' is not a mapping"
             value = value.get(key)
-        if value is not None and not _is(value, kind):
+        if value is not None and not _is(value, kind, solved):
             return f"'{'.'.join(path)}' {value!r} is not a {kind}"
     return None
 
