@@ -93,10 +93,11 @@ def systems(draw, base: dict = SYSTEM_DATA) -> dict:
             holder["collectives"] = draw(COLLECTIVES)
         elif path[-1] == "offload":
             holder["offload"] = {"capacity_gib": draw(maybe(st.just(64.0))), "bandwidth_gbps": draw(maybe(st.just(50.0)))}
-        elif path[-1] == "efficiency" and path[0] == "hbm" or path[-1] == "matrix_efficiency":
-            holder[path[-1]] = draw(st.lists(st.tuples(maybe(st.just(0.0)), maybe(st.just(0.5))), max_size=3))
+        elif path[-1] in ("efficiency", "matrix_efficiency") and path[0] != "networks":
+            curves = st.lists(st.tuples(maybe(st.just(0.0)), maybe(st.just(0.5))), max_size=3)
+            holder[path[-1]] = draw(maybe(st.sampled_from([[[0, 1.0]], [[0, 0.5], [1e6, 0.9]]]), curves))
         else:
-            holder[path[-1]] = draw(HOSTILE)
+            holder[path[-1]] = draw(maybe(st.just(holder[path[-1]])))
     return data
 
 

@@ -64,6 +64,8 @@ def print_result(result: SolveResult, title: str) -> None:
         verdict = "no mapping found before the time limit, none proven infeasible"
     elif result.certified_optimal:
         verdict = "certified optimal"
+    elif result.gap == 0:
+        verdict = f"best mapping proven optimal, the rest of the top {len(result.top)} not certified (time limit)"
     else:
         verdict = f"best found, not certified: gap {100 * (result.gap or 0):.2f} % to the bound"
     out.print(f"{title}: {verdict} in {result.seconds:.2f} s "
