@@ -277,6 +277,12 @@ def test_file_option_given_twice_is_a_usage_error(mapsat, option):
     assert_usage_error(mapsat(*args), f"'{option}'", "given 2 times", "give it once")
 
 
+def test_mapping_given_twice_is_a_usage_error(mapsat):
+    mapping = str(MODELS_DIR.parent / "mappings" / "gpt-1.3b-bf16-8gpu.json")
+    result = mapsat("eval", "--model", MODEL, "--system", SYSTEM, "--mapping", mapping, "--mapping", mapping)
+    assert_usage_error(result, "'--mapping'", "given 2 times")
+
+
 def test_count_of_a_model_too_wide_is_refused(mapsat, write_file):
     path = str(write_file("model.yaml", changed(MODEL_DATA, "hidden", 10**30)))
     assert_problem_error(mapsat("count", "--model", path, "--system", SYSTEM, "--gpus", 8), "field 'hidden'",
