@@ -25,8 +25,8 @@ from typing import Callable
 import numpy as np
 from ortools.sat.python import cp_model
 
-from costmodel.context import Context
 import costmodel.limits as limits
+from costmodel.context import Context
 from costmodel.encoding import MappingArrays
 from costmodel.errors import InputError, InternalError
 from costmodel.evaluate import Evaluation, evaluate_arrays_in_context, evaluate_in_context
@@ -68,9 +68,11 @@ class SolverConfig:
         for name, bound in (("time_limit_s", limits.TIME_LIMIT_S), ("workers", limits.WORKERS),
                             ("seed", limits.SEED), ("top_k", limits.TOP_K)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InputError(f"solver {name}: {value!r} is not a number")
+            if not math.isfinite(value):
                 raise InputError(f"solver {name}: {value!r} is not a finite number")
-            if name != "time_limit_s" and value != int(value):
+            if name != "time_limit_s" and not isinstance(value, int):
                 raise InputError(f"solver {name}: {value!r} is not a whole number")
             if bound.problem(value):
                 raise InputError(f"solver {name}: {value:g} is {bound.problem(value)}")
