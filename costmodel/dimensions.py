@@ -32,7 +32,9 @@ from typing import Callable, Literal
 
 import numpy as np
 
+import costmodel.limits as limits
 from costmodel.choices import Recompute, TPComm, TPOverlap
+from costmodel.limits import Bound
 
 Kind = Literal["split", "per_split", "choice", "switch", "network"]
 FLAG_KINDS = ("choice", "switch", "network")
@@ -85,6 +87,8 @@ class Dimension:
     free_when: tuple[Condition, ...] = ()
     rule: str = ""
     fits: FitRule | None = None
+    bound: Bound | None = None
+    """For numbers (and network indices): the range a file may give (costmodel.limits)."""
 
     @property
     def is_flag(self) -> bool:
@@ -215,18 +219,22 @@ _HAS_OFFLOAD = Condition("offload", ">", 0)
 DIMENSIONS: tuple[Dimension, ...] = (
     # ---- the split and the batch, fixed by (tp, pp) ----
     Dimension("tp", "tensor_par", "split", "tensor parallelism: each weight matrix is split tp ways",
-              rule="1 .. tp_max; divides N, hidden, feedforward, attn_heads and kv_heads", fits=_tp_fits),
+              rule="1 .. tp_max; divides N, hidden, feedforward, attn_heads and kv_heads", fits=_tp_fits,
+              bound=limits.GPUS_SEARCH),
     Dimension("pp", "pipeline_par", "split", "pipeline parallelism: the blocks are split into pp stages",
-              rule="1 .. blocks; divides min(N/tp, num_blocks) and num_blocks", fits=_pp_fits),
-    Dimension("dp", "data_par", "split", "data parallelism: replicas of the pipeline", rule="N/(tp·pp); tp·pp·dp = N"),
+              rule="1 .. blocks; divides min(N/tp, num_blocks) and num_blocks", fits=_pp_fits,
+              bound=limits.GPUS_SEARCH),
+    Dimension("dp", "data_par", "split", "data parallelism: replicas of the pipeline", rule="N/(tp·pp); tp·pp·dp = N",
+              bound=limits.GPUS_SEARCH),
     Dimension("batch", "batch_size", "split", "global batch, in sequences",
-              rule="<= cap; largest multiple of dp <= cap (the max batch)"),
+              rule="<= cap; largest multiple of dp <= cap (the max batch)", bound=limits.MAX_BATCH_SEARCH),
     # ---- chosen given the split, independently of each other ----
     Dimension("interleaving", "pipeline_interleaving", "per_split", "model chunks per pipeline stage (interleaved 1F1B)",
               label="il", rule="divisors of blocks/pp; 1 when pp = 1, else divides num_blocks/pp",
-              fits=_interleaving_fits),
+              fits=_interleaving_fits, bound=limits.NUM_BLOCKS),
     Dimension("microbatch", "microbatch_size", "per_split", "sequences per microbatch", label="mb",
-              rule="divisors of batch/dp; divides batch/dp; microbatch·seq_size divisible by tp", fits=_seq_par_fits),
+              rule="divisors of batch/dp; divides batch/dp; microbatch·seq_size divisible by tp", fits=_seq_par_fits,
+              bound=limits.MAX_BATCH_SEARCH),
     # ---- flags, in enumeration order; conditions read only skeleton facts and earlier flags ----
     Dimension("recompute", "activation_recompute", "choice", "activation recomputation: full (store block inputs "
               "only), attn_only (recompute the attention core), none", choices=Recompute),
@@ -248,11 +256,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("optimizer_offload", "optimizer_offload", "switch", label="o-off", meaning="keep optimizer state in offload memory; the step "
               "streams it", free_when=(_HAS_OFFLOAD,), fits=_needs_offload("optimizer_offload")),
     Dimension("tp_net", "tensor_par_net", "network", "network index carrying TP traffic",
-              free_when=(Condition("tp", ">", 1),), fits=_network_exists("tp_net")),
+              free_when=(Condition("tp", ">", 1),), fits=_network_exists("tp_net"), bound=limits.NETWORK_INDEX),
     Dimension("pp_net", "pipeline_par_net", "network", "network index carrying PP traffic",
-              free_when=(Condition("pp", ">", 1),), fits=_network_exists("pp_net")),
+              free_when=(Condition("pp", ">", 1),), fits=_network_exists("pp_net"), bound=limits.NETWORK_INDEX),
     Dimension("dp_net", "data_par_net", "network", "network index carrying DP traffic",
-              free_when=(Condition("dp", ">", 1),), fits=_network_exists("dp_net")),
+              free_when=(Condition("dp", ">", 1),), fits=_network_exists("dp_net"), bound=limits.NETWORK_INDEX),
 )
 BY_NAME: dict[str, Dimension] = {d.name: d for d in DIMENSIONS}
 FLAGS: tuple[Dimension, ...] = tuple(d for d in DIMENSIONS if d.is_flag)

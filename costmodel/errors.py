@@ -8,3 +8,8 @@ class MapsatError(Exception):
 
 class InputError(MapsatError):
     """A file or value the user supplied is malformed or inconsistent."""
+
+
+class InternalError(MapsatError):
+    """A bug, not the user's input (e.g. CP-SAT rejecting the model it was given): still one
+    line and exit status 1, the message saying what failed so it can be reported."""

@@ -25,12 +25,58 @@ from costmodel.system import System
 T = TypeVar("T", bound=BaseModel)
 
 
+MAX_DOCUMENT_VALUES = 100_000
+"""A document, its aliases expanded, holds at most this many values: a batch file with inline
+models and systems holds a few thousand; an alias bomb ("billion laughs") holds billions."""
+MAX_NESTING = 64
+"""Levels of nesting a document may have: real inputs use fewer than ten."""
+
+
 class _DuplicateKey(ValueError):
     """A key given twice in one mapping: YAML and JSON readers would quietly keep the last."""
 
 
+class _TooLarge(ValueError):
+    """A document nested or expanding past MAX_NESTING / MAX_DOCUMENT_VALUES."""
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many values the document holds once every alias is expanded, computed on the
+    composed node graph (each shared node once), refusing it past the limits."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node, depth: int) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise _TooLarge(f"an alias refers to a value that contains it (line {node.start_mark.line + 1})")
+        if depth > MAX_NESTING:
+            raise _TooLarge(f"nested more than {MAX_NESTING} levels deep (line {node.start_mark.line + 1})")
+        open_nodes.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(child, depth + 1) for child in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
+        open_nodes.discard(key)
+        if total > MAX_DOCUMENT_VALUES:
+            raise _TooLarge(f"expands to more than {MAX_DOCUMENT_VALUES:,} values once its aliases are "
+                            f"followed (an alias bomb?)")
+        sizes[key] = total
+        return total
+
+    return size(root, 0)
+
+
 class _StrictYamlLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping."""
+
+    def compose_document(self):
+        node = super().compose_document()
+        _expanded_size(node)
+        return node
 
     def construct_mapping(self, node, deep=False):
         seen: set = set()
@@ -80,8 +126,10 @@ def read_document(path: str | Path) -> Any:
             data = json.loads(text, object_pairs_hook=_json_object)
         else:
             data = yaml.load(text, Loader=_StrictYamlLoader)  # noqa: S506 - a SafeLoader subclass
-    except _DuplicateKey as err:
+    except (_DuplicateKey, _TooLarge) as err:
         raise InputError(f"{path}: {err}") from None
+    except RecursionError:
+        raise InputError(f"{path}: nested too deeply to read (real inputs nest fewer than ten levels)") from None
     except json.JSONDecodeError as err:
         raise InputError(f"{path}: not valid JSON at line {err.lineno} column {err.colno}: {err.msg}") from None
     except yaml.YAMLError as err:

@@ -8,15 +8,16 @@ kind, meaning), so a new dimension needs no edit here; code reads the short name
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, create_model, field_validator, model_validator
 
+import costmodel.limits as limits
 from costmodel.choices import AttentionType, Recompute, TPComm, TPOverlap
 from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
 from costmodel.kernels import Kernels
-from costmodel.model import INPUT_CONFIG, Model, WholeNumber
+from costmodel.model import INPUT_CONFIG, Model, WholeNumber, within
 from costmodel.system import Datatype, System
 
 __all__ = ["AttentionType", "Mapping", "Recompute", "TPComm", "TPOverlap", "check_mapping_fits",
@@ -30,9 +31,9 @@ def _field(dim: Dimension) -> tuple[Any, Any]:
     """The pydantic (type, Field) of one dimension's file field."""
     if dim.kind in ("split", "per_split"):
         default = 1 if dim.name == "interleaving" else ...
-        return WholeNumber, Field(default, gt=0, description=dim.meaning)
+        return Annotated[WholeNumber, within(dim.bound)], Field(default, gt=0, description=dim.meaning)
     if dim.kind == "network":
-        return WholeNumber, Field(0, ge=0, description=dim.meaning)
+        return Annotated[WholeNumber, within(dim.bound)], Field(0, ge=0, description=dim.meaning)
     if dim.kind == "switch":
         return bool, Field(False, description=dim.meaning)
     labels = " | ".join(c.value for c in dim.choices)
@@ -44,7 +45,8 @@ class _MappingBase(BaseModel):
 
     model_config = INPUT_CONFIG
 
-    num_procs: WholeNumber = Field(gt=0, description="GPUs used: tensor_par · pipeline_par · data_par.")
+    num_procs: Annotated[WholeNumber, within(limits.GPUS_SEARCH)] = Field(
+        gt=0, description="GPUs used: tensor_par · pipeline_par · data_par.")
     datatype: Datatype = Field(Datatype.bfloat16, description="Compute datatype.")
     fused_activation: bool = Field(True, description="GeLU fused into the preceding matrix multiply.")
     fused_attention: bool = Field(

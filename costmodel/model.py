@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import math
 import re
-from numbers import Integral, Real
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+import costmodel.limits as limits
 from costmodel.errors import InputError
+from costmodel.limits import Bound
 
 
 # ---- field types shared by the three inputs (model, system, mapping) ----
@@ -71,6 +73,18 @@ WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 RealNumber = Annotated[float, BeforeValidator(_real_number)]
 """A float field of an input file; finite (every input model sets allow_inf_nan=False)."""
 
+def within(bound: Bound) -> AfterValidator:
+    """A validator refusing values outside `bound`, naming the bound and its reason."""
+
+    def check(value):
+        problem = bound.problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    return AfterValidator(check)
+
+
 INPUT_CONFIG = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 """Every input is frozen, forbids unknown fields (typos) and refuses NaN and infinity."""
 
@@ -92,15 +106,20 @@ class Model(BaseModel):
     model_config = INPUT_CONFIG
 
     name: str = Field("model", description="A label for tables and plots.")
-    hidden: WholeNumber = Field(gt=0, description="Model (embedding) width, h.")
-    feedforward: WholeNumber = Field(gt=0, description="Width of the MLP's inner layer, f (4·h for GPT; "
-                                                       "Hugging Face's intermediate_size).")
-    seq_size: WholeNumber = Field(gt=0, description="Training sequence length in tokens, s.")
-    attn_heads: WholeNumber = Field(gt=0, description="Number of attention (query) heads, a.")
-    attn_size: WholeNumber = Field(gt=0, description="Width of one attention head, d (a·d is usually h).")
-    num_blocks: WholeNumber = Field(gt=0, description="Number of transformer blocks, L.")
-    vocab_size: WholeNumber = Field(51200, gt=0, description="Vocabulary size, V (Megatron's GPT-2 default).")
-    kv_heads: WholeNumber | None = Field(
+    hidden: Annotated[WholeNumber, within(limits.HIDDEN)] = Field(gt=0, description="Model (embedding) width, h.")
+    feedforward: Annotated[WholeNumber, within(limits.FEEDFORWARD)] = Field(
+        gt=0, description="Width of the MLP's inner layer, f (4·h for GPT; Hugging Face's intermediate_size).")
+    seq_size: Annotated[WholeNumber, within(limits.SEQ_SIZE)] = Field(
+        gt=0, description="Training sequence length in tokens, s.")
+    attn_heads: Annotated[WholeNumber, within(limits.ATTN_HEADS)] = Field(
+        gt=0, description="Number of attention (query) heads, a.")
+    attn_size: Annotated[WholeNumber, within(limits.ATTN_SIZE)] = Field(
+        gt=0, description="Width of one attention head, d (a·d is usually h).")
+    num_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] = Field(
+        gt=0, description="Number of transformer blocks, L.")
+    vocab_size: Annotated[WholeNumber, within(limits.VOCAB_SIZE)] = Field(
+        51200, gt=0, description="Vocabulary size, V (Megatron's GPT-2 default).")
+    kv_heads: Annotated[WholeNumber, within(limits.ATTN_HEADS)] | None = Field(
         None, gt=0, description="Key/value heads, g (grouped-query attention; 1 = multi-query). "
                                 "Default: attn_heads (multi-head). Must divide attn_heads.")
     mlp: MlpKind = Field("gelu", description="gelu | swiglu | geglu | squared_relu.")

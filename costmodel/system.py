@@ -12,11 +12,14 @@ import math
 from enum import Enum
 from numbers import Real
 
+from typing import Annotated
+
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+import costmodel.limits as limits
 from costmodel.errors import InputError
-from costmodel.model import INPUT_CONFIG, RealNumber, WholeNumber
 from costmodel.kernel_time import AttentionTiming, GemmTiming
+from costmodel.model import INPUT_CONFIG, RealNumber, WholeNumber, within
 from costmodel.units import MICRO, GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 _FROZEN = INPUT_CONFIG
@@ -53,6 +56,8 @@ EfficiencyCurve = list[tuple[RealNumber, RealNumber]]
 def _check_curve(curve: EfficiencyCurve, field: str) -> EfficiencyCurve:
     if not curve:
         raise ValueError(f"{field} needs at least one [size, efficiency] pair")
+    if limits.CURVE_POINTS.problem(len(curve)):
+        raise ValueError(f"{field}: {len(curve)} pairs is {limits.CURVE_POINTS.problem(len(curve))}")
     sizes = [size for size, _ in curve]
     if sizes[0] != 0:
         raise ValueError(f"{field} must start at size 0 (got {sizes[0]}) so every size has an efficiency")
@@ -61,6 +66,9 @@ def _check_curve(curve: EfficiencyCurve, field: str) -> EfficiencyCurve:
     for size, eff in curve:
         if not 0 < eff <= 1:
             raise ValueError(f"{field}: efficiency {eff} at size {size} is not in (0, 1]")
+        problem = limits.EFFICIENCY.problem(eff) or limits.CURVE_SIZE.problem(size)
+        if problem is not None:
+            raise ValueError(f"{field}: [{size:g}, {eff:g}] is {problem}")
     return curve
 
 
@@ -70,18 +78,19 @@ class GemmFit(BaseModel):
 
     model_config = _FROZEN
 
-    launch_us: RealNumber = Field(ge=0, description="Fixed cost of one GEMM kernel, µs.")
-    efficiency: RealNumber = Field(
+    launch_us: Annotated[RealNumber, within(limits.LATENCY_US)] = Field(
+        ge=0, description="Fixed cost of one GEMM kernel, µs.")
+    efficiency: Annotated[RealNumber, within(limits.EFFICIENCY)] = Field(
         gt=0, le=1, description="Fraction of matrix peak the main loop reaches at full clocks.")
-    depth_overhead: RealNumber = Field(
+    depth_overhead: Annotated[RealNumber, within(limits.SHAPE_OVERHEAD)] = Field(
         ge=0, description="Per-tile prologue/epilogue in equivalent reduction steps: time × (1 + depth_overhead / K).")
-    fill_outputs: RealNumber = Field(
+    fill_outputs: Annotated[RealNumber, within(limits.SHAPE_OVERHEAD)] = Field(
         ge=0, description="Output elements M·N at which poor SM fill doubles the time: "
                           "× (1 + fill_outputs / (M·N)).")
-    power_drop: RealNumber = Field(
+    power_drop: Annotated[RealNumber, within(limits.SHAPE_OVERHEAD)] = Field(
         ge=0, description="Long GEMMs run at efficiency / (1 + power_drop) under the power limit.")
-    power_flops: RealNumber = Field(gt=0, description="GEMM FLOP at which half of power_drop has set in.")
-    hbm_efficiency: RealNumber = Field(
+    power_flops: Annotated[RealNumber, within(limits.CURVE_SIZE)] = Field(gt=0, description="GEMM FLOP at which half of power_drop has set in.")
+    hbm_efficiency: Annotated[RealNumber, within(limits.EFFICIENCY)] = Field(
         gt=0, le=1, description="Fraction of HBM bandwidth a GEMM bound by its operands' bytes reaches.")
 
     def timing(self) -> GemmTiming:
@@ -97,15 +106,16 @@ class AttentionFit(BaseModel):
 
     model_config = _FROZEN
 
-    launch_us: RealNumber = Field(ge=0, description="Fixed cost of one attention kernel, µs.")
-    tflops: RealNumber = Field(
+    launch_us: Annotated[RealNumber, within(limits.LATENCY_US)] = Field(
+        ge=0, description="Fixed cost of one attention kernel, µs.")
+    tflops: Annotated[RealNumber, within(limits.TFLOPS)] = Field(
         gt=0, description="Sustained rate on the full (non-causal) 2·b·a·s²·d FLOP count per s×s×d product, "
                           "TFLOP/s.")
-    head_size_overhead: RealNumber = Field(
+    head_size_overhead: Annotated[RealNumber, within(limits.SHAPE_OVERHEAD)] = Field(
         ge=0, description="× (1 + head_size_overhead / d'), d' the padded head size.")
-    seq_overhead: RealNumber = Field(ge=0, description="× (1 + seq_overhead / s).")
-    fill_rows: RealNumber = Field(ge=0, description="Query rows b·a·s at which poor SM fill doubles the time.")
-    head_size_step: WholeNumber = Field(32, gt=0, description="Head sizes are padded up to a multiple of this.")
+    seq_overhead: Annotated[RealNumber, within(limits.SHAPE_OVERHEAD)] = Field(ge=0, description="× (1 + seq_overhead / s).")
+    fill_rows: Annotated[RealNumber, within(limits.SHAPE_OVERHEAD)] = Field(ge=0, description="Query rows b·a·s at which poor SM fill doubles the time.")
+    head_size_step: Annotated[WholeNumber, within(limits.ATTN_SIZE)] = Field(32, gt=0, description="Head sizes are padded up to a multiple of this.")
 
     def timing(self) -> AttentionTiming:
         return AttentionTiming(launch_s=self.launch_us * MICRO, flops_per_s=tflops_to_flops_per_s(self.tflops),
@@ -119,8 +129,10 @@ class Compute(BaseModel):
 
     model_config = _FROZEN
 
-    matrix_tflops: RealNumber = Field(gt=0, description="Dense matrix-multiply peak, TFLOP/s (tensor cores).")
-    vector_tflops: RealNumber = Field(gt=0, description="Element-wise peak, TFLOP/s (CUDA cores).")
+    matrix_tflops: Annotated[RealNumber, within(limits.TFLOPS)] = Field(
+        gt=0, description="Dense matrix-multiply peak, TFLOP/s (tensor cores).")
+    vector_tflops: Annotated[RealNumber, within(limits.TFLOPS)] = Field(
+        gt=0, description="Element-wise peak, TFLOP/s (CUDA cores).")
     matrix_efficiency: EfficiencyCurve | None = Field(
         None, description="[[flops, efficiency], ...]: fraction of matrix peak reached by a matrix multiply of that "
                           "many FLOP. Give this or `gemm`.")
@@ -159,12 +171,13 @@ class Memory(BaseModel):
 
     model_config = _FROZEN
 
-    capacity_gib: RealNumber = Field(gt=0, description="Capacity per GPU, GiB.")
-    bandwidth_gbps: RealNumber = Field(gt=0, description="Bandwidth per GPU, GB/s (per direction for offload memory).")
+    capacity_gib: Annotated[RealNumber, within(limits.CAPACITY_GIB)] = Field(gt=0, description="Capacity per GPU, GiB.")
+    bandwidth_gbps: Annotated[RealNumber, within(limits.BANDWIDTH_GBPS)] = Field(
+        gt=0, description="Bandwidth per GPU, GB/s (per direction for offload memory).")
     efficiency: EfficiencyCurve = Field(
         default=[(0, 1.0)],
         description="[[bytes, efficiency], ...]: fraction of bandwidth reached by a transfer of that many bytes.")
-    latency_us: RealNumber = Field(
+    latency_us: Annotated[RealNumber, within(limits.LATENCY_US)] = Field(
         0.0, ge=0, description="HBM only: fixed cost of one element-wise (HBM-bound) kernel, µs (launch and ramp-up). "
                                "Must be 0 for an offload tier (not modelled there).")
 
@@ -193,8 +206,8 @@ class CollectiveCost(BaseModel):
 
     model_config = _FROZEN
 
-    bytes_factor: RealNumber = Field(gt=0)
-    n_offset: RealNumber = Field(le=0)
+    bytes_factor: Annotated[RealNumber, within(limits.BYTES_FACTOR)] = Field(gt=0)
+    n_offset: Annotated[RealNumber, within(limits.N_OFFSET)] = Field(le=0)
 
 
 def _default_collectives() -> dict[Collective, CollectiveCost]:
@@ -212,10 +225,14 @@ class Network(BaseModel):
     model_config = _FROZEN
 
     name: str = Field(description="A label, e.g. nvlink or infiniband.")
-    size: WholeNumber = Field(gt=0, description="How many GPUs one instance of this network spans.")
-    bandwidth_gbps: RealNumber = Field(gt=0, description="Injection bandwidth per GPU per direction, GB/s.")
-    efficiency: RealNumber = Field(gt=0, le=1, description="Fraction of bandwidth collectives reach on large messages.")
-    latency_us: RealNumber = Field(ge=0, description="Fixed cost of one collective or send, µs.")
+    size: Annotated[WholeNumber, within(limits.NETWORK_SIZE)] = Field(
+        gt=0, description="How many GPUs one instance of this network spans.")
+    bandwidth_gbps: Annotated[RealNumber, within(limits.BANDWIDTH_GBPS)] = Field(
+        gt=0, description="Injection bandwidth per GPU per direction, GB/s.")
+    efficiency: Annotated[RealNumber, within(limits.EFFICIENCY)] = Field(
+        gt=0, le=1, description="Fraction of bandwidth collectives reach on large messages.")
+    latency_us: Annotated[RealNumber, within(limits.LATENCY_US)] = Field(
+        ge=0, description="Fixed cost of one collective or send, µs.")
     processor_usage: RealNumber = Field(
         ge=0, lt=1, description="Share of GPU compute that communication on this network steals while it overlaps compute.")
     must_be_filled: bool = Field(
@@ -266,7 +283,7 @@ class System(BaseModel):
     hbm: Memory = Field(description="Tier-1 memory (HBM).")
     offload: Memory | None = Field(None, description="Optional tier-2 offload memory (host DRAM, CXL, LPDDR).")
     networks: list[Network] = Field(min_length=1, description="Network levels, innermost (fastest) first.")
-    runtime_reserve_gib: RealNumber = Field(
+    runtime_reserve_gib: Annotated[RealNumber, within(limits.CAPACITY_GIB_OR_ZERO)] = Field(
         RUNTIME_RESERVE_GIB, ge=0,
         description="HBM per GPU kept by the runtime (CUDA context, NCCL buffers, allocator fragmentation), "
                     "GiB; counted against HBM capacity. Default: costmodel.system.RUNTIME_RESERVE_GIB.")
@@ -274,6 +291,14 @@ class System(BaseModel):
     @property
     def runtime_reserve_bytes(self) -> float:
         return self.runtime_reserve_gib * GiB
+
+    @field_validator("networks")
+    @classmethod
+    def _few_networks(cls, networks: list[Network]) -> list[Network]:
+        problem = limits.NETWORKS.problem(len(networks))
+        if problem:
+            raise ValueError(f"{len(networks)} networks is {problem}")
+        return networks
 
     @model_validator(mode="after")
     def _networks_nest(self) -> "System":
@@ -328,6 +353,13 @@ class System(BaseModel):
             raise InputError(f"--offload-gib: {offload_gib} must be >= 0 (0 removes the offload memory)")
         if offload_gbps is not None and offload_gbps <= 0:
             raise InputError(f"--offload-gbps: {offload_gbps} must be > 0")
+        for flag, value, bound in (("--hbm-gib", hbm_gib, limits.CAPACITY_GIB),
+                                   ("--offload-gib", offload_gib or None, limits.CAPACITY_GIB),
+                                   ("--offload-gbps", offload_gbps, limits.BANDWIDTH_GBPS),
+                                   ("--nvlink-size", nvlink_size, limits.NETWORK_SIZE)):
+            problem = bound.problem(value) if value is not None and value > 0 else None
+            if problem is not None:
+                raise InputError(f"{flag}: {value:g} is {problem}")
         if nvlink_size is not None:
             if nvlink_size != int(nvlink_size):
                 raise InputError(f"--nvlink-size: {nvlink_size} is not a whole number of GPUs")

@@ -262,10 +262,16 @@ def test_run_solves_records_errors_resumes_and_writes_csv(batch_file, tmp_path):
 def test_a_problem_over_its_hard_limit_is_killed_and_recorded(monkeypatch, batch_file, tmp_path):
     problems = load_batch(batch_file(batch_doc(gpus=4, overrides={})))
     monkeypatch.setattr(runner_module, "hard_limit_s", lambda limit: 0.2)
-    monkeypatch.setattr(runner_module, "solve_payload", lambda payload: time.sleep(60))  # a solve that hangs
+
+    def hangs(payload, progress):  # a solve that says what it is doing, then hangs
+        progress("warm start: scoring blocks")
+        time.sleep(60)
+
+    monkeypatch.setattr(runner_module, "solve_payload", hangs)
     summary = run_batch(problems, tmp_path / "out", jobs=1)
     assert summary.by_status == {"error": 1}
-    assert "hard time limit" in read_results(tmp_path / "out")[0]["error"]
+    error = read_results(tmp_path / "out")[0]["error"]
+    assert "hard time limit of 0.2 s" in error and error.endswith("while warm start: scoring blocks")
 
 
 def test_dask_on_a_local_cluster(batch_file, tmp_path):
@@ -323,7 +329,7 @@ def slow_batch(batch_file) -> Path:
 SLOW_MAIN = """
 import time, solver.study.runner as runner
 solve = runner.solve_payload
-runner.solve_payload = lambda payload: (time.sleep(0.5), solve(payload))[1]
+runner.solve_payload = lambda payload, progress=None: (time.sleep(0.5), solve(payload, progress))[1]
 from solver.cli.app import main
 main()
 """

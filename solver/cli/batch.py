@@ -10,7 +10,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from solver.study.batch import load_batch
 from solver.study.runner import Reporter, run_batch
-from solver.cli.options import model_warnings_on_stderr, user_errors
+import costmodel.limits as limits
+from costmodel.advice import model_warnings
+from solver.cli.options import BoundedFloat, BoundedInt, model_warnings_on_stderr, user_errors, warn
 from solver.study.store import RESULTS_CSV, RESULTS_JSONL
 
 
@@ -26,6 +28,8 @@ class ProgressReporter(Reporter):
     def start(self, total: int, skipped: int, pending: int) -> None:
         if skipped:
             self.console.print(f"{skipped} of {total} problems already done (resuming); {pending} to solve")
+        else:
+            self.console.print(f"{total} problems to solve")
         self.progress.start()
         self.task = self.progress.add_task("batch", total=total, completed=skipped)
         self.progress.refresh()
@@ -51,11 +55,11 @@ class ProgressReporter(Reporter):
 @click.argument("batch_file", type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help=f"Directory for {RESULTS_JSONL} and {RESULTS_CSV} (created; a rerun resumes).")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
+@click.option("--jobs", type=BoundedInt(limits.JOBS), default=None,
               help="Problems solved at once, each in its own process (default: cores / solver workers).")
-@click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--time-limit", "time_limit_s", type=BoundedFloat(limits.TIME_LIMIT_S, low_open=0), default=None,
               help="Solver time limit per problem, seconds (replaces the file's time_limit_s).")
-@click.option("--solver-workers", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--solver-workers", type=BoundedInt(limits.WORKERS), default=1, show_default=True,
               help="CP-SAT workers inside each problem.")
 @click.option("--retry-errors", is_flag=True, help="Solve again the problems whose earlier result is an error.")
 @click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
@@ -81,6 +85,8 @@ def command(batch_file: str, out_dir: str, jobs: int | None, time_limit_s: float
     """
     with model_warnings_on_stderr():
         problems = load_batch(batch_file, time_limit_s=time_limit_s)
+    models = {problem.model.name: problem.model for problem in problems}
+    warn(*[line for name, model in models.items() for line in model_warnings(model, f"{batch_file}: model {name!r}")])
     reporter = Reporter() if quiet else ProgressReporter()
     summary = run_batch(problems, out_dir, jobs=jobs, dask_address=dask_address, solver_workers=solver_workers,
                         retry_errors=retry_errors, reporter=reporter)

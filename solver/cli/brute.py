@@ -11,21 +11,22 @@ from costmodel.errors import MapsatError
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from costmodel.units import GiB
-from solver.report.tables import MAPPING_HEADERS, mapping_cells
-from solver.space.pins import describe_pins, pins_text
-from solver.search.brute import BruteResult, scan
-from solver.cli.options import (datatype_option, load_problem, problem_options,
+import costmodel.limits as limits
+from solver.cli.options import (BoundedInt, datatype_option, load_problem, problem_options,
                                 space_and_cap, space_options, user_errors, wide_console)
+from solver.report.tables import MAPPING_HEADERS, mapping_cells
+from solver.search.brute import BruteResult, scan
+from solver.space.pins import describe_pins, pins_text
 
 
 @click.command(name="brute")
 @problem_options
 @space_options
 @datatype_option
-@click.option("--top-k", type=click.IntRange(min=1), default=10, show_default=True, help="How many best mappings to list.")
+@click.option("--top-k", type=BoundedInt(limits.TOP_K), default=10, show_default=True, help="How many best mappings to list.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True),
               help="Write every feasible mapping with its time and memory to this CSV file (enumeration order).")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes (default: all cores).")
+@click.option("--workers", type=BoundedInt(limits.WORKERS), default=None, help="Processes (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @user_errors
 def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: float | None, offload_gib: float | None,

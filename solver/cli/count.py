@@ -11,7 +11,8 @@ from rich.table import Table
 
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
-from solver.cli.options import (datatype_option, load_problem, problem_options,
+import costmodel.limits as limits
+from solver.cli.options import (BoundedInt, datatype_option, load_problem, problem_options,
                                 space_and_cap, space_options, user_errors, wide_console)
 from solver.search.brute import scan
 from solver.space.pins import describe_pins, pins_text
@@ -20,12 +21,12 @@ from solver.space.count import CountResult, count_mappings
 
 @click.command(name="count")
 @problem_options
-@space_options
+@space_options(counting=True)
 @click.option("--feasible", is_flag=True,
               help="Also count the mappings that pass the exact model's network-size and memory checks "
                    "(evaluates every mapping: seconds to minutes).")
 @datatype_option
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes for --feasible (default: all cores).")
+@click.option("--workers", type=BoundedInt(limits.WORKERS), default=None, help="Processes for --feasible (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @user_errors
 def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: float | None, offload_gib: float | None,
@@ -44,6 +45,11 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
                    --system problems/systems/h100-80g-nvl8.yaml --offload-gib 1024 \\
                    --gpus 4096 --space calculon-2023
     """
+    for option, value, bound in (("--gpus", num_gpus, limits.GPUS_SEARCH), ("--max-batch", max_batch,
+                                                                            limits.MAX_BATCH_SEARCH)):
+        if feasible and bound.problem(value):
+            raise click.BadParameter(f"{value} is {bound.problem(value)} (--feasible scores every mapping)",
+                                     param_hint=f"'{option}'")
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
                                  seq_size=seq_size)
     if click.get_current_context().get_parameter_source("datatype") is not click.core.ParameterSource.DEFAULT:

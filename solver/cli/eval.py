@@ -6,13 +6,14 @@ import click
 
 from costmodel.evaluate import evaluate
 from costmodel.load import load_mapping
-from solver.cli.options import load_problem, problem_options, user_errors
+from solver.cli.options import given_once, load_problem, problem_options, user_errors
 from solver.report.tables import console, dumps, evaluation_tables
 
 
 @click.command("eval")
 @problem_options
-@click.option("--mapping", "mapping_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--mapping", "mapping_path", required=True, multiple=True, callback=given_once,
+              type=click.Path(dir_okay=False),
               help="Mapping file (Calculon execution JSON field names).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
 @user_errors

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import sys
 import warnings
 from typing import Callable, Iterator
@@ -13,9 +14,12 @@ from typing import Callable, Iterator
 import click
 from rich.console import Console
 
+import costmodel.limits as limits
+from costmodel.advice import model_warnings, override_warnings
 from costmodel.errors import MapsatError
 from costmodel.hf import UnmodelledFieldWarning
 from costmodel.kernels import ATTENTION_KERNELS
+from costmodel.limits import Bound
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.system import Datatype, System
@@ -51,6 +55,38 @@ def user_errors(func: Callable) -> Callable:
     return wrapper
 
 
+class BoundedInt(click.IntRange):
+    """A whole number at least `bound.low`; above `bound.high` the error names the bound and why."""
+
+    def __init__(self, bound: Bound):
+        super().__init__(min=int(bound.low))
+        self.bound = bound
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        problem = self.bound.problem(number)
+        if problem is not None:
+            self.fail(f"{number} is {problem}", param, ctx)
+        return number
+
+
+class BoundedFloat(click.FloatRange):
+    """A finite number > `low_open` (when given) within `bound`, the error naming the bound and why."""
+
+    def __init__(self, bound: Bound, low_open: float | None = None):
+        super().__init__(min=low_open, min_open=low_open is not None)
+        self.bound = bound
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{number} is not a finite number", param, ctx)
+        problem = self.bound.problem(number)
+        if problem is not None:
+            self.fail(f"{number:g} is {problem}", param, ctx)
+        return number
+
+
 def system_override_options(func: Callable) -> Callable:
     """--hbm-gib, --offload-gib, --offload-gbps, --nvlink-size: the co-design knobs."""
     options = [
@@ -66,15 +102,43 @@ def system_override_options(func: Callable) -> Callable:
     return func
 
 
+def given_once(ctx: click.Context, param: click.Parameter, values: tuple):
+    """Callback of an option declared multiple=True that must be given once: click would
+    otherwise keep the last of two silently."""
+    if len(values) > 1:
+        raise click.BadParameter(f"given {len(values)} times ({', '.join(map(str, values))}): give it once")
+    return values[0] if values else None
+
+
+def _remember_quiet(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    ctx.meta["mapsat.quiet"] = bool(value)
+    return value
+
+
+quiet_option = click.option("--quiet", is_flag=True, expose_value=False, callback=_remember_quiet,
+                            help="No warnings about inputs that are legal but probably a mistake.")
+
+
+def warn(*messages: str) -> None:
+    """Each message as one line `warning: ...` on stderr, unless the command got --quiet."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and (ctx.meta.get("mapsat.quiet") or ctx.params.get("quiet")):
+        return
+    for message in messages:
+        click.echo(f"warning: {message}", err=True)
+
+
 def problem_options(func: Callable) -> Callable:
-    """--model FILE --system FILE [--seq-size S] and the system overrides."""
+    """--model FILE --system FILE [--seq-size S], the system overrides and --quiet."""
+    func = quiet_option(func)
     func = system_override_options(func)
-    func = click.option("--seq-size", type=click.IntRange(min=1),
+    func = click.option("--seq-size", type=BoundedInt(limits.SEQ_SIZE),
                         help="Training sequence length, tokens: required with a Hugging Face config.json "
                              "(which states only the context limit); replaces a model file's seq_size.")(func)
-    func = click.option("--system", "system_path", required=True, type=click.Path(dir_okay=False),
-                        help="System file (YAML): GPUs, memory tiers, networks.")(func)
-    func = click.option("--model", "model_path", required=True, type=click.Path(dir_okay=False),
+    func = click.option("--system", "system_path", required=True, multiple=True, callback=given_once,
+                        type=click.Path(dir_okay=False), help="System file (YAML): GPUs, memory tiers, networks.")(func)
+    func = click.option("--model", "model_path", required=True, multiple=True, callback=given_once,
+                        type=click.Path(dir_okay=False),
                         help="Model file: YAML or JSON with Calculon's field names, or a Hugging Face "
                              "config.json (model_type llama, mistral, qwen2, gpt2, gpt_neox, nemotron).")(func)
     return func
@@ -91,7 +155,7 @@ def model_warnings_on_stderr() -> Iterator[None]:
         finally:
             for w in caught:
                 if issubclass(w.category, UnmodelledFieldWarning):
-                    click.echo(f"warning: {w.message}", err=True)
+                    warn(str(w.message))
                 else:
                     warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
@@ -103,6 +167,7 @@ def load_problem(model_path: str, system_path: str, hbm_gib: float | None, offlo
         model = load_model(model_path, seq_size=seq_size)
     system = load_system(system_path).with_overrides(
         hbm_gib=hbm_gib, offload_gib=offload_gib, offload_gbps=offload_gbps, nvlink_size=nvlink_size)
+    warn(*model_warnings(model, str(model_path)), *override_warnings(offload_gib, offload_gbps))
     return model, system
 
 
@@ -119,18 +184,23 @@ attention_option = click.option(
          "through HBM (unfused: Megatron-LM 2022, Calculon).")
 
 
-def space_options(func: Callable) -> Callable:
+def space_options(func: Callable | None = None, *, counting: bool = False) -> Callable:
     """--gpus N [--max-batch B | --batch B | --batch-tokens T] [--space NAME] [--fix DIM=V,...]
-    [--attention fused|unfused]."""
+    [--attention fused|unfused]. Counting (closed form) takes any 64-bit N and B; searching
+    commands (solve, brute, explain) stop at the search bounds."""
+    if func is None:
+        return functools.partial(space_options, counting=counting)
+    gpus = limits.GPUS_COUNT if counting else limits.GPUS_SEARCH
+    max_batch = limits.MAX_BATCH_COUNT if counting else limits.MAX_BATCH_SEARCH
     options = [
-        click.option("--gpus", "num_gpus", required=True, type=click.IntRange(min=1),
+        click.option("--gpus", "num_gpus", required=True, type=BoundedInt(gpus),
                      help="Number of GPUs, N (tp·pp·dp = N)."),
-        click.option("--max-batch", type=click.IntRange(min=1), default=3072, show_default=True,
+        click.option("--max-batch", type=BoundedInt(max_batch), default=3072, show_default=True,
                      help="Cap on the global batch, in sequences: each split takes the largest multiple of dp "
                           "under it."),
-        click.option("--batch", type=click.IntRange(min=1), default=None,
+        click.option("--batch", type=BoundedInt(max_batch), default=None,
                      help="Fix the global batch, in sequences (only splits whose dp divides it remain)."),
-        click.option("--batch-tokens", type=click.IntRange(min=1), default=None,
+        click.option("--batch-tokens", type=BoundedInt(limits.GPUS_COUNT), default=None,
                      help="Fix the global batch in tokens (a whole number of sequences, e.g. 16777216)."),
         click.option("--space", "space_name", type=click.Choice(list(SPACES)), default=DEFAULT_SPACE,
                      show_default=True, help="Named mapping space (see `mapsat spaces`)."),

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import click
 
-from solver.cli.options import user_errors
+from costmodel.errors import InputError
+from solver.cli.options import quiet_option, user_errors, warn
 from solver.report.plots import KINDS, make_plots
-from solver.study.store import read_results
+from solver.study.store import RESULTS_JSONL, read_results
 
 
 @click.command(name="plot")
@@ -18,6 +20,7 @@ from solver.study.store import read_results
                    "bandwidth = MFU against that; heatmap = MFU over two of them; summary = a bar per problem.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for the PNG files (default: RESULTS_DIR/plots).")
+@quiet_option
 @user_errors
 def command(results_dir: str, kinds: tuple[str, ...], out_dir: str | None) -> None:
     """Draw PNG plots from the results of `mapsat batch` (RESULTS_DIR/results.jsonl).
@@ -32,7 +35,16 @@ def command(results_dir: str, kinds: tuple[str, ...], out_dir: str | None) -> No
       mapsat batch problems/paper/fig4-offload.yaml --out runs/fig4
       mapsat plot runs/fig4 --kind size --kind heatmap
     """
-    records = read_results(results_dir)
-    paths = make_plots(records, out_dir or Path(results_dir) / "plots", list(kinds) or None)
+    dropped: list[int] = []
+    records = read_results(results_dir, dropped)
+    path = Path(results_dir) / RESULTS_JSONL
+    if dropped:
+        shown = ", ".join(map(str, dropped[:5])) + (", …" if len(dropped) > 5 else "")
+        warn(f"{path}: skipped {len(dropped)} line(s) that are not result records (line {shown})")
+    if not records:
+        raise InputError(f"{path}: no results to plot (the file holds no complete record yet)")
+    with warnings.catch_warnings():  # matplotlib's notes (a missing glyph, an empty legend) are not the user's
+        warnings.simplefilter("ignore", UserWarning)
+        paths = make_plots(records, out_dir or Path(results_dir) / "plots", list(kinds) or None)
     for path in paths:
         click.echo(str(path))

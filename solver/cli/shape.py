@@ -10,12 +10,17 @@ from rich.table import Table
 
 from costmodel.errors import InputError
 from costmodel.load import load_system
-from solver.cli.options import (attention_option, datatype_option, system_override_options,
+import costmodel.limits as limits
+from costmodel.limits import Bound
+from solver.cli.options import (BoundedFloat, BoundedInt, attention_option, datatype_option, system_override_options,
                                 user_errors, wide_console)
 from solver.report.tables import mapping_summary
 from solver.study.shape import (ASPECT_INTERCEPT, ASPECT_POINTS, ASPECT_SLOPE, BLOCKS_STEP, SEQ_SIZE, VOCAB_SIZE,
                           ShapeAssessment, aspect_ratio, assess_shapes, candidate_shapes, rule_shape, write_shapes)
 from solver.space.declaration import SPACES
+
+
+SPREAD = Bound(0, 1024, "block counts listed either side of the rule's")
 
 
 def _int_list(ctx, param, value: str | None) -> list[int] | None:
@@ -34,6 +39,8 @@ def _positive_params(ctx, param, values: tuple[float, ...]) -> tuple[float, ...]
     for value in values:
         if not value > 0 or value != value or value == float("inf"):
             raise click.BadParameter(f"{value!r} must be a positive number of parameters, e.g. 1.1e12")
+        if limits.PARAMS.problem(value):
+            raise click.BadParameter(f"{value:g} is {limits.PARAMS.problem(value)}")
     return values
 
 
@@ -42,25 +49,25 @@ def _positive_params(ctx, param, values: tuple[float, ...]) -> tuple[float, ...]
               help="Target parameter count, e.g. 1.1e12 (repeatable).")
 @click.option("--blocks", callback=_int_list, default=None,
               help="Block counts to compare, comma-separated (default: the rule's ± --spread and the nearest power of 2).")
-@click.option("--heads", type=click.IntRange(min=1), default=None, help="Attention heads (default: = blocks).")
-@click.option("--spread", type=click.IntRange(min=0), default=4, show_default=True,
+@click.option("--heads", type=BoundedInt(limits.ATTN_HEADS), default=None, help="Attention heads (default: = blocks).")
+@click.option("--spread", type=BoundedInt(SPREAD), default=4, show_default=True,
               help="Block counts this far either side of the rule's are listed.")
-@click.option("--blocks-step", type=click.IntRange(min=1), default=BLOCKS_STEP, show_default=True,
+@click.option("--blocks-step", type=BoundedInt(limits.NUM_BLOCKS), default=BLOCKS_STEP, show_default=True,
               help="The rule rounds blocks to a multiple of this.")
 @click.option("--rule-only", is_flag=True, help="List only the rule's shape for each target.")
-@click.option("--seq-size", type=click.IntRange(min=1), default=SEQ_SIZE, show_default=True, help="Sequence length.")
-@click.option("--vocab-size", type=click.IntRange(min=1), default=VOCAB_SIZE, show_default=True, help="Vocabulary.")
-@click.option("--gpus", "num_gpus", type=click.IntRange(min=1), default=None,
+@click.option("--seq-size", type=BoundedInt(limits.SEQ_SIZE), default=SEQ_SIZE, show_default=True, help="Sequence length.")
+@click.option("--vocab-size", type=BoundedInt(limits.VOCAB_SIZE), default=VOCAB_SIZE, show_default=True, help="Vocabulary.")
+@click.option("--gpus", "num_gpus", type=BoundedInt(limits.GPUS_COUNT), default=None,
               help="Count each shape's mappings on this many GPUs (and solve it when --system is given).")
 @click.option("--system", "system_path", type=click.Path(dir_okay=False), default=None,
               help="System file: solve each shape on --gpus GPUs and show its MFU.")
 @system_override_options
-@click.option("--max-batch", type=click.IntRange(min=1), default=3072, show_default=True, help="Global batch cap.")
+@click.option("--max-batch", type=BoundedInt(limits.MAX_BATCH_COUNT), default=3072, show_default=True, help="Global batch cap.")
 @click.option("--space", "space_name", type=click.Choice(list(SPACES)), default="calculon-2023", show_default=True,
               help="Mapping space for counts and solves (calculon-2023 reproduces the paper's counts).")
 @attention_option
 @datatype_option
-@click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True), default=60.0,
+@click.option("--time-limit", "time_limit_s", type=BoundedFloat(limits.TIME_LIMIT_S, low_open=0), default=60.0,
               show_default=True, help="Solver time limit per shape, seconds.")
 @click.option("--write", "write_dir", type=click.Path(file_okay=False), default=None,
               help="Write each listed shape as a model file <name>.yaml into this directory.")
@@ -89,6 +96,11 @@ def command(targets: tuple[float, ...], blocks: list[int] | None, heads: int | N
     """
     if system_path is not None and num_gpus is None:
         raise click.UsageError("--system needs --gpus (how many GPUs to solve each shape on)")
+    for option, value, bound in (("--gpus", num_gpus, limits.GPUS_SEARCH), ("--max-batch", max_batch,
+                                                                            limits.MAX_BATCH_SEARCH)):
+        if system_path is not None and value is not None and bound.problem(value):
+            raise click.BadParameter(f"{value} is {bound.problem(value)} (--system solves each shape)",
+                                     param_hint=f"'{option}'")
     system = None
     if system_path is not None:
         system = load_system(system_path).with_overrides(hbm_gib=hbm_gib, offload_gib=offload_gib,

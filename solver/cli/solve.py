@@ -8,7 +8,8 @@ from rich.table import Table
 from costmodel.errors import MapsatError
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
-from solver.cli.options import (datatype_option, load_problem, problem_options,
+import costmodel.limits as limits
+from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, load_problem, problem_options,
                                 space_and_cap, space_options, user_errors, wide_console)
 from solver.report.tables import dumps, evaluation_tables, mapping_summary
 from solver.space.pins import describe_pins, pins_text
@@ -19,13 +20,13 @@ from solver.search.solve import SolverConfig, SolveResult, solve
 @problem_options
 @space_options
 @datatype_option
-@click.option("--top-k", type=click.IntRange(min=1), default=5, show_default=True,
+@click.option("--top-k", type=BoundedInt(limits.TOP_K), default=5, show_default=True,
               help="How many best mappings to list (all certified when the search completes).")
-@click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True), default=120.0,
+@click.option("--time-limit", "time_limit_s", type=BoundedFloat(limits.TIME_LIMIT_S, low_open=0), default=120.0,
               show_default=True, help="Wall-clock limit, s; on expiry the incumbent is returned with its gap.")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--workers", type=BoundedInt(limits.WORKERS), default=1, show_default=True,
               help="CP-SAT search workers; 1 keeps every output identical run to run, more may be faster.")
-@click.option("--seed", type=int, default=0, show_default=True, help="CP-SAT random seed.")
+@click.option("--seed", type=BoundedInt(limits.SEED), default=0, show_default=True, help="CP-SAT random seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
 @user_errors
 def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch,
@@ -54,6 +55,9 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     else:
         print_result(result, f"{model.name} on {num_gpus:,} x {system.name}, {datatype}, space {space_name}{pins_text(space)}, "
                                    f"{attention} attention")
+    if result.status == "unknown":
+        raise MapsatError(f"no mapping found within the time limit of {time_limit_s:g} s (none proven infeasible "
+                          f"either): give a longer --time-limit")
     if result.best is None:
         raise MapsatError(f"infeasible: {'; '.join(result.infeasible_reasons)}")
 
@@ -62,8 +66,12 @@ def print_result(result: SolveResult, title: str) -> None:
     out = wide_console()
     if result.status == "infeasible":
         verdict = "proven infeasible"
+    elif result.status == "unknown":
+        verdict = "no mapping found before the time limit, none proven infeasible"
     elif result.certified_optimal:
         verdict = "certified optimal"
+    elif result.gap == 0:
+        verdict = f"best mapping proven optimal, the rest of the top {len(result.top)} not certified (time limit)"
     else:
         verdict = f"best found, not certified: gap {100 * (result.gap or 0):.2f} % to the bound"
     out.print(f"{title}: {verdict} in {result.seconds:.2f} s "

@@ -20,18 +20,21 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 from ortools.sat.python import cp_model
 
+import costmodel.limits as limits
 from costmodel.context import Context
 from costmodel.encoding import MappingArrays
+from costmodel.errors import InputError, InternalError
 from costmodel.evaluate import Evaluation, evaluate_arrays_in_context, evaluate_in_context
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
-from solver.search.cpsat.constraints import STRUCTURE, NetworkFit, Problem
+from solver.search.cpsat.constraints import STRUCTURE, Problem
 from solver.search.cpsat.surrogate import add_bounds
 from solver.search.cpsat.variables import Variables
 from solver.space.enumerate import build_rows, plan
@@ -60,10 +63,25 @@ class SolverConfig:
     seed: int = 0                 # CP-SAT random seed
     top_k: int = 5                # mappings reported, all certified when the loop completes
 
+    def __post_init__(self) -> None:
+        """Library callers (batch, shape) get the command line's bounds: CP-SAT reads a NaN or
+        infinite limit, a 32-bit overflowing seed or a huge worker count as an invalid model."""
+        for name, bound in (("time_limit_s", limits.TIME_LIMIT_S), ("workers", limits.WORKERS),
+                            ("seed", limits.SEED), ("top_k", limits.TOP_K)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InputError(f"solver {name}: {value!r} is not a number")
+            if not math.isfinite(value):
+                raise InputError(f"solver {name}: {value!r} is not a finite number")
+            if name != "time_limit_s" and not isinstance(value, int):
+                raise InputError(f"solver {name}: {value!r} is not a whole number")
+            if bound.problem(value):
+                raise InputError(f"solver {name}: {value:g} is {bound.problem(value)}")
+
 
 @dataclass(frozen=True)
 class SolveResult:
-    status: str                       # optimal | feasible | infeasible | unknown
+    status: str                       # optimal | feasible | infeasible | unknown (no incumbent in time)
     best: Evaluation | None
     top: list[Evaluation]
     certified_optimal: bool
@@ -76,6 +94,7 @@ class SolveResult:
     space_size: int                   # mappings in the space
     binding: list[str] = field(default_factory=list)
     infeasible_reasons: list[str] = field(default_factory=list)
+    cpsat_status: str | None = None   # CP-SAT's status in its last round, as it named it (None: no round)
 
     def to_dict(self) -> dict:
         def brief(ev: Evaluation) -> dict:
@@ -88,7 +107,7 @@ class SolveResult:
                 "bound_s": self.bound_s, "gap": self.gap, "seconds": self.seconds,
                 "candidates_scored": self.candidates_scored, "blocks_scored": self.blocks_scored,
                 "rounds": self.rounds, "space_size": self.space_size, "binding": self.binding,
-                "infeasible_reasons": self.infeasible_reasons}
+                "infeasible_reasons": self.infeasible_reasons, "cpsat_status": self.cpsat_status}
 
 
 class _Collector(cp_model.CpSolverSolutionCallback):
@@ -129,9 +148,13 @@ class _Incumbents:
 
 def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
           datatype: Datatype = Datatype.bfloat16, space: str | Space = "full", kernels: Kernels = Kernels(),
-          config: SolverConfig = SolverConfig()) -> SolveResult:
-    """The fastest mapping of `model` on `num_gpus` GPUs of `system` under the exact model."""
+          config: SolverConfig = SolverConfig(), progress: Callable[[str], None] | None = None) -> SolveResult:
+    """The fastest mapping of `model` on `num_gpus` GPUs of `system` under the exact model.
+    `progress(phase)` is told what the search is doing (for a batch's hard time limit)."""
     started = time.perf_counter()
+    deadline = started + config.time_limit_s
+    say = progress or (lambda phase: None)
+    say("building the exact model's tables and the space")
     the_space = get_space(space) if isinstance(space, str) else space
     c = Context.build(model, system, datatype, kernels)
     the_plan = plan(model, system, num_gpus, max_batch, the_space, chunk_rows=1 << 62)
@@ -143,6 +166,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
                                          f"kv_heads {model.kv_groups}; "
                                          f"pp | blocks {model.num_blocks}) and the batch cap {max_batch}"])
 
+    say(f"building the CP-SAT model ({len(skels)} (tp, pp) splits)")
     m, v = _structure_model(problem, skels, flags=SEARCHED_FLAGS)
     local_batch = _local_batches(problem, v)
     bounds = add_bounds(m, v, c, num_gpus, local_batch, the_space.tp_overlap_codes, c.hbm_capacity_bytes,
@@ -174,34 +198,33 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
         m.AddBoolOr([v.tp.is_[tp].Not(), v.pp.is_[pp].Not(), v.interleaving.is_[il].Not(), v.microbatch.is_[mb].Not()])
 
     # Warm start: the blocks the surrogate ranks best, scored until the next one's bound
-    # cannot beat the K-th best (or WARM_START_BLOCKS are done).
+    # cannot beat the K-th best (or WARM_START_BLOCKS are done, or the time is up).
+    say("warm start: scoring the blocks the surrogate ranks best")
     ranked = sorted((floor, key) for key, floor in bounds.block_floors.items() if math.isfinite(floor))
     for floor, key in ranked[:WARM_START_BLOCKS]:
-        if floor >= best.target_s * (1 + WARM_START_MARGIN):
+        if floor >= best.target_s * (1 + WARM_START_MARGIN) or time.perf_counter() >= deadline:
             break
         score(key)
     bounds.add_floor_cuts(m, v, exclude=scored_keys)
 
-    rounds, certified, bound_units = 0, False, None
+    rounds, certified, bound_units, cpsat_status = 0, False, None, None
     while True:
-        remaining = config.time_limit_s - (time.perf_counter() - started)
+        remaining = deadline - time.perf_counter()
         if remaining <= 0:
             break
         if math.isfinite(best.target_s):
-            m.Add(objective <= math.floor(best.target_s / bounds.quantization.time_unit_s)
-                  + bounds.quantization.time_terms)
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = remaining
-        solver.parameters.num_workers = config.workers
-        solver.parameters.random_seed = config.seed
+            bounds.add_cutoff(m, best.target_s)
+        solver = _cpsat(remaining, config.workers, config.seed)
         collector = _Collector(v)
-        status = solver.Solve(m, collector)
+        say(f"CP-SAT round {rounds + 1} ({len(scored_keys)} blocks scored)")
+        status = _checked_solve(m, solver, collector)
         rounds += 1
+        cpsat_status = solver.StatusName(status)
         if status == cp_model.INFEASIBLE:
             certified = True      # no unscored mapping's bound beats the K-th best
             break
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            break
+            break                 # UNKNOWN: the time ran out inside the round
         bound_units = solver.BestObjectiveBound()
         # Score each candidate's block, and the same split and microbatch at every other
         # interleaving: neighbours that are often nearly as fast, cheap to score together.
@@ -212,6 +235,10 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
         if status == cp_model.OPTIMAL and bounds.seconds(bound_units) >= best.target_s:
             certified = True
             break
+    # Every block left unscored has a surrogate floor; when none can reach the K-th best
+    # (or none is left), the top K is proven whether or not CP-SAT finished a round.
+    unscored = min((f for k, f in bounds.block_floors.items() if k not in scored_set), default=math.inf)
+    certified = certified or math.isinf(unscored) or unscored > best.target_s
     blocks = len(scored_keys)
     scored = sum(len(the_plan.flag_tables[index[(k[0], k[1])]]) for k in scored_keys)
 
@@ -220,27 +247,49 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     seconds = time.perf_counter() - started
     if not top:
         if certified:
-            return _infeasible(started, scored, diagnose(problem, skels, c), rounds, blocks,
-                               the_plan.total)
+            say("diagnosing why no mapping is feasible")
+            return _infeasible(started, scored, diagnose(problem, skels, c, deadline - time.perf_counter()),
+                               rounds, blocks, the_plan.total, cpsat_status)
         return SolveResult("unknown", None, [], False, None, None, seconds, scored, blocks, rounds, the_plan.total,
-                           infeasible_reasons=["time limit reached before any feasible mapping was found"])
+                           infeasible_reasons=["time limit reached before any feasible mapping was found"],
+                           cpsat_status=cpsat_status)
     best_time = top[0].iteration_time_s
     if certified:
         bound_s, gap = best_time, 0.0
     else:
         # Sound either way: CP-SAT's proven bound on what was left in its last round, and
         # the smallest surrogate floor of any block not yet scored.
-        unscored = min((f for k, f in bounds.block_floors.items() if k not in scored_set), default=math.inf)
         bound_s = max(bounds.seconds(bound_units) if bound_units is not None else 0.0, min(unscored, best_time))
         bound_s = min(bound_s, best_time)
         gap = (best_time - bound_s) / best_time
     return SolveResult("optimal" if certified else "feasible", top[0], top, certified, bound_s, gap, seconds,
-                       scored, blocks, rounds, the_plan.total, binding=binding_constraints(problem, top[0]))
+                       scored, blocks, rounds, the_plan.total, binding=binding_constraints(problem, top[0]),
+                       cpsat_status=cpsat_status)
 
 
-def _infeasible(started, scored, reasons, rounds=0, blocks=0, size=0) -> SolveResult:
+def _cpsat(time_limit_s: float, workers: int = 1, seed: int = 0) -> cp_model.CpSolver:
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    return solver
+
+
+def _checked_solve(m: cp_model.CpModel, solver: cp_model.CpSolver, callback=None) -> int:
+    """Solve, and turn MODEL_INVALID into an InternalError with CP-SAT's own reason: the input
+    boundary (costmodel.limits) keeps every number in range, so an invalid model is a bug,
+    never a time-out or an infeasible problem."""
+    status = solver.Solve(m, callback) if callback is not None else solver.Solve(m)
+    if status == cp_model.MODEL_INVALID:
+        reason = " ".join((m.Validate() or solver.SolutionInfo() or "no reason given").split())
+        raise InternalError(f"internal error: CP-SAT rejected the model as invalid ({reason[:300]}); "
+                            f"please report it with the input files")
+    return status
+
+
+def _infeasible(started, scored, reasons, rounds=0, blocks=0, size=0, cpsat_status=None) -> SolveResult:
     return SolveResult("infeasible", None, [], True, None, None, time.perf_counter() - started, scored, blocks,
-                       rounds, size, infeasible_reasons=list(reasons))
+                       rounds, size, infeasible_reasons=list(reasons), cpsat_status=cpsat_status)
 
 
 def binding_constraints(problem: Problem, ev: Evaluation) -> list[str]:
@@ -270,31 +319,41 @@ def binding_constraints(problem: Problem, ev: Evaluation) -> list[str]:
 def _structure_model(problem: Problem, skels, flags=None) -> tuple[cp_model.CpModel, Variables]:
     m = cp_model.CpModel()
     v = Variables(m, problem.space, list(skels), problem.num_gpus, len(problem.system.networks), flags=flags)
-    for constraint in (*STRUCTURE, NetworkFit()):
+    for constraint in STRUCTURE:
         constraint.add(m, v, problem)
     return m, v
 
 
-def diagnose(problem: Problem, skels, c: Context) -> list[str]:
+DIAGNOSE_LIMIT_S = 30.0
+"""At most this long explaining an infeasible problem (within what is left of the time limit)."""
+
+
+def diagnose(problem: Problem, skels, c: Context, time_limit_s: float = DIAGNOSE_LIMIT_S) -> list[str]:
     """Which named constraints rule out every mapping of the space's skeletons, with the numbers."""
     reasons = []
     system = problem.system
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = 30
-    solver.parameters.num_workers = 1
+    deadline = time.perf_counter() + min(time_limit_s, DIAGNOSE_LIMIT_S)
+    out_of_time = ["no mapping is feasible (proven); no time was left to find which constraint rules them "
+                   "all out (give a longer time limit)"]
+    if deadline <= time.perf_counter():
+        return out_of_time
     m, _ = _structure_model(problem, skels)
-    if solver.Solve(m) == cp_model.INFEASIBLE:
+    status = _checked_solve(m, _cpsat(deadline - time.perf_counter()))
+    if status == cp_model.INFEASIBLE:
         sizes = ", ".join(f"{n.name} {n.size}" for n in system.networks)
         reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts tp, tp·pp and all GPUs on "
                        f"networks that span them ({sizes})")
         return reasons
+    if status == cp_model.UNKNOWN or deadline <= time.perf_counter():
+        return out_of_time
     # the smallest HBM footprint any mapping can have (a sound lower bound)
     m, v = _structure_model(problem, skels, flags=SEARCHED_FLAGS)
     local_batch = _local_batches(problem, v)
     bounds = add_bounds(m, v, c, problem.num_gpus, local_batch, problem.space.tp_overlap_codes,
                         c.hbm_capacity_bytes, enforce_hbm=False)
     m.Minimize(bounds.memory())
-    status = solver.Solve(m)
+    solver = _cpsat(deadline - time.perf_counter())
+    status = _checked_solve(m, solver)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         q = bounds.quantization
         smallest = max(0.0, solver.BestObjectiveBound() - q.memory_terms) * q.memory_unit_bytes
@@ -306,6 +365,8 @@ def diagnose(problem: Problem, skels, c: Context) -> list[str]:
                            f"GPU > {c.hbm_capacity_bytes / GiB:.1f} GiB HBM{beside}")
     elif status == cp_model.INFEASIBLE and system.offload is not None:
         reasons.append(f"offload capacity: no mapping's offloaded state fits {system.offload.capacity_gib:g} GiB")
+    elif status == cp_model.UNKNOWN:
+        return out_of_time
     if not reasons:
         reasons.append("exact model: every mapping the relaxed constraints allow fails the exact memory, "
                        "offload-capacity or network check")

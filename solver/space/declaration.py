@@ -31,6 +31,7 @@ from costmodel.dimensions import BY_NAME, DIMENSIONS, FLAGS, SKELETON_FACTS, Con
 from costmodel.errors import InputError
 from costmodel.model import Model
 from costmodel.system import System
+from solver.space.factor import divisors as factor_divisors
 
 __all__ = ["SKELETON_FACTS", "Condition", "FlagDimension", "Skeleton", "Space", "SPACES", "get_space", "skeletons",
            "flag_table", "divisors", "label_breakdown"]
@@ -158,9 +159,9 @@ def get_space(name: str) -> Space:
 
 
 def divisors(n: int) -> tuple[int, ...]:
-    """Positive divisors of n, ascending."""
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return tuple(small + [n // d for d in reversed(small) if d * d != n])
+    """Positive divisors of n, ascending (none for n < 1), by factorisation: instant for any
+    n below 2^64 (solver.space.factor)."""
+    return factor_divisors(n) if n >= 1 else ()
 
 
 @dataclass(frozen=True)

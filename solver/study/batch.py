@@ -16,7 +16,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from costmodel.errors import InputError
 from costmodel.load import describe_validation_error, load_model, load_system, parse, read_document
-from costmodel.model import Model
+import costmodel.limits as limits
+from costmodel.model import Model, within
 from costmodel.system import Datatype, System
 from costmodel.kernels import ATTENTION_KERNELS
 from solver.space.declaration import SPACES
@@ -26,6 +27,9 @@ DEFAULT_MAX_BATCH = 3072
 DEFAULT_SPACE = "full"
 DEFAULT_TIME_LIMIT_S = 120.0
 UNBOUNDED = "unbounded"
+MAX_PROBLEMS = 10_000
+"""Problems one batch file may expand to: at a second or more per solve, a larger grid runs for
+days and is better split into files (each resumable on its own)."""
 DATATYPE_TAGS = {"float8": "fp8", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
@@ -38,38 +42,43 @@ def Grid(item: Any) -> Any:  # noqa: N802 - reads like a type in the schema belo
     return Annotated[list[item], BeforeValidator(_as_list), Field(min_length=1)]
 
 
+_OFFLOAD_GIB = limits.Bound(0, limits.CAPACITY_GIB.high, limits.CAPACITY_GIB.reason + "; 0 removes it")
+_BATCH_CONFIG = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
 class Overrides(BaseModel):
     """The co-design knobs of `System.with_overrides`; each a value or a list of values."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _BATCH_CONFIG
 
-    hbm_gib: Grid(Annotated[float, Field(gt=0)]) | None = Field(None, description="HBM capacity per GPU, GiB.")
-    offload_gib: Grid(Annotated[float, Field(ge=0)]) | None = Field(
+    hbm_gib: Grid(Annotated[float, Field(gt=0), within(limits.CAPACITY_GIB)]) | None = Field(None, description="HBM capacity per GPU, GiB.")
+    offload_gib: Grid(Annotated[float, Field(ge=0), within(_OFFLOAD_GIB)]) | None = Field(
         None, description="Offload memory per GPU, GiB; 0 = none.")
-    offload_gbps: Grid(Annotated[float, Field(gt=0)] | Literal["unbounded"]) | None = Field(
+    offload_gbps: Grid(Annotated[float, Field(gt=0), within(limits.BANDWIDTH_GBPS)] | Literal["unbounded"]) | None = Field(
         None, description="Offload bandwidth per GPU per direction, GB/s, or 'unbounded' (as fast as HBM).")
-    nvlink_size: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
+    nvlink_size: Grid(Annotated[int, Field(gt=0, strict=True), within(limits.NETWORK_SIZE)]) | None = Field(
         None, description="Size of the first network (the NVLink domain), GPUs.")
-    runtime_reserve_gib: Grid(Annotated[float, Field(ge=0)]) | None = Field(
+    runtime_reserve_gib: Grid(Annotated[float, Field(ge=0), within(limits.CAPACITY_GIB_OR_ZERO)]) | None = Field(
         None, description="HBM per GPU kept by the runtime, GiB (0: none, as the 2023 paper counted).")
 
 
 class GridSpec(BaseModel):
     """One grid of problems: every combination of the listed values."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _BATCH_CONFIG
 
     models: Grid(str | dict[str, Any]) | None = Field(
         None, description="Model files (relative to the batch file) or inline models (with a name).")
     systems: Grid(str | dict[str, Any]) | None = Field(
         None, description="System files (relative to the batch file) or inline systems (with a name).")
-    gpus: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(None, description="GPU counts.")
-    seq_size: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
+    gpus: Grid(Annotated[int, Field(gt=0, strict=True), within(limits.GPUS_SEARCH)]) | None = Field(
+        None, description="GPU counts.")
+    seq_size: Grid(Annotated[int, Field(gt=0, strict=True), within(limits.SEQ_SIZE)]) | None = Field(
         None, description="Training sequence lengths, tokens: required with a Hugging Face config.json model; "
                           "replaces a model file's seq_size.")
-    max_batch: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
+    max_batch: Grid(Annotated[int, Field(gt=0, strict=True), within(limits.MAX_BATCH_SEARCH)]) | None = Field(
         None, description=f"Caps on the global batch (default {DEFAULT_MAX_BATCH}).")
-    batch: Grid(Annotated[int, Field(gt=0, strict=True)]) | None = Field(
+    batch: Grid(Annotated[int, Field(gt=0, strict=True), within(limits.MAX_BATCH_SEARCH)]) | None = Field(
         None, description="Fixed global batches, in sequences (instead of a cap): only splits whose dp divides it.")
     fix: dict[str, int | str | bool | list[int | str | bool]] | None = Field(
         None, description="Dimensions to fix, as on the command line: {tp: 8, recompute: [full, none]}.")
@@ -78,7 +87,7 @@ class GridSpec(BaseModel):
     attention: Grid(Literal[ATTENTION_KERNELS]) | None = Field(
         None, description="Attention kernels: fused (FlashAttention, the default) or unfused.")
     overrides: Overrides | None = Field(None, description="System overrides, each a value or a list.")
-    time_limit_s: float | None = Field(None, gt=0, description=f"Solver time limit per problem, s "
+    time_limit_s: Annotated[float, within(limits.TIME_LIMIT_S)] | None = Field(None, gt=0, description=f"Solver time limit per problem, s "
                                                                 f"(default {DEFAULT_TIME_LIMIT_S:g}).")
 
 
@@ -152,6 +161,13 @@ def load_batch(path: str | Path, *, time_limit_s: float | None = None) -> list[P
                 raise InputError(f"{where}: missing field '{field}'")
         if "batch" in grid and "max_batch" in grid:
             raise InputError(f"{where}: 'batch' fixes the global batch and 'max_batch' caps it: give one")
+    sizes = [grid_size(grid) for grid in grids]
+    if sum(n for n, _ in sizes) > MAX_PROBLEMS:
+        shown = "; ".join(text for _, text in sizes)
+        raise InputError(f"{path}: the batch expands to {sum(n for n, _ in sizes):,} problems ({shown}), more than "
+                         f"{MAX_PROBLEMS:,}: split it into several batch files")
+    for number, grid in enumerate(grids):
+        where = f"{path}: grids.{number}" if batch.grids else str(path)
         for problem in _expand(grid, loader, where, time_limit_s):
             known = problems.get(problem.id)
             if known is None:
@@ -162,6 +178,17 @@ def load_batch(path: str | Path, *, time_limit_s: float | None = None) -> list[P
     if not problems:
         raise InputError(f"{path}: the batch expands to no problems")
     return list(problems.values())
+
+
+def grid_size(grid: dict) -> tuple[int, str]:
+    """How many problems a grid expands to (before duplicates merge), and the product spelled out."""
+    axes = {name: len(grid.get(name, [None])) for name in ("models", "seq_size", "systems", "gpus", "max_batch",
+                                                            "batch", "datatype", "space", "attention")}
+    axes.update({name: len(values) for name, values in grid.get("overrides", {}).items()})
+    total = 1
+    for n in axes.values():
+        total *= n
+    return total, " × ".join(f"{name} {n}" for name, n in axes.items() if n > 1) or "1"
 
 
 def _merge(top: dict, grid: dict) -> dict:

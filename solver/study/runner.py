@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from costmodel.errors import InputError
+from costmodel.errors import InputError, MapsatError
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
@@ -18,9 +18,10 @@ from solver.study.batch import Problem
 from solver.report.tables import json_safe
 
 # ---------------------------------------------------------------------- one problem
-def solve_payload(payload: dict) -> dict:
+def solve_payload(payload: dict, progress=None) -> dict:
     """Solve one problem (a `Problem.payload`) into its result record. Never raises: any
-    failure becomes a record with status "error" and the message."""
+    failure becomes a record with status "error" and the message. `progress(phase)` hears
+    what the solver is doing."""
     started = time.perf_counter()
     record = {"id": payload["id"], "problem": payload["problem"]}
     try:
@@ -35,12 +36,15 @@ def solve_payload(payload: dict) -> dict:
         result = solve(model, system, problem["gpus"], max_batch=problem["max_batch"],
                        datatype=Datatype(problem["datatype"]),
                        space=pinned(get_space(problem["space"]), parse_pins(problem.get("fix", []))),
-                       kernels=Kernels.with_attention(problem.get("attention", "fused")), config=config)
+                       kernels=Kernels.with_attention(problem.get("attention", "fused")), config=config,
+                       progress=progress)
         solved = result.to_dict()
         record.update(solved)
         record["mappings"] = solved.get("space_size")
+    except MapsatError as err:  # the input or an internal error, already one line naming it
+        return error_record(payload, str(err), time.perf_counter() - started)
     except Exception as err:  # noqa: BLE001 - one failing problem must never stop the batch
-        return error_record(payload, f"{type(err).__name__}: {err}", time.perf_counter() - started)
+        return error_record(payload, f"internal error: {type(err).__name__}: {err}", time.perf_counter() - started)
     record["seconds"] = time.perf_counter() - started
     return json_safe(record)
 
@@ -202,13 +206,17 @@ def _child(payload: dict, conn) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def tell(phase: str) -> None:
+        conn.send(("phase", phase))
+
     try:  # Linux: be killed when the parent dies (even by SIGKILL), never solve for no one
         import ctypes
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
     except (OSError, AttributeError):
         pass
-    conn.send(solve_payload(payload))
+    conn.send(solve_payload(payload, tell))
     conn.close()
 
 
@@ -234,6 +242,7 @@ def _run_local(payloads: list[dict], jobs: int, limits: dict[str, float], tick=l
     context = _context()
     queue = list(reversed(payloads))
     running: dict[Any, tuple[dict, Any, float]] = {}  # connection -> (payload, process, start)
+    phases: dict[Any, str] = {}                        # connection -> what its solver last said it does
     try:
         while queue or running:
             while queue and len(running) < jobs:
@@ -248,18 +257,25 @@ def _run_local(payloads: list[dict], jobs: int, limits: dict[str, float], tick=l
             tick()
             for receiver, (payload, process, begun) in list(running.items()):
                 record = None
-                if receiver.poll():
+                while record is None and receiver.poll():
                     try:
-                        record = receiver.recv()
+                        message = receiver.recv()
                     except (EOFError, OSError):
-                        record = error_record(payload, f"worker process died (exit code {process.exitcode})",
-                                              time.monotonic() - begun)
-                elif time.monotonic() - begun > limits[payload["id"]]:
+                        message = error_record(payload, f"worker process died (exit code {process.exitcode})",
+                                               time.monotonic() - begun)
+                    if isinstance(message, tuple) and message[:1] == ("phase",):
+                        phases[receiver] = message[1]
+                    else:
+                        record = message
+                if record is None and time.monotonic() - begun > limits[payload["id"]]:
                     process.kill()
-                    record = error_record(payload, f"killed after the hard time limit of {limits[payload['id']]:g} s",
-                                          time.monotonic() - begun)
+                    limit = payload["problem"]["time_limit_s"]
+                    record = error_record(payload, f"killed after the hard time limit of {limits[payload['id']]:g} s "
+                                                   f"(1.5 × its time limit of {limit:g} s + 30 s) while "
+                                                   f"{phases.get(receiver, 'starting')}", time.monotonic() - begun)
                 if record is not None:
                     del running[receiver]
+                    phases.pop(receiver, None)
                     receiver.close()
                     process.join(5)
                     yield record

@@ -38,7 +38,7 @@ import yaml
 
 from costmodel.errors import InputError
 from costmodel.kernels import Kernels
-from costmodel.load import ensure_directory
+from costmodel.load import ensure_directory, parse
 from costmodel.model import Model
 from costmodel.system import System
 
@@ -120,8 +120,10 @@ def make_model(blocks: int, hidden: int, heads: int | None = None, *, seq_size: 
         if value <= 0:
             raise InputError(f"{field}: {value} must be > 0")
     attn_size = max(1, round(hidden / heads))
-    return Model(name=name or f"shape-{blocks}b-h{hidden}", hidden=hidden, feedforward=FEEDFORWARD_MULTIPLE * hidden,
-                 seq_size=seq_size, attn_heads=heads, attn_size=attn_size, num_blocks=blocks, vocab_size=vocab_size)
+    name = name or f"shape-{blocks}b-h{hidden}"
+    return parse(Model, dict(name=name, hidden=hidden, feedforward=FEEDFORWARD_MULTIPLE * hidden, seq_size=seq_size,
+                             attn_heads=heads, attn_size=attn_size, num_blocks=blocks, vocab_size=vocab_size),
+                 f"shape {name}")
 
 
 def hidden_for(params: float, blocks: int, heads: int | None = None, *, seq_size: int = SEQ_SIZE,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,19 +209,76 @@ def _parse_line(line: bytes) -> dict | None:
     return record
 
 
-def read_results(directory: str | Path) -> list[dict]:
+RECORD_NUMBER_MAX = 2.0**53
+"""Numbers in a record stay below 2^53 (exact in a float): GPU counts, parameters and times do."""
+_NUMBER, _WHOLE, _SIZE, _TEXT, _FLAG = "positive number", "positive whole number", "number >= 0", "text", "true/false"
+_RECORD_FIELDS = {   # what plots and tables read from a record, and the kind each must be
+    ("problem", "gpus"): _WHOLE, ("problem", "max_batch"): _WHOLE, ("problem", "datatype"): _TEXT,
+    ("problem", "space"): _TEXT, ("problem", "attention"): _TEXT, ("problem", "model", "params"): _NUMBER,
+    ("problem", "model", "name"): _TEXT, ("problem", "system", "name"): _TEXT,
+    ("problem", "system", "hbm_gib"): _NUMBER, ("problem", "system", "offload_gib"): _SIZE,
+    ("problem", "system", "offload_gbps"): _NUMBER, ("problem", "system", "offload_unbounded"): _FLAG,
+    ("problem", "system", "nvlink_size"): _WHOLE, ("best", "mfu"): _SIZE, ("best", "iteration_time_s"): _NUMBER,
+}
+
+
+def _is(value, kind: str, positive: bool) -> bool:
+    if kind == _TEXT:
+        return isinstance(value, str)
+    if kind == _FLAG:
+        return isinstance(value, bool)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    if abs(value) > RECORD_NUMBER_MAX:
+        return False
+    if kind == _SIZE and positive:
+        return value >= 0
+    return (value > 0 or not positive) and (kind != _WHOLE or isinstance(value, int))
+
+
+def record_problem(record: dict) -> str | None:
+    """Why a parsed record is not one `mapsat batch` could have written (a field of the wrong
+    kind where plots and tables read it), or None. Sizes must be positive in a solved record
+    (plots put them on log axes); an error record may carry any number its input held."""
+    solved = isinstance(record.get("best"), dict)
+    for path, kind in _RECORD_FIELDS.items():
+        value: object = record
+        for depth, key in enumerate(path):
+            if value is None:
+                break
+            if not isinstance(value, dict):
+                return f"'{'.'.join(path[:depth])}' is not a mapping"
+            value = value.get(key)
+        if value is not None and not _is(value, kind, solved):
+            return f"'{'.'.join(path)}' {value!r} is not a {kind}"
+    return None
+
+
+def read_results(directory: str | Path, dropped: list[int] | None = None) -> list[dict]:
     """The complete records of a batch directory (partial lines ignored), read-only: for
-    plots and reports while a batch may still be running."""
+    plots and reports while a batch may still be running. The numbers of complete lines
+    that are not result records are appended to `dropped` when it is given; a file whose
+    every line is such is an InputError naming it."""
     path = Path(directory) / RESULTS_JSONL
     if not Path(directory).is_dir():
         raise InputError(f"{directory}: no such directory")
     if not path.exists():
         raise InputError(f"{directory}: has no {RESULTS_JSONL} (run `mapsat batch FILE --out {directory}` first)")
     records: dict[str, dict] = {}
-    for line in path.read_bytes().split(b"\n")[:-1]:
+    bad: list[int] = []
+    for number, line in enumerate(path.read_bytes().split(b"\n")[:-1], start=1):
         record = _parse_line(line) if line.strip() else None
-        if record is not None and record["id"] not in records:
+        if record is not None and record_problem(record) is not None:
+            record = None
+        if record is None and line.strip():
+            bad.append(number)
+        elif record is not None and record["id"] not in records:
             records[record["id"]] = record
+    if bad and not records:
+        shown = ", ".join(map(str, bad[:5])) + (", …" if len(bad) > 5 else "")
+        raise InputError(f"{path}: none of its lines is a result record ({len(bad)} line(s) are not: {shown})")
+    if dropped is not None:
+        dropped.extend(bad)
     return list(records.values())
 
 

@@ -56,6 +56,13 @@ compute time: the objective resolves the optimum to about a millionth."""
 CEILING_REFERENCES = 1e4
 """Tangents stop at 10^4 reference times; above, the last tangent continues (still a lower
 bound, and no mapping that slow can be optimal), which keeps every coefficient in int64."""
+PRODUCT_GUARD = 1 << 60
+"""A tangent's slope times y's range above this would risk CP-SAT's int64 overflow check: y is
+then clamped from below (add_exp_term)."""
+MAX_LINEAR_UNITS = 1 << 40
+"""A linear term (DP, optimizer, memory) is capped at 2^40 units, 10^6 reference times or 1 EiB:
+lowering a lower bound keeps it sound, no mapping that far out is optimal or fits, and the
+objective's sum stays far inside CP-SAT's 64-bit integers whatever the inputs."""
 MEMORY_UNIT_BYTES = MiB
 MEMORY_CEILING_CAPACITIES = 64
 """Activation tangents stop at 64 × the HBM capacity: any mapping needing more is far past
@@ -153,6 +160,16 @@ def add_exp_term(m: cp_model.CpModel, name: str, log: LogLinear, unit: float, ce
         f_star = slope * LOG_SCALE / SLOPE_SCALE
         intercept = math.floor(SLOPE_SCALE * f_star - slope * y_star) - 1
         lines.append((slope, intercept))
+    steepest = max((s for s, _ in lines), default=0)
+    if steepest * max(abs(lo), abs(hi)) > PRODUCT_GUARD:
+        # Far below its tangents (a product with an exact 0 in it), y only needs to reach the
+        # point where every line is <= 0: clamp it there, so slope·y stays inside int64. The
+        # LP keeps y_clamped >= y, so no strength is lost where the lines bind.
+        y_floor = min(math.floor(-b / s) for s, b in lines)
+        if lo < y_floor:
+            clamped = m.NewIntVar(y_floor, max(hi, y_floor), f"log_{name}_clamped")
+            m.AddMaxEquality(clamped, [y, y_floor])
+            y = clamped
     # z's domain must hold every line's value over y's range, or CP-SAT would exclude mappings
     z_max = max([0] + [math.ceil((s * hi + b) / SLOPE_SCALE) for s, b in lines])
     z = m.NewIntVar(0, z_max, name)
@@ -206,14 +223,28 @@ class Bounds:
                 if not math.isfinite(value):
                     m.AddBoolOr([lit.Not()])
                 else:
-                    floor_units = math.floor(value / q.time_unit_s) - q.time_terms
+                    floor_units = math.floor(min(value / q.time_unit_s, MAX_LINEAR_UNITS)) - q.time_terms
                     weighted.append(max(0, floor_units) * lit)
             m.Add(objective >= sum(weighted))
+
+    def add_cutoff(self, m: cp_model.CpModel, target_s: float) -> None:
+        """objective <= the units of `target_s` (plus the rounding of each term): only
+        mappings whose surrogate could still beat or tie the target remain. Left out when
+        the target is past the tangents' ceiling (no coefficient may leave int64)."""
+        q = self.quantization
+        units = target_s / q.time_unit_s
+        if units < MAX_LINEAR_UNITS:
+            m.Add(self.objective() <= math.floor(units) + q.time_terms)
 
     def seconds(self, objective_units: float) -> float:
         """A proven objective bound in units, as a sound bound on the exact time in seconds."""
         q = self.quantization
         return max(0.0, (objective_units - q.time_terms) * q.time_unit_s)
+
+
+def _units(value: float, divisor: float) -> int:
+    """value / divisor rounded down and capped at MAX_LINEAR_UNITS (still a lower bound)."""
+    return math.floor(min(value / divisor, MAX_LINEAR_UNITS))
 
 
 def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, local_batch: dict,
@@ -278,10 +309,10 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
 
     def linear_term(name, options, divisor):
         """z >= Σ floor(table[k]/divisor)·pair[k], one table per option literal list."""
-        top = max(max(t.values()) for _, t in options) / divisor
-        z = m.NewIntVar(0, int(top) + 1, name)
+        top = max(_units(x, divisor) for _, t in options for x in t.values())
+        z = m.NewIntVar(0, top + 1, name)
         for lits, table in options:
-            ct = m.Add(z >= sum(math.floor(table[k] / divisor) * lit for k, lit in v.tp_pp.items()))
+            ct = m.Add(z >= sum(_units(table[k], divisor) * lit for k, lit in v.tp_pp.items()))
             if lits:
                 ct.OnlyEnforceIf(lits)
         return z
@@ -302,12 +333,12 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
         class_lits = {"no_sp": [comm_rs_ag.Not()], "sp": [comm_rs_ag, flag("seq_par_ag_redo", 0)],
                       "sp_redo": [comm_rs_ag, flag("seq_par_ag_redo", 1)]}
         rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
-        top = max(max(tables.workspace[(rc, cls)].values()) for rc in rcs for cls in ACT_CLASSES) / mib
-        workspace = m.NewIntVar(0, int(top) + 1, "hbm_workspace")
+        top = max(_units(x, mib) for rc in rcs for cls in ACT_CLASSES for x in tables.workspace[(rc, cls)].values())
+        workspace = m.NewIntVar(0, top + 1, "hbm_workspace")
         for rc in rcs:
             for cls in ACT_CLASSES:
                 table = tables.workspace[(rc, cls)]
-                m.Add(workspace >= sum(math.floor(table[k] / mib) * lit for k, lit in v.tp_mb.items())
+                m.Add(workspace >= sum(_units(table[k], mib) * lit for k, lit in v.tp_mb.items())
                       ).OnlyEnforceIf([flag("recompute", rc), *class_lits[cls]])
         memory.append(workspace)
         # blocks in flight >= blocks/pp · min(pp, microbatches): w = min(ln n, ln pp) exactly

@@ -1,0 +1,84 @@
+"""What is physically meaningful: the bounds every input is checked against, at the input
+boundary (the model, system and batch files, and the command line), each with its reason.
+
+They are generous — orders of magnitude beyond any machine or model built — and they
+keep every number the solver derives in range: CP-SAT takes 64-bit integers (products of
+sizes, times quantized to millionths of the fastest mapping's compute, memory in MiB) and
+its parameters are 32-bit. A value outside a bound is refused with the bound and its
+reason, never deep inside the solver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INT64_MAX = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Inclusive range [low, high] of one input, and why it stops there."""
+
+    low: float
+    high: float
+    reason: str
+
+    def problem(self, value: float) -> str | None:
+        """Why `value` is out of range, or None when it is inside."""
+        if value < self.low:
+            return f"below {_shown(self.low)}, the smallest mapsat accepts ({self.reason})"
+        if value > self.high:
+            return f"above {_shown(self.high)}, the largest mapsat accepts ({self.reason})"
+        return None
+
+
+def _shown(value: float) -> str:
+    """2^k for large powers of two, 2^63 - 1 for the int64 limit, whole numbers with commas."""
+    if value == INT64_MAX:
+        return "2^63 - 1"
+    if isinstance(value, int) or float(value).is_integer() and abs(value) < 1e15:
+        whole = int(value)
+        if whole >= 1 << 20 and whole & (whole - 1) == 0:
+            return f"2^{whole.bit_length() - 1}"
+        return f"{whole:,}"
+    return f"{value:g}"
+
+
+# ---- the model (costmodel.model.Model)
+HIDDEN = Bound(1, 1 << 20, "the widest models built are 2^14-2^15 wide")
+FEEDFORWARD = Bound(1, 1 << 22, "4 × the widest hidden size")
+SEQ_SIZE = Bound(1, 1 << 24, "16M tokens, far past the longest trained context")
+ATTN_HEADS = Bound(1, 1 << 16, "a head per 16 columns of the widest hidden size")
+ATTN_SIZE = Bound(1, 1 << 16, "a head as wide as the widest hidden size")
+NUM_BLOCKS = Bound(1, 1 << 20, "the deepest models built have a few hundred blocks")
+VOCAB_SIZE = Bound(1, 1 << 24, "16M tokens, 60 × the largest vocabularies in use")
+
+# ---- the system (costmodel.system.System)
+TFLOPS = Bound(1e-3, 1e6, "1 GFLOP/s to 1 EFLOP/s per GPU; an H100 does 989 TFLOP/s in bf16")
+CAPACITY_GIB = Bound(2.0**-10, 2.0**16, "1 MiB (the solver's memory unit) to 64 TiB per GPU")
+CAPACITY_GIB_OR_ZERO = Bound(0.0, 2.0**16, "none up to 64 TiB per GPU")
+BANDWIDTH_GBPS = Bound(1e-3, 1e6, "1 MB/s to 1 PB/s per GPU; HBM3 does 3,350 GB/s")
+EFFICIENCY = Bound(1e-3, 1.0, "a fraction of peak; below 0.1 % the hardware is not working")
+LATENCY_US = Bound(0.0, 1e6, "up to one second per collective; real ones take microseconds")
+NETWORK_SIZE = Bound(1, INT64_MAX, "a GPU count is a 64-bit integer; any size >= the GPU count behaves the same")
+BYTES_FACTOR = Bound(1e-3, 1024.0, "bytes moved per participant per message byte: a ring all-reduce moves 2")
+N_OFFSET = Bound(-2.0, 0.0, "n + n_offset must stay >= 0 for every group of n >= 2 GPUs, or a collective "
+                            "would move negative bytes; a ring uses -1")
+NETWORK_INDEX = Bound(0, 1023, "an index into the system's networks; systems have two or three")
+NETWORKS = Bound(1, 16, "network levels; real systems have two or three (NVLink, InfiniBand)")
+CURVE_POINTS = Bound(1, 1024, "[size, efficiency] pairs in one curve; calibrated curves have a handful")
+SHAPE_OVERHEAD = Bound(0.0, 1e30, "a fitted kernel-time shape term (costmodel.kernel_time); 1e30 is past any "
+                                   "operation")
+CURVE_SIZE = Bound(0.0, 1e30, "an operation's FLOP or bytes; 1e30 is past any model")
+
+# ---- the search (command line and batch files)
+GPUS_COUNT = Bound(1, INT64_MAX, "a 64-bit integer; counting is closed-form at any size")
+GPUS_SEARCH = Bound(1, 1 << 24, "16.7M GPUs, 100 × the largest clusters; solve and brute score mappings")
+MAX_BATCH_COUNT = Bound(1, INT64_MAX, "a 64-bit integer")
+MAX_BATCH_SEARCH = Bound(1, 1 << 24, "16.7M sequences per step, 1000 × the largest batches trained")
+TIME_LIMIT_S = Bound(1e-6, 1e6, "a microsecond to eleven days")
+WORKERS = Bound(1, 1024, "threads or processes; more than the cores only slows the search")
+SEED = Bound(-(1 << 31), (1 << 31) - 1, "CP-SAT's random seed is a 32-bit integer")
+JOBS = Bound(1, 1024, "processes at once; each needs memory of its own")
+PARAMS = Bound(1, 1e18, "a quintillion parameters, 10^5 × the largest models built")
+TOP_K = Bound(1, 1000, "mappings listed; a longer table is not read")
