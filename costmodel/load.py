@@ -239,6 +239,27 @@ def parse(model_cls: type[T], data: Any, source: str) -> T:
         raise InputError(describe_validation_error(err, model_cls, source)) from None
 
 
+# Fields that only one kind of input file has: a file of another kind given in its place is
+# named as what it looks like, not reported field by field.
+_KIND_MARKS = {
+    "model": ("hidden", "num_blocks", "attn_heads", "feedforward", "model_type", "num_hidden_layers"),
+    "system": ("compute", "hbm", "networks"),
+    "mapping": ("tensor_par", "pipeline_par", "data_par", "num_procs"),
+}
+_KIND_OPTION = {"model": "--model", "system": "--system", "mapping": "--mapping"}
+
+
+def _check_kind(data: Any, expected: str, source: str) -> None:
+    """An InputError when `data` has none of the expected kind's marks and some of another's."""
+    if not isinstance(data, dict) or any(key in data for key in _KIND_MARKS[expected]):
+        return
+    for kind, marks in _KIND_MARKS.items():
+        found = [key for key in marks if key in data]
+        if kind != expected and found:
+            raise InputError(f"{source}: this looks like a {kind} file (it has {', '.join(found)}), not a "
+                             f"{expected} file: give it as {_KIND_OPTION[kind]}")
+
+
 def load_model(path: str | Path, *, seq_size: int | None = None) -> Model:
     """A model file: this project's (Calculon's field names) or a Hugging Face config.json
     (costmodel.hf), named after its folder (`llama-3.1-70b/config.json`: llama-3.1-70b).
@@ -246,6 +267,7 @@ def load_model(path: str | Path, *, seq_size: int | None = None) -> Model:
     is required with a config.json, which does not state one."""
     path = Path(path)
     data = read_document(path)
+    _check_kind(data, "model", str(path))
     if is_hf_config(data):
         name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
         return parse(Model, model_fields_from_hf(data, str(path), seq_size=seq_size, name=name), str(path))
@@ -258,13 +280,16 @@ def load_model(path: str | Path, *, seq_size: int | None = None) -> Model:
 
 def load_system(path: str | Path) -> System:
     data = read_document(path)
+    _check_kind(data, "system", str(path))
     if isinstance(data, dict) and "name" not in data:
         data = {"name": Path(path).stem, **data}
     return parse(System, data, str(path))
 
 
 def load_mapping(path: str | Path) -> Mapping:
-    return parse(Mapping, read_document(path), str(path))
+    data = read_document(path)
+    _check_kind(data, "mapping", str(path))
+    return parse(Mapping, data, str(path))
 
 
 def ensure_directory(path: str | Path, option: str) -> Path:

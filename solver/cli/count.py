@@ -13,7 +13,7 @@ from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 import costmodel.limits as limits
 from solver.cli.options import (BoundedInt, datatype_option, load_problem, problem_options,
-                                space_and_cap, space_options, user_errors, wide_console)
+                                space_and_cap, space_options, system_label, user_errors, wide_console)
 from solver.search.brute import scan
 from solver.space.pins import describe_pins, pins_text
 from solver.space.count import CountResult, count_mappings
@@ -66,7 +66,8 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "fixed": describe_pins(space)}, indent=2))
     else:
-        print_count(result, model.name, system.name + pins_text(space))
+        label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+        print_count(result, model.name, label + pins_text(space))
 
 
 def print_count(result: CountResult, model_name: str, system_name: str) -> None:

@@ -6,7 +6,7 @@ import click
 
 from costmodel.evaluate import evaluate
 from costmodel.load import load_mapping
-from solver.cli.options import given_once, load_problem, problem_options, user_errors
+from solver.cli.options import given_once, load_problem, problem_options, system_label, user_errors
 from solver.report.tables import console, dumps, evaluation_tables
 
 
@@ -33,5 +33,6 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         click.echo(dumps(ev.to_dict()))
         return
     out = console()
-    for table in evaluation_tables(ev, title=f"{model.name} on {ev.mapping.num_procs} x {system.name}"):
+    label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+    for table in evaluation_tables(ev, title=f"{model.name} on {ev.mapping.num_procs} x {label}"):
         out.print(table)

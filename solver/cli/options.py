@@ -171,6 +171,21 @@ def load_problem(model_path: str, system_path: str, hbm_gib: float | None, offlo
     return model, system
 
 
+def system_label(system: System, hbm_gib: float | None = None, offload_gib: float | None = None,
+                 offload_gbps: float | None = None, nvlink_size: int | None = None) -> str:
+    """The system's name and, when the command line changed it, what it changed:
+    "h100-80g-nvl8 (hbm 40 GiB, offload 1024 GiB @ 100 GB/s, nvlink 16)"."""
+    changed = []
+    if hbm_gib is not None:
+        changed.append(f"hbm {hbm_gib:g} GiB")
+    if offload_gib is not None or offload_gbps is not None:
+        changed.append("no offload" if system.offload is None else
+                       f"offload {system.offload.capacity_gib:g} GiB @ {system.offload.bandwidth_gbps:g} GB/s")
+    if nvlink_size is not None:
+        changed.append(f"{system.networks[0].name} {nvlink_size}")
+    return system.name + (f" ({', '.join(changed)})" if changed else "")
+
+
 def wide_console() -> Console:
     """A console for tables: the terminal's width, or 200 columns when writing to a file or
     pipe (rich would otherwise squeeze tables into 80 and cut every cell)."""

@@ -10,7 +10,7 @@ from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 import costmodel.limits as limits
 from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, load_problem, problem_options,
-                                space_and_cap, space_options, user_errors, wide_console)
+                                space_and_cap, space_options, system_label, user_errors, wide_console)
 from solver.report.tables import dumps, evaluation_tables, mapping_summary
 from solver.space.pins import describe_pins, pins_text
 from solver.search.solve import SolverConfig, SolveResult, solve
@@ -53,8 +53,9 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     if as_json:
         click.echo(dumps({**result.to_dict(), "fixed": describe_pins(space)}))
     else:
-        print_result(result, f"{model.name} on {num_gpus:,} x {system.name}, {datatype}, space {space_name}{pins_text(space)}, "
-                                   f"{attention} attention")
+        label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+        print_result(result, f"{model.name} on {num_gpus:,} x {label}, {datatype}, space {space_name}"
+                             f"{pins_text(space)}, {attention} attention")
     if result.status == "unknown":
         raise MapsatError(f"no mapping found within the time limit of {time_limit_s:g} s (none proven infeasible "
                           f"either): give a longer --time-limit")
