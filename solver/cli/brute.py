@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 from rich.table import Table
@@ -56,6 +57,10 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
     else:
         label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
         print_brute(result, model.name, label + pins_text(space))
+    if result.interrupted:
+        click.echo(f"interrupted (Ctrl-C) after scoring {result.evaluated:,} of {result.space_size:,} mappings: "
+                   + ("the best of those, not the optimum" if result.best else "none of them feasible"), err=True)
+        sys.exit(130)
     if result.best is None:
         raise MapsatError(result.infeasible_reason(system.hbm.capacity_bytes))
 

@@ -63,6 +63,8 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
                        progress=not as_json)
         result = result.with_feasible(scanned.feasible, scanned.feasible_by_dimension, Datatype(datatype),
                                       time.perf_counter() - start)
+        if scanned.interrupted:
+            raise KeyboardInterrupt   # a partial feasible count is no count: user_errors exits 130
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "fixed": describe_pins(space)}, indent=2))
     else:

@@ -35,7 +35,8 @@ def _debugging() -> bool:
 def user_errors(func: Callable) -> Callable:
     """Turn the errors a user causes into a one-line message and exit status 1 (unless --debug):
     MapsatError (bad input, infeasible problem), and an OSError on a file the user named
-    (a --csv or output path in a missing directory, a full disk, no permission)."""
+    (a --csv or output path in a missing directory, a full disk, no permission). Ctrl-C
+    that no command handled itself exits 130 with one line."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
@@ -51,6 +52,11 @@ def user_errors(func: Callable) -> Callable:
                 raise
             click.echo(f"error: {err.filename}: {err.strerror or err}", err=True)
             sys.exit(1)
+        except KeyboardInterrupt:
+            if _debugging():
+                raise
+            click.echo("interrupted (Ctrl-C)", err=True)
+            sys.exit(130)
 
     return wrapper
 

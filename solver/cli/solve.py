@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 from rich.table import Table
 
@@ -56,6 +58,10 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
         print_result(result, f"{model.name} on {num_gpus:,} x {label}, {datatype}, space {space_name}"
                              f"{pins_text(space)}, {attention} attention")
+    if result.status == "interrupted":
+        click.echo("interrupted (Ctrl-C): " + ("the best mapping found so far, not certified" if result.best
+                                                else "no feasible mapping found yet"), err=True)
+        sys.exit(130)
     if result.status == "unknown":
         raise MapsatError(f"no mapping found within the time limit of {time_limit_s:g} s (none proven infeasible "
                           f"either): give a longer --time-limit")

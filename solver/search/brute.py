@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -83,6 +84,8 @@ class BruteResult:
     min_hbm_bytes: float | None = None
     best_time_breakdown_s: dict[str, float] = field(default_factory=dict)
     attention: str = "fused"
+    interrupted: bool = False     # Ctrl-C: `evaluated` of the space's mappings were scored
+    space_size: int = 0
 
     def to_dict(self) -> dict:
         best = None
@@ -92,7 +95,7 @@ class BruteResult:
                 "datatype": self.datatype, "best": best, "top": [c.to_dict() for c in self.top],
                 "evaluated": self.evaluated, "feasible": self.feasible, "feasible_by_dimension": self.feasible_by_dimension,
                 "blocked": self.blocked, "min_hbm_bytes": self.min_hbm_bytes, "workers": self.workers,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "interrupted": self.interrupted, "space_size": self.space_size}
 
     def infeasible_reason(self, hbm_capacity_bytes: float) -> str:
         """One line: why nothing is feasible, naming the checks that rule mappings out."""
@@ -127,6 +130,8 @@ _WORKER: dict = {}
 
 def _init_worker(model: Model, system: System, the_plan: Plan, datatype: Datatype, kernels: Kernels, top_k: int,
                  csv: bool) -> None:
+    if multiprocessing.parent_process() is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle
     _WORKER.update(model=model, system=system, plan=the_plan, datatype=datatype, kernels=kernels, top_k=top_k, csv=csv)
 
 
@@ -222,6 +227,7 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
     blocked: dict[str, int] = defaultdict(int)
     min_hbm = float("inf")
     tops: list[_ChunkOutcome] = []
+    interrupted = False
     csv_file = open(csv_path, "w", encoding="utf-8") if csv_path is not None else None
     bar = Progress(TextColumn("[bold]brute"), BarColumn(), MofNCompleteColumn(), TextColumn("mappings"),
                    TimeElapsedColumn(), TimeRemainingColumn(), console=Console(stderr=True), disable=not progress,
@@ -246,6 +252,8 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
                     outcome.csv_text = None  # keep only the small part in memory
                     tops.append(outcome)
                 bar.advance(task, outcome.evaluated)
+    except KeyboardInterrupt:     # Ctrl-C: what was scored so far (the pool is torn down by _run)
+        interrupted = True
     finally:
         if csv_file is not None:
             csv_file.close()
@@ -259,7 +267,8 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
         seconds=time.perf_counter() - start, workers=workers,
         feasible_by_dimension=label_breakdown(space, breakdown) if feasible else {},
         blocked={k: v for k, v in blocked.items() if v}, min_hbm_bytes=min_hbm if evaluated else None,
-        best_time_breakdown_s=breakdown_times, attention=kernels.attention)
+        best_time_breakdown_s=breakdown_times, attention=kernels.attention, interrupted=interrupted,
+        space_size=the_plan.total)
 
 
 def _run(args: tuple, num_chunks: int, workers: int):

@@ -18,6 +18,7 @@ enumeration order).
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -81,7 +82,7 @@ class SolverConfig:
 
 @dataclass(frozen=True)
 class SolveResult:
-    status: str                       # optimal | feasible | infeasible | unknown (no incumbent in time)
+    status: str                       # optimal | feasible | infeasible | unknown (no incumbent in time) | interrupted
     best: Evaluation | None
     top: list[Evaluation]
     certified_optimal: bool
@@ -199,46 +200,48 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
 
     # Warm start: the blocks the surrogate ranks best, scored until the next one's bound
     # cannot beat the K-th best (or WARM_START_BLOCKS are done, or the time is up).
-    say("warm start: scoring the blocks the surrogate ranks best")
-    ranked = sorted((floor, key) for key, floor in bounds.block_floors.items() if math.isfinite(floor))
-    for floor, key in ranked[:WARM_START_BLOCKS]:
-        if floor >= best.target_s * (1 + WARM_START_MARGIN) or time.perf_counter() >= deadline:
-            break
-        score(key)
-    bounds.add_floor_cuts(m, v, exclude=scored_keys)
-
-    rounds, certified, bound_units, cpsat_status = 0, False, None, None
-    while True:
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            break
-        if math.isfinite(best.target_s):
-            bounds.add_cutoff(m, best.target_s)
-        solver = _cpsat(remaining, config.workers, config.seed)
-        collector = _Collector(v)
-        say(f"CP-SAT round {rounds + 1} ({len(scored_keys)} blocks scored)")
-        status = _checked_solve(m, solver, collector)
-        rounds += 1
-        cpsat_status = solver.StatusName(status)
-        if status == cp_model.INFEASIBLE:
-            certified = True      # no unscored mapping's bound beats the K-th best
-            break
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            break                 # UNKNOWN: the time ran out inside the round
-        bound_units = solver.BestObjectiveBound()
-        # Score each candidate's block, and the same split and microbatch at every other
-        # interleaving: neighbours that are often nearly as fast, cheap to score together.
-        for tp, pp, _, mb in collector.blocks:
-            for il in skels[index[(tp, pp)]].interleavings:
-                if (tp, pp, il, mb) not in scored_set:
-                    score((tp, pp, il, mb))
-        if status == cp_model.OPTIMAL and bounds.seconds(bound_units) >= best.target_s:
-            certified = True
-            break
+    rounds, certified, bound_units, cpsat_status, interrupted = 0, False, None, None, False
+    try:
+        say("warm start: scoring the blocks the surrogate ranks best")
+        ranked = sorted((floor, key) for key, floor in bounds.block_floors.items() if math.isfinite(floor))
+        for floor, key in ranked[:WARM_START_BLOCKS]:
+            if floor >= best.target_s * (1 + WARM_START_MARGIN) or time.perf_counter() >= deadline:
+                break
+            score(key)
+        bounds.add_floor_cuts(m, v, exclude=scored_keys)
+        while True:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                break
+            if math.isfinite(best.target_s):
+                bounds.add_cutoff(m, best.target_s)
+            solver = _cpsat(remaining, config.workers, config.seed)
+            collector = _Collector(v)
+            say(f"CP-SAT round {rounds + 1} ({len(scored_keys)} blocks scored)")
+            status = _checked_solve(m, solver, collector)
+            rounds += 1
+            cpsat_status = solver.StatusName(status)
+            if status == cp_model.INFEASIBLE:
+                certified = True      # no unscored mapping's bound beats the K-th best
+                break
+            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                break                 # UNKNOWN: the time ran out inside the round
+            bound_units = solver.BestObjectiveBound()
+            # Score each candidate's block, and the same split and microbatch at every other
+            # interleaving: neighbours that are often nearly as fast, cheap to score together.
+            for tp, pp, _, mb in collector.blocks:
+                for il in skels[index[(tp, pp)]].interleavings:
+                    if (tp, pp, il, mb) not in scored_set:
+                        score((tp, pp, il, mb))
+            if status == cp_model.OPTIMAL and bounds.seconds(bound_units) >= best.target_s:
+                certified = True
+                break
+    except KeyboardInterrupt:     # Ctrl-C: the best found so far, not certified
+        interrupted = True
     # Every block left unscored has a surrogate floor; when none can reach the K-th best
     # (or none is left), the top K is proven whether or not CP-SAT finished a round.
     unscored = min((f for k, f in bounds.block_floors.items() if k not in scored_set), default=math.inf)
-    certified = certified or math.isinf(unscored) or unscored > best.target_s
+    certified = not interrupted and (certified or math.isinf(unscored) or unscored > best.target_s)
     blocks = len(scored_keys)
     scored = sum(len(the_plan.flag_tables[index[(k[0], k[1])]]) for k in scored_keys)
 
@@ -250,8 +253,10 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
             say("diagnosing why no mapping is feasible")
             return _infeasible(started, scored, diagnose(problem, skels, c, deadline - time.perf_counter()),
                                rounds, blocks, the_plan.total, cpsat_status)
-        return SolveResult("unknown", None, [], False, None, None, seconds, scored, blocks, rounds, the_plan.total,
-                           infeasible_reasons=["time limit reached before any feasible mapping was found"],
+        return SolveResult("interrupted" if interrupted else "unknown", None, [], False, None, None, seconds, scored,
+                           blocks, rounds, the_plan.total,
+                           infeasible_reasons=["interrupted (Ctrl-C) before any feasible mapping was found" if interrupted
+                                               else "time limit reached before any feasible mapping was found"],
                            cpsat_status=cpsat_status)
     best_time = top[0].iteration_time_s
     if certified:
@@ -262,7 +267,8 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
         bound_s = max(bounds.seconds(bound_units) if bound_units is not None else 0.0, min(unscored, best_time))
         bound_s = min(bound_s, best_time)
         gap = (best_time - bound_s) / best_time
-    return SolveResult("optimal" if certified else "feasible", top[0], top, certified, bound_s, gap, seconds,
+    status = "optimal" if certified else ("interrupted" if interrupted else "feasible")
+    return SolveResult(status, top[0], top, certified, bound_s, gap, seconds,
                        scored, blocks, rounds, the_plan.total, binding=binding_constraints(problem, top[0]),
                        cpsat_status=cpsat_status)
 
@@ -279,12 +285,39 @@ def _checked_solve(m: cp_model.CpModel, solver: cp_model.CpSolver, callback=None
     """Solve, and turn MODEL_INVALID into an InternalError with CP-SAT's own reason: the input
     boundary (costmodel.limits) keeps every number in range, so an invalid model is a bug,
     never a time-out or an infeasible problem."""
-    status = solver.Solve(m, callback) if callback is not None else solver.Solve(m)
+    status = _interruptible_solve(m, solver, callback)
     if status == cp_model.MODEL_INVALID:
         reason = " ".join((m.Validate() or solver.SolutionInfo() or "no reason given").split())
         raise InternalError(f"internal error: CP-SAT rejected the model as invalid ({reason[:300]}); "
                             f"please report it with the input files")
     return status
+
+
+def _interruptible_solve(m: cp_model.CpModel, solver: cp_model.CpSolver, callback=None) -> int:
+    """solver.Solve in a helper thread while the main thread waits on it, so that Ctrl-C
+    (which Python handles in the main thread only) stops the search at once (StopSearch)
+    and comes back as KeyboardInterrupt. CP-SAT is told not to take SIGINT itself: it would
+    stop the round silently and leave the process without Python's handler."""
+    solver.parameters.catch_sigint_signal = False
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["status"] = solver.Solve(m, callback) if callback is not None else solver.Solve(m)
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread below
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, name="cp-sat", daemon=True)
+    thread.start()
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        solver.StopSearch()
+        thread.join()
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["status"]
 
 
 def _infeasible(started, scored, reasons, rounds=0, blocks=0, size=0, cpsat_status=None) -> SolveResult:
