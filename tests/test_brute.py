@@ -17,7 +17,8 @@ from costmodel.evaluate import evaluate, evaluate_arrays
 from costmodel.load import load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
-from solver.search.brute import _top_indices, scan
+from solver.search.brute import scan
+from solver.search.distinct import top_groups
 from solver.cli.app import cli
 from solver.space.count import count_mappings
 from solver.space.enumerate import enumerate_all
@@ -54,7 +55,16 @@ def test_brute_matches_scoring_everything_at_once(h100, reference) -> None:
     assert found.feasible == int(result.feasible.sum())
     assert 0 < found.feasible < found.evaluated, "the test problem should have feasible and infeasible mappings"
     assert {"hbm_capacity", "dp_network"} <= set(found.blocked)
-    assert [c.ordinal for c in found.top] == [int(i) for i in order[:7]]
+    # distinct top 7: the first-enumerated of each group of mappings with the same skeleton,
+    # time and memory (settings without effect), taken in (time, ordinal) order
+    firsts, seen = [], set()
+    for i in order.tolist():
+        key = (*(int(arrays.columns[n][i]) for n in ("tp", "pp", "dp", "batch", "interleaving", "microbatch")),
+               float(result.iteration_time_s[i]), float(result.hbm_bytes[i]), float(result.offload_bytes[i]))
+        if key not in seen:
+            seen.add(key)
+            firsts.append(i)
+    assert [c.ordinal for c in found.top] == firsts[:7]
     for c in found.top:
         assert c.mapping == arrays.to_mapping(c.ordinal, Datatype.float8)
         assert c.iteration_time_s == pytest.approx(float(result.iteration_time_s[c.ordinal]), rel=1e-12)
@@ -84,10 +94,12 @@ def test_independent_of_workers_and_chunk_size(h100) -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 5), min_size=0, max_size=60), st.integers(0, 12), st.randoms(use_true_random=False))
 def test_top_indices_break_ties_by_ordinal(times, k, rnd) -> None:
+    # every mapping its own group (distinct keys): the top groups are the top mappings
     time_s = np.array(times, dtype=float)
     ordinal = np.array(rnd.sample(range(1000), len(times)), dtype=np.int64)
+    keys = np.arange(len(times), dtype=np.int64)[:, None]
     expected = np.lexsort((ordinal, time_s))[:k] if k else np.zeros(0, dtype=np.int64)
-    assert _top_indices(time_s, ordinal, k).tolist() == expected.tolist()
+    assert [int(g[0]) for g in top_groups(time_s, ordinal, keys, k)] == expected.tolist()
 
 
 def test_csv_holds_every_feasible_mapping(h100, reference, tmp_path: Path) -> None:

@@ -22,7 +22,8 @@ from costmodel.system import Datatype, System
 from solver.cli.app import cli
 from solver.search.cpsat import constraints
 from solver.search.cpsat.constraints import Problem
-from solver.search.solve import SolverConfig, _checked_solve, _structure_model, solve
+from solver.search.cpsat.run import checked_solve
+from solver.search.solve import SolverConfig, _structure_model, solve
 from solver.space.declaration import get_space, skeletons
 from solver.space.factor import divisors, factorise
 from test_cli_errors import assert_problem_error, assert_usage_error
@@ -61,7 +62,7 @@ def test_model_invalid_is_an_internal_error_not_a_time_out():
     x = m.NewIntVar(0, INT64_MAX // 2, "x")
     m.Add(4 * x >= 1)  # 4·x may overflow int64: CP-SAT refuses the model
     with pytest.raises(InternalError, match=r"internal error: CP-SAT rejected the model as invalid \(.*overflow"):
-        _checked_solve(m, cp_model.CpSolver())
+        checked_solve(m, cp_model.CpSolver())
 
 
 @pytest.mark.parametrize("args, kind, fragments", [

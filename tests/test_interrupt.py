@@ -17,7 +17,8 @@ import solver.search.brute as brute_module
 import solver.search.solve as solve_module
 from costmodel.load import load_model, load_system
 from solver.cli.app import cli
-from solver.search.solve import SolverConfig, _interruptible_solve, solve
+from solver.search.cpsat.run import interruptible_solve
+from solver.search.solve import SolverConfig, solve
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = load_model(ROOT / "problems/models/gpt3-13b.yaml")
@@ -46,14 +47,14 @@ def test_ctrl_c_stops_cp_sat_at_once():
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            _interruptible_solve(m, solver, _Slow())
+            interruptible_solve(m, solver, _Slow())
     finally:
         timer.cancel()
     assert time.perf_counter() - started < 10
 
 
 def test_interrupted_solve_returns_the_best_so_far(monkeypatch):
-    real = solve_module._checked_solve
+    real = solve_module.checked_solve
 
     def interrupt_second_round(m, solver, callback=None):
         interrupt_second_round.calls += 1
@@ -62,7 +63,7 @@ def test_interrupted_solve_returns_the_best_so_far(monkeypatch):
         return real(m, solver, callback)
 
     interrupt_second_round.calls = 0
-    monkeypatch.setattr(solve_module, "_checked_solve", interrupt_second_round)
+    monkeypatch.setattr(solve_module, "checked_solve", interrupt_second_round)
     monkeypatch.setattr(solve_module, "WARM_START_BLOCKS", 1)   # leave work for the rounds
     result = solve(MODEL, SYSTEM, 64, config=SolverConfig(top_k=3))
     assert result.status == "interrupted" and not result.certified_optimal
@@ -73,7 +74,7 @@ def test_interrupted_commands_exit_130(monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(solve_module, "_checked_solve", interrupted)
+    monkeypatch.setattr(solve_module, "checked_solve", interrupted)
     monkeypatch.setattr(solve_module, "WARM_START_BLOCKS", 0)
     result = CliRunner().invoke(cli, ["solve", *ARGS])
     assert result.exit_code == 130 and "interrupted (Ctrl-C)" in result.output

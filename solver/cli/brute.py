@@ -6,16 +6,15 @@ import json
 import sys
 
 import click
-from rich.table import Table
 
+import costmodel.limits as limits
 from costmodel.errors import MapsatError
+from costmodel.evaluate import evaluate
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
-from costmodel.units import GiB
-import costmodel.limits as limits
 from solver.cli.options import (BoundedInt, datatype_option, load_problem, problem_options,
                                 space_and_cap, space_options, system_label, user_errors, wide_console)
-from solver.report.tables import MAPPING_HEADERS, mapping_cells
+from solver.report.tables import evaluation_tables, top_table
 from solver.search.brute import BruteResult, scan
 from solver.space.pins import describe_pins, pins_text
 
@@ -56,7 +55,8 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
         click.echo(json.dumps({**result.to_dict(), "fixed": describe_pins(space)}, indent=2))
     else:
         label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
-        print_brute(result, model.name, label + pins_text(space))
+        best = evaluate(model, system, result.best.mapping) if result.best is not None else None
+        print_brute(result, model.name, label + pins_text(space), best)
     if result.interrupted:
         click.echo(f"interrupted (Ctrl-C) after scoring {result.evaluated:,} of {result.space_size:,} mappings: "
                    + ("the best of those, not the optimum" if result.best else "none of them feasible"), err=True)
@@ -65,7 +65,7 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
         raise MapsatError(result.infeasible_reason(system.hbm.capacity_bytes))
 
 
-def print_brute(result: BruteResult, model_name: str, system_name: str) -> None:
+def print_brute(result: BruteResult, model_name: str, system_name: str, best_evaluation=None) -> None:
     """Human output: counts, the best mapping with its time and memory, the top-k table."""
     console = wide_console()
     rate = result.evaluated / result.seconds if result.seconds > 0 else 0.0
@@ -73,30 +73,10 @@ def print_brute(result: BruteResult, model_name: str, system_name: str) -> None:
                   f"space {result.space}, {result.attention} attention: "
                   f"evaluated [bold]{result.evaluated:,}[/bold] mappings, [bold]{result.feasible:,}[/bold] feasible, "
                   f"in {result.seconds:.1f} s ({rate:,.0f} mappings/s, {result.workers} workers)")
-    if result.best is None:
+    if result.best is None or best_evaluation is None:
         return
-    best = result.best
-    console.print(f"best: [bold]{best.iteration_time_s:.4f} s[/bold] per iteration, MFU {best.mfu:.1%}")
-    mapping_table = Table(title="Best mapping", title_justify="left", show_header=False)
-    for key, value in best.mapping.model_dump(mode="json").items():
-        mapping_table.add_row(key, str(value))
-    console.print(mapping_table)
-    detail = Table(title="Where the time goes and memory per GPU", title_justify="left")
-    detail.add_column("time term")
-    detail.add_column("s", justify="right")
-    detail.add_column("memory")
-    detail.add_column("GiB", justify="right")
-    times = list(result.best_time_breakdown_s.items())
-    memory = list(best.memory.items())
-    for i in range(max(len(times), len(memory))):
-        t = times[i] if i < len(times) else ("", None)
-        mem = memory[i] if i < len(memory) else ("", None)
-        detail.add_row(t[0], "" if t[1] is None else f"{t[1]:.4f}", mem[0], "" if mem[1] is None else f"{mem[1] / GiB:.2f}")
-    console.print(detail)
-    top = Table(title=f"Top {len(result.top)} (ties: first enumerated wins)", title_justify="left")
-    for header in ("#", "time s", "MFU", *MAPPING_HEADERS, "HBM GiB", "offload GiB"):
-        top.add_column(header, justify="right")
-    for rank, c in enumerate(result.top, start=1):
-        top.add_row(str(rank), f"{c.iteration_time_s:.4f}", f"{c.mfu:.1%}", *mapping_cells(c.mapping.model_dump(mode="json")),
-                    f"{c.memory['hbm_bytes'] / GiB:.1f}", f"{c.memory['offload_bytes'] / GiB:.1f}")
-    console.print(top)
+    for table in evaluation_tables(best_evaluation, title="Best mapping"):
+        console.print(table)
+    console.print(top_table([(c.iteration_time_s, c.mfu, c.memory["hbm_bytes"], c.memory["offload_bytes"],
+                              c.mapping.model_dump(mode="json"), c.equivalents) for c in result.top],
+                            f"Top {len(result.top)} distinct (ties: first enumerated wins)"))

@@ -5,17 +5,16 @@ from __future__ import annotations
 import sys
 
 import click
-from rich.table import Table
 
+import costmodel.limits as limits
 from costmodel.errors import MapsatError
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
-import costmodel.limits as limits
 from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, load_problem, problem_options,
                                 space_and_cap, space_options, system_label, user_errors, wide_console)
-from solver.report.tables import dumps, evaluation_tables, mapping_summary
-from solver.space.pins import describe_pins, pins_text
+from solver.report.tables import dumps, evaluation_tables, top_table
 from solver.search.solve import SolverConfig, SolveResult, solve
+from solver.space.pins import describe_pins, pins_text
 
 
 @click.command("solve")
@@ -86,15 +85,12 @@ def print_result(result: SolveResult, title: str) -> None:
               f"scored exactly, in {result.blocks_scored} blocks)")
     if result.best is None:
         return
-    for table in evaluation_tables(result.best, title="best"):
+    for table in evaluation_tables(result.best, title="Best mapping"):
         out.print(table)
-    top = Table(title=f"top {len(result.top)}")
-    for column in ("#", "time (s)", "MFU", "HBM (GiB)", "mapping"):
-        top.add_column(column, justify="left" if column == "mapping" else "right")
-    for rank, ev in enumerate(result.top, 1):
-        top.add_row(str(rank), f"{ev.iteration_time_s:.4f}", f"{100 * ev.mfu:.2f} %", f"{ev.hbm_bytes / 2**30:.1f}",
-                    mapping_summary(ev.mapping.model_dump(mode="json")))
-    out.print(top)
+    same = result.equivalents or [{}] * len(result.top)
+    out.print(top_table([(ev.iteration_time_s, ev.mfu, ev.hbm_bytes, ev.offload_bytes, ev.mapping.model_dump(mode="json"),
+                          settings) for ev, settings in zip(result.top, same)],
+                        f"Top {len(result.top)} distinct (ties: first enumerated wins)"))
     bound = f"{result.bound_s:.4f} s" if result.bound_s is not None else "none"
     out.print(f"lower bound on any mapping: {bound}; gap {100 * (result.gap or 0):.3f} %")
     if result.binding:

@@ -14,6 +14,7 @@ from rich.table import Table
 from costmodel.dimensions import BY_NAME, DIMENSIONS, NETWORK_GROUPS
 from costmodel.evaluate import Evaluation
 from costmodel.units import GB, GiB
+from solver.search.distinct import equivalents_text
 
 TIME_LABELS = {
     "forward_s": "forward (blocks + output layer)",
@@ -87,6 +88,19 @@ def mapping_cells(mapping_fields: dict) -> list[str]:
 
 MAPPING_HEADERS = (*(d.header for d in DIMENSIONS if d.kind in ("split", "per_split", "choice")), "on",
                    "nets " + "/".join(name for name, _ in NETWORK_GROUPS))
+
+
+def top_table(entries, title: str) -> Table:
+    """The top-k table `brute` and `solve` share. `entries`: (time s, MFU, HBM bytes, offload
+    bytes, the mapping's JSON fields, the settings its group of equally good mappings also
+    takes) per row, best first."""
+    table = Table(title=title, title_justify="left")
+    for header in ("#", "time (s)", "MFU", "HBM (GiB)", "offload (GiB)", *MAPPING_HEADERS, "equally good"):
+        table.add_column(header, justify="left" if header == "equally good" else "right")
+    for rank, (time_s, mfu, hbm, offload, fields, same) in enumerate(entries, start=1):
+        table.add_row(str(rank), f"{time_s:.4f}", f"{mfu:.1%}", f"{hbm / GiB:.1f}", f"{offload / GiB:.1f}",
+                      *mapping_cells(fields), equivalents_text(same) or "-")
+    return table
 
 
 def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:

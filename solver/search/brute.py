@@ -9,7 +9,9 @@ Memory stays bounded by the chunk size whatever the size of the space.
 Ranking and ties: mappings are ordered by exact iteration time, then by ordinal (position
 in the enumeration order, i.e. lexicographic in (tp, pp, interleaving, microbatch,
 recompute, tp_comm, ..., dp_net)); so among equally fast mappings the first enumerated
-wins, and the result does not depend on the number of workers or the chunk size.
+wins, and the result does not depend on the number of workers or the chunk size. The top k
+are distinct: mappings a setting without effect tells apart form one group, shown once
+(solver.search.distinct).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
+from solver.search.distinct import equivalents, group_keys, top_groups
 from solver.space.enumerate import ChunkSpec, Plan, plan
 from solver.space.declaration import Space, label_breakdown
 
@@ -58,10 +61,13 @@ class Candidate:
     iteration_time_s: float
     mfu: float
     memory: dict[str, float]
+    equivalents: dict[str, list[str]] = field(default_factory=dict)
+    """settings equally fast and large in this skeleton (solver.search.distinct)"""
 
     def to_dict(self) -> dict:
         return {"ordinal": self.ordinal, "mapping": self.mapping.model_dump(mode="json"),
-                "iteration_time_s": self.iteration_time_s, "mfu": self.mfu, "memory": dict(self.memory)}
+                "iteration_time_s": self.iteration_time_s, "mfu": self.mfu, "memory": dict(self.memory),
+                "equivalent": dict(self.equivalents)}
 
 
 @dataclass(frozen=True)
@@ -146,8 +152,10 @@ def _evaluate_chunk(index: int) -> _ChunkOutcome:
     ok = np.asarray(result.feasible, dtype=bool) & np.isfinite(time_s)
     ordinal = chunk.ordinal + np.arange(chunk.rows, dtype=np.int64)
     feasible_index = np.flatnonzero(ok)
-    top = _top_indices(time_s[feasible_index], ordinal[feasible_index], _WORKER["top_k"])
-    chosen = feasible_index[top]
+    keys = group_keys(arrays.take(feasible_index), time_s[feasible_index],
+                      np.asarray(result.hbm_bytes)[feasible_index], np.asarray(result.offload_bytes)[feasible_index])
+    groups = top_groups(time_s[feasible_index], ordinal[feasible_index], keys, _WORKER["top_k"])
+    chosen = feasible_index[np.concatenate(groups)] if groups else feasible_index[:0]
     feasible_rows = arrays.take(feasible_index)
     breakdown = {name: _value_counts(column) for name, column in feasible_rows.columns.items()}
     blocked = {name: int(chunk.rows - np.count_nonzero(passed)) for name, passed in result.checks.items()}
@@ -169,20 +177,6 @@ def _value_counts(values: np.ndarray) -> dict[int, int]:
         return {}
     counts = np.bincount(values.astype(np.int64))
     return {int(v): int(counts[v]) for v in np.flatnonzero(counts)}
-
-
-def _top_indices(time_s: np.ndarray, ordinal: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k best by (time, ordinal). Only rows tied with the k-th time or
-    faster are sorted, so this is linear in the chunk, not n log n."""
-    if k <= 0 or not len(time_s):
-        return np.zeros(0, dtype=np.int64)
-    if len(time_s) > k:
-        threshold = np.partition(time_s, k - 1)[k - 1]
-        candidates = np.flatnonzero(time_s <= threshold)
-    else:
-        candidates = np.arange(len(time_s))
-    order = np.lexsort((ordinal[candidates], time_s[candidates]))
-    return candidates[order[:k]]
 
 
 def _csv_rows(rows: MappingArrays, ordinal: np.ndarray, time_s: np.ndarray, mfu: np.ndarray,
@@ -294,7 +288,9 @@ def _merge_top(outcomes: list[_ChunkOutcome], k: int, datatype: Datatype, kernel
     mfu = np.concatenate([o.top_mfu for o in outcomes])
     memory = {f: np.concatenate([o.top_memory[f] for o in outcomes]) for f in MEMORY_FIELDS}
     rows = MappingArrays.concatenate([o.top_rows for o in outcomes])
-    order = np.lexsort((ordinal, time_s))[:k]
+    keys = group_keys(rows, time_s, memory["hbm_bytes"], memory["offload_bytes"])
     return [Candidate(ordinal=int(ordinal[i]), mapping=rows.to_mapping(int(i), datatype, kernels),
                       iteration_time_s=float(time_s[i]), mfu=float(mfu[i]),
-                      memory={f: float(memory[f][i]) for f in MEMORY_FIELDS}) for i in order]
+                      memory={f: float(memory[f][i]) for f in MEMORY_FIELDS},
+                      equivalents=equivalents(rows, members))
+            for members in top_groups(time_s, ordinal, keys, k) for i in members[:1]]

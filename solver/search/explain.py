@@ -30,9 +30,10 @@ from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from solver.search.cpsat.constraints import Problem
+from solver.search.cpsat.run import checked_solve
 from solver.search.cpsat.surrogate import add_bounds
-from solver.search.solve import (SEARCHED_FLAGS, WARM_START_BLOCKS, WARM_START_MARGIN, SolverConfig, _checked_solve,
-                                 _Collector, _local_batches, _structure_model, binding_constraints)
+from solver.search.solve import (SEARCHED_FLAGS, WARM_START_BLOCKS, WARM_START_MARGIN, SolverConfig, _Collector,
+                                 _local_batches, _structure_model, binding_constraints)
 from solver.space.count import count_mappings
 from solver.space.declaration import Space
 from solver.space.enumerate import build_rows, plan
@@ -235,7 +236,7 @@ class Explorer:
             solver.parameters.num_workers = self.config.workers
             solver.parameters.random_seed = self.config.seed
             collector = _Collector(self.v)
-            status = _checked_solve(self.m, solver, collector)
+            status = checked_solve(self.m, solver, collector)
             if status == cp_model.INFEASIBLE:
                 certified = True
                 break

@@ -18,7 +18,6 @@ enumeration order).
 from __future__ import annotations
 
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -29,7 +28,7 @@ from ortools.sat.python import cp_model
 import costmodel.limits as limits
 from costmodel.context import Context
 from costmodel.encoding import MappingArrays
-from costmodel.errors import InputError, InternalError
+from costmodel.errors import InputError
 from costmodel.evaluate import Evaluation, evaluate_arrays_in_context, evaluate_in_context
 from costmodel.kernels import Kernels
 from costmodel.model import Model
@@ -37,7 +36,9 @@ from costmodel.system import Datatype, System
 from costmodel.units import GiB
 from solver.search.cpsat.constraints import STRUCTURE, Problem
 from solver.search.cpsat.surrogate import add_bounds
+from solver.search.cpsat.run import checked_solve, new_solver
 from solver.search.cpsat.variables import Variables
+from solver.search.distinct import SKELETON, equivalents, group_keys, top_groups
 from solver.space.enumerate import build_rows, plan
 from solver.space.declaration import Space, get_space
 
@@ -96,6 +97,8 @@ class SolveResult:
     binding: list[str] = field(default_factory=list)
     infeasible_reasons: list[str] = field(default_factory=list)
     cpsat_status: str | None = None   # CP-SAT's status in its last round, as it named it (None: no round)
+    equivalents: list[dict[str, list[str]]] = field(default_factory=list)
+    """per entry of `top`: the settings its equally fast and large group also takes"""
 
     def to_dict(self) -> dict:
         def brief(ev: Evaluation) -> dict:
@@ -104,7 +107,9 @@ class SolveResult:
                     "hfu": d["hfu"], "sample_rate": d["sample_rate"], "memory": d["memory"], "time": d["time"]}
 
         return {"status": self.status, "certified_optimal": self.certified_optimal,
-                "best": brief(self.best) if self.best else None, "top": [brief(e) for e in self.top],
+                "best": brief(self.best) if self.best else None,
+                "top": [{**brief(e), "equivalent": same} for e, same in
+                        zip(self.top, self.equivalents or [{}] * len(self.top))],
                 "bound_s": self.bound_s, "gap": self.gap, "seconds": self.seconds,
                 "candidates_scored": self.candidates_scored, "blocks_scored": self.blocks_scored,
                 "rounds": self.rounds, "space_size": self.space_size, "binding": self.binding,
@@ -126,25 +131,34 @@ class _Collector(cp_model.CpSolverSolutionCallback):
 
 
 class _Incumbents:
-    """The K best exactly scored feasible mappings, by (time, ordinal)."""
+    """The K best groups of equivalent exactly scored feasible mappings, by (time, smallest
+    ordinal) (solver.search.distinct): every member of each is kept."""
 
     def __init__(self, k: int):
         self.k = k
         self.time_s = np.zeros(0)
         self.ordinal = np.zeros(0, dtype=np.int64)
+        self.keys = np.zeros((0, len(SKELETON) + 3), dtype=np.int64)
         self.rows: MappingArrays | None = None
+        self.groups: list[np.ndarray] = []
 
-    def offer(self, time_s: np.ndarray, ordinal: np.ndarray, rows: MappingArrays) -> None:
+    def offer(self, time_s: np.ndarray, ordinal: np.ndarray, rows: MappingArrays, hbm_bytes: np.ndarray,
+              offload_bytes: np.ndarray) -> None:
         rows_all = rows if self.rows is None else MappingArrays.concatenate([self.rows, rows])
         time_all = np.concatenate([self.time_s, time_s])
         ord_all = np.concatenate([self.ordinal, ordinal])
-        keep = np.lexsort((ord_all, time_all))[: self.k]
-        self.time_s, self.ordinal, self.rows = time_all[keep], ord_all[keep], rows_all.take(keep)
+        keys_all = np.concatenate([self.keys, group_keys(rows, time_s, hbm_bytes, offload_bytes)])
+        groups = top_groups(time_all, ord_all, keys_all, self.k)
+        keep = np.concatenate(groups)
+        self.time_s, self.ordinal, self.keys, self.rows = time_all[keep], ord_all[keep], keys_all[keep], \
+            rows_all.take(keep)
+        sizes = np.cumsum([0] + [len(g) for g in groups])
+        self.groups = [np.arange(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
 
     @property
     def target_s(self) -> float:
-        """The time a new mapping must beat (or tie) to enter the top K."""
-        return float(self.time_s[-1]) if len(self.time_s) == self.k else math.inf
+        """The time a new mapping must beat (or tie) to enter the top K groups."""
+        return float(self.time_s[self.groups[-1][0]]) if len(self.groups) == self.k else math.inf
 
 
 def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
@@ -193,7 +207,8 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
         ev = evaluate_arrays_in_context(c, rows)
         ok = np.flatnonzero(ev.feasible)
         if len(ok):
-            best.offer(ev.iteration_time_s[ok], ordinal_base[i] + start + ok, rows.take(ok))
+            best.offer(ev.iteration_time_s[ok], ordinal_base[i] + start + ok, rows.take(ok), ev.hbm_bytes[ok],
+                       ev.offload_bytes[ok])
         scored_keys.append(key)
         scored_set.add(key)
         m.AddBoolOr([v.tp.is_[tp].Not(), v.pp.is_[pp].Not(), v.interleaving.is_[il].Not(), v.microbatch.is_[mb].Not()])
@@ -215,10 +230,10 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
                 break
             if math.isfinite(best.target_s):
                 bounds.add_cutoff(m, best.target_s)
-            solver = _cpsat(remaining, config.workers, config.seed)
+            solver = new_solver(remaining, config.workers, config.seed)
             collector = _Collector(v)
             say(f"CP-SAT round {rounds + 1} ({len(scored_keys)} blocks scored)")
-            status = _checked_solve(m, solver, collector)
+            status = checked_solve(m, solver, collector)
             rounds += 1
             cpsat_status = solver.StatusName(status)
             if status == cp_model.INFEASIBLE:
@@ -245,8 +260,8 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     blocks = len(scored_keys)
     scored = sum(len(the_plan.flag_tables[index[(k[0], k[1])]]) for k in scored_keys)
 
-    top = [evaluate_in_context(c, best.rows.to_mapping(i, datatype, kernels))
-           for i in range(len(best.time_s))] if best.rows is not None else []
+    top = [evaluate_in_context(c, best.rows.to_mapping(int(group[0]), datatype, kernels)) for group in best.groups]
+    settings = [equivalents(best.rows, group) for group in best.groups]
     seconds = time.perf_counter() - started
     if not top:
         if certified:
@@ -270,54 +285,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     status = "optimal" if certified else ("interrupted" if interrupted else "feasible")
     return SolveResult(status, top[0], top, certified, bound_s, gap, seconds,
                        scored, blocks, rounds, the_plan.total, binding=binding_constraints(problem, top[0]),
-                       cpsat_status=cpsat_status)
-
-
-def _cpsat(time_limit_s: float, workers: int = 1, seed: int = 0) -> cp_model.CpSolver:
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = workers
-    solver.parameters.random_seed = seed
-    return solver
-
-
-def _checked_solve(m: cp_model.CpModel, solver: cp_model.CpSolver, callback=None) -> int:
-    """Solve, and turn MODEL_INVALID into an InternalError with CP-SAT's own reason: the input
-    boundary (costmodel.limits) keeps every number in range, so an invalid model is a bug,
-    never a time-out or an infeasible problem."""
-    status = _interruptible_solve(m, solver, callback)
-    if status == cp_model.MODEL_INVALID:
-        reason = " ".join((m.Validate() or solver.SolutionInfo() or "no reason given").split())
-        raise InternalError(f"internal error: CP-SAT rejected the model as invalid ({reason[:300]}); "
-                            f"please report it with the input files")
-    return status
-
-
-def _interruptible_solve(m: cp_model.CpModel, solver: cp_model.CpSolver, callback=None) -> int:
-    """solver.Solve in a helper thread while the main thread waits on it, so that Ctrl-C
-    (which Python handles in the main thread only) stops the search at once (StopSearch)
-    and comes back as KeyboardInterrupt. CP-SAT is told not to take SIGINT itself: it would
-    stop the round silently and leave the process without Python's handler."""
-    solver.parameters.catch_sigint_signal = False
-    outcome: dict = {}
-
-    def run() -> None:
-        try:
-            outcome["status"] = solver.Solve(m, callback) if callback is not None else solver.Solve(m)
-        except BaseException as err:  # noqa: BLE001 - handed to the main thread below
-            outcome["error"] = err
-
-    thread = threading.Thread(target=run, name="cp-sat", daemon=True)
-    thread.start()
-    try:
-        thread.join()
-    except KeyboardInterrupt:
-        solver.StopSearch()
-        thread.join()
-        raise
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["status"]
+                       cpsat_status=cpsat_status, equivalents=settings)
 
 
 def _infeasible(started, scored, reasons, rounds=0, blocks=0, size=0, cpsat_status=None) -> SolveResult:
@@ -371,7 +339,7 @@ def diagnose(problem: Problem, skels, c: Context, time_limit_s: float = DIAGNOSE
     if deadline <= time.perf_counter():
         return out_of_time
     m, _ = _structure_model(problem, skels)
-    status = _checked_solve(m, _cpsat(deadline - time.perf_counter()))
+    status = checked_solve(m, new_solver(deadline - time.perf_counter()))
     if status == cp_model.INFEASIBLE:
         sizes = ", ".join(f"{n.name} {n.size}" for n in system.networks)
         reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts tp, tp·pp and all GPUs on "
@@ -385,8 +353,8 @@ def diagnose(problem: Problem, skels, c: Context, time_limit_s: float = DIAGNOSE
     bounds = add_bounds(m, v, c, problem.num_gpus, local_batch, problem.space.tp_overlap_codes,
                         c.hbm_capacity_bytes, enforce_hbm=False)
     m.Minimize(bounds.memory())
-    solver = _cpsat(deadline - time.perf_counter())
-    status = _checked_solve(m, solver)
+    solver = new_solver(deadline - time.perf_counter())
+    status = checked_solve(m, solver)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         q = bounds.quantization
         smallest = max(0.0, solver.BestObjectiveBound() - q.memory_terms) * q.memory_unit_bytes

@@ -1,0 +1,69 @@
+"""Distinct top-k: mappings that a setting without effect tells apart are one answer.
+
+Two mappings are *equivalent* when they share the skeleton (tp, pp, dp, batch,
+interleaving, microbatch) and their exact iteration time and memory (HBM and offload
+bytes) are equal — the flags that differ change nothing (the TP communication at tp 1,
+attn_only against none under fused attention, ...). Brute force and the solver both rank
+*groups* of equivalent mappings by (time, smallest ordinal) and keep the best k groups, so
+`--top-k` counts distinct answers; each group is shown once, by its first-enumerated
+member, with the settings its members take (`equivalents`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.dimensions import BY_NAME, DIMENSIONS
+from costmodel.encoding import MappingArrays
+
+SKELETON = tuple(dim.name for dim in DIMENSIONS if not dim.is_flag)
+FLAGS = tuple(dim for dim in DIMENSIONS if dim.is_flag)
+ROUNDING_BITS = 10
+"""Times and bytes compare with the last 10 of their 52 mantissa bits dropped (~2e-13
+relative), so a sum rounded another way is still equal."""
+
+
+def group_keys(rows: MappingArrays, time_s: np.ndarray, hbm_bytes: np.ndarray,
+               offload_bytes: np.ndarray) -> np.ndarray:
+    """One int64 row per mapping: the skeleton's values, then time and memory as rounded bits."""
+    exact = [np.ascontiguousarray(np.asarray(x, dtype=np.float64)).view(np.int64) >> ROUNDING_BITS
+             for x in (time_s, hbm_bytes, offload_bytes)]
+    return np.column_stack([rows.columns[name].astype(np.int64) for name in SKELETON] + exact)
+
+
+def top_groups(time_s: np.ndarray, ordinal: np.ndarray, keys: np.ndarray, k: int) -> list[np.ndarray]:
+    """The best k groups of equal keys, ranked by (time, smallest ordinal): each an index
+    array into the inputs, its first-enumerated member first. Only the fastest rows are
+    sorted (a multiple of k, widened until k groups are found), so this stays near linear."""
+    n = len(time_s)
+    if k <= 0 or n == 0:
+        return []
+    width = min(n, 16 * k)
+    while True:
+        if width < n:
+            cutoff = np.partition(time_s, width - 1)[width - 1]
+            candidates = np.flatnonzero(time_s <= cutoff)
+        else:
+            candidates = np.arange(n)
+        ranked = candidates[np.lexsort((ordinal[candidates], time_s[candidates]))]
+        groups: dict[bytes, list[int]] = {}
+        for i in ranked.tolist():       # in rank order, so each group's first member is its best
+            groups.setdefault(keys[i].tobytes(), []).append(i)
+        if len(groups) >= k or width == n:
+            return [np.asarray(members, dtype=np.int64) for members in list(groups.values())[:k]]
+        width = min(n, 4 * width)
+
+
+def equivalents(rows: MappingArrays, members: np.ndarray) -> dict[str, list[str]]:
+    """The flags a group's members set differently, each with the values they take."""
+    out = {}
+    for dim in FLAGS:
+        codes = np.unique(rows.columns[dim.name][members].astype(np.int64))
+        if len(codes) > 1:
+            out[dim.name] = [dim.label_of(int(code)) for code in codes]
+    return out
+
+
+def equivalents_text(settings: dict[str, list[str]]) -> str:
+    """"tp-comm ar|p2p_rs_ag|rs_ag; ag-redo off|on" (table labels), or "" when none."""
+    return "; ".join(f"{BY_NAME[name].header} {'|'.join(values)}" for name, values in settings.items())
