@@ -121,3 +121,17 @@ def test_no_heatmap_for_dimensions_that_vary_together(tmp_path):
         make_plots(together, tmp_path, kinds=["heatmap"])
     crossed = [fake_record(1e12, 4096, gib, gbps) for gib, gbps in itertools.product([512, 1024], [50, 100])]
     assert "heatmap" in available_kinds(crossed)
+
+
+def test_breakdown_draws_each_best_mapping_and_units_read_as_people_write_them(tmp_path):
+    from solver.report.breakdown_plot import mapping_label
+    from solver.report.figure import params_text
+
+    assert [params_text(x) for x in (7.82e10, 1.1e12, 3.5e8)] == ["78.2B", "1.1T", "350M"]
+    mapping = {"tensor_par": 8, "pipeline_par": 4, "data_par": 128, "microbatch_size": 1, "pipeline_interleaving": 2}
+    assert mapping_label(mapping) == "tp8 pp4 dp128 mb1 il2"
+    record = {"id": "p", "status": "optimal", "problem": {"model": {"params": 7.8e10}},
+              "best": {"mapping": mapping, "mfu": 0.5, "iteration_time_s": 2.0,
+                       "time": {"forward_s": 0.5, "backward_s": 1.0, "bubble_s": 0.5}}}
+    paths = make_plots([record], tmp_path, kinds=["breakdown"])
+    assert [p.name for p in paths] == ["breakdown.png"] and paths[0].stat().st_size > 0

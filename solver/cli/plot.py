@@ -17,7 +17,7 @@ from solver.study.store import RESULTS_JSONL, read_results
 @click.argument("results_dir", type=click.Path(file_okay=False))
 @click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS),
               help="Plot kind, repeatable (default: every kind the results can fill): size, gpus, offload, "
-                   "bandwidth = MFU against that; heatmap = MFU over two of them; summary = a bar per problem.")
+                   "bandwidth = MFU against that; heatmap = MFU over two of them; summary = a bar per problem; breakdown = each problem's best mapping and where its time goes.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for the PNG files (default: RESULTS_DIR/plots).")
 @quiet_option

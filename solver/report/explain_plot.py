@@ -7,14 +7,14 @@ import math
 from pathlib import Path
 
 from costmodel.load import ensure_directory
-from solver.report.plots import _pyplot
+from solver.report.figure import pyplot
 from solver.search.explain import Explanation
 
 
 def plot_explanation(result: Explanation, path: str | Path, title: str) -> Path:
     """One small bar chart per dimension (MFU of the best mapping with each value; missing
     bars are values with no feasible mapping), in a grid, written to `path` (PNG)."""
-    plt = _pyplot()
+    plt = pyplot()
     path = Path(path)
     ensure_directory(path.parent, "--plot")
     dims: dict[str, list] = {}

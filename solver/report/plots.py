@@ -21,6 +21,8 @@ import numpy as np
 
 from costmodel.errors import InputError
 from costmodel.load import ensure_directory
+from solver.report.breakdown_plot import plot_breakdown
+from solver.report.figure import params_text, pyplot, save
 
 MAX_LINES = 8
 MAX_FILES_PER_KIND = 12
@@ -64,7 +66,7 @@ def _gbps_label(value) -> str:
 
 DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (
     Dimension("params", "model size (parameters)", lambda r: (_problem(r).get("model") or {}).get("params"),
-              lambda v: f"{v / 1e12:.3g}T params", log=True),
+              lambda v: f"{params_text(v)} params", log=True),
     Dimension("gpus", "GPUs", lambda r: _problem(r).get("gpus"), lambda v: f"{v} GPUs", log=True),
     Dimension("offload_gib", "offload capacity per GPU (GiB)", lambda r: _system(r).get("offload_gib"),
               lambda v: "no offload" if not v else f"offload {v:g} GiB", log=True),
@@ -97,20 +99,9 @@ OFFLOAD = Dimension("offload", "offload memory per GPU (capacity @ bandwidth)", 
 """Heatmaps only: capacity and bandwidth together, one column per variant."""
 
 LINE_KINDS = {"size": "params", "gpus": "gpus", "offload": "offload_gib", "bandwidth": "offload_gbps"}
-KINDS = (*LINE_KINDS, "heatmap", "summary")
+KINDS = (*LINE_KINDS, "heatmap", "summary", "breakdown")
 HEATMAP_PAIRS = (("offload", "params"), ("offload_gib", "offload_gbps"), ("hbm_gib", "params"), ("gpus", "params"),
                  ("offload", "gpus"), ("nvlink_size", "gpus"))
-
-
-def _pyplot():
-    """matplotlib with the file-only Agg backend, imported when a plot is drawn (it is slow
-    to import, and every `mapsat` command imports this module's command)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _dimension(dim: str) -> Dimension:
@@ -154,6 +145,8 @@ def available_kinds(records: list[dict]) -> list[str]:
         kinds.append("heatmap")
     if records:
         kinds.append("summary")
+    if any((r.get("best") or {}).get("time") for r in records):
+        kinds.append("breakdown")
     return kinds
 
 
@@ -194,7 +187,7 @@ def _facets(records: list[dict], used: list[str], vary: list[str], lines: int) -
 def _slug(dim: str, value) -> str:
     """A file-name part: 1e12 parameters -> '1T', 1024.0 -> '1024', inf -> 'unbounded'."""
     if dim == "params" and value is not None:
-        return f"{value / 1e12:.3g}T"
+        return params_text(value)
     if dim == "offload_gbps":
         return _gbps_text(value)
     text = f"{value:g}" if isinstance(value, float) else str(value)
@@ -202,7 +195,7 @@ def _slug(dim: str, value) -> str:
 
 
 def plot_line(records: list[dict], kind: str, out_dir: Path) -> list[Path]:
-    plt = _pyplot()
+    plt = pyplot()
     x = LINE_KINDS[kind]
     vary = varying(records)
     paths = []
@@ -235,17 +228,31 @@ def plot_line(records: list[dict], kind: str, out_dir: Path) -> list[Path]:
             ax.set_xscale("log", base=2 if x in ("gpus", "offload_gib", "nvlink_size") else 10)
             if x != "params":
                 ax.set_xticks([v for v in all_x if v], [f"{v:g}" for v in all_x if v])
+            else:                                          # 1T, 10T, 100T rather than 10^12
+                ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: params_text(v)))
         ax.set_xlabel(DIMENSIONS[x].axis_label)
         ax.set_ylabel("MFU (%)")
-        ax.set_ylim(bottom=-3, top=max(80, ax.get_ylim()[1]))
+        ax.set_ylim(*_mfu_axis([_mfu(r) for rs in lines.values() for r in rs]))
         ax.grid(True, alpha=0.3)
         fixed = _fixed_text(part, part_vary)
         errors = sum(r.get("status") == "error" for r in part)
         ax.set_title(f"MFU vs {DIMENSIONS[x].axis_label.split(' (')[0]}" + (f"\n{fixed}" if fixed else "")
                      + (f" ({errors} errors not shown)" if errors else ""), fontsize=10)
         ax.legend(fontsize=8, title="× = no feasible mapping", title_fontsize=8)
-        paths.append(_save(fig, out_dir / f"mfu-vs-{kind}{suffix}.png"))
+        paths.append(save(fig, out_dir / f"mfu-vs-{kind}{suffix}.png"))
     return paths
+
+
+def _mfu_axis(mfus: list[float | None]) -> tuple[float, float]:
+    """MFU axis (%) fitted to the data with a margin; down to just below 0 when some points
+    have no feasible mapping (drawn as × at 0)."""
+    values = [100 * m for m in mfus if m is not None]
+    if not values:
+        return -3.0, 100.0
+    low, high = min(values), max(values)
+    margin = max(2.0, 0.1 * (high - low))
+    bottom = -3.0 if any(m is None for m in mfus) else max(0.0, low - margin)
+    return bottom, min(100.0, high + margin)
 
 
 def legend_label(parts: tuple[tuple[str, object], ...], record: dict | None = None) -> str:
@@ -268,7 +275,7 @@ def legend_label(parts: tuple[tuple[str, object], ...], record: dict | None = No
 
 
 def _model_text(record: dict) -> str:
-    return f"{_value(record, 'shape')} ({_value(record, 'params') / 1e12:.3g}T)"
+    return f"{_value(record, 'shape')} ({params_text(_value(record, 'params'))})"
 
 
 def _fixed_text(records: list[dict], vary: list[str]) -> str:
@@ -285,7 +292,7 @@ def _fixed_text(records: list[dict], vary: list[str]) -> str:
 
 
 def plot_heatmap(records: list[dict], out_dir: Path) -> list[Path]:
-    plt = _pyplot()
+    plt = pyplot()
     vary = varying(records)
     pair = _heatmap_pair(vary, records)
     if pair is None:
@@ -329,7 +336,7 @@ def plot_heatmap(records: list[dict], out_dir: Path) -> list[Path]:
         title = ", ".join(filter(None, [legend_label(facet) if facet else "", _fixed_text(rs, vary)]))
         ax.set_title(f"MFU (%), × = no feasible mapping\n{title}", fontsize=10)
         suffix = "".join(f"--{d}-{_slug(d, v)}" for d, v in facet)
-        paths.append(_save(fig, out_dir / f"heatmap-{x}-by-{y}{suffix}.png"))
+        paths.append(save(fig, out_dir / f"heatmap-{x}-by-{y}{suffix}.png"))
     return paths
 
 
@@ -339,7 +346,7 @@ def _tick(dim: str, value) -> str:
 
 def plot_summary(records: list[dict], out_dir: Path, limit: int = 60) -> list[Path]:
     """One horizontal bar per problem: MFU, with the mapping count when known."""
-    plt = _pyplot()
+    plt = pyplot()
     rs = records[:limit]
     fig, ax = plt.subplots(figsize=(10, 0.35 * len(rs) + 1.5))
     ys = range(len(rs))
@@ -356,14 +363,7 @@ def plot_summary(records: list[dict], out_dir: Path, limit: int = 60) -> list[Pa
     ax.set_xlim(0, max(100, max(values, default=0) + 25))
     more = f" (first {limit} of {len(records)})" if len(records) > limit else ""
     ax.set_title(f"MFU per problem{more}", fontsize=10)
-    return [_save(fig, out_dir / "summary.png")]
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
-    return path
+    return [save(fig, out_dir / "summary.png")]
 
 
 def make_plots(records: list[dict], out_dir: str | Path, kinds: list[str] | None = None) -> list[Path]:
@@ -381,6 +381,8 @@ def make_plots(records: list[dict], out_dir: str | Path, kinds: list[str] | None
             paths += plot_line(records, kind, out_dir)
         elif kind == "heatmap":
             paths += plot_heatmap(records, out_dir)
+        elif kind == "breakdown":
+            paths += plot_breakdown(records, out_dir)
         else:
             paths += plot_summary(records, out_dir)
     return paths
