@@ -10,7 +10,8 @@ from costmodel.errors import InputError, MapsatError
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from solver.cli.options import (datatype_option, load_problem, problem_options,
-                                space_and_cap, space_options, system_label, user_errors, wide_console)
+                                progress_line, space_and_cap, space_options, system_label, user_errors,
+                                wide_console)
 from solver.report.tables import dumps, mapping_summary
 from solver.search.explain import Explanation, explain
 from solver.search.solve import SolverConfig
@@ -55,9 +56,11 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         unknown = [d for d in wanted if d not in BY_NAME]
         if unknown:
             raise InputError(f"--dims: {', '.join(unknown)} is not a dimension (see `mapsat spaces`)")
-    result = explain(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype), space=space,
-                     kernels=Kernels.with_attention(attention),
-                     config=SolverConfig(time_limit_s=time_limit_s, workers=workers), dimensions=wanted)
+    with progress_line(enabled=not as_json) as say:
+        result = explain(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype), space=space,
+                         kernels=Kernels.with_attention(attention),
+                         config=SolverConfig(time_limit_s=time_limit_s, workers=workers), dimensions=wanted,
+                         progress=say)
     label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
     title = (f"{model.name} on {num_gpus:,} x {label}, {datatype}, space {space_name}{pins_text(space)}, "
              f"{attention} attention")

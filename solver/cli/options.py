@@ -8,6 +8,7 @@ import contextlib
 import functools
 import math
 import sys
+import threading
 import warnings
 from typing import Callable, Iterator
 
@@ -190,6 +191,39 @@ def system_label(system: System, hbm_gib: float | None = None, offload_gib: floa
     if nvlink_size is not None:
         changed.append(f"{system.networks[0].name} {nvlink_size}")
     return system.name + (f" ({', '.join(changed)})" if changed else "")
+
+
+@contextlib.contextmanager
+def progress_line(enabled: bool = True) -> Iterator[Callable[[str], None]]:
+    """Yields `say(text)`: what a long search is doing, as a transient spinner line on stderr
+    that appears once the work has taken a second (and only on a terminal)."""
+    console = Console(stderr=True)
+    state = {"text": "working", "status": None}
+    lock = threading.Lock()
+
+    def show() -> None:
+        with lock:
+            if state["status"] is None and state["text"] is not None:
+                state["status"] = console.status(state["text"])
+                state["status"].start()
+
+    def say(text: str) -> None:
+        with lock:
+            state["text"] = text
+            if state["status"] is not None:
+                state["status"].update(text)
+
+    timer = threading.Timer(1.0, show)
+    if enabled and console.is_terminal:
+        timer.start()
+    try:
+        yield say
+    finally:
+        timer.cancel()
+        with lock:
+            state["text"] = None
+            if state["status"] is not None:
+                state["status"].stop()
 
 
 def wide_console() -> Console:

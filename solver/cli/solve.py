@@ -11,7 +11,8 @@ from costmodel.errors import MapsatError
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, load_problem, problem_options,
-                                space_and_cap, space_options, system_label, user_errors, wide_console)
+                                progress_line, space_and_cap, space_options, system_label, user_errors,
+                                wide_console)
 from solver.report.tables import dumps, evaluation_tables, top_table
 from solver.search.solve import SolverConfig, SolveResult, solve
 from solver.space.pins import describe_pins, pins_text
@@ -48,9 +49,10 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
                                  seq_size=seq_size)
     space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
     config = SolverConfig(time_limit_s=time_limit_s, workers=workers, seed=seed, top_k=top_k)
-    result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),
-                   space=space,
-                   kernels=Kernels.with_attention(attention), config=config)
+    with progress_line(enabled=not as_json) as say:
+        result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),
+                       space=space,
+                       kernels=Kernels.with_attention(attention), config=config, progress=say)
     if as_json:
         click.echo(dumps({**result.to_dict(), "fixed": describe_pins(space)}))
     else:

@@ -260,12 +260,15 @@ class Explorer:
 
 def explain(model: Model, system: System, num_gpus: int, *, max_batch: int, datatype: Datatype, space: Space,
             kernels: Kernels = Kernels(), config: SolverConfig = SolverConfig(),
-            dimensions: tuple[str, ...] | None = None) -> Explanation:
+            dimensions: tuple[str, ...] | None = None, progress=None) -> Explanation:
     """The certified best time for each value of each dimension (all that take more than one
-    value in the space, or `dimensions`), the winner and the runner-up."""
+    value in the space, or `dimensions`), the winner and the runner-up. `progress(text)`, if
+    given, hears which value is being proven."""
+    say = progress or (lambda text: None)
     started = time.perf_counter()
     counted = count_mappings(model, system, num_gpus, max_batch, space)
     explorer = Explorer(model, system, num_gpus, max_batch, datatype, space, kernels, config)
+    say("the best mapping")
     winner, _ = explorer.best()
     rows: list[ValueBest] = []
     wanted = dimensions or tuple(d.name for d in DIMENSIONS)
@@ -276,6 +279,7 @@ def explain(model: Model, system: System, num_gpus: int, *, max_batch: int, data
         for label in values:
             value = _value_of(dim.name, label)
             begun = time.perf_counter()
+            say(f"{dim.name} = {label} (value {len(rows) + 1})")
             if winner is not None and _code(dim.name, winner.mapping.value(dim.name)) == value:
                 best, certified = winner, True
             else:
