@@ -77,3 +77,22 @@ def write_file(tmp_path: Path) -> Callable[[str, Any], Path]:
         return path
 
     return write
+
+
+def cp_sat_solution_count(model) -> int:
+    """How many solutions a CP-SAT model has (enumerated by one worker, to the end)."""
+    from ortools.sat.python import cp_model
+
+    class Count(cp_model.CpSolverSolutionCallback):
+        n = 0
+
+        def on_solution_callback(self) -> None:
+            self.n += 1
+
+    solver = cp_model.CpSolver()
+    solver.parameters.enumerate_all_solutions = True
+    solver.parameters.num_workers = 1
+    counter = Count()
+    status = solver.Solve(model, counter)
+    assert status in (cp_model.OPTIMAL, cp_model.INFEASIBLE), solver.StatusName(status)
+    return counter.n

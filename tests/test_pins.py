@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 from ortools.sat.python import cp_model
 
+from conftest import cp_sat_solution_count
 from costmodel.dimensions import BY_NAME
 from costmodel.errors import InputError
 from costmodel.kernels import Kernels
@@ -97,19 +98,7 @@ def test_pinned_count_equals_filtered_enumeration_and_cp_sat(fix):
     v = Variables(m, fixed, skeletons(SMALL, gpus, cap, fixed), gpus, len(system.networks))
     for constraint in STRUCTURE:
         constraint.add(m, v, Problem(SMALL, system, gpus, cap, fixed))
-
-    class Count(cp_model.CpSolverSolutionCallback):
-        n = 0
-
-        def on_solution_callback(self) -> None:
-            self.n += 1
-
-    solver = cp_model.CpSolver()
-    solver.parameters.enumerate_all_solutions = True
-    solver.parameters.num_workers = 1
-    counter = Count()
-    solver.Solve(m, counter)
-    assert counter.n == counted.mappings
+    assert cp_sat_solution_count(m) == counted.mappings
 
 
 SOLVE_CASES = [

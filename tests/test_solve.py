@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import numpy as np
 from ortools.sat.python import cp_model
 
+from conftest import cp_sat_solution_count
 from costmodel.evaluate import evaluate_arrays
 from costmodel.kernels import Kernels
 from costmodel.load import load_model, load_system
@@ -125,19 +126,7 @@ def test_solver_constraints_admit_exactly_the_space():
         problem = Problem(model, system, gpus, max_batch, space)
         for constraint in STRUCTURE:
             constraint.add(m, v, problem)
-
-        class Count(cp_model.CpSolverSolutionCallback):
-            n = 0
-
-            def on_solution_callback(self):
-                self.n += 1
-
-        solver = cp_model.CpSolver()
-        solver.parameters.enumerate_all_solutions = True
-        solver.parameters.num_workers = 1
-        counter = Count()
-        solver.Solve(m, counter)
-        assert counter.n == count_mappings(model, system, gpus, max_batch, space).mappings
+        assert cp_sat_solution_count(m) == count_mappings(model, system, gpus, max_batch, space).mappings
 
 
 def test_tensor_divisibility_names_kv_heads_and_measures_a_split_group():

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
+from conftest import cp_sat_solution_count
 from costmodel.dimensions import DIMENSIONS
 from costmodel.encoding import MappingArrays
 from costmodel.mapping import check_mapping_fits
@@ -184,21 +185,7 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
         m.Add(var == domain[0]).OnlyEnforceIf(free.Not())         # a pinned flag takes its first code
         subjects[dim.name] = var
 
-    class Counter(cp_model.CpSolverSolutionCallback):
-        def __init__(self) -> None:
-            super().__init__()
-            self.solutions = 0
-
-        def on_solution_callback(self) -> None:
-            self.solutions += 1
-
-    solver = cp_model.CpSolver()
-    solver.parameters.enumerate_all_solutions = True
-    solver.parameters.num_workers = 1
-    counter = Counter()
-    status = solver.Solve(m, counter)
-    assert status in (cp_model.OPTIMAL, cp_model.INFEASIBLE)
-    return counter.solutions
+    return cp_sat_solution_count(m)
 
 
 @pytest.mark.parametrize("hidden, heads, blocks, seq, gpus, cap, networks, offload", [
@@ -328,19 +315,4 @@ def test_every_declared_dimension_agrees_in_count_enumeration_and_cp_sat():
                 for constraint in STRUCTURE:
                     constraint.add(m, v, Problem(model, system, gpus, cap, space))
                 v.pin(dim.name, value)
-                assert _cp_sat_solutions(m) == expected, (space.name, dim.name, label)
-
-
-def _cp_sat_solutions(m: cp_model.CpModel) -> int:
-    class Count(cp_model.CpSolverSolutionCallback):
-        n = 0
-
-        def on_solution_callback(self) -> None:
-            self.n += 1
-
-    solver = cp_model.CpSolver()
-    solver.parameters.enumerate_all_solutions = True
-    solver.parameters.num_workers = 1
-    counter = Count()
-    solver.Solve(m, counter)
-    return counter.n
+                assert cp_sat_solution_count(m) == expected, (space.name, dim.name, label)
