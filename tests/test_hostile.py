@@ -10,7 +10,6 @@ import json
 import math
 
 import pytest
-import yaml
 from click.testing import CliRunner
 from ortools.sat.python import cp_model
 
