@@ -109,7 +109,9 @@ def option(name: str, valid: st.SearchStrategy) -> st.SearchStrategy:
 OVERRIDES = st.tuples(option("--hbm-gib", st.just(120.0)), option("--offload-gib", st.sampled_from([0.0, 64.0])),
                       option("--offload-gbps", st.just(100.0)), option("--nvlink-size", st.just(4)))
 SPACE = st.tuples(maybe(st.sampled_from([1, 2, 4])).map(lambda g: ["--gpus", str(g)]),
-                  option("--max-batch", st.sampled_from([4, 16])), option("--space", st.just("calculon-2023")))
+                  option("--max-batch", st.sampled_from([4, 16])), option("--space", st.just("calculon-2023")),
+                  option("--fix", st.sampled_from(["tp=2", "recompute=full,none", "weight_offload=on", "dp_net=1"])),
+                  option("--batch", st.sampled_from([4, 8])))
 
 
 def flat(parts) -> list[str]:
@@ -189,6 +191,14 @@ def test_fuzz_solve(memory_cap, workdir, model, system, space, overrides, search
     time_limit = [] if search[0] else ["--time-limit", "0.05"]
     run("solve", "--model", write(workdir, "m.yaml", model), "--system", write(workdir, "s.yaml", system),
         *flat(space), *flat(overrides), *flat(search), *time_limit, "--json", "--quiet")
+
+
+@FUZZ
+@given(model=models(), system=systems(), space=SPACE, overrides=OVERRIDES,
+       dims=option("--dims", st.sampled_from(["tp,recompute", "microbatch", "pp,dp_net"])))
+def test_fuzz_explain(memory_cap, workdir, model, system, space, overrides, dims):
+    run("explain", "--model", write(workdir, "m.yaml", model), "--system", write(workdir, "s.yaml", system),
+        *flat(space), *flat(overrides), *dims, "--time-limit", "0.05", "--json", "--quiet")
 
 
 @FUZZ

@@ -73,7 +73,8 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     else:
         print_explanation(result, title)
     if result.winner is None:
-        raise MapsatError("infeasible: no mapping of the space fits (run `mapsat solve` for the reasons)")
+        raise MapsatError("infeasible: no mapping of the space fits, or none exists (`mapsat solve` and `mapsat count` "
+                          "say why)")
 
 
 def print_explanation(result: Explanation, title: str) -> None:

@@ -267,6 +267,8 @@ def explain(model: Model, system: System, num_gpus: int, *, max_batch: int, data
     say = progress or (lambda text: None)
     started = time.perf_counter()
     counted = count_mappings(model, system, num_gpus, max_batch, space)
+    if not counted.mappings:      # no split passes the rules: nothing to explain
+        return Explanation(winner=None, rows=[], runner_up=None, seconds=time.perf_counter() - started)
     explorer = Explorer(model, system, num_gpus, max_batch, datatype, space, kernels, config)
     say("the best mapping")
     winner, _ = explorer.best()
