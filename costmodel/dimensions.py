@@ -33,7 +33,7 @@ from typing import Callable, Literal
 import numpy as np
 
 import costmodel.limits as limits
-from costmodel.choices import Recompute, TPComm, TPOverlap
+from costmodel.choices import Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.limits import Bound
 
 Kind = Literal["split", "per_split", "choice", "switch", "network"]
@@ -242,8 +242,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
               "all-gather, or rs_ag = sequence parallelism", choices=TPComm),
     Dimension("tp_overlap", "tensor_par_overlap", "choice", label="tp-overlap", meaning="overlap TP communication with the neighbouring matrix "
               "multiply", choices=TPOverlap, free_when=(Condition("tp", ">", 1),)),
-    Dimension("optimizer_sharding", "optimizer_sharding", "switch", label="opt-shard", meaning="shard optimizer state across the dp replicas "
-              "(ZeRO-1)", free_when=(Condition("dp", ">", 1),)),
+    Dimension("zero", "sharding_stage", "choice", label="zero", meaning="ZeRO sharding stage over the dp group: 0 "
+              "replicated, 1 optimizer state (distributed optimizer), 2 + gradients, 3 + parameters (FSDP)",
+              choices=ShardingStage, free_when=(Condition("dp", ">", 1),)),
     Dimension("seq_par_ag_redo", "seq_par_ag_redo", "switch", label="ag-redo", meaning="redo the sequence-parallel all-gather in backward "
               "instead of storing its output", free_when=(Condition("tp_comm", "==", _RS_AG), Condition("recompute", "!=", _FULL))),
     Dimension("dp_overlap", "data_par_overlap", "switch", label="dp-overlap", meaning="overlap the DP gradient reduction with the backward pass",

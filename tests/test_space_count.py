@@ -47,7 +47,7 @@ def gpt_1t(blocks: int) -> Model:
 # ---------------------------------------------------------------- the published counts
 @pytest.mark.parametrize("blocks, space, expected", [
     (256, "calculon-2023", 15_612_832), (254, "calculon-2023", 842_080),
-    (256, "full", 23_311_328), (254, "full", 1_260_992),
+    (256, "full", 46_321_696), (254, "full", 2_521_984),
 ])
 def test_published_counts(blocks: int, space: str, expected: int) -> None:
     result = count_mappings(gpt_1t(blocks), make_system(), 4096, 3072, get_space(space))
@@ -72,7 +72,7 @@ def test_model_files_match_the_brief() -> None:
 
 def test_full_space_enumerates_exactly_its_count() -> None:
     p = plan(gpt_1t(254), make_system(), 4096, 3072, SPACES["full"], chunk_rows=100_000)
-    assert p.total == 1_260_992
+    assert p.total == 2_521_984
     assert max(c.rows for c in p.chunks) <= 100_000
     ordinals = [c.ordinal for c in p.chunks]
     assert ordinals == sorted(ordinals) and ordinals[0] == 0

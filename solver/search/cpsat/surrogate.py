@@ -318,18 +318,17 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
         return z
 
     objective.append(linear_term("time_dp_comm", [([], tables.dp_comm)], unit))
-    objective.append(linear_term("time_optimizer", [([flag("optimizer_sharding", s)], tables.optimizer[s])
-                                                    for s in (0, 1)], unit))
+    stages = tuple(v.flags["zero"])       # the sharding stages the space offers (codes)
+    objective.append(linear_term("time_optimizer", [([flag("zero", z)], tables.optimizer[z]) for z in stages], unit))
 
     memory = []
     if hbm_capacity_bytes is not None:
         mib = MEMORY_UNIT_BYTES
-        memory.append(linear_term("hbm_weights", [([flag("weight_offload", w)], tables.weights_hbm[w])
-                                                  for w in (0, 1)], mib))
-        memory.append(linear_term("hbm_optimizer", [([flag("optimizer_sharding", s), flag("optimizer_offload", o)],
-                                                     tables.optimizer_hbm[(s, o)]) for s in (0, 1) for o in (0, 1)], mib))
-        memory.append(linear_term("hbm_embedding", [([flag("optimizer_sharding", s)], tables.embedding[s])
-                                                    for s in (0, 1)], mib))
+        memory.append(linear_term("hbm_weights", [([flag("zero", z), flag("weight_offload", w)],
+                                                   tables.weights_hbm[(z, w)]) for z in stages for w in (0, 1)], mib))
+        memory.append(linear_term("hbm_optimizer", [([flag("zero", z), flag("optimizer_offload", o)],
+                                                     tables.optimizer_hbm[(z, o)]) for z in stages for o in (0, 1)], mib))
+        memory.append(linear_term("hbm_embedding", [([flag("zero", z)], tables.embedding[z]) for z in stages], mib))
         class_lits = {"no_sp": [comm_rs_ag.Not()], "sp": [comm_rs_ag, flag("seq_par_ag_redo", 0)],
                       "sp_redo": [comm_rs_ag, flag("seq_par_ag_redo", 1)]}
         rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
@@ -367,9 +366,10 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
             m.Add(sum(memory) <= math.floor(hbm_capacity_bytes / mib) + 1)
         # Offload capacity: offloaded weights with their gradients, and offloaded optimizer
         # state, must fit (offloaded activations only add to this, so leaving them out relaxes).
-        offloaded = [linear_term("offload_weights", [([flag("weight_offload", 1)], tables.weights_and_grads)], mib),
-                     linear_term("offload_optimizer", [([flag("optimizer_offload", 1), flag("optimizer_sharding", s)],
-                                                        tables.optimizer_state[s]) for s in (0, 1)], mib)]
+        offloaded = [linear_term("offload_weights", [([flag("weight_offload", 1), flag("zero", z)],
+                                                      tables.weights_and_grads[z]) for z in stages], mib),
+                     linear_term("offload_optimizer", [([flag("optimizer_offload", 1), flag("zero", z)],
+                                                        tables.optimizer_state[z]) for z in stages], mib)]
         m.Add(sum(offloaded) <= math.floor(c.offload_capacity_bytes / mib))
     block_floors = {}
     if skeletons is not None and hbm_capacity_bytes is not None and enforce_hbm:

@@ -15,7 +15,7 @@ import numpy as np
 
 from costmodel.comm import collective_s
 from costmodel.context import Context
-from costmodel.choices import Recompute, TPComm
+from costmodel.choices import Recompute, ShardingStage, TPComm
 from costmodel.dimensions import DIMENSIONS
 from costmodel.encoding import MappingArrays, code
 from costmodel.iteration import (RESIDENT_BLOCKS, block_terms, blocks_in_flight, bubble_microbatches,
@@ -112,9 +112,12 @@ class Tables:
         self.workspace = {(rc, cls): self._by_tm(workspace[:, comm, 0, redo, rc_index[rc], 0, 0, 0])
                           for rc in rc_index for cls, (comm, redo) in cls_rows.items()}
 
-        # ---- stage tables over (tp, pp) × sharding × offload flags × net ----
+        # ---- stage tables over (tp, pp) × sharding stage × offload flags × net ----
+        # (with one microbatch per replica: ZeRO-2/3 traffic grows with the microbatches, so
+        # the DP table, minimised over every stage, stays a lower bound for any count)
         tpp = np.array(self.tp_keys, dtype=float)
-        cols, shape = _grid(key=np.arange(len(tpp)), optimizer_sharding=[False, True],
+        stages = list(range(len(ShardingStage)))
+        cols, shape = _grid(key=np.arange(len(tpp)), zero=stages,
                             weight_offload=[False, True], optimizer_offload=[False, True], dp_net=nets)
         t_, p_ = tpp[cols["key"], 0], tpp[cols["key"], 1]
         dp = num_gpus // (t_ * p_).astype(np.int64)
@@ -129,18 +132,19 @@ class Tables:
         # most all of it, stealing `usage` of the compute meanwhile), and all of it unoverlapped.
         usage = np.minimum(1.0, np.asarray(c.net_usage)[ns.dp_net])
         self.dp_comm = self._by_tp(arr2(terms.dp_comm_s * usage).min(axis=(1, 2, 3, 4)))
+        # keyed by the sharding stage (code z) and the offload switches they read
         optimizer = arr2(terms.optimizer_s)
-        self.optimizer = {shard: self._by_tp(optimizer[:, shard].min(axis=(1, 2, 3))) for shard in (0, 1)}
+        self.optimizer = {z: self._by_tp(optimizer[:, z].min(axis=(1, 2, 3))) for z in stages}
         weights = arr2(terms.weights_hbm_bytes)
-        self.weights_hbm = {w: self._by_tp(weights[:, 0, w, 0, 0]) for w in (0, 1)}
+        self.weights_hbm = {(z, w): self._by_tp(weights[:, z, w, 0, 0]) for z in stages for w in (0, 1)}
         opt_mem = arr2(terms.optimizer_hbm_bytes)
-        self.optimizer_hbm = {(shard, o): self._by_tp(opt_mem[:, shard, 0, o, 0]) for shard in (0, 1) for o in (0, 1)}
+        self.optimizer_hbm = {(z, o): self._by_tp(opt_mem[:, z, 0, o, 0]) for z in stages for o in (0, 1)}
         states = arr2(terms.weights_bytes + terms.weight_grads_bytes)
-        self.weights_and_grads = self._by_tp(states[:, 0, 0, 0, 0])
+        self.weights_and_grads = {z: self._by_tp(states[:, z, 0, 0, 0]) for z in stages}
         opt_state = arr2(terms.optimizer_bytes)
-        self.optimizer_state = {shard: self._by_tp(opt_state[:, shard, 0, 0, 0]) for shard in (0, 1)}
+        self.optimizer_state = {z: self._by_tp(opt_state[:, z, 0, 0, 0]) for z in stages}
         emb = arr2(terms.embedding_bytes)
-        self.embedding = {shard: self._by_tp(emb[:, shard, 0, 0, 0]) for shard in (0, 1)}
+        self.embedding = {z: self._by_tp(emb[:, z, 0, 0, 0]) for z in stages}
 
     def _by_tm(self, values: np.ndarray) -> dict:
         return {k: float(x) for k, x in zip(self.tm_keys, values)}
@@ -164,6 +168,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
     # every valid assignment of the flags a block reads (the space's own rules, tp, pp, dp > 1)
     known = {"tp": 2, "pp": 2, "dp": 2, "offload": int(has_offload)}
     combos = sorted(flag_projection(space, BLOCK_FLAGS, known, num_networks))
+    zero_codes = tuple(code for (code,) in flag_projection(space, ("zero",), known, num_networks))
     out = {}
     for sk in skeletons:
         t, p = sk.tp, sk.pp
@@ -191,18 +196,18 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         activations_hbm = np.where(a_off, np.minimum(RESIDENT_BLOCKS, inflight) * stored[None], all_activations)
         activations_offloaded = np.where(a_off, all_activations, 0.0)
         best = np.full((len(ils), len(mbs)), math.inf)
-        shards = (0, 1) if sk.dp > 1 else (0,)
-        for shard in shards:
+        stages = zero_codes if sk.dp > 1 else (0,)
+        for z in stages:
             for o in ((0, 1) if has_offload else (0,)):
-                memory = (np.array([tables.weights_hbm[w][key] for w in w_off]) + activations_hbm + workspace[None]
-                          + tables.optimizer_hbm[(shard, o)][key] + tables.embedding[shard][key])       # [V, M, K]
-                offloaded = (w_off * tables.weights_and_grads[key] + o * tables.optimizer_state[shard][key]
+                memory = (np.array([tables.weights_hbm[(z, w)][key] for w in w_off]) + activations_hbm + workspace[None]
+                          + tables.optimizer_hbm[(z, o)][key] + tables.embedding[z][key])       # [V, M, K]
+                offloaded = (w_off * tables.weights_and_grads[z][key] + o * tables.optimizer_state[z][key]
                              + activations_offloaded)                                                   # [V, M, K]
                 # (a hair of slack: these sums round differently from the evaluator's)
                 fits = (memory <= hbm_capacity_bytes * FIT_SLACK) & (offloaded <= c.offload_capacity_bytes * FIT_SLACK)
                 if not fits.any():
                     continue
-                extra = tables.optimizer[shard][key] + tables.dp_comm[key]
+                extra = tables.optimizer[z][key] + tables.dp_comm[key]
                 best = np.minimum(best, np.where(fits, time, np.inf).min(axis=2) + extra)
         for i, il in enumerate(sk.interleavings):
             for j, mb in enumerate(sk.microbatches):
