@@ -51,6 +51,19 @@ class ShardingStage(str, Enum):
     parameters = "3"
 
 
+class PipelineSchedule(str, Enum):
+    """The pipeline schedule: 1F1B (interleaved over the chunks when pipeline_interleaving > 1,
+    Narayanan et al. 2021), or ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR
+    2024, §3.1): backward split into the activation-gradient pass B and the weight-gradient
+    pass W, the W passes deferred to fill the cool-down bubble, at 1F1B's peak memory.
+    ZB-H1 is defined on the non-interleaved schedule; with interleaving > 1 it changes
+    nothing (the interleaved 1F1B schedule runs, and ties go to 1f1b, enumerated first). A
+    file's `interleaved` reads as 1f1b with pipeline_interleaving > 1."""
+
+    one_f_one_b = "1f1b"
+    zb_h1 = "zb-h1"
+
+
 class AttentionType(str, Enum):
     """Calculon's name for the attention kind. The model carries it (`kv_heads`); a mapping
     file that states it is read as a setting of the problem (`model_with_attention_type`)."""

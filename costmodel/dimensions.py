@@ -33,7 +33,7 @@ from typing import Callable, Literal
 import numpy as np
 
 import costmodel.limits as limits
-from costmodel.choices import Recompute, ShardingStage, TPComm, TPOverlap
+from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.limits import Bound
 
 Kind = Literal["split", "per_split", "choice", "switch", "network"]
@@ -256,6 +256,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
               fits=_needs_offload("activations_offload")),
     Dimension("optimizer_offload", "optimizer_offload", "switch", label="o-off", meaning="keep optimizer state in offload memory; the step "
               "streams it", free_when=(_HAS_OFFLOAD,), fits=_needs_offload("optimizer_offload")),
+    Dimension("sched", "pipeline_schedule", "choice", label="sched", meaning="pipeline schedule: 1f1b (interleaved when "
+              "interleaving > 1) or zb-h1 (weight-gradient passes fill the bubble; Qi et al. 2024)",
+              choices=PipelineSchedule, free_when=(Condition("pp", ">", 1),)),
     Dimension("tp_net", "tensor_par_net", "network", "network index carrying TP traffic",
               free_when=(Condition("tp", ">", 1),), fits=_network_exists("tp_net"), bound=limits.NETWORK_INDEX),
     Dimension("pp_net", "pipeline_par_net", "network", "network index carrying PP traffic",

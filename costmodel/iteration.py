@@ -234,7 +234,15 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     pp_comm_micro = 2 * v * p2p_s
     micro_s = stage_fwd + stage_bwd + pp_comm_micro
     bubble_micro = bubble_microbatches(xp, p, v, microbatches)
-    pipeline_s = (microbatches + bubble_micro) * micro_s
+    # ZB-H1 (Qi et al. 2024, §3.1 and Table 1): with backward split into B (activation
+    # gradients) and W (weight gradients), 1F1B's bubble (p-1)·(T_F + T_B + T_W) becomes
+    # (p-1)·(T_F + T_B - T_W): the deferred W passes fill the cool-down. W is a stage's
+    # weight-gradient GEMMs, as long as its forward GEMMs (each backward GEMM is one forward
+    # GEMM); on the non-interleaved schedule only (v = 1; with v > 1 it changes nothing).
+    zero_bubble = m.sched_zb_h1 & (v == 1)
+    weight_grad_s = blocks_per_stage * fw.gemm_s
+    bubble_s = xp.where(zero_bubble, (p - 1) * (micro_s - 2 * weight_grad_s), bubble_micro * micro_s)
+    pipeline_s = xp.where(zero_bubble, microbatches * micro_s + bubble_s, (microbatches + bubble_micro) * micro_s)
 
     # ---- data parallelism: gradient reduction of the stage's parameters ----
     # The output layer's V·h/tp weights: its own when untied; when tied, a copy on the last
@@ -339,7 +347,7 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
         tp_comm_s=microbatches * blocks_per_stage * (blk.tp_fwd_s + blk.tp_bwd_s),
         offload_s=microbatches * blocks_per_stage * (off_fwd_exposed + off_bwd_exposed),
         pp_comm_s=microbatches * pp_comm_micro,
-        bubble_s=bubble_micro * micro_s,
+        bubble_s=bubble_s,
         dp_comm_s=dp_exposed + dp_stolen,
         optimizer_s=optimizer_s,
         weights_bytes=weights,

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, create_model, field_serializer, field_validator, model_validator
 
 import costmodel.limits as limits
-from costmodel.choices import AttentionType, Recompute, ShardingStage, TPComm, TPOverlap
+from costmodel.choices import AttentionType, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
 from costmodel.kernels import GradDatatype, Kernels
@@ -25,7 +25,7 @@ __all__ = ["AttentionType", "Mapping", "Recompute", "ShardingStage", "TPComm", "
 
 # Defaults of the fields a Calculon execution file may leave out (the skeleton has none).
 _FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm.ar, "tp_overlap": TPOverlap.none,
-                                  "zero": ShardingStage.none}
+                                  "zero": ShardingStage.none, "sched": PipelineSchedule.one_f_one_b}
 
 
 def _field(dim: Dimension) -> tuple[Any, Any]:
@@ -85,6 +85,23 @@ class _MappingBase(BaseModel):
         if isinstance(value, int) and not isinstance(value, bool):
             return str(value)
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _interleaved_schedule(cls, data: Any) -> Any:
+        # `interleaved` is 1F1B over pipeline_interleaving > 1 chunks (the chunks say it).
+        if isinstance(data, dict) and data.get("pipeline_schedule") == "interleaved":
+            chunks = data.get("pipeline_interleaving", 1)
+            if not isinstance(chunks, int) or chunks <= 1:
+                raise ValueError(f"pipeline_schedule(interleaved) needs pipeline_interleaving > 1, not {chunks!r}")
+            data = {**data, "pipeline_schedule": PipelineSchedule.one_f_one_b}
+        return data
+
+    @field_serializer("pipeline_schedule", check_fields=False)
+    def _schedule_text(self, value: PipelineSchedule) -> str:
+        if value is PipelineSchedule.one_f_one_b and self.pipeline_interleaving > 1:
+            return "interleaved"
+        return value.value
 
     @field_serializer("sharding_stage", check_fields=False)
     def _stage_as_int(self, value: ShardingStage) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 
 from costmodel.comm import collective_s
 from costmodel.context import Context
-from costmodel.choices import Recompute, ShardingStage, TPComm
+from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm
 from costmodel.dimensions import DIMENSIONS
 from costmodel.encoding import MappingArrays, code
 from costmodel.iteration import (RESIDENT_BLOCKS, block_terms, blocks_in_flight, bubble_microbatches,
@@ -43,6 +43,7 @@ inputs; SP redoing the all-gather in backward."""
 RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE = (code("recompute", r) for r in
                                                       (Recompute.full, Recompute.attn_only, Recompute.none))
 TP_COMM_RS_AG = code("tp_comm", TPComm.rs_ag)
+SCHED_ZB_H1 = code("sched", PipelineSchedule.zb_h1)
 BLOCK_FLAGS = ("tp_comm", "seq_par_ag_redo", "recompute", "weight_offload", "activations_offload")
 """The flags one block's time reads, in the order the block tables are keyed by."""
 
@@ -96,6 +97,12 @@ class Tables:
         rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
         self.block = {(comm, redo, rcs[rc], w, a): self._by_tm(block[:, comm, redo, rc, w, a])
                       for comm in range(3) for redo in (0, 1) for rc in range(3) for w in (0, 1) for a in (0, 1)}
+        # the same block in a ZB-H1 bubble: less twice its weight-gradient GEMMs (costmodel.iteration)
+        block_zb = arr(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s + blk.offload_bwd_s
+                       - 2 * blk.forward.gemm_s).min(axis=-1)
+        block_zb = block_zb[:, :, list(tp_overlaps)].min(axis=2)
+        self.block_zb = {(comm, redo, rcs[rc], w, a): self._by_tm(block_zb[:, comm, redo, rc, w, a])
+                         for comm in range(3) for redo in (0, 1) for rc in range(3) for w in (0, 1) for a in (0, 1)}
         everything = (1, 2, 3, 4, 5, 6, 7)
         self.compute = self._by_tm(arr(blk.compute_fwd_s + blk.compute_bwd_s).min(axis=everything))
         self.head = self._by_tm(3 * arr(output_layer_s(c, ns, ArrayOps)).min(axis=everything))
@@ -153,6 +160,12 @@ class Tables:
         return {k: float(x) for k, x in zip(self.tp_keys, values)}
 
 
+def offers_zero_bubble(space: Space, num_networks: int) -> bool:
+    """Whether some mapping of the space (with pp > 1) may run ZB-H1."""
+    known = {"tp": 2, "pp": 2, "dp": 2, "offload": 1}
+    return (SCHED_ZB_H1,) in flag_projection(space, ("sched",), known, num_networks)
+
+
 def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, local_batch: dict, has_offload: bool,
                        num_networks: int, hbm_capacity_bytes: float) -> dict:
     """For each (tp, pp, interleaving, microbatch) block, the smallest value the surrogate
@@ -169,6 +182,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
     known = {"tp": 2, "pp": 2, "dp": 2, "offload": int(has_offload)}
     combos = sorted(flag_projection(space, BLOCK_FLAGS, known, num_networks))
     zero_codes = tuple(code for (code,) in flag_projection(space, ("zero",), known, num_networks))
+    zero_bubble = offers_zero_bubble(space, num_networks)
     out = {}
     for sk in skeletons:
         t, p = sk.tp, sk.pp
@@ -184,6 +198,13 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         # time[V, M, K] without the optimizer and DP terms (added per sharding below)
         per_micro = blocks / p * block + head[:, None]                       # [M, K]
         time = (n[None, :] + bubble)[:, :, None] * (per_micro[None] + (2 * il * sends[None, :])[:, :, None])
+        if zero_bubble and p > 1 and 1 in sk.interleavings:
+            # ZB-H1 on the non-interleaved row: n microbatches + (p-1) bubble ones without W
+            block_zb = np.array([[tables.block_zb[cb][(t, int(mb))] for cb in combos] for mb in mbs])
+            row = sk.interleavings.index(1)
+            sends_1 = (2 * sends)[:, None]
+            zb = n[:, None] * (per_micro + sends_1) + (p - 1) * (blocks / p * block_zb + head[:, None] + sends_1)
+            time[row] = np.minimum(time[row], zb)
         cls = ["sp_redo" if (comm == TP_COMM_RS_AG and redo) else ("sp" if comm == TP_COMM_RS_AG else "no_sp")
                for comm, redo, rc, w, a in combos]
         stored = np.array([[tables.stored[(cb[2], cl)][(t, int(mb))] for cb, cl in zip(combos, cls)] for mb in mbs])
