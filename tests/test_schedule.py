@@ -16,7 +16,9 @@ from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.search.brute import scan
 from solver.search.solve import SolverConfig, solve
+from solver.space.count import count_mappings
 from solver.space.declaration import get_space
+from solver.space.pins import parse_pins, pinned
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = load_system(ROOT / "problems/systems/h100-80g-nvl8.yaml")
@@ -84,3 +86,15 @@ def test_solve_equals_brute_force_where_zero_bubble_is_offered(case):
     assert result.best.mapping.pipeline_schedule is PipelineSchedule.zb_h1
     assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],
                                                                       rel=1e-9)
+
+
+@pytest.mark.parametrize("pin, dimension, label", [("zero=2", "zero", "2"), ("sched=zb-h1", "sched", "zb-h1"),
+                                                   ("zero=3", "zero", "3")])
+def test_fix_by_short_label_counts_what_the_breakdown_gives_that_value(pin, dimension, label):
+    """`--fix zero=2` / `--fix sched=zb-h1` read the declaration: the pinned space has as many
+    mappings as the full count gives that value."""
+    model, system = ZB_CASES[0][1], ZB_CASES[0][2]
+    full = get_space("full")
+    everything = count_mappings(model, system, 32, 32, full)
+    fixed = count_mappings(model, system, 32, 32, pinned(full, parse_pins([pin])))
+    assert fixed.mappings == everything.by_dimension[dimension][label] > 0
