@@ -4,7 +4,7 @@
 
 Problem (issue 3): problems/models/gpt-1t-256b.yaml, problems/systems/h100-80g-nvl8.yaml
 with 1 TiB of offload memory per GPU at 100 GB/s, float8, max batch 3072, space `full`
-(23,311,328 mappings). Target: <= 120 s on a 2-core machine. Prints the closed-form count
+(92,227,520 mappings since ZeRO-2/3 and ZB-H1 joined it; 23,311,328 before). Target: <= 120 s on a 2-core machine. Prints the closed-form count
 and its time, then evaluated / feasible / seconds / mappings per second and the best
 mapping; exits 1 if the target is missed.
 """

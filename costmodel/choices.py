@@ -36,6 +36,34 @@ class TPOverlap(str, Enum):
     pipe = "pipe"
 
 
+class ShardingStage(str, Enum):
+    """How much of the training state is sharded over the data-parallel group (ZeRO,
+    Rajbhandari et al. 2020 §5; PyTorch FSDP's SHARD_GRAD_OP is stage 2, FULL_SHARD stage 3):
+    nothing (0, replicated); the optimizer state (1: ZeRO-1, Megatron-LM's distributed
+    optimizer, Calculon's `optimizer_sharding`); and the gradients (2: reduce-scatter
+    instead of all-reduce); and the parameters (3: all-gathered per block in forward and
+    again in backward). The member names say what the stage adds; the values are the stage
+    numbers people write."""
+
+    none = "0"
+    optimizer = "1"
+    gradients = "2"
+    parameters = "3"
+
+
+class PipelineSchedule(str, Enum):
+    """The pipeline schedule: 1F1B (interleaved over the chunks when pipeline_interleaving > 1,
+    Narayanan et al. 2021), or ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR
+    2024, §3.1): backward split into the activation-gradient pass B and the weight-gradient
+    pass W, the W passes deferred to fill the cool-down bubble, at 1F1B's peak memory.
+    ZB-H1 is defined on the non-interleaved schedule; with interleaving > 1 it changes
+    nothing (the interleaved 1F1B schedule runs, and ties go to 1f1b, enumerated first). A
+    file's `interleaved` reads as 1f1b with pipeline_interleaving > 1."""
+
+    one_f_one_b = "1f1b"
+    zb_h1 = "zb-h1"
+
+
 class AttentionType(str, Enum):
     """Calculon's name for the attention kind. The model carries it (`kv_heads`); a mapping
     file that states it is read as a setting of the problem (`model_with_attention_type`)."""

@@ -18,6 +18,9 @@ MASK_BYTES = 1.0
 # (4 bytes, unless the compute datatype is fp32 already) and Adam's two fp32 moments (8 bytes)
 # per parameter: 2 + 4 + 12 = 18 bytes with 16-bit weights (Korthikanti et al. 2022, Fig. 1).
 GRAD_BYTES_PER_PARAM = 4.0
+GRAD_16BIT_BYTES_PER_PARAM = 2.0
+"""16-bit gradients (Kernels.grad_datatype "16bit"): DeepSpeed's, the ZeRO paper's 2Ψ bytes
+(Rajbhandari et al. 2020 §3.1). fp32 compute keeps fp32 gradients whatever the setting."""
 ADAM_MOMENT_BYTES_PER_PARAM = 8.0
 MASTER_WEIGHT_BYTES_PER_PARAM = 4.0
 
@@ -49,6 +52,7 @@ class Context:
     # datatype
     elem_bytes: float            # bytes per weight/activation element
     grad_comm_bytes: float       # bytes per gradient element on the DP network
+    grad_bytes_per_param: float  # bytes per kept gradient (4: fp32 main gradients; 2: 16-bit)
     optimizer_bytes_per_param: float
     fused_activation: bool
     fused_attention: bool
@@ -97,6 +101,8 @@ class Context:
             # Gradients travel in 16 bits even with fp8 compute (Transformer Engine keeps
             # wgrads in bf16); fp32 training sends fp32.
             grad_comm_bytes=max(elem, 2.0),
+            grad_bytes_per_param=(GRAD_BYTES_PER_PARAM if kernels.grad_datatype == "float32" or datatype is Datatype.float32
+                                  else GRAD_16BIT_BYTES_PER_PARAM),
             optimizer_bytes_per_param=master + ADAM_MOMENT_BYTES_PER_PARAM,
             fused_activation=kernels.fused_activation, fused_attention=kernels.fused_attention,
             matrix_flops_per_s=compute.matrix_flops_per_s, vector_flops_per_s=compute.vector_flops_per_s,

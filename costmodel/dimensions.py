@@ -33,7 +33,7 @@ from typing import Callable, Literal
 import numpy as np
 
 import costmodel.limits as limits
-from costmodel.choices import Recompute, TPComm, TPOverlap
+from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.limits import Bound
 
 Kind = Literal["split", "per_split", "choice", "switch", "network"]
@@ -242,8 +242,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
               "all-gather, or rs_ag = sequence parallelism", choices=TPComm),
     Dimension("tp_overlap", "tensor_par_overlap", "choice", label="tp-overlap", meaning="overlap TP communication with the neighbouring matrix "
               "multiply", choices=TPOverlap, free_when=(Condition("tp", ">", 1),)),
-    Dimension("optimizer_sharding", "optimizer_sharding", "switch", label="opt-shard", meaning="shard optimizer state across the dp replicas "
-              "(ZeRO-1)", free_when=(Condition("dp", ">", 1),)),
+    Dimension("zero", "sharding_stage", "choice", label="zero", meaning="ZeRO sharding stage over the dp group: 0 "
+              "replicated, 1 optimizer state (distributed optimizer), 2 + gradients, 3 + parameters (FSDP)",
+              choices=ShardingStage, free_when=(Condition("dp", ">", 1),)),
     Dimension("seq_par_ag_redo", "seq_par_ag_redo", "switch", label="ag-redo", meaning="redo the sequence-parallel all-gather in backward "
               "instead of storing its output", free_when=(Condition("tp_comm", "==", _RS_AG), Condition("recompute", "!=", _FULL))),
     Dimension("dp_overlap", "data_par_overlap", "switch", label="dp-overlap", meaning="overlap the DP gradient reduction with the backward pass",
@@ -255,6 +256,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
               fits=_needs_offload("activations_offload")),
     Dimension("optimizer_offload", "optimizer_offload", "switch", label="o-off", meaning="keep optimizer state in offload memory; the step "
               "streams it", free_when=(_HAS_OFFLOAD,), fits=_needs_offload("optimizer_offload")),
+    Dimension("sched", "pipeline_schedule", "choice", label="sched", meaning="pipeline schedule: 1f1b (interleaved when "
+              "interleaving > 1) or zb-h1 (weight-gradient passes fill the bubble; Qi et al. 2024)",
+              choices=PipelineSchedule, free_when=(Condition("pp", ">", 1),)),
     Dimension("tp_net", "tensor_par_net", "network", "network index carrying TP traffic",
               free_when=(Condition("tp", ">", 1),), fits=_network_exists("tp_net"), bound=limits.NETWORK_INDEX),
     Dimension("pp_net", "pipeline_par_net", "network", "network index carrying PP traffic",

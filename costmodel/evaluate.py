@@ -91,7 +91,8 @@ class Evaluation:
 
 # How each dimension appears in the formulas' view, worked out once from the declaration.
 _VIEW = tuple((dim.name, dim.field, dim.kind,
-               tuple(f"{dim.name}_{member.value}" for member in dim.choices) if dim.kind == "choice" else ())
+               tuple(f"{dim.name}_{member.value}".replace("-", "_") for member in dim.choices)
+               if dim.kind == "choice" else ())
               for dim in DIMENSIONS)
 _CODE_OF = {dim.name: dim.code_of for dim in DIMENSIONS}
 
@@ -100,7 +101,7 @@ def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
     """The formulas' view of one mapping or many (`codes`: each dimension's code by short
     name): whole numbers as floats, network indices as indices, switches as Booleans, and
     for each choice one Boolean per member, `<dimension>_<member>` (`recompute_full`,
-    `tp_comm_rs_ag`, `tp_overlap_ring`, ...). Two derived names: `num_procs` = tp·pp·dp and
+    `tp_comm_rs_ag`, `tp_overlap_ring`, `zero_3`, `sched_zb_h1`: a '-' in a value reads '_'). Two derived names: `num_procs` = tp·pp·dp and
     `seq_par` = tp_comm_rs_ag (sequence parallelism)."""
     view = {}
     for name, _, kind, predicates in _VIEW:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from costmodel.block import (BlockForward, StoredActivations, block_forward_times, block_stored_activation_bytes,
                              eltwise_s, gemm_s)
 from costmodel.comm import collective_s, overlapped, tp_overlap_terms
-from costmodel.context import GRAD_BYTES_PER_PARAM, Context
+from costmodel.context import Context
 from costmodel.system import Collective
 
 # FLOP per parameter of an Adam step (moment updates, bias correction, square root, divide,
@@ -33,7 +33,7 @@ TIME_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "pp_comm_s"
 LOGIT_BYTES_KEPT = 4.0
 LOGIT_GRAD_BYTES = 2.0
 
-MEMORY_TERMS = ("weights_bytes", "weight_grads_bytes", "optimizer_bytes", "embedding_bytes",
+MEMORY_TERMS = ("weights_bytes", "weight_grads_bytes", "optimizer_bytes", "sharding_buffer_bytes", "embedding_bytes",
                 "activations_bytes", "activation_workspace_bytes", "output_layer_bytes", "logits_bytes",
                 "last_stage_activations_bytes", "runtime_reserve_bytes", "first_stage_hbm_bytes",
                 "last_stage_hbm_bytes")
@@ -83,6 +83,8 @@ class IterationTerms:
     weights_bytes: object
     weight_grads_bytes: object
     optimizer_bytes: object
+    sharding_buffer_bytes: object
+    """ZeRO-2/3: one block's whole gradients, and (stage 3) two blocks' gathered weights"""
     embedding_bytes: object
     activations_bytes: object
     activation_workspace_bytes: object
@@ -169,8 +171,9 @@ def block_terms(c: Context, m, xp) -> BlockTerms:
     off_rate = _rate(c.offload_bytes_per_s)
     fwd_read = xp.where(m.weight_offload, e * block_params, 0.0)
     fwd_write = xp.where(m.activations_offload, act.stored, 0.0)
-    bwd_read = xp.where(m.weight_offload, (e + GRAD_BYTES_PER_PARAM) * block_params, 0.0) + fwd_write
-    bwd_write = xp.where(m.weight_offload, GRAD_BYTES_PER_PARAM * block_params, 0.0)
+    g = c.grad_bytes_per_param
+    bwd_read = xp.where(m.weight_offload, (e + g) * block_params, 0.0) + fwd_write
+    bwd_write = xp.where(m.weight_offload, g * block_params, 0.0)
     off_fwd_bytes = xp.maximum(fwd_read, fwd_write)
     off_bwd_bytes = xp.maximum(bwd_read, bwd_write)
     off_fwd_s = off_fwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_fwd_bytes))
@@ -231,7 +234,15 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     pp_comm_micro = 2 * v * p2p_s
     micro_s = stage_fwd + stage_bwd + pp_comm_micro
     bubble_micro = bubble_microbatches(xp, p, v, microbatches)
-    pipeline_s = (microbatches + bubble_micro) * micro_s
+    # ZB-H1 (Qi et al. 2024, §3.1 and Table 1): with backward split into B (activation
+    # gradients) and W (weight gradients), 1F1B's bubble (p-1)·(T_F + T_B + T_W) becomes
+    # (p-1)·(T_F + T_B - T_W): the deferred W passes fill the cool-down. W is a stage's
+    # weight-gradient GEMMs, as long as its forward GEMMs (each backward GEMM is one forward
+    # GEMM); on the non-interleaved schedule only (v = 1; with v > 1 it changes nothing).
+    zero_bubble = m.sched_zb_h1 & (v == 1)
+    weight_grad_s = blocks_per_stage * fw.gemm_s
+    bubble_s = xp.where(zero_bubble, (p - 1) * (micro_s - 2 * weight_grad_s), bubble_micro * micro_s)
+    pipeline_s = xp.where(zero_bubble, microbatches * micro_s + bubble_s, (microbatches + bubble_micro) * micro_s)
 
     # ---- data parallelism: gradient reduction of the stage's parameters ----
     # The output layer's V·h/tp weights: its own when untied; when tied, a copy on the last
@@ -244,23 +255,40 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     last_extra = output_matrix + xp.where(p == 1, c.embedding_params, 0.0)
     stage_params = blocks_per_stage * block_params + xp.maximum(first_extra, last_extra) / t
     grad_bytes = stage_params * c.grad_comm_bytes
+    # ZeRO stages (Rajbhandari et al. 2020 §5, §7): 0 all-reduces the gradients once; 1
+    # reduce-scatters them and all-gathers the updated 16-bit weights; 2 keeps only its
+    # gradient shard, so every microbatch's gradients are reduce-scattered as they appear
+    # (DeepSpeed's stage 2 under gradient accumulation); 3 also keeps only its weight shard
+    # and all-gathers each block's weights in forward and again in backward, every
+    # microbatch, and needs no final all-gather (each GPU updates only its own shard).
+    zero_opt = xp.logical_not(m.zero_0)                   # optimizer state sharded (stage >= 1)
+    zero_grads = m.zero_2 | m.zero_3                      # gradients sharded (stage >= 2)
+    zero_weights = m.zero_3                               # weights sharded (stage 3)
+    reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, dp, grad_bytes, m.dp_net)
+    gather_weights = collective_s(c, xp, Collective.all_gather, dp, e * stage_params, m.dp_net)
     dp_all_reduce = collective_s(c, xp, Collective.all_reduce, dp, grad_bytes, m.dp_net)
-    dp_sharded = (collective_s(c, xp, Collective.reduce_scatter, dp, grad_bytes, m.dp_net)
-                  + collective_s(c, xp, Collective.all_gather, dp, e * stage_params, m.dp_net))
-    dp_comm = xp.where(m.optimizer_sharding, dp_sharded, dp_all_reduce)
+    scatters = xp.where(zero_grads, microbatches, 1.0)
+    gathers = xp.where(zero_weights, 2 * microbatches, 1.0)
+    dp_comm = xp.where(zero_opt, scatters * reduce_scatter + gathers * gather_weights, dp_all_reduce)
     # Overlapped, each block's gradients reduce while the last microbatch's backward runs
     # through the blocks before it; the last block's reduction has nothing left to hide behind.
-    dp_window = (blocks_per_stage - 1) * (block_bwd + recompute)
+    # Stages 2 and 3 move data every microbatch, behind every microbatch's compute.
+    dp_window = xp.where(zero_grads, microbatches * blocks_per_stage * (block_fwd + block_bwd + recompute),
+                         (blocks_per_stage - 1) * (block_bwd + recompute))
     dp_exposed, dp_stolen = overlapped(dp_comm, dp_window, xp.where(m.dp_overlap, 1.0, 0.0),
                                        xp.pick(c.net_usage, m.dp_net), xp)
 
     # ---- optimizer step over this GPU's share of the stage's parameters ----
-    opt_params = stage_params / xp.where(m.optimizer_sharding, dp, 1.0)
+    opt_shards = xp.where(zero_opt, dp, 1.0)
+    grad_shards = xp.where(zero_grads, dp, 1.0)
+    weight_shards = xp.where(zero_weights, dp, 1.0)
+    opt_params = stage_params / opt_shards
+    g = c.grad_bytes_per_param
     # reads gradient and state, writes state and the new weights
-    opt_bytes_per_param = GRAD_BYTES_PER_PARAM + 2 * c.optimizer_bytes_per_param + e
+    opt_bytes_per_param = g + 2 * c.optimizer_bytes_per_param + e
     opt_hbm_s = eltwise_s(c, xp, opt_params, ADAM_FLOPS_PER_PARAM, opt_bytes_per_param)
     opt_off_read = (xp.where(m.optimizer_offload, c.optimizer_bytes_per_param, 0.0)
-                    + xp.where(m.weight_offload, GRAD_BYTES_PER_PARAM, 0.0)) * opt_params
+                    + xp.where(m.weight_offload, g, 0.0)) * opt_params
     opt_off_write = (xp.where(m.optimizer_offload, c.optimizer_bytes_per_param, 0.0) + xp.where(m.weight_offload, e, 0.0)) * opt_params
     opt_off_bytes = xp.maximum(opt_off_read, opt_off_write)
     opt_off_s = opt_off_bytes / (_rate(c.offload_bytes_per_s) * xp.lookup(c.offload_curve, opt_off_bytes))
@@ -270,12 +298,18 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
 
     # ---- memory of a GPU in the first and in the last pipeline stage (one GPU when pp = 1):
     # the first holds the most activations, the last the output layer and the logits ----
-    shards = xp.where(m.optimizer_sharding, dp, 1.0)
     stage_block_params = blocks_per_stage * block_params
-    weights = stage_block_params * e
-    grads = stage_block_params * GRAD_BYTES_PER_PARAM
-    optimizer = stage_block_params * c.optimizer_bytes_per_param / shards
-    state_per_param = e + GRAD_BYTES_PER_PARAM + c.optimizer_bytes_per_param / shards
+    weights = stage_block_params * e / weight_shards
+    grads = stage_block_params * g / grad_shards
+    optimizer = stage_block_params * c.optimizer_bytes_per_param / opt_shards
+    state_per_param = e / weight_shards + g / grad_shards + c.optimizer_bytes_per_param / opt_shards
+    # Sharded state needs whole blocks while they compute: stage 3 the gathered weights of
+    # the block computing and of the one prefetched (FSDP's default of one block in flight,
+    # DeepSpeed's prefetch bucket); stages 2 and 3 one block's whole gradients before they
+    # are reduce-scattered.
+    resident_blocks = xp.minimum(RESIDENT_BLOCKS, blocks_per_stage)
+    sharding_buffer = (xp.where(zero_weights, resident_blocks * block_params * e, 0.0)
+                       + xp.where(zero_grads, block_params * g, 0.0))
     embedding = c.embedding_params / t * state_per_param
     # The output layer (output_matrix above) and the final norm, replicated on every tp rank.
     output_layer = (output_matrix / t + c.final_norm_params) * state_per_param
@@ -287,8 +321,7 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     last_inflight = blocks_in_flight_last_stage(xp, blocks_per_stage, p, v, microbatches)
     last_activations = act.stored * last_inflight
     workspace = act.workspace
-    resident_blocks = xp.minimum(RESIDENT_BLOCKS, blocks_per_stage)
-    weights_hbm = xp.where(m.weight_offload, resident_blocks * block_params * (e + GRAD_BYTES_PER_PARAM), weights + grads)
+    weights_hbm = xp.where(m.weight_offload, resident_blocks * block_params * (e + g), weights + grads) + sharding_buffer
     activations_hbm = xp.where(m.activations_offload, xp.minimum(RESIDENT_BLOCKS, inflight_blocks) * act.stored, activations)
     last_activations_hbm = xp.where(m.activations_offload, xp.minimum(RESIDENT_BLOCKS, last_inflight) * act.stored,
                                     last_activations)
@@ -314,12 +347,13 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
         tp_comm_s=microbatches * blocks_per_stage * (blk.tp_fwd_s + blk.tp_bwd_s),
         offload_s=microbatches * blocks_per_stage * (off_fwd_exposed + off_bwd_exposed),
         pp_comm_s=microbatches * pp_comm_micro,
-        bubble_s=bubble_micro * micro_s,
+        bubble_s=bubble_s,
         dp_comm_s=dp_exposed + dp_stolen,
         optimizer_s=optimizer_s,
         weights_bytes=weights,
         weight_grads_bytes=grads,
         optimizer_bytes=optimizer,
+        sharding_buffer_bytes=sharding_buffer,
         embedding_bytes=embedding,
         activations_bytes=activations,
         activation_workspace_bytes=workspace,

@@ -4,11 +4,18 @@ searched dimensions of the mapping."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from costmodel.errors import InputError
 
 ATTENTION_KERNELS = ("fused", "unfused")
 """How the attention core runs: one FlashAttention kernel, or four kernels through HBM."""
+
+GradDatatype = Literal["float32", "16bit"]
+GRAD_DATATYPES: tuple[str, ...] = ("float32", "16bit")
+"""How gradients are kept: fp32 main gradients (Megatron-LM's `--accumulate-allreduce-grads-in-fp32`,
+its default with bf16) or in the 16-bit compute type (DeepSpeed's fp16/bf16 ZeRO, and the ZeRO
+paper's 2Ψ bytes of gradients)."""
 
 
 @dataclass(frozen=True)
@@ -21,13 +28,21 @@ class Kernels:
     """FlashAttention (Dao et al. 2022): the attention core is one kernel and the s×s scores
     never reach HBM; False: four kernels through HBM, as Megatron-LM in 2022 (the Selene
     measurements) and Calculon model it."""
+    grad_datatype: GradDatatype = "float32"
+    """How gradients are kept (GRAD_DATATYPES): a setting of the problem, like the kernels —
+    not searched, since it changes the numerics of training, not only its speed."""
+
+    def __post_init__(self) -> None:
+        if self.grad_datatype not in GRAD_DATATYPES:
+            raise InputError(f"grad_datatype {self.grad_datatype!r} does not exist (choose from "
+                             f"{', '.join(GRAD_DATATYPES)})")
 
     @staticmethod
-    def with_attention(attention: str) -> "Kernels":
+    def with_attention(attention: str, grad_datatype: str = "float32") -> "Kernels":
         """From the name users give (`--attention`, a batch file's `attention:`)."""
         if attention not in ATTENTION_KERNELS:
             raise InputError(f"attention {attention!r} does not exist (choose from {', '.join(ATTENTION_KERNELS)})")
-        return Kernels(fused_attention=attention == "fused")
+        return Kernels(fused_attention=attention == "fused", grad_datatype=grad_datatype)
 
     @property
     def attention(self) -> str:

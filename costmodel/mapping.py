@@ -10,21 +10,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, create_model, field_validator, model_validator
+from pydantic import BaseModel, Field, create_model, field_serializer, field_validator, model_validator
 
 import costmodel.limits as limits
-from costmodel.choices import AttentionType, Recompute, TPComm, TPOverlap
+from costmodel.choices import AttentionType, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
-from costmodel.kernels import Kernels
+from costmodel.kernels import GradDatatype, Kernels
 from costmodel.model import INPUT_CONFIG, Model, WholeNumber, within
 from costmodel.system import Datatype, System
 
-__all__ = ["AttentionType", "Mapping", "Recompute", "TPComm", "TPOverlap", "check_mapping_fits",
+__all__ = ["AttentionType", "Mapping", "Recompute", "ShardingStage", "TPComm", "TPOverlap", "check_mapping_fits",
            "model_with_attention_type"]
 
 # Defaults of the fields a Calculon execution file may leave out (the skeleton has none).
-_FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm.ar, "tp_overlap": TPOverlap.none}
+_FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm.ar, "tp_overlap": TPOverlap.none,
+                                  "zero": ShardingStage.none, "sched": PipelineSchedule.one_f_one_b}
 
 
 def _field(dim: Dimension) -> tuple[Any, Any]:
@@ -56,6 +57,55 @@ class _MappingBase(BaseModel):
         None, description="Calculon's attention kind, read into the model (which carries it as kv_heads): "
                           "multiquery means kv_heads = 1; multihead, that it is not 1.")
     training: bool = Field(True, description="Training (forward, backward, optimizer). Only training is modelled.")
+    grad_datatype: GradDatatype = Field(
+        "float32", description="How gradients are kept: float32 main gradients (Megatron-LM) or 16bit (DeepSpeed); "
+                               "a setting of the problem, not searched.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sharding_from_calculon(cls, data: Any) -> Any:
+        # Calculon's files say optimizer_sharding: true/false, which is sharding stage 1/0.
+        if isinstance(data, dict) and "optimizer_sharding" in data:
+            data = dict(data)
+            legacy = data.pop("optimizer_sharding")
+            if not isinstance(legacy, bool):
+                raise ValueError(f"optimizer_sharding: {legacy!r} is not true or false")
+            stage = int(legacy)
+            given = data.get("sharding_stage", stage)
+            if str(getattr(given, "value", given)) != str(stage):
+                raise ValueError(f"optimizer_sharding({legacy}) contradicts sharding_stage({given}); give only "
+                                 f"sharding_stage")
+            data["sharding_stage"] = given
+        return data
+
+    @field_validator("sharding_stage", mode="before", check_fields=False)
+    @classmethod
+    def _stage_from_int(cls, value: object) -> object:
+        # Files write the stage as a number (0-3); the enum's values are its text.
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _interleaved_schedule(cls, data: Any) -> Any:
+        # `interleaved` is 1F1B over pipeline_interleaving > 1 chunks (the chunks say it).
+        if isinstance(data, dict) and data.get("pipeline_schedule") == "interleaved":
+            chunks = data.get("pipeline_interleaving", 1)
+            if not isinstance(chunks, int) or chunks <= 1:
+                raise ValueError(f"pipeline_schedule(interleaved) needs pipeline_interleaving > 1, not {chunks!r}")
+            data = {**data, "pipeline_schedule": PipelineSchedule.one_f_one_b}
+        return data
+
+    @field_serializer("pipeline_schedule", check_fields=False)
+    def _schedule_text(self, value: PipelineSchedule) -> str:
+        if value is PipelineSchedule.one_f_one_b and self.pipeline_interleaving > 1:
+            return "interleaved"
+        return value.value
+
+    @field_serializer("sharding_stage", check_fields=False)
+    def _stage_as_int(self, value: ShardingStage) -> int:
+        return int(value.value)
 
     @field_validator("tensor_par_overlap", mode="before", check_fields=False)
     @classmethod
@@ -115,7 +165,13 @@ class _MappingBase(BaseModel):
     @property
     def kernels(self) -> Kernels:
         """The kernel choices the file states (problem constants, costmodel.kernels)."""
-        return Kernels(fused_activation=self.fused_activation, fused_attention=self.fused_attention)
+        return Kernels(fused_activation=self.fused_activation, fused_attention=self.fused_attention,
+                       grad_datatype=self.grad_datatype)
+
+    @property
+    def optimizer_sharding(self) -> bool:
+        """Calculon's name: whether the optimizer state is sharded (sharding stage >= 1)."""
+        return self.sharding_stage is not ShardingStage.none
 
     @property
     def seq_par(self) -> bool:

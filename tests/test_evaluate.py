@@ -23,7 +23,8 @@ def problems(draw):
     model = draw(models())
     system = draw(systems())
     batch = draw(st.lists(mappings(model, system), min_size=1, max_size=6))
-    kernel = {"datatype": batch[0].datatype, "fused_attention": batch[0].fused_attention}
+    kernel = {"datatype": batch[0].datatype, "fused_attention": batch[0].fused_attention,
+              "grad_datatype": batch[0].grad_datatype}
     batch = [m.model_copy(update=kernel) for m in batch]
     return model, system, batch
 

@@ -76,7 +76,7 @@ PIN_SETS = [
     ["tp_overlap=ring"],              # tp 1 pins it to none: those splits drop out
     ["weight_offload=on", "microbatch=1"],
     ["dp_net=1", "interleaving=2"],
-    ["optimizer_sharding=on", "tp_comm=rs_ag", "seq_par_ag_redo=on"],
+    ["zero=1", "tp_comm=rs_ag", "seq_par_ag_redo=on"],
     ["batch=8"],
 ]
 

@@ -48,7 +48,9 @@ def gpt_1t(blocks: int) -> Model:
 # ---------------------------------------------------------------- the published counts
 @pytest.mark.parametrize("blocks, space, expected", [
     (256, "calculon-2023", 15_612_832), (254, "calculon-2023", 842_080),
-    (256, "full", 23_311_328), (254, "full", 1_260_992),
+    (256, "full", 92_227_520), (254, "full", 4_628_096),
+    # Calculon's current enumeration: what `full` counted before ZeRO-2/3 and ZB-H1
+    (256, "calculon-current", 23_311_328), (254, "calculon-current", 1_260_992),
 ])
 def test_published_counts(blocks: int, space: str, expected: int) -> None:
     result = count_mappings(gpt_1t(blocks), make_system(), 4096, 3072, get_space(space))
@@ -73,7 +75,7 @@ def test_model_files_match_the_brief() -> None:
 
 def test_full_space_enumerates_exactly_its_count() -> None:
     p = plan(gpt_1t(254), make_system(), 4096, 3072, SPACES["full"], chunk_rows=100_000)
-    assert p.total == 1_260_992
+    assert p.total == 4_628_096
     assert max(c.rows for c in p.chunks) <= 100_000
     ordinals = [c.ordinal for c in p.chunks]
     assert ordinals == sorted(ordinals) and ordinals[0] == 0
@@ -240,7 +242,7 @@ def test_cli_count_table(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["count", "--model", str(MODELS / "gpt-1t-256b.yaml"), "--system",
                                       str(write_system(tmp_path)), "--gpus", "4096"])
     assert result.exit_code == 0, result.output
-    assert "23,311,328" in result.output and "microbatch" in result.output
+    assert "92,227,520" in result.output and "microbatch" in result.output
 
 
 @pytest.mark.parametrize("gpus", ["0", "-4", "many"])
@@ -268,7 +270,12 @@ def test_cli_spaces_lists_every_dimension() -> None:
         assert names[:6] == ["tp", "pp", "dp", "batch", "interleaving", "microbatch"]
         assert {"recompute", "tp_overlap", "seq_par_ag_redo", "dp_net"} <= set(names)
     overlap = {n: next(d for d in s["dimensions"] if d["name"] == "tp_overlap")["domain"] for n, s in described.items()}
-    assert overlap == {"full": "none | ring | pipe", "calculon-2023": "none | ring"}
+    assert overlap == {"full": "none | ring | pipe", "calculon-current": "none | ring | pipe",
+                       "calculon-2023": "none | ring"}
+    stages = {n: next(d for d in s["dimensions"] if d["name"] == "zero")["domain"] for n, s in described.items()}
+    assert stages == {"full": "0 | 1 | 2 | 3", "calculon-current": "0 | 1", "calculon-2023": "0 | 1"}
+    schedules = {n: next(d for d in s["dimensions"] if d["name"] == "sched")["domain"] for n, s in described.items()}
+    assert schedules == {"full": "1f1b | zb-h1", "calculon-current": "1f1b", "calculon-2023": "1f1b"}
     table = CliRunner().invoke(cli, ["spaces"])
     assert table.exit_code == 0 and "calculon-2023" in table.output
 

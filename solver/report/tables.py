@@ -29,8 +29,9 @@ TIME_LABELS = {
 }
 MEMORY_LABELS = {
     "weights_bytes": "weights",
-    "weight_grads_bytes": "weight gradients (fp32)",
+    "weight_grads_bytes": "weight gradients (fp32 or 16-bit: grad_datatype)",
     "optimizer_bytes": "optimizer state (fp32 master + Adam)",
+    "sharding_buffer_bytes": "ZeRO-2/3 buffer (a block's gradients; stage 3: two gathered blocks)",
     "embedding_bytes": "embedding (weights + grads + optimizer)",
     "activations_bytes": "stored activations (in flight)",
     "activation_workspace_bytes": "activation workspace (recompute)",

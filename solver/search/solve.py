@@ -49,7 +49,7 @@ WARM_START_MARGIN = 0.005
 """The warm start goes on past the K-th best by this fraction: CP-SAT's tangent-line
 objective sits up to ~0.2 % below the tables the ranking uses, so blocks just above the
 line would otherwise come back as CP-SAT candidates one round at a time."""
-SEARCHED_FLAGS = ("recompute", "tp_comm", "optimizer_sharding", "seq_par_ag_redo", "weight_offload",
+SEARCHED_FLAGS = ("recompute", "tp_comm", "zero", "seq_par_ag_redo", "weight_offload",
                   "activations_offload", "optimizer_offload")
 """Flags CP-SAT decides. The others (TP overlap, DP overlap, the network of each dimension)
 change only time, never memory: the surrogate takes their best case, and the exact scoring

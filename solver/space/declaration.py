@@ -14,10 +14,13 @@ A mapping has two kinds of dimensions (costmodel.dimensions declares both):
 The rules are those of "The mapping space and how it is counted" in the project brief, which
 reproduce Calculon's published counts exactly. Two named presets (`SPACES`):
 
-* ``calculon-2023`` — TP overlap on/off (codes none, ring) and the quirk of that tool that
-  the global batch is dp itself when dp alone exceeds the batch cap;
-* ``full`` (default) — TP overlap none | ring | pipe and the strict cap: when dp exceeds the
-  cap there is no valid batch, so no mapping.
+* ``calculon-2023`` — TP overlap on/off (codes none, ring), optimizer sharding on/off
+  (ZeRO stages 0 and 1), the 1F1B schedule only, and the quirk of that tool that the global batch is dp itself when
+  dp alone exceeds the batch cap;
+* ``calculon-current`` — Calculon's current enumeration (what ``full`` was before ZeRO-2/3 and ZB-H1):
+  ``full`` with ZeRO stages 0/1 and 1F1B only; the paper batches that state no space use it;
+* ``full`` (default) — TP overlap none | ring | pipe, ZeRO stages 0-3, 1F1B or ZB-H1, and the strict cap:
+  when dp exceeds the cap there is no valid batch, so no mapping.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator
 
-from costmodel.choices import TPOverlap
+from costmodel.choices import PipelineSchedule, ShardingStage, TPOverlap
 from costmodel.dimensions import BY_NAME, DIMENSIONS, FLAGS, SKELETON_FACTS, Condition, Dimension
 from costmodel.errors import InputError
 from costmodel.model import Model
@@ -138,14 +141,24 @@ class Space:
 
 
 _CODE = BY_NAME["tp_overlap"].code_of
+_ZERO = BY_NAME["zero"].code_of
 SPACES: dict[str, Space] = {
     "full": Space(
-        name="full", summary="Calculon's current enumeration: TP overlap none | ring | pipe, strict batch cap.",
+        name="full", summary="Calculon's current enumeration: TP overlap none | ring | pipe, strict batch cap; "
+                             "ZeRO sharding stages 0-3, 1F1B or ZB-H1.",
         tp_max=256, offered=(), batch_is_dp_above_cap=False),
+    "calculon-current": Space(
+        name="calculon-current", summary="Calculon's current enumeration, as `full` was before ZeRO-2/3 and ZB-H1 joined it: "
+                                 "TP overlap none | ring | pipe, ZeRO stages 0/1, 1F1B, strict batch cap.",
+        tp_max=256, offered=(("zero", (_ZERO(ShardingStage.none), _ZERO(ShardingStage.optimizer))),
+                             ("sched", (BY_NAME["sched"].code_of(PipelineSchedule.one_f_one_b),))),
+        batch_is_dp_above_cap=False),
     "calculon-2023": Space(
         name="calculon-2023",
         summary="The space of the 2023 papers (reproduces 15,612,832 / 842,080): TP overlap on/off, batch = dp when dp > cap.",
-        tp_max=256, offered=(("tp_overlap", (_CODE(TPOverlap.none), _CODE(TPOverlap.ring))),),
+        tp_max=256, offered=(("tp_overlap", (_CODE(TPOverlap.none), _CODE(TPOverlap.ring))),
+                             ("zero", (_ZERO(ShardingStage.none), _ZERO(ShardingStage.optimizer))),
+                             ("sched", (BY_NAME["sched"].code_of(PipelineSchedule.one_f_one_b),))),
         batch_is_dp_above_cap=True),
 }
 DEFAULT_SPACE = "full"

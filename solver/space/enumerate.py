@@ -3,7 +3,7 @@
 Order (deterministic, and the tie-break order of the brute-force search): skeletons by tp
 ascending then pp ascending; inside a skeleton, interleaving ascending, then microbatch
 ascending, then the flag combinations in lexicographic order of their codes in
-`Space.flags` order (recompute, tp_comm, tp_overlap, optimizer_sharding, seq_par_ag_redo,
+`Space.flags` order (recompute, tp_comm, tp_overlap, zero, seq_par_ag_redo,
 dp_overlap, weight_offload, activations_offload, optimizer_offload, tp_net, pp_net,
 dp_net). Since dp and batch follow from (tp, pp), this is the lexicographic order of the
 tuple (tp, pp, interleaving, microbatch, recompute, tp_comm, ..., dp_net).

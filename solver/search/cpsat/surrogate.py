@@ -38,7 +38,7 @@ from ortools.sat.python import cp_model
 from costmodel.context import Context
 from costmodel.units import MiB
 from solver.search.cpsat.tables import (ACT_CLASSES, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG,
-                                        Tables, block_lower_bounds)
+                                        Tables, block_lower_bounds, offers_zero_bubble)
 from solver.search.cpsat.variables import Variables
 
 LOG_SCALE = 10_000
@@ -291,6 +291,18 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
                           for (comm, redo, rc, w, a), table in tables.block.items()]
     block_floor = {k: min(table[k] for table in tables.block.values()) for k in v.tp_mb}
     block_log = add_log_var(m, "log_block_s", block_alternatives, LogLinear().add_table(block_floor, v.tp_mb))
+    # In the bubble, a ZB-H1 block is shorter by its weight-gradient GEMMs: where the space
+    # offers ZB-H1 the bubble's blocks take that (smaller) table, a lower bound either way.
+    if offers_zero_bubble(v.space, v.num_networks):
+        bubble_alternatives = [([flag("tp_comm", comm), flag("seq_par_ag_redo", redo), flag("recompute", rc),
+                                 flag("weight_offload", w), flag("activations_offload", a)],
+                                LogLinear().add_table(table, v.tp_mb))
+                               for (comm, redo, rc, w, a), table in tables.block_zb.items()]
+        bubble_floor = {k: min(table[k] for table in tables.block_zb.values()) for k in v.tp_mb}
+        bubble_block_log = add_log_var(m, "log_bubble_block_s", bubble_alternatives,
+                                       LogLinear().add_table(bubble_floor, v.tp_mb))
+    else:
+        bubble_block_log = block_log
     parts = {  # name -> (LogLinear of the part, literals that switch it on; None = never)
         "blocks": (LogLinear().add_const(blocks).add_table(pp_values, v.pp.is_, -1).plus(block_log), []),
         "output_layer": (LogLinear().add_table(tables.head, v.tp_mb), []),
@@ -303,6 +315,8 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
             if weight_active is None or part_active is None:
                 continue      # pp is 1 in every mapping: bubble and sends vanish
             active = weight_active + part_active
+            if weight_name == "bubble" and part_name == "blocks":
+                part = LogLinear().add_const(blocks).add_table(pp_values, v.pp.is_, -1).plus(bubble_block_log)
             objective.append(add_exp_term(m, f"time_{weight_name}_{part_name}", weight().plus(part), unit,
                                           ceiling, active or None))
     exp_terms = len(objective)
@@ -318,18 +332,17 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
         return z
 
     objective.append(linear_term("time_dp_comm", [([], tables.dp_comm)], unit))
-    objective.append(linear_term("time_optimizer", [([flag("optimizer_sharding", s)], tables.optimizer[s])
-                                                    for s in (0, 1)], unit))
+    stages = tuple(v.flags["zero"])       # the sharding stages the space offers (codes)
+    objective.append(linear_term("time_optimizer", [([flag("zero", z)], tables.optimizer[z]) for z in stages], unit))
 
     memory = []
     if hbm_capacity_bytes is not None:
         mib = MEMORY_UNIT_BYTES
-        memory.append(linear_term("hbm_weights", [([flag("weight_offload", w)], tables.weights_hbm[w])
-                                                  for w in (0, 1)], mib))
-        memory.append(linear_term("hbm_optimizer", [([flag("optimizer_sharding", s), flag("optimizer_offload", o)],
-                                                     tables.optimizer_hbm[(s, o)]) for s in (0, 1) for o in (0, 1)], mib))
-        memory.append(linear_term("hbm_embedding", [([flag("optimizer_sharding", s)], tables.embedding[s])
-                                                    for s in (0, 1)], mib))
+        memory.append(linear_term("hbm_weights", [([flag("zero", z), flag("weight_offload", w)],
+                                                   tables.weights_hbm[(z, w)]) for z in stages for w in (0, 1)], mib))
+        memory.append(linear_term("hbm_optimizer", [([flag("zero", z), flag("optimizer_offload", o)],
+                                                     tables.optimizer_hbm[(z, o)]) for z in stages for o in (0, 1)], mib))
+        memory.append(linear_term("hbm_embedding", [([flag("zero", z)], tables.embedding[z]) for z in stages], mib))
         class_lits = {"no_sp": [comm_rs_ag.Not()], "sp": [comm_rs_ag, flag("seq_par_ag_redo", 0)],
                       "sp_redo": [comm_rs_ag, flag("seq_par_ag_redo", 1)]}
         rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
@@ -367,9 +380,10 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
             m.Add(sum(memory) <= math.floor(hbm_capacity_bytes / mib) + 1)
         # Offload capacity: offloaded weights with their gradients, and offloaded optimizer
         # state, must fit (offloaded activations only add to this, so leaving them out relaxes).
-        offloaded = [linear_term("offload_weights", [([flag("weight_offload", 1)], tables.weights_and_grads)], mib),
-                     linear_term("offload_optimizer", [([flag("optimizer_offload", 1), flag("optimizer_sharding", s)],
-                                                        tables.optimizer_state[s]) for s in (0, 1)], mib)]
+        offloaded = [linear_term("offload_weights", [([flag("weight_offload", 1), flag("zero", z)],
+                                                      tables.weights_and_grads[z]) for z in stages], mib),
+                     linear_term("offload_optimizer", [([flag("optimizer_offload", 1), flag("zero", z)],
+                                                        tables.optimizer_state[z]) for z in stages], mib)]
         m.Add(sum(offloaded) <= math.floor(c.offload_capacity_bytes / mib))
     block_floors = {}
     if skeletons is not None and hbm_capacity_bytes is not None and enforce_hbm:

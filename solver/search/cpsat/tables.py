@@ -15,7 +15,7 @@ import numpy as np
 
 from costmodel.comm import collective_s
 from costmodel.context import Context
-from costmodel.choices import Recompute, TPComm
+from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm
 from costmodel.dimensions import DIMENSIONS
 from costmodel.encoding import MappingArrays, code
 from costmodel.iteration import (RESIDENT_BLOCKS, block_terms, blocks_in_flight, bubble_microbatches,
@@ -43,6 +43,7 @@ inputs; SP redoing the all-gather in backward."""
 RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE = (code("recompute", r) for r in
                                                       (Recompute.full, Recompute.attn_only, Recompute.none))
 TP_COMM_RS_AG = code("tp_comm", TPComm.rs_ag)
+SCHED_ZB_H1 = code("sched", PipelineSchedule.zb_h1)
 BLOCK_FLAGS = ("tp_comm", "seq_par_ag_redo", "recompute", "weight_offload", "activations_offload")
 """The flags one block's time reads, in the order the block tables are keyed by."""
 
@@ -96,6 +97,12 @@ class Tables:
         rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
         self.block = {(comm, redo, rcs[rc], w, a): self._by_tm(block[:, comm, redo, rc, w, a])
                       for comm in range(3) for redo in (0, 1) for rc in range(3) for w in (0, 1) for a in (0, 1)}
+        # the same block in a ZB-H1 bubble: less twice its weight-gradient GEMMs (costmodel.iteration)
+        block_zb = arr(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s + blk.offload_bwd_s
+                       - 2 * blk.forward.gemm_s).min(axis=-1)
+        block_zb = block_zb[:, :, list(tp_overlaps)].min(axis=2)
+        self.block_zb = {(comm, redo, rcs[rc], w, a): self._by_tm(block_zb[:, comm, redo, rc, w, a])
+                         for comm in range(3) for redo in (0, 1) for rc in range(3) for w in (0, 1) for a in (0, 1)}
         everything = (1, 2, 3, 4, 5, 6, 7)
         self.compute = self._by_tm(arr(blk.compute_fwd_s + blk.compute_bwd_s).min(axis=everything))
         self.head = self._by_tm(3 * arr(output_layer_s(c, ns, ArrayOps)).min(axis=everything))
@@ -112,9 +119,12 @@ class Tables:
         self.workspace = {(rc, cls): self._by_tm(workspace[:, comm, 0, redo, rc_index[rc], 0, 0, 0])
                           for rc in rc_index for cls, (comm, redo) in cls_rows.items()}
 
-        # ---- stage tables over (tp, pp) × sharding × offload flags × net ----
+        # ---- stage tables over (tp, pp) × sharding stage × offload flags × net ----
+        # (with one microbatch per replica: ZeRO-2/3 traffic grows with the microbatches, so
+        # the DP table, minimised over every stage, stays a lower bound for any count)
         tpp = np.array(self.tp_keys, dtype=float)
-        cols, shape = _grid(key=np.arange(len(tpp)), optimizer_sharding=[False, True],
+        stages = list(range(len(ShardingStage)))
+        cols, shape = _grid(key=np.arange(len(tpp)), zero=stages,
                             weight_offload=[False, True], optimizer_offload=[False, True], dp_net=nets)
         t_, p_ = tpp[cols["key"], 0], tpp[cols["key"], 1]
         dp = num_gpus // (t_ * p_).astype(np.int64)
@@ -129,24 +139,31 @@ class Tables:
         # most all of it, stealing `usage` of the compute meanwhile), and all of it unoverlapped.
         usage = np.minimum(1.0, np.asarray(c.net_usage)[ns.dp_net])
         self.dp_comm = self._by_tp(arr2(terms.dp_comm_s * usage).min(axis=(1, 2, 3, 4)))
+        # keyed by the sharding stage (code z) and the offload switches they read
         optimizer = arr2(terms.optimizer_s)
-        self.optimizer = {shard: self._by_tp(optimizer[:, shard].min(axis=(1, 2, 3))) for shard in (0, 1)}
+        self.optimizer = {z: self._by_tp(optimizer[:, z].min(axis=(1, 2, 3))) for z in stages}
         weights = arr2(terms.weights_hbm_bytes)
-        self.weights_hbm = {w: self._by_tp(weights[:, 0, w, 0, 0]) for w in (0, 1)}
+        self.weights_hbm = {(z, w): self._by_tp(weights[:, z, w, 0, 0]) for z in stages for w in (0, 1)}
         opt_mem = arr2(terms.optimizer_hbm_bytes)
-        self.optimizer_hbm = {(shard, o): self._by_tp(opt_mem[:, shard, 0, o, 0]) for shard in (0, 1) for o in (0, 1)}
+        self.optimizer_hbm = {(z, o): self._by_tp(opt_mem[:, z, 0, o, 0]) for z in stages for o in (0, 1)}
         states = arr2(terms.weights_bytes + terms.weight_grads_bytes)
-        self.weights_and_grads = self._by_tp(states[:, 0, 0, 0, 0])
+        self.weights_and_grads = {z: self._by_tp(states[:, z, 0, 0, 0]) for z in stages}
         opt_state = arr2(terms.optimizer_bytes)
-        self.optimizer_state = {shard: self._by_tp(opt_state[:, shard, 0, 0, 0]) for shard in (0, 1)}
+        self.optimizer_state = {z: self._by_tp(opt_state[:, z, 0, 0, 0]) for z in stages}
         emb = arr2(terms.embedding_bytes)
-        self.embedding = {shard: self._by_tp(emb[:, shard, 0, 0, 0]) for shard in (0, 1)}
+        self.embedding = {z: self._by_tp(emb[:, z, 0, 0, 0]) for z in stages}
 
     def _by_tm(self, values: np.ndarray) -> dict:
         return {k: float(x) for k, x in zip(self.tm_keys, values)}
 
     def _by_tp(self, values: np.ndarray) -> dict:
         return {k: float(x) for k, x in zip(self.tp_keys, values)}
+
+
+def offers_zero_bubble(space: Space, num_networks: int) -> bool:
+    """Whether some mapping of the space (with pp > 1) may run ZB-H1."""
+    known = {"tp": 2, "pp": 2, "dp": 2, "offload": 1}
+    return (SCHED_ZB_H1,) in flag_projection(space, ("sched",), known, num_networks)
 
 
 def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, local_batch: dict, has_offload: bool,
@@ -164,6 +181,8 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
     # every valid assignment of the flags a block reads (the space's own rules, tp, pp, dp > 1)
     known = {"tp": 2, "pp": 2, "dp": 2, "offload": int(has_offload)}
     combos = sorted(flag_projection(space, BLOCK_FLAGS, known, num_networks))
+    zero_codes = tuple(code for (code,) in flag_projection(space, ("zero",), known, num_networks))
+    zero_bubble = offers_zero_bubble(space, num_networks)
     out = {}
     for sk in skeletons:
         t, p = sk.tp, sk.pp
@@ -179,6 +198,13 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         # time[V, M, K] without the optimizer and DP terms (added per sharding below)
         per_micro = blocks / p * block + head[:, None]                       # [M, K]
         time = (n[None, :] + bubble)[:, :, None] * (per_micro[None] + (2 * il * sends[None, :])[:, :, None])
+        if zero_bubble and p > 1 and 1 in sk.interleavings:
+            # ZB-H1 on the non-interleaved row: n microbatches + (p-1) bubble ones without W
+            block_zb = np.array([[tables.block_zb[cb][(t, int(mb))] for cb in combos] for mb in mbs])
+            row = sk.interleavings.index(1)
+            sends_1 = (2 * sends)[:, None]
+            zb = n[:, None] * (per_micro + sends_1) + (p - 1) * (blocks / p * block_zb + head[:, None] + sends_1)
+            time[row] = np.minimum(time[row], zb)
         cls = ["sp_redo" if (comm == TP_COMM_RS_AG and redo) else ("sp" if comm == TP_COMM_RS_AG else "no_sp")
                for comm, redo, rc, w, a in combos]
         stored = np.array([[tables.stored[(cb[2], cl)][(t, int(mb))] for cb, cl in zip(combos, cls)] for mb in mbs])
@@ -191,18 +217,18 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         activations_hbm = np.where(a_off, np.minimum(RESIDENT_BLOCKS, inflight) * stored[None], all_activations)
         activations_offloaded = np.where(a_off, all_activations, 0.0)
         best = np.full((len(ils), len(mbs)), math.inf)
-        shards = (0, 1) if sk.dp > 1 else (0,)
-        for shard in shards:
+        stages = zero_codes if sk.dp > 1 else (0,)
+        for z in stages:
             for o in ((0, 1) if has_offload else (0,)):
-                memory = (np.array([tables.weights_hbm[w][key] for w in w_off]) + activations_hbm + workspace[None]
-                          + tables.optimizer_hbm[(shard, o)][key] + tables.embedding[shard][key])       # [V, M, K]
-                offloaded = (w_off * tables.weights_and_grads[key] + o * tables.optimizer_state[shard][key]
+                memory = (np.array([tables.weights_hbm[(z, w)][key] for w in w_off]) + activations_hbm + workspace[None]
+                          + tables.optimizer_hbm[(z, o)][key] + tables.embedding[z][key])       # [V, M, K]
+                offloaded = (w_off * tables.weights_and_grads[z][key] + o * tables.optimizer_state[z][key]
                              + activations_offloaded)                                                   # [V, M, K]
                 # (a hair of slack: these sums round differently from the evaluator's)
                 fits = (memory <= hbm_capacity_bytes * FIT_SLACK) & (offloaded <= c.offload_capacity_bytes * FIT_SLACK)
                 if not fits.any():
                     continue
-                extra = tables.optimizer[shard][key] + tables.dp_comm[key]
+                extra = tables.optimizer[z][key] + tables.dp_comm[key]
                 best = np.minimum(best, np.where(fits, time, np.inf).min(axis=2) + extra)
         for i, il in enumerate(sk.interleavings):
             for j, mb in enumerate(sk.microbatches):
