@@ -1,0 +1,405 @@
+"""Co-design: the least system (over a grid of knob values) whose certified best mapping
+reaches a target time, with the proof that every smaller system misses it.
+
+    knobs     hbm_gib, offload_gib (capacities) and offload_gbps, nvlink_size (outer knobs),
+              each with ascending candidate values
+    order     lexicographic over the knobs in the order given (`minimize`, then the other
+              varied knobs in the order they were varied), each ascending; or, with
+              `cost` weights, Σ weight·value first and that lexicographic order to break ties
+    target    a time T; a system reaches it when its certified best time is <= T
+
+Structure instead of a sweep:
+
+  * Capacity enters the exact model only through feasibility (costmodel.evaluate's
+    `_feasibility`: hbm_bytes <= HBM capacity, offload_bytes <= offload capacity); no
+    time formula reads it. So for fixed outer knobs every mapping keeps its time as the
+    capacities change, and a larger capacity only adds feasible mappings: the best time
+    is non-increasing in each capacity. One CP-SAT model per outer combination, built at
+    the largest capacities, answers every capacity question: each question's capacities
+    are an *assumption* (HBM: the surrogate's memory lower bound <= the capacity; offload
+    0: no offload flag on), and every block the exact model scores is kept, with each
+    mapping's exact time, HBM and offload footprint, for all later questions
+    (the pattern of solver.search.explain).
+  * Offload bandwidth and NVLink size change times (and NVLink size which mappings the
+    networks hold), so no monotonicity is assumed for them: they are enumerated.
+  * Lexicographic order: knob by knob, the smallest value for which *some* completion
+    reaches the target — remaining capacities at their largest values (by monotonicity,
+    exact), remaining outer knobs enumerated. Every smaller candidate then has capacities
+    at most those of a question that missed, with the same outer values: it is proven
+    infeasible or slower by that certified answer. Cost order: candidates in order, each
+    skipped when such a missed question dominates it, else asked.
+
+`sweep` is the reference: `solve` at every grid point, the same order and target.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from costmodel.errors import InputError, InternalError
+from costmodel.evaluate import Evaluation, evaluate, evaluate_arrays_in_context
+from costmodel.kernels import Kernels
+from costmodel.model import Model
+from costmodel.system import Datatype, System
+from costmodel.units import GiB
+from solver.search.explain import TIE_REL, Explorer, Key
+from solver.search.solve import SolverConfig, solve
+from solver.space.declaration import Space
+from solver.space.enumerate import build_rows
+
+CAPACITY_KNOBS = ("hbm_gib", "offload_gib")
+"""Knobs that enter only feasibility: the best time never grows with them."""
+OUTER_KNOBS = ("offload_gbps", "nvlink_size")
+"""Knobs that change times: enumerated, never pruned by an assumed monotonicity."""
+KNOBS = CAPACITY_KNOBS + OUTER_KNOBS
+OFFLOAD_FLAGS = ("weight_offload", "activations_offload", "optimizer_offload")
+
+System_ = dict[str, float]
+"""One candidate system: the value of each varied knob, by knob name."""
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The varied knobs with their ascending values, and the order "least" is taken in."""
+
+    values: dict[str, tuple[float, ...]]     # knob -> ascending values, in --vary order
+    order: tuple[str, ...]                   # lexicographic order (every varied knob once)
+    cost: dict[str, float] = field(default_factory=dict)   # knob -> weight (empty: lexicographic)
+
+    @classmethod
+    def build(cls, values: dict[str, tuple[float, ...]], minimize: tuple[str, ...] = (),
+              cost: dict[str, float] | None = None) -> "Grid":
+        """Check the knobs and values (one-line errors naming the option) and fix the order."""
+        if not values:
+            raise InputError("--vary: give at least one knob, e.g. --vary hbm_gib=80,120")
+        for knob, vals in values.items():
+            if knob not in KNOBS:
+                raise InputError(f"--vary: {knob!r} is not a knob (knobs: {', '.join(KNOBS)})")
+            if not vals:
+                raise InputError(f"--vary {knob}: no values")
+            if any(not math.isfinite(x) or x < 0 or (x == 0 and knob != "offload_gib") for x in vals):
+                raise InputError(f"--vary {knob}={','.join(f'{x:g}' for x in vals)}: values must be positive "
+                                 f"(offload_gib may be 0)")
+            if any(b <= a for a, b in zip(vals, vals[1:])):
+                raise InputError(f"--vary {knob}={','.join(f'{x:g}' for x in vals)}: values must be ascending")
+        for option, names in (("--minimize", minimize), ("--cost", tuple(cost or ()))):
+            for knob in names:
+                if knob not in values:
+                    raise InputError(f"{option}: {knob!r} is not a varied knob (varied: {', '.join(values)})")
+        if len(set(minimize)) != len(minimize):
+            raise InputError(f"--minimize: {','.join(minimize)} names a knob twice")
+        for knob, weight in (cost or {}).items():
+            if not math.isfinite(weight) or weight < 0:
+                raise InputError(f"--cost {knob}={weight:g}: a weight must be a number >= 0")
+        order = tuple(minimize) + tuple(k for k in values if k not in minimize)
+        return cls({k: tuple(float(x) for x in v) for k, v in values.items()}, order, dict(cost or {}))
+
+    def key(self, system: System_) -> tuple:
+        """The order's sort key: smaller is less hardware; distinct systems never tie."""
+        lex = tuple(system[k] for k in self.order)
+        return (sum(w * system[k] for k, w in self.cost.items()), lex) if self.cost else (0.0, lex)
+
+    def candidates(self) -> list[System_]:
+        """Every grid point, least first."""
+        names = list(self.values)
+        points = [dict(zip(names, combo)) for combo in itertools.product(*(self.values[k] for k in names))]
+        return sorted(points, key=self.key)
+
+    def outer(self, system: System_) -> tuple:
+        return tuple(system.get(k) for k in OUTER_KNOBS)
+
+    def dominates(self, big: System_, small: System_) -> bool:
+        """`big` has the same outer knobs and every capacity at least `small`'s."""
+        return (self.outer(big) == self.outer(small)
+                and all(big[k] >= small[k] for k in CAPACITY_KNOBS if k in self.values))
+
+
+@dataclass(frozen=True)
+class Target:
+    """What "reaches" means: the certified best time <= a time, given directly, as an MFU
+    (needs one global batch across the space, so MFU is proportional to 1/time), or within
+    a fraction of the best the grid allows (time <= best / (1 - within): at one global
+    batch, MFU >= (1 - within) × the best MFU)."""
+
+    kind: str        # "time" | "mfu" | "within"
+    value: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("time", "mfu", "within"):
+            raise InputError(f"target: {self.kind!r} is not time, mfu or within")
+        if not math.isfinite(self.value) or self.value <= 0 or (self.kind != "time" and self.value >= 1):
+            option = {"time": "--target-time", "mfu": "--target-mfu", "within": "--within"}[self.kind]
+            need = "a time > 0 s" if self.kind == "time" else "a fraction in (0, 1)"
+            raise InputError(f"{option}: {self.value:g} is not {need}")
+
+    def time_s(self, reference: Evaluation) -> float:
+        """The target as a time, given the fastest mapping the grid allows."""
+        if self.kind == "time":
+            return self.value
+        if self.kind == "mfu":
+            return reference.iteration_time_s * reference.mfu / self.value
+        return reference.iteration_time_s / (1 - self.value)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One candidate system's answer: its certified best time (asked directly), or a bound
+    from a question that dominates it (same outer knobs, capacities at least as large)."""
+
+    system: System_
+    best_time_s: float | None        # certified best time; None: no mapping is feasible
+    certified: bool
+    dominated_by: System_ | None = None   # None: asked directly
+
+    def to_dict(self) -> dict:
+        verdict = "infeasible" if self.best_time_s is None else "slower"
+        out = {"system": self.system, "verdict": verdict, "certified": self.certified}
+        if self.dominated_by is None:
+            out["best_time_s"] = self.best_time_s
+        else:
+            out["dominated_by"] = self.dominated_by
+            out["best_time_at_least_s"] = self.best_time_s
+        return out
+
+
+@dataclass(frozen=True)
+class CodesignResult:
+    system: System_ | None            # the least system reaching the target (None: none does)
+    best: Evaluation | None           # its certified best mapping
+    certified_optimal: bool           # every question behind the answer and the proof certified
+    target_time_s: float | None
+    reference: Evaluation | None      # the fastest mapping anywhere on the grid
+    proof: list[Verdict]              # every candidate less than the answer (all, if none reaches)
+    questions: int                    # candidate systems asked (certified best times computed)
+    grid_size: int
+    seconds: float
+    asked: dict = field(default_factory=dict, repr=False)   # key -> (system, best, certified)
+
+    def to_dict(self) -> dict:
+        def brief(ev: Evaluation | None) -> dict | None:
+            if ev is None:
+                return None
+            d = ev.to_dict()
+            return {k: d[k] for k in ("mapping", "iteration_time_s", "mfu", "hfu", "sample_rate", "memory", "time")}
+
+        return {"system": self.system, "best": brief(self.best), "certified_optimal": self.certified_optimal,
+                "target_time_s": self.target_time_s, "reference": brief(self.reference),
+                "proof": [v.to_dict() for v in self.proof], "questions": self.questions,
+                "grid_size": self.grid_size, "seconds": self.seconds}
+
+
+def system_at(base: System, point: System_) -> System:
+    """The base system with the point's knob values (System.with_overrides)."""
+    return base.with_overrides(**{k: (int(v) if k == "nvlink_size" else v) for k, v in point.items()})
+
+
+class CapacityExplorer(Explorer):
+    """One CP-SAT model for one outer combination, at the grid's largest capacities, asked
+    for the certified best mapping under smaller capacities (each an assumption)."""
+
+    def __init__(self, *args, **kwargs):
+        self.footprint: dict[Key, tuple[np.ndarray, np.ndarray]] = {}   # HBM and offload bytes per row
+        super().__init__(*args, **kwargs)
+
+    def _score(self, key: Key) -> None:
+        tp, pp, il, mb = key
+        i = self.index[(tp, pp)]
+        sk, table = self.plan.skeletons[i], self.plan.flag_tables[i]
+        start = (sk.interleavings.index(il) * len(sk.microbatches) + sk.microbatches.index(mb)) * len(table)
+        rows = build_rows(self.plan.space, sk, table, start, start + len(table))
+        ev = evaluate_arrays_in_context(self.c, rows)
+        # feasible at the largest capacities; the capacities asked later filter the footprints
+        time_s = np.where(ev.feasible, ev.iteration_time_s, np.inf)
+        self.scored[key] = (rows, time_s, self.ordinal_base[i] + start + np.arange(len(table)))
+        self.footprint[key] = (ev.hbm_bytes, ev.offload_bytes)
+        v = self.v
+        self.m.AddBoolOr([v.tp.is_[tp].Not(), v.pp.is_[pp].Not(), v.interleaving.is_[il].Not(),
+                          v.microbatch.is_[mb].Not()])
+
+    def _compatible(self, key, name, value) -> bool:
+        return True
+
+    def _block_best(self, key: Key, name, capacity) -> tuple:
+        rows, time_s, ordinal = self.scored[key]
+        hbm, offload = self.footprint[key]
+        ok = np.isfinite(time_s) & (hbm <= capacity[0]) & (offload <= capacity[1])
+        if not ok.any():
+            return (math.inf, -1, key, -1)
+        candidates = np.flatnonzero(ok)
+        j = candidates[np.lexsort((ordinal[candidates], time_s[candidates]))[0]]
+        return (float(time_s[j]), int(ordinal[j]), key, int(j))
+
+    def _assumption(self, name, capacity) -> list:
+        """capacity = (HBM bytes, offload bytes). HBM: the surrogate's lower bound of the
+        footprint fits (as add_bounds does for the largest); offload 0: no offload flag on.
+        Smaller positive offload capacities add nothing here (a relaxation: the exact
+        scoring decides)."""
+        if capacity not in self.literals:
+            m, v, q = self.m, self.v, self.bounds.quantization
+            lit = m.NewBoolVar(f"capacity[{capacity[0] / GiB:g}GiB,{capacity[1] / GiB:g}GiB]")
+            m.Add(self.bounds.memory() <= math.floor(capacity[0] / q.memory_unit_bytes) + q.memory_terms
+                  ).OnlyEnforceIf(lit)
+            if capacity[1] <= 0:
+                for flag in OFFLOAD_FLAGS:
+                    if flag in v.flags and 1 in v.flags[flag]:
+                        m.AddImplication(lit, v.flags[flag][1].Not())
+            self.literals[capacity] = lit
+        return [self.literals[capacity]]
+
+
+class Codesign:
+    """The questions, asked once each: certified best time of one candidate system."""
+
+    def __init__(self, model: Model, base: System, num_gpus: int, grid: Grid, *, max_batch: int,
+                 datatype: Datatype, space: Space, kernels: Kernels, config: SolverConfig):
+        self.model, self.base, self.num_gpus, self.grid = model, base, num_gpus, grid
+        self.args = dict(max_batch=max_batch, datatype=datatype, space=space, kernels=kernels, config=config)
+        self.explorers: dict[tuple, CapacityExplorer] = {}
+        self.asked: dict[tuple, tuple[System_, Evaluation | None, bool]] = {}
+        self.top = {k: max(v) for k, v in grid.values.items() if k in CAPACITY_KNOBS}
+
+    def _explorer(self, point: System_) -> CapacityExplorer:
+        outer = self.grid.outer(point)
+        if outer not in self.explorers:
+            largest = system_at(self.base, {**{k: v for k, v in point.items() if k in OUTER_KNOBS}, **self.top})
+            a = self.args
+            explorer = CapacityExplorer(self.model, largest, self.num_gpus, a["max_batch"], a["datatype"],
+                                        a["space"], a["kernels"], a["config"])
+            self.explorers[outer] = explorer
+        return self.explorers[outer]
+
+    def ask(self, point: System_) -> tuple[Evaluation | None, bool]:
+        """The certified best mapping of one candidate system (None: none feasible)."""
+        key = self.grid.key(point)
+        if key not in self.asked:
+            system = system_at(self.base, point)
+            capacity = (system.hbm.capacity_bytes, system.offload.capacity_bytes if system.offload else 0.0)
+            found, certified = self._explorer(point).best("capacity", capacity)
+            best = None
+            if found is not None:    # re-evaluated on the candidate itself: its own feasibility
+                best = evaluate(self.model, system, found.mapping)
+                if not best.feasible:
+                    raise InternalError(f"internal error: co-design's best mapping at {point} is infeasible there "
+                                        f"({'; '.join(best.reasons)}); please report it with the input files")
+            self.asked[key] = (point, best, certified)
+        return self.asked[key][1:]
+
+
+def codesign(model: Model, system: System, num_gpus: int, grid: Grid, target: Target, *, max_batch: int = 3072,
+             datatype: Datatype = Datatype.bfloat16, space: Space, kernels: Kernels = Kernels(),
+             config: SolverConfig = SolverConfig()) -> CodesignResult:
+    """The least system of `grid` whose certified best time reaches `target`, with the proof."""
+    started = time.perf_counter()
+    q = Codesign(model, system, num_gpus, grid, max_batch=max_batch, datatype=datatype, space=space,
+                 kernels=kernels, config=config)
+    top = {k: max(v) for k, v in grid.values.items() if k in CAPACITY_KNOBS}
+    outer_values = [dict(zip(OUTER_KNOBS, combo)) for combo in
+                    itertools.product(*(grid.values.get(k, (None,)) for k in OUTER_KNOBS))]
+    outer_values = [{k: v for k, v in o.items() if v is not None} for o in outer_values]
+    # the fastest mapping the grid allows: each outer combination at the largest capacities
+    tops = [q.ask({**o, **top}) for o in outer_values]
+    feasible = [ev for ev, _ in tops if ev is not None]
+    reference = min(feasible, key=lambda ev: ev.iteration_time_s, default=None)
+    if reference is None:
+        target_s = None
+        answer = None
+    else:
+        target_s = target.time_s(reference)
+        _check_one_batch(target, q)
+        answer = (_lexicographic if not grid.cost else _by_cost)(q, grid, target_s)
+    return _result(q, grid, answer, target_s, reference, started)
+
+
+def reaches(best: Evaluation | None, target_s: float) -> bool:
+    return best is not None and best.iteration_time_s <= target_s * (1 + TIE_REL)
+
+
+def _lexicographic(q: Codesign, grid: Grid, target_s: float) -> System_ | None:
+    """Knob by knob in order, the smallest value some completion reaches the target with."""
+    fixed: System_ = {}
+    for i, knob in enumerate(grid.order):
+        rest = grid.order[i + 1:]
+        for value in grid.values[knob]:
+            prefix = {**fixed, knob: value}
+            free_outer = [k for k in rest if k in OUTER_KNOBS]
+            top = {k: max(grid.values[k]) for k in rest if k in CAPACITY_KNOBS}
+            completions = [dict(zip(free_outer, combo))
+                           for combo in itertools.product(*(grid.values[k] for k in free_outer))]
+            if any(reaches(q.ask({**prefix, **c, **top})[0], target_s) for c in completions):
+                fixed = prefix
+                break
+        else:
+            return None
+    return fixed
+
+
+def _by_cost(q: Codesign, grid: Grid, target_s: float) -> System_ | None:
+    """Candidates cheapest first; one a missed question dominates is skipped."""
+    for point in grid.candidates():
+        missed = [p for p, best, _ in q.asked.values() if not reaches(best, target_s)]
+        if any(grid.dominates(p, point) for p in missed):
+            continue
+        if reaches(q.ask(point)[0], target_s):
+            return point
+    return None
+
+
+def _check_one_batch(target: Target, q: Codesign) -> None:
+    if target.kind != "mfu":
+        return
+    batches = {sk.batch for e in q.explorers.values() for sk in e.plan.skeletons}
+    if len(batches) > 1:
+        raise InputError(f"--target-mfu: the space's splits train different global batches "
+                         f"({', '.join(str(b) for b in sorted(batches))}), so MFU is not one function of time; "
+                         f"give --batch, or use --target-time or --within")
+
+
+def _result(q: Codesign, grid: Grid, answer, target_s, reference, started) -> CodesignResult:
+    candidates = grid.candidates()
+    limit = grid.key(answer) if answer is not None else None
+    smaller = [p for p in candidates if limit is None or grid.key(p) < limit]
+    proof = []
+    for point in smaller:
+        key = grid.key(point)
+        if key in q.asked:
+            _, best, certified = q.asked[key]
+            proof.append(Verdict(point, best.iteration_time_s if best else None, certified))
+            continue
+        # the tightest missed question dominating it
+        # (with no target, nothing is feasible at the largest capacities: every top misses)
+        over = [(p, best, cert) for p, best, cert in q.asked.values()
+                if grid.dominates(p, point) and (target_s is None or not reaches(best, target_s))]
+        if not over:
+            raise InternalError(f"internal error: co-design left {point} unproven; please report it")
+        p, best, cert = min(over, key=lambda item: grid.key(item[0]))
+        proof.append(Verdict(point, best.iteration_time_s if best else None, cert, dominated_by=p))
+    best, certified = (None, True) if answer is None else q.ask(answer)
+    all_certified = certified and all(v.certified for v in proof)
+    return CodesignResult(answer, best, all_certified, target_s, reference, proof, len(q.asked),
+                          len(candidates), time.perf_counter() - started, asked=dict(q.asked))
+
+
+def sweep(model: Model, system: System, num_gpus: int, grid: Grid, target: Target, *, max_batch: int = 3072,
+          datatype: Datatype = Datatype.bfloat16, space: Space, kernels: Kernels = Kernels(),
+          config: SolverConfig = SolverConfig()) -> tuple[System_ | None, dict]:
+    """The reference: `solve` at every grid point; the least point that reaches the target,
+    and every point's certified best time (None: infeasible)."""
+    times: dict[tuple, float | None] = {}
+    points = grid.candidates()
+    results = {}
+    for point in points:
+        r = solve(model, system_at(system, point), num_gpus, max_batch=max_batch, datatype=datatype, space=space,
+                  kernels=kernels, config=config)
+        results[grid.key(point)] = r.best
+        times[grid.key(point)] = r.best.iteration_time_s if r.best else None
+    feasible = [ev for ev in results.values() if ev is not None]
+    if not feasible:
+        return None, times
+    target_s = target.time_s(min(feasible, key=lambda ev: ev.iteration_time_s))
+    answer = next((p for p in points if reaches(results[grid.key(p)], target_s)), None)
+    return answer, times
