@@ -114,7 +114,7 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
     result = codesign(model, system, num_gpus, grid, target, max_batch=max_batch, datatype=Datatype(datatype),
                       space=space, kernels=Kernels.with_attention(attention),
-                      config=SolverConfig(time_limit_s=time_limit_s, workers=workers))
+                      config=SolverConfig(time_limit_s=time_limit_s, workers=workers), pareto=pareto_path is not None)
     title = f"{model.name} on {num_gpus:,} x {system.name}, {datatype}"
     if pareto_path is not None:
         from solver.report.codesign_plot import plot_pareto

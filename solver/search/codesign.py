@@ -180,6 +180,16 @@ class CodesignResult:
     seconds: float
     asked: dict = field(default_factory=dict, repr=False)   # key -> (system, best, certified)
 
+    def front(self, knob: str, group: str | None) -> dict:
+        """MFU against `knob` for each value of `group`: {group value: [(knob value, best MFU
+        over the other knobs)]} from the systems asked (all, with pareto=True)."""
+        out: dict = {}
+        for point, best, _ in self.asked.values():
+            line = out.setdefault(point.get(group) if group else None, {})
+            mfu = best.mfu if best is not None else 0.0
+            line[point[knob]] = max(line.get(point[knob], 0.0), mfu)
+        return {g: sorted(line.items()) for g, line in sorted(out.items(), key=lambda kv: (kv[0] is None, kv[0]))}
+
     def to_dict(self) -> dict:
         def brief(ev: Evaluation | None) -> dict | None:
             if ev is None:
@@ -196,6 +206,21 @@ class CodesignResult:
 def system_at(base: System, point: System_) -> System:
     """The base system with the point's knob values (System.with_overrides)."""
     return base.with_overrides(**{k: (int(v) if k == "nvlink_size" else v) for k, v in point.items()})
+
+
+def check_values(base: System, grid: Grid) -> None:
+    """Every value must make a valid system (beside the largest capacities): the error names
+    --vary and the value."""
+    top = {k: max(v) for k, v in grid.values.items() if k in CAPACITY_KNOBS}
+    for knob, values in grid.values.items():
+        for value in values:
+            if knob == "nvlink_size" and value != int(value):
+                raise InputError(f"--vary {knob}={value:g}: not a whole number of GPUs")
+            try:
+                system_at(base, {**top, knob: value})
+            except InputError as err:
+                reason = str(err).split(": ", 1)[-1]
+                raise InputError(f"--vary {knob}={value:g}: {reason}") from None
 
 
 class CapacityExplorer(Explorer):
@@ -292,9 +317,11 @@ class Codesign:
 
 def codesign(model: Model, system: System, num_gpus: int, grid: Grid, target: Target, *, max_batch: int = 3072,
              datatype: Datatype = Datatype.bfloat16, space: Space, kernels: Kernels = Kernels(),
-             config: SolverConfig = SolverConfig()) -> CodesignResult:
-    """The least system of `grid` whose certified best time reaches `target`, with the proof."""
+             config: SolverConfig = SolverConfig(), pareto: bool = False) -> CodesignResult:
+    """The least system of `grid` whose certified best time reaches `target`, with the proof.
+    `pareto`: also ask every grid point (result.front), on the same shared models."""
     started = time.perf_counter()
+    check_values(system, grid)
     q = Codesign(model, system, num_gpus, grid, max_batch=max_batch, datatype=datatype, space=space,
                  kernels=kernels, config=config)
     top = {k: max(v) for k, v in grid.values.items() if k in CAPACITY_KNOBS}
@@ -312,6 +339,9 @@ def codesign(model: Model, system: System, num_gpus: int, grid: Grid, target: Ta
         target_s = target.time_s(reference)
         _check_one_batch(target, q)
         answer = (_lexicographic if not grid.cost else _by_cost)(q, grid, target_s)
+    if pareto:
+        for point in grid.candidates():
+            q.ask(point)
     return _result(q, grid, answer, target_s, reference, started)
 
 
