@@ -65,7 +65,7 @@ class CodesignResult:
     best: Evaluation | None           # its certified best mapping
     certified_optimal: bool           # every question behind the answer and the proof certified
     target_time_s: float | None
-    reference: Evaluation | None      # the fastest mapping anywhere on the grid
+    reference: Evaluation | None      # the fastest mapping of the systems asked (--within: of the grid)
     proof: list[Verdict]              # every candidate less than the answer (all, if none reaches)
     questions: int                    # candidate systems asked (certified best times computed)
     grid_size: int
@@ -200,17 +200,21 @@ def codesign(model: Model, system: System, num_gpus: int, grid: Grid, target: Ta
     outer_values = [dict(zip(OUTER_KNOBS, combo)) for combo in
                     itertools.product(*(grid.values.get(k, (None,)) for k in OUTER_KNOBS))]
     outer_values = [{k: v for k, v in o.items() if v is not None} for o in outer_values]
-    # the fastest mapping the grid allows: each outer combination at the largest capacities
-    tops = [q.ask({**o, **top}) for o in outer_values]
-    feasible = [ev for ev, _ in tops if ev is not None]
-    reference = min(feasible, key=lambda ev: ev.iteration_time_s, default=None)
-    if reference is None:
-        target_s = None
-        answer = None
+    tops = ({**o, **top} for o in outer_values)   # each outer combination at the largest capacities
+    if target.kind == "within":      # relative to the fastest the grid allows: every top is needed
+        found = [ev for ev, _ in (q.ask(p) for p in tops) if ev is not None]
+    elif target.kind == "mfu":       # MFU·time is one constant: any feasible mapping gives it
+        found = next(([ev] for ev, _ in (q.ask(p) for p in tops) if ev is not None), [])
     else:
-        target_s = target.time_s(reference)
+        found = [None]
+    if not found:                    # nothing is feasible even at the largest capacities
+        target_s, answer = None, None
+    else:
+        target_s = target.time_s(min(found, key=lambda ev: ev.iteration_time_s)) if found[0] else target.value
         _check_one_batch(target, q)
         answer = (_lexicographic if not grid.cost else _by_cost)(q, grid, target_s)
+    asked = [best for _, best, _ in q.asked.values() if best is not None]
+    reference = min(asked, key=lambda ev: ev.iteration_time_s, default=None)
     if pareto:
         for point in grid.candidates():
             q.ask(point)
