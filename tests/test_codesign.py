@@ -17,7 +17,7 @@ from costmodel.load import load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.cli.app import cli
-from solver.search.codesign import Grid, Target, codesign, reaches, sweep, system_at
+from solver.search.codesign import Grid, Target, codesign, least_in_sweep, reaches, sweep, system_at
 from solver.search.solve import solve
 from solver.space.declaration import get_space
 
@@ -44,7 +44,9 @@ def test_codesign_equals_the_sweep(case):
     grid = Grid.build(values, minimize, cost)
     kwargs = dict(max_batch=cap, datatype=Datatype.bfloat16, space=FULL)
     result = codesign(MODEL, system, gpus, grid, target, **kwargs)
-    answer, times = sweep(MODEL, system, gpus, grid, target, **kwargs)
+    swept = sweep(MODEL, system, gpus, grid, **kwargs)
+    answer = least_in_sweep(grid, swept, target)
+    times = {key: ev.iteration_time_s if ev is not None else None for key, ev in swept.items()}
     assert result.certified_optimal
     assert result.system == answer
     smaller = [p for p in grid.candidates() if answer is None or grid.key(p) < grid.key(answer)]

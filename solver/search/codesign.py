@@ -34,6 +34,7 @@ Structure instead of a sweep:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -49,12 +50,14 @@ from costmodel.system import Datatype, System
 from costmodel.units import GiB
 from solver.search.codesign_grid import (CAPACITY_KNOBS, KNOBS, OUTER_KNOBS, Grid, System_, Target, Verdict,
                                          check_values, reaches, system_at)
+from solver.search.cpsat.surrogate import MAX_LINEAR_UNITS
+from solver.search.cpsat.tables import Tables, block_lower_bounds
 from solver.search.explain import Explorer, Key
-from solver.search.solve import SolverConfig, solve
+from solver.search.solve import SolverConfig, _local_batches, solve
 from solver.space.enumerate import build_rows
 from solver.space.declaration import Space
 
-__all__ = ["KNOBS", "CodesignResult", "Grid", "Target", "Verdict", "codesign", "reaches", "sweep", "system_at"]
+__all__ = ["KNOBS", "CodesignResult", "Grid", "Target", "Verdict", "codesign", "least_in_sweep", "reaches", "sweep", "system_at"]
 
 OFFLOAD_FLAGS = ("weight_offload", "activations_offload", "optimizer_offload")
 
@@ -102,6 +105,43 @@ class CapacityExplorer(Explorer):
     def __init__(self, *args, **kwargs):
         self.footprint: dict[Key, tuple[np.ndarray, np.ndarray]] = {}   # HBM and offload bytes per row
         super().__init__(*args, **kwargs)
+        self.tables = Tables(self.c, self.v, self.problem.num_gpus, self.plan.space.tp_overlap_codes,
+                             len(self.c.net_size))
+        self.floors: dict[tuple[float, float], dict] = {}
+
+    def best_under(self, capacity: tuple[float, float]) -> tuple[Evaluation | None, bool]:
+        """The certified best mapping within (HBM bytes, offload bytes). The surrogate's block
+        floors are recomputed for these capacities (a block none of whose mappings fits gets
+        inf): they rank the warm start, and their minimum per split and per (tp, microbatch)
+        over the blocks not yet scored is a cut enforced by the capacity's literal."""
+        if capacity not in self.floors:
+            hbm, offload = capacity
+            c = dataclasses.replace(self.c, offload_capacity_bytes=offload)
+            floors = block_lower_bounds(self.tables, c, self.plan.space, self.plan.skeletons,
+                                        _local_batches(self.problem, self.v), offload > 0, self.v.num_networks, hbm)
+            self.floors[capacity] = floors
+            self._conditional_floor_cuts(self._assumption("capacity", capacity)[0], floors)
+        self.ranked = sorted((f, k) for k, f in self.floors[capacity].items() if math.isfinite(f))
+        return self.best("capacity", capacity)
+
+    def _conditional_floor_cuts(self, literal, floors: dict) -> None:
+        """Bounds.add_floor_cuts for one capacity, each inequality enforced by its literal."""
+        m, v, q = self.m, self.v, self.bounds.quantization
+        by_split: dict = {}
+        by_tp_mb: dict = {}
+        for (t, p, _, mb), floor in ((k, f) for k, f in floors.items() if k not in self.scored):
+            by_split[(t, p)] = min(by_split.get((t, p), math.inf), floor)
+            by_tp_mb[(t, mb)] = min(by_tp_mb.get((t, mb), math.inf), floor)
+        for family, lits in ((by_split, v.tp_pp), (by_tp_mb, v.tp_mb)):
+            weighted = []
+            for key, pair in lits.items():
+                value = family.get(key, math.inf)
+                if not math.isfinite(value):      # nothing unscored there fits these capacities
+                    m.AddBoolOr([pair.Not(), literal.Not()])
+                else:
+                    units = math.floor(min(value / q.time_unit_s, MAX_LINEAR_UNITS)) - q.time_terms
+                    weighted.append(max(0, units) * pair)
+            m.Add(self.objective >= sum(weighted)).OnlyEnforceIf(literal)
 
     def _score(self, key: Key) -> None:
         tp, pp, il, mb = key
@@ -176,7 +216,7 @@ class Codesign:
         if key not in self.asked:
             system = system_at(self.base, point)
             capacity = (system.hbm.capacity_bytes, system.offload.capacity_bytes if system.offload else 0.0)
-            found, certified = self._explorer(point).best("capacity", capacity)
+            found, certified = self._explorer(point).best_under(capacity)
             best = None
             if found is not None:    # re-evaluated on the candidate itself: its own feasibility
                 best = evaluate(self.model, system, found.mapping)
@@ -286,22 +326,20 @@ def _result(q: Codesign, grid: Grid, answer, target_s, reference, started) -> Co
                           len(candidates), time.perf_counter() - started, asked=dict(q.asked))
 
 
-def sweep(model: Model, system: System, num_gpus: int, grid: Grid, target: Target, *, max_batch: int = 3072,
+def sweep(model: Model, system: System, num_gpus: int, grid: Grid, *, max_batch: int = 3072,
           datatype: Datatype = Datatype.bfloat16, space: Space, kernels: Kernels = Kernels(),
-          config: SolverConfig = SolverConfig()) -> tuple[System_ | None, dict]:
-    """The reference: `solve` at every grid point; the least point that reaches the target,
-    and every point's certified best time (None: infeasible)."""
-    times: dict[tuple, float | None] = {}
-    points = grid.candidates()
-    results = {}
-    for point in points:
-        r = solve(model, system_at(system, point), num_gpus, max_batch=max_batch, datatype=datatype, space=space,
-                  kernels=kernels, config=config)
-        results[grid.key(point)] = r.best
-        times[grid.key(point)] = r.best.iteration_time_s if r.best else None
+          config: SolverConfig = SolverConfig()) -> dict[tuple, Evaluation | None]:
+    """The reference: `solve` at every grid point, by the grid's key (None: infeasible)."""
+    check_values(system, grid)
+    return {grid.key(point): solve(model, system_at(system, point), num_gpus, max_batch=max_batch, datatype=datatype,
+                                   space=space, kernels=kernels, config=config).best
+            for point in grid.candidates()}
+
+
+def least_in_sweep(grid: Grid, results: dict[tuple, Evaluation | None], target: Target) -> System_ | None:
+    """The least grid point whose swept best reaches the target (None: none does)."""
     feasible = [ev for ev in results.values() if ev is not None]
     if not feasible:
-        return None, times
+        return None
     target_s = target.time_s(min(feasible, key=lambda ev: ev.iteration_time_s))
-    answer = next((p for p in points if reaches(results[grid.key(p)], target_s)), None)
-    return answer, times
+    return next((p for p in grid.candidates() if reaches(results[grid.key(p)], target_s)), None)
