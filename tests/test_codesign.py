@@ -18,7 +18,7 @@ from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.cli.app import cli
 from solver.search.codesign import Grid, Target, codesign, least_in_sweep, reaches, sweep, system_at
-from solver.search.solve import solve
+from solver.search.solve import SolverConfig, solve
 from solver.space.declaration import get_space
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +94,22 @@ def test_capacity_enters_only_feasibility(hbm_small, hbm_big, offload_small, off
         assert not a.feasible or b.feasible
 
 
+def test_more_offload_bandwidth_is_never_slower():
+    """The monotonicity that prunes offload bandwidth: for mappings that offload everything,
+    the time at 10 GB/s is at least that at 100 GB/s, feasibility the same."""
+    base = A100.with_overrides(offload_gib=64, offload_gbps=50)
+    best = solve(MODEL, base, 16, max_batch=64, space=FULL, config=SolverConfig(top_k=5)).top
+    slow, fast = (system_at(base, {"offload_gbps": g}) for g in (10, 100))
+    offloading = 0
+    for ev in best:
+        for flags in ({}, {"weight_offload": True, "activations_offload": True, "optimizer_offload": True}):
+            mapping = ev.mapping.model_copy(update=flags)
+            a, b = evaluate(MODEL, slow, mapping), evaluate(MODEL, fast, mapping)
+            assert a.iteration_time_s >= b.iteration_time_s and a.feasible == b.feasible
+            offloading += a.iteration_time_s > b.iteration_time_s
+    assert offloading      # the bandwidth did matter somewhere
+
+
 ARGS = ["codesign", "--model", str(ROOT / "problems/models/gpt-1.3b.yaml"),
         "--system", str(ROOT / "problems/systems/h100-80g-nvl8.yaml"), "--gpus", "8"]
 
@@ -139,3 +155,13 @@ def test_cli_unreachable_target_exits_1_after_the_proof():
     out = json.loads(result.output[: result.output.rindex("}") + 1])
     assert out["system"] is None and len(out["proof"]) == 2
     assert "no system of the grid reaches the target" in result.output
+
+
+def test_cli_mfu_target_needs_one_global_batch():
+    """With a batch cap that dp=4 and dp=2 round differently (4 and 6 sequences), MFU is not
+    one function of time: a one-line error suggesting --batch."""
+    result = CliRunner().invoke(cli, [*ARGS, "--max-batch", "6", "--target-mfu", "0.3", "--vary", "hbm_gib=4,8"])
+    assert result.exit_code == 1, result.output
+    assert "--target-mfu: the space's splits train different global batches (4, 6)" in result.output
+    fixed = CliRunner().invoke(cli, [*ARGS, "--batch", "4", "--target-mfu", "0.01", "--vary", "hbm_gib=4,8"])
+    assert fixed.exit_code == 0, fixed.output

@@ -20,16 +20,19 @@ Structure instead of a sweep:
     0: no offload flag on), and every block the exact model scores is kept, with each
     mapping's exact time, HBM and offload footprint, for all later questions
     (the pattern of solver.search.explain).
-  * Offload bandwidth and NVLink size change times (and NVLink size which mappings the
-    networks hold), so no monotonicity is assumed for them: they are enumerated.
+  * Offload bandwidth changes times, so each value gets its own model; but it enters only
+    as bytes / (rate · efficiency(bytes)) in offload times that are exposed through
+    max(·, compute) or summed, so more bandwidth never makes a mapping slower: it is
+    monotone like the capacities. NVLink size changes times and which groups the networks
+    hold, with no such guarantee: it is enumerated, nothing pruned across its values.
   * Lexicographic order: knob by knob, the smallest value for which *some* completion
-    reaches the target — remaining capacities at their largest values (by monotonicity,
-    exact), remaining outer knobs enumerated. Every smaller candidate then has capacities
-    at most those of a question that missed, with the same outer values: it is proven
-    infeasible or slower by that certified answer. Cost order: candidates in order, each
-    skipped when such a missed question dominates it, else asked.
+    reaches the target — remaining monotone knobs at their largest values (exact, by
+    monotonicity), remaining NVLink sizes enumerated. Every smaller candidate then has
+    monotone knobs at most those of a question that missed, with the same NVLink size:
+    it is proven infeasible or slower by that certified answer. Cost order: candidates in
+    order, each skipped when such a missed question dominates it, else asked.
 
-`sweep` is the reference: `solve` at every grid point, the same order and target.
+`sweep` is the reference: `solve` at every grid point (`least_in_sweep` reads its answer).
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
-from solver.search.codesign_grid import (CAPACITY_KNOBS, KNOBS, OUTER_KNOBS, Grid, System_, Target, Verdict,
-                                         check_values, reaches, system_at)
+from solver.search.codesign_grid import (CAPACITY_KNOBS, ENUMERATED_KNOBS, KNOBS, MONOTONE_KNOBS, OUTER_KNOBS,
+                                         Grid, System_, Target, Verdict, check_values, reaches, system_at)
 from solver.search.cpsat.surrogate import MAX_LINEAR_UNITS
 from solver.search.cpsat.tables import Tables, block_lower_bounds
 from solver.search.explain import Explorer, Key
@@ -57,7 +60,8 @@ from solver.search.solve import SolverConfig, _local_batches, solve
 from solver.space.enumerate import build_rows
 from solver.space.declaration import Space
 
-__all__ = ["KNOBS", "CodesignResult", "Grid", "Target", "Verdict", "codesign", "least_in_sweep", "reaches", "sweep", "system_at"]
+__all__ = ["KNOBS", "CodesignResult", "Grid", "Target", "Verdict", "codesign", "least_in_sweep", "reaches", "sweep",
+           "system_at"]
 
 OFFLOAD_FLAGS = ("weight_offload", "activations_offload", "optimizer_offload")
 
@@ -236,11 +240,11 @@ def codesign(model: Model, system: System, num_gpus: int, grid: Grid, target: Ta
     check_values(system, grid)
     q = Codesign(model, system, num_gpus, grid, max_batch=max_batch, datatype=datatype, space=space,
                  kernels=kernels, config=config)
-    top = {k: max(v) for k, v in grid.values.items() if k in CAPACITY_KNOBS}
-    outer_values = [dict(zip(OUTER_KNOBS, combo)) for combo in
-                    itertools.product(*(grid.values.get(k, (None,)) for k in OUTER_KNOBS))]
+    top = {k: max(v) for k, v in grid.values.items() if k in MONOTONE_KNOBS}
+    outer_values = [dict(zip(ENUMERATED_KNOBS, combo)) for combo in
+                    itertools.product(*(grid.values.get(k, (None,)) for k in ENUMERATED_KNOBS))]
     outer_values = [{k: v for k, v in o.items() if v is not None} for o in outer_values]
-    tops = ({**o, **top} for o in outer_values)   # each outer combination at the largest capacities
+    tops = ({**o, **top} for o in outer_values)   # each NVLink size with every monotone knob largest
     if target.kind == "within":      # relative to the fastest the grid allows: every top is needed
         found = [ev for ev, _ in (q.ask(p) for p in tops) if ev is not None]
     elif target.kind == "mfu":       # MFU·time is one constant: any feasible mapping gives it
@@ -268,8 +272,8 @@ def _lexicographic(q: Codesign, grid: Grid, target_s: float) -> System_ | None:
         rest = grid.order[i + 1:]
         for value in grid.values[knob]:
             prefix = {**fixed, knob: value}
-            free_outer = [k for k in rest if k in OUTER_KNOBS]
-            top = {k: max(grid.values[k]) for k in rest if k in CAPACITY_KNOBS}
+            free_outer = [k for k in rest if k in ENUMERATED_KNOBS]
+            top = {k: max(grid.values[k]) for k in rest if k in MONOTONE_KNOBS}
             completions = [dict(zip(free_outer, combo))
                            for combo in itertools.product(*(grid.values[k] for k in free_outer))]
             if any(reaches(q.ask({**prefix, **c, **top})[0], target_s) for c in completions):

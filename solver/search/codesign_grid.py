@@ -15,7 +15,14 @@ from solver.search.explain import TIE_REL
 CAPACITY_KNOBS = ("hbm_gib", "offload_gib")
 """Knobs that enter only feasibility: the best time never grows with them."""
 OUTER_KNOBS = ("offload_gbps", "nvlink_size")
-"""Knobs that change times: enumerated, never pruned by an assumed monotonicity."""
+"""Knobs that change times: one CP-SAT model per combination of their values."""
+MONOTONE_KNOBS = CAPACITY_KNOBS + ("offload_gbps",)
+"""Knobs more of which never makes any mapping slower or infeasible: capacities (only in the
+feasibility checks) and offload bandwidth (only as bytes / (rate · efficiency(bytes)) in
+the offload times, each exposed through max(·, compute) or summed)."""
+ENUMERATED_KNOBS = ("nvlink_size",)
+"""Knobs with no such guarantee (the NVLink size changes which groups fit and which network
+must be filled): every value is asked, nothing is pruned across them."""
 KNOBS = CAPACITY_KNOBS + OUTER_KNOBS
 OFFLOAD_FLAGS = ("weight_offload", "activations_offload", "optimizer_offload")
 
@@ -74,9 +81,10 @@ class Grid:
         return tuple(system.get(k) for k in OUTER_KNOBS)
 
     def dominates(self, big: System_, small: System_) -> bool:
-        """`big` has the same outer knobs and every capacity at least `small`'s."""
-        return (self.outer(big) == self.outer(small)
-                and all(big[k] >= small[k] for k in CAPACITY_KNOBS if k in self.values))
+        """`big` has the same NVLink size and every monotone knob at least `small`'s: its
+        certified best time is at most `small`'s (or both are infeasible)."""
+        return (all(big.get(k) == small.get(k) for k in ENUMERATED_KNOBS)
+                and all(big[k] >= small[k] for k in MONOTONE_KNOBS if k in self.values))
 
 
 @dataclass(frozen=True)
@@ -135,7 +143,7 @@ def system_at(base: System, point: System_) -> System:
 def check_values(base: System, grid: Grid) -> None:
     """Every value must make a valid system (beside the largest capacities): the error names
     --vary and the value."""
-    top = {k: max(v) for k, v in grid.values.items() if k in CAPACITY_KNOBS}
+    top = {k: max(v) for k, v in grid.values.items() if k in MONOTONE_KNOBS}
     for knob, values in grid.values.items():
         for value in values:
             if knob == "nvlink_size" and value != int(value):
