@@ -95,9 +95,10 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
 
     Over the grid of --vary values, the least system (by --minimize or --cost) whose
     certified best mapping reaches the target, and for every smaller system a proof that
-    it misses: infeasible, or a certified best time slower than the target. Capacities
-    (HBM, offload) only add feasible mappings, so one CP-SAT model answers them all;
-    bandwidth and NVLink size are enumerated (docs/codesign.md).
+    it misses: infeasible, or a certified best time slower than the target. More HBM,
+    offload capacity or offload bandwidth never makes a mapping slower, so a larger system
+    that misses proves every smaller one; capacities share one CP-SAT model (each an
+    assumption); NVLink sizes are enumerated (docs/codesign.md).
 
     \b
     Example:

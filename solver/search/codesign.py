@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodel.errors import InputError, InternalError
-from costmodel.evaluate import Evaluation, evaluate, evaluate_arrays_in_context
+from costmodel.evaluate import Evaluation, evaluate, evaluate_arrays_in_context, evaluate_in_context
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
@@ -55,8 +55,8 @@ from solver.search.codesign_grid import (CAPACITY_KNOBS, ENUMERATED_KNOBS, KNOBS
                                          Grid, System_, Target, Verdict, check_values, reaches, system_at)
 from solver.search.cpsat.surrogate import MAX_LINEAR_UNITS
 from solver.search.cpsat.tables import Tables, block_lower_bounds
-from solver.search.explain import Explorer, Key
-from solver.search.solve import SolverConfig, _local_batches, solve
+from solver.search.explain import Explorer, Key, _rank
+from solver.search.solve import WARM_START_BLOCKS, WARM_START_MARGIN, SolverConfig, _local_batches, solve
 from solver.space.enumerate import build_rows
 from solver.space.declaration import Space
 
@@ -125,8 +125,27 @@ class CapacityExplorer(Explorer):
                                         _local_batches(self.problem, self.v), offload > 0, self.v.num_networks, hbm)
             self.floors[capacity] = floors
             self._conditional_floor_cuts(self._assumption("capacity", capacity)[0], floors)
-        self.ranked = sorted((f, k) for k, f in self.floors[capacity].items() if math.isfinite(f))
-        return self.best("capacity", capacity)
+        floors = self.floors[capacity]
+        self.ranked = sorted((f, k) for k, f in floors.items() if math.isfinite(f))
+        # solve's warm start and its closing check: when no unscored block's floor can beat
+        # (or tie) the best scored mapping, that mapping is proven without a CP-SAT round
+        incumbent = self._incumbent("capacity", capacity)
+        warm = 0
+        for floor, key in self.ranked:
+            if warm >= WARM_START_BLOCKS or floor >= incumbent[0] * (1 + WARM_START_MARGIN):
+                break
+            if key not in self.scored:
+                self._score(key)
+                incumbent = min(incumbent, self._block_best(key, "capacity", capacity), key=_rank)
+                warm += 1
+        unscored = min((f for k, f in floors.items() if k not in self.scored), default=math.inf)
+        if not (unscored > incumbent[0] or math.isinf(unscored)):
+            return self.best("capacity", capacity)
+        time_s, _, key, j = incumbent
+        if not math.isfinite(time_s):
+            return None, True
+        mapping = self.scored[key][0].to_mapping(j, self.datatype, self.kernels)
+        return evaluate_in_context(self.c, mapping), True
 
     def _conditional_floor_cuts(self, literal, floors: dict) -> None:
         """Bounds.add_floor_cuts for one capacity, each inequality enforced by its literal."""
