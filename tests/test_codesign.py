@@ -139,7 +139,8 @@ def test_cli_json_has_system_best_certificate_and_proof():
     (["--target-mfu", "70", "--vary", "hbm_gib=4,8"], "--target-mfu: 70 is not a fraction in (0, 1)"),
     (["--target-mfu", "0.7", "--target-time", "3", "--vary", "hbm_gib=4,8"], "give exactly one of"),
     (["--within", "five", "--vary", "hbm_gib=4,8"], "--within: 'five' is not a fraction"),
-    (["--within", "5%", "--vary", "hbm_gib=4,8", "--minimize", "nvlink_size"], "--minimize: 'nvlink_size' is not a varied"),
+    (["--within", "5%", "--vary", "hbm_gib=4,8", "--minimize", "nvlink_size"],
+     "--minimize: 'nvlink_size' is not a varied"),
     (["--within", "5%", "--vary", "hbm_gib=4,8", "--cost", "hbm_gib=x"], "--cost hbm_gib=x"),
 ])
 def test_cli_bad_input_is_one_line(extra, needle):
@@ -195,3 +196,12 @@ def test_the_cp_sat_path_alone_equals_the_sweep(case, monkeypatch):
             ev = swept[grid.key(verdict.system)]
             assert (ev is None) == (verdict.best_time_s is None)
             assert ev is None or math.isclose(ev.iteration_time_s, verdict.best_time_s, rel_tol=1e-9)
+
+
+def test_cli_pareto_asks_every_system_and_draws(tmp_path):
+    png = tmp_path / "front.png"
+    result = CliRunner().invoke(cli, [*ARGS, "--within", "5%", "--vary", "hbm_gib=3,4,8",
+                                      "--vary", "offload_gib=0,64", "--pareto", str(png), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["questions"] == 6          # the whole grid, for the front
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
