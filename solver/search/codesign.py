@@ -52,7 +52,7 @@ from costmodel.model import Model
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
 from solver.search.codesign_grid import (CAPACITY_KNOBS, ENUMERATED_KNOBS, KNOBS, MONOTONE_KNOBS, OUTER_KNOBS,
-                                         Grid, System_, Target, Verdict, check_values, reaches, system_at)
+                                         Grid, System_, Target, Verdict, as_json, check_values, reaches, system_at)
 from solver.search.cpsat.surrogate import MAX_LINEAR_UNITS
 from solver.search.cpsat.tables import Tables, block_lower_bounds
 from solver.search.explain import Explorer, Key, _rank
@@ -96,7 +96,7 @@ class CodesignResult:
             d = ev.to_dict()
             return {k: d[k] for k in ("mapping", "iteration_time_s", "mfu", "hfu", "sample_rate", "memory", "time")}
 
-        return {"system": self.system, "best": brief(self.best), "certified_optimal": self.certified_optimal,
+        return {"system": as_json(self.system), "best": brief(self.best), "certified_optimal": self.certified_optimal,
                 "target_time_s": self.target_time_s, "reference": brief(self.reference),
                 "proof": [v.to_dict() for v in self.proof], "questions": self.questions,
                 "grid_size": self.grid_size, "seconds": self.seconds}

@@ -126,13 +126,18 @@ class Verdict:
 
     def to_dict(self) -> dict:
         verdict = "infeasible" if self.best_time_s is None else "slower"
-        out = {"system": self.system, "verdict": verdict, "certified": self.certified}
+        out = {"system": as_json(self.system), "verdict": verdict, "certified": self.certified}
         if self.dominated_by is None:
             out["best_time_s"] = self.best_time_s
         else:
-            out["dominated_by"] = self.dominated_by
+            out["dominated_by"] = as_json(self.dominated_by)
             out["best_time_at_least_s"] = self.best_time_s
         return out
+
+
+def as_json(point: System_ | None) -> dict | None:
+    """A system for JSON: whole values as integers ({"offload_gib": 512})."""
+    return None if point is None else {k: int(v) if float(v).is_integer() else v for k, v in point.items()}
 
 
 def system_at(base: System, point: System_) -> System:
