@@ -2,7 +2,7 @@
 value of every dimension of the 256-block ~1.1T model on 4,096 H100s (FP8, 1 TiB offload
 at 100 GB/s, full space).
 
-    python benchmarks/bench_explain.py
+    python benchmarks/bench_explain.py [--space calculon-current]
 
 Prints the total time, the number of (dimension, value) rows, whether every row is
 certified, the blocks scored, and the slowest rows. Target (issue 15): <= 30 s on the
@@ -11,6 +11,7 @@ certified, the blocks scored, and the slowest rows. Target (issue 15): <= 30 s o
 
 from __future__ import annotations
 
+import argparse
 import time
 from pathlib import Path
 
@@ -23,13 +24,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--space", default="full", help="named mapping space (default full)")
+    args = parser.parse_args()
     model = load_model(ROOT / "problems/models/gpt-1t-256b.yaml")
     system = load_system(ROOT / "problems/systems/h100-80g-nvl8.yaml").with_overrides(offload_gib=1024,
                                                                                       offload_gbps=100)
     started = time.perf_counter()
-    result = explain(model, system, 4096, max_batch=3072, datatype=Datatype.float8, space=get_space("full"))
+    result = explain(model, system, 4096, max_batch=3072, datatype=Datatype.float8, space=get_space(args.space))
     seconds = time.perf_counter() - started
-    print(f"explain: {seconds:.1f} s for {len(result.rows)} (dimension, value) rows; "
+    print(f"explain ({args.space}): {seconds:.1f} s for {len(result.rows)} (dimension, value) rows; "
           f"every row certified: {result.certified}; {result.blocks_scored:,} blocks scored exactly")
     print(f"best: MFU {result.winner.mfu:.1%}; runner-up {result.runner_up.dimension} = {result.runner_up.label} "
           f"(+{result.runner_up.best.iteration_time_s / result.winner.iteration_time_s - 1:.2%})")

@@ -77,7 +77,7 @@ PIN_SETS = [
     ["weight_offload=on", "microbatch=1"],
     ["dp_net=1", "interleaving=2"],
     ["zero=1", "tp_comm=rs_ag", "seq_par_ag_redo=on"],
-    ["batch=8"],
+    ["batch=8", "zero=2", "sched=zb-h1"],
 ]
 
 

@@ -38,6 +38,9 @@ from solver.space.count import count_mappings
 from solver.space.declaration import Space
 from solver.space.enumerate import build_rows, plan
 
+PINNED_WARM_START_BLOCKS = 4096
+"""With a split dimension pinned, at most this many compatible blocks are scored before the
+first CP-SAT round (each is a few thousand mappings)."""
 TIE_REL = 1e-9
 """Times within this relative distance of the winner's are ties (solve = brute tolerance)."""
 
@@ -136,6 +139,13 @@ class Explorer:
                "batch": self.plan.skeletons[self.index[(tp, pp)]].batch}
         return own[name] == value
 
+    def _floors_prove(self, target_s: float, name: str | None, value: int | None) -> bool:
+        """True when every unscored block that could hold the pinned value has a surrogate
+        floor above `target_s` (blocks with no feasible mapping have none): nothing left
+        can beat or tie the best scored one, with no CP-SAT round needed."""
+        return all(floor > target_s for floor, key in self.ranked
+                   if key not in self.scored and self._compatible(key, name, value))
+
     def _block_best(self, key: Key, name: str | None, value: int | None) -> tuple[float, int, Key, int]:
         """(time, ordinal, block, row) of the best scored mapping of one block with the pinned
         value ((inf, ...) when it has none)."""
@@ -205,10 +215,12 @@ class Explorer:
             self._score(key)
             incumbent = min(incumbent, self._block_best(key, name, value), key=_rank)
 
-        # warm start: the compatible unscored blocks the surrogate ranks best
+        # warm start: the compatible unscored blocks the surrogate ranks best; a pinned split
+        # dimension leaves few compatible blocks, so scoring them beats CP-SAT rounds
         warm = 0
+        warm_cap = WARM_START_BLOCKS if name is None or BY_NAME[name].is_flag else PINNED_WARM_START_BLOCKS
         for floor, key in self.ranked:
-            if warm >= WARM_START_BLOCKS or floor >= incumbent[0] * (1 + WARM_START_MARGIN):
+            if warm >= warm_cap or floor >= incumbent[0] * (1 + WARM_START_MARGIN):
                 break
             if key in self.scored or not self._compatible(key, name, value):
                 continue
@@ -220,6 +232,9 @@ class Explorer:
         certified = False
         q = self.bounds.quantization
         while True:
+            if self._floors_prove(incumbent[0], name, value):
+                certified = True      # solve's closing check: no unscored block's floor reaches it
+                break
             remaining = self.config.time_limit_s - (time.perf_counter() - started)
             if remaining <= 0:
                 break
