@@ -92,6 +92,7 @@ def cp_sat_solution_count(model) -> int:
     solver = cp_model.CpSolver()
     solver.parameters.enumerate_all_solutions = True
     solver.parameters.num_workers = 1
+    solver.parameters.catch_sigint_signal = False   # CP-SAT would leave SIGINT at its default after
     counter = Count()
     status = solver.Solve(model, counter)
     assert status in (cp_model.OPTIMAL, cp_model.INFEASIBLE), solver.StatusName(status)

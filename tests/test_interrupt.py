@@ -34,7 +34,16 @@ class _Slow(cp_model.CpSolverSolutionCallback):
         time.sleep(0.001)
 
 
-def test_ctrl_c_stops_cp_sat_at_once():
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler for the test (a CP-SAT solve elsewhere in the process that
+    caught SIGINT itself leaves the default, process-ending action behind)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_stops_cp_sat_at_once(python_sigint):
     """A search with minutes of work is stopped by SIGINT within seconds, as KeyboardInterrupt."""
     m = cp_model.CpModel()
     for i in range(20):

@@ -57,7 +57,6 @@ from solver.search.cpsat.surrogate import MAX_LINEAR_UNITS
 from solver.search.cpsat.tables import Tables, block_lower_bounds
 from solver.search.explain import Explorer, Key, _rank
 from solver.search.solve import WARM_START_BLOCKS, WARM_START_MARGIN, SolverConfig, _local_batches, solve
-from solver.space.enumerate import build_rows
 from solver.space.declaration import Space
 
 __all__ = ["KNOBS", "CodesignResult", "Grid", "Target", "Verdict", "codesign", "least_in_sweep", "reaches", "sweep",
@@ -168,18 +167,12 @@ class CapacityExplorer(Explorer):
 
     def _score(self, key: Key) -> None:
         tp, pp, il, mb = key
-        i = self.index[(tp, pp)]
-        sk, table = self.plan.skeletons[i], self.plan.flag_tables[i]
-        start = (sk.interleavings.index(il) * len(sk.microbatches) + sk.microbatches.index(mb)) * len(table)
-        rows = build_rows(self.plan.space, sk, table, start, start + len(table))
+        rows, ordinals = self.plan.block(self.index[(tp, pp)], il, mb)
         ev = evaluate_arrays_in_context(self.c, rows)
         # feasible at the largest capacities; the capacities asked later filter the footprints
-        time_s = np.where(ev.feasible, ev.iteration_time_s, np.inf)
-        self.scored[key] = (rows, time_s, self.ordinal_base[i] + start + np.arange(len(table)))
+        self.scored[key] = (rows, np.where(ev.feasible, ev.iteration_time_s, np.inf), ordinals)
         self.footprint[key] = (ev.hbm_bytes, ev.offload_bytes)
-        v = self.v
-        self.m.AddBoolOr([v.tp.is_[tp].Not(), v.pp.is_[pp].Not(), v.interleaving.is_[il].Not(),
-                          v.microbatch.is_[mb].Not()])
+        self.v.exclude_block(key)
 
     def _compatible(self, key, name, value) -> bool:
         return True

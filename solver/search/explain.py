@@ -36,7 +36,7 @@ from solver.search.solve import (SEARCHED_FLAGS, WARM_START_BLOCKS, WARM_START_M
                                  _local_batches, _structure_model, binding_constraints)
 from solver.space.count import count_mappings
 from solver.space.declaration import Space
-from solver.space.enumerate import build_rows, plan
+from solver.space.enumerate import plan
 
 PINNED_WARM_START_BLOCKS = 4096
 """With a split dimension pinned, at most this many compatible blocks are scored before the
@@ -109,7 +109,6 @@ class Explorer:
         self.bounds, self.objective = bounds, bounds.objective()
         self.m.Minimize(self.objective)
         self.index = {(s.tp, s.pp): i for i, s in enumerate(self.plan.skeletons)}
-        self.ordinal_base = {chunk.skeleton_index: chunk.ordinal for chunk in self.plan.chunks}
         self.scored: dict[Key, tuple[MappingArrays, np.ndarray, np.ndarray]] = {}
         self.literals: dict[tuple[str, int], cp_model.IntVar] = {}   # one assumption literal per pin
         self.ranked = sorted((floor, key) for key, floor in bounds.block_floors.items() if math.isfinite(floor))
@@ -118,16 +117,10 @@ class Explorer:
     # ---- scoring blocks, once each ----
     def _score(self, key: Key) -> None:
         tp, pp, il, mb = key
-        i = self.index[(tp, pp)]
-        sk, table = self.plan.skeletons[i], self.plan.flag_tables[i]
-        start = (sk.interleavings.index(il) * len(sk.microbatches) + sk.microbatches.index(mb)) * len(table)
-        rows = build_rows(self.plan.space, sk, table, start, start + len(table))
+        rows, ordinals = self.plan.block(self.index[(tp, pp)], il, mb)
         ev = evaluate_arrays_in_context(self.c, rows)
-        time_s = np.where(ev.feasible, ev.iteration_time_s, np.inf)
-        self.scored[key] = (rows, time_s, self.ordinal_base[i] + start + np.arange(len(table)))
-        v = self.v
-        self.m.AddBoolOr([v.tp.is_[tp].Not(), v.pp.is_[pp].Not(), v.interleaving.is_[il].Not(),
-                          v.microbatch.is_[mb].Not()])
+        self.scored[key] = (rows, np.where(ev.feasible, ev.iteration_time_s, np.inf), ordinals)
+        self.v.exclude_block(key)
 
     def _compatible(self, key: Key, name: str | None, value: int | None) -> bool:
         """Whether a block can hold mappings with the pinned value (skeleton pins only decide)."""
@@ -218,7 +211,8 @@ class Explorer:
         # warm start: the compatible unscored blocks the surrogate ranks best; a pinned split
         # dimension leaves few compatible blocks, so scoring them beats CP-SAT rounds
         warm = 0
-        warm_cap = WARM_START_BLOCKS if name is None or BY_NAME[name].is_flag else PINNED_WARM_START_BLOCKS
+        split_pin = name in BY_NAME and not BY_NAME[name].is_flag
+        warm_cap = PINNED_WARM_START_BLOCKS if split_pin else WARM_START_BLOCKS
         for floor, key in self.ranked:
             if warm >= warm_cap or floor >= incumbent[0] * (1 + WARM_START_MARGIN):
                 break

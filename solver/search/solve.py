@@ -39,7 +39,7 @@ from solver.search.cpsat.surrogate import add_bounds
 from solver.search.cpsat.run import checked_solve, new_solver
 from solver.search.cpsat.variables import Variables
 from solver.search.distinct import SKELETON, equivalents, group_keys, top_groups
-from solver.space.enumerate import build_rows, plan
+from solver.space.enumerate import plan
 from solver.space.declaration import Space, get_space
 
 
@@ -190,7 +190,6 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     m.Minimize(objective)
 
     index = {(s.tp, s.pp): i for i, s in enumerate(skels)}
-    ordinal_base = {chunk.skeleton_index: chunk.ordinal for chunk in the_plan.chunks}
     best = _Incumbents(config.top_k)
     scored_keys: list[tuple[int, int, int, int]] = []   # in scoring order
     scored_set: set[tuple[int, int, int, int]] = set()
@@ -199,19 +198,14 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
         """Score every mapping of one (tp, pp, interleaving, microbatch) block exactly, keep
         the best, and cut the block from the CP-SAT model."""
         tp, pp, il, mb = key
-        i = index[(tp, pp)]
-        sk, table = skels[i], the_plan.flag_tables[i]
-        n_flags = len(table)
-        start = (sk.interleavings.index(il) * len(sk.microbatches) + sk.microbatches.index(mb)) * n_flags
-        rows = build_rows(the_space, sk, table, start, start + n_flags)
+        rows, ordinals = the_plan.block(index[(tp, pp)], il, mb)
         ev = evaluate_arrays_in_context(c, rows)
         ok = np.flatnonzero(ev.feasible)
         if len(ok):
-            best.offer(ev.iteration_time_s[ok], ordinal_base[i] + start + ok, rows.take(ok), ev.hbm_bytes[ok],
-                       ev.offload_bytes[ok])
+            best.offer(ev.iteration_time_s[ok], ordinals[ok], rows.take(ok), ev.hbm_bytes[ok], ev.offload_bytes[ok])
         scored_keys.append(key)
         scored_set.add(key)
-        m.AddBoolOr([v.tp.is_[tp].Not(), v.pp.is_[pp].Not(), v.interleaving.is_[il].Not(), v.microbatch.is_[mb].Not()])
+        v.exclude_block(key)
 
     # Warm start: the blocks the surrogate ranks best, scored until the next one's bound
     # cannot beat the K-th best (or WARM_START_BLOCKS are done, or the time is up).

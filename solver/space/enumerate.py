@@ -64,6 +64,16 @@ class Plan:
         return build_rows(self.space, self.skeletons[chunk.skeleton_index], self.flag_tables[chunk.skeleton_index],
                           chunk.start, chunk.stop)
 
+    def block(self, skeleton_index: int, interleaving: int, microbatch: int) -> tuple[MappingArrays, np.ndarray]:
+        """Every mapping of one (tp, pp, interleaving, microbatch) block — the flag combinations
+        of skeleton `skeleton_index` at that interleaving and microbatch — and their ordinals."""
+        sk, table = self.skeletons[skeleton_index], self.flag_tables[skeleton_index]
+        start = (sk.interleavings.index(interleaving) * len(sk.microbatches)
+                 + sk.microbatches.index(microbatch)) * len(table)
+        first = next(c.ordinal - c.start for c in self.chunks if c.skeleton_index == skeleton_index)
+        rows = build_rows(self.space, sk, table, start, start + len(table))
+        return rows, first + start + np.arange(len(table), dtype=np.int64)
+
 
 def skeleton_rows(skeleton: Skeleton, table: np.ndarray) -> int:
     """Mappings on one skeleton: interleavings × microbatches × flag combinations."""

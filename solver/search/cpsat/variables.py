@@ -90,6 +90,12 @@ class Variables:
     def flag(self, name: str, code: int) -> cp_model.IntVar:
         return self.flags[name][code]
 
+    def exclude_block(self, key: tuple[int, int, int, int]) -> None:
+        """Cut the (tp, pp, interleaving, microbatch) block `key` (once scored exactly)."""
+        tp, pp, il, mb = key
+        self.model.AddBoolOr([self.tp.is_[tp].Not(), self.pp.is_[pp].Not(), self.interleaving.is_[il].Not(),
+                              self.microbatch.is_[mb].Not()])
+
     def pin(self, name: str, value: int) -> None:
         """Fix dimension `name` (costmodel.dimensions) to `value` (a number, or a flag's code);
         a value outside the variable's domain makes the model infeasible."""
