@@ -1,4 +1,4 @@
-"""`mapsat plot` and solver/plots.py on hand-made results: which kinds the results can fill,
+"""`mapsat plot` and solver/report/plots.py on hand-made results: which kinds the results can fill,
 that each writes PNG files, and the command's errors."""
 
 from __future__ import annotations

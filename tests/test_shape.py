@@ -1,4 +1,4 @@
-"""The paper's model-shape rule (solver/shape.py) and `mapsat shape`."""
+"""The paper's model-shape rule (solver/study/shape.py) and `mapsat shape`."""
 
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ def run_batch(problems: list[Problem], out_dir: str | Path, *, jobs: int | None 
               reporter: Reporter | None = None) -> BatchSummary:
     """Solve every problem not yet in `out_dir`/results.jsonl, appending each record as it
     finishes, then write results.csv. Ctrl-C (SIGINT) or SIGTERM stop it cleanly: the
-    finished records stay and a rerun resumes. See solver/store.py for crash safety."""
+    finished records stay and a rerun resumes. See solver/study/store.py for crash safety."""
     from solver.study.store import ResultStore
 
     reporter = reporter or Reporter()
