@@ -124,7 +124,7 @@ def test_paper_batches_load():
     counts = {}
     for path in sorted((Path(__file__).resolve().parents[1] / "problems" / "paper").glob("*.yaml")):
         counts[path.stem] = len(load_batch(path))
-    assert counts == {"fig2-mappability": 12, "fig4-offload": 30, "fig5-offload-capacity": 72,
+    assert counts == {"fig2-mappability": 14, "fig4-offload": 30, "fig5-offload-capacity": 72,
                       "fig7-strong-scaling": 28, "fig8-128T": 56}
 
 
