@@ -1,6 +1,7 @@
 """Benchmark: `mapsat codesign` against the sweep it replaces (`solve` at every grid point,
 what `mapsat batch` runs), on the paper's questions (problems/paper/, the 2023 paper's
-assumed H100, FP8, no runtime reserve as in the paper's batch files).
+assumed H100, FP8, no runtime reserve and the `calculon-current` space, as in the paper's
+batch files).
 
     python benchmarks/bench_codesign.py [QUESTION ...]     # default: all
     python benchmarks/bench_codesign.py --json out.json
@@ -26,6 +27,8 @@ from solver.space.declaration import get_space
 from solver.space.pins import batch_cap, pinned
 
 ROOT = Path(__file__).resolve().parents[1]
+SPACE = "calculon-current"
+"""The space the paper batches run in (the former `full`, before ZeRO-2/3 and ZB-H1 joined it)."""
 SYSTEM = load_system(ROOT / "problems/systems/h100-80g-nvl8-paper2023.yaml").with_overrides(runtime_reserve_gib=0)
 SIZES = ("1t-128b", "2t-160b", "4t-160b", "8t-192b", "11t-224b", "18t-256b", "32t-288b", "64t-352b", "100t-384b",
          "128t-416b")
@@ -65,7 +68,7 @@ def run(name: str) -> list[dict]:
     for model_name in models:
         model = load_model(ROOT / f"problems/paper/models/{model_name}.yaml")
         cap, pins = batch_cap(3072, batch, None, model.seq_size, False)
-        args = dict(max_batch=cap, datatype=Datatype.float8, space=pinned(get_space("full"), pins),
+        args = dict(max_batch=cap, datatype=Datatype.float8, space=pinned(get_space(SPACE), pins),
                     config=SolverConfig(time_limit_s=120))
         started = time.perf_counter()
         swept = sweep(model, system, gpus, grid, **args)
