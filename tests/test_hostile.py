@@ -22,7 +22,7 @@ from solver.cli.app import cli
 from solver.search.cpsat import constraints
 from solver.search.cpsat.constraints import Problem
 from solver.search.cpsat.run import checked_solve
-from solver.search.solve import SolverConfig, _structure_model, solve
+from solver.search.solve import SolverConfig, solve, structure_model
 from solver.space.declaration import get_space, skeletons
 from solver.space.factor import divisors, factorise
 from test_cli_errors import assert_problem_error, assert_usage_error
@@ -316,7 +316,7 @@ def test_network_fit_is_added_once(monkeypatch):
     monkeypatch.setattr(constraints.NetworkFit, "add", lambda self, *a: (calls.append(1), original(self, *a))[1])
     model, system = load_model(MODELS_DIR / "gpt-1.3b.yaml"), load_system(H100_SYSTEM)
     space = get_space("full")
-    _structure_model(Problem(model, system, 8, 3072, space), skeletons(model, 8, 3072, space))
+    structure_model(Problem(model, system, 8, 3072, space), skeletons(model, 8, 3072, space))
     assert len(calls) == 1
 
 
@@ -354,7 +354,7 @@ def test_block_floors_never_exceed_an_exact_time_in_their_block(gpus, offload):
     from costmodel.context import Context
     from costmodel.evaluate import evaluate_arrays_in_context
     from solver.search.cpsat.surrogate import add_bounds
-    from solver.search.solve import SEARCHED_FLAGS, _local_batches
+    from solver.search.solve import SEARCHED_FLAGS, local_batches
     from solver.space.enumerate import build_rows, plan
 
     model = load_model(MODELS_DIR / "gpt-1.3b.yaml")
@@ -363,8 +363,8 @@ def test_block_floors_never_exceed_an_exact_time_in_their_block(gpus, offload):
     c = Context.build(model, system, Datatype.bfloat16)
     the_plan = plan(model, system, gpus, 256, space, chunk_rows=1 << 62)
     problem = Problem(model, system, gpus, 256, space)
-    m, v = _structure_model(problem, the_plan.skeletons, flags=SEARCHED_FLAGS)
-    bounds = add_bounds(m, v, c, gpus, _local_batches(problem, v), space.tp_overlap_codes, c.hbm_capacity_bytes,
+    m, v = structure_model(problem, the_plan.skeletons, flags=SEARCHED_FLAGS)
+    bounds = add_bounds(m, v, c, gpus, local_batches(problem, v), space.tp_overlap_codes, c.hbm_capacity_bytes,
                         skeletons=the_plan.skeletons)
     checked = 0
     for sk, table in zip(the_plan.skeletons, the_plan.flag_tables):

@@ -55,8 +55,8 @@ from solver.search.codesign_grid import (CAPACITY_KNOBS, ENUMERATED_KNOBS, KNOBS
                                          Grid, System_, Target, Verdict, as_json, check_values, reaches, system_at)
 from solver.search.cpsat.surrogate import MAX_LINEAR_UNITS
 from solver.search.cpsat.tables import Tables, block_lower_bounds
-from solver.search.explain import Explorer, Key, _rank
-from solver.search.solve import WARM_START_BLOCKS, WARM_START_MARGIN, SolverConfig, _local_batches, solve
+from solver.search.explain import Explorer, Key, rank_of
+from solver.search.solve import WARM_START_BLOCKS, WARM_START_MARGIN, SolverConfig, local_batches, solve
 from solver.space.declaration import Space
 
 __all__ = ["KNOBS", "CodesignResult", "Grid", "Target", "Verdict", "codesign", "least_in_sweep", "reaches", "sweep",
@@ -121,7 +121,7 @@ class CapacityExplorer(Explorer):
             hbm, offload = capacity
             c = dataclasses.replace(self.c, offload_capacity_bytes=offload)
             floors = block_lower_bounds(self.tables, c, self.plan.space, self.plan.skeletons,
-                                        _local_batches(self.problem, self.v), offload > 0, self.v.num_networks, hbm)
+                                        local_batches(self.problem, self.v), offload > 0, self.v.num_networks, hbm)
             self.floors[capacity] = floors
             self._conditional_floor_cuts(self._assumption("capacity", capacity)[0], floors)
         floors = self.floors[capacity]
@@ -135,7 +135,7 @@ class CapacityExplorer(Explorer):
                 break
             if key not in self.scored:
                 self._score(key)
-                incumbent = min(incumbent, self._block_best(key, "capacity", capacity), key=_rank)
+                incumbent = min(incumbent, self._block_best(key, "capacity", capacity), key=rank_of)
                 warm += 1
         unscored = min((f for k, f in floors.items() if k not in self.scored), default=math.inf)
         if not (unscored > incumbent[0] or math.isinf(unscored)):

@@ -32,8 +32,8 @@ from costmodel.system import Datatype, System
 from solver.search.cpsat.constraints import Problem
 from solver.search.cpsat.run import checked_solve
 from solver.search.cpsat.surrogate import add_bounds
-from solver.search.solve import (SEARCHED_FLAGS, WARM_START_BLOCKS, WARM_START_MARGIN, SolverConfig, _Collector,
-                                 _local_batches, _structure_model, binding_constraints)
+from solver.search.solve import (SEARCHED_FLAGS, WARM_START_BLOCKS, WARM_START_MARGIN, BlockCollector, SolverConfig,
+                                 binding_constraints, local_batches, structure_model)
 from solver.space.count import count_mappings
 from solver.space.declaration import Space
 from solver.space.enumerate import plan
@@ -103,8 +103,8 @@ class Explorer:
         self.c = Context.build(model, system, datatype, kernels)
         self.plan = plan(model, system, num_gpus, max_batch, space, chunk_rows=1 << 62)
         self.problem = Problem(model, system, num_gpus, max_batch, space)
-        self.m, self.v = _structure_model(self.problem, self.plan.skeletons, flags=SEARCHED_FLAGS)
-        bounds = add_bounds(self.m, self.v, self.c, num_gpus, _local_batches(self.problem, self.v),
+        self.m, self.v = structure_model(self.problem, self.plan.skeletons, flags=SEARCHED_FLAGS)
+        bounds = add_bounds(self.m, self.v, self.c, num_gpus, local_batches(self.problem, self.v),
                             space.tp_overlap_codes, self.c.hbm_capacity_bytes, skeletons=self.plan.skeletons)
         self.bounds, self.objective = bounds, bounds.objective()
         self.m.Minimize(self.objective)
@@ -154,7 +154,7 @@ class Explorer:
 
     def _incumbent(self, name: str | None, value: int | None) -> tuple[float, int, Key, int]:
         """The best scored mapping with the pinned value, over every scored block."""
-        return min((self._block_best(key, name, value) for key in self.scored), key=_rank,
+        return min((self._block_best(key, name, value) for key in self.scored), key=rank_of,
                    default=(math.inf, -1, None, -1))
 
     def _assumption(self, name: str | None, value: int | None) -> list:
@@ -206,7 +206,7 @@ class Explorer:
         def score(key: Key) -> None:
             nonlocal incumbent
             self._score(key)
-            incumbent = min(incumbent, self._block_best(key, name, value), key=_rank)
+            incumbent = min(incumbent, self._block_best(key, name, value), key=rank_of)
 
         # warm start: the compatible unscored blocks the surrogate ranks best; a pinned split
         # dimension leaves few compatible blocks, so scoring them beats CP-SAT rounds
@@ -244,7 +244,7 @@ class Explorer:
             solver.parameters.max_time_in_seconds = remaining
             solver.parameters.num_workers = self.config.workers
             solver.parameters.random_seed = self.config.seed
-            collector = _Collector(self.v)
+            collector = BlockCollector(self.v)
             status = checked_solve(self.m, solver, collector)
             if status == cp_model.INFEASIBLE:
                 certified = True
@@ -308,7 +308,7 @@ def explain(model: Model, system: System, num_gpus: int, *, max_batch: int, data
         seconds=time.perf_counter() - started, blocks_scored=len(explorer.scored))
 
 
-def _rank(best: tuple) -> tuple[float, int]:
+def rank_of(best: tuple) -> tuple[float, int]:
     """Order of candidate bests: time, then enumeration order (brute force's tie-break)."""
     return best[0], best[1]
 

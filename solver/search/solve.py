@@ -116,7 +116,7 @@ class SolveResult:
                 "infeasible_reasons": self.infeasible_reasons, "cpsat_status": self.cpsat_status}
 
 
-class _Collector(cp_model.CpSolverSolutionCallback):
+class BlockCollector(cp_model.CpSolverSolutionCallback):
     """Records the (tp, pp, interleaving, microbatch) block of every solution CP-SAT finds."""
 
     def __init__(self, variables: Variables):
@@ -182,8 +182,8 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
                                          f"pp | blocks {model.num_blocks}) and the batch cap {max_batch}"])
 
     say(f"building the CP-SAT model ({len(skels)} (tp, pp) splits)")
-    m, v = _structure_model(problem, skels, flags=SEARCHED_FLAGS)
-    local_batch = _local_batches(problem, v)
+    m, v = structure_model(problem, skels, flags=SEARCHED_FLAGS)
+    local_batch = local_batches(problem, v)
     bounds = add_bounds(m, v, c, num_gpus, local_batch, the_space.tp_overlap_codes, c.hbm_capacity_bytes,
                         skeletons=skels)
     objective = bounds.objective()
@@ -225,7 +225,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
             if math.isfinite(best.target_s):
                 bounds.add_cutoff(m, best.target_s)
             solver = new_solver(remaining, config.workers, config.seed)
-            collector = _Collector(v)
+            collector = BlockCollector(v)
             say(f"CP-SAT round {rounds + 1} ({len(scored_keys)} blocks scored)")
             status = checked_solve(m, solver, collector)
             rounds += 1
@@ -311,7 +311,7 @@ def binding_constraints(problem: Problem, ev: Evaluation) -> list[str]:
     return out
 
 
-def _structure_model(problem: Problem, skels, flags=None) -> tuple[cp_model.CpModel, Variables]:
+def structure_model(problem: Problem, skels, flags=None) -> tuple[cp_model.CpModel, Variables]:
     m = cp_model.CpModel()
     v = Variables(m, problem.space, list(skels), problem.num_gpus, len(problem.system.networks), flags=flags)
     for constraint in STRUCTURE:
@@ -332,7 +332,7 @@ def diagnose(problem: Problem, skels, c: Context, time_limit_s: float = DIAGNOSE
                    "all out (give a longer time limit)"]
     if deadline <= time.perf_counter():
         return out_of_time
-    m, _ = _structure_model(problem, skels)
+    m, _ = structure_model(problem, skels)
     status = checked_solve(m, new_solver(deadline - time.perf_counter()))
     if status == cp_model.INFEASIBLE:
         sizes = ", ".join(f"{n.name} {n.size}" for n in system.networks)
@@ -342,8 +342,8 @@ def diagnose(problem: Problem, skels, c: Context, time_limit_s: float = DIAGNOSE
     if status == cp_model.UNKNOWN or deadline <= time.perf_counter():
         return out_of_time
     # the smallest HBM footprint any mapping can have (a sound lower bound)
-    m, v = _structure_model(problem, skels, flags=SEARCHED_FLAGS)
-    local_batch = _local_batches(problem, v)
+    m, v = structure_model(problem, skels, flags=SEARCHED_FLAGS)
+    local_batch = local_batches(problem, v)
     bounds = add_bounds(m, v, c, problem.num_gpus, local_batch, problem.space.tp_overlap_codes,
                         c.hbm_capacity_bytes, enforce_hbm=False)
     m.Minimize(bounds.memory())
@@ -368,7 +368,7 @@ def diagnose(problem: Problem, skels, c: Context, time_limit_s: float = DIAGNOSE
     return reasons
 
 
-def _local_batches(problem: Problem, v: Variables) -> dict:
+def local_batches(problem: Problem, v: Variables) -> dict:
     """batch/dp of every (tp, pp) pair the variables allow (1 where no batch exists)."""
     out = {}
     for (t, p) in v.tp_pp:
