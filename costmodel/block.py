@@ -1,7 +1,8 @@
 """One transformer block on one GPU for one microbatch: FLOP, bytes and time per layer.
 
 Layers of a block (forward), with b = microbatch, s = sequence, h = hidden, a = heads,
-d = head size, f = feed-forward, t = tp, T = b·s tokens, e = bytes per element:
+d = head size, f = feed-forward, t = tp, c = cp, T = b·s/c tokens on this GPU, e = bytes
+per element:
 
     attention  LN1 · QKV GEMM · (RoPE on Q, K) · scores GEMM (Q·Kᵀ) · softmax · dropout
                · context GEMM (·V) · output-projection GEMM · dropout + residual
@@ -25,6 +26,15 @@ with `fused_attention`, one FlashAttention kernel (Dao et al. 2022) that keeps s
 on chip: HBM sees only Q, K, V read and the output and the softmax statistics (one fp32
 log-sum-exp per row) written, and its backward kernel recomputes Q·Kᵀ and the softmax
 instead of reading a stored score matrix. That recomputation is counted as recompute time.
+
+Context parallelism (cp = c > 1) splits the sequence: each GPU runs every GEMM and
+element-wise layer on its s/c tokens, and its s/c queries attend to all s keys, which
+arrive around a ring of c GPUs, one chunk of K and V per step (Megatron-LM's default
+`cp_comm_type="p2p"`, megatron/core/transformer/attention.py and TransformerEngine's
+attn_forward_func_with_cp; Liu et al. 2023, Ring Attention). The 2·c chunks of Megatron's
+causal load balancing (megatron/training/utils.py get_batch_on_this_cp_rank) give every
+GPU the same share, 1/c, of the attention core's work. The ring itself is timed in
+costmodel.iteration (`cp_ring_terms`).
 """
 
 from __future__ import annotations
@@ -89,16 +99,19 @@ def eltwise_s(c: Context, xp, elems, flops_per_elem, bytes_per_elem):
     return xp.maximum(compute, memory)
 
 
-def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_bytes):
-    """Time of one fused attention kernel doing `pairs` s×s×d products per (batch, head) over
-    `batch_heads` of them. With a fitted attention model, that model
+def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_bytes, steps=1.0):
+    """Time of a fused attention kernel doing `pairs` s×s×d products per (batch, head) over
+    `batch_heads` of them; with context parallelism, of the `steps` = cp ring-step kernels
+    that each do `pairs` (s/cp)×(s/cp)×d products (1/cp of the whole core, in cp launches
+    of shorter sequences). With a fitted attention model, that model
     (costmodel.kernel_time.attention_time_s). Otherwise a roofline: its tensor-core work (a batched
     GEMM), its element-wise softmax work on the vector units (overlapped with the matrix work,
     as FlashAttention pipelines them) and its HBM traffic, whichever is slowest."""
+    chunk = c.seq / steps
     if c.attention is not None:
-        return attention_time_s(c.attention, pairs, batch_heads, c.seq, c.head_size)
+        return steps * attention_time_s(c.attention, pairs, batch_heads, chunk, c.head_size)
     vector = vector_flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, vector_flops))
-    return xp.maximum(gemm_s(c, xp, c.seq, c.seq, c.head_size, num_bytes, batch=pairs * batch_heads), vector)
+    return xp.maximum(gemm_s(c, xp, chunk, chunk, c.head_size, num_bytes, batch=pairs * batch_heads * steps), vector)
 
 
 @dataclass(frozen=True)
@@ -139,7 +152,8 @@ def block_forward_times(c: Context, m, xp) -> BlockForward:
     e, h, f, s, d = c.elem_bytes, c.hidden, c.feedforward, c.seq, c.head_size
     t = m.tp
     b = m.microbatch
-    tokens = b * s
+    q_len = s / m.cp                                     # queries (and tokens) of a sequence on this GPU
+    tokens = b * q_len
     heads = c.heads / t                                  # heads on this GPU
     q_cols = heads * d                                   # a·d/t
     kv_cols = c.kv_heads / t * d                         # g·d/t: K (and V) columns on this GPU
@@ -154,23 +168,25 @@ def block_forward_times(c: Context, m, xp) -> BlockForward:
     proj = matmul_s(c, xp, tokens, h, q_cols)
     mlp = matmul_s(c, xp, tokens, up_cols, h) + matmul_s(c, xp, tokens, h, f_cols)   # h→f (or 2f), f→h
 
-    score_flops = 2 * b * heads * s * s * d              # Q·Kᵀ; the context GEMM (·V) is as large
-    score_elems = b * heads * s * s
+    score_flops = 2 * b * heads * q_len * s * d          # Q·Kᵀ; the context GEMM (·V) is as large
+    score_elems = b * heads * q_len * s
     if c.fused_attention:
-        # Q, K, V read; the output and the softmax statistics written.
-        kernel_bytes = e * tokens * (2 * q_cols + 2 * kv_cols) + SOFTMAX_STATS_BYTES * b * heads * s
-        # Two s×s×d products per head forward (Q·Kᵀ, ·V).
-        core_gemm = fused_attention_s(c, xp, 2, b * heads,
-                                      score_elems * (SOFTMAX_FLOPS_PER_ELEM + DROPOUT_FLOPS_PER_ELEM), kernel_bytes)
+        # Q read and the output written for this GPU's tokens; K and V read for all s (the
+        # ring brings every chunk); the softmax statistics written.
+        kernel_bytes = e * (tokens * 2 * q_cols + b * s * 2 * kv_cols) + SOFTMAX_STATS_BYTES * b * heads * q_len
+        # Two s×s×d products per head forward (Q·Kᵀ, ·V), 1/cp of them on this GPU.
+        core_gemm = fused_attention_s(c, xp, 2, b * heads, score_elems * (SOFTMAX_FLOPS_PER_ELEM + DROPOUT_FLOPS_PER_ELEM),
+                                      kernel_bytes, steps=m.cp)
         core_eltwise = 0.0
         # Backward recomputes Q·Kᵀ and the softmax (statistics in hand) on chip.
-        kernel_recompute = fused_attention_s(c, xp, 1, b * heads, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0)
+        kernel_recompute = fused_attention_s(c, xp, 1, b * heads, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0,
+                                             steps=m.cp)
         kernel_recompute_flops = score_flops
         selective_recompute, selective_recompute_flops = 0.0, 0.0   # nothing outside the kernel to redo
     else:
-        scores = gemm_s(c, xp, s, s, d, e * (b * heads * s * d + b * kv_cols / d * s * d + score_elems),
+        scores = gemm_s(c, xp, q_len, s, d, e * (b * heads * q_len * d + b * kv_cols / d * s * d + score_elems),
                         batch=b * heads)
-        context = gemm_s(c, xp, s, d, s, e * (score_elems + b * kv_cols / d * s * d + b * heads * s * d),
+        context = gemm_s(c, xp, q_len, d, s, e * (score_elems + b * kv_cols / d * s * d + b * heads * q_len * d),
                          batch=b * heads)
         softmax = eltwise_s(c, xp, score_elems, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
         attn_dropout = eltwise_s(c, xp, score_elems, DROPOUT_FLOPS_PER_ELEM, 2 * e + MASK_BYTES)
@@ -220,14 +236,16 @@ def block_stored_activation_bytes(c: Context, m, xp) -> StoredActivations:
     matrix, only its softmax statistics, and keeps them under attn_only too (its backward
     recomputes the scores itself).
 
-    Also returns the transient workspace recomputation needs while one block's backward
+    Also returns the transient workspace: the context-parallel ring's K/V buffers, and what
+    recomputation needs while one block's backward
     runs: the whole block's activations under full recompute, the attention core's under
     attn_only (unfused), nothing otherwise.
     """
     e, h, f, s, d = c.elem_bytes, c.hidden, c.feedforward, c.seq, c.head_size
     t = m.tp
     b = m.microbatch
-    tokens = b * s
+    q_len = s / m.cp                                     # this GPU's share of the sequence
+    tokens = b * q_len
     heads = c.heads / t
     q_cols = heads * d
     kv_cols = c.kv_heads / t * d
@@ -242,18 +260,21 @@ def block_stored_activation_bytes(c: Context, m, xp) -> StoredActivations:
     # (both operands of the gate) and the gate's output (3·f).
     mlp_intermediates = (3 if c.gated_mlp else 2) * e * tokens * f / t
     if c.fused_attention:
-        attention_core = SOFTMAX_STATS_BYTES * b * heads * s
+        attention_core = SOFTMAX_STATS_BYTES * b * heads * q_len
         core_recomputed = False
     else:
-        attention_core = (2 * e + MASK_BYTES) * b * heads * s * s     # softmax out, dropout mask and out
+        attention_core = (2 * e + MASK_BYTES) * b * heads * q_len * s  # softmax out, dropout mask and out
         core_recomputed = m.recompute_attn_only                       # attn_only drops it
 
     everything = layernorm_inputs + dropout_masks + gemm_inputs + qkv_and_proj + mlp_intermediates
     full = everything + attention_core
     stored = xp.where(core_recomputed, everything, full)
     block_input = e * tokens * h / sp_split
+    # The K/V ring keeps two chunks in flight beside the local one (receive and send
+    # buffers, TransformerEngine's double buffering), in forward and again in backward.
+    ring_buffers = xp.where(m.cp > 1, 2 * e * tokens * 2 * kv_cols, 0.0)
     return StoredActivations(
         stored=xp.where(m.recompute_full, block_input, stored),
         full=full,
-        workspace=xp.where(m.recompute_full, full, xp.where(core_recomputed, attention_core, 0.0)),
+        workspace=ring_buffers + xp.where(m.recompute_full, full, xp.where(core_recomputed, attention_core, 0.0)),
     )

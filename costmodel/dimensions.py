@@ -8,7 +8,7 @@ mapping space:
   names (`tp[8]`, `recompute[full]`);
 * `field` — Calculon's execution-file field (`tensor_par`), used only at the file boundary;
 * `kind` — how values are encoded: a whole number (`split` for tp/pp/dp/batch, fixed by the
-  (tp, pp) split; `per_split` for interleaving and microbatch, chosen given the split), a
+  (tp, cp, pp) split; `per_split` for interleaving and microbatch, chosen given the split), a
   `choice` among an Enum's members (code i = i-th member), an on/off `switch`, or the index
   of a `network`;
 * `free_when` — for flags (choice, switch, network): the conditions under which any code
@@ -38,9 +38,10 @@ from costmodel.limits import Bound
 
 Kind = Literal["split", "per_split", "choice", "switch", "network"]
 FLAG_KINDS = ("choice", "switch", "network")
-SKELETON_FACTS = ("tp", "pp", "dp", "offload")
-"""What a flag's condition may test besides earlier flags: the split's degrees (tp, pp, dp,
-compared with 1) and `offload` (1 when the system has an offload memory tier)."""
+SKELETON_FACTS = ("tp", "cp", "pp", "dp", "dp_cp", "offload")
+"""What a flag's condition may test besides earlier flags: the split's degrees (tp, cp, pp,
+dp, and dp_cp = dp·cp, the group gradients are reduced over; compared with 1) and `offload`
+(1 when the system has an offload memory tier)."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,14 @@ def _tp_fits(model, system, v) -> str | None:
     return None
 
 
+def _cp_fits(model, system, v) -> str | None:
+    cp = v["cp"]
+    if cp > 1 and model.seq_size % (2 * cp):
+        return (f"context_par({cp}) needs seq_size({model.seq_size}) divisible by 2·context_par = {2 * cp}: "
+                f"causal load balancing cuts the sequence into 2·cp chunks (Megatron-LM)")
+    return None
+
+
 def _pp_fits(model, system, v) -> str | None:
     if model.num_blocks % v["pp"]:
         return f"pipeline_par({v['pp']}) does not divide num_blocks({model.num_blocks})"
@@ -188,9 +197,10 @@ def _interleaving_fits(model, system, v) -> str | None:
 
 
 def _seq_par_fits(model, system, v) -> str | None:
-    if v["tp_comm"] is TPComm.rs_ag and (v["microbatch"] * model.seq_size) % v["tp"]:
-        return (f"sequence parallelism splits microbatch_size·seq_size = {v['microbatch']}·{model.seq_size} "
-                f"tokens, which tensor_par({v['tp']}) does not divide")
+    cp = v.get("cp", 1)
+    if v["tp_comm"] is TPComm.rs_ag and (v["microbatch"] * model.seq_size) % (v["tp"] * cp):
+        return (f"sequence parallelism splits microbatch_size·seq_size/context_par = {v['microbatch']}·"
+                f"{model.seq_size}/{cp} tokens, which tensor_par({v['tp']}) does not divide")
     return None
 
 
@@ -217,14 +227,18 @@ _RS_AG = list(TPComm).index(TPComm.rs_ag)
 _HAS_OFFLOAD = Condition("offload", ">", 0)
 
 DIMENSIONS: tuple[Dimension, ...] = (
-    # ---- the split and the batch, fixed by (tp, pp) ----
+    # ---- the split and the batch, fixed by (tp, cp, pp) ----
     Dimension("tp", "tensor_par", "split", "tensor parallelism: each weight matrix is split tp ways",
               rule="1 .. tp_max; divides N, hidden, feedforward, attn_heads and kv_heads", fits=_tp_fits,
               bound=limits.GPUS_SEARCH),
+    Dimension("cp", "context_par", "split", "context parallelism: the sequence is split over cp GPUs (ring "
+              "attention, 2·cp load-balanced chunks)",
+              rule="1 .. cp_max; divides N/tp; 2·cp divides seq_size", fits=_cp_fits, bound=limits.GPUS_SEARCH),
     Dimension("pp", "pipeline_par", "split", "pipeline parallelism: the blocks are split into pp stages",
-              rule="1 .. blocks; divides min(N/tp, num_blocks) and num_blocks", fits=_pp_fits,
+              rule="1 .. blocks; divides min(N/(tp·cp), num_blocks) and num_blocks", fits=_pp_fits,
               bound=limits.GPUS_SEARCH),
-    Dimension("dp", "data_par", "split", "data parallelism: replicas of the pipeline", rule="N/(tp·pp); tp·pp·dp = N",
+    Dimension("dp", "data_par", "split", "data parallelism: replicas of the pipeline",
+              rule="N/(tp·cp·pp); tp·cp·pp·dp = N",
               bound=limits.GPUS_SEARCH),
     Dimension("batch", "batch_size", "split", "global batch, in sequences",
               rule="<= cap; largest multiple of dp <= cap (the max batch)", bound=limits.MAX_BATCH_SEARCH),
@@ -244,11 +258,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
               "multiply", choices=TPOverlap, free_when=(Condition("tp", ">", 1),)),
     Dimension("zero", "sharding_stage", "choice", label="zero", meaning="ZeRO sharding stage over the dp group: 0 "
               "replicated, 1 optimizer state (distributed optimizer), 2 + gradients, 3 + parameters (FSDP)",
-              choices=ShardingStage, free_when=(Condition("dp", ">", 1),)),
+              choices=ShardingStage, free_when=(Condition("dp_cp", ">", 1),)),
     Dimension("seq_par_ag_redo", "seq_par_ag_redo", "switch", label="ag-redo", meaning="redo the sequence-parallel all-gather in backward "
               "instead of storing its output", free_when=(Condition("tp_comm", "==", _RS_AG), Condition("recompute", "!=", _FULL))),
-    Dimension("dp_overlap", "data_par_overlap", "switch", label="dp-overlap", meaning="overlap the DP gradient reduction with the backward pass",
-              free_when=(Condition("dp", ">", 1),)),
+    Dimension("dp_overlap", "data_par_overlap", "switch", label="dp-overlap", meaning="overlap the DP gradient reduction "
+              "(over dp·cp) with the backward pass", free_when=(Condition("dp_cp", ">", 1),)),
     Dimension("weight_offload", "weight_offload", "switch", label="w-off", meaning="keep weights in offload memory, prefetching each block",
               free_when=(_HAS_OFFLOAD,), fits=_needs_offload("weight_offload")),
     Dimension("activations_offload", "activations_offload", "switch", label="a-off", meaning="keep stored activations in offload memory",
@@ -261,6 +275,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
               choices=PipelineSchedule, free_when=(Condition("pp", ">", 1),)),
     Dimension("tp_net", "tensor_par_net", "network", "network index carrying TP traffic",
               free_when=(Condition("tp", ">", 1),), fits=_network_exists("tp_net"), bound=limits.NETWORK_INDEX),
+    Dimension("cp_net", "context_par_net", "network", "network index carrying CP traffic (the K/V ring)",
+              free_when=(Condition("cp", ">", 1),), fits=_network_exists("cp_net"), bound=limits.NETWORK_INDEX),
     Dimension("pp_net", "pipeline_par_net", "network", "network index carrying PP traffic",
               free_when=(Condition("pp", ">", 1),), fits=_network_exists("pp_net"), bound=limits.NETWORK_INDEX),
     Dimension("dp_net", "data_par_net", "network", "network index carrying DP traffic",
@@ -269,10 +285,12 @@ DIMENSIONS: tuple[Dimension, ...] = (
 BY_NAME: dict[str, Dimension] = {d.name: d for d in DIMENSIONS}
 FLAGS: tuple[Dimension, ...] = tuple(d for d in DIMENSIONS if d.is_flag)
 
-NETWORK_GROUPS: tuple[tuple[str, str], ...] = (("tp", "tp_net"), ("pp", "pp_net"), ("dp", "dp_net"))
+NETWORK_GROUPS: tuple[tuple[str, str], ...] = (("tp", "tp_net"), ("cp", "cp_net"), ("pp", "pp_net"), ("dp", "dp_net"))
 """Parallel groups nest in this order, innermost first, each with the flag naming its
 network: a group of one dimension spans the product of its degree and every degree before
-it (tp; tp·pp; tp·pp·dp = N)."""
+it (tp; tp·cp; tp·cp·pp; tp·cp·pp·dp = N). Context parallelism sits next to tensor
+parallelism, as in Megatron-LM's rank order tp-cp-ep-dp-pp (parallel_state.RankGenerator)
+and NeMo's recipes that keep tp·cp inside an NVLink domain."""
 
 
 def group_spans(m) -> tuple[tuple[str, object, object, object], ...]:
@@ -288,11 +306,12 @@ def group_spans(m) -> tuple[tuple[str, object, object, object], ...]:
 
 def _check_declaration() -> None:
     """Conditions may only read skeleton facts (as `> 1`, or offload) and earlier flags, so
-    flags can be chosen in declaration order and flag tables cached per (tp > 1, pp > 1, dp > 1)."""
+    flags can be chosen in declaration order and flag tables cached per (tp > 1, cp > 1,
+    pp > 1, dp > 1, dp·cp > 1)."""
     seen: set[str] = set()
     for dim in FLAGS:
         for cond in dim.free_when:
-            if cond.subject in ("tp", "pp", "dp") and (cond.op, cond.value) != (">", 1):
+            if cond.subject in ("tp", "cp", "pp", "dp", "dp_cp") and (cond.op, cond.value) != (">", 1):
                 raise ValueError(f"{dim.name}: skeleton conditions must read '{cond.subject} > 1'")
             if cond.subject not in SKELETON_FACTS and cond.subject not in seen:
                 raise ValueError(f"{dim.name}: condition on {cond.subject!r}, which is not an earlier flag")

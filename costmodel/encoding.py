@@ -67,7 +67,7 @@ class MappingArrays:
     def to_mapping(self, i: int, datatype: Datatype, kernels: Kernels = Kernels()) -> Mapping:
         """Row i as a typed Mapping (Calculon field names)."""
         fields = {dim.field: dim.value_of(self.columns[dim.name][i]) for dim in DIMENSIONS}
-        return Mapping(num_procs=int(self.tp[i] * self.pp[i] * self.dp[i]), datatype=datatype,
+        return Mapping(num_procs=int(self.tp[i] * self.cp[i] * self.pp[i] * self.dp[i]), datatype=datatype,
                        fused_activation=kernels.fused_activation, fused_attention=kernels.fused_attention,
                        grad_datatype=kernels.grad_datatype, **fields)
 

@@ -27,7 +27,8 @@ from costmodel.units import GiB
 
 def network_checks(c: Context, m, xp) -> dict:
     """Each parallelism must fit in the network that carries it. Groups nest tp (innermost),
-    then pp, then dp: a TP group spans tp GPUs, a PP group tp·pp, a DP group tp·pp·dp, and
+    then cp, pp, dp: a TP group spans tp GPUs, a CP group tp·cp, a PP group tp·cp·pp, a DP
+    group tp·cp·pp·dp, and
     the network carrying a dimension must span at least that many. A network marked
     must_be_filled, when used, must be spanned whole by the widest group on it."""
     spans = group_spans(m)
@@ -101,7 +102,7 @@ def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
     """The formulas' view of one mapping or many (`codes`: each dimension's code by short
     name): whole numbers as floats, network indices as indices, switches as Booleans, and
     for each choice one Boolean per member, `<dimension>_<member>` (`recompute_full`,
-    `tp_comm_rs_ag`, `tp_overlap_ring`, `zero_3`, `sched_zb_h1`: a '-' in a value reads '_'). Two derived names: `num_procs` = tp·pp·dp and
+    `tp_comm_rs_ag`, `tp_overlap_ring`, `zero_3`, `sched_zb_h1`: a '-' in a value reads '_'). Two derived names: `num_procs` = tp·cp·pp·dp and
     `seq_par` = tp_comm_rs_ag (sequence parallelism)."""
     view = {}
     for name, _, kind, predicates in _VIEW:
@@ -115,7 +116,7 @@ def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
             view[name] = value
         else:
             view[name] = as_float(value)
-    view["num_procs"] = view["tp"] * view["pp"] * view["dp"]
+    view["num_procs"] = view["tp"] * view["cp"] * view["pp"] * view["dp"]
     view["seq_par"] = view["tp_comm_rs_ag"]
     return SimpleNamespace(**view)
 

@@ -24,7 +24,7 @@ CROSS_ENTROPY_FLOPS_PER_ELEM = 6.0
 # (the paper's reason why 128T needs 120 GiB of HBM).
 RESIDENT_BLOCKS = 2.0
 
-TIME_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "pp_comm_s", "bubble_s",
+TIME_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "bubble_s",
               "dp_comm_s", "optimizer_s", "offload_s")
 # Megatron-LM's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py)
 # turns each GPU's b·s·V/tp logits into fp32 and keeps the fp32 softmax for backward, where
@@ -49,8 +49,11 @@ class BlockTerms:
     tp_fwd_s: object
     """TP communication in forward, exposed plus the compute it steals while overlapping"""
     tp_bwd_s: object
+    cp_fwd_s: object
+    """the context-parallel K/V ring in forward, exposed plus the compute it steals"""
+    cp_bwd_s: object
     block_fwd_s: object
-    """compute + TP communication, forward"""
+    """compute + TP and CP communication, forward"""
     block_bwd_s: object
     recompute_s: object
     act_message_bytes: object
@@ -75,6 +78,7 @@ class IterationTerms:
     backward_s: object
     recompute_s: object
     tp_comm_s: object
+    cp_comm_s: object
     offload_s: object
     pp_comm_s: object
     bubble_s: object
@@ -141,15 +145,31 @@ def _rate(bytes_per_s: float) -> float:
     return bytes_per_s if bytes_per_s > 0 else float("inf")
 
 
+def cp_ring_terms(c: Context, m, xp, fw: BlockForward):
+    """The context-parallel K/V ring of one block, forward and backward: exposed time and
+    the compute it steals, each. Forward passes this GPU's K and V chunk (b·s/cp tokens ×
+    2·g·d/tp columns) cp-1 steps around the ring; backward passes K and V again and their
+    gradients back (twice the bytes). Each step's transfer overlaps the attention core of
+    the step (Megatron-LM / TransformerEngine run them on separate streams), so only the
+    excess over the core is exposed, and the hidden part takes the network's compute usage."""
+    kv_chunk = c.elem_bytes * m.microbatch * c.seq / m.cp * 2 * c.kv_heads / m.tp * c.head_size
+    step = collective_s(c, xp, Collective.p2p, m.cp, kv_chunk, m.cp_net)
+    ring_fwd = (m.cp - 1) * step
+    usage = xp.pick(c.net_usage, m.cp_net)
+    fwd_exposed, fwd_stolen = overlapped(ring_fwd, fw.attention_core_s, 1.0, usage, xp)
+    bwd_exposed, bwd_stolen = overlapped(2 * ring_fwd, 2 * fw.attention_core_s + fw.kernel_recompute_s, 1.0, usage, xp)
+    return fwd_exposed + fwd_stolen, bwd_exposed + bwd_stolen
+
+
 def block_terms(c: Context, m, xp) -> BlockTerms:
-    """One block, one microbatch, one GPU: compute, exposed TP communication (with the
-    compute it steals), recomputation and the offload traffic compute cannot hide, in
-    seconds; and the block's stored activations. Reads tp, microbatch and the flags."""
+    """One block, one microbatch, one GPU: compute, exposed TP and CP communication (with
+    the compute they steal), recomputation and the offload traffic compute cannot hide, in
+    seconds; and the block's stored activations. Reads tp, cp, microbatch and the flags."""
     fw = block_forward_times(c, m, xp)
     compute_fwd = fw.gemm_s + fw.eltwise_s
     compute_bwd = 2 * compute_fwd
 
-    act_message = c.elem_bytes * m.microbatch * c.seq * c.hidden
+    act_message = c.elem_bytes * m.microbatch * c.seq / m.cp * c.hidden
     region_s, hidden_fraction, gather_s = tp_overlap_terms(c, m, xp, act_message)
     tp_usage = xp.pick(c.net_usage, m.tp_net)
     redo_gather = m.seq_par & m.seq_par_ag_redo & xp.logical_not(m.recompute_full)
@@ -157,8 +177,9 @@ def block_terms(c: Context, m, xp) -> BlockTerms:
     tp_bwd = 2 * region_s + xp.where(redo_gather, 2 * gather_s, 0.0)
     tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw.gemm_s, hidden_fraction, tp_usage, xp)
     tp_bwd_exposed, tp_bwd_stolen = overlapped(tp_bwd, 2 * fw.gemm_s, hidden_fraction, tp_usage, xp)
-    block_fwd = compute_fwd + tp_fwd_exposed + tp_fwd_stolen
-    block_bwd = compute_bwd + tp_bwd_exposed + tp_bwd_stolen
+    cp_fwd, cp_bwd = cp_ring_terms(c, m, xp, fw)
+    block_fwd = compute_fwd + tp_fwd_exposed + tp_fwd_stolen + cp_fwd
+    block_bwd = compute_bwd + tp_bwd_exposed + tp_bwd_stolen + cp_bwd
     # Full: the whole block forward again; attn_only: the (unfused) attention core; and a fused
     # attention kernel's backward redoes its scores whatever the setting.
     recompute = fw.kernel_recompute_s + xp.where(m.recompute_full, block_fwd,
@@ -184,6 +205,8 @@ def block_terms(c: Context, m, xp) -> BlockTerms:
         compute_bwd_s=compute_bwd,
         tp_fwd_s=tp_fwd_exposed + tp_fwd_stolen,
         tp_bwd_s=tp_bwd_exposed + tp_bwd_stolen,
+        cp_fwd_s=cp_fwd,
+        cp_bwd_s=cp_bwd,
         block_fwd_s=block_fwd,
         block_bwd_s=block_bwd,
         recompute_s=recompute,
@@ -196,8 +219,9 @@ def block_terms(c: Context, m, xp) -> BlockTerms:
 
 
 def output_layer_s(c: Context, m, xp):
-    """Forward time of the logits GEMM and cross-entropy on the last stage, one microbatch."""
-    tokens = m.microbatch * c.seq
+    """Forward time of the logits GEMM and cross-entropy on the last stage, one microbatch
+    (this GPU's b·s/cp tokens)."""
+    tokens = m.microbatch * c.seq / m.cp
     vocab_cols = c.vocab / m.tp
     num_bytes = c.elem_bytes * (tokens * c.hidden + c.hidden * vocab_cols + tokens * vocab_cols)
     return gemm_s(c, xp, tokens, vocab_cols, c.hidden, num_bytes) + eltwise_s(c, xp, tokens * vocab_cols, CROSS_ENTROPY_FLOPS_PER_ELEM,
@@ -264,9 +288,16 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     zero_opt = xp.logical_not(m.zero_0)                   # optimizer state sharded (stage >= 1)
     zero_grads = m.zero_2 | m.zero_3                      # gradients sharded (stage >= 2)
     zero_weights = m.zero_3                               # weights sharded (stage 3)
-    reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, dp, grad_bytes, m.dp_net)
-    gather_weights = collective_s(c, xp, Collective.all_gather, dp, e * stage_params, m.dp_net)
-    dp_all_reduce = collective_s(c, xp, Collective.all_reduce, dp, grad_bytes, m.dp_net)
+    # With context parallelism the cp GPUs of a replica hold the same weights and each has
+    # gradients from its share of the sequence: gradients are reduced, and ZeRO shards, over
+    # dp·cp GPUs (Megatron-LM's data-parallel group with context parallelism,
+    # parallel_state.get_data_parallel_group(with_context_parallel=True)). That group leaves
+    # the replica (and travels on dp's network) when dp > 1, else it is the cp group itself.
+    grad_group = dp * m.cp
+    grad_net = xp.where(dp > 1, m.dp_net, m.cp_net)
+    reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, grad_group, grad_bytes, grad_net)
+    gather_weights = collective_s(c, xp, Collective.all_gather, grad_group, e * stage_params, grad_net)
+    dp_all_reduce = collective_s(c, xp, Collective.all_reduce, grad_group, grad_bytes, grad_net)
     scatters = xp.where(zero_grads, microbatches, 1.0)
     gathers = xp.where(zero_weights, 2 * microbatches, 1.0)
     dp_comm = xp.where(zero_opt, scatters * reduce_scatter + gathers * gather_weights, dp_all_reduce)
@@ -276,12 +307,12 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     dp_window = xp.where(zero_grads, microbatches * blocks_per_stage * (block_fwd + block_bwd + recompute),
                          (blocks_per_stage - 1) * (block_bwd + recompute))
     dp_exposed, dp_stolen = overlapped(dp_comm, dp_window, xp.where(m.dp_overlap, 1.0, 0.0),
-                                       xp.pick(c.net_usage, m.dp_net), xp)
+                                       xp.pick(c.net_usage, grad_net), xp)
 
     # ---- optimizer step over this GPU's share of the stage's parameters ----
-    opt_shards = xp.where(zero_opt, dp, 1.0)
-    grad_shards = xp.where(zero_grads, dp, 1.0)
-    weight_shards = xp.where(zero_weights, dp, 1.0)
+    opt_shards = xp.where(zero_opt, grad_group, 1.0)
+    grad_shards = xp.where(zero_grads, grad_group, 1.0)
+    weight_shards = xp.where(zero_weights, grad_group, 1.0)
     opt_params = stage_params / opt_shards
     g = c.grad_bytes_per_param
     # reads gradient and state, writes state and the new weights
@@ -313,7 +344,7 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     embedding = c.embedding_params / t * state_per_param
     # The output layer (output_matrix above) and the final norm, replicated on every tp rank.
     output_layer = (output_matrix / t + c.final_norm_params) * state_per_param
-    tokens = b * c.seq
+    tokens = b * c.seq / m.cp
     logits = (tokens * c.vocab / t * (LOGIT_BYTES_KEPT + LOGIT_GRAD_BYTES)
               + e * tokens * c.hidden / xp.where(m.seq_par, t, 1.0))      # and the output GEMM's input
     inflight_blocks = blocks_in_flight(xp, blocks_per_stage, p, v, microbatches)
@@ -336,7 +367,7 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
                + xp.where(m.activations_offload, activations, 0.0))
 
     model_flops = c.model_flops_per_sample * m.batch
-    recompute_flops = c.blocks * t / b * (fw.kernel_recompute_flops + xp.where(
+    recompute_flops = c.blocks * t * m.cp / b * (fw.kernel_recompute_flops + xp.where(
         m.recompute_full, fw.matrix_flops, xp.where(m.recompute_attn_only, fw.selective_recompute_flops, 0.0)))
     peak = iteration_s * m.num_procs * c.matrix_flops_per_s
     return IterationTerms(
@@ -345,6 +376,7 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
         backward_s=microbatches * (blocks_per_stage * compute_bwd + head_bwd),
         recompute_s=microbatches * blocks_per_stage * recompute,
         tp_comm_s=microbatches * blocks_per_stage * (blk.tp_fwd_s + blk.tp_bwd_s),
+        cp_comm_s=microbatches * blocks_per_stage * (blk.cp_fwd_s + blk.cp_bwd_s),
         offload_s=microbatches * blocks_per_stage * (off_fwd_exposed + off_bwd_exposed),
         pp_comm_s=microbatches * pp_comm_micro,
         bubble_s=bubble_s,

@@ -31,7 +31,7 @@ _FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm
 def _field(dim: Dimension) -> tuple[Any, Any]:
     """The pydantic (type, Field) of one dimension's file field."""
     if dim.kind in ("split", "per_split"):
-        default = 1 if dim.name == "interleaving" else ...
+        default = 1 if dim.name in ("interleaving", "cp") else ...
         return Annotated[WholeNumber, within(dim.bound)], Field(default, gt=0, description=dim.meaning)
     if dim.kind == "network":
         return Annotated[WholeNumber, within(dim.bound)], Field(0, ge=0, description=dim.meaning)
@@ -42,12 +42,12 @@ def _field(dim: Dimension) -> tuple[Any, Any]:
 
 
 class _MappingBase(BaseModel):
-    """One execution strategy. tp·pp·dp must equal num_procs."""
+    """One execution strategy. tp·cp·pp·dp must equal num_procs."""
 
     model_config = INPUT_CONFIG
 
     num_procs: Annotated[WholeNumber, within(limits.GPUS_SEARCH)] = Field(
-        gt=0, description="GPUs used: tensor_par · pipeline_par · data_par.")
+        gt=0, description="GPUs used: tensor_par · context_par · pipeline_par · data_par.")
     datatype: Datatype = Field(Datatype.bfloat16, description="Compute datatype.")
     fused_activation: bool = Field(True, description="GeLU fused into the preceding matrix multiply.")
     fused_attention: bool = Field(
@@ -117,10 +117,11 @@ class _MappingBase(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "_MappingBase":
-        if self.tp * self.pp * self.dp != self.num_procs:
+        if self.tp * self.cp * self.pp * self.dp != self.num_procs:
+            cp = f"·context_par({self.cp})" if self.cp != 1 else ""
             raise ValueError(
-                f"tensor_par({self.tp})·pipeline_par({self.pp})·data_par({self.dp})"
-                f"={self.tp * self.pp * self.dp} ≠ num_procs({self.num_procs})")
+                f"tensor_par({self.tp}){cp}·pipeline_par({self.pp})·data_par({self.dp})"
+                f"={self.tp * self.cp * self.pp * self.dp} ≠ num_procs({self.num_procs})")
         if self.batch_size % self.dp:
             raise ValueError(f"batch_size({self.batch_size}) is not divisible by data_par({self.dp})")
         if self.local_batch % self.microbatch_size:
@@ -145,6 +146,10 @@ class _MappingBase(BaseModel):
     @property
     def tp(self) -> int:
         return self.tensor_par
+
+    @property
+    def cp(self) -> int:
+        return self.context_par
 
     @property
     def pp(self) -> int:

@@ -65,18 +65,20 @@ def mappings(draw, model: Model, system: System, gpus: int | None = None) -> Map
     tp = draw(st.sampled_from([t for t in divisors(model.kv_groups) if model.hidden % t == 0 and model.seq_size % t == 0
                                and model.feedforward % t == 0 and t <= 16]))
     pp = draw(st.sampled_from(divisors(model.num_blocks)))
+    cp = draw(st.sampled_from([c for c in (1, 1, 2, 4) if model.seq_size % (2 * c) == 0 or c == 1]))
     dp = draw(st.sampled_from([1, 2, 4])) if gpus is None else None
     if gpus is not None:
-        dp = max(1, gpus // (tp * pp))
+        dp = max(1, gpus // (tp * cp * pp))
     local_batch = draw(st.sampled_from([1, 2, 4, 8, 16]))
-    microbatch = draw(st.sampled_from([d for d in divisors(local_batch) if (d * model.seq_size) % tp == 0]))
+    microbatch = draw(st.sampled_from([d for d in divisors(local_batch) if (d * model.seq_size) % (tp * cp) == 0]))
     interleaving = draw(st.sampled_from(divisors(model.num_blocks // pp))) if pp > 1 else 1
     recompute = draw(st.sampled_from(list(Recompute)))
     offload = system.offload is not None
     nets = len(system.networks)
     return Mapping(
-        num_procs=tp * pp * dp, tensor_par=tp, pipeline_par=pp, data_par=dp,
-        tensor_par_net=draw(st.integers(0, nets - 1)), pipeline_par_net=draw(st.integers(0, nets - 1)),
+        num_procs=tp * cp * pp * dp, tensor_par=tp, context_par=cp, pipeline_par=pp, data_par=dp,
+        tensor_par_net=draw(st.integers(0, nets - 1)), context_par_net=draw(st.integers(0, nets - 1)),
+        pipeline_par_net=draw(st.integers(0, nets - 1)),
         data_par_net=draw(st.integers(0, nets - 1)), batch_size=local_batch * dp, microbatch_size=microbatch,
         datatype=draw(st.sampled_from([Datatype.float16, Datatype.float8])), fused_attention=draw(st.booleans()),
         activation_recompute=recompute, pipeline_interleaving=interleaving,

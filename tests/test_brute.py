@@ -161,7 +161,8 @@ def test_cli_brute_table(tmp_path: Path) -> None:
 
 def test_cli_brute_infeasible_exits_1(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["brute", "--model", str(small_model_file(tmp_path)), "--system", str(H100),
-                                      "--gpus", "256", "--max-batch", "2", "--workers", "1"])
+                                      "--gpus", "256", "--max-batch", "2", "--workers", "1",
+                                      "--fix", "cp=1"])
     assert result.exit_code == 1
     assert "no mapping exists" in result.output and "Traceback" not in result.output
 

@@ -61,7 +61,7 @@ def test_memory_never_grows_when_tp_or_pp_grows(data):
     model = data.draw(models())
     system = data.draw(systems(offload=False))
     base = data.draw(mappings(model, system)).model_copy(update={"data_par": 1, "pipeline_interleaving": 1})
-    base = Mapping.model_validate({**base.model_dump(), "num_procs": base.tp * base.pp,
+    base = Mapping.model_validate({**base.model_dump(), "num_procs": base.tp * base.cp * base.pp,
                                    "batch_size": base.microbatch_size * 4, "tensor_par_comm_type": "ar"})
     ev = evaluate(model, system, base)
     for field, factor in (("tensor_par", 2), ("pipeline_par", 2)):

@@ -106,10 +106,10 @@ def test_tp_above_kv_heads_would_win_but_the_certified_answer_keeps_tp_within_th
     model over the space without the rule, the fastest mapping has tp > kv_heads; the solver's
     certified optimum, equal to brute force, keeps tp | kv_heads and is slower."""
     model, system, gpus, cap, datatype = problem
-    # ZeRO stages 0/1 only: with ZeRO-3 the multi-query problem fits at tp = 1 and the rule
-    # no longer binds (a premise of this test, not of the rule)
+    # ZeRO stages 0/1 only and no context parallelism: with ZeRO-3 or cp > 1 the multi-query
+    # problem fits at tp = 1 and the rule no longer binds (a premise of this test, not of the rule)
     full = get_space("full")
-    space = dataclasses.replace(full, offered=full.offered + (("zero", (0, 1)),))
+    space = dataclasses.replace(full, offered=full.offered + (("zero", (0, 1)),), cp_max=1)
     unruled = enumerate_all(model.model_copy(update={"kv_heads": None}), system, gpus, cap, space)
     scored = evaluate_arrays(model, system, unruled, datatype)
     ok = np.flatnonzero(scored.feasible)
@@ -160,12 +160,12 @@ def test_named_constraints_measure_their_violation():
     for constraint in STRUCTURE:
         assert constraint.violation(result.best.mapping, result.best, problem) == 0, constraint.name
     broken = result.best.mapping.model_copy(update={"batch_size": result.best.mapping.batch_size // 2 or 1})
-    assert STRUCTURE[3].name == "batch cap"
-    assert STRUCTURE[3].violation(broken, result.best, problem) > 0
+    assert STRUCTURE[4].name == "batch cap"
+    assert STRUCTURE[4].violation(broken, result.best, problem) > 0
     # a flag its rule pins: the all-gather redo without sequence parallelism
     pinned = result.best.mapping.model_copy(update={"tensor_par_comm_type": "ar", "seq_par_ag_redo": True})
-    assert STRUCTURE[5].name == "flag rules"
-    assert STRUCTURE[5].violation(pinned, result.best, problem) == 1
+    assert STRUCTURE[6].name == "flag rules"
+    assert STRUCTURE[6].violation(pinned, result.best, problem) == 1
 
 
 def test_infeasible_problem_names_the_memory_constraint():

@@ -48,7 +48,7 @@ def gpt_1t(blocks: int) -> Model:
 # ---------------------------------------------------------------- the published counts
 @pytest.mark.parametrize("blocks, space, expected", [
     (256, "calculon-2023", 15_612_832), (254, "calculon-2023", 842_080),
-    (256, "full", 92_227_520), (254, "full", 4_628_096),
+    (256, "full", 1_050_058_560), (254, "full", 80_538_112),
     # Calculon's current enumeration: what `full` counted before ZeRO-2/3 and ZB-H1
     (256, "calculon-current", 23_311_328), (254, "calculon-current", 1_260_992),
 ])
@@ -75,7 +75,7 @@ def test_model_files_match_the_brief() -> None:
 
 def test_full_space_enumerates_exactly_its_count() -> None:
     p = plan(gpt_1t(254), make_system(), 4096, 3072, SPACES["full"], chunk_rows=100_000)
-    assert p.total == 4_628_096
+    assert p.total == 80_538_112
     assert max(c.rows for c in p.chunks) <= 100_000
     ordinals = [c.ordinal for c in p.chunks]
     assert ordinals == sorted(ordinals) and ordinals[0] == 0
@@ -94,6 +94,8 @@ def small_problems(draw):
     space = draw(st.sampled_from(list(SPACES.values())))
     if draw(st.booleans()):
         space = dataclasses.replace(space, tp_max=draw(st.sampled_from([1, 2, 4])))
+    if draw(st.booleans()):
+        space = dataclasses.replace(space, cp_max=draw(st.sampled_from([1, 2, 4])))
     return model, system, num_gpus, max_batch, space
 
 
@@ -110,9 +112,9 @@ def test_closed_form_equals_enumeration(problem) -> None:
     assert counted.mappings == len(arrays)
     table = columns(arrays)
     assert len(np.unique(table, axis=0)) == len(arrays), "enumeration repeats a mapping"
-    # Enumeration order is lexicographic in (tp, pp, interleaving, microbatch, flags...).
+    # Enumeration order is lexicographic in (tp, cp, pp, interleaving, microbatch, flags...).
     names = list(arrays.columns)
-    key = ["tp", "pp", "interleaving", "microbatch"] + [d.name for d in space.flags]
+    key = ["tp", "cp", "pp", "interleaving", "microbatch"] + [d.name for d in space.flags]
     ordered = table[:, [names.index(k) for k in key]]
     if len(ordered) > 1:
         assert all(tuple(a) < tuple(b) for a, b in zip(ordered[:-1], ordered[1:]))
@@ -136,11 +138,20 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
     brief's wording, the flags read from the Space declaration."""
     m = cp_model.CpModel()
     tp = m.NewIntVar(1, min(num_gpus, space.tp_max), "tp")
+    cp = m.NewIntVar(1, min(num_gpus, space.cp_max), "cp")
     pp = m.NewIntVar(1, num_gpus, "pp")
     dp = m.NewIntVar(1, num_gpus, "dp")
-    tp_pp = m.NewIntVar(1, num_gpus, "tp_pp")
-    m.AddMultiplicationEquality(tp_pp, [tp, pp])
-    m.AddMultiplicationEquality(num_gpus, [tp_pp, dp])          # tp·pp·dp = N
+    m.AddMultiplicationEquality(num_gpus, [tp, cp, pp, dp])     # tp·cp·pp·dp = N
+    cp_is_1 = m.NewBoolVar("cp_is_1")
+    m.Add(cp == 1).OnlyEnforceIf(cp_is_1)
+    m.Add(cp != 1).OnlyEnforceIf(cp_is_1.Not())
+    two_cp = m.NewIntVar(2, 2 * num_gpus, "two_cp")
+    m.Add(two_cp == 2 * cp)
+    seq_mod = m.NewIntVar(0, 2 * num_gpus, "seq_mod_2cp")
+    m.AddModuloEquality(seq_mod, model.seq_size, two_cp)
+    m.Add(seq_mod == 0).OnlyEnforceIf(cp_is_1.Not())            # 2·cp divides seq when cp > 1
+    dp_cp = m.NewIntVar(1, num_gpus, "dp_cp")
+    m.AddMultiplicationEquality(dp_cp, [dp, cp])
     for size in (model.hidden, model.attn_heads, model.feedforward):
         m.AddModuloEquality(0, size, tp)                          # tp divides hidden, heads, feedforward
     m.AddModuloEquality(0, model.num_blocks, pp)                  # pp divides blocks
@@ -163,8 +174,10 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
     m.AddModuloEquality(0, local, microbatch)                     # microbatch divides the local batch
     tokens = m.NewIntVar(1, max_batch * model.seq_size, "tokens")
     m.Add(tokens == microbatch * model.seq_size)
-    m.AddModuloEquality(0, tokens, tp)                            # microbatch·seq divisible by tp
-    subjects = {"tp": tp, "pp": pp, "dp": dp, "offload": int(system.offload is not None)}
+    tp_cp = m.NewIntVar(1, num_gpus, "tp_cp")
+    m.AddMultiplicationEquality(tp_cp, [tp, cp])
+    m.AddModuloEquality(0, tokens, tp_cp)                         # microbatch·seq divisible by tp·cp
+    subjects = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "dp_cp": dp_cp, "offload": int(system.offload is not None)}
     for dim in space.flags:
         domain = dim.domain(len(system.networks))
         var = m.NewIntVarFromDomain(cp_model.Domain.FromValues(list(domain)), dim.name)
@@ -267,7 +280,7 @@ def test_cli_spaces_lists_every_dimension() -> None:
     assert set(described) == set(SPACES)
     for space in described.values():
         names = [d["name"] for d in space["dimensions"]]
-        assert names[:6] == ["tp", "pp", "dp", "batch", "interleaving", "microbatch"]
+        assert names[:7] == ["tp", "cp", "pp", "dp", "batch", "interleaving", "microbatch"]
         assert {"recompute", "tp_overlap", "seq_par_ag_redo", "dp_net"} <= set(names)
     overlap = {n: next(d for d in s["dimensions"] if d["name"] == "tp_overlap")["domain"] for n, s in described.items()}
     assert overlap == {"full": "none | ring | pipe", "calculon-current": "none | ring | pipe",

@@ -53,7 +53,7 @@ from costmodel.system import Datatype, System
 from costmodel.units import GiB
 from solver.search.codesign_grid import (CAPACITY_KNOBS, ENUMERATED_KNOBS, KNOBS, MONOTONE_KNOBS, OUTER_KNOBS,
                                          Grid, System_, Target, Verdict, as_json, check_values, reaches, system_at)
-from solver.search.cpsat.surrogate import MAX_LINEAR_UNITS
+from solver.search.cpsat.surrogate import MAX_LINEAR_UNITS, floor_families
 from solver.search.cpsat.tables import Tables, block_lower_bounds
 from solver.search.explain import Explorer, Key, rank_of
 from solver.search.solve import WARM_START_BLOCKS, WARM_START_MARGIN, SolverConfig, local_batches, solve
@@ -149,12 +149,7 @@ class CapacityExplorer(Explorer):
     def _conditional_floor_cuts(self, literal, floors: dict) -> None:
         """Bounds.add_floor_cuts for one capacity, each inequality enforced by its literal."""
         m, v, q = self.m, self.v, self.bounds.quantization
-        by_split: dict = {}
-        by_tp_mb: dict = {}
-        for (t, p, _, mb), floor in ((k, f) for k, f in floors.items() if k not in self.scored):
-            by_split[(t, p)] = min(by_split.get((t, p), math.inf), floor)
-            by_tp_mb[(t, mb)] = min(by_tp_mb.get((t, mb), math.inf), floor)
-        for family, lits in ((by_split, v.tp_pp), (by_tp_mb, v.tp_mb)):
+        for family, lits in floor_families(floors, v, self.scored):
             weighted = []
             for key, pair in lits.items():
                 value = family.get(key, math.inf)
@@ -166,8 +161,8 @@ class CapacityExplorer(Explorer):
             m.Add(self.objective >= sum(weighted)).OnlyEnforceIf(literal)
 
     def _score(self, key: Key) -> None:
-        tp, pp, il, mb = key
-        rows, ordinals = self.plan.block(self.index[(tp, pp)], il, mb)
+        tp, cp, pp, il, mb = key
+        rows, ordinals = self.plan.block(self.index[(tp, cp, pp)], il, mb)
         ev = evaluate_arrays_in_context(self.c, rows)
         # feasible at the largest capacities; the capacities asked later filter the footprints
         self.scored[key] = (rows, np.where(ev.feasible, ev.iteration_time_s, np.inf), ordinals)

@@ -29,7 +29,7 @@ from costmodel.evaluate import Evaluation, evaluate_arrays_in_context, evaluate_
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.search.cpsat.constraints import Problem
+from solver.search.cpsat.constraints import Problem, group_span_expressions
 from solver.search.cpsat.run import checked_solve
 from solver.search.cpsat.surrogate import add_bounds
 from solver.search.solve import (SEARCHED_FLAGS, WARM_START_BLOCKS, WARM_START_MARGIN, BlockCollector, SolverConfig,
@@ -45,7 +45,7 @@ TIE_REL = 1e-9
 """Times within this relative distance of the winner's are ties (solve = brute tolerance)."""
 
 Key = tuple[int, int, int, int]
-"""A block: (tp, pp, interleaving, microbatch)."""
+"""A block: (tp, cp, pp, interleaving, microbatch)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class Explorer:
                             space.tp_overlap_codes, self.c.hbm_capacity_bytes, skeletons=self.plan.skeletons)
         self.bounds, self.objective = bounds, bounds.objective()
         self.m.Minimize(self.objective)
-        self.index = {(s.tp, s.pp): i for i, s in enumerate(self.plan.skeletons)}
+        self.index = {s.split: i for i, s in enumerate(self.plan.skeletons)}
         self.scored: dict[Key, tuple[MappingArrays, np.ndarray, np.ndarray]] = {}
         self.literals: dict[tuple[str, int], cp_model.IntVar] = {}   # one assumption literal per pin
         self.ranked = sorted((floor, key) for key, floor in bounds.block_floors.items() if math.isfinite(floor))
@@ -116,8 +116,8 @@ class Explorer:
 
     # ---- scoring blocks, once each ----
     def _score(self, key: Key) -> None:
-        tp, pp, il, mb = key
-        rows, ordinals = self.plan.block(self.index[(tp, pp)], il, mb)
+        tp, cp, pp, il, mb = key
+        rows, ordinals = self.plan.block(self.index[(tp, cp, pp)], il, mb)
         ev = evaluate_arrays_in_context(self.c, rows)
         self.scored[key] = (rows, np.where(ev.feasible, ev.iteration_time_s, np.inf), ordinals)
         self.v.exclude_block(key)
@@ -126,10 +126,10 @@ class Explorer:
         """Whether a block can hold mappings with the pinned value (skeleton pins only decide)."""
         if name is None or BY_NAME[name].is_flag:
             return True
-        tp, pp, il, mb = key
-        dp = self.problem.num_gpus // (tp * pp)
-        own = {"tp": tp, "pp": pp, "interleaving": il, "microbatch": mb, "dp": dp,
-               "batch": self.plan.skeletons[self.index[(tp, pp)]].batch}
+        tp, cp, pp, il, mb = key
+        dp = self.problem.num_gpus // (tp * cp * pp)
+        own = {"tp": tp, "cp": cp, "pp": pp, "interleaving": il, "microbatch": mb, "dp": dp,
+               "batch": self.plan.skeletons[self.index[(tp, cp, pp)]].batch}
         return own[name] == value
 
     def _floors_prove(self, target_s: float, name: str | None, value: int | None) -> bool:
@@ -185,7 +185,7 @@ class Explorer:
             for cond in dim.free_when:
                 if cond.subject in degree_gt1:
                     m.AddImplication(lit, degree_gt1[cond.subject])
-        spans = (v.tp.var, sum(t * q * pair for (t, q), pair in v.tp_pp.items()), self.problem.num_gpus)
+        spans = group_span_expressions(v, self.problem.num_gpus)
         for (fact, net), span in zip(NETWORK_GROUPS, spans, strict=True):
             if net == name:
                 size = self.problem.system.networks[value].size
@@ -251,9 +251,9 @@ class Explorer:
                 break
             if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 break
-            for tp, pp, _, mb in collector.blocks:
-                for il in self.plan.skeletons[self.index[(tp, pp)]].interleavings:
-                    key = (tp, pp, il, mb)
+            for tp, cp, pp, _, mb in collector.blocks:
+                for il in self.plan.skeletons[self.index[(tp, cp, pp)]].interleavings:
+                    key = (tp, cp, pp, il, mb)
                     if key not in self.scored and self._compatible(key, name, value):
                         score(key)
             if status == cp_model.OPTIMAL and self.bounds.seconds(solver.BestObjectiveBound()) >= incumbent[0]:

@@ -43,8 +43,9 @@ from solver.space.enumerate import plan
 from solver.space.declaration import Space, get_space
 
 
-WARM_START_BLOCKS = 256
-"""At most this many blocks are scored before the first CP-SAT round, best surrogate bound first."""
+WARM_START_BLOCKS = 1024
+"""At most this many blocks are scored before the first CP-SAT round, best surrogate bound
+first (one block takes ~10 ms to score, a CP-SAT round on a large space seconds)."""
 WARM_START_MARGIN = 0.005
 """The warm start goes on past the K-th best by this fraction: CP-SAT's tangent-line
 objective sits up to ~0.2 % below the tables the ranking uses, so blocks just above the
@@ -91,7 +92,7 @@ class SolveResult:
     gap: float | None                 # (best - bound) / best
     seconds: float
     candidates_scored: int            # mappings the exact model scored
-    blocks_scored: int                # (tp, pp, interleaving, microbatch) blocks scored
+    blocks_scored: int                # (tp, cp, pp, interleaving, microbatch) blocks scored
     rounds: int                       # CP-SAT solves
     space_size: int                   # mappings in the space
     binding: list[str] = field(default_factory=list)
@@ -117,12 +118,12 @@ class SolveResult:
 
 
 class BlockCollector(cp_model.CpSolverSolutionCallback):
-    """Records the (tp, pp, interleaving, microbatch) block of every solution CP-SAT finds."""
+    """Records the (tp, cp, pp, interleaving, microbatch) block of every solution CP-SAT finds."""
 
     def __init__(self, variables: Variables):
         super().__init__()
         self.variables = variables
-        self.blocks: list[tuple[int, int, int, int]] = []
+        self.blocks: list[tuple[int, int, int, int, int]] = []
 
     def on_solution_callback(self) -> None:
         key, _ = self.variables.decode(self)
@@ -176,12 +177,12 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     skels = the_plan.skeletons
     problem = Problem(model, system, num_gpus, max_batch, the_space)
     if not skels:
-        return _infeasible(started, 0, [f"parallel split: no (tp, pp, dp) split of {num_gpus} GPUs meets the "
+        return _infeasible(started, 0, [f"parallel split: no (tp, cp, pp, dp) split of {num_gpus} GPUs meets the "
                                          f"divisibility rules (tp | hidden {model.hidden}, heads {model.attn_heads}, "
-                                         f"kv_heads {model.kv_groups}; "
+                                         f"kv_heads {model.kv_groups}; 2·cp | seq {model.seq_size}; "
                                          f"pp | blocks {model.num_blocks}) and the batch cap {max_batch}"])
 
-    say(f"building the CP-SAT model ({len(skels)} (tp, pp) splits)")
+    say(f"building the CP-SAT model ({len(skels)} (tp, cp, pp) splits)")
     m, v = structure_model(problem, skels, flags=SEARCHED_FLAGS)
     local_batch = local_batches(problem, v)
     bounds = add_bounds(m, v, c, num_gpus, local_batch, the_space.tp_overlap_codes, c.hbm_capacity_bytes,
@@ -189,16 +190,16 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     objective = bounds.objective()
     m.Minimize(objective)
 
-    index = {(s.tp, s.pp): i for i, s in enumerate(skels)}
+    index = {s.split: i for i, s in enumerate(skels)}
     best = _Incumbents(config.top_k)
-    scored_keys: list[tuple[int, int, int, int]] = []   # in scoring order
-    scored_set: set[tuple[int, int, int, int]] = set()
+    scored_keys: list[tuple[int, ...]] = []   # in scoring order
+    scored_set: set[tuple[int, ...]] = set()
 
-    def score(key: tuple[int, int, int, int]) -> None:
-        """Score every mapping of one (tp, pp, interleaving, microbatch) block exactly, keep
-        the best, and cut the block from the CP-SAT model."""
-        tp, pp, il, mb = key
-        rows, ordinals = the_plan.block(index[(tp, pp)], il, mb)
+    def score(key: tuple[int, ...]) -> None:
+        """Score every mapping of one (tp, cp, pp, interleaving, microbatch) block exactly,
+        keep the best, and cut the block from the CP-SAT model."""
+        tp, cp, pp, il, mb = key
+        rows, ordinals = the_plan.block(index[(tp, cp, pp)], il, mb)
         ev = evaluate_arrays_in_context(c, rows)
         ok = np.flatnonzero(ev.feasible)
         if len(ok):
@@ -219,6 +220,10 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
             score(key)
         bounds.add_floor_cuts(m, v, exclude=scored_keys)
         while True:
+            # The exact floors may already prove the top K: no unscored block can reach it.
+            if all(floor > best.target_s for floor, key in ranked if key not in scored_set):
+                certified = True
+                break
             remaining = deadline - time.perf_counter()
             if remaining <= 0:
                 break
@@ -238,10 +243,10 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
             bound_units = solver.BestObjectiveBound()
             # Score each candidate's block, and the same split and microbatch at every other
             # interleaving: neighbours that are often nearly as fast, cheap to score together.
-            for tp, pp, _, mb in collector.blocks:
-                for il in skels[index[(tp, pp)]].interleavings:
-                    if (tp, pp, il, mb) not in scored_set:
-                        score((tp, pp, il, mb))
+            for tp, cp, pp, _, mb in collector.blocks:
+                for il in skels[index[(tp, cp, pp)]].interleavings:
+                    if (tp, cp, pp, il, mb) not in scored_set:
+                        score((tp, cp, pp, il, mb))
             if status == cp_model.OPTIMAL and bounds.seconds(bound_units) >= best.target_s:
                 certified = True
                 break
@@ -252,7 +257,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     unscored = min((f for k, f in bounds.block_floors.items() if k not in scored_set), default=math.inf)
     certified = not interrupted and (certified or math.isinf(unscored) or unscored > best.target_s)
     blocks = len(scored_keys)
-    scored = sum(len(the_plan.flag_tables[index[(k[0], k[1])]]) for k in scored_keys)
+    scored = sum(len(the_plan.flag_tables[index[k[:3]]]) for k in scored_keys)
 
     top = [evaluate_in_context(c, best.rows.to_mapping(int(group[0]), datatype, kernels)) for group in best.groups]
     settings = [equivalents(best.rows, group) for group in best.groups]
@@ -301,7 +306,8 @@ def binding_constraints(problem: Problem, ev: Evaluation) -> list[str]:
         out.append(f"batch cap: global batch {mapping.batch_size} is the largest multiple of dp {mapping.dp} "
                    f"<= {problem.max_batch}")
     for name, degree, span, net in (("tp", mapping.tp, mapping.tp, mapping.tensor_par_net),
-                                    ("pp", mapping.pp, mapping.tp * mapping.pp, mapping.pipeline_par_net)):
+                                    ("cp", mapping.cp, mapping.tp * mapping.cp, mapping.context_par_net),
+                                    ("pp", mapping.pp, mapping.tp * mapping.cp * mapping.pp, mapping.pipeline_par_net)):
         size = system.networks[net].size
         if degree > 1 and span == size:
             out.append(f"network size: the {name} group spans all {size} GPUs of {system.networks[net].name}")
@@ -336,7 +342,7 @@ def diagnose(problem: Problem, skels, c: Context, time_limit_s: float = DIAGNOSE
     status = checked_solve(m, new_solver(deadline - time.perf_counter()))
     if status == cp_model.INFEASIBLE:
         sizes = ", ".join(f"{n.name} {n.size}" for n in system.networks)
-        reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts tp, tp·pp and all GPUs on "
+        reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts tp, tp·cp, tp·cp·pp and all GPUs on "
                        f"networks that span them ({sizes})")
         return reasons
     if status == cp_model.UNKNOWN or deadline <= time.perf_counter():
@@ -369,10 +375,10 @@ def diagnose(problem: Problem, skels, c: Context, time_limit_s: float = DIAGNOSE
 
 
 def local_batches(problem: Problem, v: Variables) -> dict:
-    """batch/dp of every (tp, pp) pair the variables allow (1 where no batch exists)."""
+    """batch/dp of every (tp, cp, pp) split the variables allow (1 where no batch exists)."""
     out = {}
-    for (t, p) in v.tp_pp:
-        dp = problem.num_gpus // (t * p)
+    for (t, c, p) in v.split:
+        dp = problem.num_gpus // (t * c * p)
         batch = problem.space.batch_for(dp, problem.max_batch)
-        out[(t, p)] = max(1, (batch or 1) // dp)
+        out[(t, c, p)] = max(1, (batch or 1) // dp)
     return out

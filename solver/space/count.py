@@ -1,4 +1,4 @@
-"""How many mappings a space holds, in closed form over the (tp, pp, interleaving) skeleton.
+"""How many mappings a space holds, in closed form over the (tp, cp, pp) skeletons.
 
 For one skeleton the count is
 
@@ -22,7 +22,7 @@ from functools import lru_cache
 
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.space.declaration import Skeleton, Space, facts, label_breakdown, skeletons
+from solver.space.declaration import Skeleton, Space, coarse_facts, facts, label_breakdown, skeletons
 
 
 @dataclass(frozen=True)
@@ -102,10 +102,8 @@ def count_flag_combinations(space: Space, known: tuple[tuple[str, int], ...], nu
 
 
 def _known(skeleton: Skeleton, system: System) -> tuple[tuple[str, int], ...]:
-    """Skeleton facts reduced to what conditions can tell apart (tp, pp, dp compared with 1)."""
-    f = facts(skeleton, system)
-    return tuple(sorted({"tp": min(f["tp"], 2), "pp": min(f["pp"], 2), "dp": min(f["dp"], 2),
-                         "offload": f["offload"]}.items()))
+    """Skeleton facts reduced to what conditions can tell apart (degrees compared with 1)."""
+    return coarse_facts(facts(skeleton, system))
 
 
 def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, space: Space) -> CountResult:
@@ -121,7 +119,7 @@ def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, 
         n_il, n_mb = len(sk.interleavings), len(sk.microbatches)
         here = n_il * n_mb * flags
         total += here
-        for name in ("tp", "pp", "dp", "batch"):
+        for name in ("tp", "cp", "pp", "dp", "batch"):
             breakdown[name][getattr(sk, name)] += here
         for il in sk.interleavings:
             breakdown["interleaving"][il] += n_mb * flags

@@ -4,7 +4,7 @@ read it.
 
 A mapping has two kinds of dimensions (costmodel.dimensions declares both):
 
-* the **skeleton** — tp, pp, dp and the global batch, fixed by the (tp, pp) split, and the
+* the **skeleton** — tp, cp, pp, dp and the global batch, fixed by the (tp, cp, pp) split, and the
   pipeline interleaving and microbatch, chosen given the split independently of each other
   (`skeletons` computes every valid split with its valid interleavings and microbatches,
   using each dimension's declared `fits` rule and the space's own rules below);
@@ -96,6 +96,8 @@ class Space:
     summary: str
     tp_max: int
     """Largest tensor parallelism considered (Calculon's searches stop at 256)."""
+    cp_max: int
+    """Largest context parallelism considered (1: none, as in Calculon's spaces)."""
     offered: tuple[tuple[str, tuple[int, ...]], ...]
     """Flags that offer fewer codes than they declare: (name, codes offered)."""
     batch_is_dp_above_cap: bool
@@ -129,7 +131,7 @@ class Space:
             if dim.is_flag:
                 continue
             domain, _, rule = dim.rule.partition("; ")
-            domain = domain.replace("tp_max", str(self.tp_max))
+            domain = domain.replace("tp_max", str(self.tp_max)).replace("cp_max", str(self.cp_max))
             out.append(SkeletonDimension(dim.name, domain, rule + (quirk if dim.name == "batch" else ""), dim.meaning))
         return tuple(out)
 
@@ -140,23 +142,27 @@ class Space:
         return dp if self.batch_is_dp_above_cap else None
 
 
+CP_MAX = 64
+"""`full` considers context parallelism up to 64: Llama 3 405B trained 131K-token sequences
+with cp = 16 (Dubey et al. 2024, Table 4), and Megatron-LM's long-context recipes go to 32;
+a larger ring spends more on its steps' kernel launches and transfers than it saves."""
 _CODE = BY_NAME["tp_overlap"].code_of
 _ZERO = BY_NAME["zero"].code_of
 SPACES: dict[str, Space] = {
     "full": Space(
         name="full", summary="Calculon's current enumeration: TP overlap none | ring | pipe, strict batch cap; "
-                             "ZeRO sharding stages 0-3, 1F1B or ZB-H1.",
-        tp_max=256, offered=(), batch_is_dp_above_cap=False),
+                             "plus ZeRO sharding stages 0-3, 1F1B or ZB-H1, context parallelism up to 64.",
+        tp_max=256, cp_max=CP_MAX, offered=(), batch_is_dp_above_cap=False),
     "calculon-current": Space(
         name="calculon-current", summary="Calculon's current enumeration, as `full` was before ZeRO-2/3 and ZB-H1 joined it: "
                                  "TP overlap none | ring | pipe, ZeRO stages 0/1, 1F1B, strict batch cap.",
-        tp_max=256, offered=(("zero", (_ZERO(ShardingStage.none), _ZERO(ShardingStage.optimizer))),
+        tp_max=256, cp_max=1, offered=(("zero", (_ZERO(ShardingStage.none), _ZERO(ShardingStage.optimizer))),
                              ("sched", (BY_NAME["sched"].code_of(PipelineSchedule.one_f_one_b),))),
         batch_is_dp_above_cap=False),
     "calculon-2023": Space(
         name="calculon-2023",
         summary="The space of the 2023 papers (reproduces 15,612,832 / 842,080): TP overlap on/off, batch = dp when dp > cap.",
-        tp_max=256, offered=(("tp_overlap", (_CODE(TPOverlap.none), _CODE(TPOverlap.ring))),
+        tp_max=256, cp_max=1, offered=(("tp_overlap", (_CODE(TPOverlap.none), _CODE(TPOverlap.ring))),
                              ("zero", (_ZERO(ShardingStage.none), _ZERO(ShardingStage.optimizer))),
                              ("sched", (BY_NAME["sched"].code_of(PipelineSchedule.one_f_one_b),))),
         batch_is_dp_above_cap=True),
@@ -179,10 +185,11 @@ def divisors(n: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Skeleton:
-    """One valid (tp, pp) split with its dp, global batch, and the valid interleavings and
-    microbatch sizes; every flag combination is allowed on top of it."""
+    """One valid (tp, cp, pp) split with its dp, global batch, and the valid interleavings
+    and microbatch sizes; every flag combination is allowed on top of it."""
 
     tp: int
+    cp: int
     pp: int
     dp: int
     batch: int
@@ -193,16 +200,22 @@ class Skeleton:
     def local_batch(self) -> int:
         return self.batch // self.dp
 
+    @property
+    def split(self) -> tuple[int, int, int]:
+        """(tp, cp, pp): what identifies the skeleton (dp and batch follow)."""
+        return self.tp, self.cp, self.pp
 
-_TP, _PP = BY_NAME["tp"], BY_NAME["pp"]
+
+_TP, _CP, _PP = BY_NAME["tp"], BY_NAME["cp"], BY_NAME["pp"]
 
 
 def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list[Skeleton]:
-    """Every valid (tp, pp) skeleton, in enumeration order (tp ascending, then pp ascending).
-    tp and pp obey their declared `fits` rules, tp <= the space's tp_max and pp divides N/tp;
-    every interleaving dividing blocks/pp is valid (`fits` by construction); microbatches
-    divide the local batch and, a rule of the space for every TP communication (Calculon's),
-    split microbatch·seq_size tokens evenly over tp. Skeletons with no valid microbatch or
+    """Every valid (tp, cp, pp) skeleton, in enumeration order (tp ascending, then cp, then
+    pp). tp, cp and pp obey their declared `fits` rules, tp <= the space's tp_max, cp <=
+    its cp_max and divides N/tp, pp divides N/(tp·cp); every interleaving dividing
+    blocks/pp is valid (`fits` by construction); microbatches divide the local batch and, a
+    rule of the space for every TP communication (Calculon's), split a GPU's
+    microbatch·seq_size/cp tokens evenly over tp. Skeletons with no valid microbatch or
     batch are left out."""
     if num_gpus <= 0:
         raise InputError(f"gpus: {num_gpus} must be > 0")
@@ -214,25 +227,29 @@ def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list
         # rule for query groups; multi-query attention, kv_heads = 1, allows only tp = 1).
         if tp > space.tp_max or _TP.fits(model, None, {"tp": tp}) or not space.admits("tp", tp):
             continue
-        for pp in divisors(min(num_gpus // tp, model.num_blocks)):
-            if _PP.fits(model, None, {"pp": pp}) or (num_gpus // tp) % pp or not space.admits("pp", pp):
+        for cp in divisors(min(num_gpus // tp, space.cp_max)):
+            if _CP.fits(model, None, {"cp": cp}) or (num_gpus // tp) % cp or not space.admits("cp", cp):
                 continue
-            dp = num_gpus // (tp * pp)
-            batch = space.batch_for(dp, max_batch)
-            if batch is None or not (space.admits("dp", dp) and space.admits("batch", batch)):
-                continue
-            interleavings = (1,) if pp == 1 else divisors(model.num_blocks // pp)
-            interleavings = tuple(v for v in interleavings if space.admits("interleaving", v))
-            microbatches = tuple(m for m in divisors(batch // dp)
-                                 if (m * model.seq_size) % tp == 0 and space.admits("microbatch", m))
-            if interleavings and microbatches:
-                result.append(Skeleton(tp, pp, dp, batch, interleavings, microbatches))
+            for pp in divisors(min(num_gpus // (tp * cp), model.num_blocks)):
+                if _PP.fits(model, None, {"pp": pp}) or (num_gpus // (tp * cp)) % pp or not space.admits("pp", pp):
+                    continue
+                dp = num_gpus // (tp * cp * pp)
+                batch = space.batch_for(dp, max_batch)
+                if batch is None or not (space.admits("dp", dp) and space.admits("batch", batch)):
+                    continue
+                interleavings = (1,) if pp == 1 else divisors(model.num_blocks // pp)
+                interleavings = tuple(v for v in interleavings if space.admits("interleaving", v))
+                microbatches = tuple(m for m in divisors(batch // dp)
+                                     if (m * model.seq_size) % (tp * cp) == 0 and space.admits("microbatch", m))
+                if interleavings and microbatches:
+                    result.append(Skeleton(tp, cp, pp, dp, batch, interleavings, microbatches))
     return result
 
 
 def facts(skeleton: Skeleton, system: System) -> dict[str, int]:
     """The skeleton facts conditions may test."""
-    return {"tp": skeleton.tp, "pp": skeleton.pp, "dp": skeleton.dp, "offload": int(system.offload is not None)}
+    return {"tp": skeleton.tp, "cp": skeleton.cp, "pp": skeleton.pp, "dp": skeleton.dp,
+            "dp_cp": skeleton.dp * skeleton.cp, "offload": int(system.offload is not None)}
 
 
 def iter_flag_combinations(space: Space, known: dict[str, int], num_networks: int) -> Iterator[tuple[int, ...]]:
@@ -266,18 +283,20 @@ def flag_projection(space: Space, names: tuple[str, ...], known: dict[str, int],
     return list(dict.fromkeys(tuple(combo[i] for i in index) for combo in combos))
 
 
+def coarse_facts(f: dict[str, int]) -> tuple[tuple[str, int], ...]:
+    """Skeleton facts reduced to what conditions can tell apart (each degree compared with 1)."""
+    return tuple(sorted({**{k: min(v, 2) for k, v in f.items() if k != "offload"}, "offload": f["offload"]}.items()))
+
+
 @lru_cache(maxsize=256)
-def _flag_table_cached(space: Space, tp_gt1: bool, pp_gt1: bool, dp_gt1: bool, offload: bool,
-                       num_networks: int) -> tuple[tuple[int, ...], ...]:
-    known = {"tp": 1 + tp_gt1, "pp": 1 + pp_gt1, "dp": 1 + dp_gt1, "offload": int(offload)}
-    return tuple(iter_flag_combinations(space, known, num_networks))
+def _flag_table_cached(space: Space, known: tuple[tuple[str, int], ...], num_networks: int) -> tuple[tuple[int, ...], ...]:
+    return tuple(iter_flag_combinations(space, dict(known), num_networks))
 
 
 def flag_table(space: Space, skeleton: Skeleton, system: System) -> tuple[tuple[int, ...], ...]:
-    """All valid flag combinations on a skeleton. Conditions only test tp, pp, dp against 1,
-    so at most 8 tables per (space, system) exist; they are cached."""
-    f = facts(skeleton, system)
-    return _flag_table_cached(space, f["tp"] > 1, f["pp"] > 1, f["dp"] > 1, bool(f["offload"]), len(system.networks))
+    """All valid flag combinations on a skeleton. Conditions only test tp, cp, pp, dp and
+    dp·cp against 1, so a few tables per (space, system) exist; they are cached."""
+    return _flag_table_cached(space, coarse_facts(facts(skeleton, system)), len(system.networks))
 
 
 def label_breakdown(space: Space, breakdown: dict[str, dict[int, int]]) -> dict[str, dict[str, int]]:

@@ -50,13 +50,13 @@ class ParallelSplit(Constraint):
     name = "parallel split"
 
     def describe(self, p):
-        return f"tp·pp·dp = {p.num_gpus} GPUs"
+        return f"tp·cp·pp·dp = {p.num_gpus} GPUs"
 
     def add(self, m, v, p):
-        m.AddMultiplicationEquality(p.num_gpus, [v.tp.var, v.pp.var, v.dp.var])
+        m.AddMultiplicationEquality(p.num_gpus, [v.tp.var, v.cp.var, v.pp.var, v.dp.var])
 
     def violation(self, mapping, evaluation, p):
-        return abs(mapping.tp * mapping.pp * mapping.dp - p.num_gpus)
+        return abs(mapping.tp * mapping.cp * mapping.pp * mapping.dp - p.num_gpus)
 
 
 class TensorDivisibility(Constraint):
@@ -76,6 +76,23 @@ class TensorDivisibility(Constraint):
     def violation(self, mapping, evaluation, p):
         sizes = (p.model.hidden, p.model.attn_heads, p.model.kv_groups, p.model.feedforward)
         return sum(size % mapping.tp for size in sizes) + max(0, mapping.tp - p.space.tp_max)
+
+
+class ContextDivisibility(Constraint):
+    name = "context divisibility"
+
+    def describe(self, p):
+        return f"cp <= {p.space.cp_max}; 2·cp divides seq_size ({p.model.seq_size}) when cp > 1"
+
+    def add(self, m, v, p):
+        m.Add(v.cp.var <= p.space.cp_max)
+        for cp, lit in v.cp.is_.items():
+            if cp > 1 and p.model.seq_size % (2 * cp):
+                m.AddBoolOr([lit.Not()])
+
+    def violation(self, mapping, evaluation, p):
+        cp = mapping.cp
+        return max(0, cp - p.space.cp_max) + (p.model.seq_size % (2 * cp) if cp > 1 else 0)
 
 
 class PipelineDivisibility(Constraint):
@@ -120,16 +137,16 @@ class MicrobatchDivisibility(Constraint):
     name = "microbatch divisibility"
 
     def describe(self, p):
-        return f"microbatch divides batch/dp, and microbatch·seq_size ({p.model.seq_size}) is divisible by tp"
+        return f"microbatch divides batch/dp, and microbatch·seq_size ({p.model.seq_size}) is divisible by tp·cp"
 
     def add(self, m, v, p):
         m.AddMultiplicationEquality(v.local_batch, [v.microbatch.var, v.microbatches])
         tokens_per_tp = m.NewIntVar(1, p.model.seq_size * p.max_batch, "microbatch_tokens_per_tp")
-        m.AddMultiplicationEquality(p.model.seq_size * v.microbatch.var, [v.tp.var, tokens_per_tp])
+        m.AddMultiplicationEquality(p.model.seq_size * v.microbatch.var, [v.tp.var, v.cp.var, tokens_per_tp])
 
     def violation(self, mapping, evaluation, p):
         return (mapping.local_batch % mapping.microbatch_size
-                + (mapping.microbatch_size * p.model.seq_size) % mapping.tp)
+                + (mapping.microbatch_size * p.model.seq_size) % (mapping.tp * mapping.cp))
 
 
 class Pins(Constraint):
@@ -157,7 +174,14 @@ def _fact_literal(m: cp_model.CpModel, v: Variables, p: Problem, subject: str):
     """A literal true when the skeleton fact `subject > 1` holds (or offload exists)."""
     if subject == "offload":
         return m.NewConstant(int(p.system.offload is not None))
-    dim = {"tp": v.tp, "pp": v.pp, "dp": v.dp}[subject]
+    if subject == "dp_cp":                       # dp·cp > 1: dp > 1 or cp > 1
+        either = m.NewBoolVar("dp_cp_gt1")
+        parts = [_fact_literal(m, v, p, "dp"), _fact_literal(m, v, p, "cp")]
+        m.AddBoolOr(parts).OnlyEnforceIf(either)
+        for part in parts:
+            m.AddImplication(part, either)
+        return either
+    dim = {"tp": v.tp, "cp": v.cp, "pp": v.pp, "dp": v.dp}[subject]
     return dim.is_[1].Not() if 1 in dim.is_ else m.NewConstant(1)
 
 
@@ -192,7 +216,8 @@ class FlagRules(Constraint):
     def violation(self, mapping, evaluation, p):
         """How many flags take a value their rule forbids (pinned but moved, or outside the domain)."""
         codes = MappingArrays.from_mappings([mapping])
-        values = {"tp": mapping.tp, "pp": mapping.pp, "dp": mapping.dp, "offload": int(p.system.offload is not None)}
+        values = {"tp": mapping.tp, "cp": mapping.cp, "pp": mapping.pp, "dp": mapping.dp,
+                  "dp_cp": mapping.dp * mapping.cp, "offload": int(p.system.offload is not None)}
         wrong = 0
         for dim in p.space.flags:
             value = int(getattr(codes, dim.name)[0])
@@ -203,20 +228,25 @@ class FlagRules(Constraint):
         return float(wrong)
 
 
+def group_span_expressions(v: Variables, num_gpus: int) -> tuple:
+    """The GPUs each group of costmodel.dimensions.NETWORK_GROUPS spans, as CP-SAT
+    expressions: tp; tp·cp (one literal per pair); tp·cp·pp (one per split); every GPU."""
+    return (v.tp.var, sum(t * c * lit for (t, c), lit in v.tp_cp.items()),
+            sum(t * c * q * lit for (t, c, q), lit in v.split.items()), num_gpus)
+
+
 class NetworkFit(Constraint):
-    """Groups nest tp, pp, dp: the network carrying a dimension spans at least its group
-    (tp, tp·pp, N GPUs); a must-be-filled network is spanned whole by its widest group."""
+    """Groups nest tp, cp, pp, dp: the network carrying a dimension spans at least its group
+    (tp, tp·cp, tp·cp·pp, N GPUs); a must-be-filled network is spanned whole by its widest group."""
 
     name = "network size"
 
     def describe(self, p):
         sizes = ", ".join(f"{n.name} {n.size}" for n in p.system.networks)
-        return f"tp, tp·pp and all {p.num_gpus} GPUs fit the networks carrying tp, pp, dp ({sizes})"
+        return f"tp, tp·cp, tp·cp·pp and all {p.num_gpus} GPUs fit the networks carrying tp, cp, pp, dp ({sizes})"
 
     def add(self, m, v, p):
-        # Spans of the nested groups (costmodel.dimensions.NETWORK_GROUPS): tp; tp·pp (one
-        # literal per (tp, pp) pair); every GPU.
-        span_of = (v.tp.var, sum(t * q * lit for (t, q), lit in v.tp_pp.items()), p.num_gpus)
+        span_of = group_span_expressions(v, p.num_gpus)
         spans = {net: (degree, span) for (degree, net), span in zip(NETWORK_GROUPS, span_of, strict=True)}
         if NETWORK_GROUPS[0][1] not in v.flags:
             # Network choices not modelled: relax to "some network is wide enough" (never
@@ -263,5 +293,5 @@ def _add_at_least(m: cp_model.CpModel, expr, bound: int, enforce) -> None:
         m.Add(expr >= bound).OnlyEnforceIf(enforce)
 
 
-STRUCTURE: tuple[Constraint, ...] = (ParallelSplit(), TensorDivisibility(), PipelineDivisibility(), BatchCap(),
+STRUCTURE: tuple[Constraint, ...] = (ParallelSplit(), TensorDivisibility(), ContextDivisibility(), PipelineDivisibility(), BatchCap(),
                                      MicrobatchDivisibility(), FlagRules(), Pins(), NetworkFit())

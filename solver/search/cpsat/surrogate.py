@@ -13,7 +13,7 @@ How: the exact iteration time is bounded below by a sum of products,
 communication, recompute and unhidden offload traffic; H the output layer; P2P one
 pipeline send; DP the data-parallel reduction, of which overlap hides at most all but the
 compute it steals; OPT the optimizer step), each factor an exact table of the model over
-one or two dimensions (tp × microbatch, tp × pp) minimised over the flags it does not
+a few dimensions ((tp, cp, microbatch), the (tp, cp, pp) split) minimised over the flags it does not
 read (solver.search.cpsat.tables); B has one table per combination of the flags it reads. Expanded, each product term is exp(y) with y a sum of
 logarithms — linear in the one-hot Booleans — and exp(y) is bounded below by tangent lines
 (exp is convex). Memory is the same with one product term (stored activations × blocks in
@@ -188,7 +188,7 @@ class Bounds:
     objective_terms: list
     memory_terms: list
     quantization: Quantization
-    block_floors: dict      # (tp, pp, interleaving, microbatch) -> surrogate lower bound, s
+    block_floors: dict      # (tp, cp, pp, interleaving, microbatch) -> surrogate lower bound, s
 
     def objective(self):
         return sum(self.objective_terms)
@@ -198,25 +198,16 @@ class Bounds:
 
     def add_floor_cuts(self, m: cp_model.CpModel, v: Variables, exclude=()) -> None:
         """Cuts from the block floors of the blocks not in `exclude` (those already scored and
-        cut): objective >= the smallest floor of the (tp, pp) split, and of the (tp,
-        microbatch) pair, that a solution picks; a split or pair with nothing left is
+        cut): objective >= the smallest floor of the (tp, cp, pp) split, and of the (tp, cp,
+        microbatch) triple, that a solution picks; a split or triple with nothing left is
         forbidden. Valid inequalities: they never exclude an unscored mapping.
 
         Exactly one split and one pair literal is true, so each family is one linear
         inequality, objective >= Σ floor · literal, which the LP relaxation reads at full
         strength (one implied inequality per literal would reach the LP only big-M weak)."""
         q = self.quantization
-        skip = set(exclude)
-        by_split: dict = {}
-        by_tp_mb: dict = {}
-        for key, floor in self.block_floors.items():
-            if key in skip:
-                continue
-            t, p, _, mb = key
-            by_split[(t, p)] = min(by_split.get((t, p), math.inf), floor)
-            by_tp_mb[(t, mb)] = min(by_tp_mb.get((t, mb), math.inf), floor)
         objective = self.objective()
-        for floors, lits in ((by_split, v.tp_pp), (by_tp_mb, v.tp_mb)):
+        for floors, lits in floor_families(self.block_floors, v, set(exclude)):
             weighted = []
             for key, lit in lits.items():
                 value = floors.get(key, math.inf)
@@ -242,6 +233,20 @@ class Bounds:
         return max(0.0, (objective_units - q.time_terms) * q.time_unit_s)
 
 
+def floor_families(block_floors: dict, v: Variables, skip) -> tuple:
+    """The smallest block floor of each (tp, cp, pp) split and of each (tp, cp, microbatch)
+    triple over the blocks not in `skip`, each with the literals it is keyed by."""
+    by_split: dict = {}
+    by_tc_mb: dict = {}
+    for key, floor in block_floors.items():
+        if key in skip:
+            continue
+        t, c, p, _, mb = key
+        by_split[(t, c, p)] = min(by_split.get((t, c, p), math.inf), floor)
+        by_tc_mb[(t, c, mb)] = min(by_tc_mb.get((t, c, mb), math.inf), floor)
+    return (by_split, v.split), (by_tc_mb, v.tc_mb)
+
+
 def _units(value: float, divisor: float) -> int:
     """value / divisor rounded down and capped at MAX_LINEAR_UNITS (still a lower bound)."""
     return math.floor(min(value / divisor, MAX_LINEAR_UNITS))
@@ -251,8 +256,8 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
                tp_overlaps: tuple[int, ...], hbm_capacity_bytes: float | None, enforce_hbm: bool = True,
                skeletons=None) -> Bounds:
     """Add the time objective terms and, unless `hbm_capacity_bytes` is None, the HBM lower
-    bound (constrained to the capacity when `enforce_hbm`). `local_batch[(tp, pp)]` is
-    batch/dp of that split."""
+    bound (constrained to the capacity when `enforce_hbm`). `local_batch[(tp, cp, pp)]`
+    is batch/dp of that split."""
     tables = Tables(c, v, num_gpus, tp_overlaps, len(c.net_size))
     blocks = c.blocks
     flag = v.flag
@@ -267,46 +272,47 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
     pp_minus_1 = {p: float(p - 1) for p in v.pp.is_}
     mb_values = {mb: float(mb) for mb in v.microbatch.is_}
     il_values = {il: float(il) for il in v.interleaving.is_}
-    local = {k: float(local_batch[k]) for k in v.tp_pp}
+    local = {k: float(local_batch[k]) for k in v.split}
 
-    t_ref = min(local[(t, p)] * blocks / p * min(tables.compute[(t2, mb)] / mb for (t2, mb) in tables.tm_keys if t2 == t)
-                for (t, p) in v.tp_pp)
+    t_ref = min(local[(t, c, p)] * blocks / p * min(tables.compute[(t2, c2, mb)] / mb
+                                                   for (t2, c2, mb) in tables.tm_keys if (t2, c2) == (t, c))
+                for (t, c, p) in v.split)
     unit = t_ref / UNITS_PER_REFERENCE
     ceiling = t_ref * CEILING_REFERENCES
 
     def microbatches():       # ln(batch/dp/microbatch)
-        return LogLinear().add_table(local, v.tp_pp).add_table(mb_values, v.microbatch.is_, -1)
+        return LogLinear().add_table(local, v.split).add_table(mb_values, v.microbatch.is_, -1)
 
     def bubble():             # ln((pp-1)/interleaving)
         return LogLinear().add_table(pp_minus_1, v.pp.is_).add_table(il_values, v.interleaving.is_, -1)
 
     def per_stage(table):     # ln(blocks/pp · table[tp, microbatch])
-        return LogLinear().add_const(blocks).add_table(pp_values, v.pp.is_, -1).add_table(table, v.tp_mb)
+        return LogLinear().add_const(blocks).add_table(pp_values, v.pp.is_, -1).add_table(table, v.tc_mb)
 
     comm_rs_ag = flag("tp_comm", TP_COMM_RS_AG)
     # ln(one block's time): one alternative per combination of the flags a block reads
     block_alternatives = [([flag("tp_comm", comm), flag("seq_par_ag_redo", redo),
                             flag("recompute", rc), flag("weight_offload", w), flag("activations_offload", a)],
-                           LogLinear().add_table(table, v.tp_mb))
+                           LogLinear().add_table(table, v.tc_mb))
                           for (comm, redo, rc, w, a), table in tables.block.items()]
-    block_floor = {k: min(table[k] for table in tables.block.values()) for k in v.tp_mb}
-    block_log = add_log_var(m, "log_block_s", block_alternatives, LogLinear().add_table(block_floor, v.tp_mb))
+    block_floor = {k: min(table[k] for table in tables.block.values()) for k in v.tc_mb}
+    block_log = add_log_var(m, "log_block_s", block_alternatives, LogLinear().add_table(block_floor, v.tc_mb))
     # In the bubble, a ZB-H1 block is shorter by its weight-gradient GEMMs: where the space
     # offers ZB-H1 the bubble's blocks take that (smaller) table, a lower bound either way.
     if offers_zero_bubble(v.space, v.num_networks):
         bubble_alternatives = [([flag("tp_comm", comm), flag("seq_par_ag_redo", redo), flag("recompute", rc),
                                  flag("weight_offload", w), flag("activations_offload", a)],
-                                LogLinear().add_table(table, v.tp_mb))
+                                LogLinear().add_table(table, v.tc_mb))
                                for (comm, redo, rc, w, a), table in tables.block_zb.items()]
-        bubble_floor = {k: min(table[k] for table in tables.block_zb.values()) for k in v.tp_mb}
+        bubble_floor = {k: min(table[k] for table in tables.block_zb.values()) for k in v.tc_mb}
         bubble_block_log = add_log_var(m, "log_bubble_block_s", bubble_alternatives,
-                                       LogLinear().add_table(bubble_floor, v.tp_mb))
+                                       LogLinear().add_table(bubble_floor, v.tc_mb))
     else:
         bubble_block_log = block_log
     parts = {  # name -> (LogLinear of the part, literals that switch it on; None = never)
         "blocks": (LogLinear().add_const(blocks).add_table(pp_values, v.pp.is_, -1).plus(block_log), []),
-        "output_layer": (LogLinear().add_table(tables.head, v.tp_mb), []),
-        "pp_send": (LogLinear().add_const(2.0).add_table(il_values, v.interleaving.is_).add_table(tables.p2p, v.tp_mb),
+        "output_layer": (LogLinear().add_table(tables.head, v.tc_mb), []),
+        "pp_send": (LogLinear().add_const(2.0).add_table(il_values, v.interleaving.is_).add_table(tables.p2p, v.tc_mb),
                     pp_gt1),
     }
     objective = []
@@ -326,7 +332,7 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
         top = max(_units(x, divisor) for _, t in options for x in t.values())
         z = m.NewIntVar(0, top + 1, name)
         for lits, table in options:
-            ct = m.Add(z >= sum(_units(table[k], divisor) * lit for k, lit in v.tp_pp.items()))
+            ct = m.Add(z >= sum(_units(table[k], divisor) * lit for k, lit in v.split.items()))
             if lits:
                 ct.OnlyEnforceIf(lits)
         return z
@@ -351,7 +357,7 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
         for rc in rcs:
             for cls in ACT_CLASSES:
                 table = tables.workspace[(rc, cls)]
-                m.Add(workspace >= sum(_units(table[k], mib) * lit for k, lit in v.tp_mb.items())
+                m.Add(workspace >= sum(_units(table[k], mib) * lit for k, lit in v.tc_mb.items())
                       ).OnlyEnforceIf([flag("recompute", rc), *class_lits[cls]])
         memory.append(workspace)
         # blocks in flight >= blocks/pp · min(pp, microbatches): w = min(ln n, ln pp) exactly
@@ -366,7 +372,7 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
         alternatives = []
         for rc in rcs:
             for cls in ACT_CLASSES:
-                stored = LogLinear().add_table(tables.stored[(rc, cls)], v.tp_mb)
+                stored = LogLinear().add_table(tables.stored[(rc, cls)], v.tc_mb)
                 in_hbm = (LogLinear().add_const(blocks).add_table(pp_values, v.pp.is_, -1)
                           .add_var(w, w_lo, w_hi))
                 lits = [flag("recompute", rc), *class_lits[cls]]

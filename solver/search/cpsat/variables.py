@@ -1,11 +1,12 @@
 """The CP-SAT variables of a mapping, built from the space declaration, and their decoding.
 
-Skeleton dimensions are integer variables (tp, pp, dp, batch, interleaving, microbatch)
-with one Boolean per value (`tp[8]`, `pp[16]`, ...), linked both ways; flags get one Boolean
-per code (`recompute[full]`, `tp_net[1]`). Pairs of skeleton values that objective and
-memory tables need — (tp, pp) and (tp, microbatch) — get a Boolean each that is the AND of
-the two value Booleans. The domains are the values any valid mapping can take (read off the
-space's skeletons); which combinations are valid is left to the constraints.
+Skeleton dimensions are integer variables (tp, cp, pp, dp, batch, interleaving,
+microbatch) with one Boolean per value (`tp[8]`, `pp[16]`, ...), linked both ways; flags get
+one Boolean per code (`recompute[full]`, `tp_net[1]`). Combinations of skeleton values that
+the objective and memory tables need — the (tp, cp) pair, the (tp, cp, pp) split and the
+(tp, cp, microbatch) triple — get a Boolean each that is the AND of its parts' Booleans. The
+domains are the values any valid mapping can take (read off the space's skeletons); which
+combinations are valid is left to the constraints.
 """
 
 from __future__ import annotations
@@ -38,19 +39,21 @@ def one_hot(model: cp_model.CpModel, name: str, values) -> OneHot:
     return OneHot(var, lits)
 
 
-def and_pairs(model: cp_model.CpModel, name: str, first: OneHot, second: OneHot, keep) -> dict:
-    """Booleans pair[(a, b)] = first[a] AND second[b] for the pairs `keep(a, b)` allows;
-    exactly one of them is true in every solution where (first, second) is such a pair."""
+def and_pairs(model: cp_model.CpModel, name: str, first: dict, second: dict, keep) -> dict:
+    """Booleans pair[a + b] = first[a] AND second[b] (keys as tuples: a value v counts as
+    (v,)) for the pairs `keep(a, b)` allows; exactly one of them is true in every solution,
+    so a mapping whose pair is not kept is excluded (keep every pair a valid mapping has)."""
     pairs = {}
-    for a, lit_a in first.is_.items():
-        for b, lit_b in second.is_.items():
+    for a, lit_a in first.items():
+        for b, lit_b in second.items():
             if not keep(a, b):
                 continue
-            lit = model.NewBoolVar(f"{name}[{a},{b}]")
+            key = (a if isinstance(a, tuple) else (a,)) + (b if isinstance(b, tuple) else (b,))
+            lit = model.NewBoolVar(f"{name}[{','.join(map(str, key))}]")
             model.AddImplication(lit, lit_a)
             model.AddImplication(lit, lit_b)
             model.AddBoolOr([lit_a.Not(), lit_b.Not(), lit])
-            pairs[(a, b)] = lit
+            pairs[key] = lit
     # Every valid mapping has an allowed pair: forbid the disallowed ones outright.
     model.AddExactlyOne(pairs.values())
     return pairs
@@ -65,10 +68,9 @@ class Variables:
         self.model = model
         self.space = space
         self.num_networks = num_networks
-        tps = {s.tp for s in skeletons}
-        pps = {s.pp for s in skeletons}
-        self.tp = one_hot(model, "tp", tps)
-        self.pp = one_hot(model, "pp", pps)
+        self.tp = one_hot(model, "tp", {s.tp for s in skeletons})
+        self.cp = one_hot(model, "cp", {s.cp for s in skeletons})
+        self.pp = one_hot(model, "pp", {s.pp for s in skeletons})
         self.dp = one_hot(model, "dp", {s.dp for s in skeletons})
         self.batch = model.NewIntVarFromDomain(cp_model.Domain.FromValues(sorted({s.batch for s in skeletons})), "batch")
         local_batches = {s.local_batch for s in skeletons}
@@ -77,8 +79,13 @@ class Variables:
         self.microbatches = model.NewIntVarFromDomain(
             cp_model.Domain.FromValues(sorted({d for q in local_batches for d in divisors(q)})), "microbatches")
         self.interleaving = one_hot(model, "interleaving", {v for s in skeletons for v in s.interleavings})
-        self.tp_pp = and_pairs(model, "tp_pp", self.tp, self.pp, lambda t, p: num_gpus % (t * p) == 0)
-        self.tp_mb = and_pairs(model, "tp_mb", self.tp, self.microbatch, lambda t, m: True)
+        # Only combinations some skeleton has (the others are invalid whatever the rest).
+        pairs = {(s.tp, s.cp) for s in skeletons}
+        splits = {s.split for s in skeletons}
+        pair_mbs = {(s.tp, s.cp, mb) for s in skeletons for mb in s.microbatches}
+        self.tp_cp = and_pairs(model, "tp_cp", self.tp.is_, self.cp.is_, lambda t, c: (t, c) in pairs)
+        self.split = and_pairs(model, "split", self.tp_cp, self.pp.is_, lambda tc, p: (*tc, p) in splits)
+        self.tc_mb = and_pairs(model, "tc_mb", self.tp_cp, self.microbatch.is_, lambda tc, mb: (*tc, mb) in pair_mbs)
         self.flags: dict[str, dict[int, cp_model.IntVar]] = {}
         for dim in space.flags:
             if flags is not None and dim.name not in flags:
@@ -90,10 +97,10 @@ class Variables:
     def flag(self, name: str, code: int) -> cp_model.IntVar:
         return self.flags[name][code]
 
-    def exclude_block(self, key: tuple[int, int, int, int]) -> None:
-        """Cut the (tp, pp, interleaving, microbatch) block `key` (once scored exactly)."""
-        tp, pp, il, mb = key
-        self.model.AddBoolOr([self.tp.is_[tp].Not(), self.pp.is_[pp].Not(), self.interleaving.is_[il].Not(),
+    def exclude_block(self, key: tuple[int, int, int, int, int]) -> None:
+        """Cut the (tp, cp, pp, interleaving, microbatch) block `key` (once scored exactly)."""
+        tp, cp, pp, il, mb = key
+        self.model.AddBoolOr([self.split[(tp, cp, pp)].Not(), self.interleaving.is_[il].Not(),
                               self.microbatch.is_[mb].Not()])
 
     def pin(self, name: str, value: int) -> None:
@@ -111,10 +118,10 @@ class Variables:
             return
         self.model.Add(lits[value] == 1)
 
-    def decode(self, solver: cp_model.CpSolver) -> tuple[tuple[int, int, int, int], dict[str, int]]:
-        """(tp, pp, interleaving, microbatch) and the flag codes of a solution."""
-        key = (self.tp.value_of(solver), self.pp.value_of(solver), self.interleaving.value_of(solver),
-               self.microbatch.value_of(solver))
+    def decode(self, solver: cp_model.CpSolver) -> tuple[tuple[int, int, int, int, int], dict[str, int]]:
+        """(tp, cp, pp, interleaving, microbatch) and the flag codes of a solution."""
+        key = (self.tp.value_of(solver), self.cp.value_of(solver), self.pp.value_of(solver),
+               self.interleaving.value_of(solver), self.microbatch.value_of(solver))
         flags = {name: next(c for c, lit in lits.items() if solver.BooleanValue(lit))
                  for name, lits in self.flags.items()}
         return key, flags
