@@ -39,7 +39,8 @@ class Kernels:
 
     @staticmethod
     def with_attention(attention: str, grad_datatype: str = "float32") -> "Kernels":
-        """From the name users give (`--attention`, a batch file's `attention:`)."""
+        """From the names users give (`--attention` and `--grad-datatype`, a batch file's
+        `attention:` and `grad_datatype:`)."""
         if attention not in ATTENTION_KERNELS:
             raise InputError(f"attention {attention!r} does not exist (choose from {', '.join(ATTENTION_KERNELS)})")
         return Kernels(fused_attention=attention == "fused", grad_datatype=grad_datatype)
@@ -47,3 +48,10 @@ class Kernels:
     @property
     def attention(self) -> str:
         return "fused" if self.fused_attention else "unfused"
+
+    @property
+    def label(self) -> str:
+        """How a command's header names these settings: "fused attention", or "unfused
+        attention, 16-bit gradients" (the gradient datatype only when not the default)."""
+        grads = "" if self.grad_datatype == "float32" else ", 16-bit gradients"
+        return f"{self.attention} attention{grads}"

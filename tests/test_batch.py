@@ -81,6 +81,32 @@ def test_attention_kernels_expand_and_reach_the_solver(batch_file, tmp_path):
     assert fused["best"]["iteration_time_s"] != unfused["best"]["iteration_time_s"]
 
 
+def test_grad_datatypes_expand_and_reach_the_solver(batch_file, tmp_path):
+    """A memory-tight problem (4 H100s cut to 3.5 GiB, as in test_grad_datatype.py): no
+    mapping fits with float32 main gradients, one does with 16-bit gradients."""
+    tight = {"name": "tight", "hidden": 2048, "feedforward": 8192, "seq_size": 2048, "attn_heads": 32,
+             "attn_size": 64, "num_blocks": 4}
+    problems = load_batch(batch_file(batch_doc(models=[tight], gpus=4, grad_datatype=["float32", "16bit"],
+                                               overrides={"hbm_gib": 3.5})))
+    assert [p.id for p in problems] == ["tight__h100-80g-nvl8__g4__bf16__b8__hbm3.5",
+                                        "tight__h100-80g-nvl8__g4__bf16__b8__16bit-grads__hbm3.5"]
+    run_batch(problems, tmp_path / "out", jobs=1)
+    records = {r["id"]: r for r in read_results(tmp_path / "out")}
+    fp32, half = (records[p.id] for p in problems)
+    assert fp32["problem"]["grad_datatype"] == "float32" and half["problem"]["grad_datatype"] == "16bit"
+    assert fp32["status"] == "infeasible" and fp32["best"] is None
+    assert half["status"] == "optimal" and half["best"]["mapping"]["grad_datatype"] == "16bit"
+    csv = (tmp_path / "out" / "results.csv").read_text().splitlines()
+    column = csv[0].split(",").index("grad_datatype")
+    assert sorted(line.split(",")[column] for line in csv[1:]) == ["16bit", "float32"]
+
+
+def test_grad_datatype_in_a_grid_replaces_the_top_level_one(batch_file):
+    doc = batch_doc(gpus=1, grad_datatype="16bit", overrides={"offload_gib": 0},
+                    grids=[{}, {"grad_datatype": "float32"}])
+    assert [p.grad_datatype for p in load_batch(batch_file(doc))] == ["16bit", "float32"]
+
+
 def test_no_offload_merges_its_bandwidths_and_unbounded_is_hbm_speed(batch_file):
     problems = load_batch(batch_file(batch_doc(gpus=1, overrides={"offload_gib": [0, 1024],
                                                                   "offload_gbps": ["unbounded", 100]})))
@@ -134,6 +160,8 @@ def test_paper_batches_load():
     ({"gpus": "many"}, "field 'gpus.0' 'many'"),
     ({"gpus": 2.5}, "field 'gpus.0' 2.5"),
     ({"attention": "flash"}, "field 'attention.0' 'flash': Input should be 'fused' or 'unfused'"),
+    ({"grad_datatype": "fp8"}, "field 'grad_datatype.0' 'fp8': Input should be 'float32' or '16bit'"),
+    ({"grad_datatype": ["16bit", 16]}, "field 'grad_datatype.1' 16: Input should be 'float32' or '16bit'"),
     ({"datatype": "float7"}, "field 'datatype.0' 'float7'"),
     ({"space": "huge"}, "field 'space.0' 'huge'"),
     ({"overrides": {"offload_gbps": "fast"}}, "field 'overrides.offload_gbps.0"),

@@ -111,7 +111,8 @@ OVERRIDES = st.tuples(option("--hbm-gib", st.just(120.0)), option("--offload-gib
 SPACE = st.tuples(maybe(st.sampled_from([1, 2, 4])).map(lambda g: ["--gpus", str(g)]),
                   option("--max-batch", st.sampled_from([4, 16])), option("--space", st.just("calculon-2023")),
                   option("--fix", st.sampled_from(["tp=2", "recompute=full,none", "weight_offload=on", "dp_net=1"])),
-                  option("--batch", st.sampled_from([4, 8])))
+                  option("--batch", st.sampled_from([4, 8])), option("--attention", st.just("unfused")),
+                  option("--grad-datatype", st.sampled_from(["float32", "16bit"])))
 
 
 def flat(parts) -> list[str]:
@@ -244,6 +245,7 @@ def test_fuzz_shape(memory_cap, params, options, rule_only):
     "systems": maybe(st.just(["SYSTEM"]), st.one_of(HOSTILE, systems().map(lambda s: [{**s, "name": "fuzz"}]))),
     "gpus": maybe(st.lists(st.sampled_from([1, 2, 8]), min_size=1, max_size=3)),
     "max_batch": maybe(st.just([4])),
+    "grad_datatype": maybe(st.sampled_from(["float32", "16bit"])),
     "overrides": maybe(st.fixed_dictionaries({}, optional={"hbm_gib": HOSTILE_FLOATS, "offload_gib": HOSTILE_FLOATS,
                                                             "offload_gbps": HOSTILE, "nvlink_size": HOSTILE_INTS})),
     "time_limit_s": maybe(st.just(1.0))}))

@@ -64,6 +64,19 @@ def test_kinds_follow_what_varies(sweep):
     assert available_kinds(only_gpus) == ["gpus", "summary"]
 
 
+def test_gradient_datatypes_vary_like_any_problem_setting():
+    def with_grads(record: dict, grads: str | None) -> dict:
+        problem = dict(record["problem"], **({"grad_datatype": grads} if grads else {}))
+        return {**record, "id": f"{record['id']}__{grads}", "problem": problem}
+
+    both = [with_grads(fake_record(1e12, g, 0, None), grads) for g in (4096, 8192) for grads in ("float32", "16bit")]
+    assert varying(both) == ["gpus", "grad_datatype"]
+    assert available_kinds(both) == ["gpus", "summary"]
+    # a record written before the setting existed reads as the default, float32
+    older = [with_grads(fake_record(1e12, 4096, 0, None), None), with_grads(fake_record(1e12, 8192, 0, None), "float32")]
+    assert varying(older) == ["gpus"]
+
+
 def test_every_kind_writes_png_files(sweep, tmp_path):
     paths = make_plots(sweep, tmp_path)
     names = {p.name for p in paths}

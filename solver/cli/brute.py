@@ -32,7 +32,7 @@ from solver.space.pins import describe_pins, pins_text
 def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: float | None, offload_gib: float | None,
             offload_gbps: float | None, nvlink_size: int | None, num_gpus: int, max_batch: int, batch: int | None,
             batch_tokens: int | None, space_name: str, fix: tuple[str, ...],
-            attention: str, datatype: str, top_k: int, csv_path: str | None, workers: int | None,
+            kernels: Kernels, datatype: str, top_k: int, csv_path: str | None, workers: int | None,
             as_json: bool) -> None:
     """Evaluate every mapping with the exact model and list the fastest.
 
@@ -49,7 +49,7 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
                                  seq_size=seq_size)
     space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
-    result = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), Kernels.with_attention(attention),
+    result = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), kernels,
                   top_k=top_k, workers=workers, progress=not as_json, csv_path=csv_path)
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "fixed": describe_pins(space)}, indent=2))
@@ -70,7 +70,7 @@ def print_brute(result: BruteResult, model_name: str, system_name: str, best_eva
     console = wide_console()
     rate = result.evaluated / result.seconds if result.seconds > 0 else 0.0
     console.print(f"{model_name} on {result.num_gpus:,} GPUs of {system_name}, {result.datatype}, "
-                  f"space {result.space}, {result.attention} attention: "
+                  f"space {result.space}, {result.kernels.label}: "
                   f"evaluated [bold]{result.evaluated:,}[/bold] mappings, [bold]{result.feasible:,}[/bold] feasible, "
                   f"in {result.seconds:.1f} s ({rate:,.0f} mappings/s, {result.workers} workers)")
     if result.best is None or best_evaluation is None:

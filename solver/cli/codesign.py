@@ -8,7 +8,6 @@ import click
 from rich.table import Table
 
 from costmodel.errors import InputError, MapsatError
-from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from solver.cli.options import (datatype_option, load_problem, problem_options, space_and_cap, space_options,
                                 user_errors, wide_console)
@@ -89,7 +88,7 @@ def parse_target(target_mfu: float | None, target_time: float | None, within: st
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
 @user_errors
 def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch,
-            batch, batch_tokens, space_name, fix, attention, datatype, target_mfu, target_time, within, vary,
+            batch, batch_tokens, space_name, fix, kernels, datatype, target_mfu, target_time, within, vary,
             minimize, cost_text, time_limit_s, workers, pareto_path, as_json):
     """Find the least hardware that reaches a target, with its best mapping and the proof.
 
@@ -114,9 +113,9 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     grid = Grid.build(parse_vary(vary), knobs, parse_cost(cost_text))
     space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
     result = codesign(model, system, num_gpus, grid, target, max_batch=max_batch, datatype=Datatype(datatype),
-                      space=space, kernels=Kernels.with_attention(attention),
+                      space=space, kernels=kernels,
                       config=SolverConfig(time_limit_s=time_limit_s, workers=workers), pareto=pareto_path is not None)
-    title = f"{model.name} on {num_gpus:,} x {system.name}, {datatype}"
+    title = f"{model.name} on {num_gpus:,} x {system.name}, {datatype}, {kernels.label}"
     if pareto_path is not None:
         from solver.report.codesign_plot import plot_pareto
 

@@ -32,7 +32,7 @@ from solver.space.count import CountResult, count_mappings
 def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: float | None, offload_gib: float | None,
             offload_gbps: float | None, nvlink_size: int | None, num_gpus: int, max_batch: int, batch: int | None,
             batch_tokens: int | None, space_name: str, fix: tuple[str, ...],
-            attention: str, feasible: bool, datatype: str, workers: int | None, as_json: bool) -> None:
+            kernels: Kernels, feasible: bool, datatype: str, workers: int | None, as_json: bool) -> None:
     """Count the mappings of a model onto N GPUs, in closed form (milliseconds).
 
     Prints the total and how many mappings each value of each dimension contributes (tp,
@@ -58,11 +58,11 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
     result = count_mappings(model, system, num_gpus, max_batch, space)
     if feasible:
         start = time.perf_counter()
-        scanned = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), Kernels.with_attention(attention),
+        scanned = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), kernels,
                        top_k=0, workers=workers,
                        progress=not as_json)
         result = result.with_feasible(scanned.feasible, scanned.feasible_by_dimension, Datatype(datatype),
-                                      time.perf_counter() - start)
+                                      time.perf_counter() - start, kernels)
         if scanned.interrupted:
             raise KeyboardInterrupt   # a partial feasible count is no count: user_errors exits 130
     if as_json:
@@ -78,7 +78,7 @@ def print_count(result: CountResult, model_name: str, system_name: str) -> None:
     line = (f"[bold]{result.mappings:,}[/bold] mappings of {model_name} on {result.num_gpus:,} GPUs of {system_name} "
             f"(space {result.space}, max batch {result.max_batch:,}, {result.skeletons} (tp, cp, pp) splits)")
     if result.feasible is not None:
-        line += f"; [bold]{result.feasible:,}[/bold] feasible in {result.datatype}"
+        line += f"; [bold]{result.feasible:,}[/bold] feasible in {result.datatype}, {result.kernels.label}"
     console.print(line)
     if not result.mappings:
         console.print("No mapping: no (tp, cp, pp) split satisfies the divisibility and batch rules (see `mapsat spaces`).")

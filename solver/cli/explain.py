@@ -7,7 +7,6 @@ from rich.table import Table
 
 from costmodel.dimensions import BY_NAME
 from costmodel.errors import InputError, MapsatError
-from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from solver.cli.options import (datatype_option, load_problem, problem_options,
                                 progress_line, space_and_cap, space_options, system_label, user_errors,
@@ -32,7 +31,7 @@ from solver.space.pins import pins_text
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
 @user_errors
 def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch,
-            batch, batch_tokens, space_name, fix, attention, datatype, dims, time_limit_s, workers, plot_path,
+            batch, batch_tokens, space_name, fix, kernels, datatype, dims, time_limit_s, workers, plot_path,
             as_json):
     """Explain the best mapping: the certified best time for each value of each dimension.
 
@@ -58,12 +57,12 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
             raise InputError(f"--dims: {', '.join(unknown)} is not a dimension (see `mapsat spaces`)")
     with progress_line(enabled=not as_json) as say:
         result = explain(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype), space=space,
-                         kernels=Kernels.with_attention(attention),
+                         kernels=kernels,
                          config=SolverConfig(time_limit_s=time_limit_s, workers=workers), dimensions=wanted,
                          progress=say)
     label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
     title = (f"{model.name} on {num_gpus:,} x {label}, {datatype}, space {space_name}{pins_text(space)}, "
-             f"{attention} attention")
+             f"{kernels.label}")
     if plot_path is not None and result.winner is not None:
         from solver.report.explain_plot import plot_explanation
 

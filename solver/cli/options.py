@@ -1,6 +1,7 @@
 """What every command shares: the one-line error handling (`user_errors`), the problem
 options (--model, --system and the co-design overrides), the space options (--gpus,
---max-batch, --space, --attention), --datatype, and the wide console for tables."""
+--max-batch, --space), the kernel options (--attention, --grad-datatype), --datatype, and the
+wide console for tables."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import costmodel.limits as limits
 from costmodel.advice import model_warnings, override_warnings
 from costmodel.errors import MapsatError
 from costmodel.hf import UnmodelledFieldWarning
-from costmodel.kernels import ATTENTION_KERNELS
+from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES, Kernels
 from costmodel.limits import Bound
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
@@ -233,16 +234,31 @@ def wide_console() -> Console:
     return console if console.is_terminal else Console(soft_wrap=False, width=200)
 
 
-attention_option = click.option(
-    "--attention", type=click.Choice(ATTENTION_KERNELS), default="fused", show_default=True,
-    help="Attention core: one FlashAttention kernel (fused), or four kernels passing the s×s scores "
-         "through HBM (unfused: Megatron-LM 2022, Calculon).")
+def kernel_options(func: Callable) -> Callable:
+    """--attention fused|unfused and --grad-datatype float32|16bit: the settings of the problem
+    that are not searched, handed to the command as one `kernels: Kernels`."""
+
+    @functools.wraps(func)
+    def with_kernels(*args, attention: str, grad_datatype: str, **kwargs):
+        return func(*args, kernels=Kernels.with_attention(attention, grad_datatype), **kwargs)
+
+    with_kernels = click.option(
+        "--grad-datatype", type=click.Choice(GRAD_DATATYPES), default="float32", show_default=True,
+        help="How gradients are kept: float32 main gradients (Megatron-LM) or 16bit, in the compute type "
+             "(DeepSpeed, the ZeRO paper). A setting of the problem, not searched: it changes what training "
+             "computes, not only how fast.",
+    )(with_kernels)
+    return click.option(
+        "--attention", type=click.Choice(ATTENTION_KERNELS), default="fused", show_default=True,
+        help="Attention core: one FlashAttention kernel (fused), or four kernels passing the s×s scores "
+             "through HBM (unfused: Megatron-LM 2022, Calculon).")(with_kernels)
 
 
 def space_options(func: Callable | None = None, *, counting: bool = False) -> Callable:
     """--gpus N [--max-batch B | --batch B | --batch-tokens T] [--space NAME] [--fix DIM=V,...]
-    [--attention fused|unfused]. Counting (closed form) takes any 64-bit N and B; searching
-    commands (solve, brute, explain) stop at the search bounds."""
+    [--attention fused|unfused] [--grad-datatype float32|16bit] (these two as one `kernels`).
+    Counting (closed form) takes any 64-bit N and B; searching commands (solve, brute,
+    explain) stop at the search bounds."""
     if func is None:
         return functools.partial(space_options, counting=counting)
     gpus = limits.GPUS_COUNT if counting else limits.GPUS_SEARCH
@@ -262,8 +278,8 @@ def space_options(func: Callable | None = None, *, counting: bool = False) -> Ca
         click.option("--fix", "fix", multiple=True, metavar="DIM=VALUE[,VALUE...]",
                      help="Keep only mappings whose dimension DIM takes one of these values, e.g. --fix tp=8 "
                           "--fix recompute=full,none (repeatable; dimensions: `mapsat spaces`)."),
-        attention_option,
     ]
+    func = kernel_options(func)
     for option in reversed(options):
         func = option(func)
     return func

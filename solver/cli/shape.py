@@ -9,10 +9,11 @@ import click
 from rich.table import Table
 
 from costmodel.errors import InputError
+from costmodel.kernels import Kernels
 from costmodel.load import load_system
 import costmodel.limits as limits
 from costmodel.limits import Bound
-from solver.cli.options import (BoundedFloat, BoundedInt, attention_option, datatype_option, system_override_options,
+from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, kernel_options, system_override_options,
                                 user_errors, wide_console)
 from solver.report.tables import mapping_summary
 from solver.study.shape import (ASPECT_INTERCEPT, ASPECT_POINTS, ASPECT_SLOPE, BLOCKS_STEP, SEQ_SIZE, VOCAB_SIZE,
@@ -65,7 +66,7 @@ def _positive_params(ctx, param, values: tuple[float, ...]) -> tuple[float, ...]
 @click.option("--max-batch", type=BoundedInt(limits.MAX_BATCH_COUNT), default=3072, show_default=True, help="Global batch cap.")
 @click.option("--space", "space_name", type=click.Choice(list(SPACES)), default="calculon-2023", show_default=True,
               help="Mapping space for counts and solves (calculon-2023 reproduces the paper's counts).")
-@attention_option
+@kernel_options
 @datatype_option
 @click.option("--time-limit", "time_limit_s", type=BoundedFloat(limits.TIME_LIMIT_S, low_open=0), default=60.0,
               show_default=True, help="Solver time limit per shape, seconds.")
@@ -76,7 +77,7 @@ def _positive_params(ctx, param, values: tuple[float, ...]) -> tuple[float, ...]
 def command(targets: tuple[float, ...], blocks: list[int] | None, heads: int | None, spread: int, blocks_step: int,
             rule_only: bool, seq_size: int, vocab_size: int, num_gpus: int | None, system_path: str | None,
             hbm_gib: float | None, offload_gib: float | None, offload_gbps: float | None, nvlink_size: int | None,
-            max_batch: int, space_name: str, attention: str, datatype: str, time_limit_s: float, write_dir: str | None,
+            max_batch: int, space_name: str, kernels: Kernels, datatype: str, time_limit_s: float, write_dir: str | None,
             as_json: bool) -> None:
     """List model shapes near a parameter count by the paper's rule, with mapping counts.
 
@@ -116,16 +117,17 @@ def command(targets: tuple[float, ...], blocks: list[int] | None, heads: int | N
             shapes += candidate_shapes(target, blocks=blocks, heads=heads, spread=spread, blocks_step=blocks_step,
                                        seq_size=seq_size, vocab_size=vocab_size)
     rows = assess_shapes(shapes, gpus=num_gpus, system=system, max_batch=max_batch, space=space_name,
-                         attention=attention, datatype=datatype, time_limit_s=time_limit_s)
+                         kernels=kernels, datatype=datatype, time_limit_s=time_limit_s)
     written = write_shapes(shapes, write_dir) if write_dir else []
     if as_json:
         document = {"targets": list(targets), "aspect_fit": {"intercept": ASPECT_INTERCEPT, "slope_per_decade": ASPECT_SLOPE,
                                                              "points": [p.__dict__ for p in ASPECT_POINTS]},
-                    "space": space_name, "attention": attention, "shapes": [r.to_dict() for r in rows],
+                    "space": space_name, "attention": kernels.attention, "grad_datatype": kernels.grad_datatype,
+                    "shapes": [r.to_dict() for r in rows],
                     "written": [str(p) for p in written]}
         click.echo(json.dumps(document, indent=2))
         return
-    print_shapes(rows, targets, system.name if system else None, space_name)
+    print_shapes(rows, targets, f"{system.name}, {kernels.label}" if system else None, space_name)
     for path in written:
         click.echo(f"wrote {path}")
 

@@ -8,7 +8,6 @@ import click
 
 import costmodel.limits as limits
 from costmodel.errors import MapsatError
-from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, load_problem, problem_options,
                                 progress_line, space_and_cap, space_options, system_label, user_errors,
@@ -32,7 +31,7 @@ from solver.space.pins import describe_pins, pins_text
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
 @user_errors
 def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch,
-            batch, batch_tokens, space_name, fix, attention, datatype, top_k, time_limit_s, workers, seed, as_json):
+            batch, batch_tokens, space_name, fix, kernels, datatype, top_k, time_limit_s, workers, seed, as_json):
     """Find the fastest mapping under the exact model, certified optimal by CP-SAT.
 
     Exits 1 when no mapping is feasible, naming the constraints that rule every mapping out.
@@ -51,14 +50,13 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     config = SolverConfig(time_limit_s=time_limit_s, workers=workers, seed=seed, top_k=top_k)
     with progress_line(enabled=not as_json) as say:
         result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),
-                       space=space,
-                       kernels=Kernels.with_attention(attention), config=config, progress=say)
+                       space=space, kernels=kernels, config=config, progress=say)
     if as_json:
         click.echo(dumps({**result.to_dict(), "fixed": describe_pins(space)}))
     else:
         label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
         print_result(result, f"{model.name} on {num_gpus:,} x {label}, {datatype}, space {space_name}"
-                             f"{pins_text(space)}, {attention} attention")
+                             f"{pins_text(space)}, {kernels.label}")
     if result.status == "interrupted":
         click.echo("interrupted (Ctrl-C): " + ("the best mapping found so far, not certified" if result.best
                                                 else "no feasible mapping found yet"), err=True)

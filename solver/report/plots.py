@@ -78,6 +78,8 @@ DIMENSIONS: dict[str, Dimension] = {d.name: d for d in (
     Dimension("space", "mapping space", lambda r: _problem(r).get("space"), lambda v: f"space {v}"),
     Dimension("attention", "attention kernel", lambda r: _problem(r).get("attention", "fused"),
               lambda v: f"{v} attention"),
+    Dimension("grad_datatype", "gradient datatype", lambda r: _problem(r).get("grad_datatype", "float32"),
+              lambda v: "16-bit gradients" if v == "16bit" else "float32 gradients"),
     Dimension("max_batch", "max batch", lambda r: _problem(r).get("max_batch"), lambda v: f"batch ≤ {v}"),
     Dimension("system", "system", lambda r: _system(r).get("name"), str),
     Dimension("shape", "model shape", lambda r: (_problem(r).get("model") or {}).get("name"), str),

@@ -90,6 +90,7 @@ class BruteResult:
     min_hbm_bytes: float | None = None
     best_time_breakdown_s: dict[str, float] = field(default_factory=dict)
     attention: str = "fused"
+    grad_datatype: str = "float32"
     interrupted: bool = False     # Ctrl-C: `evaluated` of the space's mappings were scored
     space_size: int = 0
 
@@ -97,11 +98,17 @@ class BruteResult:
         best = None
         if self.best is not None:
             best = {**self.best.to_dict(), "time": dict(self.best_time_breakdown_s)}
-        return {"space": self.space, "attention": self.attention, "gpus": self.num_gpus, "max_batch": self.max_batch,
+        return {"space": self.space, "attention": self.attention, "grad_datatype": self.grad_datatype,
+                "gpus": self.num_gpus, "max_batch": self.max_batch,
                 "datatype": self.datatype, "best": best, "top": [c.to_dict() for c in self.top],
                 "evaluated": self.evaluated, "feasible": self.feasible, "feasible_by_dimension": self.feasible_by_dimension,
                 "blocked": self.blocked, "min_hbm_bytes": self.min_hbm_bytes, "workers": self.workers,
                 "seconds": self.seconds, "interrupted": self.interrupted, "space_size": self.space_size}
+
+    @property
+    def kernels(self) -> Kernels:
+        """The problem's settings the scan ran under."""
+        return Kernels.with_attention(self.attention, self.grad_datatype)
 
     def infeasible_reason(self, hbm_capacity_bytes: float) -> str:
         """One line: why nothing is feasible, naming the checks that rule mappings out."""
@@ -261,7 +268,8 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
         seconds=time.perf_counter() - start, workers=workers,
         feasible_by_dimension=label_breakdown(space, breakdown) if feasible else {},
         blocked={k: v for k, v in blocked.items() if v}, min_hbm_bytes=min_hbm if evaluated else None,
-        best_time_breakdown_s=breakdown_times, attention=kernels.attention, interrupted=interrupted,
+        best_time_breakdown_s=breakdown_times, attention=kernels.attention,
+        grad_datatype=kernels.grad_datatype, interrupted=interrupted,
         space_size=the_plan.total)
 
 

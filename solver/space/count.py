@@ -20,6 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
+from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from solver.space.declaration import Skeleton, Space, coarse_facts, facts, label_breakdown, skeletons
@@ -31,8 +32,9 @@ class CountResult:
 
     `by_dimension[d][v]` is how many mappings have value `v` in dimension `d` (values as
     strings: numbers for the skeleton and networks, choice names for the other flags); each
-    dimension's counts sum to `mappings`. `feasible` and `feasible_by_dimension` are set
-    only when feasibility was counted."""
+    dimension's counts sum to `mappings`. `feasible`, `feasible_by_dimension` and the
+    settings they were scored under (`datatype`, `kernels`) are set only when feasibility was
+    counted."""
 
     space: str
     num_gpus: int
@@ -44,19 +46,23 @@ class CountResult:
     feasible: int | None = None
     feasible_by_dimension: dict[str, dict[str, int]] | None = None
     datatype: str | None = None
+    kernels: Kernels | None = None
     notes: list[str] = field(default_factory=list)
 
     def with_feasible(self, feasible: int, feasible_by_dimension: dict[str, dict[str, int]], datatype: Datatype,
-                      seconds: float) -> "CountResult":
-        """This count with the feasible ones (from an exhaustive scan) added, `seconds` more."""
+                      seconds: float, kernels: Kernels = Kernels()) -> "CountResult":
+        """This count with the feasible ones (from an exhaustive scan under `datatype` and
+        `kernels`) added, `seconds` more."""
         return replace(self, feasible=feasible, feasible_by_dimension=feasible_by_dimension,
-                       datatype=datatype.value, seconds=self.seconds + seconds)
+                       datatype=datatype.value, kernels=kernels, seconds=self.seconds + seconds)
 
     def to_dict(self) -> dict:
         out = {"space": self.space, "gpus": self.num_gpus, "max_batch": self.max_batch,
                "mappings": self.mappings, "skeletons": self.skeletons, "by_dimension": self.by_dimension}
         if self.feasible is not None:
-            out.update(feasible=self.feasible, datatype=self.datatype, feasible_by_dimension=self.feasible_by_dimension)
+            kernels = self.kernels or Kernels()
+            out.update(feasible=self.feasible, datatype=self.datatype, attention=kernels.attention,
+                       grad_datatype=kernels.grad_datatype, feasible_by_dimension=self.feasible_by_dimension)
         out["seconds"] = self.seconds
         return out
 

@@ -19,7 +19,7 @@ from costmodel.load import describe_validation_error, load_model, load_system, p
 import costmodel.limits as limits
 from costmodel.model import Model, within
 from costmodel.system import Datatype, System
-from costmodel.kernels import ATTENTION_KERNELS
+from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES
 from solver.space.declaration import SPACES
 from solver.space.pins import parse_pins
 
@@ -86,6 +86,9 @@ class GridSpec(BaseModel):
     space: Grid(Literal[tuple(SPACES)]) | None = Field(None, description=f"Mapping spaces (default {DEFAULT_SPACE}).")
     attention: Grid(Literal[ATTENTION_KERNELS]) | None = Field(
         None, description="Attention kernels: fused (FlashAttention, the default) or unfused.")
+    grad_datatype: Grid(Literal[GRAD_DATATYPES]) | None = Field(
+        None, description="Gradient datatypes: float32 main gradients (Megatron-LM, the default) or 16bit "
+                          "(DeepSpeed, the ZeRO paper).")
     overrides: Overrides | None = Field(None, description="System overrides, each a value or a list.")
     time_limit_s: Annotated[float, within(limits.TIME_LIMIT_S)] | None = Field(None, gt=0, description=f"Solver time limit per problem, s "
                                                                 f"(default {DEFAULT_TIME_LIMIT_S:g}).")
@@ -118,6 +121,7 @@ class Problem:
     offload_unbounded: bool = False  # offload bandwidth = HBM's, standing for "unbounded"
     attention: str = "fused"         # the attention kernel (costmodel.kernels.ATTENTION_KERNELS)
     fix: tuple[str, ...] = ()        # pins as --fix takes them ("tp=8"); a fixed batch is "batch=B"
+    grad_datatype: str = "float32"   # how gradients are kept (costmodel.kernels.GRAD_DATATYPES)
 
     def to_dict(self) -> dict:
         """The `problem` field of a result record: everything needed to read the result."""
@@ -132,6 +136,7 @@ class Problem:
                        "nvlink_size": self.system.networks[0].size},
             "overrides": dict(self.overrides), "gpus": self.gpus, "max_batch": self.max_batch,
             "datatype": self.datatype.value, "space": self.space, "attention": self.attention,
+            "grad_datatype": self.grad_datatype,
             "time_limit_s": self.time_limit_s, "fix": list(self.fix),
         }
 
@@ -183,7 +188,8 @@ def load_batch(path: str | Path, *, time_limit_s: float | None = None) -> list[P
 def grid_size(grid: dict) -> tuple[int, str]:
     """How many problems a grid expands to (before duplicates merge), and the product spelled out."""
     axes = {name: len(grid.get(name, [None])) for name in ("models", "seq_size", "systems", "gpus", "max_batch",
-                                                            "batch", "datatype", "space", "attention")}
+                                                            "batch", "datatype", "space", "attention",
+                                                            "grad_datatype")}
     axes.update({name: len(values) for name, values in grid.get("overrides", {}).items()})
     total = 1
     for n in axes.values():
@@ -232,9 +238,11 @@ def _slug(text: str) -> str:
 
 
 def problem_id(model: Model, system_name: str, gpus: int, datatype: Datatype, max_batch: int, space: str,
-               overrides: dict[str, Any], attention: str = "fused", fix: tuple[str, ...] = ()) -> str:
+               overrides: dict[str, Any], attention: str = "fused", fix: tuple[str, ...] = (),
+               grad_datatype: str = "float32") -> str:
     """A readable id, e.g. gpt-1t-256b__h100-80g-nvl8__g4096__fp8__off1024g100; the max
-    batch, space and attention kernel appear only when they differ from the defaults."""
+    batch, space, attention kernel and gradient datatype appear only when they differ from
+    the defaults."""
     system_tag = _slug(system_name)
     if "runtime_reserve_gib" in overrides:       # a property of the system: tagged on its name
         system_tag += f"-rr{_number(overrides['runtime_reserve_gib'])}"
@@ -245,6 +253,8 @@ def problem_id(model: Model, system_name: str, gpus: int, datatype: Datatype, ma
         parts.append(_slug(space))
     if attention != "fused":
         parts.append(f"{attention}-attn")
+    if grad_datatype != "float32":
+        parts.append(f"{grad_datatype}-grads")
     if fix:
         parts.append("fix-" + "-".join(_slug(pin.replace("=", "").replace(",", "+")) for pin in fix))
     if "hbm_gib" in overrides:
@@ -272,8 +282,10 @@ def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None)
     combos = itertools.product(grid["models"], grid.get("seq_size", [None]), grid["systems"], grid["gpus"],
                                grid.get("batch", grid.get("max_batch", [DEFAULT_MAX_BATCH])),
                                grid.get("datatype", [Datatype.bfloat16]), grid.get("space", [DEFAULT_SPACE]),
-                               grid.get("attention", ["fused"]), *(overrides[k] for k in knob_names))
-    for model_ref, seq_size, system_ref, gpus, max_batch, datatype, space, attention, *knob_values in combos:
+                               grid.get("attention", ["fused"]), grid.get("grad_datatype", ["float32"]),
+                               *(overrides[k] for k in knob_names))
+    for (model_ref, seq_size, system_ref, gpus, max_batch, datatype, space, attention, grad_datatype,
+         *knob_values) in combos:
         pins = (*fix, f"batch={max_batch}") if fixed_batch else fix
         model, _ = loader.get("models", model_ref, where, seq_size)
         if seq_size is not None and len(grid["seq_size"]) > 1:
@@ -285,13 +297,13 @@ def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None)
         datatype = Datatype(datatype)
         # the runtime reserve tags the id only when the grid varies it (one value is a setting)
         tagged = {k: v for k, v in given.items() if k != "runtime_reserve_gib" or len(overrides[k]) > 1}
-        pid = problem_id(model, base.name, gpus, datatype, max_batch, space, tagged, attention, pins)
+        pid = problem_id(model, base.name, gpus, datatype, max_batch, space, tagged, attention, pins, grad_datatype)
         system = _apply(base, given, f"{where}: {pid}")
         system.compute_for(datatype)
         unbounded = system.offload is not None and (given.get("offload_gbps") == UNBOUNDED or (
             base.offload is None and "offload_gbps" not in given))
         out.append(Problem(pid, model, system, base.name, source, given, gpus, max_batch, datatype, space, limit,
-                           unbounded, attention, pins))
+                           unbounded, attention, pins, grad_datatype))
     return out
 
 

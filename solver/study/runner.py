@@ -36,7 +36,8 @@ def solve_payload(payload: dict, progress=None) -> dict:
         result = solve(model, system, problem["gpus"], max_batch=problem["max_batch"],
                        datatype=Datatype(problem["datatype"]),
                        space=pinned(get_space(problem["space"]), parse_pins(problem.get("fix", []))),
-                       kernels=Kernels.with_attention(problem.get("attention", "fused")), config=config,
+                       kernels=Kernels.with_attention(problem.get("attention", "fused"),
+                                                      problem.get("grad_datatype", "float32")), config=config,
                        progress=progress)
         solved = result.to_dict()
         record.update(solved)

@@ -277,7 +277,7 @@ class ShapeAssessment:
 
 
 def assess_shapes(shapes: list[Shape], *, gpus: int | None, system: System | None, max_batch: int = 3072,
-                  space: str = "calculon-2023", attention: str = "fused", datatype: str = "bfloat16",
+                  space: str = "calculon-2023", kernels: Kernels = Kernels(), datatype: str = "bfloat16",
                   time_limit_s: float = 60.0, solver_workers: int = 2) -> list[ShapeAssessment]:
     """Count each shape's mappings on `gpus` GPUs (closed form) and, with a system, solve it."""
     from costmodel.system import Datatype
@@ -285,7 +285,6 @@ def assess_shapes(shapes: list[Shape], *, gpus: int | None, system: System | Non
     from solver.space.declaration import get_space
 
     the_space = get_space(space)
-    kernels = Kernels.with_attention(attention)
     out = []
     for shape in shapes:
         mappings = solved = None

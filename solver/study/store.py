@@ -214,7 +214,8 @@ RECORD_NUMBER_MAX = 2.0**53
 _NUMBER, _WHOLE, _SIZE, _TEXT, _FLAG = "positive number", "positive whole number", "number >= 0", "text", "true/false"
 _RECORD_FIELDS = {   # what plots and tables read from a record, and the kind each must be
     ("problem", "gpus"): _WHOLE, ("problem", "max_batch"): _WHOLE, ("problem", "datatype"): _TEXT,
-    ("problem", "space"): _TEXT, ("problem", "attention"): _TEXT, ("problem", "model", "params"): _NUMBER,
+    ("problem", "space"): _TEXT, ("problem", "attention"): _TEXT, ("problem", "grad_datatype"): _TEXT,
+    ("problem", "model", "params"): _NUMBER,
     ("problem", "model", "name"): _TEXT, ("problem", "system", "name"): _TEXT,
     ("problem", "system", "hbm_gib"): _NUMBER, ("problem", "system", "offload_gib"): _SIZE,
     ("problem", "system", "offload_gbps"): _NUMBER, ("problem", "system", "offload_unbounded"): _FLAG,
@@ -285,8 +286,8 @@ def read_results(directory: str | Path, dropped: list[int] | None = None) -> lis
 # ---------------------------------------------------------------------- the CSV table
 CSV_COLUMNS = [
     "id", "status", "model", "params", "num_blocks", "hidden", "attn_heads", "seq_size",
-    "system", "gpus", "datatype", "space", "attention", "max_batch", "hbm_gib", "offload_gib", "offload_gbps",
-    "nvlink_size",
+    "system", "gpus", "datatype", "space", "attention", "grad_datatype", "max_batch", "hbm_gib", "offload_gib",
+    "offload_gbps", "nvlink_size",
     "mappings", "iteration_time_s", "mfu", "hfu", *(dim.name for dim in DIMENSIONS),
     "hbm_used_gib", "offload_used_gib", "certified_optimal", "gap", "seconds", "error",
 ]
@@ -306,6 +307,7 @@ def csv_row(record: dict) -> dict:
         "hidden": model.get("hidden"), "attn_heads": model.get("attn_heads"), "seq_size": model.get("seq_size"),
         "system": system.get("name"), "gpus": problem.get("gpus"), "datatype": problem.get("datatype"),
         "space": problem.get("space"), "attention": problem.get("attention", "fused"),
+        "grad_datatype": problem.get("grad_datatype", "float32"),
         "max_batch": problem.get("max_batch"),
         "hbm_gib": system.get("hbm_gib"), "offload_gib": system.get("offload_gib"),
         "offload_gbps": system.get("offload_gbps"), "nvlink_size": system.get("nvlink_size"),
