@@ -138,8 +138,8 @@ class Model(BaseModel):
     experts_per_token: Annotated[WholeNumber, within(limits.EXPERTS_PER_TOKEN)] = Field(
         0, ge=0, description="Experts each token is routed to (top-k), k: 1 <= k <= E; 0 for a dense model.")
     expert_feedforward: Annotated[WholeNumber, within(limits.EXPERT_FEEDFORWARD)] = Field(
-        0, ge=0, description="Intermediate width of one routed expert's MLP, f_e (Hugging Face's moe_intermediate_size; "
-                             "Mixtral's intermediate_size); 0 for a dense model.")
+        0, ge=0, description="Intermediate width of one routed expert's MLP, f_e (Hugging Face's "
+                             "moe_intermediate_size; Mixtral's intermediate_size); 0 for a dense model.")
     shared_experts: Annotated[WholeNumber, within(limits.SHARED_EXPERTS)] = Field(
         0, ge=0, description="Always-active experts in each MoE block, each an MLP of shared_expert_feedforward on "
                              "every token (DeepSeek's n_shared_experts; Qwen2-MoE has one).")
@@ -171,8 +171,8 @@ class Model(BaseModel):
                 raise ValueError(f"{', '.join(given)} given with num_experts(0), a dense model: give num_experts too")
             return self
         if not 1 <= self.experts_per_token <= self.num_experts:
-            raise ValueError(f"experts_per_token({self.experts_per_token}) must be 1 to num_experts({self.num_experts}): "
-                             f"each token goes to k of the E experts")
+            raise ValueError(f"experts_per_token({self.experts_per_token}) must be 1 to "
+                             f"num_experts({self.num_experts}): each token goes to k of the E experts")
         if self.expert_feedforward == 0:
             raise ValueError(f"expert_feedforward(0) with num_experts({self.num_experts}): give each expert's "
                              f"intermediate width")
@@ -182,7 +182,8 @@ class Model(BaseModel):
         if self.shared_expert_gate and self.shared_experts == 0:
             raise ValueError("shared_expert_gate(True) with shared_experts(0): there is no shared expert to gate")
         if self.moe_every > self.num_blocks:
-            raise ValueError(f"moe_every({self.moe_every}) > num_blocks({self.num_blocks}): no block would have experts")
+            raise ValueError(f"moe_every({self.moe_every}) > num_blocks({self.num_blocks}): no block would have "
+                             f"experts")
         return self
 
     # ---- derived shape ----
@@ -358,10 +359,10 @@ class Model(BaseModel):
 class ModelFlops:
     """Model FLOP per token, the convention of Megatron-LM (Narayanan et al. 2021, eq. 3) and
     NeMo's benchmark tables: 3 passes (forward, activation gradient, weight gradient) × 2 FLOP
-    per multiply-add over every matrix a token uses — the blocks' weights (in a mixture-of-experts
-    block the router, the shared experts and k of the E routed experts: MFU is stated on active
-    parameters) and the output layer (6 × those parameters per token) — plus the attention scores Q·Kᵀ and context ·V (2·s·a·d each per
-    token, forward). Causal masking does NOT halve the attention terms here: the published
+    per multiply-add over every matrix a token uses — the blocks' weights (in a
+    mixture-of-experts block the router, the shared experts and k of the E routed experts: MFU
+    is stated on active parameters) and the output layer (6 × those parameters per token) —
+    plus the attention scores Q·Kᵀ and context ·V (2·s·a·d each per token, forward). Causal masking does NOT halve the attention terms here: the published
     MFU figures count the full s×s product, so these numbers compare with theirs (a causal
     kernel skips about half of that work: the attention terms × 1/2 is the useful FLOP).
     Element-wise work (norms, softmax, activations, the loss) is not counted."""

@@ -155,8 +155,8 @@ def test_scalar_and_array_backends_agree(system):
     tp = rng.choice([1.0, 2.0, 4.0, 8.0], n)
     ep = rng.choice([1.0, 2.0, 4.0, 6.0, 12.0, 60.0], n)                   # divisors of 60 experts
     ep_net, tp_net = rng.integers(0, 2, n), rng.integers(0, 2, n)
-    arrays = [moe_layer_forward(c, ArrayOps, tokens, tp, ep), moe_communication(c, ArrayOps, tokens, tp, ep, ep_net, tp_net),
-              moe_memory(c, ArrayOps, tokens, tp, ep)]
+    arrays = [moe_layer_forward(c, ArrayOps, tokens, tp, ep),
+              moe_communication(c, ArrayOps, tokens, tp, ep, ep_net, tp_net), moe_memory(c, ArrayOps, tokens, tp, ep)]
     for i in range(n):
         args = (float(tokens[i]), float(tp[i]), float(ep[i]))
         scalars = [moe_layer_forward(c, ScalarOps, *args), moe_communication(c, ScalarOps, *args, int(ep_net[i]),

@@ -136,8 +136,8 @@ def load_grouped_gemm(path: Path, dtype: str) -> GroupedGemmData:
     chosen = [p for p in _points(path, GroupedGemmPoint) if p.dtype == dtype]
     if not chosen:
         raise InputError(f"{path}: no {dtype} grouped GEMMs")
-    return GroupedGemmData(*(np.array([getattr(p, f) for p in chosen], dtype=float) for f in ("experts", "M", "N", "K")),
-                           np.array([p.ms for p in chosen]) * 1e-3,
+    columns = (np.array([getattr(p, f) for p in chosen], dtype=float) for f in ("experts", "M", "N", "K"))
+    return GroupedGemmData(*columns, np.array([p.ms for p in chosen]) * 1e-3,
                            tuple((p.experts, p.hidden, p.expert_ffn) for p in chosen))
 
 
