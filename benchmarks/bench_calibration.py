@@ -7,6 +7,7 @@ measurements in problems/measurements/), runs the fit `mapsat calibrate` runs an
 per family, the |relative error| of modelled time where fitted and on the held-out points:
 
     GEMM (bf16, fp8)    fitted on `kind: grid` shapes, tested on `kind: block` shapes
+    grouped GEMM (bf16) fitted on three MoE expert shapes, tested on two others (H100 only)
     fused attention     fitted on sequence 2048 and 8192, tested on 4096 (forward + backward)
     HBM-bound layers    fitted on 1, 16, 256 MiB, tested on 4, 64, 1024 MiB, and on fused Adam
     whole layers        the block GEMMs' forward + backward against block.py's 3 × forward rule
@@ -14,7 +15,8 @@ per family, the |relative error| of modelled time where fitted and on the held-o
 Issue 12's bound for GEMMs: held-out median <= 10 %, 90th percentile <= 25 % per GPU and
 datatype (asserted loosely in tests/test_calibration.py). Also prints, for reference, the
 held-out error of the paper-era step curves (h100-80g-nvl8-paper2023.yaml) on the same
-H100 `block` GEMMs.
+H100 `block` GEMMs, and that of the dense bf16 GEMM fit with batch = experts (what a system
+without a grouped fit uses) on every measured grouped GEMM.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from costmodel.calibration import calibrate_system
-from costmodel.calibration.fit import Errors, layer_errors
-from costmodel.calibration.measurements import load_gemm
+from costmodel.calibration.fit import Errors, grouped_gemm_predict, layer_errors
+from costmodel.calibration.measurements import load_gemm, load_grouped_gemm
 from costmodel.load import load_system
 from costmodel.ops import ArrayOps, Curve
 from costmodel.system import Datatype
@@ -86,6 +88,14 @@ def main() -> None:
     for dtype, e in step_curve_errors(ROOT / "problems/systems/h100-80g-nvl8-paper2023.yaml",
                                       ROOT / "problems/measurements/h100-sxm-80g").items():
         print(f"   gemm {dtype}: {e.count} points, median {100 * e.median:.1f} %, p90 {100 * e.p90:.1f} %")
+    print("== grouped GEMMs without a grouped fit: the bf16 gemm fit with batch = experts (all points held out)")
+    h100 = load_system(ROOT / "problems/systems/h100-80g-nvl8.yaml")
+    bf16 = h100.compute[Datatype.bfloat16]
+    grouped = load_grouped_gemm(ROOT / "problems/measurements/h100-sxm-80g/grouped_gemm.json", "bf16")
+    modelled = grouped_gemm_predict(bf16.gemm.timing(), grouped, bf16.matrix_flops_per_s,
+                                    h100.hbm.bandwidth_bytes_per_s, 2.0)
+    e = Errors.of(modelled, grouped.time_s)
+    print(f"   h100-80g-nvl8 bf16: {e.count} points, median {100 * e.median:.1f} %, p90 {100 * e.p90:.1f} %")
 
 
 if __name__ == "__main__":

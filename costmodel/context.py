@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from costmodel.errors import InputError
 from costmodel.kernel_time import AttentionTiming, GemmTiming
 from costmodel.kernels import Kernels
 from costmodel.model import Model, ModelFlops
@@ -80,12 +81,43 @@ class Context:
     net_must_fill: tuple[bool, ...]
     net_factor: dict[Collective, tuple[float, ...]]
     net_offset: dict[Collective, tuple[float, ...]]
+    # mixture of experts (all 0 for a dense model; costmodel/moe.py reads them)
+    experts: float = 0.0               # E: routed experts per MoE block
+    experts_per_token: float = 0.0     # k
+    expert_feedforward: float = 0.0    # f_e: one routed expert's intermediate width
+    shared_feedforward: float = 0.0    # shared_experts · f_s: the shared experts run as one MLP of this width
+    shared_expert_gate: bool = False   # an h × 1 sigmoid gate on the shared experts' output (Qwen2-MoE)
+    moe_blocks: float = 0.0            # blocks with experts (the others are dense)
+    moe_block_params: float = 0.0      # parameters of one MoE block (costmodel.model.Model.moe_block_params)
+    routed_expert_params: float = 0.0  # the E routed experts of one MoE block (what ep splits)
+    shared_expert_params: float = 0.0  # one MoE block's shared experts (split tp ways)
+    router_params: float = 0.0         # one MoE block's router (and shared-expert gate): replicated
+    capacity_factor: float = 1.0       # the busiest expert's tokens over the mean (Kernels.capacity_factor)
+    grouped_gemm: GemmTiming | None = None   # the fitted grouped-GEMM model, if the system has one
 
     @staticmethod
     def build(model: Model, system: System, datatype: Datatype, kernels: Kernels = Kernels()) -> "Context":
-        """The constants of one problem. The attention kind is the model's (`kv_heads`: 1 is
-        multi-query, attn_heads multi-head, in between grouped-query)."""
+        """The constants of one problem, for costing whole iterations (evaluate, solve, explain,
+        brute). A mixture-of-experts model is refused with a one-line error: costmodel/moe.py
+        prices one MoE block, but the block and iteration model do not place experts on GPUs
+        yet (that needs the expert-parallel mapping dimension). `Context.of` builds the
+        constants of any model."""
+        if model.num_experts:
+            raise InputError(f"model {model.name!r} has mixture-of-experts blocks (num_experts {model.num_experts}, "
+                             f"{model.moe_blocks} of {model.num_blocks} blocks): evaluating and searching mappings "
+                             f"of it needs the expert-parallel dimension (ep), which the mapping space does not "
+                             f"have yet")
+        return Context.of(model, system, datatype, kernels)
+
+    @staticmethod
+    def of(model: Model, system: System, datatype: Datatype, kernels: Kernels = Kernels()) -> "Context":
+        """The constants of one problem, any model. The attention kind is the model's
+        (`kv_heads`: 1 is multi-query, attn_heads multi-head, in between grouped-query)."""
         compute = system.compute_for(datatype)
+        if model.num_experts and kernels.capacity_factor > model.num_experts / model.experts_per_token:
+            raise InputError(f"capacity_factor {kernels.capacity_factor:g} exceeds num_experts / experts_per_token "
+                             f"({model.num_experts}/{model.experts_per_token}): the busiest expert cannot receive "
+                             f"more than every token")
         elem = float(datatype.bytes)
         master = 0.0 if datatype is Datatype.float32 else MASTER_WEIGHT_BYTES_PER_PARAM
         nets = system.networks
@@ -123,4 +155,12 @@ class Context:
             net_must_fill=tuple(n.must_be_filled for n in nets),
             net_factor={op: tuple(n.collectives[op].bytes_factor for n in nets) for op in Collective},
             net_offset={op: tuple(n.collectives[op].n_offset for n in nets) for op in Collective},
+            experts=float(model.num_experts), experts_per_token=float(model.experts_per_token),
+            expert_feedforward=float(model.expert_feedforward),
+            shared_feedforward=float(model.shared_experts * model.shared_expert_feedforward),
+            shared_expert_gate=model.shared_expert_gate, moe_blocks=float(model.moe_blocks),
+            moe_block_params=float(model.moe_block_params), routed_expert_params=float(model.routed_expert_params),
+            shared_expert_params=float(model.shared_expert_params), router_params=float(model.router_params),
+            capacity_factor=float(kernels.capacity_factor),
+            grouped_gemm=compute.grouped_gemm.timing() if compute.grouped_gemm is not None else None,
         )

@@ -3,12 +3,14 @@
 Recognised by its `model_type`; each supported type's fields are read into a Model (the
 field names and defaults are those of the model's configuration class in Hugging Face
 Transformers: LlamaConfig, MistralConfig, Qwen2Config, GPT2Config, GPTNeoXConfig,
-NemotronConfig). The training sequence length is not in such a file
+NemotronConfig, and the mixture-of-experts MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig). The training sequence length is not in such a file
 (`max_position_embeddings` is the context the model supports), so it is given beside it.
 
 A field that would change the answer but is not modelled is reported as an
 UnmodelledFieldWarning naming it (the command line prints one line on stderr), never
-dropped in silence.
+dropped in silence. Routing details that change the numerics but not the work
+(`norm_topk_prob`, `router_aux_loss_coef`, `router_jitter_noise`, `output_router_logits`)
+are read as nothing: they cost a few element-wise operations on k or E values per token.
 """
 
 from __future__ import annotations
@@ -53,11 +55,15 @@ def _activation(config: dict, source: str, field: str, default: str, gated: bool
 
 
 def _llama_like(config: dict, source: str) -> dict:
-    """llama, mistral, qwen2: RMSNorm, RoPE, a gated MLP, grouped-query attention."""
+    """llama, mistral, qwen2 (and the attention of mixtral, qwen2_moe, qwen3_moe): RMSNorm, RoPE,
+    a gated MLP, grouped-query attention."""
     kind = config["model_type"]
     heads = _get(config, source, "num_attention_heads")
     hidden = _get(config, source, "hidden_size")
-    qkv_bias = True if kind == "qwen2" else bool(_get(config, source, "attention_bias", False))
+    if kind in ("qwen2", "qwen2_moe"):
+        qkv_bias = bool(_get(config, source, "qkv_bias", True))    # Qwen2MoeConfig's field; Qwen2 always
+    else:
+        qkv_bias = bool(_get(config, source, "attention_bias", False))
     mlp_bias = bool(_get(config, source, "mlp_bias", False)) if kind == "llama" else False
     if kind == "llama" and qkv_bias != mlp_bias:
         raise InputError(f"{source}: attention_bias {qkv_bias} with mlp_bias {mlp_bias} is not modelled "
@@ -71,6 +77,53 @@ def _llama_like(config: dict, source: str) -> dict:
         "tied_embeddings": bool(_get(config, source, "tie_word_embeddings", False)),
         "bias": mlp_bias, "qkv_bias": qkv_bias,
     }
+
+
+def _mixtral(config: dict, source: str) -> dict:
+    """mixtral: Mistral's attention; every block's MLP is num_local_experts experts of
+    intermediate_size, num_experts_per_tok of them per token (no shared expert)."""
+    fields = _llama_like(config, source)
+    return {**fields, "num_experts": _get(config, source, "num_local_experts"),
+            "experts_per_token": _get(config, source, "num_experts_per_tok"),
+            "expert_feedforward": fields["feedforward"]}
+
+
+def _whole(config: dict, source: str, field: str, default: Any = ...) -> int:
+    value = _get(config, source, field, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"{source}: field '{field}' {value!r} is not a whole number >= 0")
+    return value
+
+
+def _qwen_moe(config: dict, source: str) -> dict:
+    """qwen2_moe, qwen3_moe: block i (from 0) is sparse when (i + 1) % decoder_sparse_step == 0 and i
+    is not in mlp_only_layers (Transformers' Qwen2MoeDecoderLayer); a sparse block has
+    num_experts experts of moe_intermediate_size, and in qwen2_moe one shared expert of
+    shared_expert_intermediate_size with a sigmoid gate; the other blocks a dense MLP of
+    intermediate_size."""
+    kind = config["model_type"]
+    fields = _llama_like(config, source)
+    experts = _whole(config, source, "num_experts", ...)
+    step = _whole(config, source, "decoder_sparse_step", 1)
+    if step == 0:
+        raise InputError(f"{source}: field 'decoder_sparse_step' 0 is not a whole number >= 1")
+    dense_only = _get(config, source, "mlp_only_layers", [])
+    if not isinstance(dense_only, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in dense_only):
+        raise InputError(f"{source}: field 'mlp_only_layers' {dense_only!r} is not a list of layer indices")
+    sparse = [i for i in range(fields["num_blocks"]) if (i + 1) % step == 0] if experts else []
+    if not sparse:
+        return fields                      # no sparse block: a dense model
+    overridden = sorted(set(sparse) & set(dense_only))
+    if overridden:
+        raise InputError(f"{source}: mlp_only_layers {dense_only} makes layers {overridden} dense among those "
+                         f"decoder_sparse_step {step} makes sparse: not modelled (expert blocks are every "
+                         f"decoder_sparse_step-th block)")
+    moe = {"num_experts": experts, "experts_per_token": _get(config, source, "num_experts_per_tok"),
+           "expert_feedforward": _get(config, source, "moe_intermediate_size"), "moe_every": step}
+    shared = _whole(config, source, "shared_expert_intermediate_size", ...) if kind == "qwen2_moe" else 0
+    if shared:
+        moe.update(shared_experts=1, shared_expert_feedforward=shared, shared_expert_gate=True)
+    return {**fields, **moe}
 
 
 def _gpt2(config: dict, source: str) -> dict:
@@ -120,8 +173,11 @@ def _nemotron(config: dict, source: str) -> dict:
 READERS: dict[str, Callable[[dict, str], dict]] = {
     "llama": _llama_like, "mistral": _llama_like, "qwen2": _llama_like,
     "gpt2": _gpt2, "gpt_neox": _gpt_neox, "nemotron": _nemotron,
+    "mixtral": _mixtral, "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe,
 }
 """The supported model_types and how each is read."""
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+"""The model_types whose experts are read into the model (others name theirs in a warning)."""
 
 
 def _unmodelled(config: dict, seq_size: int) -> list[str]:
@@ -129,7 +185,8 @@ def _unmodelled(config: dict, seq_size: int) -> list[str]:
     kind = config["model_type"]
     notes = []
     window = config.get("sliding_window")
-    uses_window = kind == "mistral" or (kind == "qwen2" and config.get("use_sliding_window", False))
+    uses_window = (kind in ("mistral", "mixtral")
+                   or kind in ("qwen2", "qwen2_moe", "qwen3_moe") and config.get("use_sliding_window", False))
     if uses_window and window is not None and window < seq_size:
         notes.append(f"sliding_window {window} < seq_size {seq_size}: sliding-window attention is not modelled "
                      f"(the attention core is costed over the whole sequence)")
@@ -139,7 +196,7 @@ def _unmodelled(config: dict, seq_size: int) -> list[str]:
     if kind == "gpt2" and config.get("add_cross_attention", False):
         notes.append("add_cross_attention true: cross-attention layers are not modelled")
     for field in ("num_experts", "num_local_experts", "n_routed_experts"):
-        if config.get(field):
+        if config.get(field) and kind not in MOE_TYPES:
             notes.append(f"{field} {config[field]}: mixture-of-experts layers are not modelled")
     return notes
 

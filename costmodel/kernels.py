@@ -4,8 +4,10 @@ searched dimensions of the mapping."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Real
 from typing import Literal
 
+import costmodel.limits as limits
 from costmodel.errors import InputError
 
 ATTENTION_KERNELS = ("fused", "unfused")
@@ -31,11 +33,26 @@ class Kernels:
     grad_datatype: GradDatatype = "float32"
     """How gradients are kept (GRAD_DATATYPES): a setting of the problem, like the kernels —
     not searched, since it changes the numerics of training, not only its speed."""
+    capacity_factor: float = 1.0
+    """Mixture-of-experts load imbalance: the tokens the busiest expert receives over the mean,
+    k·T/E (the "capacity factor" of GShard and Switch Transformer, whose expert capacity is
+    capacity_factor × tokens/experts; Fedus et al. 2022, §2.2). The busiest expert sets the
+    grouped GEMMs' time and the all-to-all's volume. 1.0 (default) is perfect balance, what the
+    auxiliary load-balancing loss aims at and Switch Transformer's smallest trained setting
+    (Table 1 compares 1.0, 1.25 and 2.0); Megatron-LM's default (`--moe-expert-capacity-factor`
+    None) drops no token and caps nothing, so 1.0 is its best case. A problem setting, not
+    searched: it is the router's, not the mapping's. Ignored by dense models."""
 
     def __post_init__(self) -> None:
         if self.grad_datatype not in GRAD_DATATYPES:
             raise InputError(f"grad_datatype {self.grad_datatype!r} does not exist (choose from "
                              f"{', '.join(GRAD_DATATYPES)})")
+        factor = self.capacity_factor
+        if isinstance(factor, bool) or not isinstance(factor, Real) or factor != factor:
+            raise InputError(f"capacity_factor {factor!r} is not a number")
+        problem = limits.CAPACITY_FACTOR.problem(factor)
+        if problem is not None:
+            raise InputError(f"capacity_factor {factor:g} is {problem}")
 
     @staticmethod
     def with_attention(attention: str, grad_datatype: str = "float32") -> "Kernels":

@@ -52,6 +52,14 @@ ATTN_HEADS = Bound(1, 1 << 16, "a head per 16 columns of the widest hidden size"
 ATTN_SIZE = Bound(1, 1 << 16, "a head as wide as the widest hidden size")
 NUM_BLOCKS = Bound(1, 1 << 20, "the deepest models built have a few hundred blocks")
 VOCAB_SIZE = Bound(1, 1 << 24, "16M tokens, 60 × the largest vocabularies in use")
+NUM_EXPERTS = Bound(0, 1 << 16, "0 is a dense model; the most routed experts built are 256 (DeepSeek-V3) and 512 "
+                                "(Qwen3-Next)")
+EXPERTS_PER_TOKEN = Bound(0, 1 << 16, "top-k routing picks at most every expert; models route 1-8 per token")
+EXPERT_FEEDFORWARD = Bound(0, 1 << 22, "as feed-forward: 4 × the widest hidden size (0 for a dense model)")
+SHARED_EXPERTS = Bound(0, 1 << 10, "always-active experts; models have 0-4 (DeepSeek-V3 1, Qwen1.5-MoE 4 fused into one)")
+MOE_EVERY = Bound(1, 1 << 20, "every k-th block is a mixture-of-experts block, as the deepest models have blocks")
+CAPACITY_FACTOR = Bound(1.0, 1024.0, "the busiest expert's tokens over the mean: 1 is perfect balance, and below 1 "
+                                     "tokens would be dropped (not modelled)")
 
 # ---- the system (costmodel.system.System)
 TFLOPS = Bound(1e-3, 1e6, "1 GFLOP/s to 1 EFLOP/s per GPU; an H100 does 989 TFLOP/s in bf16")

@@ -97,7 +97,9 @@ GATED_MLPS = ("swiglu", "geglu")
 
 
 class Model(BaseModel):
-    """A decoder-only transformer: `num_blocks` identical blocks of attention + MLP.
+    """A decoder-only transformer: `num_blocks` blocks of attention + MLP; in a mixture-of-experts
+    model every `moe_every`-th block replaces its MLP by `num_experts` routed experts (and
+    optional shared experts).
 
     The defaults describe the GPT-2/GPT-3 family (multi-head attention, GeLU, layer norm,
     learned positions, tied embeddings, biases), so files written before the newer fields
@@ -130,12 +132,58 @@ class Model(BaseModel):
     bias: bool = Field(True, description="Linear layers and norms carry biases (Llama-class models have none).")
     qkv_bias: bool | None = Field(None, description="Biases on the Q, K, V projections only (Qwen2); "
                                                     "default: as `bias`.")
+    # ---- mixture of experts (all 0 / off for a dense model) ----
+    num_experts: Annotated[WholeNumber, within(limits.NUM_EXPERTS)] = Field(
+        0, ge=0, description="Routed experts in each mixture-of-experts (MoE) block, E; 0 = a dense model.")
+    experts_per_token: Annotated[WholeNumber, within(limits.EXPERTS_PER_TOKEN)] = Field(
+        0, ge=0, description="Experts each token is routed to (top-k), k: 1 <= k <= E; 0 for a dense model.")
+    expert_feedforward: Annotated[WholeNumber, within(limits.EXPERT_FEEDFORWARD)] = Field(
+        0, ge=0, description="Intermediate width of one routed expert's MLP, f_e (Hugging Face's "
+                             "moe_intermediate_size; Mixtral's intermediate_size); 0 for a dense model.")
+    shared_experts: Annotated[WholeNumber, within(limits.SHARED_EXPERTS)] = Field(
+        0, ge=0, description="Always-active experts in each MoE block, each an MLP of shared_expert_feedforward on "
+                             "every token (DeepSeek's n_shared_experts; Qwen2-MoE has one).")
+    shared_expert_feedforward: Annotated[WholeNumber, within(limits.EXPERT_FEEDFORWARD)] = Field(
+        0, ge=0, description="Intermediate width of one shared expert, f_s (Hugging Face's "
+                             "shared_expert_intermediate_size).")
+    shared_expert_gate: bool = Field(False, description="A sigmoid gate, an h × 1 matrix, scales the shared experts' "
+                                                        "output (Qwen2-MoE).")
+    moe_every: Annotated[WholeNumber, within(limits.MOE_EVERY)] = Field(
+        1, gt=0, description="Block i (counted from 1) has experts when i is a multiple of moe_every (Hugging Face's "
+                             "decoder_sparse_step); the others have the dense MLP of `feedforward`. 1 = every block.")
 
     @model_validator(mode="after")
     def _heads_group(self) -> "Model":
         if self.kv_heads is not None and self.attn_heads % self.kv_heads:
             raise ValueError(f"kv_heads({self.kv_heads}) does not divide attn_heads({self.attn_heads}): "
                              f"each key/value head serves a whole group of query heads")
+        return self
+
+    @model_validator(mode="after")
+    def _experts(self) -> "Model":
+        if self.num_experts == 0:
+            given = [f"{name}({value})" for name, value in (
+                ("experts_per_token", self.experts_per_token), ("expert_feedforward", self.expert_feedforward),
+                ("shared_experts", self.shared_experts), ("shared_expert_feedforward", self.shared_expert_feedforward),
+                ("shared_expert_gate", self.shared_expert_gate)) if value]
+            given += [f"moe_every({self.moe_every})"] if self.moe_every != 1 else []
+            if given:
+                raise ValueError(f"{', '.join(given)} given with num_experts(0), a dense model: give num_experts too")
+            return self
+        if not 1 <= self.experts_per_token <= self.num_experts:
+            raise ValueError(f"experts_per_token({self.experts_per_token}) must be 1 to "
+                             f"num_experts({self.num_experts}): each token goes to k of the E experts")
+        if self.expert_feedforward == 0:
+            raise ValueError(f"expert_feedforward(0) with num_experts({self.num_experts}): give each expert's "
+                             f"intermediate width")
+        if (self.shared_experts == 0) != (self.shared_expert_feedforward == 0):
+            raise ValueError(f"shared_experts({self.shared_experts}) with shared_expert_feedforward"
+                             f"({self.shared_expert_feedforward}): give both or neither")
+        if self.shared_expert_gate and self.shared_experts == 0:
+            raise ValueError("shared_expert_gate(True) with shared_experts(0): there is no shared expert to gate")
+        if self.moe_every > self.num_blocks:
+            raise ValueError(f"moe_every({self.moe_every}) > num_blocks({self.num_blocks}): no block would have "
+                             f"experts")
         return self
 
     # ---- derived shape ----
@@ -165,30 +213,105 @@ class Model(BaseModel):
 
     # ---- parameter counts (the weights of one block, and of the whole model) ----
     @property
+    def attention_weight_params(self) -> int:
+        """Matrix parameters of one block's attention: Q (h·a·d), K and V (2·h·g·d), output
+        projection (a·d·h)."""
+        return 2 * self.hidden * self.attn_width + 2 * self.hidden * self.kv_width
+
+    @property
     def block_weight_params(self) -> int:
-        """Matrix parameters of one block: Q (h·a·d), K and V (2·h·g·d), output projection
-        (a·d·h), MLP (2 or 3 · h·f)."""
-        return (2 * self.hidden * self.attn_width + 2 * self.hidden * self.kv_width
-                + self.mlp_matrices * self.hidden * self.feedforward)
+        """Matrix parameters of one dense block: attention and the MLP (2 or 3 · h·f)."""
+        return self.attention_weight_params + self.mlp_matrices * self.hidden * self.feedforward
 
     @property
     def norm_params(self) -> int:
         """Parameters of one norm over h: scale and shift (layer norm), scale only (RMSNorm)."""
         return (2 if self.norm == "layernorm" else 1) * self.hidden
 
+    def _mlp_bias_params(self, width: int) -> int:
+        """With `bias`, the biases of one MLP of intermediate `width`: width (gated 2·width) + h."""
+        return (self.mlp_matrices - 1) * width + self.hidden if self.bias else 0
+
     @property
-    def block_vector_params(self) -> int:
-        """Biases and norm parameters of one block: QKV bias a·d + 2·g·d, projection bias h,
-        MLP biases (f or 2·f) + h, two norms."""
+    def attention_vector_params(self) -> int:
+        """Biases and norms of one block outside its MLP: QKV bias a·d + 2·g·d, projection bias h,
+        two norms."""
         qkv_bias = self.bias if self.qkv_bias is None else self.qkv_bias
-        biases = (self.attn_width + 2 * self.kv_width if qkv_bias else 0)
-        if self.bias:
-            biases += self.hidden + (self.mlp_matrices - 1) * self.feedforward + self.hidden
+        biases = (self.attn_width + 2 * self.kv_width if qkv_bias else 0) + (self.hidden if self.bias else 0)
         return biases + 2 * self.norm_params
 
     @property
+    def block_vector_params(self) -> int:
+        """Biases and norm parameters of one dense block: QKV bias a·d + 2·g·d, projection bias h,
+        MLP biases (f or 2·f) + h, two norms."""
+        return self.attention_vector_params + self._mlp_bias_params(self.feedforward)
+
+    @property
     def block_params(self) -> int:
+        """Parameters of one dense block (a mixture-of-experts block: `moe_block_params`)."""
         return self.block_weight_params + self.block_vector_params
+
+    # ---- mixture of experts: which blocks, and the parameters of one MoE block ----
+    @property
+    def moe_blocks(self) -> int:
+        """Blocks with experts: ⌊L / moe_every⌋ (blocks moe_every, 2·moe_every, ... counted from 1)."""
+        return self.num_blocks // self.moe_every if self.num_experts else 0
+
+    @property
+    def dense_blocks(self) -> int:
+        return self.num_blocks - self.moe_blocks
+
+    @property
+    def expert_weight_params(self) -> int:
+        """Matrix parameters of one routed expert: 2 or 3 · h·f_e."""
+        return self.mlp_matrices * self.hidden * self.expert_feedforward
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of one routed expert: its matrices and, with `bias`, its biases."""
+        return self.expert_weight_params + self._mlp_bias_params(self.expert_feedforward)
+
+    @property
+    def routed_expert_params(self) -> int:
+        """Parameters of the E routed experts of one MoE block (what expert parallelism splits)."""
+        return self.num_experts * self.expert_params
+
+    @property
+    def shared_expert_weight_params(self) -> int:
+        """Matrix parameters of one MoE block's shared experts: shared_experts · (2 or 3) · h·f_s."""
+        return self.shared_experts * self.mlp_matrices * self.hidden * self.shared_expert_feedforward
+
+    @property
+    def shared_expert_params(self) -> int:
+        """Parameters of one MoE block's shared experts (split like a dense MLP)."""
+        return self.shared_expert_weight_params + self.shared_experts * self._mlp_bias_params(
+            self.shared_expert_feedforward)
+
+    @property
+    def router_params(self) -> int:
+        """The router of one MoE block, an h × E matrix, and the h × 1 shared-expert gate if any
+        (replicated on every GPU of a tensor-parallel group, as Megatron-LM keeps it)."""
+        return self.hidden * (self.num_experts + (1 if self.shared_expert_gate else 0))
+
+    @property
+    def moe_block_params(self) -> int:
+        """Parameters of one MoE block: attention, its biases and norms, router, shared and
+        routed experts."""
+        return (self.attention_weight_params + self.attention_vector_params + self.router_params
+                + self.shared_expert_params + self.routed_expert_params)
+
+    @property
+    def moe_block_active_params(self) -> int:
+        """Parameters one token uses in an MoE block: as `moe_block_params` with k of the E experts."""
+        return (self.moe_block_params - self.routed_expert_params
+                + self.experts_per_token * self.expert_params)
+
+    @property
+    def moe_block_active_weight_params(self) -> int:
+        """Matrix parameters one token multiplies by in an MoE block: attention, router, shared
+        experts, k routed experts."""
+        return (self.attention_weight_params + self.router_params + self.shared_expert_weight_params
+                + self.experts_per_token * self.expert_weight_params)
 
     @property
     def embedding_params(self) -> int:
@@ -203,13 +326,25 @@ class Model(BaseModel):
 
     @property
     def total_params(self) -> int:
-        return self.num_blocks * self.block_params + self.embedding_params + self.output_params
+        blocks = self.dense_blocks * self.block_params + self.moe_blocks * self.moe_block_params
+        return blocks + self.embedding_params + self.output_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: every one of a dense model; in MoE blocks the router, the
+        shared experts and k of the E routed experts (the "active" count model cards quote,
+        embeddings and output layer included)."""
+        blocks = self.dense_blocks * self.block_params + self.moe_blocks * self.moe_block_active_params
+        return blocks + self.embedding_params + self.output_params
 
     # ---- model FLOPs (the MFU numerator), stated once ----
     def model_flops(self) -> "ModelFlops":
-        """Training FLOP per token without recomputation, as Megatron-LM and NeMo count them."""
+        """Training FLOP per token without recomputation, as Megatron-LM and NeMo count them, on
+        the matrix parameters a token uses (a mixture-of-experts block: router, shared experts
+        and k routed experts)."""
         s, L = self.seq_size, self.num_blocks
-        matrix_params = L * self.block_weight_params + self.hidden * self.vocab_size
+        matrix_params = (self.dense_blocks * self.block_weight_params
+                         + self.moe_blocks * self.moe_block_active_weight_params + self.hidden * self.vocab_size)
         # scores Q·Kᵀ and context ·V: 2·s·a·d FLOP per token each, forward, per block
         attention_fwd = 2 * 2 * s * self.attn_width * L
         return ModelFlops(matrix_params=matrix_params, matrix_per_token=6.0 * matrix_params,
@@ -224,14 +359,15 @@ class Model(BaseModel):
 class ModelFlops:
     """Model FLOP per token, the convention of Megatron-LM (Narayanan et al. 2021, eq. 3) and
     NeMo's benchmark tables: 3 passes (forward, activation gradient, weight gradient) × 2 FLOP
-    per multiply-add over every matrix — the blocks' weights and the output layer (6 × those
-    parameters per token) — plus the attention scores Q·Kᵀ and context ·V (2·s·a·d each per
-    token, forward). Causal masking does NOT halve the attention terms here: the published
+    per multiply-add over every matrix a token uses — the blocks' weights (in a
+    mixture-of-experts block the router, the shared experts and k of the E routed experts: MFU
+    is stated on active parameters) and the output layer (6 × those parameters per token) —
+    plus the attention scores Q·Kᵀ and context ·V (2·s·a·d each per token, forward). Causal masking does NOT halve the attention terms here: the published
     MFU figures count the full s×s product, so these numbers compare with theirs (a causal
     kernel skips about half of that work: the attention terms × 1/2 is the useful FLOP).
     Element-wise work (norms, softmax, activations, the loss) is not counted."""
 
-    matrix_params: int          # parameters in matrix multiplies (blocks + output layer)
+    matrix_params: int          # parameters in matrix multiplies a token uses (blocks + output layer)
     matrix_per_token: float     # 6 × matrix_params
     attention_per_token: float  # 3 × 2 × 2·s·a·d × L (full, not halved by the causal mask)
     seq_size: int

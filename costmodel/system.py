@@ -46,6 +46,7 @@ class Collective(str, Enum):
     all_reduce = "all_reduce"
     reduce_scatter = "reduce_scatter"
     all_gather = "all_gather"
+    all_to_all = "all_to_all"   # MoE token dispatch and combine: (n-1)/n of each GPU's message leaves it
 
 
 # An efficiency curve: [[size, efficiency], ...] with sizes ascending; an operation of size x
@@ -141,6 +142,10 @@ class Compute(BaseModel):
     attention: AttentionFit | None = Field(
         None, description="Fused attention kernel time by shape, fitted to measurements; without it the kernel runs "
                           "on the GEMM model.")
+    grouped_gemm: GemmFit | None = Field(
+        None, description="Grouped GEMM time (a mixture-of-experts layer's experts in one kernel) by per-expert shape, "
+                          "fitted to measurements: the GEMM formula with batch = experts. Without it, grouped GEMMs "
+                          "run on this datatype's GEMM model with batch = experts (one launch).")
     vector_efficiency: EfficiencyCurve = Field(
         description="[[flops, efficiency], ...]: fraction of vector peak reached by an element-wise op of that many FLOP.")
 
@@ -201,8 +206,8 @@ class Memory(BaseModel):
 
 class CollectiveCost(BaseModel):
     """Bytes a collective moves per participant: message · `bytes_factor` · (n + `n_offset`) / n.
-    A ring all-reduce is [2, -1] (2·(n-1)/n), reduce-scatter and all-gather are [1, -1],
-    a point-to-point send is [1, 0]."""
+    A ring all-reduce is [2, -1] (2·(n-1)/n), reduce-scatter, all-gather and all-to-all are
+    [1, -1], a point-to-point send is [1, 0]."""
 
     model_config = _FROZEN
 
@@ -216,7 +221,12 @@ def _default_collectives() -> dict[Collective, CollectiveCost]:
         Collective.all_reduce: CollectiveCost(bytes_factor=2.0, n_offset=-1.0),
         Collective.reduce_scatter: CollectiveCost(bytes_factor=1.0, n_offset=-1.0),
         Collective.all_gather: CollectiveCost(bytes_factor=1.0, n_offset=-1.0),
+        Collective.all_to_all: CollectiveCost(bytes_factor=1.0, n_offset=-1.0),
     }
+
+
+# Collectives a network's table may leave out (files written before they existed): the default applies.
+OPTIONAL_COLLECTIVES = (Collective.all_to_all,)
 
 
 class Network(BaseModel):
@@ -243,10 +253,11 @@ class Network(BaseModel):
     @field_validator("collectives")
     @classmethod
     def _all_collectives(cls, table: dict[Collective, CollectiveCost]) -> dict[Collective, CollectiveCost]:
-        missing = [op.value for op in Collective if op not in table]
+        missing = [op.value for op in Collective if op not in table and op not in OPTIONAL_COLLECTIVES]
         if missing:
             raise ValueError(f"collectives is missing {', '.join(missing)}")
-        return table
+        defaults = _default_collectives()
+        return {op: table.get(op, defaults[op]) for op in Collective}
 
     @property
     def bandwidth_bytes_per_s(self) -> float:

@@ -91,11 +91,11 @@ def test_a_config_json_without_seq_size_is_a_one_line_error():
 
 def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "mixtral", "hidden_size": 4096}))
+    path.write_text(json.dumps({"model_type": "deepseek_v3", "hidden_size": 7168}))
     with pytest.raises(InputError) as err:
         load_model(path, seq_size=4096)
-    assert str(err.value) == (f"{path}: model_type 'mixtral' is not supported "
-                              f"(supported: gpt2, gpt_neox, llama, mistral, nemotron, qwen2)")
+    assert str(err.value) == (f"{path}: model_type 'deepseek_v3' is not supported (supported: gpt2, gpt_neox, llama, "
+                              f"mistral, mixtral, nemotron, qwen2, qwen2_moe, qwen3_moe)")
 
 
 def test_missing_field_is_named(tmp_path):

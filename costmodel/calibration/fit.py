@@ -6,6 +6,7 @@ Each family is fitted on one split and tested on the other (never the same point
 | family | fitted on | tested on |
 | --- | --- | --- |
 | GEMM (per datatype) | `kind: grid` shapes, every (M, N, K) in {256..32768}³ | `kind: block` shapes: a transformer block's forward, activation- and weight-gradient GEMMs |
+| grouped GEMM (per datatype) | experts of 8×4096×14336, 64×2048×1408, 256×7168×2048 (experts × hidden × expert ffn) | experts of 8×6144×16384 and 128×2048×768 (GROUPED_GEMM_TEST_SHAPES) |
 | fused attention | sequence 2048 and 8192 | sequence 4096 |
 | HBM-bound layers | inputs of 1, 16 and 256 MiB | inputs of 4, 64 and 1024 MiB |
 | network (nccl-tests) | every message size | — (no held-out split) |
@@ -24,14 +25,17 @@ from typing import Callable
 
 import numpy as np
 
-from costmodel.calibration.measurements import AttentionData, EltwiseData, GemmData, NcclData
+from costmodel.calibration.measurements import AttentionData, EltwiseData, GemmData, GroupedGemmData, NcclData
 from costmodel.errors import InputError
-from costmodel.kernel_time import attention_time_s, gemm_time_s, hbm_pass_s
+from costmodel.kernel_time import GemmTiming, attention_time_s, gemm_time_s, hbm_pass_s
 from costmodel.ops import ArrayOps
 from costmodel.system import AttentionFit, GemmFit
 from costmodel.units import MICRO, TERA
 
 SIGNIFICANT_DIGITS = 3
+GROUPED_GEMM_TEST_SHAPES = ((8, 6144, 16384), (128, 2048, 768))
+"""(experts, hidden, expert ffn) held out of the grouped-GEMM fit: Mixtral 8x22B's and
+Qwen3-30B-A3B's experts, one of few large and one of many small experts."""
 ATTENTION_TEST_SEQ = 4096.0
 ELTWISE_FIT_MIB = (1.0, 16.0, 256.0)
 
@@ -127,35 +131,78 @@ def gemm_predict(fields: dict, d: GemmData, peak_flops_per_s: float, hbm_bytes_p
                        hbm_bytes_per_s)
 
 
-def fit_gemm(train: GemmData, test: GemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
-             elem_bytes: float, label: str) -> FamilyFit:
-    names = ("launch_us", "efficiency", "depth_overhead", "fill_outputs", "power_drop", "power_flops",
-             "hbm_efficiency")
-    # Below these a fitted value is negligible and written as 0: 0.01 µs of launch, less than
-    # one element of overhead, a power drop under 0.1 %.
-    floors = (0.01, 0.0, 1.0, 1.0, 1e-3, 0.0, 0.0)
+GEMM_FIELDS = ("launch_us", "efficiency", "depth_overhead", "fill_outputs", "power_drop", "power_flops",
+               "hbm_efficiency")
+# Below these a fitted value is negligible and written as 0: 0.01 µs of launch, less than one
+# element of overhead, a power drop under 0.1 %.
+GEMM_FLOORS = (0.01, 0.0, 1.0, 1.0, 1e-3, 0.0, 0.0)
 
-    def fields_of(values) -> dict:
-        return dict(zip(names, values))
 
-    def model(params: np.ndarray) -> np.ndarray:
+def _fit_gemm_fields(times: Callable[[GemmTiming], np.ndarray], measured: np.ndarray) -> dict:
+    """The GemmFit fields (file units, rounded) minimising the log error of `times(timing)`."""
+
+    def values_of(params) -> list:
         launch_s, *rest = params
         values = [launch_s / MICRO, *rest]
         values[1], values[6] = min(values[1], 1.0), min(values[6], 1.0)
-        timing = GemmFit.model_construct(**fields_of(values)).timing()
-        return gemm_time_s(timing, ArrayOps, train.rows, train.cols, train.depth, _gemm_bytes(train, elem_bytes),
-                           peak_flops_per_s, hbm_bytes_per_s)
+        return values
+
+    def model(params: np.ndarray) -> np.ndarray:
+        return times(GemmFit.model_construct(**dict(zip(GEMM_FIELDS, values_of(params)))).timing())
 
     # Starting point (the fit moves far from it): 5 µs launch, 0.8 of peak, 200 K-steps of
     # tile overhead, 1e5 outputs to fill the GPU, a 30 % power drop from ~1e12 FLOP, 0.7 of HBM.
     start = np.array([5e-6, 0.8, 200.0, 1e5, 0.3, 1e12, 0.7])
-    best = fit_log_least_squares(model, start, train.time_s)
-    values = [best[0] / MICRO, *best[1:]]
-    values[1], values[6] = min(values[1], 1.0), min(values[6], 1.0)
-    fields = fields_of(rounded(v, f) for v, f in zip(values, floors))
+    best = fit_log_least_squares(model, start, measured)
+    return dict(zip(GEMM_FIELDS, (rounded(v, f) for v, f in zip(values_of(best), GEMM_FLOORS))))
+
+
+def fit_gemm(train: GemmData, test: GemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
+             elem_bytes: float, label: str) -> FamilyFit:
+    def times(timing: GemmTiming) -> np.ndarray:
+        return gemm_time_s(timing, ArrayOps, train.rows, train.cols, train.depth, _gemm_bytes(train, elem_bytes),
+                           peak_flops_per_s, hbm_bytes_per_s)
+
+    fields = _fit_gemm_fields(times, train.time_s)
     rates = (peak_flops_per_s, hbm_bytes_per_s, elem_bytes)
     return FamilyFit(f"gemm {label}", fields, Errors.of(gemm_predict(fields, train, *rates), train.time_s),
                      Errors.of(gemm_predict(fields, test, *rates), test.time_s), "kind: grid", "kind: block")
+
+
+# ---------------------------------------------------------------- grouped GEMM
+
+def grouped_gemm_bytes(d: GroupedGemmData, elem_bytes: float) -> np.ndarray:
+    """Every expert's operands and result once, in the compute datatype."""
+    return elem_bytes * d.experts * (d.rows * d.depth + d.depth * d.cols + d.rows * d.cols)
+
+
+def grouped_gemm_predict(timing: GemmTiming, d: GroupedGemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
+                         elem_bytes: float) -> np.ndarray:
+    """The GEMM formula with batch = experts: one launch for the whole group (costmodel/moe.py)."""
+    return gemm_time_s(timing, ArrayOps, d.rows, d.cols, d.depth, grouped_gemm_bytes(d, elem_bytes),
+                       peak_flops_per_s, hbm_bytes_per_s, d.experts)
+
+
+def _shape_names(shapes) -> str:
+    return ", ".join(f"{e}×{h}×{f}" for e, h, f in sorted(set(shapes)))
+
+
+def fit_grouped_gemm(data: GroupedGemmData, peak_flops_per_s: float, hbm_bytes_per_s: float, elem_bytes: float,
+                     label: str) -> FamilyFit:
+    """The GEMM formula's seven fields fitted anew to grouped GEMMs, on every shape but
+    GROUPED_GEMM_TEST_SHAPES, tested on those."""
+    held_out = np.array([shape in GROUPED_GEMM_TEST_SHAPES for shape in data.shapes])
+    train, test = data.subset(~held_out), data.subset(held_out)
+    if len(train.time_s) < len(GEMM_FIELDS):
+        raise InputError(f"grouped_gemm: {len(train.time_s)} {label} points outside the held-out shapes "
+                         f"{_shape_names(GROUPED_GEMM_TEST_SHAPES)}; need >= {len(GEMM_FIELDS)}")
+    rates = (peak_flops_per_s, hbm_bytes_per_s, elem_bytes)
+    fields = _fit_gemm_fields(lambda timing: grouped_gemm_predict(timing, train, *rates), train.time_s)
+    timing = GemmFit(**fields).timing()
+    return FamilyFit(f"grouped gemm {label}", fields,
+                     Errors.of(grouped_gemm_predict(timing, train, *rates), train.time_s),
+                     Errors.of(grouped_gemm_predict(timing, test, *rates), test.time_s),
+                     f"experts×hidden×ffn {_shape_names(train.shapes)}", f"{_shape_names(test.shapes) or 'none'}")
 
 
 def block_layer_shapes():

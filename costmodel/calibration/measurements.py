@@ -31,6 +31,18 @@ class GemmPoint(BaseModel):
     ms: RealNumber = Field(gt=0)
 
 
+class GroupedGemmPoint(BaseModel):
+    model_config = _POINT
+    dtype: Literal["bf16", "fp8"]
+    experts: WholeNumber = Field(gt=0)
+    hidden: WholeNumber = Field(gt=0)
+    expert_ffn: WholeNumber = Field(gt=0)
+    M: WholeNumber = Field(gt=0)
+    N: WholeNumber = Field(gt=0)
+    K: WholeNumber = Field(gt=0)
+    ms: RealNumber = Field(gt=0)
+
+
 class AttentionPoint(BaseModel):
     model_config = _POINT
     seq: WholeNumber = Field(gt=0)
@@ -78,6 +90,23 @@ class GemmData:
 
 
 @dataclass(frozen=True)
+class GroupedGemmData:
+    """Grouped GEMMs: `experts` GEMMs of rows × cols × depth (rows = tokens per expert) in one
+    kernel, each point from the experts of a model shape (experts, hidden, expert_ffn)."""
+
+    experts: np.ndarray
+    rows: np.ndarray
+    cols: np.ndarray
+    depth: np.ndarray
+    time_s: np.ndarray
+    shapes: tuple[tuple[int, int, int], ...]     # (experts, hidden, expert_ffn) of each point
+
+    def subset(self, keep: np.ndarray) -> "GroupedGemmData":
+        return GroupedGemmData(self.experts[keep], self.rows[keep], self.cols[keep], self.depth[keep],
+                               self.time_s[keep], tuple(s for s, k in zip(self.shapes, keep) if k))
+
+
+@dataclass(frozen=True)
 class AttentionData:
     batch_heads: np.ndarray
     seq: np.ndarray
@@ -100,6 +129,16 @@ def load_gemm(path: Path, dtype: str, kind: str) -> GemmData:
         raise InputError(f"{path}: no {dtype} GEMMs of kind {kind!r}")
     return GemmData(*(np.array([getattr(p, f) for p in chosen], dtype=float) for f in ("M", "N", "K")),
                     np.array([p.ms for p in chosen]) * 1e-3)
+
+
+def load_grouped_gemm(path: Path, dtype: str) -> GroupedGemmData:
+    """The grouped GEMMs of one datatype (`bf16`, `fp8`) in a grouped_gemm.json."""
+    chosen = [p for p in _points(path, GroupedGemmPoint) if p.dtype == dtype]
+    if not chosen:
+        raise InputError(f"{path}: no {dtype} grouped GEMMs")
+    columns = (np.array([getattr(p, f) for p in chosen], dtype=float) for f in ("experts", "M", "N", "K"))
+    return GroupedGemmData(*columns, np.array([p.ms for p in chosen]) * 1e-3,
+                           tuple((p.experts, p.hidden, p.expert_ffn) for p in chosen))
 
 
 def load_attention(path: Path) -> AttentionData:

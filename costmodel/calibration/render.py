@@ -4,6 +4,7 @@ The base file is a system file whose calibrated fields are replaced by marker co
 per family, at the indentation where the fields belong:
 
     # mapsat-calibrate: gemm fp8        (inside compute.float8; `gemm bf16` inside bfloat16)
+    # mapsat-calibrate: grouped_gemm bf16  (inside compute.bfloat16: mixture-of-experts grouped GEMMs)
     # mapsat-calibrate: attention       (inside a compute entry; fitted to bf16 attention.json)
     # mapsat-calibrate: hbm             (inside hbm: efficiency and latency_us)
     # mapsat-calibrate: network NAME    (inside that network: efficiency and latency_us, from nccl-tests)
@@ -26,7 +27,8 @@ import numpy as np
 import yaml
 
 from costmodel.calibration import fit as fitting
-from costmodel.calibration.measurements import load_adam, load_attention, load_eltwise, load_gemm, load_nccl
+from costmodel.calibration.measurements import (load_adam, load_attention, load_eltwise, load_gemm, load_grouped_gemm,
+                                                load_nccl)
 from costmodel.errors import InputError
 from costmodel.load import parse, read_document
 from costmodel.system import System
@@ -39,8 +41,8 @@ GEMM_DATATYPES = {"fp8": ("float8", 1.0), "bf16": ("bfloat16", 2.0)}
 ADAM_BYTES_PER_PARAM = 28.0
 # What a run writes below each marker: the fields (keys at the marker's indentation) and the
 # comment lines that open the block (_comment).
-GENERATED_KEYS = {"gemm": ("gemm",), "attention": ("attention",), "hbm": ("efficiency", "latency_us"),
-                  "network": ("efficiency", "latency_us")}
+GENERATED_KEYS = {"gemm": ("gemm",), "grouped_gemm": ("grouped_gemm",), "attention": ("attention",),
+                  "hbm": ("efficiency", "latency_us"), "network": ("efficiency", "latency_us")}
 GENERATED_COMMENTS = ("# Fitted by `mapsat calibrate`", "# |error| of time", "# Held out,")
 
 
@@ -99,7 +101,8 @@ def _network_bandwidth(doc: dict, name: str, base_path: Path) -> float:
 
 def calibrate_system(base_path: Path, measurements: Path, nccl: dict[str, Path] | None = None) -> Calibration:
     """The base system file with every marker replaced by fields fitted to the measurements in
-    the folder `measurements` (gemm.json, attention.json, eltwise.json, adam.json, host.json)
+    the folder `measurements` (gemm.json, grouped_gemm.json, attention.json, eltwise.json,
+    adam.json, host.json)
     and to nccl-tests output per network name."""
     base_path, measurements, nccl = Path(base_path), Path(measurements), dict(nccl or {})
     doc = _base_doc(base_path)
@@ -129,6 +132,13 @@ def calibrate_system(base_path: Path, measurements: Path, nccl: dict[str, Path] 
                                  hbm_bytes_per_s, elem_bytes, what[1])
             out += _comment(indent, f, f"{folder}/gemm.json ({what[1]})") + [f"{indent}gemm:"]
             out += _fields(indent + "  ", f.fields)
+        elif len(what) == 2 and what[0] == "grouped_gemm" and what[1] in GEMM_DATATYPES:
+            datatype, elem_bytes = GEMM_DATATYPES[what[1]]
+            peak = tflops_to_flops_per_s(float(_get(doc, ("compute", datatype, "matrix_tflops"), base_path)))
+            f = fitting.fit_grouped_gemm(load_grouped_gemm(measurements / "grouped_gemm.json", what[1]), peak,
+                                         hbm_bytes_per_s, elem_bytes, what[1])
+            out += _comment(indent, f, f"{folder}/grouped_gemm.json ({what[1]})") + [f"{indent}grouped_gemm:"]
+            out += _fields(indent + "  ", f.fields)
         elif what == ["attention"]:
             f = fitting.fit_attention(load_attention(measurements / "attention.json"))
             out += _comment(indent, f, f"{folder}/attention.json") + [f"{indent}attention:"]
@@ -150,7 +160,8 @@ def calibrate_system(base_path: Path, measurements: Path, nccl: dict[str, Path] 
             out += _fields(indent, f.fields)
         else:
             raise InputError(f"{base_path}: line {number}: unknown marker {match['what']!r} (expected 'gemm fp8', "
-                             "'gemm bf16', 'attention', 'hbm' or 'network NAME')")
+                             "'gemm bf16', 'grouped_gemm bf16', 'grouped_gemm fp8', 'attention', 'hbm' or "
+                             "'network NAME')")
         fits.append(f)
     unused = sorted(set(nccl) - used_nccl)
     if unused:

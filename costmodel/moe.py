@@ -1,0 +1,270 @@
+"""One mixture-of-experts (MoE) layer on one GPU for one microbatch: router, token dispatch
+and combine, the experts' grouped GEMMs, the shared experts, and the memory the layer holds.
+
+The layer replaces the MLP of every `moe_every`-th block (costmodel.model). It runs as
+Megatron-LM's MoELayer with the all-to-all token dispatcher (megatron/core/transformer/moe/:
+moe_layer.py, token_dispatcher.py `MoEAlltoAllTokenDispatcher`, experts.py) does:
+
+    router GEMM · softmax · top-k · permute → all-to-all (ep) → all-gather (tp) → sort by local
+    expert → grouped GEMMs h→f_e (gated: h→2f_e) · activation · f_e→h → unsort → reduce-scatter
+    (tp) → all-to-all (ep) → unpermute (weighted sum of the k expert outputs)
+
+with the shared experts, a dense MLP of width f_s on every token, beside it. Notation: T =
+tokens of the microbatch on one tensor-parallel group (b·s, the `tokens` of block.py), h
+hidden, E experts, k experts per token, f_e one expert's width, f_s the shared experts'
+total width (Megatron-LM runs them as one MLP), t = tp, p = ep (the expert-parallel degree;
+p divides E), c the capacity factor (Kernels.capacity_factor), e bytes per element.
+
+Parallel layout, as Megatron-LM's:
+- With t > 1 Megatron-LM requires sequence parallelism for MoE layers (its argument check
+  "When using MoE and tensor parallelism, sequence parallelism must be used"), so each GPU
+  routes T/t tokens; the tp group's T·k routed rows are gathered on every member.
+- Expert tensor parallelism equals tp (Megatron's `--expert-tensor-parallel-size` default):
+  each expert's width is split t ways. A different expert tp is not modelled.
+- The p GPUs of an expert-parallel group hold different tokens (ep is carved out of data
+  parallelism) and E/p experts each; every GPU's routed rows go to the GPUs holding their
+  experts. A local expert receives rows from all p members:
+      rows per local expert  r = (T/t) · k · c / E · t · p = T·k·c·p / E
+  (Megatron's capacity = num_tokens · topk · capacity_factor / num_experts per source rank,
+  × tp·ep sources).
+- Shared experts and the router follow the dense part: shared experts split tp ways like a
+  dense MLP (their input is the gathered T tokens; the TP collectives around them are the
+  block's MLP-region ones, not counted here), the router replicated on every tp rank.
+
+The capacity factor c costs every expert at c × its mean load: exact for Megatron-LM's
+token-dropping mode padded to capacity (`--moe-expert-capacity-factor c
+--moe-pad-expert-input-to-capacity`), where every expert computes, and every all-to-all
+moves, exactly that many rows; for dropless training it stands for the busiest expert's load
+over the mean, which sets when the all-to-all and the layer finish (an upper bound when a GPU
+holds several experts, as not all of them are the busiest).
+
+Times are forward; backward does twice each compute term (block.py's rule: two GEMMs per
+forward GEMM, element-wise backward twice the traffic) and repeats each collective once (the
+gradient of a dispatch is a combine and vice versa: `MoeCommunication.per_pass_s`).
+Written against costmodel.ops: `tokens`, `tp`, `ep` and the network indices may be numpy
+arrays. Not modelled: token dropping's effect on training, expert-choice routing, routing
+limited to a few devices or nodes, DeepEP-style fused dispatch, communication hidden behind
+computation (shared experts beside the all-to-all), and Qwen2-MoE's sigmoid gate multiply on
+the shared output (its h × 1 GEMM is in the router's).
+
+The kernel helpers (gemm_s, matmul_s, eltwise_s) are block.py's; when block.py calls into this
+module (the expert-parallel phase), they move below both so that imports stay acyclic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.block import ACTIVATION_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
+from costmodel.comm import collective_s
+from costmodel.context import Context
+from costmodel.kernel_time import gemm_time_s
+from costmodel.system import Collective
+
+# Top-k selection over a token's E router scores: about one compare and one select per score
+# (a k-way selection kept in registers; torch.topk on a few hundred values per row). Like every
+# element-wise layer it is bound by HBM, so the count only matters on a slow vector unit.
+TOPK_FLOPS_PER_ELEM = 2.0
+# Unpermute multiplies each of the k expert outputs by its routing weight and adds it up:
+# a multiply-add per routed element.
+UNPERMUTE_FLOPS_PER_ELEM = 2.0
+
+
+def expert_rows(c: Context, tokens, ep):
+    """Rows each local expert multiplies (the busiest, at the capacity factor): T·k·c·p/E."""
+    return tokens * c.experts_per_token * c.capacity_factor * ep / c.experts
+
+
+def grouped_gemm_s(c: Context, xp, experts, rows, cols, depth):
+    """Time of `experts` GEMMs C[rows, cols] = A[rows, depth]·B[depth, cols] in one grouped
+    kernel (each expert's operands and result moved once): the system's grouped-GEMM fit when
+    it has one (`compute.<datatype>.grouped_gemm`: kernel_time.gemm_time_s with batch =
+    experts), else this datatype's GEMM model with batch = experts — one launch for the group,
+    each expert's shape — which predicts the measured H100 grouped GEMMs within 4.4 % median
+    (docs/cost-model.md, "Mixture of experts")."""
+    num_bytes = c.elem_bytes * experts * (rows * depth + depth * cols + rows * cols)
+    if c.grouped_gemm is not None:
+        return gemm_time_s(c.grouped_gemm, xp, rows, cols, depth, num_bytes, c.matrix_flops_per_s,
+                           c.hbm_bytes_per_s, experts)
+    return gemm_s(c, xp, rows, cols, depth, num_bytes, batch=experts)
+
+
+@dataclass(frozen=True)
+class MoeLayerForward:
+    """The forward pass of one MoE layer (in place of a block's MLP), one microbatch, one GPU
+    (each a scalar or an array)."""
+
+    router_gemm_s: object
+    """the router: (T/t) × (E, + 1 with a shared-expert gate) × h"""
+    expert_gemm_s: object
+    """the E/p local experts' up (h→f_e/t, gated h→2f_e/t) and down (f_e/t→h) GEMMs on r rows
+    each: grouped when a GPU holds several experts, one GEMM each when it holds one"""
+    shared_gemm_s: object
+    """the shared experts as one dense MLP on all T tokens, split tp ways (0 without)"""
+    eltwise_s: object
+    """router softmax and top-k, the permutations, the experts' and shared experts' activations"""
+    matrix_flops: object
+    """FLOP of the three GEMM terms (the experts' at the capacity factor's rows)"""
+    local_experts: object
+    """E/p experts on this GPU"""
+    rows_per_expert: object
+    """r = T·k·c·p/E rows per local expert"""
+
+    @property
+    def gemm_s(self):
+        return self.router_gemm_s + self.expert_gemm_s + self.shared_gemm_s
+
+    @property
+    def compute_s(self):
+        return self.gemm_s + self.eltwise_s
+
+
+def moe_layer_forward(c: Context, xp, tokens, tp, ep) -> MoeLayerForward:
+    """Forward compute of one MoE layer on one GPU: `tokens` = T (b·s of the tp group; each GPU
+    routes T/tp of them), `tp` the tensor-parallel and `ep` the expert-parallel degree."""
+    e, h, k, E = c.elem_bytes, c.hidden, c.experts_per_token, c.experts
+    routed_tokens = tokens / tp                        # this GPU's sequence-parallel shard
+    local = E / ep
+    rows = expert_rows(c, tokens, ep)
+    f_cols = c.expert_feedforward / tp
+    up_cols = 2 * f_cols if c.gated_mlp else f_cols    # gated: gate and up side by side, as block.py
+    act_flops = ACTIVATION_FLOPS_PER_ELEM[c.mlp]
+
+    router_cols = E + (1.0 if c.shared_expert_gate else 0.0)
+    router = matmul_s(c, xp, routed_tokens, router_cols, h)
+    scores = routed_tokens * E
+    router_eltwise = (eltwise_s(c, xp, scores, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
+                      + eltwise_s(c, xp, scores, TOPK_FLOPS_PER_ELEM, e))
+
+    # Up and down GEMMs of the local experts: one grouped kernel each, or plain GEMMs for one expert.
+    grouped = grouped_gemm_s(c, xp, local, rows, up_cols, h) + grouped_gemm_s(c, xp, local, rows, h, f_cols)
+    single = matmul_s(c, xp, rows, up_cols, h) + matmul_s(c, xp, rows, h, f_cols)
+    experts = xp.where(local > 1, grouped, single)
+    expert_elems = local * rows * f_cols
+    if c.gated_mlp:
+        expert_act = eltwise_s(c, xp, expert_elems, act_flops, 3 * e)        # reads both halves, writes one
+    else:
+        expert_act = 0.0 if c.fused_activation else eltwise_s(c, xp, expert_elems, act_flops, 2 * e)
+
+    # Permute copies each routed row (read + write); unpermute reads the k outputs of a token and
+    # writes their weighted sum; with several local experts the gathered rows are sorted by
+    # expert before the GEMMs and back after them (Megatron's sort_chunks_by_idxs).
+    routed_elems = routed_tokens * k * h
+    gathered_elems = local * rows * h
+    permutations = (eltwise_s(c, xp, routed_elems, 0.0, 2 * e)
+                    + eltwise_s(c, xp, routed_elems, UNPERMUTE_FLOPS_PER_ELEM, e * (k + 1) / k)
+                    + xp.where(local > 1, 2 * eltwise_s(c, xp, gathered_elems, 0.0, 2 * e), 0.0))
+
+    if c.shared_feedforward:
+        s_cols = c.shared_feedforward / tp
+        s_up = 2 * s_cols if c.gated_mlp else s_cols
+        shared = matmul_s(c, xp, tokens, s_up, h) + matmul_s(c, xp, tokens, h, s_cols)
+        if c.gated_mlp:
+            shared_act = eltwise_s(c, xp, tokens * s_cols, act_flops, 3 * e)
+        else:
+            shared_act = 0.0 if c.fused_activation else eltwise_s(c, xp, tokens * s_cols, act_flops, 2 * e)
+        shared_flops = 2 * tokens * h * (s_up + s_cols)
+    else:
+        shared, shared_act, shared_flops = 0.0, 0.0, 0.0
+
+    return MoeLayerForward(
+        router_gemm_s=router, expert_gemm_s=experts, shared_gemm_s=shared,
+        eltwise_s=router_eltwise + expert_act + permutations + shared_act,
+        matrix_flops=(2 * routed_tokens * h * router_cols + 2 * local * rows * h * (up_cols + f_cols)
+                      + shared_flops),
+        local_experts=local, rows_per_expert=rows,
+    )
+
+
+@dataclass(frozen=True)
+class MoeCommunication:
+    """The MoE layer's collectives in one pass (forward; backward repeats each once), one GPU."""
+
+    dispatch_s: object
+    """all-to-all of the routed rows among the ep GPUs (network `ep_net`)"""
+    combine_s: object
+    """all-to-all of the expert outputs back (the same volume)"""
+    tp_gather_s: object
+    """all-gather of the received rows among the tp GPUs (network `tp_net`; 0 at tp 1)"""
+    tp_scatter_s: object
+    """reduce-scatter of the expert outputs' partial sums among the tp GPUs"""
+    all_to_all_bytes: object
+    """one all-to-all's message per GPU, e·(T/t)·k·c·h; (ep-1)/ep of it crosses the network"""
+
+    @property
+    def per_pass_s(self):
+        return self.dispatch_s + self.combine_s + self.tp_gather_s + self.tp_scatter_s
+
+
+def moe_communication(c: Context, xp, tokens, tp, ep, ep_net, tp_net) -> MoeCommunication:
+    """Token dispatch and combine (Megatron-LM's all-to-all dispatcher): each GPU sends its
+    (T/t)·k routed rows of h elements — c times as many at the busiest receiver — to the ep
+    GPUs holding their experts, ep-1 of ep parts over the network (Collective.all_to_all,
+    [1, -1]); with tp > 1 the rows received by a tp group are all-gathered before the expert
+    GEMMs and their partial sums reduce-scattered after (message T·k·c·h per GPU)."""
+    e, h, k = c.elem_bytes, c.hidden, c.experts_per_token
+    message = e * tokens / tp * k * c.capacity_factor * h
+    all_to_all = collective_s(c, xp, Collective.all_to_all, ep, message, ep_net)
+    gathered = message * tp
+    return MoeCommunication(
+        dispatch_s=all_to_all, combine_s=all_to_all,
+        tp_gather_s=collective_s(c, xp, Collective.all_gather, tp, gathered, tp_net),
+        tp_scatter_s=collective_s(c, xp, Collective.reduce_scatter, tp, gathered, tp_net),
+        all_to_all_bytes=message,
+    )
+
+
+@dataclass(frozen=True)
+class MoeMemory:
+    """What one MoE layer holds on one GPU: its parameters (count; the block's datatype, gradient
+    and optimizer bytes per parameter apply) and activation bytes for one microbatch."""
+
+    routed_params: object
+    """the E/p local experts, each split tp ways: routed expert parameters / (ep·tp)"""
+    shared_params: object
+    """the shared experts, split tp ways"""
+    router_params: object
+    """the router (and shared-expert gate), whole on every GPU"""
+    router_probs_bytes: object
+    """kept for backward: the softmax of the (T/t) × E router scores"""
+    expert_input_bytes: object
+    """kept: the gathered rows the local experts multiply, E/p · r × h"""
+    expert_intermediate_bytes: object
+    """kept: the up-projection output and the activation output, 2 (gated 3) · E/p · r × f_e/t"""
+    combine_input_bytes: object
+    """kept: the k expert outputs per routed token that unpermute weights, (T/t)·k × h"""
+    shared_intermediate_bytes: object
+    """kept: the shared experts' intermediates, 2 (gated 3) · T × f_s/t"""
+    all_to_all_buffer_bytes: object
+    """transient while the layer runs: one all-to-all's send and receive buffers"""
+
+    @property
+    def params(self):
+        return self.routed_params + self.shared_params + self.router_params
+
+    @property
+    def stored_bytes(self):
+        """Activations kept from forward to backward, in place of a dense MLP's intermediates
+        (the layer's input, the second norm's output, is the block's, as for a dense MLP)."""
+        return (self.router_probs_bytes + self.expert_input_bytes + self.expert_intermediate_bytes
+                + self.combine_input_bytes + self.shared_intermediate_bytes)
+
+
+def moe_memory(c: Context, xp, tokens, tp, ep) -> MoeMemory:
+    """Parameters and activation bytes of one MoE layer on one GPU (Korthikanti et al. 2022 §4's
+    accounting applied to the layers above: every GEMM input and activation input is kept)."""
+    e, h, k = c.elem_bytes, c.hidden, c.experts_per_token
+    local = c.experts / ep
+    rows = expert_rows(c, tokens, ep)
+    intermediates = 3 if c.gated_mlp else 2            # as block.py: gated keeps h→2f_e output and the gate's
+    return MoeMemory(
+        routed_params=c.routed_expert_params / (ep * tp),
+        shared_params=c.shared_expert_params / tp,
+        router_params=c.router_params,
+        router_probs_bytes=e * tokens / tp * c.experts,
+        expert_input_bytes=e * local * rows * h,
+        expert_intermediate_bytes=intermediates * e * local * rows * c.expert_feedforward / tp,
+        combine_input_bytes=e * tokens / tp * k * h,
+        shared_intermediate_bytes=intermediates * e * tokens * c.shared_feedforward / tp,
+        all_to_all_buffer_bytes=2 * e * tokens / tp * k * c.capacity_factor * h,
+    )
