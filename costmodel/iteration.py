@@ -13,6 +13,7 @@ from costmodel.block import (BlockForward, StoredActivations, block_forward_time
                              eltwise_s, gemm_s)
 from costmodel.comm import collective_s, overlapped, tp_overlap_terms
 from costmodel.context import Context
+from costmodel.pipeline import blocks_in_flight, blocks_in_flight_last_stage, bubble_microbatches
 from costmodel.system import Collective
 
 # FLOP per parameter of an Adam step (moment updates, bias correction, square root, divide,
@@ -110,29 +111,6 @@ class IterationTerms:
     def named(self, names: tuple[str, ...]) -> dict:
         """The terms called `names` (e.g. TIME_TERMS), by name, for output."""
         return {name: getattr(self, name) for name in names}
-
-
-def bubble_microbatches(xp, p, v, microbatches):
-    """The 1F1B bubble in microbatch times: (p-1)/v once the pipeline is full; with fewer
-    microbatches than stages interleaving cannot fill it and it is p-1."""
-    return xp.where(microbatches >= p, (p - 1) / v, p - 1.0)
-
-
-def blocks_in_flight(xp, blocks_per_stage, p, v, microbatches):
-    """Blocks whose activations are alive at the peak on a first-stage GPU: p microbatches of
-    the stage's blocks for 1F1B; (p·v + p - 1) chunks of blocks/(p·v) blocks when
-    interleaved (Korthikanti et al. 2022 §4.2.3: L·(1 + (p-1)/(p·v)) layers); fewer if there
-    are fewer microbatches."""
-    return xp.where(v == 1, blocks_per_stage * xp.minimum(p, microbatches),
-                    blocks_per_stage / v * xp.minimum(microbatches * v, p * v + p - 1))
-
-
-def blocks_in_flight_last_stage(xp, blocks_per_stage, p, v, microbatches):
-    """Blocks whose activations are alive at the peak on a last-stage GPU: one microbatch
-    for 1F1B (its backward follows its forward at once); (p·v - p + 1) chunks when
-    interleaved (Megatron's warm-up of (v-1)·p chunks on the last rank, plus one); fewer if
-    there are fewer microbatches. With p = 1 it equals blocks_in_flight."""
-    return blocks_per_stage / v * xp.minimum(microbatches * v, p * v - p + 1)
 
 
 def _rate(bytes_per_s: float) -> float:
