@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +27,7 @@ from costmodel.mapping import Mapping
 from costmodel.ops import ArrayOps, ScalarOps
 from costmodel.pipeline import layout_problem, stage_blocks, stage_blocks_in_flight
 from costmodel.system import Collective
+from solver.cli.app import cli
 from tests.strategies import divisors, mappings, models, systems
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,14 +161,15 @@ def test_layouts_the_rule_refuses(num_blocks, pp, interleaving, fragments):
 @example(126, 16, 3)
 def test_the_rule_is_megatrons_split_with_embedding_and_loss_counted_as_blocks(num_blocks, pp, v):
     """Valid by the rule exactly when Megatron-LM builds it (even, or with both
-    account_for_* flags when pp does not divide L, pp > 2 and every stage keeps a block), with
-    the same blocks per stage, and the chunks `stage_blocks_in_flight` assumes: ⌈stage/v⌉
-    each, the first chunk of the first stage and the last of the last one short."""
+    account_for_* flags when pp does not divide L) with a block on every stage, with the same
+    blocks per stage, and the chunks `stage_blocks_in_flight` assumes: ⌈stage/v⌉ each, the
+    first chunk of the first stage and the last of the last one short (a chunk may be empty,
+    as Megatron-LM allows)."""
     if pp == 1 and v > 1:
         return
     ours = layout_problem(num_blocks, pp, v) is None
     theirs = megatron_layout(num_blocks, pp, v)
-    valid_theirs = theirs is not None and (num_blocks % pp == 0 or pp > 2) and min(map(sum, theirs)) >= 1
+    valid_theirs = theirs is not None and min(map(sum, theirs)) >= 1
     assert ours == valid_theirs
     if not ours:
         return
@@ -284,6 +287,9 @@ def test_a_last_stage_with_a_middle_stages_blocks_sets_the_pace_and_the_paramete
     pipeline, optimizer, hbm = _by_hand(mapping, 6, 8, 8, (6 * 16, 8 * 15, 8))
     assert ev.iteration_time_s - ev.time_s["dp_comm_s"] - ev.time_s["optimizer_s"] == pytest.approx(pipeline, rel=1e-12)
     assert ev.time_s["optimizer_s"] == pytest.approx(optimizer, rel=1e-12)
+    memory = ev.memory_bytes
+    assert (memory["first_stage_hbm_bytes"], memory["second_stage_hbm_bytes"], memory["last_stage_hbm_bytes"]) == \
+        pytest.approx(hbm, rel=1e-12)
     c = Context.build(LLAMA_405B, H100, mapping.datatype, mapping.kernels)
     view = _scalar_fields(mapping)
     blk, head = block_terms(c, view, ScalarOps), output_layer_s(c, view, ScalarOps)
@@ -410,3 +416,15 @@ def test_a_file_stating_no_blocks_on_a_stage_is_refused_naming_the_field(write_f
     with pytest.raises(InputError) as excinfo:
         load_mapping(path)
     assert "\n" not in str(excinfo.value) and "pipeline_first_stage_blocks" in str(excinfo.value)
+
+
+def test_mapsat_eval_reads_a_layout_from_a_mapping_file(write_file):
+    mapping = _405b(pipeline_first_stage_blocks=6, pipeline_last_stage_blocks=8).model_dump(mode="json")
+    path = write_file("mapping.json", mapping)
+    run = CliRunner().invoke(cli, ["eval", "--model", str(ROOT / "problems/models/llama-3.1-405b/config.json"),
+                                   "--seq-size", "8192", "--system", str(ROOT / "problems/systems/h100-80g-nvl8.yaml"),
+                                   "--mapping", str(path), "--json"])
+    assert run.exit_code == 0, run.output
+    doc = json.loads(run.output)
+    assert doc["mapping"]["pipeline_first_stage_blocks"] == 6 and doc["mapping"]["pipeline_last_stage_blocks"] == 8
+    assert doc["memory"]["hbm_bytes"] == max(doc["memory"][f"{s}_stage_hbm_bytes"] for s in ("first", "second", "last"))
