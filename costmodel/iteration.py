@@ -199,8 +199,10 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     t, p, dp, v, b = m.tp, m.pp, m.dp, m.interleaving, m.microbatch
     e = c.elem_bytes
     microbatches = m.batch / dp / b
-    # blocks of a first, a middle and a last stage: a mapping file's layout, else pp's rule
+    # blocks of a first, a middle and a last stage: a mapping file's layout, else pp's rule;
+    # equal stages come as one value, and their formulas reduce to the shorter ones below
     first, middle, last = stage_blocks(xp, c.blocks, p, m.first_stage_blocks, m.last_stage_blocks)
+    equal_stages = first is middle is last
 
     # ---- one block, one microbatch ----
     blk = block_terms(c, m, xp)
@@ -225,13 +227,15 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     # breakdown below is that stage's.
     block_fwd_total = block_fwd + off_fwd_exposed
     block_bwd_total = block_bwd + recompute + off_bwd_exposed
-    first_micro = first * block_fwd_total + first * block_bwd_total
-    middle_micro = middle * block_fwd_total + middle * block_bwd_total
-    last_micro = (last * block_fwd_total + head_fwd) + (last * block_bwd_total + head_bwd)
-    last_paces = last_micro >= xp.maximum(first_micro, middle_micro)
-    pace_blocks = xp.where(last_paces, last, xp.where(middle_micro >= first_micro, middle, first))
-    pace_head_fwd = xp.where(last_paces, head_fwd, 0.0)
-    pace_head_bwd = xp.where(last_paces, head_bwd, 0.0)
+    if equal_stages:
+        pace_blocks, pace_head_fwd, pace_head_bwd = last, head_fwd, head_bwd
+    else:
+        block_total = block_fwd_total + block_bwd_total
+        fullest = xp.maximum(first, middle)              # of the stages without the output layer
+        last_paces = last * block_total + (head_fwd + head_bwd) >= fullest * block_total
+        pace_blocks = xp.where(last_paces, last, fullest)
+        pace_head_fwd = xp.where(last_paces, head_fwd, 0.0)
+        pace_head_bwd = xp.where(last_paces, head_bwd, 0.0)
     stage_fwd = pace_blocks * block_fwd_total + pace_head_fwd
     stage_bwd = pace_blocks * block_bwd_total + pace_head_bwd
     # Stage boundaries send the activation forward and its gradient back, split across the
@@ -261,12 +265,16 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     # the stage with the most sets the reduction and the optimizer step.
     first_extra = c.embedding_params + xp.where(p == 1, output_matrix, 0.0)
     last_extra = output_matrix + xp.where(p == 1, c.embedding_params, 0.0)
-    first_params = first * block_params + first_extra / t
-    middle_params = middle * block_params
-    last_params = last * block_params + last_extra / t
-    stage_params = xp.maximum(xp.maximum(first_params, last_params), middle_params)
-    last_most = last_params >= xp.maximum(first_params, middle_params)
-    params_blocks = xp.where(last_most, last, xp.where(first_params >= middle_params, first, middle))
+    if equal_stages:                          # the blocks and the larger of the two extras
+        stage_params = first * block_params + xp.maximum(first_extra, last_extra) / t
+        params_blocks = first
+    else:
+        first_params = first * block_params + first_extra / t
+        middle_params = middle * block_params
+        last_params = last * block_params + last_extra / t
+        stage_params = xp.maximum(xp.maximum(first_params, last_params), middle_params)
+        last_most = last_params >= xp.maximum(first_params, middle_params)
+        params_blocks = xp.where(last_most, last, xp.where(first_params >= middle_params, first, middle))
     grad_bytes = stage_params * c.grad_comm_bytes
     # ZeRO stages (Rajbhandari et al. 2020 §5, §7): 0 all-reduces the gradients once; 1
     # reduce-scatters them and all-gathers the updated 16-bit weights; 2 keeps only its
@@ -309,11 +317,10 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
 
     iteration_s = pipeline_s + dp_exposed + dp_stolen + optimizer_s
 
-    # ---- memory of a GPU in the first, the second and the last pipeline stage (one GPU when
-    # pp = 1): the first holds the most activations of its blocks and the embeddings, the last
-    # the output layer and the logits; of the middle stages the second holds the most (the
-    # microbatches in flight shrink with the stage's rank), and with uneven stages it can
-    # hold more than the first (p - 1 microbatches of m blocks against p of m - 1) ----
+    # ---- memory of a GPU in the first, the second and the last stage (one GPU when pp = 1):
+    # the first holds the embeddings and the most microbatches in flight, the last the output
+    # layer and the logits; the second, the fullest middle stage, can top the first when
+    # stages are uneven (p - 1 microbatches of m blocks against p of m - 1) ----
     state_per_param = e / weight_shards + g / grad_shards + c.optimizer_bytes_per_param / opt_shards
 
     def activations_in_hbm(blocks_alive, activations):
@@ -330,8 +337,11 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     tokens = b * c.seq
     logits = (tokens * c.vocab / t * (LOGIT_BYTES_KEPT + LOGIT_GRAD_BYTES)
               + e * tokens * c.hidden / xp.where(m.seq_par, t, 1.0))      # and the output GEMM's input
-    first_state, second_state, last_state = (blocks_state(c, m, xp, blocks, weight_shards, grad_shards, opt_shards)
-                                             for blocks in (first, middle, last))
+    first_state = blocks_state(c, m, xp, first, weight_shards, grad_shards, opt_shards)
+    # (equal stages, and by the rule the first and the last, are one value: one state)
+    second_state, last_state = (first_state if blocks is first
+                                else blocks_state(c, m, xp, blocks, weight_shards, grad_shards, opt_shards)
+                                for blocks in (middle, last))
     first_alive, second_alive, last_alive = stage_blocks_in_flight(xp, first, middle, last, p, v, microbatches)
     activations, second_activations, last_activations = (act.stored * first_alive, act.stored * second_alive,
                                                           act.stored * last_alive)
@@ -342,9 +352,10 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     last_hbm = (stage_hbm(last_state, activations_in_hbm(last_alive, last_activations)) + output_layer + logits
                 + xp.where(single_stage, embedding, 0.0))
     hbm = xp.maximum(xp.maximum(first_hbm, last_hbm), second_hbm)
-    offload = xp.maximum(xp.maximum(offloaded_bytes(m, xp, first_state, activations),
-                                    offloaded_bytes(m, xp, last_state, last_activations)),
-                         offloaded_bytes(m, xp, second_state, second_activations))
+    offload = offloaded_bytes(m, xp, first_state, activations)
+    if not equal_stages:                      # (equal, the first holds the most activations)
+        offload = xp.maximum(xp.maximum(offload, offloaded_bytes(m, xp, last_state, last_activations)),
+                             offloaded_bytes(m, xp, second_state, second_activations))
 
     model_flops = c.model_flops_per_sample * m.batch
     recompute_flops = c.blocks * t / b * (fw.kernel_recompute_flops + xp.where(

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, create_model, field_serializer, field_validator, model_serializer, model_validator
+from pydantic import (BaseModel, Field, create_model, field_serializer, field_validator, model_serializer,
+                      model_validator)
 
 import costmodel.limits as limits
 from costmodel.choices import AttentionType, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
@@ -65,9 +66,10 @@ class _MappingBase(BaseModel):
         "float32", description="How gradients are kept: float32 main gradients (Megatron-LM) or 16bit (DeepSpeed); "
                                "a setting of the problem, not searched.")
     pipeline_first_stage_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = Field(
-        None, gt=0, description="Blocks on the first pipeline stage (Megatron-LM's --decoder-first-pipeline-num-layers); "
-                                "the stages between the first and the last hold equal numbers. Default: the layout rule "
-                                "(num_blocks/pipeline_par, or with uneven stages one fewer than a middle stage).")
+        None, gt=0, description="Blocks on the first pipeline stage (Megatron-LM's "
+                                "--decoder-first-pipeline-num-layers); the stages between the first and the last hold "
+                                "equal numbers. Default: the layout rule (num_blocks/pipeline_par, or with uneven "
+                                "stages one fewer than a middle stage).")
     pipeline_last_stage_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = Field(
         None, gt=0, description="Blocks on the last pipeline stage (Megatron-LM's --decoder-last-pipeline-num-layers); "
                                 "default as pipeline_first_stage_blocks.")

@@ -43,11 +43,17 @@ def stage_blocks(xp, num_blocks, pp, first=None, last=None):
     valid: `layout_problem` says why one is not). A mapping file's explicit layout (scalars)
     gives either or both; one left out is a middle stage (Megatron-LM's rule). With pp ≤ 2
     there is no middle stage and `middle` is min(first, last): a stage the first and the last
-    dominate in time, parameters and memory, so the formulas need no special case."""
+    dominate in time, parameters and memory, so the formulas need no special case.
+
+    Equal stages come back as one value (the same object three times), which the formulas
+    recognise to skip what cannot differ between stages."""
     if first is None and last is None:
         even = num_blocks / pp
+        # pp divides L: L/pp is whole (exactly so in floating point for L <= 2^20, pp <= 2^24)
+        is_even = xp.floor(even) == even
+        if xp.all(is_even):
+            return even, even, even
         middle = (num_blocks + EMBEDDING_AND_LOSS_BLOCKS) / pp
-        is_even = num_blocks % pp == 0
         end = xp.where(is_even, even, middle - 1.0)
         return end, xp.where(is_even, even, middle), end
     given = [b for b in (first, last) if b is not None]
@@ -80,7 +86,8 @@ def layout_problem(num_blocks: int, pp: int, interleaving: int, first: int | Non
     if pp == 1:
         for name, blocks in given:
             if blocks != num_blocks:
-                return f"{name}({blocks}) ≠ num_blocks({num_blocks}): with pipeline_par(1) the one stage holds every block"
+                return (f"{name}({blocks}) ≠ num_blocks({num_blocks}): with pipeline_par(1) the one stage holds "
+                        f"every block")
         return None
     stated = " + ".join(f"{name}({blocks})" for name, blocks in given)
     taken = sum(blocks for _, blocks in given)
@@ -169,7 +176,7 @@ def short_first_chunks_in_flight(xp, p, v, microbatches):
     r = n mod p (2p - 1 when p divides n). When that chunk is one block short (uneven
     stages), the peak holds this many blocks fewer than with full chunks. Derived from the
     schedule and checked against a step-by-step replay of it (tests/test_uneven_stages.py)."""
-    rest = microbatches % p
+    rest = microbatches - xp.floor(microbatches / p) * p
     interleaved = xp.where(microbatches < 2 * p, microbatches,
                            xp.maximum(2 * p - 1 - (v - 1) * rest, p + rest))
     return xp.where(v == 1, xp.minimum(p, microbatches), interleaved)
@@ -189,10 +196,14 @@ def stage_blocks_in_flight(xp, first, middle, last, p, v, microbatches):
     (last) stage whose blocks v does not divide has chunks of ⌈first/v⌉ blocks, its first
     (last) one short by the remainder — at most one block in the layouts `layout_problem`
     accepts, the case the short-chunk counts above are exact for."""
-    first_short = (v - first % v) % v
-    last_short = (v - last % v) % v
-    first_alive = (blocks_in_flight(xp, first + first_short, p, v, microbatches)
-                   - first_short * short_first_chunks_in_flight(xp, p, v, microbatches))
-    last_alive = (blocks_in_flight_last_stage(xp, last + last_short, p, v, microbatches)
-                  - last_short * short_last_chunks_in_flight(xp, p, v, microbatches))
+    if first is middle is last:          # equal stages (one value from stage_blocks): no short chunk
+        return (blocks_in_flight(xp, first, p, v, microbatches),
+                blocks_in_flight_second_stage(xp, first, p, v, microbatches),
+                blocks_in_flight_last_stage(xp, first, p, v, microbatches))
+    first_full = xp.floor((first + v - 1) / v) * v            # v chunks of ⌈first/v⌉ blocks
+    last_full = xp.floor((last + v - 1) / v) * v
+    first_alive = (blocks_in_flight(xp, first_full, p, v, microbatches)
+                   - (first_full - first) * short_first_chunks_in_flight(xp, p, v, microbatches))
+    last_alive = (blocks_in_flight_last_stage(xp, last_full, p, v, microbatches)
+                  - (last_full - last) * short_last_chunks_in_flight(xp, p, v, microbatches))
     return first_alive, blocks_in_flight_second_stage(xp, middle, p, v, microbatches), last_alive

@@ -47,7 +47,8 @@ def blocks_state(c: Context, m, xp, blocks, weight_shards, grad_shards, opt_shar
     resident_blocks = xp.minimum(RESIDENT_BLOCKS, blocks)
     sharding_buffer = (xp.where(m.zero_3, resident_blocks * block_params * e, 0.0)
                        + xp.where(m.zero_2 | m.zero_3, block_params * g, 0.0))
-    weights_hbm = xp.where(m.weight_offload, resident_blocks * block_params * (e + g), weights + grads) + sharding_buffer
+    weights_hbm = (xp.where(m.weight_offload, resident_blocks * block_params * (e + g), weights + grads)
+                   + sharding_buffer)
     return StageState(weights, grads, optimizer, sharding_buffer, weights_hbm,
                       xp.where(m.optimizer_offload, 0.0, optimizer))
 

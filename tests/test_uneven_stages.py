@@ -5,6 +5,7 @@ layout, and one-line errors for layouts that cannot be."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from costmodel.block import eltwise_s
@@ -21,7 +22,8 @@ from costmodel.context import Context
 from costmodel.encoding import MappingArrays
 from costmodel.errors import InputError
 from costmodel.evaluate import _scalar_fields, evaluate, evaluate_arrays
-from costmodel.iteration import ADAM_FLOPS_PER_PARAM, MEMORY_TERMS, TIME_TERMS, block_terms, output_layer_s
+from costmodel.iteration import (ADAM_FLOPS_PER_PARAM, MEMORY_TERMS, TIME_TERMS, IterationTerms, block_terms,
+                                 output_layer_s)
 from costmodel.load import load_mapping, load_model, load_system
 from costmodel.mapping import Mapping
 from costmodel.ops import ArrayOps, ScalarOps
@@ -351,6 +353,23 @@ def test_scalar_and_array_evaluators_agree_on_uneven_stages(problem):
         assert math.isclose(sum(ev.time_s.values()), ev.iteration_time_s, rel_tol=1e-9)
         stages = [ev.memory_bytes[f"{s}_stage_hbm_bytes"] for s in ("first", "second", "last")]
         assert ev.hbm_bytes == max(stages)
+
+
+@settings(max_examples=40, deadline=None)
+@given(uneven_problems())
+def test_even_mappings_score_bit_for_bit_the_same_beside_uneven_ones(problem):
+    """Equal stages take shorter formulas (costmodel.iteration); beside uneven mappings in one
+    array they take the general ones, which must give exactly the same numbers."""
+    model, system, batch = problem
+    even = [m for m in batch if model.num_blocks % m.pp == 0]
+    uneven = [m for m in batch if model.num_blocks % m.pp]
+    assume(even and uneven)
+    kernel = (batch[0].datatype, batch[0].kernels)
+    alone = evaluate_arrays(model, system, MappingArrays.from_mappings(even), *kernel).terms
+    mixed = evaluate_arrays(model, system, MappingArrays.from_mappings(even + uneven), *kernel).terms
+    for field in dataclasses.fields(IterationTerms):
+        got = np.broadcast_to(getattr(mixed, field.name), (len(batch),))[:len(even)]
+        assert np.array_equal(got, np.broadcast_to(getattr(alone, field.name), (len(even),))), field.name
 
 
 # ---------------------------------------------------------------- the mapping file's layout
