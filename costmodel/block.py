@@ -34,7 +34,7 @@ arrive around a ring of c GPUs, one chunk of K and V per step (Megatron-LM's def
 attn_forward_func_with_cp; Liu et al. 2023, Ring Attention). The 2·c chunks of Megatron's
 causal load balancing (megatron/training/utils.py get_batch_on_this_cp_rank) give every
 GPU the same share, 1/c, of the attention core's work. The ring itself is timed in
-costmodel.iteration (`cp_ring_terms`).
+costmodel.comm (`cp_ring_terms`).
 """
 
 from __future__ import annotations

@@ -103,7 +103,9 @@ def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
     name): whole numbers as floats, network indices as indices, switches as Booleans, and
     for each choice one Boolean per member, `<dimension>_<member>` (`recompute_full`,
     `tp_comm_rs_ag`, `tp_overlap_ring`, `zero_3`, `sched_zb_h1`: a '-' in a value reads '_'). Two derived names: `num_procs` = tp·cp·pp·dp and
-    `seq_par` = tp_comm_rs_ag (sequence parallelism)."""
+    `seq_par` = tp_comm_rs_ag (sequence parallelism). `first_stage_blocks` and `last_stage_blocks`
+    are None: the stages' blocks follow pp by the layout rule (costmodel.pipeline); one
+    mapping's view may state them (`_scalar_fields`)."""
     view = {}
     for name, _, kind, predicates in _VIEW:
         value = codes[name]
@@ -118,11 +120,16 @@ def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
             view[name] = as_float(value)
     view["num_procs"] = view["tp"] * view["cp"] * view["pp"] * view["dp"]
     view["seq_par"] = view["tp_comm_rs_ag"]
+    view["first_stage_blocks"] = view["last_stage_blocks"] = None
     return SimpleNamespace(**view)
 
 
 def _scalar_fields(mapping: Mapping) -> SimpleNamespace:
-    return formula_view({name: _CODE_OF[name](getattr(mapping, field)) for name, field, _, _ in _VIEW}, float, int)
+    """One mapping's view, with the stages' blocks its file states (None: pp's rule)."""
+    view = formula_view({name: _CODE_OF[name](getattr(mapping, field)) for name, field, _, _ in _VIEW}, float, int)
+    view.first_stage_blocks = mapping.pipeline_first_stage_blocks
+    view.last_stage_blocks = mapping.pipeline_last_stage_blocks
+    return view
 
 
 def _reasons(checks: dict, terms: IterationTerms, c: Context, m) -> tuple[str, ...]:

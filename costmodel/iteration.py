@@ -1,5 +1,6 @@
 """One training iteration: the block costs assembled into pipeline, data-parallel and
-optimizer time, and the memory a GPU of the first and of the last pipeline stage holds.
+optimizer time, and the memory a GPU of the first, the second and the last pipeline stage
+holds (the stages' blocks and schedule: costmodel.pipeline).
 
 Written once against the backend interface of costmodel.ops, so `m` may hold scalars (one
 mapping) or numpy arrays (many). Every returned name is a term a person can trace.
@@ -11,18 +12,24 @@ from dataclasses import dataclass
 
 from costmodel.block import (BlockForward, StoredActivations, block_forward_times, block_stored_activation_bytes,
                              eltwise_s, gemm_s)
-from costmodel.comm import collective_s, overlapped, tp_overlap_terms
+from costmodel.comm import collective_s, cp_ring_terms, overlapped, tp_overlap_terms
 from costmodel.context import Context
+from costmodel.pipeline import (blocks_in_flight, blocks_in_flight_last_stage, bubble_microbatches, stage_blocks,
+                                stage_blocks_in_flight)
+from costmodel.stage_state import RESIDENT_BLOCKS, blocks_state, offloaded_bytes
 from costmodel.system import Collective
+
+# blocks_in_flight*, bubble_microbatches (costmodel.pipeline) and RESIDENT_BLOCKS
+# (costmodel.stage_state) are read from here too.
+__all__ = ["ADAM_FLOPS_PER_PARAM", "MEMORY_TERMS", "RESIDENT_BLOCKS", "TIME_TERMS", "BlockTerms", "IterationTerms",
+           "block_terms", "blocks_in_flight", "blocks_in_flight_last_stage", "bubble_microbatches", "iteration_terms",
+           "output_layer_s"]
 
 # FLOP per parameter of an Adam step (moment updates, bias correction, square root, divide,
 # weight decay, update): about 12 element-wise operations.
 ADAM_FLOPS_PER_PARAM = 12.0
 # Softmax + cross-entropy over the logits: ~6 FLOP per logit, as the attention softmax.
 CROSS_ENTROPY_FLOPS_PER_ELEM = 6.0
-# Offloaded state keeps two blocks in HBM: the one computing and the one in transit
-# (the paper's reason why 128T needs 120 GiB of HBM).
-RESIDENT_BLOCKS = 2.0
 
 TIME_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "bubble_s",
               "dp_comm_s", "optimizer_s", "offload_s")
@@ -35,8 +42,8 @@ LOGIT_GRAD_BYTES = 2.0
 
 MEMORY_TERMS = ("weights_bytes", "weight_grads_bytes", "optimizer_bytes", "sharding_buffer_bytes", "embedding_bytes",
                 "activations_bytes", "activation_workspace_bytes", "output_layer_bytes", "logits_bytes",
-                "last_stage_activations_bytes", "runtime_reserve_bytes", "first_stage_hbm_bytes",
-                "last_stage_hbm_bytes")
+                "last_stage_activations_bytes", "second_stage_activations_bytes", "runtime_reserve_bytes",
+                "first_stage_hbm_bytes", "second_stage_hbm_bytes", "last_stage_hbm_bytes")
 
 
 @dataclass(frozen=True)
@@ -69,9 +76,10 @@ class BlockTerms:
 @dataclass(frozen=True)
 class IterationTerms:
     """Every named term of one iteration (SI units; each a scalar or an array). The time
-    terms (`TIME_TERMS`) add up to `iteration_s`; the memory terms (`MEMORY_TERMS`) are per
-    GPU, of the first pipeline stage unless named for the last; docs/cost-model.md gives
-    each formula."""
+    terms (`TIME_TERMS`) add up to `iteration_s`, those of the pipeline (forward to offload)
+    on the slowest stage; the memory terms (`MEMORY_TERMS`) are per GPU, of the first
+    pipeline stage unless named for the second or the last; docs/cost-model.md gives each
+    formula."""
 
     iteration_s: object
     forward_s: object
@@ -97,11 +105,16 @@ class IterationTerms:
     logits_bytes: object
     """the fp32 logits kept for the loss, their 16-bit gradient and the output GEMM's input"""
     last_stage_activations_bytes: object
+    second_stage_activations_bytes: object
+    """stored activations in flight on the second stage (a middle one when pp > 2)"""
     runtime_reserve_bytes: object
     first_stage_hbm_bytes: object
+    second_stage_hbm_bytes: object
+    """its blocks' state and activations: more than the first's when uneven stages give the
+    first one block fewer and pp exceeds the middle stages' blocks"""
     last_stage_hbm_bytes: object
     hbm_bytes: object
-    """the larger of the first and the last stage's HBM use"""
+    """the largest of the first, the second and the last stage's HBM use"""
     weights_hbm_bytes: object
     optimizer_hbm_bytes: object
     activations_hbm_bytes: object
@@ -116,49 +129,10 @@ class IterationTerms:
         return {name: getattr(self, name) for name in names}
 
 
-def bubble_microbatches(xp, p, v, microbatches):
-    """The 1F1B bubble in microbatch times: (p-1)/v once the pipeline is full; with fewer
-    microbatches than stages interleaving cannot fill it and it is p-1."""
-    return xp.where(microbatches >= p, (p - 1) / v, p - 1.0)
-
-
-def blocks_in_flight(xp, blocks_per_stage, p, v, microbatches):
-    """Blocks whose activations are alive at the peak on a first-stage GPU: p microbatches of
-    the stage's blocks for 1F1B; (p·v + p - 1) chunks of blocks/(p·v) blocks when
-    interleaved (Korthikanti et al. 2022 §4.2.3: L·(1 + (p-1)/(p·v)) layers); fewer if there
-    are fewer microbatches."""
-    return xp.where(v == 1, blocks_per_stage * xp.minimum(p, microbatches),
-                    blocks_per_stage / v * xp.minimum(microbatches * v, p * v + p - 1))
-
-
-def blocks_in_flight_last_stage(xp, blocks_per_stage, p, v, microbatches):
-    """Blocks whose activations are alive at the peak on a last-stage GPU: one microbatch
-    for 1F1B (its backward follows its forward at once); (p·v - p + 1) chunks when
-    interleaved (Megatron's warm-up of (v-1)·p chunks on the last rank, plus one); fewer if
-    there are fewer microbatches. With p = 1 it equals blocks_in_flight."""
-    return blocks_per_stage / v * xp.minimum(microbatches * v, p * v - p + 1)
-
-
 def _rate(bytes_per_s: float) -> float:
     # No offload tier: its flags are never on, so its traffic is 0 bytes; an infinite rate
     # keeps 0 / rate = 0 without dividing by zero.
     return bytes_per_s if bytes_per_s > 0 else float("inf")
-
-
-def cp_ring_terms(c: Context, m, xp, fw: BlockForward):
-    """The context-parallel K/V ring of one block, forward and backward: exposed time and
-    the compute it steals, each. Forward passes this GPU's K and V chunk (b·s/cp tokens ×
-    2·g·d/tp columns) cp-1 steps around the ring; backward passes K and V again and their
-    gradients back (twice the bytes). Each step's transfer overlaps the attention core of
-    the step (Megatron-LM / TransformerEngine run them on separate streams), so only the
-    excess over the core is exposed, and the hidden part takes the network's compute usage."""
-    kv_chunk = c.elem_bytes * m.microbatch * c.seq / m.cp * 2 * c.kv_heads / m.tp * c.head_size
-    step = collective_s(c, xp, Collective.p2p, m.cp, kv_chunk, m.cp_net)
-    ring_fwd = (m.cp - 1) * step
-    usage = xp.pick(c.net_usage, m.cp_net)
-    fwd_exposed, fwd_stolen = overlapped(ring_fwd, fw.attention_core_s, 1.0, usage, xp)
-    bwd_exposed, bwd_stolen = overlapped(2 * ring_fwd, 2 * fw.attention_core_s + fw.kernel_recompute_s, 1.0, usage, xp)
-    return fwd_exposed + fwd_stolen, bwd_exposed + bwd_stolen
 
 
 def block_terms(c: Context, m, xp) -> BlockTerms:
@@ -233,7 +207,10 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     t, p, dp, v, b = m.tp, m.pp, m.dp, m.interleaving, m.microbatch
     e = c.elem_bytes
     microbatches = m.batch / dp / b
-    blocks_per_stage = c.blocks / p
+    # blocks of a first, a middle and a last stage: a mapping file's layout, else pp's rule;
+    # equal stages come as one value, and their formulas reduce to the shorter ones below
+    first, middle, last = stage_blocks(xp, c.blocks, p, m.first_stage_blocks, m.last_stage_blocks)
+    equal_stages = first is middle is last
 
     # ---- one block, one microbatch ----
     blk = block_terms(c, m, xp)
@@ -249,9 +226,26 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     head_fwd = output_layer_s(c, m, xp)
     head_bwd = 2 * head_fwd
 
-    # ---- pipeline: 1F1B, interleaved over v chunks per stage ----
-    stage_fwd = blocks_per_stage * (block_fwd + off_fwd_exposed) + head_fwd
-    stage_bwd = blocks_per_stage * (block_bwd + recompute + off_bwd_exposed) + head_bwd
+    # ---- pipeline: 1F1B, interleaved over v chunks per stage, at the slowest stage's pace ----
+    # Each stage's microbatch takes its own time: the first its blocks (the embedding lookup,
+    # passes over b·s·h elements, is not timed: ~2 % of a block's forward for Llama 3.1 405B
+    # at tp 8, while the first stage holds a block fewer than the middle ones or, when even,
+    # no output layer), a middle stage its blocks, the last its blocks and the output layer.
+    # The slowest sets the pace (the last on a tie, and always with equal stages); the
+    # breakdown below is that stage's.
+    block_fwd_total = block_fwd + off_fwd_exposed
+    block_bwd_total = block_bwd + recompute + off_bwd_exposed
+    if equal_stages:
+        pace_blocks, pace_head_fwd, pace_head_bwd = last, head_fwd, head_bwd
+    else:
+        block_total = block_fwd_total + block_bwd_total
+        fullest = xp.maximum(first, middle)              # of the stages without the output layer
+        last_paces = last * block_total + (head_fwd + head_bwd) >= fullest * block_total
+        pace_blocks = xp.where(last_paces, last, fullest)
+        pace_head_fwd = xp.where(last_paces, head_fwd, 0.0)
+        pace_head_bwd = xp.where(last_paces, head_bwd, 0.0)
+    stage_fwd = pace_blocks * block_fwd_total + pace_head_fwd
+    stage_bwd = pace_blocks * block_bwd_total + pace_head_bwd
     # Stage boundaries send the activation forward and its gradient back, split across the
     # tp ranks (Megatron's scatter-gather of pipeline tensors); v chunks mean v boundaries.
     p2p_s = collective_s(c, xp, Collective.p2p, p, act_message / t, m.pp_net)
@@ -263,8 +257,9 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     # (p-1)·(T_F + T_B - T_W): the deferred W passes fill the cool-down. W is a stage's
     # weight-gradient GEMMs, as long as its forward GEMMs (each backward GEMM is one forward
     # GEMM); on the non-interleaved schedule only (v = 1; with v > 1 it changes nothing).
+    # With uneven stages T_F, T_B and T_W are the slowest stage's.
     zero_bubble = m.sched_zb_h1 & (v == 1)
-    weight_grad_s = blocks_per_stage * fw.gemm_s
+    weight_grad_s = pace_blocks * fw.gemm_s
     bubble_s = xp.where(zero_bubble, (p - 1) * (micro_s - 2 * weight_grad_s), bubble_micro * micro_s)
     pipeline_s = xp.where(zero_bubble, microbatches * micro_s + bubble_s, (microbatches + bubble_micro) * micro_s)
 
@@ -273,11 +268,21 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     # stage if that is not the first (Megatron-LM keeps one and all-reduces its gradient with
     # the embedding's), none when pp = 1.
     output_matrix = xp.where(p > 1, c.output_layer_params, 0.0 if c.tied_embeddings else c.output_layer_params)
-    # The stage with the most parameters outside its blocks (first: embeddings; last: output
-    # layer; both when pp = 1) sets the reduction and the optimizer step.
+    # Each stage reduces and steps its own parameters (first: its blocks and the embeddings;
+    # middle: its blocks; last: its blocks and the output layer; all of them when pp = 1);
+    # the stage with the most sets the reduction and the optimizer step.
     first_extra = c.embedding_params + xp.where(p == 1, output_matrix, 0.0)
     last_extra = output_matrix + xp.where(p == 1, c.embedding_params, 0.0)
-    stage_params = blocks_per_stage * block_params + xp.maximum(first_extra, last_extra) / t
+    if equal_stages:                          # the blocks and the larger of the two extras
+        stage_params = first * block_params + xp.maximum(first_extra, last_extra) / t
+        params_blocks = first
+    else:
+        first_params = first * block_params + first_extra / t
+        middle_params = middle * block_params
+        last_params = last * block_params + last_extra / t
+        stage_params = xp.maximum(xp.maximum(first_params, last_params), middle_params)
+        last_most = last_params >= xp.maximum(first_params, middle_params)
+        params_blocks = xp.where(last_most, last, xp.where(first_params >= middle_params, first, middle))
     grad_bytes = stage_params * c.grad_comm_bytes
     # ZeRO stages (Rajbhandari et al. 2020 §5, §7): 0 all-reduces the gradients once; 1
     # reduce-scatters them and all-gathers the updated 16-bit weights; 2 keeps only its
@@ -304,8 +309,8 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     # Overlapped, each block's gradients reduce while the last microbatch's backward runs
     # through the blocks before it; the last block's reduction has nothing left to hide behind.
     # Stages 2 and 3 move data every microbatch, behind every microbatch's compute.
-    dp_window = xp.where(zero_grads, microbatches * blocks_per_stage * (block_fwd + block_bwd + recompute),
-                         (blocks_per_stage - 1) * (block_bwd + recompute))
+    dp_window = xp.where(zero_grads, microbatches * params_blocks * (block_fwd + block_bwd + recompute),
+                         (params_blocks - 1) * (block_bwd + recompute))
     dp_exposed, dp_stolen = overlapped(dp_comm, dp_window, xp.where(m.dp_overlap, 1.0, 0.0),
                                        xp.pick(c.net_usage, grad_net), xp)
 
@@ -327,44 +332,45 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
 
     iteration_s = pipeline_s + dp_exposed + dp_stolen + optimizer_s
 
-    # ---- memory of a GPU in the first and in the last pipeline stage (one GPU when pp = 1):
-    # the first holds the most activations, the last the output layer and the logits ----
-    stage_block_params = blocks_per_stage * block_params
-    weights = stage_block_params * e / weight_shards
-    grads = stage_block_params * g / grad_shards
-    optimizer = stage_block_params * c.optimizer_bytes_per_param / opt_shards
+    # ---- memory of a GPU in the first, the second and the last stage (one GPU when pp = 1):
+    # the first holds the embeddings and the most microbatches in flight, the last the output
+    # layer and the logits; the second, the fullest middle stage, can top the first when
+    # stages are uneven (p - 1 microbatches of m blocks against p of m - 1) ----
     state_per_param = e / weight_shards + g / grad_shards + c.optimizer_bytes_per_param / opt_shards
-    # Sharded state needs whole blocks while they compute: stage 3 the gathered weights of
-    # the block computing and of the one prefetched (FSDP's default of one block in flight,
-    # DeepSpeed's prefetch bucket); stages 2 and 3 one block's whole gradients before they
-    # are reduce-scattered.
-    resident_blocks = xp.minimum(RESIDENT_BLOCKS, blocks_per_stage)
-    sharding_buffer = (xp.where(zero_weights, resident_blocks * block_params * e, 0.0)
-                       + xp.where(zero_grads, block_params * g, 0.0))
+
+    def activations_in_hbm(blocks_alive, activations):
+        return xp.where(m.activations_offload, xp.minimum(RESIDENT_BLOCKS, blocks_alive) * act.stored, activations)
+
+    def stage_hbm(state, activations_hbm):
+        # on every stage: its blocks' state, one block's recompute workspace, the runtime
+        # reserve, its activations in flight
+        return state.weights_hbm + state.optimizer_hbm + act.workspace + c.runtime_reserve_bytes + activations_hbm
+
     embedding = c.embedding_params / t * state_per_param
     # The output layer (output_matrix above) and the final norm, replicated on every tp rank.
     output_layer = (output_matrix / t + c.final_norm_params) * state_per_param
     tokens = b * c.seq / m.cp
     logits = (tokens * c.vocab / t * (LOGIT_BYTES_KEPT + LOGIT_GRAD_BYTES)
               + e * tokens * c.hidden / xp.where(m.seq_par, t, 1.0))      # and the output GEMM's input
-    inflight_blocks = blocks_in_flight(xp, blocks_per_stage, p, v, microbatches)
-    activations = act.stored * inflight_blocks
-    last_inflight = blocks_in_flight_last_stage(xp, blocks_per_stage, p, v, microbatches)
-    last_activations = act.stored * last_inflight
-    workspace = act.workspace
-    weights_hbm = xp.where(m.weight_offload, resident_blocks * block_params * (e + g), weights + grads) + sharding_buffer
-    activations_hbm = xp.where(m.activations_offload, xp.minimum(RESIDENT_BLOCKS, inflight_blocks) * act.stored, activations)
-    last_activations_hbm = xp.where(m.activations_offload, xp.minimum(RESIDENT_BLOCKS, last_inflight) * act.stored,
-                                    last_activations)
-    optimizer_hbm = xp.where(m.optimizer_offload, 0.0, optimizer)
-    # on every stage: its blocks' state, one block's recompute workspace, the runtime reserve
-    every_stage_hbm = weights_hbm + optimizer_hbm + workspace + c.runtime_reserve_bytes
+    first_state = blocks_state(c, m, xp, first, weight_shards, grad_shards, opt_shards)
+    # (equal stages, and by the rule the first and the last, are one value: one state)
+    second_state, last_state = (first_state if blocks is first
+                                else blocks_state(c, m, xp, blocks, weight_shards, grad_shards, opt_shards)
+                                for blocks in (middle, last))
+    first_alive, second_alive, last_alive = stage_blocks_in_flight(xp, first, middle, last, p, v, microbatches)
+    activations, second_activations, last_activations = (act.stored * first_alive, act.stored * second_alive,
+                                                          act.stored * last_alive)
+    activations_hbm = activations_in_hbm(first_alive, activations)
     single_stage = p == 1
-    first_hbm = every_stage_hbm + activations_hbm + embedding + xp.where(single_stage, output_layer + logits, 0.0)
-    last_hbm = every_stage_hbm + last_activations_hbm + output_layer + logits + xp.where(single_stage, embedding, 0.0)
-    hbm = xp.maximum(first_hbm, last_hbm)
-    offload = (xp.where(m.weight_offload, weights + grads, 0.0) + xp.where(m.optimizer_offload, optimizer, 0.0)
-               + xp.where(m.activations_offload, activations, 0.0))
+    first_hbm = stage_hbm(first_state, activations_hbm) + embedding + xp.where(single_stage, output_layer + logits, 0.0)
+    second_hbm = stage_hbm(second_state, activations_in_hbm(second_alive, second_activations))
+    last_hbm = (stage_hbm(last_state, activations_in_hbm(last_alive, last_activations)) + output_layer + logits
+                + xp.where(single_stage, embedding, 0.0))
+    hbm = xp.maximum(xp.maximum(first_hbm, last_hbm), second_hbm)
+    offload = offloaded_bytes(m, xp, first_state, activations)
+    if not equal_stages:                      # (equal, the first holds the most activations)
+        offload = xp.maximum(xp.maximum(offload, offloaded_bytes(m, xp, last_state, last_activations)),
+                             offloaded_bytes(m, xp, second_state, second_activations))
 
     model_flops = c.model_flops_per_sample * m.batch
     recompute_flops = c.blocks * t * m.cp / b * (fw.kernel_recompute_flops + xp.where(
@@ -372,32 +378,34 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     peak = iteration_s * m.num_procs * c.matrix_flops_per_s
     return IterationTerms(
         iteration_s=iteration_s,
-        forward_s=microbatches * (blocks_per_stage * compute_fwd + head_fwd),
-        backward_s=microbatches * (blocks_per_stage * compute_bwd + head_bwd),
-        recompute_s=microbatches * blocks_per_stage * recompute,
-        tp_comm_s=microbatches * blocks_per_stage * (blk.tp_fwd_s + blk.tp_bwd_s),
-        cp_comm_s=microbatches * blocks_per_stage * (blk.cp_fwd_s + blk.cp_bwd_s),
-        offload_s=microbatches * blocks_per_stage * (off_fwd_exposed + off_bwd_exposed),
+        forward_s=microbatches * (pace_blocks * compute_fwd + pace_head_fwd),
+        backward_s=microbatches * (pace_blocks * compute_bwd + pace_head_bwd),
+        recompute_s=microbatches * pace_blocks * recompute,
+        tp_comm_s=microbatches * pace_blocks * (blk.tp_fwd_s + blk.tp_bwd_s),
+        cp_comm_s=microbatches * pace_blocks * (blk.cp_fwd_s + blk.cp_bwd_s),
+        offload_s=microbatches * pace_blocks * (off_fwd_exposed + off_bwd_exposed),
         pp_comm_s=microbatches * pp_comm_micro,
         bubble_s=bubble_s,
         dp_comm_s=dp_exposed + dp_stolen,
         optimizer_s=optimizer_s,
-        weights_bytes=weights,
-        weight_grads_bytes=grads,
-        optimizer_bytes=optimizer,
-        sharding_buffer_bytes=sharding_buffer,
+        weights_bytes=first_state.weights,
+        weight_grads_bytes=first_state.grads,
+        optimizer_bytes=first_state.optimizer,
+        sharding_buffer_bytes=first_state.sharding_buffer,
         embedding_bytes=embedding,
         activations_bytes=activations,
-        activation_workspace_bytes=workspace,
+        activation_workspace_bytes=act.workspace,
         output_layer_bytes=output_layer,
         logits_bytes=logits,
         last_stage_activations_bytes=last_activations,
+        second_stage_activations_bytes=second_activations,
         runtime_reserve_bytes=c.runtime_reserve_bytes,
         first_stage_hbm_bytes=first_hbm,
+        second_stage_hbm_bytes=second_hbm,
         last_stage_hbm_bytes=last_hbm,
         hbm_bytes=hbm,
-        weights_hbm_bytes=weights_hbm,
-        optimizer_hbm_bytes=optimizer_hbm,
+        weights_hbm_bytes=first_state.weights_hbm,
+        optimizer_hbm_bytes=first_state.optimizer_hbm,
         activations_hbm_bytes=activations_hbm,
         offload_bytes=offload,
         offload_bytes_per_s_needed=offload_needed,

@@ -3,14 +3,18 @@
 The file format is Calculon's execution JSON, field for field. The fields of the mapping
 dimensions are made from their declaration (costmodel.dimensions: Calculon field name,
 kind, meaning), so a new dimension needs no edit here; code reads the short names `tp`,
-`pp`, `dp`, ... through `Mapping.value(name)` or the properties below.
+`pp`, `dp`, ... through `Mapping.value(name)` or the properties below. Beyond Calculon, a
+file may state the blocks of the first and the last pipeline stage (Megatron-LM's uneven
+stages); they are not searched dimensions: left out, the layout follows pp by the rule of
+costmodel.pipeline, and a mapping's JSON leaves them out too.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, create_model, field_serializer, field_validator, model_validator
+from pydantic import (BaseModel, Field, create_model, field_serializer, field_validator, model_serializer,
+                      model_validator)
 
 import costmodel.limits as limits
 from costmodel.choices import AttentionType, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
@@ -18,6 +22,7 @@ from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
 from costmodel.kernels import GradDatatype, Kernels
 from costmodel.model import INPUT_CONFIG, Model, WholeNumber, within
+from costmodel.pipeline import FIRST_FIELD, LAST_FIELD, layout_problem
 from costmodel.system import Datatype, System
 
 __all__ = ["AttentionType", "Mapping", "Recompute", "ShardingStage", "TPComm", "TPOverlap", "check_mapping_fits",
@@ -60,6 +65,14 @@ class _MappingBase(BaseModel):
     grad_datatype: GradDatatype = Field(
         "float32", description="How gradients are kept: float32 main gradients (Megatron-LM) or 16bit (DeepSpeed); "
                                "a setting of the problem, not searched.")
+    pipeline_first_stage_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = Field(
+        None, gt=0, description="Blocks on the first pipeline stage (Megatron-LM's "
+                                "--decoder-first-pipeline-num-layers); the stages between the first and the last hold "
+                                "equal numbers. Default: the layout rule (num_blocks/pipeline_par, or with uneven "
+                                "stages one fewer than a middle stage).")
+    pipeline_last_stage_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = Field(
+        None, gt=0, description="Blocks on the last pipeline stage (Megatron-LM's --decoder-last-pipeline-num-layers); "
+                                "default as pipeline_first_stage_blocks.")
 
     @model_validator(mode="before")
     @classmethod
@@ -102,6 +115,15 @@ class _MappingBase(BaseModel):
         if value is PipelineSchedule.one_f_one_b and self.pipeline_interleaving > 1:
             return "interleaved"
         return value.value
+
+    @model_serializer(mode="wrap")
+    def _layout_only_when_stated(self, handler) -> dict:
+        # A mapping without an explicit stage layout dumps as Calculon's format, as before.
+        data = handler(self)
+        for name in (FIRST_FIELD, LAST_FIELD):
+            if data.get(name, 0) is None:
+                del data[name]
+        return data
 
     @field_serializer("sharding_stage", check_fields=False)
     def _stage_as_int(self, value: ShardingStage) -> int:
@@ -189,11 +211,19 @@ Mapping.__doc__ = _MappingBase.__doc__
 
 
 def check_mapping_fits(model: Model, system: System, mapping: Mapping) -> None:
-    """Rules that tie a mapping to a model and a system (each dimension's `fits`); raises
-    InputError naming every value."""
+    """Rules that tie a mapping to a model and a system (each dimension's `fits`, and the
+    pipeline layout of its blocks); raises InputError naming every value."""
     values = mapping.values()
     for dim in DIMENSIONS:
-        reason = dim.fits(model, system, values) if dim.fits is not None else None
+        if dim.name == "pp":
+            # pp's and interleaving's `fits` is the even split the search spaces enumerate; a
+            # file may lay its blocks out by any rule costmodel.pipeline accepts.
+            reason = layout_problem(model.num_blocks, mapping.pp, mapping.pipeline_interleaving,
+                                    mapping.pipeline_first_stage_blocks, mapping.pipeline_last_stage_blocks)
+        elif dim.name == "interleaving":
+            continue
+        else:
+            reason = dim.fits(model, system, values) if dim.fits is not None else None
         if reason is not None:
             raise InputError(reason)
     system.compute_for(mapping.datatype)

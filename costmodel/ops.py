@@ -1,13 +1,14 @@
 """Two arithmetic backends for the same formulas: Python scalars and numpy arrays.
 
 The cost model is written once against this tiny interface (`where`, `maximum`,
-`minimum`, `lookup`, `pick`), so the scalar evaluator that explains one mapping and the
-vectorized one that scores millions are the same code by construction; the property test
-in tests/ checks that both backends agree.
+`minimum`, `floor`, `all`, `lookup`, `pick`), so the scalar evaluator that explains one
+mapping and the vectorized one that scores millions are the same code by construction; the
+property test in tests/ checks that both backends agree.
 """
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from dataclasses import dataclass
 
@@ -37,6 +38,12 @@ class ScalarOps:
     minimum = staticmethod(min)
 
     @staticmethod
+    def floor(value):
+        return float(math.floor(value))
+
+    all = staticmethod(bool)
+
+    @staticmethod
     def lookup(curve: Curve, size):
         return curve.efficiencies[bisect_right(curve.sizes, size) - 1]
 
@@ -56,6 +63,8 @@ class ArrayOps:
     where = staticmethod(np.where)
     maximum = staticmethod(np.maximum)
     minimum = staticmethod(np.minimum)
+    floor = staticmethod(np.floor)     # whole-number tests: ~80x faster than a float %
+    all = staticmethod(np.all)
     logical_not = staticmethod(np.logical_not)
 
     @staticmethod

@@ -11,7 +11,7 @@ from costmodel.block import block_stored_activation_bytes
 from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate
-from costmodel.iteration import cp_ring_terms
+from costmodel.comm import cp_ring_terms
 from costmodel.block import block_forward_times
 from costmodel.kernels import Kernels
 from costmodel.load import load_system

@@ -1,0 +1,209 @@
+"""The pipeline: how the blocks are laid out on the stages, the 1F1B bubble, and how many
+blocks' activations each stage keeps alive at its peak.
+
+The layout rule (what `stage_blocks` derives from pp alone: a searched mapping's layout is
+never a choice of its own), for L blocks on pp stages:
+
+* pp divides L: every stage holds L/pp blocks;
+* otherwise, with pp > 2 stages of which pp divides L + 2: the embedding and the loss each
+  count as one block (Megatron-LM's `--account-for-embedding-in-pipeline-split` and
+  `--account-for-loss-in-pipeline-split`), so the middle stages hold m = (L + 2)/pp blocks
+  and the first and the last m − 1 each (Llama 3.1 405B: 126 blocks on 16 stages are 7,
+  8 × 14, 7; Dubey et al. 2024 §3.3.2 "we reduce one Transformer layer each from the first
+  and the last stages");
+* otherwise pp is not valid.
+
+With v interleaved chunks per stage Megatron-LM asks v to divide the stage's share m and
+builds every chunk with m/v blocks, less one on the first chunk of the first stage and on
+the last chunk of the last stage (`get_num_layers_to_build` in
+megatron/core/transformer/transformer_block.py; `TransformerConfig.__post_init__` checks
+it). A mapping file may instead state the first and the last stage's blocks (Megatron-LM's
+`--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers`): the stages
+between them hold equal whole numbers of blocks, and v divides every stage's blocks.
+
+Every function but `layout_problem` takes the backend `xp` (costmodel.ops), so pp, v and the
+microbatch count may be scalars or numpy arrays; an explicit layout (one mapping file's)
+reaches `stage_blocks` as scalars.
+"""
+
+from __future__ import annotations
+
+# The embedding and the loss each take a block's place on the first and the last stage
+# (Megatron-LM's account_for_embedding/loss_in_pipeline_split).
+EMBEDDING_AND_LOSS_BLOCKS = 2
+
+FIRST_FIELD = "pipeline_first_stage_blocks"
+LAST_FIELD = "pipeline_last_stage_blocks"
+
+
+def stage_blocks(xp, num_blocks, pp, first=None, last=None):
+    """(first, middle, last): the blocks a first, a middle and a last stage hold.
+
+    With `first` and `last` None, the layout rule above (pp may be an array; it is assumed
+    valid: `layout_problem` says why one is not). A mapping file's explicit layout (scalars)
+    gives either or both; one left out is a middle stage (Megatron-LM's rule). With pp ≤ 2
+    there is no middle stage and `middle` is min(first, last): a stage the first and the last
+    dominate in time, parameters and memory, so the formulas need no special case.
+
+    Equal stages come back as one value (the same object three times), which the formulas
+    recognise to skip what cannot differ between stages."""
+    if first is None and last is None:
+        even = num_blocks / pp
+        # pp divides L: L/pp is whole (exactly so in floating point for L <= 2^20, pp <= 2^24)
+        is_even = xp.floor(even) == even
+        if xp.all(is_even):
+            return even, even, even
+        middle = (num_blocks + EMBEDDING_AND_LOSS_BLOCKS) / pp
+        end = xp.where(is_even, even, middle - 1.0)
+        return end, xp.where(is_even, even, middle), end
+    given = [b for b in (first, last) if b is not None]
+    others = pp - len(given)
+    if pp == 1:
+        return float(num_blocks), float(num_blocks), float(num_blocks)
+    middle = (num_blocks - sum(given)) / others if others > 0 else None
+    first_blocks = float(first) if first is not None else middle
+    last_blocks = float(last) if last is not None else middle
+    if pp == 2:
+        middle = min(first_blocks, last_blocks)
+    return first_blocks, middle, last_blocks
+
+
+def layout_problem(num_blocks: int, pp: int, interleaving: int, first: int | None = None,
+                   last: int | None = None) -> str | None:
+    """Why L = `num_blocks` blocks cannot be laid out on `pp` stages of `interleaving`
+    chunks (with the explicit `first`/`last` stage blocks of a mapping file, when given),
+    in one line naming the fields and values; None when they can."""
+    v = interleaving
+    if pp == 1 and v != 1:
+        return f"pipeline_interleaving({v}) needs pipeline_par > 1"
+    if first is None and last is None:
+        return _derived_layout_problem(num_blocks, pp, v)
+    named = [(FIRST_FIELD, first), (LAST_FIELD, last)]
+    given = [(name, blocks) for name, blocks in named if blocks is not None]
+    for name, blocks in given:
+        if blocks < 1:
+            return f"{name}({blocks}): a stage holds at least one block"
+    if pp == 1:
+        for name, blocks in given:
+            if blocks != num_blocks:
+                return (f"{name}({blocks}) ≠ num_blocks({num_blocks}): with pipeline_par(1) the one stage holds "
+                        f"every block")
+        return None
+    stated = " + ".join(f"{name}({blocks})" for name, blocks in given)
+    taken = sum(blocks for _, blocks in given)
+    if len(given) > 1:
+        stated += f" = {taken}"
+    rest, others = num_blocks - taken, pp - len(given)
+    if others == 0 and rest != 0:
+        return f"{stated} ≠ num_blocks({num_blocks}): with pipeline_par(2) the two stages hold every block"
+    share = (f"{stated} leave{'s' if len(given) == 1 else ''} num_blocks({num_blocks}) - {taken} = {rest} blocks for "
+             f"the other {others} stages of pipeline_par({pp})")
+    if others > 0 and rest < others:
+        return f"{share}: fewer than one each"
+    if others > 0 and rest % others:
+        return f"{share}: not the same whole number each ({rest}/{others})"
+    if v > 1:
+        for name, blocks in given:
+            if blocks % v:
+                return (f"pipeline_interleaving({v}) does not divide {name}({blocks}): a stage's blocks split into "
+                        f"{v} equal chunks (Megatron-LM's num_layers_in_first/last_pipeline_stage)")
+        if others > 0 and (rest // others) % v:
+            return f"pipeline_interleaving({v}) does not divide the {rest // others} blocks of each stage: {share}"
+    return None
+
+
+def _derived_layout_problem(num_blocks: int, pp: int, v: int) -> str | None:
+    if num_blocks % pp == 0:
+        per_stage = num_blocks // pp
+        if per_stage % v:
+            return (f"pipeline_interleaving({v}) does not divide num_blocks/pipeline_par = "
+                    f"{num_blocks}/{pp} = {per_stage}")
+        return None
+    padded = num_blocks + EMBEDDING_AND_LOSS_BLOCKS
+    if pp <= 2:      # 2 divides L + 2 only when it divides L
+        return f"pipeline_par({pp}) does not divide num_blocks({num_blocks})"
+    if padded % pp:
+        return (f"pipeline_par({pp}) does not divide num_blocks({num_blocks}), nor num_blocks + 2 = {padded} "
+                f"(uneven stages: the embedding and the loss counted as a block each)")
+    middle = padded // pp
+    if middle < 2:
+        return (f"pipeline_par({pp}) leaves no block for the first and the last stage: (num_blocks + 2)/pipeline_par "
+                f"= {padded}/{pp} = {middle}, less the embedding and the loss")
+    if middle % v:
+        return (f"pipeline_interleaving({v}) does not divide (num_blocks + 2)/pipeline_par = {padded}/{pp} = "
+                f"{middle}: uneven stages split into chunks of (num_blocks + 2)/(pipeline_par·pipeline_interleaving) "
+                f"blocks, one fewer on the first and the last")
+    return None
+
+
+def bubble_microbatches(xp, p, v, microbatches):
+    """The 1F1B bubble in microbatch times: (p-1)/v once the pipeline is full; with fewer
+    microbatches than stages interleaving cannot fill it and it is p-1."""
+    return xp.where(microbatches >= p, (p - 1) / v, p - 1.0)
+
+
+def blocks_in_flight(xp, blocks_per_stage, p, v, microbatches):
+    """Blocks whose activations are alive at the peak on a first-stage GPU: p microbatches of
+    the stage's blocks for 1F1B; (p·v + p - 1) chunks of blocks/(p·v) blocks when
+    interleaved (Korthikanti et al. 2022 §4.2.3: L·(1 + (p-1)/(p·v)) layers); fewer if there
+    are fewer microbatches."""
+    return xp.where(v == 1, blocks_per_stage * xp.minimum(p, microbatches),
+                    blocks_per_stage / v * xp.minimum(microbatches * v, p * v + p - 1))
+
+
+def blocks_in_flight_second_stage(xp, blocks_per_stage, p, v, microbatches):
+    """Blocks alive at the peak on a GPU of the second stage (a middle one when p > 2): p - 1
+    microbatches for 1F1B; interleaved, Megatron-LM's warm-up on rank 1, 2·(p - 2) + (v - 1)·p
+    chunks, plus one (`get_pp_rank_microbatches` in megatron/core/pipeline_parallel/
+    schedules.py); fewer if there are fewer microbatches. Later stages keep fewer still (the
+    warm-up shrinks with the rank), so of the middle stages the second holds the most."""
+    return xp.where(v == 1, blocks_per_stage * xp.minimum(p - 1.0, microbatches),
+                    blocks_per_stage / v * xp.minimum(microbatches * v, p * v + p - 3))
+
+
+def blocks_in_flight_last_stage(xp, blocks_per_stage, p, v, microbatches):
+    """Blocks whose activations are alive at the peak on a last-stage GPU: one microbatch
+    for 1F1B (its backward follows its forward at once); (p·v - p + 1) chunks when
+    interleaved (Megatron's warm-up of (v-1)·p chunks on the last rank, plus one); fewer if
+    there are fewer microbatches. With p = 1 it equals blocks_in_flight."""
+    return blocks_per_stage / v * xp.minimum(microbatches * v, p * v - p + 1)
+
+
+def short_first_chunks_in_flight(xp, p, v, microbatches):
+    """How many microbatches' first chunk a first-stage GPU keeps alive at its peak, in
+    Megatron-LM's schedule (groups of p microbatches run through chunks 0 .. v-1 in turn):
+    min(n, p) for 1F1B; interleaved, n below 2p, else max(2p - 1 - (v - 1)·r, p + r) with
+    r = n mod p (2p - 1 when p divides n). When that chunk is one block short (uneven
+    stages), the peak holds this many blocks fewer than with full chunks. Derived from the
+    schedule and checked against a step-by-step replay of it (tests/test_uneven_stages.py)."""
+    rest = microbatches - xp.floor(microbatches / p) * p
+    interleaved = xp.where(microbatches < 2 * p, microbatches,
+                           xp.maximum(2 * p - 1 - (v - 1) * rest, p + rest))
+    return xp.where(v == 1, xp.minimum(p, microbatches), interleaved)
+
+
+def short_last_chunks_in_flight(xp, p, v, microbatches):
+    """How many microbatches' last chunk a last-stage GPU keeps alive at its peak:
+    max(0, min(n, (v - 1)·(p - n) + 1)) — one for 1F1B; interleaved, all n when the warm-up
+    holds every forward, none once n > p (at the peak every last chunk has run its backward).
+    The counterpart of `short_first_chunks_in_flight`, checked the same way."""
+    return xp.maximum(0.0, xp.minimum(microbatches, (v - 1) * (p - microbatches) + 1))
+
+
+def stage_blocks_in_flight(xp, first, middle, last, p, v, microbatches):
+    """(first, second, last): blocks alive at the peak on a GPU of the first, the second and
+    the last stage, for stages of `first`, `middle` and `last` blocks in v chunks. A first
+    (last) stage whose blocks v does not divide has chunks of ⌈first/v⌉ blocks, its first
+    (last) one short by the remainder — at most one block in the layouts `layout_problem`
+    accepts, the case the short-chunk counts above are exact for."""
+    if first is middle is last:          # equal stages (one value from stage_blocks): no short chunk
+        return (blocks_in_flight(xp, first, p, v, microbatches),
+                blocks_in_flight_second_stage(xp, first, p, v, microbatches),
+                blocks_in_flight_last_stage(xp, first, p, v, microbatches))
+    first_full = xp.floor((first + v - 1) / v) * v            # v chunks of ⌈first/v⌉ blocks
+    last_full = xp.floor((last + v - 1) / v) * v
+    first_alive = (blocks_in_flight(xp, first_full, p, v, microbatches)
+                   - (first_full - first) * short_first_chunks_in_flight(xp, p, v, microbatches))
+    last_alive = (blocks_in_flight_last_stage(xp, last_full, p, v, microbatches)
+                  - (last_full - last) * short_last_chunks_in_flight(xp, p, v, microbatches))
+    return first_alive, blocks_in_flight_second_stage(xp, middle, p, v, microbatches), last_alive

@@ -1,0 +1,60 @@
+"""What a GPU keeps for the blocks of its pipeline stage (bytes): its share of their weights,
+gradients and optimizer state, the ZeRO buffer, and what of these HBM holds.
+
+Stages hold different numbers of blocks when they are uneven (costmodel.pipeline), so
+costmodel.iteration asks for each stage it sizes: the first, the second and the last.
+Written against the backend interface of costmodel.ops, as the other formulas.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from costmodel.context import Context
+
+# Offloaded state keeps two blocks in HBM: the one computing and the one in transit
+# (the paper's reason why 128T needs 120 GiB of HBM).
+RESIDENT_BLOCKS = 2.0
+
+
+class StageState(NamedTuple):
+    """One GPU's share of one stage's blocks (bytes; each a scalar or an array)."""
+
+    weights: object
+    grads: object
+    optimizer: object
+    sharding_buffer: object
+    """ZeRO-2/3: one block's whole gradients, and (stage 3) two blocks' gathered weights"""
+    weights_hbm: object
+    """weights, gradients and the ZeRO buffer in HBM (two blocks' worth when offloaded)"""
+    optimizer_hbm: object
+    """optimizer state in HBM (none when offloaded)"""
+
+
+def blocks_state(c: Context, m, xp, blocks, weight_shards, grad_shards, opt_shards) -> StageState:
+    """The state of `blocks` blocks on one GPU: tp splits each block, the ZeRO stage shards
+    weights, gradients and optimizer state over `*_shards` GPUs."""
+    block_params = c.block_params / m.tp
+    e, g = c.elem_bytes, c.grad_bytes_per_param
+    stage_block_params = blocks * block_params
+    weights = stage_block_params * e / weight_shards
+    grads = stage_block_params * g / grad_shards
+    optimizer = stage_block_params * c.optimizer_bytes_per_param / opt_shards
+    # Sharded state needs whole blocks while they compute: stage 3 the gathered weights of
+    # the block computing and of the one prefetched (FSDP's default of one block in flight,
+    # DeepSpeed's prefetch bucket); stages 2 and 3 one block's whole gradients before they
+    # are reduce-scattered.
+    resident_blocks = xp.minimum(RESIDENT_BLOCKS, blocks)
+    sharding_buffer = (xp.where(m.zero_3, resident_blocks * block_params * e, 0.0)
+                       + xp.where(m.zero_2 | m.zero_3, block_params * g, 0.0))
+    weights_hbm = (xp.where(m.weight_offload, resident_blocks * block_params * (e + g), weights + grads)
+                   + sharding_buffer)
+    return StageState(weights, grads, optimizer, sharding_buffer, weights_hbm,
+                      xp.where(m.optimizer_offload, 0.0, optimizer))
+
+
+def offloaded_bytes(m, xp, state: StageState, activations):
+    """What a stage keeps in offload memory: its blocks' weights and gradients, optimizer
+    state, and stored activations, each when its switch is on."""
+    return (xp.where(m.weight_offload, state.weights + state.grads, 0.0)
+            + xp.where(m.optimizer_offload, state.optimizer, 0.0) + xp.where(m.activations_offload, activations, 0.0))
