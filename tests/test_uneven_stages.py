@@ -329,7 +329,7 @@ def uneven_problems(draw):
         v = draw(st.sampled_from(divisors(per_stage))) if pp > 1 else 1
         batch.append(Mapping.model_validate({**base.model_dump(), "pipeline_par": pp, "pipeline_interleaving": v,
                                              "pipeline_schedule": base.pipeline_schedule,
-                                             "num_procs": base.tp * pp * base.dp}))
+                                             "num_procs": base.tp * base.cp * pp * base.dp}))
     kernel = {"datatype": batch[0].datatype, "fused_attention": batch[0].fused_attention,
               "grad_datatype": batch[0].grad_datatype}
     return model, system, [m.model_copy(update=kernel) for m in batch]
