@@ -35,6 +35,7 @@ import numpy as np
 import costmodel.limits as limits
 from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.limits import Bound
+from costmodel.pipeline import layout_problem
 
 Kind = Literal["split", "per_split", "choice", "switch", "network"]
 FLAG_KINDS = ("choice", "switch", "network")
@@ -183,17 +184,13 @@ def _cp_fits(model, system, v) -> str | None:
 
 
 def _pp_fits(model, system, v) -> str | None:
-    if model.num_blocks % v["pp"]:
-        return f"pipeline_par({v['pp']}) does not divide num_blocks({model.num_blocks})"
-    return None
+    # pp divides the blocks, or the blocks + 2 with lighter first and last stages (the
+    # layout rule of costmodel.pipeline); a preset may ask for even stages (Space.uneven_stages)
+    return layout_problem(model.num_blocks, v["pp"], 1)
 
 
 def _interleaving_fits(model, system, v) -> str | None:
-    per_stage = model.num_blocks // v["pp"]
-    if per_stage % v["interleaving"]:
-        return (f"pipeline_interleaving({v['interleaving']}) does not divide num_blocks/pipeline_par = "
-                f"{model.num_blocks}/{v['pp']} = {per_stage}")
-    return None
+    return layout_problem(model.num_blocks, v["pp"], v["interleaving"])
 
 
 def _seq_par_fits(model, system, v) -> str | None:
@@ -235,7 +232,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
               "attention, 2·cp load-balanced chunks)",
               rule="1 .. cp_max; divides N/tp; 2·cp divides seq_size", fits=_cp_fits, bound=limits.GPUS_SEARCH),
     Dimension("pp", "pipeline_par", "split", "pipeline parallelism: the blocks are split into pp stages",
-              rule="1 .. blocks; divides min(N/(tp·cp), num_blocks) and num_blocks", fits=_pp_fits,
+              rule="1 .. blocks; divides N/(tp·cp) and num_blocks, or (full) pp > 2 divides num_blocks + 2: "
+                   "the first and last stages one block lighter", fits=_pp_fits,
               bound=limits.GPUS_SEARCH),
     Dimension("dp", "data_par", "split", "data parallelism: replicas of the pipeline",
               rule="N/(tp·cp·pp); tp·cp·pp·dp = N",
@@ -244,10 +242,11 @@ DIMENSIONS: tuple[Dimension, ...] = (
               rule="<= cap; largest multiple of dp <= cap (the max batch)", bound=limits.MAX_BATCH_SEARCH),
     # ---- chosen given the split, independently of each other ----
     Dimension("interleaving", "pipeline_interleaving", "per_split", "model chunks per pipeline stage (interleaved 1F1B)",
-              label="il", rule="divisors of blocks/pp; 1 when pp = 1, else divides num_blocks/pp",
+              label="il", rule="divisors of a stage's share; 1 when pp = 1, else divides num_blocks/pp "
+                               "(uneven stages: (num_blocks + 2)/pp)",
               fits=_interleaving_fits, bound=limits.NUM_BLOCKS),
     Dimension("microbatch", "microbatch_size", "per_split", "sequences per microbatch", label="mb",
-              rule="divisors of batch/dp; divides batch/dp; microbatch·seq_size divisible by tp", fits=_seq_par_fits,
+              rule="divisors of batch/dp; divides batch/dp; microbatch·seq_size divisible by tp·cp", fits=_seq_par_fits,
               bound=limits.MAX_BATCH_SEARCH),
     # ---- flags, in enumeration order; conditions read only skeleton facts and earlier flags ----
     Dimension("recompute", "activation_recompute", "choice", "activation recomputation: full (store block inputs "

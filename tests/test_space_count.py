@@ -48,7 +48,7 @@ def gpt_1t(blocks: int) -> Model:
 # ---------------------------------------------------------------- the published counts
 @pytest.mark.parametrize("blocks, space, expected", [
     (256, "calculon-2023", 15_612_832), (254, "calculon-2023", 842_080),
-    (256, "full", 1_050_058_560), (254, "full", 80_538_112),
+    (256, "full", 1_050_058_560), (254, "full", 827_023_488),
     # Calculon's current enumeration: what `full` counted before ZeRO-2/3 and ZB-H1
     (256, "calculon-current", 23_311_328), (254, "calculon-current", 1_260_992),
 ])
@@ -75,7 +75,7 @@ def test_model_files_match_the_brief() -> None:
 
 def test_full_space_enumerates_exactly_its_count() -> None:
     p = plan(gpt_1t(254), make_system(), 4096, 3072, SPACES["full"], chunk_rows=100_000)
-    assert p.total == 80_538_112
+    assert p.total == 827_023_488
     assert max(c.rows for c in p.chunks) <= 100_000
     ordinals = [c.ordinal for c in p.chunks]
     assert ordinals == sorted(ordinals) and ordinals[0] == 0
@@ -154,11 +154,25 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
     m.AddMultiplicationEquality(dp_cp, [dp, cp])
     for size in (model.hidden, model.attn_heads, model.feedforward):
         m.AddModuloEquality(0, size, tp)                          # tp divides hidden, heads, feedforward
-    m.AddModuloEquality(0, model.num_blocks, pp)                  # pp divides blocks
-    per_stage = m.NewIntVar(1, model.num_blocks, "blocks_per_stage")
-    m.AddDivisionEquality(per_stage, model.num_blocks, pp)
-    interleaving = m.NewIntVar(1, model.num_blocks, "interleaving")
-    m.AddModuloEquality(0, per_stage, interleaving)               # interleaving divides blocks/pp
+    # pp divides blocks: a stage's share is blocks/pp; or, where the space allows uneven
+    # stages, pp > 2 divides blocks + 2, each stage's share (blocks + 2)/pp >= 2 (the first
+    # and the last hold one block fewer)
+    even = m.NewBoolVar("even_stages")
+    share = m.NewIntVar(1, model.num_blocks + 2, "stage_share")
+    m.AddMultiplicationEquality(model.num_blocks, [pp, share]).OnlyEnforceIf(even)
+    m.AddMultiplicationEquality(model.num_blocks + 2, [pp, share]).OnlyEnforceIf(even.Not())
+    m.Add(pp >= 3).OnlyEnforceIf(even.Not())
+    m.Add(share >= 2).OnlyEnforceIf(even.Not())
+    even_possible = m.NewBoolVar("pp_divides_blocks")             # uneven only where even is impossible
+    blocks_mod = m.NewIntVar(0, model.num_blocks, "blocks_mod_pp")
+    m.AddModuloEquality(blocks_mod, model.num_blocks, pp)
+    m.Add(blocks_mod == 0).OnlyEnforceIf(even_possible)
+    m.Add(blocks_mod != 0).OnlyEnforceIf(even_possible.Not())
+    m.Add(even == even_possible)
+    if not space.uneven_stages:
+        m.Add(even == 1)
+    interleaving = m.NewIntVar(1, model.num_blocks + 2, "interleaving")
+    m.AddModuloEquality(0, share, interleaving)                   # interleaving divides the share
     pp_is_1 = m.NewBoolVar("pp_is_1")
     m.Add(pp == 1).OnlyEnforceIf(pp_is_1)
     m.Add(pp != 1).OnlyEnforceIf(pp_is_1.Not())

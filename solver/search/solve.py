@@ -220,8 +220,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
             score(key)
         bounds.add_floor_cuts(m, v, exclude=scored_keys)
         while True:
-            # The exact floors may already prove the top K: no unscored block can reach it.
-            if all(floor > best.target_s for floor, key in ranked if key not in scored_set):
+            if floors_prove(ranked, scored_set, best.target_s):
                 certified = True
                 break
             remaining = deadline - time.perf_counter()
@@ -285,6 +284,12 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     return SolveResult(status, top[0], top, certified, bound_s, gap, seconds,
                        scored, blocks, rounds, the_plan.total, binding=binding_constraints(problem, top[0]),
                        cpsat_status=cpsat_status, equivalents=settings)
+
+
+def floors_prove(ranked: list, scored: set, target_s: float) -> bool:
+    """Whether the exact block floors already prove the top K: no unscored block's floor
+    reaches the K-th best (`ranked`: (floor, block) of every block with a finite floor)."""
+    return all(floor > target_s for floor, key in ranked if key not in scored)
 
 
 def _infeasible(started, scored, reasons, rounds=0, blocks=0, size=0, cpsat_status=None) -> SolveResult:

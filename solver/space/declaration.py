@@ -33,6 +33,7 @@ from costmodel.choices import PipelineSchedule, ShardingStage, TPOverlap
 from costmodel.dimensions import BY_NAME, DIMENSIONS, FLAGS, SKELETON_FACTS, Condition, Dimension
 from costmodel.errors import InputError
 from costmodel.model import Model
+from costmodel.pipeline import EMBEDDING_AND_LOSS_BLOCKS
 from costmodel.system import System
 from solver.space.factor import divisors as factor_divisors
 
@@ -98,6 +99,10 @@ class Space:
     """Largest tensor parallelism considered (Calculon's searches stop at 256)."""
     cp_max: int
     """Largest context parallelism considered (1: none, as in Calculon's spaces)."""
+    uneven_stages: bool
+    """Whether pp may leave the blocks uneven (pp > 2 dividing num_blocks + 2, the first and
+    last stages one block lighter: costmodel.pipeline); the Calculon presets ask pp to divide
+    the blocks."""
     offered: tuple[tuple[str, tuple[int, ...]], ...]
     """Flags that offer fewer codes than they declare: (name, codes offered)."""
     batch_is_dp_above_cap: bool
@@ -151,18 +156,19 @@ _ZERO = BY_NAME["zero"].code_of
 SPACES: dict[str, Space] = {
     "full": Space(
         name="full", summary="Calculon's current enumeration: TP overlap none | ring | pipe, strict batch cap; "
-                             "plus ZeRO sharding stages 0-3, 1F1B or ZB-H1, context parallelism up to 64.",
-        tp_max=256, cp_max=CP_MAX, offered=(), batch_is_dp_above_cap=False),
+                             "plus ZeRO sharding stages 0-3, 1F1B or ZB-H1, context parallelism up to 64, "
+                             "uneven pipeline stages.",
+        tp_max=256, cp_max=CP_MAX, uneven_stages=True, offered=(), batch_is_dp_above_cap=False),
     "calculon-current": Space(
         name="calculon-current", summary="Calculon's current enumeration, as `full` was before ZeRO-2/3 and ZB-H1 joined it: "
                                  "TP overlap none | ring | pipe, ZeRO stages 0/1, 1F1B, strict batch cap.",
-        tp_max=256, cp_max=1, offered=(("zero", (_ZERO(ShardingStage.none), _ZERO(ShardingStage.optimizer))),
+        tp_max=256, cp_max=1, uneven_stages=False, offered=(("zero", (_ZERO(ShardingStage.none), _ZERO(ShardingStage.optimizer))),
                              ("sched", (BY_NAME["sched"].code_of(PipelineSchedule.one_f_one_b),))),
         batch_is_dp_above_cap=False),
     "calculon-2023": Space(
         name="calculon-2023",
         summary="The space of the 2023 papers (reproduces 15,612,832 / 842,080): TP overlap on/off, batch = dp when dp > cap.",
-        tp_max=256, cp_max=1, offered=(("tp_overlap", (_CODE(TPOverlap.none), _CODE(TPOverlap.ring))),
+        tp_max=256, cp_max=1, uneven_stages=False, offered=(("tp_overlap", (_CODE(TPOverlap.none), _CODE(TPOverlap.ring))),
                              ("zero", (_ZERO(ShardingStage.none), _ZERO(ShardingStage.optimizer))),
                              ("sched", (BY_NAME["sched"].code_of(PipelineSchedule.one_f_one_b),))),
         batch_is_dp_above_cap=True),
@@ -206,14 +212,14 @@ class Skeleton:
         return self.tp, self.cp, self.pp
 
 
-_TP, _CP, _PP = BY_NAME["tp"], BY_NAME["cp"], BY_NAME["pp"]
+_TP, _CP, _PP, _IL = BY_NAME["tp"], BY_NAME["cp"], BY_NAME["pp"], BY_NAME["interleaving"]
 
 
 def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list[Skeleton]:
     """Every valid (tp, cp, pp) skeleton, in enumeration order (tp ascending, then cp, then
     pp). tp, cp and pp obey their declared `fits` rules, tp <= the space's tp_max, cp <=
-    its cp_max and divides N/tp, pp divides N/(tp·cp); every interleaving dividing
-    blocks/pp is valid (`fits` by construction); microbatches divide the local batch and, a
+    its cp_max and divides N/tp, pp divides N/(tp·cp) and lays the blocks out by the layout
+    rule (`stage_interleavings`, with the interleavings valid on it); microbatches divide the local batch and, a
     rule of the space for every TP communication (Calculon's), split a GPU's
     microbatch·seq_size/cp tokens evenly over tp. Skeletons with no valid microbatch or
     batch are left out."""
@@ -230,20 +236,33 @@ def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list
         for cp in divisors(min(num_gpus // tp, space.cp_max)):
             if _CP.fits(model, None, {"cp": cp}) or (num_gpus // tp) % cp or not space.admits("cp", cp):
                 continue
-            for pp in divisors(min(num_gpus // (tp * cp), model.num_blocks)):
-                if _PP.fits(model, None, {"pp": pp}) or (num_gpus // (tp * cp)) % pp or not space.admits("pp", pp):
+            for pp in divisors(num_gpus // (tp * cp)):
+                interleavings = stage_interleavings(model, pp, space)
+                if not interleavings or not space.admits("pp", pp):
                     continue
                 dp = num_gpus // (tp * cp * pp)
                 batch = space.batch_for(dp, max_batch)
                 if batch is None or not (space.admits("dp", dp) and space.admits("batch", batch)):
                     continue
-                interleavings = (1,) if pp == 1 else divisors(model.num_blocks // pp)
                 interleavings = tuple(v for v in interleavings if space.admits("interleaving", v))
                 microbatches = tuple(m for m in divisors(batch // dp)
                                      if (m * model.seq_size) % (tp * cp) == 0 and space.admits("microbatch", m))
                 if interleavings and microbatches:
                     result.append(Skeleton(tp, cp, pp, dp, batch, interleavings, microbatches))
     return result
+
+
+def stage_interleavings(model: Model, pp: int, space: Space) -> tuple[int, ...]:
+    """The interleavings valid with pp stages (none when pp itself is not): pp's and
+    interleaving's declared rules (costmodel.pipeline's layout), and even stages only where
+    the space asks for them."""
+    blocks = model.num_blocks
+    if pp > blocks or _PP.fits(model, None, {"pp": pp}) or (blocks % pp and not space.uneven_stages):
+        return ()
+    if pp == 1:
+        return (1,)
+    share = blocks // pp if blocks % pp == 0 else (blocks + EMBEDDING_AND_LOSS_BLOCKS) // pp
+    return tuple(v for v in divisors(share) if not _IL.fits(model, None, {"pp": pp, "interleaving": v}))
 
 
 def facts(skeleton: Skeleton, system: System) -> dict[str, int]:

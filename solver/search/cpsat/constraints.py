@@ -19,7 +19,7 @@ from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import System
 from solver.search.cpsat.variables import Variables
-from solver.space.declaration import SKELETON_FACTS, Space
+from solver.space.declaration import SKELETON_FACTS, Space, stage_interleavings
 
 
 @dataclass(frozen=True)
@@ -99,17 +99,21 @@ class PipelineDivisibility(Constraint):
     name = "pipeline divisibility"
 
     def describe(self, p):
-        return f"pp·interleaving divides num_blocks ({p.model.num_blocks}); interleaving is 1 without pp"
+        uneven = (", or pp > 2 divides num_blocks + 2 (first and last stages one block lighter)"
+                  if p.space.uneven_stages else "")
+        return (f"pp divides num_blocks ({p.model.num_blocks}){uneven}; interleaving divides a stage's share; "
+                f"interleaving is 1 without pp")
 
     def add(self, m, v, p):
-        chunk = m.NewIntVar(1, p.model.num_blocks, "blocks_per_chunk")
-        m.AddMultiplicationEquality(p.model.num_blocks, [v.pp.var, v.interleaving.var, chunk])
-        if 1 in v.pp.is_:
-            m.Add(v.interleaving.var == 1).OnlyEnforceIf(v.pp.is_[1])
+        # per pp value, the interleavings its layout allows (none: that pp is not valid)
+        for pp, pp_lit in v.pp.is_.items():
+            allowed = set(stage_interleavings(p.model, pp, p.space))
+            for il, il_lit in v.interleaving.is_.items():
+                if il not in allowed:
+                    m.AddBoolOr([pp_lit.Not(), il_lit.Not()])
 
     def violation(self, mapping, evaluation, p):
-        il = mapping.pipeline_interleaving
-        return p.model.num_blocks % (mapping.pp * il) + (il - 1 if mapping.pp == 1 else 0)
+        return float(mapping.pipeline_interleaving not in stage_interleavings(p.model, mapping.pp, p.space))
 
 
 class BatchCap(Constraint):

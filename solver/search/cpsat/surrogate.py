@@ -36,6 +36,8 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from costmodel.context import Context
+from costmodel.ops import ScalarOps
+from costmodel.pipeline import stage_blocks
 from costmodel.units import MiB
 from solver.search.cpsat.tables import (ACT_CLASSES, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG,
                                         Tables, block_lower_bounds, offers_zero_bubble)
@@ -247,6 +249,39 @@ def floor_families(block_floors: dict, v: Variables, skip) -> tuple:
     return (by_split, v.split), (by_tc_mb, v.tc_mb)
 
 
+def stage_floors(blocks: int, pp_values, v: Variables) -> tuple[dict, dict]:
+    """Per pp value: (blocks a stage's time is at least that of, blocks per microbatch in
+    flight a first-stage GPU keeps at least). Even: L/pp both. Uneven (m = (L+2)/pp): the
+    last stage's m - 1 blocks in time; in memory m - 1 with 1F1B, m - 2 when the space lets
+    that pp interleave (the first chunk of each microbatch one block short: at most
+    2·min(n, pp) chunks short, costmodel.pipeline.short_first_chunks_in_flight)."""
+    time_blocks, memory_blocks = {}, {}
+    for p in pp_values:
+        first, _, last = stage_blocks(ScalarOps, blocks, p)
+        time_blocks[p] = float(last)
+        if first == blocks / p:
+            memory_blocks[p] = float(first)
+        else:
+            share = first + 1                 # m: interleaving divides it
+            interleaves = any(il > 1 and share % il == 0 for il in v.interleaving.is_)
+            memory_blocks[p] = float(first - 1 if interleaves else first)
+    return time_blocks, memory_blocks
+
+
+def _even_layout_literals(m: cp_model.CpModel, v: Variables, blocks: int) -> list:
+    """Literals meaning "the layout is even" ([] when every pp is even, [None] when none is)."""
+    even = [lit for p, lit in v.pp.is_.items() if blocks % p == 0]
+    if len(even) == len(v.pp.is_):
+        return []
+    if not even:
+        return [None]
+    lit = m.NewBoolVar("even_stages")
+    m.AddBoolOr(even).OnlyEnforceIf(lit)
+    for e in even:
+        m.AddImplication(e, lit)
+    return [lit]
+
+
 def _units(value: float, divisor: float) -> int:
     """value / divisor rounded down and capped at MAX_LINEAR_UNITS (still a lower bound)."""
     return math.floor(min(value / divisor, MAX_LINEAR_UNITS))
@@ -259,7 +294,6 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
     bound (constrained to the capacity when `enforce_hbm`). `local_batch[(tp, cp, pp)]`
     is batch/dp of that split."""
     tables = Tables(c, v, num_gpus, tp_overlaps, len(c.net_size))
-    blocks = c.blocks
     flag = v.flag
     # literals meaning "pp > 1": [] when always, None when never
     if 1 not in v.pp.is_:
@@ -269,12 +303,17 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
     else:
         pp_gt1 = [v.pp.is_[1].Not()]
     pp_values = {p: float(p) for p in v.pp.is_}
+    # Blocks per stage, bounded below for uneven layouts (costmodel.pipeline): in time, the
+    # last stage's (its blocks and the output layer never outlast the slowest stage); in
+    # memory, what the first stage keeps alive per microbatch in flight (see stage_floors).
+    time_blocks, memory_blocks = stage_floors(c.blocks, v.pp.is_, v)
+    even_layout = _even_layout_literals(m, v, c.blocks)
     pp_minus_1 = {p: float(p - 1) for p in v.pp.is_}
     mb_values = {mb: float(mb) for mb in v.microbatch.is_}
     il_values = {il: float(il) for il in v.interleaving.is_}
     local = {k: float(local_batch[k]) for k in v.split}
 
-    t_ref = min(local[(t, c, p)] * blocks / p * min(tables.compute[(t2, c2, mb)] / mb
+    t_ref = min(local[(t, c, p)] * time_blocks[p] * min(tables.compute[(t2, c2, mb)] / mb
                                                    for (t2, c2, mb) in tables.tm_keys if (t2, c2) == (t, c))
                 for (t, c, p) in v.split)
     unit = t_ref / UNITS_PER_REFERENCE
@@ -285,9 +324,6 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
 
     def bubble():             # ln((pp-1)/interleaving)
         return LogLinear().add_table(pp_minus_1, v.pp.is_).add_table(il_values, v.interleaving.is_, -1)
-
-    def per_stage(table):     # ln(blocks/pp · table[tp, microbatch])
-        return LogLinear().add_const(blocks).add_table(pp_values, v.pp.is_, -1).add_table(table, v.tc_mb)
 
     comm_rs_ag = flag("tp_comm", TP_COMM_RS_AG)
     # ln(one block's time): one alternative per combination of the flags a block reads
@@ -310,7 +346,7 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
     else:
         bubble_block_log = block_log
     parts = {  # name -> (LogLinear of the part, literals that switch it on; None = never)
-        "blocks": (LogLinear().add_const(blocks).add_table(pp_values, v.pp.is_, -1).plus(block_log), []),
+        "blocks": (LogLinear().add_table(time_blocks, v.pp.is_).plus(block_log), []),
         "output_layer": (LogLinear().add_table(tables.head, v.tc_mb), []),
         "pp_send": (LogLinear().add_const(2.0).add_table(il_values, v.interleaving.is_).add_table(tables.p2p, v.tc_mb),
                     pp_gt1),
@@ -322,7 +358,13 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
                 continue      # pp is 1 in every mapping: bubble and sends vanish
             active = weight_active + part_active
             if weight_name == "bubble" and part_name == "blocks":
-                part = LogLinear().add_const(blocks).add_table(pp_values, v.pp.is_, -1).plus(bubble_block_log)
+                part = LogLinear().add_table(time_blocks, v.pp.is_).plus(bubble_block_log)
+            if weight_name == "bubble" and part_name == "output_layer":
+                # uneven stages paced by a middle stage carry no output layer in a ZB-H1
+                # bubble: count it in the bubble only where the layout is even
+                active = active + even_layout
+                if any(lit is None for lit in active):
+                    continue
             objective.append(add_exp_term(m, f"time_{weight_name}_{part_name}", weight().plus(part), unit,
                                           ceiling, active or None))
     exp_terms = len(objective)
@@ -373,7 +415,7 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
         for rc in rcs:
             for cls in ACT_CLASSES:
                 stored = LogLinear().add_table(tables.stored[(rc, cls)], v.tc_mb)
-                in_hbm = (LogLinear().add_const(blocks).add_table(pp_values, v.pp.is_, -1)
+                in_hbm = (LogLinear().add_table(memory_blocks, v.pp.is_)
                           .add_var(w, w_lo, w_hi))
                 lits = [flag("recompute", rc), *class_lits[cls]]
                 alternatives.append((lits + [flag("activations_offload", 0)], stored.plus(in_hbm)))

@@ -18,10 +18,10 @@ from costmodel.context import Context
 from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm
 from costmodel.dimensions import DIMENSIONS
 from costmodel.encoding import MappingArrays, code
-from costmodel.iteration import (RESIDENT_BLOCKS, block_terms, blocks_in_flight, bubble_microbatches,
-                                 iteration_terms, output_layer_s)
+from costmodel.iteration import RESIDENT_BLOCKS, block_terms, bubble_microbatches, iteration_terms, output_layer_s
+from costmodel.pipeline import stage_blocks, stage_blocks_in_flight
 from costmodel.evaluate import array_fields
-from costmodel.ops import ArrayOps
+from costmodel.ops import ArrayOps, ScalarOps
 from costmodel.system import Collective
 from solver.search.cpsat.variables import Variables
 from solver.space.declaration import Space, flag_projection
@@ -199,15 +199,19 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         block = np.array([[tables.block[cb][(t, cp, int(mb))] for cb in combos] for mb in mbs])  # [M, K]
         head = np.array([tables.head[(t, cp, int(mb))] for mb in mbs])           # [M]
         sends = np.array([tables.p2p[(t, cp, int(mb))] for mb in mbs]) if p > 1 else np.zeros(len(mbs))
-        # time[V, M, K] without the optimizer and DP terms (added per sharding below)
-        per_micro = blocks / p * block + head[:, None]                       # [M, K]
+        # time[V, M, K] without the optimizer and DP terms (added per sharding below); with
+        # uneven stages (costmodel.pipeline) the slowest of the middle and the last stage
+        first, middle, last = stage_blocks(ScalarOps, blocks, p)
+        per_micro = np.maximum(middle * block, last * block + head[:, None])  # [M, K]
         time = (n[None, :] + bubble)[:, :, None] * (per_micro[None] + (2 * il * sends[None, :])[:, :, None])
         if zero_bubble and p > 1 and 1 in sk.interleavings:
             # ZB-H1 on the non-interleaved row: n microbatches + (p-1) bubble ones without W
             block_zb = np.array([[tables.block_zb[cb][(t, cp, int(mb))] for cb in combos] for mb in mbs])
             row = sk.interleavings.index(1)
             sends_1 = (2 * sends)[:, None]
-            zb = n[:, None] * (per_micro + sends_1) + (p - 1) * (blocks / p * block_zb + head[:, None] + sends_1)
+            # (uneven, a middle stage may set the pace, with no output layer in its bubble)
+            zb_head = head[:, None] if middle == last else 0.0
+            zb = n[:, None] * (per_micro + sends_1) + (p - 1) * (last * block_zb + zb_head + sends_1)
             time[row] = np.minimum(time[row], zb)
         cls = ["sp_redo" if (comm == TP_COMM_RS_AG and redo) else ("sp" if comm == TP_COMM_RS_AG else "no_sp")
                for comm, redo, rc, w, a in combos]
@@ -216,7 +220,8 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
                               for mb in mbs])
         a_off = np.array([cb[4] for cb in combos], dtype=bool)
         w_off = np.array([cb[3] for cb in combos])
-        inflight = blocks_in_flight(ArrayOps, blocks / p, p, il, n[None, :])[:, :, None]  # [V, M, 1]
+        # a first-stage GPU's (the tables' memory terms are the first stage's too)
+        inflight = stage_blocks_in_flight(ArrayOps, first, middle, last, p, il, n[None, :])[0][:, :, None]  # [V, M, 1]
         all_activations = stored[None] * inflight                                                  # [V, M, K]
         activations_hbm = np.where(a_off, np.minimum(RESIDENT_BLOCKS, inflight) * stored[None], all_activations)
         activations_offloaded = np.where(a_off, all_activations, 0.0)
