@@ -57,10 +57,13 @@ def parent_of(data: dict, where: tuple) -> dict:
 
 
 def model_for_mapping(path: Path) -> Path:
-    """Mapping files are named <model>-<variant>.json: the longest model name that prefixes it."""
-    stems = [m.stem for m in MODEL_FILES if path.stem.startswith(m.stem + "-")]
+    """Mapping files are named <model>-<variant>.json: the longest model name that prefixes it
+    (a model file <name>.yaml, or a Hugging Face config <name>/config.json)."""
+    models = {m.stem: m for m in MODEL_FILES} | {d.name: d / "config.json" for d in MODELS_DIR.iterdir()
+                                                 if (d / "config.json").is_file()}
+    stems = [stem for stem in models if path.stem.startswith(stem + "-")]
     assert stems, f"{path.name}: no model in problems/models/ prefixes its name"
-    return MODELS_DIR / f"{max(stems, key=len)}.yaml"
+    return models[max(stems, key=len)]
 
 
 # ---------------------------------------------------------------- shipped files
@@ -113,7 +116,10 @@ def test_shipped_mapping_loads_and_fits_its_model(path):
     # layout (mapsat's addition, optional: pp's rule when left out) is not Calculon's.
     calculon = set(Mapping.model_fields) - {"pipeline_first_stage_blocks", "pipeline_last_stage_blocks"}
     assert set(json.loads(path.read_text())) == calculon
-    check_mapping_fits(load_model(model_for_mapping(path)), load_system(H100_SYSTEM), mapping)
+    model_path = model_for_mapping(path)
+    # a Hugging Face config states no training sequence: those mapping files name it (-131k)
+    seq_size = 131072 if "-131k" in path.stem else None
+    check_mapping_fits(load_model(model_path, seq_size=seq_size), load_system(H100_SYSTEM), mapping)
 
 
 @pytest.mark.parametrize("key", SELENE_MODELS)

@@ -142,3 +142,40 @@ def test_activation_memory_matches_megatron_with_the_differences_explained(case)
     # (f = 3.5·h, g = a/4) keeps 36 against Megatron's 32 bytes per s·b·h and layer, +12.5 %;
     # Nemotron-4 (g = a/12, no gate) 30.3 against 34, -11 %
     assert mem["activations_bytes"] == pytest.approx(reference - output, rel=0.15)
+
+
+CP_CASES = [
+    # (model, tp, cp, pp, interleaving, dp, microbatch, microbatches, distributed optimizer), at 32K tokens
+    ("llama-3.1-70b", 8, 4, 4, 5, 4, 1, 8, True),
+    ("llama-3.1-8b", 4, 8, 1, 1, 2, 1, 4, True),
+    ("llama-3.1-405b", 8, 16, 9, 7, 1, 1, 18, True),
+]
+
+
+@pytest.mark.parametrize("case", CP_CASES, ids=[f"{c[0]}-tp{c[1]}-cp{c[2]}-pp{c[3]}" for c in CP_CASES])
+def test_context_parallel_memory_matches_megatron_on_the_rank_share_of_the_sequence(case):
+    """Megatron's estimator takes no context parallelism (its seq_length is the whole
+    sequence and its data_parallel_size = world/(tp·pp·cp) excludes cp), while Megatron-LM
+    itself gives each cp rank s/cp tokens (`get_batch_on_this_cp_rank`) and shards the
+    distributed optimizer over dp·cp (`get_data_parallel_group(with_context_parallel=True)`).
+    So the reference is the estimator's formula with s/cp tokens and dp·cp shards; the
+    differences explained above still apply, nothing else."""
+    name, tp, cp, pp, v, dp, b, n, dist = case
+    seq = 32768
+    model = load_model(ROOT / "problems" / "models" / name / "config.json", seq_size=seq)
+    mapping = Mapping(num_procs=tp * cp * pp * dp, tensor_par=tp, context_par=cp, pipeline_par=pp, data_par=dp,
+                      batch_size=dp * n * b, microbatch_size=b, pipeline_interleaving=v, tensor_par_comm_type="rs_ag",
+                      seq_par_ag_redo=True, activation_recompute="attn_only", sharding_stage=1 if dist else 0,
+                      datatype="bfloat16")
+    mem = evaluate(model, H100, mapping).memory_bytes
+    share = model.model_copy(update={"seq_size": seq // cp})
+    reference, extras, output = megatron_activation_bytes(share, tp, pp, v, b, n)
+    ours = mem["activations_bytes"] + (mem["logits_bytes"] if pp == 1 else 0.0)
+    assert ours == pytest.approx(reference - extras + explained_activation_difference(share, tp, pp, v, b, n), rel=1e-9)
+    weights = mem["weights_bytes"] + mem["weight_grads_bytes"] + mem["optimizer_bytes"] + mem["embedding_bytes"]
+    if pp == 1:
+        weights += mem["output_layer_bytes"]
+    reference, final_norm_share = megatron_weight_and_optimizer_bytes(model, tp, pp, dp * cp, dist)
+    final_norm_here = model.norm_params * (6 + 12 / (dp * cp)) if pp == 1 else 0.0
+    assert weights == pytest.approx(reference - final_norm_share + final_norm_here
+                                    + biases_bytes(model, tp, pp, dp * cp, dist), rel=1e-9)

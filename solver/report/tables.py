@@ -21,6 +21,7 @@ TIME_LABELS = {
     "backward_s": "backward (activation + weight gradients)",
     "recompute_s": "recompute (+ fused attention's score redo)",
     "tp_comm_s": "TP communication, exposed (+ stolen compute)",
+    "cp_comm_s": "CP K/V ring, exposed beyond the attention core (+ stolen compute)",
     "pp_comm_s": "PP point-to-point",
     "bubble_s": "pipeline bubble",
     "dp_comm_s": "DP gradient reduction, exposed (+ stolen compute)",
@@ -38,8 +39,10 @@ MEMORY_LABELS = {
     "output_layer_bytes": "last stage: output layer and final norm (weights + grads + optimizer)",
     "logits_bytes": "last stage: logits (fp32, + 16-bit gradient) and their input",
     "last_stage_activations_bytes": "last stage: stored activations (in flight)",
+    "second_stage_activations_bytes": "second stage: stored activations (in flight)",
     "runtime_reserve_bytes": "runtime reserve (CUDA context, NCCL buffers, fragmentation)",
     "first_stage_hbm_bytes": "first stage in HBM",
+    "second_stage_hbm_bytes": "second stage in HBM (uneven stages: a middle stage may hold the most)",
     "last_stage_hbm_bytes": "last stage in HBM",
 }
 
@@ -63,7 +66,7 @@ def mapping_summary(mapping_fields: dict) -> str:
              f"batch {v['batch']} {BY_NAME['microbatch'].header} {v['microbatch']}"]
     if v["pp"] > 1:
         parts.append(f"{BY_NAME['interleaving'].header} {v['interleaving']}")
-    facts = {name: splits[name] for name, _ in NETWORK_GROUPS}
+    facts = {**{name: splits[name] for name, _ in NETWORK_GROUPS}, "dp_cp": splits["dp"] * splits["cp"]}
     for dim in DIMENSIONS:
         skeleton_rules = [c for c in dim.free_when if c.subject in facts]
         if dim.kind == "choice" and all(c.holds(facts) for c in skeleton_rules):
@@ -130,12 +133,12 @@ def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
         time_table.add_row(label, f"{value:.4f}", f"{100 * value / ev.iteration_time_s:.1f} %")
     time_table.add_row("total", f"{ev.iteration_time_s:.4f}", "100.0 %", style="bold")
 
-    mem_table = Table(title="memory per GPU: first pipeline stage, unless marked last")
+    mem_table = Table(title="memory per GPU: first pipeline stage, unless marked second or last")
     mem_table.add_column("term")
     mem_table.add_column("GiB", justify="right")
     for key, label in MEMORY_LABELS.items():
         mem_table.add_row(label, f"{ev.memory_bytes[key] / GiB:.2f}")
-    mem_table.add_row("in HBM (tier 1, the fuller stage)", f"{ev.hbm_bytes / GiB:.2f}", style="bold")
+    mem_table.add_row("in HBM (tier 1, the fullest stage)", f"{ev.hbm_bytes / GiB:.2f}", style="bold")
     mem_table.add_row("in offload memory (tier 2)", f"{ev.offload_bytes / GiB:.2f}", style="bold")
     return [head, time_table, mem_table]
 
