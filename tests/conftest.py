@@ -97,3 +97,34 @@ def cp_sat_solution_count(model) -> int:
     status = solver.Solve(model, counter)
     assert status in (cp_model.OPTIMAL, cp_model.INFEASIBLE), solver.StatusName(status)
     return counter.n
+
+
+def assert_block_floors_below_exact(model, system, gpus: int, max_batch: int, datatype) -> list:
+    """Every block floor (the solver's per-block lower bound, which certifies and cuts
+    blocks) sits at or below every feasible exact time of its block, rounding included;
+    returns the skeletons of the blocks checked (one entry per block with a feasible mapping)."""
+    from costmodel.context import Context
+    from costmodel.evaluate import evaluate_arrays_in_context
+    from solver.search.cpsat.constraints import Problem
+    from solver.search.cpsat.surrogate import add_bounds
+    from solver.search.solve import SEARCHED_FLAGS, local_batches, structure_model
+    from solver.space.declaration import get_space
+    from solver.space.enumerate import build_rows, plan
+
+    space = get_space("full")
+    c = Context.build(model, system, datatype)
+    the_plan = plan(model, system, gpus, max_batch, space, chunk_rows=1 << 62)
+    problem = Problem(model, system, gpus, max_batch, space)
+    m, v = structure_model(problem, the_plan.skeletons, flags=SEARCHED_FLAGS)
+    bounds = add_bounds(m, v, c, gpus, local_batches(problem, v), space.tp_overlap_codes, c.hbm_capacity_bytes,
+                        skeletons=the_plan.skeletons)
+    checked = []
+    for sk, table in zip(the_plan.skeletons, the_plan.flag_tables):
+        for i, il in enumerate(sk.interleavings):
+            for j, mb in enumerate(sk.microbatches):
+                start = (i * len(sk.microbatches) + j) * len(table)
+                ev = evaluate_arrays_in_context(c, build_rows(space, sk, table, start, start + len(table)))
+                if ev.feasible.any():
+                    assert bounds.block_floors[(*sk.split, il, mb)] <= ev.iteration_time_s[ev.feasible].min()
+                    checked.append(sk)
+    return checked

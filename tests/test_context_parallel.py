@@ -29,10 +29,11 @@ H100 = load_system(ROOT / "problems/systems/h100-80g-nvl8.yaml")
 A100 = load_system(ROOT / "problems/systems/a100-80g-selene.yaml")
 
 
-def gqa(blocks: int, hidden: int, heads: int, kv_heads: int, seq: int) -> Model:
+def gqa(blocks: int, hidden: int, heads: int, kv_heads: int, seq: int, vocab: int = 32000) -> Model:
+    """A Llama-shaped model: grouped-query attention, SwiGLU, RMSNorm, RoPE, untied embeddings."""
     return Model(name=f"gqa{blocks}", hidden=hidden, feedforward=8 * hidden // 3 // 128 * 128, seq_size=seq,
                  attn_heads=heads, attn_size=hidden // heads, num_blocks=blocks, kv_heads=kv_heads, mlp="swiglu",
-                 norm="rmsnorm", position="rope", tied_embeddings=False, bias=False, vocab_size=32000)
+                 norm="rmsnorm", position="rope", tied_embeddings=False, bias=False, vocab_size=vocab)
 
 
 MODEL = gqa(8, 4096, 32, 8, 32768)

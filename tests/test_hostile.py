@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from ortools.sat.python import cp_model
 
-from conftest import H100_SYSTEM, MODEL_DATA, MODELS_DIR, SYSTEM_DATA
+from conftest import H100_SYSTEM, MODEL_DATA, MODELS_DIR, SYSTEM_DATA, assert_block_floors_below_exact
 from costmodel.errors import InputError, InternalError
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
@@ -355,28 +355,7 @@ def test_solver_config_refuses_what_cpsat_cannot_take(field, value):
 def test_block_floors_never_exceed_an_exact_time_in_their_block(gpus, offload):
     # The floors certify and cut blocks, so each must sit at or below every feasible exact
     # time of its block, rounding included (TIME_FLOOR_SLACK).
-    from costmodel.context import Context
-    from costmodel.evaluate import evaluate_arrays_in_context
-    from solver.search.cpsat.surrogate import add_bounds
-    from solver.search.solve import SEARCHED_FLAGS, local_batches
-    from solver.space.enumerate import build_rows, plan
-
     model = load_model(MODELS_DIR / "gpt-1.3b.yaml")
     system = load_system(H100_SYSTEM).with_overrides(offload_gib=offload, offload_gbps=100 if offload else None)
-    space = get_space("full")
-    c = Context.build(model, system, Datatype.bfloat16)
-    the_plan = plan(model, system, gpus, 256, space, chunk_rows=1 << 62)
-    problem = Problem(model, system, gpus, 256, space)
-    m, v = structure_model(problem, the_plan.skeletons, flags=SEARCHED_FLAGS)
-    bounds = add_bounds(m, v, c, gpus, local_batches(problem, v), space.tp_overlap_codes, c.hbm_capacity_bytes,
-                        skeletons=the_plan.skeletons)
-    checked = 0
-    for sk, table in zip(the_plan.skeletons, the_plan.flag_tables):
-        for i, il in enumerate(sk.interleavings):
-            for j, mb in enumerate(sk.microbatches):
-                start = (i * len(sk.microbatches) + j) * len(table)
-                ev = evaluate_arrays_in_context(c, build_rows(space, sk, table, start, start + len(table)))
-                if ev.feasible.any():
-                    assert bounds.block_floors[(*sk.split, il, mb)] <= ev.iteration_time_s[ev.feasible].min()
-                    checked += 1
+    checked = len(assert_block_floors_below_exact(model, system, gpus, 256, Datatype.bfloat16))
     assert checked > 10
