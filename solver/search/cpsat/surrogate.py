@@ -36,11 +36,10 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from costmodel.context import Context
-from costmodel.ops import ScalarOps
-from costmodel.pipeline import stage_blocks
 from costmodel.units import MiB
 from solver.search.cpsat.tables import (ACT_CLASSES, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG,
-                                        Tables, block_lower_bounds, offers_zero_bubble)
+                                        Tables, block_lower_bounds, even_layout_literals, offers_zero_bubble,
+                                        stage_floors)
 from solver.search.cpsat.variables import Variables
 
 LOG_SCALE = 10_000
@@ -249,39 +248,6 @@ def floor_families(block_floors: dict, v: Variables, skip) -> tuple:
     return (by_split, v.split), (by_tc_mb, v.tc_mb)
 
 
-def stage_floors(blocks: int, pp_values, v: Variables) -> tuple[dict, dict]:
-    """Per pp value: (blocks a stage's time is at least that of, blocks per microbatch in
-    flight a first-stage GPU keeps at least). Even: L/pp both. Uneven (m = (L+2)/pp): the
-    last stage's m - 1 blocks in time; in memory m - 1 with 1F1B, m - 2 when the space lets
-    that pp interleave (the first chunk of each microbatch one block short: at most
-    2·min(n, pp) chunks short, costmodel.pipeline.short_first_chunks_in_flight)."""
-    time_blocks, memory_blocks = {}, {}
-    for p in pp_values:
-        first, _, last = stage_blocks(ScalarOps, blocks, p)
-        time_blocks[p] = float(last)
-        if first == blocks / p:
-            memory_blocks[p] = float(first)
-        else:
-            share = first + 1                 # m: interleaving divides it
-            interleaves = any(il > 1 and share % il == 0 for il in v.interleaving.is_)
-            memory_blocks[p] = float(first - 1 if interleaves else first)
-    return time_blocks, memory_blocks
-
-
-def _even_layout_literals(m: cp_model.CpModel, v: Variables, blocks: int) -> list:
-    """Literals meaning "the layout is even" ([] when every pp is even, [None] when none is)."""
-    even = [lit for p, lit in v.pp.is_.items() if blocks % p == 0]
-    if len(even) == len(v.pp.is_):
-        return []
-    if not even:
-        return [None]
-    lit = m.NewBoolVar("even_stages")
-    m.AddBoolOr(even).OnlyEnforceIf(lit)
-    for e in even:
-        m.AddImplication(e, lit)
-    return [lit]
-
-
 def _units(value: float, divisor: float) -> int:
     """value / divisor rounded down and capped at MAX_LINEAR_UNITS (still a lower bound)."""
     return math.floor(min(value / divisor, MAX_LINEAR_UNITS))
@@ -307,7 +273,7 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
     # last stage's (its blocks and the output layer never outlast the slowest stage); in
     # memory, what the first stage keeps alive per microbatch in flight (see stage_floors).
     time_blocks, memory_blocks = stage_floors(c.blocks, v.pp.is_, v)
-    even_layout = _even_layout_literals(m, v, c.blocks)
+    even_layout = even_layout_literals(m, v, c.blocks)
     pp_minus_1 = {p: float(p - 1) for p in v.pp.is_}
     mb_values = {mb: float(mb) for mb in v.microbatch.is_}
     il_values = {il: float(il) for il in v.interleaving.is_}

@@ -12,6 +12,7 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
+from ortools.sat.python import cp_model
 
 from costmodel.comm import collective_s
 from costmodel.context import Context
@@ -243,3 +244,36 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
             for j, mb in enumerate(sk.microbatches):
                 out[(t, cp, p, il, mb)] = float(best[i, j]) * TIME_FLOOR_SLACK
     return out
+
+
+def stage_floors(blocks: int, pp_values, v: Variables) -> tuple[dict, dict]:
+    """Per pp value: (blocks a stage's time is at least that of, blocks per microbatch in
+    flight a first-stage GPU keeps at least). Even: L/pp both. Uneven (m = (L+2)/pp): the
+    last stage's m - 1 blocks in time; in memory m - 1 with 1F1B, m - 2 when the space lets
+    that pp interleave (the first chunk of each microbatch one block short: at most
+    2·min(n, pp) chunks short, costmodel.pipeline.short_first_chunks_in_flight)."""
+    time_blocks, memory_blocks = {}, {}
+    for p in pp_values:
+        first, _, last = stage_blocks(ScalarOps, blocks, p)
+        time_blocks[p] = float(last)
+        if first == blocks / p:
+            memory_blocks[p] = float(first)
+        else:
+            share = first + 1                 # m: interleaving divides it
+            interleaves = any(il > 1 and share % il == 0 for il in v.interleaving.is_)
+            memory_blocks[p] = float(first - 1 if interleaves else first)
+    return time_blocks, memory_blocks
+
+
+def even_layout_literals(m: cp_model.CpModel, v: Variables, blocks: int) -> list:
+    """Literals meaning "the layout is even" ([] when every pp is even, [None] when none is)."""
+    even = [lit for p, lit in v.pp.is_.items() if blocks % p == 0]
+    if len(even) == len(v.pp.is_):
+        return []
+    if not even:
+        return [None]
+    lit = m.NewBoolVar("even_stages")
+    m.AddBoolOr(even).OnlyEnforceIf(lit)
+    for e in even:
+        m.AddImplication(e, lit)
+    return [lit]
