@@ -269,7 +269,7 @@ def test_cli_count_table(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["count", "--model", str(MODELS / "gpt-1t-256b.yaml"), "--system",
                                       str(write_system(tmp_path)), "--gpus", "4096"])
     assert result.exit_code == 0, result.output
-    assert "92,227,520" in result.output and "microbatch" in result.output
+    assert "1,050,058,560" in result.output and "microbatch" in result.output
 
 
 @pytest.mark.parametrize("gpus", ["0", "-4", "many"])

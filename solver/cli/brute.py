@@ -41,7 +41,7 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
     is feasible, naming the checks that rule them out.
 
     \b
-    Example (92.2 million mappings, under two minutes on two cores):
+    Example (1.05 billion mappings, about five minutes on two cores):
       mapsat brute --model problems/models/gpt-1t-256b.yaml \\
                    --system problems/systems/h100-80g-nvl8.yaml --offload-gib 1024 --offload-gbps 100 \\
                    --gpus 4096 --datatype float8 --top-k 5
