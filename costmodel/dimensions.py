@@ -70,7 +70,8 @@ class Condition:
         shown = str(self.value)
         if self.subject in BY_NAME and BY_NAME[self.subject].choices is not None:
             shown = BY_NAME[self.subject].label_of(self.value)
-        return f"{self.subject} {self.op} {shown}"
+        subject = "dp·cp" if self.subject == "dp_cp" else self.subject
+        return f"{subject} {self.op} {shown}"
 
 
 FitRule = Callable[[object, object, dict], "str | None"]
