@@ -55,7 +55,7 @@ from solver.search.codesign_grid import (CAPACITY_KNOBS, ENUMERATED_KNOBS, KNOBS
                                          Grid, System_, Target, Verdict, as_json, check_values, reaches, system_at)
 from solver.search.cpsat.surrogate import MAX_LINEAR_UNITS, floor_families
 from solver.search.cpsat.tables import Tables, block_lower_bounds
-from solver.search.explain import Explorer, Key, rank_of
+from solver.search.explain import Explorer, Key, ScoredBlock, rank_of
 from solver.search.solve import WARM_START_BLOCKS, WARM_START_MARGIN, SolverConfig, local_batches, solve
 from solver.space.declaration import Space
 
@@ -143,8 +143,7 @@ class CapacityExplorer(Explorer):
         time_s, _, key, j = incumbent
         if not math.isfinite(time_s):
             return None, True
-        mapping = self.scored[key][0].to_mapping(j, self.datatype, self.kernels)
-        return evaluate_in_context(self.c, mapping), True
+        return evaluate_in_context(self.c, self._mapping(key, j)), True
 
     def _conditional_floor_cuts(self, literal, floors: dict) -> None:
         """Bounds.add_floor_cuts for one capacity, each inequality enforced by its literal."""
@@ -161,21 +160,21 @@ class CapacityExplorer(Explorer):
             m.Add(self.objective >= sum(weighted)).OnlyEnforceIf(literal)
 
     def _score(self, key: Key) -> None:
-        tp, cp, pp, il, mb = key
-        rows, ordinals = self.plan.block(self.index[(tp, cp, pp)], il, mb)
+        rows, ordinals = self._block_rows(key)
         ev = evaluate_arrays_in_context(self.c, rows)
         # feasible at the largest capacities; the capacities asked later filter the footprints
-        self.scored[key] = (rows, np.where(ev.feasible, ev.iteration_time_s, np.inf), ordinals)
-        self.footprint[key] = (ev.hbm_bytes, ev.offload_bytes)
+        keep = np.flatnonzero(ev.feasible)
+        self.scored[key] = ScoredBlock.of(rows, ordinals, ev.feasible, ev.iteration_time_s, keep)
+        self.footprint[key] = (ev.hbm_bytes[keep], ev.offload_bytes[keep])
         self.v.exclude_block(key)
 
     def _compatible(self, key, name, value) -> bool:
         return True
 
     def _block_best(self, key: Key, name, capacity) -> tuple:
-        rows, time_s, ordinal = self.scored[key]
+        time_s, ordinal = self.scored[key].time_s, self.scored[key].ordinal
         hbm, offload = self.footprint[key]
-        ok = np.isfinite(time_s) & (hbm <= capacity[0]) & (offload <= capacity[1])
+        ok = (hbm <= capacity[0]) & (offload <= capacity[1])
         if not ok.any():
             return (math.inf, -1, key, -1)
         candidates = np.flatnonzero(ok)

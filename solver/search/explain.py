@@ -23,7 +23,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from costmodel.context import Context
-from costmodel.dimensions import BY_NAME, DIMENSIONS, NETWORK_GROUPS
+from costmodel.dimensions import BY_NAME, DIMENSIONS, FLAGS, NETWORK_GROUPS
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import Evaluation, evaluate_arrays_in_context, evaluate_in_context
 from costmodel.kernels import Kernels
@@ -44,7 +44,8 @@ first CP-SAT round (each is a few thousand mappings)."""
 TIE_REL = 1e-9
 """Times within this relative distance of the winner's are ties (solve = brute tolerance)."""
 
-Key = tuple[int, int, int, int]
+FLAG_NAMES = tuple(dim.name for dim in FLAGS)
+Key = tuple[int, int, int, int, int]
 """A block: (tp, cp, pp, interleaving, microbatch)."""
 
 
@@ -94,6 +95,24 @@ class Explanation:
                 "certified": self.certified, "blocks_scored": self.blocks_scored, "seconds": self.seconds}
 
 
+@dataclass(frozen=True)
+class ScoredBlock:
+    """A scored block's feasible mappings, as much as ranking needs: each flag's codes, the
+    exact time, the ordinal, and the row in the block (to rebuild the mapping)."""
+
+    flags: dict
+    time_s: np.ndarray
+    ordinal: np.ndarray
+    row: np.ndarray
+
+    @staticmethod
+    def of(rows: MappingArrays, ordinals: np.ndarray, feasible: np.ndarray, time_s: np.ndarray,
+           keep: np.ndarray | None = None) -> "ScoredBlock":
+        keep = np.flatnonzero(feasible) if keep is None else keep
+        return ScoredBlock({name: rows.columns[name][keep] for name in FLAG_NAMES}, time_s[keep], ordinals[keep],
+                           keep.astype(np.int32))
+
+
 class Explorer:
     """One CP-SAT model of a space, asked for the best mapping under a pinned value at a time."""
 
@@ -109,18 +128,27 @@ class Explorer:
         self.bounds, self.objective = bounds, bounds.objective()
         self.m.Minimize(self.objective)
         self.index = {s.split: i for i, s in enumerate(self.plan.skeletons)}
-        self.scored: dict[Key, tuple[MappingArrays, np.ndarray, np.ndarray]] = {}
+        self.scored: dict[Key, ScoredBlock] = {}
         self.literals: dict[tuple[str, int], cp_model.IntVar] = {}   # one assumption literal per pin
         self.ranked = sorted((floor, key) for key, floor in bounds.block_floors.items() if math.isfinite(floor))
         self._floor_cuts_added = False
 
     # ---- scoring blocks, once each ----
-    def _score(self, key: Key) -> None:
+    def _block_rows(self, key: Key) -> tuple[MappingArrays, np.ndarray]:
         tp, cp, pp, il, mb = key
-        rows, ordinals = self.plan.block(self.index[(tp, cp, pp)], il, mb)
+        return self.plan.block(self.index[(tp, cp, pp)], il, mb)
+
+    def _score(self, key: Key) -> None:
+        rows, ordinals = self._block_rows(key)
         ev = evaluate_arrays_in_context(self.c, rows)
-        self.scored[key] = (rows, np.where(ev.feasible, ev.iteration_time_s, np.inf), ordinals)
+        self.scored[key] = ScoredBlock.of(rows, ordinals, ev.feasible, ev.iteration_time_s)
         self.v.exclude_block(key)
+
+    def _mapping(self, key: Key, j: int):
+        """The j-th kept mapping of a scored block, rebuilt from the plan (blocks keep only
+        what ranking needs: on a billion-mapping space whole rows would not fit in memory)."""
+        rows, _ = self._block_rows(key)
+        return rows.to_mapping(int(self.scored[key].row[j]), self.datatype, self.kernels)
 
     def _compatible(self, key: Key, name: str | None, value: int | None) -> bool:
         """Whether a block can hold mappings with the pinned value (skeleton pins only decide)."""
@@ -142,10 +170,11 @@ class Explorer:
     def _block_best(self, key: Key, name: str | None, value: int | None) -> tuple[float, int, Key, int]:
         """(time, ordinal, block, row) of the best scored mapping of one block with the pinned
         value ((inf, ...) when it has none)."""
-        rows, time_s, ordinal = self.scored[key]
-        ok = np.isfinite(time_s)
+        block = self.scored[key]
+        time_s, ordinal = block.time_s, block.ordinal
+        ok = np.ones(len(time_s), dtype=bool)
         if name is not None and BY_NAME[name].is_flag:
-            ok &= rows.columns[name] == value
+            ok &= block.flags[name] == value
         if not self._compatible(key, name, value) or not ok.any():
             return (math.inf, -1, key, -1)
         candidates = np.flatnonzero(ok)
@@ -263,8 +292,7 @@ class Explorer:
         time_s, _, key, j = incumbent
         if not math.isfinite(time_s):
             return None, certified
-        rows = self.scored[key][0]
-        return evaluate_in_context(self.c, rows.to_mapping(j, self.datatype, self.kernels)), certified
+        return evaluate_in_context(self.c, self._mapping(key, j)), certified
 
 
 def explain(model: Model, system: System, num_gpus: int, *, max_batch: int, datatype: Datatype, space: Space,
