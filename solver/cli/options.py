@@ -235,13 +235,20 @@ def wide_console() -> Console:
 
 
 def kernel_options(func: Callable) -> Callable:
-    """--attention fused|unfused and --grad-datatype float32|16bit: the settings of the problem
+    """--attention fused|unfused, --grad-datatype float32|16bit and --capacity-factor F: the settings of the problem
     that are not searched, handed to the command as one `kernels: Kernels`."""
 
     @functools.wraps(func)
-    def with_kernels(*args, attention: str, grad_datatype: str, **kwargs):
-        return func(*args, kernels=Kernels.with_attention(attention, grad_datatype), **kwargs)
+    def with_kernels(*args, attention: str, grad_datatype: str, capacity_factor: float, **kwargs):
+        return func(*args, kernels=Kernels.with_attention(attention, grad_datatype, capacity_factor), **kwargs)
 
+    with_kernels = click.option(
+        "--capacity-factor", type=float, default=1.0, show_default=True,
+        help="Mixture-of-experts models: the tokens the busiest expert receives over the mean (the capacity "
+             "factor of GShard and Switch Transformer, Fedus et al. 2022 §2.2); it sets the expert GEMMs and the "
+             "all-to-all volume. 1.0 is perfect balance, Megatron-LM's dropless best case; 1.25 is Switch "
+             "Transformer's usual setting. A setting of the problem, not searched; dense models ignore it.",
+    )(with_kernels)
     with_kernels = click.option(
         "--grad-datatype", type=click.Choice(GRAD_DATATYPES), default="float32", show_default=True,
         help="How gradients are kept: float32 main gradients (Megatron-LM) or 16bit, in the compute type "

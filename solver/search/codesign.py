@@ -161,8 +161,7 @@ class CapacityExplorer(Explorer):
             m.Add(self.objective >= sum(weighted)).OnlyEnforceIf(literal)
 
     def _score(self, key: Key) -> None:
-        tp, cp, pp, il, mb = key
-        rows, ordinals = self.plan.block(self.index[(tp, cp, pp)], il, mb)
+        rows, ordinals = self.plan.block(self.index[key[:4]], *key[4:])
         ev = evaluate_arrays_in_context(self.c, rows)
         # feasible at the largest capacities; the capacities asked later filter the footprints
         self.scored[key] = (rows, np.where(ev.feasible, ev.iteration_time_s, np.inf), ordinals)
