@@ -109,13 +109,15 @@ class ExpertDivisibility(Constraint):
         return f"ep divides num_experts ({p.model.num_experts}) and dp·cp"
 
     def add(self, m, v, p):
+        # On the literals, not as a product of variables: an ep value that does not divide
+        # num_experts is ruled out, and so is every (tp, cp, ep, pp) split whose dp·cp =
+        # N/(tp·pp) ep does not divide.
         for ep, lit in v.ep.is_.items():
             if ep > 1 and (not p.model.num_experts or p.model.num_experts % ep):
                 m.AddBoolOr([lit.Not()])
-        dp_cp = m.NewIntVar(1, p.num_gpus, "dp_cp")
-        m.AddMultiplicationEquality(dp_cp, [v.dp.var, v.cp.var])
-        per_ep = m.NewIntVar(1, p.num_gpus, "dp_cp_per_ep")
-        m.AddMultiplicationEquality(dp_cp, [v.ep.var, per_ep])
+        for (t, c, e, q), lit in v.split.items():
+            if (p.num_gpus // (t * q)) % e:
+                m.AddBoolOr([lit.Not()])
 
     def violation(self, mapping, evaluation, p):
         ep = mapping.ep
