@@ -34,7 +34,7 @@ arrive around a ring of c GPUs, one chunk of K and V per step (Megatron-LM's def
 attn_forward_func_with_cp; Liu et al. 2023, Ring Attention). The 2·c chunks of Megatron's
 causal load balancing (megatron/training/utils.py get_batch_on_this_cp_rank) give every
 GPU the same share, 1/c, of the attention core's work. The ring itself is timed in
-costmodel.comm (`cp_ring_terms`).
+costmodel.block_terms (`cp_ring_terms`).
 """
 
 from __future__ import annotations
@@ -42,62 +42,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.context import MASK_BYTES, Context
-from costmodel.kernel_time import attention_time_s, gemm_time_s
-
-# FLOP per element of the element-wise layers (forward): layer norm = mean, variance,
-# normalize, scale, shift (~8); softmax with scale and causal mask (~6: scale, mask, max,
-# subtract-exp, sum, divide); dropout (2: compare, multiply); residual add + dropout (3);
-# GeLU in its tanh form (~8). These only matter when a layer is compute bound, which
-# element-wise layers rarely are.
-LAYERNORM_FLOPS_PER_ELEM = 8.0
-SOFTMAX_FLOPS_PER_ELEM = 6.0
-DROPOUT_FLOPS_PER_ELEM = 2.0
-RESIDUAL_FLOPS_PER_ELEM = 3.0
-GELU_FLOPS_PER_ELEM = 8.0
-# RMSNorm (Zhang & Sennrich 2019): square, sum, reciprocal square root, scale (~5; no mean,
-# no shift).
-RMSNORM_FLOPS_PER_ELEM = 5.0
-# Activations per element of the f-wide output: squared ReLU (max, multiply: 2); the gates
-# (Shazeer 2020) Swish(x)·y (x·sigmoid(x) ~5, times y: 6) and GeLU(x)·y (8 + 1: 9).
-SQUARED_RELU_FLOPS_PER_ELEM = 2.0
-SWIGLU_FLOPS_PER_ELEM = 6.0
-GEGLU_FLOPS_PER_ELEM = 9.0
-# Rotary position embedding (Su et al. 2021) on Q and K: x·cos + rotate(x)·sin (3 per element).
-ROPE_FLOPS_PER_ELEM = 3.0
-ACTIVATION_FLOPS_PER_ELEM = {"gelu": GELU_FLOPS_PER_ELEM, "squared_relu": SQUARED_RELU_FLOPS_PER_ELEM,
-                             "swiglu": SWIGLU_FLOPS_PER_ELEM, "geglu": GEGLU_FLOPS_PER_ELEM}
-# FlashAttention keeps one fp32 log-sum-exp per query row and head for its backward pass.
-SOFTMAX_STATS_BYTES = 4.0
-
-
-def gemm_s(c: Context, xp, rows, cols, depth, num_bytes, batch=1.0):
-    """Time of `batch` matrix multiplies C[rows, cols] = A[rows, depth] · B[depth, cols] moving
-    `num_bytes`: the system's fitted shape-aware model when it has one
-    (costmodel.kernel_time.gemm_time_s), else the roofline on the step curves by FLOP."""
-    if c.gemm is not None:
-        return gemm_time_s(c.gemm, xp, rows, cols, depth, num_bytes, c.matrix_flops_per_s, c.hbm_bytes_per_s, batch)
-    flops = 2 * batch * rows * cols * depth
-    compute = flops / (c.matrix_flops_per_s * xp.lookup(c.matrix_curve, flops))
-    memory = num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
-    return xp.maximum(compute, memory)
-
-
-def matmul_s(c: Context, xp, rows, cols, inner):
-    """Time of C[rows, cols] = A[rows, inner]·B[inner, cols] (M = rows, the tokens; N = cols,
-    the output columns; K = inner, the reduction): `gemm_s` with A, B and C moved once in the
-    datatype."""
-    return gemm_s(c, xp, rows, cols, inner, c.elem_bytes * (rows * inner + inner * cols + rows * cols))
-
-
-def eltwise_s(c: Context, xp, elems, flops_per_elem, bytes_per_elem):
-    """Roofline time of an element-wise layer over `elems` elements; its memory side pays the
-    HBM's fixed per-kernel cost (0 unless the system file is calibrated)."""
-    flops = elems * flops_per_elem
-    num_bytes = elems * bytes_per_elem
-    compute = flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, flops))
-    memory = c.hbm_latency_s + num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
-    return xp.maximum(compute, memory)
-
+from costmodel.kernel_time import attention_time_s
+from costmodel.moe import moe_layer_forward, moe_memory
+from costmodel.layer_time import (ACTIVATION_FLOPS_PER_ELEM, DROPOUT_FLOPS_PER_ELEM, LAYERNORM_FLOPS_PER_ELEM,
+                                  RESIDUAL_FLOPS_PER_ELEM, RMSNORM_FLOPS_PER_ELEM, ROPE_FLOPS_PER_ELEM,
+                                  SOFTMAX_FLOPS_PER_ELEM, SOFTMAX_STATS_BYTES, eltwise_s, gemm_s, matmul_s)
 
 def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_bytes, steps=1.0):
     """Time of a fused attention kernel doing `pairs` s×s×d products per (batch, head) over
@@ -146,9 +95,12 @@ class StoredActivations:
     """transient bytes recomputation needs while one block's backward runs"""
 
 
-def block_forward_times(c: Context, m, xp) -> BlockForward:
+def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
     """Forward time of each layer group of one block, one microbatch, one GPU (seconds),
-    and the forward matrix FLOP. `m` has tp, microbatch, seq_par (arrays or scalars)."""
+    and the forward matrix FLOP. `m` has tp, cp, ep, microbatch, seq_par (arrays or
+    scalars). With `moe`, the block of a mixture-of-experts model whose MLP is the MoE layer
+    (costmodel.moe.moe_layer_forward on this GPU's tokens: router, grouped expert GEMMs,
+    shared experts); its collectives are timed in costmodel.iteration."""
     e, h, f, s, d = c.elem_bytes, c.hidden, c.feedforward, c.seq, c.head_size
     t = m.tp
     b = m.microbatch
@@ -167,6 +119,7 @@ def block_forward_times(c: Context, m, xp) -> BlockForward:
     qkv = matmul_s(c, xp, tokens, qkv_cols, h)
     proj = matmul_s(c, xp, tokens, h, q_cols)
     mlp = matmul_s(c, xp, tokens, up_cols, h) + matmul_s(c, xp, tokens, h, f_cols)   # h→f (or 2f), f→h
+    mlp_flops = 2 * tokens * h * (up_cols + f_cols)
 
     score_flops = 2 * b * heads * q_len * s * d          # Q·Kᵀ; the context GEMM (·V) is as large
     score_elems = b * heads * q_len * s
@@ -209,12 +162,15 @@ def block_forward_times(c: Context, m, xp) -> BlockForward:
         activation = 0.0 if c.fused_activation else eltwise_s(c, xp, tokens * f_cols, act_flops, 2 * e)
     # RoPE rotates Q and K in place: one pass over them (read and write).
     rope = eltwise_s(c, xp, tokens * (q_cols + kv_cols), ROPE_FLOPS_PER_ELEM, 2 * e) if c.rope else 0.0
+    if moe:
+        layer = moe_layer_forward(c, xp, tokens, t, m.ep)
+        mlp, activation, mlp_flops = layer.gemm_s, layer.eltwise_s, layer.matrix_flops
 
     return BlockForward(
         gemm_s=qkv + core_gemm + proj + mlp,
         eltwise_s=core_eltwise + layernorms + residuals + activation + rope,
         attention_core_s=core_gemm + core_eltwise,
-        matrix_flops=2 * tokens * h * (qkv_cols + q_cols + up_cols + f_cols) + 2 * score_flops,
+        matrix_flops=2 * tokens * h * (qkv_cols + q_cols) + mlp_flops + 2 * score_flops,
         selective_recompute_s=selective_recompute,
         selective_recompute_flops=selective_recompute_flops,
         kernel_recompute_s=kernel_recompute,
@@ -222,7 +178,7 @@ def block_forward_times(c: Context, m, xp) -> BlockForward:
     )
 
 
-def block_stored_activation_bytes(c: Context, m, xp) -> StoredActivations:
+def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> StoredActivations:
     """Bytes one block keeps from forward to backward for one microbatch on one GPU
     (Korthikanti et al. 2022, §4: 34·s·b·h + 5·a·s²·b with no parallelism, 16-bit).
 
@@ -239,7 +195,9 @@ def block_stored_activation_bytes(c: Context, m, xp) -> StoredActivations:
     Also returns the transient workspace: the context-parallel ring's K/V buffers, and what
     recomputation needs while one block's backward
     runs: the whole block's activations under full recompute, the attention core's under
-    attn_only (unfused), nothing otherwise.
+    attn_only (unfused), nothing otherwise. With `moe`, the MoE layer's stored bytes
+    (costmodel.moe.moe_memory) replace the MLP intermediates, and its all-to-all send and
+    receive buffers join the workspace.
     """
     e, h, f, s, d = c.elem_bytes, c.hidden, c.feedforward, c.seq, c.head_size
     t = m.tp
@@ -259,6 +217,10 @@ def block_stored_activation_bytes(c: Context, m, xp) -> StoredActivations:
     # GeLU / squared ReLU: the activation's input and output (2·f); gated: the h→2f output
     # (both operands of the gate) and the gate's output (3·f).
     mlp_intermediates = (3 if c.gated_mlp else 2) * e * tokens * f / t
+    dispatch_buffers = 0.0
+    if moe:
+        layer = moe_memory(c, xp, tokens, t, m.ep)
+        mlp_intermediates, dispatch_buffers = layer.stored_bytes, layer.all_to_all_buffer_bytes
     if c.fused_attention:
         attention_core = SOFTMAX_STATS_BYTES * b * heads * q_len
         core_recomputed = False
@@ -276,5 +238,5 @@ def block_stored_activation_bytes(c: Context, m, xp) -> StoredActivations:
     return StoredActivations(
         stored=xp.where(m.recompute_full, block_input, stored),
         full=full,
-        workspace=ring_buffers + xp.where(m.recompute_full, full, xp.where(core_recomputed, attention_core, 0.0)),
+        workspace=ring_buffers + dispatch_buffers + xp.where(m.recompute_full, full, xp.where(core_recomputed, attention_core, 0.0)),
     )

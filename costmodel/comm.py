@@ -64,20 +64,3 @@ def overlapped(exposed_candidate_s, window_s, hidden_fraction, usage, xp):
     cores, which delays the compute by usage × the hidden time."""
     hidden = hidden_fraction * xp.minimum(exposed_candidate_s, window_s)
     return exposed_candidate_s - hidden, usage * hidden
-
-
-def cp_ring_terms(c: Context, m, xp, fw):
-    """The context-parallel K/V ring of one block, forward and backward: exposed time and
-    the compute it steals, each. Forward passes this GPU's K and V chunk (b·s/cp tokens ×
-    2·g·d/tp columns) cp-1 steps around the ring; backward passes K and V again and their
-    gradients back (twice the bytes). Each step's transfer overlaps the attention core of
-    the step (Megatron-LM / TransformerEngine run them on separate streams), so only the
-    excess over the core is exposed, and the hidden part takes the network's compute usage.
-    `fw` is the block's forward (costmodel.block.BlockForward)."""
-    kv_chunk = c.elem_bytes * m.microbatch * c.seq / m.cp * 2 * c.kv_heads / m.tp * c.head_size
-    step = collective_s(c, xp, Collective.p2p, m.cp, kv_chunk, m.cp_net)
-    ring_fwd = (m.cp - 1) * step
-    usage = xp.pick(c.net_usage, m.cp_net)
-    fwd_exposed, fwd_stolen = overlapped(ring_fwd, fw.attention_core_s, 1.0, usage, xp)
-    bwd_exposed, bwd_stolen = overlapped(2 * ring_fwd, 2 * fw.attention_core_s + fw.kernel_recompute_s, 1.0, usage, xp)
-    return fwd_exposed + fwd_stolen, bwd_exposed + bwd_stolen

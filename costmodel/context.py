@@ -98,15 +98,7 @@ class Context:
     @staticmethod
     def build(model: Model, system: System, datatype: Datatype, kernels: Kernels = Kernels()) -> "Context":
         """The constants of one problem, for costing whole iterations (evaluate, solve, explain,
-        brute). A mixture-of-experts model is refused with a one-line error: costmodel/moe.py
-        prices one MoE block, but the block and iteration model do not place experts on GPUs
-        yet (that needs the expert-parallel mapping dimension). `Context.of` builds the
-        constants of any model."""
-        if model.num_experts:
-            raise InputError(f"model {model.name!r} has mixture-of-experts blocks (num_experts {model.num_experts}, "
-                             f"{model.moe_blocks} of {model.num_blocks} blocks): evaluating and searching mappings "
-                             f"of it needs the expert-parallel dimension (ep), which the mapping space does not "
-                             f"have yet")
+        brute); `Context.of` builds them for any model."""
         return Context.of(model, system, datatype, kernels)
 
     @staticmethod

@@ -7,8 +7,8 @@ mapping space:
   (`m.tp`, `m.weight_offload`), count breakdowns, CSV and report columns, CP-SAT variable
   names (`tp[8]`, `recompute[full]`);
 * `field` — Calculon's execution-file field (`tensor_par`), used only at the file boundary;
-* `kind` — how values are encoded: a whole number (`split` for tp/pp/dp/batch, fixed by the
-  (tp, cp, pp) split; `per_split` for interleaving and microbatch, chosen given the split), a
+* `kind` — how values are encoded: a whole number (`split` for tp/cp/ep/pp/dp/batch, fixed
+  by the (tp, cp, ep, pp) split; `per_split` for interleaving and microbatch, chosen given the split), a
   `choice` among an Enum's members (code i = i-th member), an on/off `switch`, or the index
   of a `network`;
 * `free_when` — for flags (choice, switch, network): the conditions under which any code
@@ -39,10 +39,10 @@ from costmodel.pipeline import layout_problem
 
 Kind = Literal["split", "per_split", "choice", "switch", "network"]
 FLAG_KINDS = ("choice", "switch", "network")
-SKELETON_FACTS = ("tp", "cp", "pp", "dp", "dp_cp", "offload")
-"""What a flag's condition may test besides earlier flags: the split's degrees (tp, cp, pp,
-dp, and dp_cp = dp·cp, the group gradients are reduced over; compared with 1) and `offload`
-(1 when the system has an offload memory tier)."""
+SKELETON_FACTS = ("tp", "cp", "ep", "pp", "dp", "dp_cp", "offload")
+"""What a flag's condition may test besides earlier flags: the split's degrees (tp, cp, ep,
+pp, dp, and dp_cp = dp·cp, the group gradients are reduced over; compared with 1) and
+`offload` (1 when the system has an offload memory tier)."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,20 @@ def _cp_fits(model, system, v) -> str | None:
     return None
 
 
+def _ep_fits(model, system, v) -> str | None:
+    ep = v["ep"]
+    if ep == 1:
+        return None
+    if not model.num_experts:
+        return f"expert_par({ep}) needs a mixture-of-experts model: {model.name!r} is dense (num_experts 0)"
+    if model.num_experts % ep:
+        return f"expert_par({ep}) does not divide num_experts({model.num_experts})"
+    if "dp" in v and (v["dp"] * v.get("cp", 1)) % ep:
+        return (f"expert_par({ep}) does not divide data_par({v['dp']})·context_par({v.get('cp', 1)}): the "
+                f"expert-parallel group is carved from the data- and context-parallel GPUs (Megatron-LM)")
+    return None
+
+
 def _pp_fits(model, system, v) -> str | None:
     # pp divides the blocks, or the blocks + 2 with lighter first and last stages (the
     # layout rule of costmodel.pipeline); a preset may ask for even stages (Space.uneven_stages)
@@ -225,13 +239,17 @@ _RS_AG = list(TPComm).index(TPComm.rs_ag)
 _HAS_OFFLOAD = Condition("offload", ">", 0)
 
 DIMENSIONS: tuple[Dimension, ...] = (
-    # ---- the split and the batch, fixed by (tp, cp, pp) ----
+    # ---- the split and the batch, fixed by (tp, cp, ep, pp) ----
     Dimension("tp", "tensor_par", "split", "tensor parallelism: each weight matrix is split tp ways",
               rule="1 .. tp_max; divides N, hidden, feedforward, attn_heads and kv_heads", fits=_tp_fits,
               bound=limits.GPUS_SEARCH),
     Dimension("cp", "context_par", "split", "context parallelism: the sequence is split over cp GPUs (ring "
               "attention, 2·cp load-balanced chunks)",
               rule="1 .. cp_max; divides N/tp; 2·cp divides seq_size", fits=_cp_fits, bound=limits.GPUS_SEARCH),
+    Dimension("ep", "expert_par", "split", "expert parallelism: each MoE block's experts are split over ep GPUs "
+              "carved from the dp·cp ones (token all-to-all; expert tensor parallelism = tp)",
+              rule="1 .. experts; divides num_experts and dp·cp (1 for a dense model)", fits=_ep_fits,
+              bound=limits.GPUS_SEARCH),
     Dimension("pp", "pipeline_par", "split", "pipeline parallelism: the blocks are split into pp stages",
               rule="1 .. blocks; divides N/(tp·cp) and num_blocks, or (full) pp > 2 divides num_blocks + 2: "
                    "the first and last stages one block lighter", fits=_pp_fits,
@@ -277,6 +295,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
               free_when=(Condition("tp", ">", 1),), fits=_network_exists("tp_net"), bound=limits.NETWORK_INDEX),
     Dimension("cp_net", "context_par_net", "network", "network index carrying CP traffic (the K/V ring)",
               free_when=(Condition("cp", ">", 1),), fits=_network_exists("cp_net"), bound=limits.NETWORK_INDEX),
+    Dimension("ep_net", "expert_par_net", "network", "network index carrying EP traffic (the token all-to-all)",
+              free_when=(Condition("ep", ">", 1),), fits=_network_exists("ep_net"), bound=limits.NETWORK_INDEX),
     Dimension("pp_net", "pipeline_par_net", "network", "network index carrying PP traffic",
               free_when=(Condition("pp", ">", 1),), fits=_network_exists("pp_net"), bound=limits.NETWORK_INDEX),
     Dimension("dp_net", "data_par_net", "network", "network index carrying DP traffic",
@@ -285,33 +305,40 @@ DIMENSIONS: tuple[Dimension, ...] = (
 BY_NAME: dict[str, Dimension] = {d.name: d for d in DIMENSIONS}
 FLAGS: tuple[Dimension, ...] = tuple(d for d in DIMENSIONS if d.is_flag)
 
-NETWORK_GROUPS: tuple[tuple[str, str], ...] = (("tp", "tp_net"), ("cp", "cp_net"), ("pp", "pp_net"), ("dp", "dp_net"))
-"""Parallel groups nest in this order, innermost first, each with the flag naming its
-network: a group of one dimension spans the product of its degree and every degree before
-it (tp; tp·cp; tp·cp·pp; tp·cp·pp·dp = N). Context parallelism sits next to tensor
-parallelism, as in Megatron-LM's rank order tp-cp-ep-dp-pp (parallel_state.RankGenerator)
-and NeMo's recipes that keep tp·cp inside an NVLink domain."""
+NETWORK_GROUPS: tuple[tuple[str, str], ...] = (("tp", "tp_net"), ("cp", "cp_net"), ("ep", "ep_net"), ("pp", "pp_net"),
+                                               ("dp", "dp_net"))
+"""Parallel groups, innermost first, each with the flag naming its network; `GROUP_SPAN`
+says which degrees' product a group spans. The dense groups nest: tp; tp·cp; tp·cp·pp;
+tp·cp·pp·dp = N. Context parallelism sits next to tensor parallelism, as in Megatron-LM's
+rank order tp-cp-ep-dp-pp (parallel_state.RankGenerator) and NeMo's recipes that keep tp·cp
+inside an NVLink domain. The expert-parallel group is laid out by Megatron-LM's separate
+expert rank generator (parallel_state.initialize_model_parallel: order tp-ep-dp-pp with
+expert tp = tp and cp folded into the expert data-parallel size): its ep members are the
+tp-strided GPUs next to each other, so the network carrying ep spans tp·ep GPUs."""
+GROUP_SPAN: dict[str, tuple[str, ...]] = {"tp": ("tp",), "cp": ("tp", "cp"), "ep": ("tp", "ep"),
+                                          "pp": ("tp", "cp", "pp"), "dp": ("tp", "cp", "pp", "dp")}
 
 
 def group_spans(m) -> tuple[tuple[str, object, object, object], ...]:
     """(name, degree, GPUs spanned, network index) of each parallel group of `m` (a mapping's
     formula view: scalars or arrays)."""
-    out, span = [], 1.0
+    out = []
     for degree_name, net_name in NETWORK_GROUPS:
-        degree = getattr(m, degree_name)
-        span = span * degree
-        out.append((degree_name, degree, span, getattr(m, net_name)))
+        span = 1.0
+        for factor in GROUP_SPAN[degree_name]:
+            span = span * getattr(m, factor)
+        out.append((degree_name, getattr(m, degree_name), span, getattr(m, net_name)))
     return tuple(out)
 
 
 def _check_declaration() -> None:
     """Conditions may only read skeleton facts (as `> 1`, or offload) and earlier flags, so
     flags can be chosen in declaration order and flag tables cached per (tp > 1, cp > 1,
-    pp > 1, dp > 1, dp·cp > 1)."""
+    ep > 1, pp > 1, dp > 1, dp·cp > 1)."""
     seen: set[str] = set()
     for dim in FLAGS:
         for cond in dim.free_when:
-            if cond.subject in ("tp", "cp", "pp", "dp", "dp_cp") and (cond.op, cond.value) != (">", 1):
+            if cond.subject in ("tp", "cp", "ep", "pp", "dp", "dp_cp") and (cond.op, cond.value) != (">", 1):
                 raise ValueError(f"{dim.name}: skeleton conditions must read '{cond.subject} > 1'")
             if cond.subject not in SKELETON_FACTS and cond.subject not in seen:
                 raise ValueError(f"{dim.name}: condition on {cond.subject!r}, which is not an earlier flag")

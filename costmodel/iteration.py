@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.block import (BlockForward, StoredActivations, block_forward_times, block_stored_activation_bytes,
-                             eltwise_s, gemm_s)
-from costmodel.comm import collective_s, cp_ring_terms, overlapped, tp_overlap_terms
+from costmodel.block_terms import BlockTerms, block_param_shares, block_terms, offload_rate
+from costmodel.comm import collective_s, overlapped
+from costmodel.layer_time import eltwise_s, gemm_s
 from costmodel.context import Context
 from costmodel.pipeline import (blocks_in_flight, blocks_in_flight_last_stage, bubble_microbatches, stage_blocks,
                                 stage_blocks_in_flight)
@@ -31,8 +31,8 @@ ADAM_FLOPS_PER_PARAM = 12.0
 # Softmax + cross-entropy over the logits: ~6 FLOP per logit, as the attention softmax.
 CROSS_ENTROPY_FLOPS_PER_ELEM = 6.0
 
-TIME_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s", "bubble_s",
-              "dp_comm_s", "optimizer_s", "offload_s")
+TIME_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s",
+              "bubble_s", "dp_comm_s", "optimizer_s", "offload_s")
 # Megatron-LM's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py)
 # turns each GPU's b·s·V/tp logits into fp32 and keeps the fp32 softmax for backward, where
 # the gradient is formed in place and cast back to 16 bits for the output GEMM's backward:
@@ -44,33 +44,6 @@ MEMORY_TERMS = ("weights_bytes", "weight_grads_bytes", "optimizer_bytes", "shard
                 "activations_bytes", "activation_workspace_bytes", "output_layer_bytes", "logits_bytes",
                 "last_stage_activations_bytes", "second_stage_activations_bytes", "runtime_reserve_bytes",
                 "first_stage_hbm_bytes", "second_stage_hbm_bytes", "last_stage_hbm_bytes")
-
-
-@dataclass(frozen=True)
-class BlockTerms:
-    """One block, one microbatch, one GPU (seconds, bytes; each a scalar or an array)."""
-
-    forward: BlockForward
-    compute_fwd_s: object
-    compute_bwd_s: object
-    tp_fwd_s: object
-    """TP communication in forward, exposed plus the compute it steals while overlapping"""
-    tp_bwd_s: object
-    cp_fwd_s: object
-    """the context-parallel K/V ring in forward, exposed plus the compute it steals"""
-    cp_bwd_s: object
-    block_fwd_s: object
-    """compute + TP and CP communication, forward"""
-    block_bwd_s: object
-    recompute_s: object
-    act_message_bytes: object
-    """one activation tensor (microbatch · seq · hidden elements)"""
-    activations: StoredActivations
-    offload_fwd_s: object
-    """offload traffic compute cannot hide, forward"""
-    offload_bwd_s: object
-    offload_bytes_per_s_needed: object
-    """offload bandwidth that would hide all of this block's traffic"""
 
 
 @dataclass(frozen=True)
@@ -87,6 +60,8 @@ class IterationTerms:
     recompute_s: object
     tp_comm_s: object
     cp_comm_s: object
+    ep_comm_s: object
+    """MoE token dispatch and combine all-to-alls (0 for a dense model)"""
     offload_s: object
     pp_comm_s: object
     bubble_s: object
@@ -129,67 +104,6 @@ class IterationTerms:
         return {name: getattr(self, name) for name in names}
 
 
-def _rate(bytes_per_s: float) -> float:
-    # No offload tier: its flags are never on, so its traffic is 0 bytes; an infinite rate
-    # keeps 0 / rate = 0 without dividing by zero.
-    return bytes_per_s if bytes_per_s > 0 else float("inf")
-
-
-def block_terms(c: Context, m, xp) -> BlockTerms:
-    """One block, one microbatch, one GPU: compute, exposed TP and CP communication (with
-    the compute they steal), recomputation and the offload traffic compute cannot hide, in
-    seconds; and the block's stored activations. Reads tp, cp, microbatch and the flags."""
-    fw = block_forward_times(c, m, xp)
-    compute_fwd = fw.gemm_s + fw.eltwise_s
-    compute_bwd = 2 * compute_fwd
-
-    act_message = c.elem_bytes * m.microbatch * c.seq / m.cp * c.hidden
-    region_s, hidden_fraction, gather_s = tp_overlap_terms(c, m, xp, act_message)
-    tp_usage = xp.pick(c.net_usage, m.tp_net)
-    redo_gather = m.seq_par & m.seq_par_ag_redo & xp.logical_not(m.recompute_full)
-    tp_fwd = 2 * region_s                       # two parallel regions: attention, MLP
-    tp_bwd = 2 * region_s + xp.where(redo_gather, 2 * gather_s, 0.0)
-    tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw.gemm_s, hidden_fraction, tp_usage, xp)
-    tp_bwd_exposed, tp_bwd_stolen = overlapped(tp_bwd, 2 * fw.gemm_s, hidden_fraction, tp_usage, xp)
-    cp_fwd, cp_bwd = cp_ring_terms(c, m, xp, fw)
-    block_fwd = compute_fwd + tp_fwd_exposed + tp_fwd_stolen + cp_fwd
-    block_bwd = compute_bwd + tp_bwd_exposed + tp_bwd_stolen + cp_bwd
-    # Full: the whole block forward again; attn_only: the (unfused) attention core; and a fused
-    # attention kernel's backward redoes its scores whatever the setting.
-    recompute = fw.kernel_recompute_s + xp.where(m.recompute_full, block_fwd,
-                                                    xp.where(m.recompute_attn_only, fw.selective_recompute_s, 0.0))
-
-    # ---- offload traffic per block and microbatch (tier 2 <-> HBM, per direction) ----
-    e = c.elem_bytes
-    act = block_stored_activation_bytes(c, m, xp)
-    block_params = c.block_params / m.tp
-    off_rate = _rate(c.offload_bytes_per_s)
-    fwd_read = xp.where(m.weight_offload, e * block_params, 0.0)
-    fwd_write = xp.where(m.activations_offload, act.stored, 0.0)
-    g = c.grad_bytes_per_param
-    bwd_read = xp.where(m.weight_offload, (e + g) * block_params, 0.0) + fwd_write
-    bwd_write = xp.where(m.weight_offload, g * block_params, 0.0)
-    off_fwd_bytes = xp.maximum(fwd_read, fwd_write)
-    off_bwd_bytes = xp.maximum(bwd_read, bwd_write)
-    off_fwd_s = off_fwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_fwd_bytes))
-    off_bwd_s = off_bwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_bwd_bytes))
-    return BlockTerms(
-        forward=fw,
-        compute_fwd_s=compute_fwd,
-        compute_bwd_s=compute_bwd,
-        tp_fwd_s=tp_fwd_exposed + tp_fwd_stolen,
-        tp_bwd_s=tp_bwd_exposed + tp_bwd_stolen,
-        cp_fwd_s=cp_fwd,
-        cp_bwd_s=cp_bwd,
-        block_fwd_s=block_fwd,
-        block_bwd_s=block_bwd,
-        recompute_s=recompute,
-        act_message_bytes=act_message,
-        activations=act,
-        offload_fwd_s=xp.maximum(off_fwd_s - block_fwd, 0.0),
-        offload_bwd_s=xp.maximum(off_bwd_s - (block_bwd + recompute), 0.0),
-        offload_bytes_per_s_needed=xp.maximum(off_fwd_bytes / block_fwd, off_bwd_bytes / (block_bwd + recompute)),
-    )
 
 
 def output_layer_s(c: Context, m, xp):
@@ -219,7 +133,8 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     block_fwd, block_bwd, recompute = blk.block_fwd_s, blk.block_bwd_s, blk.recompute_s
     act_message = blk.act_message_bytes
     act = blk.activations
-    block_params = c.block_params / t
+    # one block's parameters on this GPU: reduced over dp·cp, and (MoE experts) over dp·cp/ep
+    dense_params, expert_params = block_param_shares(c, m)
     off_fwd_exposed, off_bwd_exposed = blk.offload_fwd_s, blk.offload_bwd_s
     offload_needed = blk.offload_bytes_per_s_needed
 
@@ -259,7 +174,7 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     # GEMM); on the non-interleaved schedule only (v = 1; with v > 1 it changes nothing).
     # With uneven stages T_F, T_B and T_W are the slowest stage's.
     zero_bubble = m.sched_zb_h1 & (v == 1)
-    weight_grad_s = pace_blocks * fw.gemm_s
+    weight_grad_s = pace_blocks * blk.weight_grad_gemm_s
     bubble_s = xp.where(zero_bubble, (p - 1) * (micro_s - 2 * weight_grad_s), bubble_micro * micro_s)
     pipeline_s = xp.where(zero_bubble, microbatches * micro_s + bubble_s, (microbatches + bubble_micro) * micro_s)
 
@@ -274,16 +189,16 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     first_extra = c.embedding_params + xp.where(p == 1, output_matrix, 0.0)
     last_extra = output_matrix + xp.where(p == 1, c.embedding_params, 0.0)
     if equal_stages:                          # the blocks and the larger of the two extras
-        stage_params = first * block_params + xp.maximum(first_extra, last_extra) / t
+        stage_params = first * dense_params + xp.maximum(first_extra, last_extra) / t
         params_blocks = first
     else:
-        first_params = first * block_params + first_extra / t
-        middle_params = middle * block_params
-        last_params = last * block_params + last_extra / t
+        first_params = first * dense_params + first_extra / t
+        middle_params = middle * dense_params
+        last_params = last * dense_params + last_extra / t
         stage_params = xp.maximum(xp.maximum(first_params, last_params), middle_params)
         last_most = last_params >= xp.maximum(first_params, middle_params)
         params_blocks = xp.where(last_most, last, xp.where(first_params >= middle_params, first, middle))
-    grad_bytes = stage_params * c.grad_comm_bytes
+    stage_expert_params = params_blocks * expert_params
     # ZeRO stages (Rajbhandari et al. 2020 §5, §7): 0 all-reduces the gradients once; 1
     # reduce-scatters them and all-gathers the updated 16-bit weights; 2 keeps only its
     # gradient shard, so every microbatch's gradients are reduce-scattered as they appear
@@ -300,12 +215,24 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     # the replica (and travels on dp's network) when dp > 1, else it is the cp group itself.
     grad_group = dp * m.cp
     grad_net = xp.where(dp > 1, m.dp_net, m.cp_net)
-    reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, grad_group, grad_bytes, grad_net)
-    gather_weights = collective_s(c, xp, Collective.all_gather, grad_group, e * stage_params, grad_net)
-    dp_all_reduce = collective_s(c, xp, Collective.all_reduce, grad_group, grad_bytes, grad_net)
     scatters = xp.where(zero_grads, microbatches, 1.0)
     gathers = xp.where(zero_weights, 2 * microbatches, 1.0)
-    dp_comm = xp.where(zero_opt, scatters * reduce_scatter + gathers * gather_weights, dp_all_reduce)
+
+    def gradient_traffic(group, params):
+        grad_bytes = params * c.grad_comm_bytes
+        reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, group, grad_bytes, grad_net)
+        gather_weights = collective_s(c, xp, Collective.all_gather, group, e * params, grad_net)
+        all_reduce = collective_s(c, xp, Collective.all_reduce, group, grad_bytes, grad_net)
+        return xp.where(zero_opt, scatters * reduce_scatter + gathers * gather_weights, all_reduce)
+
+    dp_comm = gradient_traffic(grad_group, stage_params)
+    # MoE experts: each of the ep GPUs holds different experts, so their gradients are
+    # reduced, and ZeRO shards them, over the dp·cp/ep GPUs holding the same experts
+    # (Megatron-LM's expert data-parallel group, parallel_state.get_expert_data_parallel_group),
+    # on the gradient network, which spans that group.
+    expert_group = grad_group / m.ep
+    if c.moe_blocks:
+        dp_comm = dp_comm + gradient_traffic(expert_group, stage_expert_params)
     # Overlapped, each block's gradients reduce while the last microbatch's backward runs
     # through the blocks before it; the last block's reduction has nothing left to hide behind.
     # Stages 2 and 3 move data every microbatch, behind every microbatch's compute.
@@ -318,7 +245,7 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     opt_shards = xp.where(zero_opt, grad_group, 1.0)
     grad_shards = xp.where(zero_grads, grad_group, 1.0)
     weight_shards = xp.where(zero_weights, grad_group, 1.0)
-    opt_params = stage_params / opt_shards
+    opt_params = stage_params / opt_shards + stage_expert_params / xp.where(zero_opt, expert_group, 1.0)
     g = c.grad_bytes_per_param
     # reads gradient and state, writes state and the new weights
     opt_bytes_per_param = g + 2 * c.optimizer_bytes_per_param + e
@@ -327,7 +254,7 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
                     + xp.where(m.weight_offload, g, 0.0)) * opt_params
     opt_off_write = (xp.where(m.optimizer_offload, c.optimizer_bytes_per_param, 0.0) + xp.where(m.weight_offload, e, 0.0)) * opt_params
     opt_off_bytes = xp.maximum(opt_off_read, opt_off_write)
-    opt_off_s = opt_off_bytes / (_rate(c.offload_bytes_per_s) * xp.lookup(c.offload_curve, opt_off_bytes))
+    opt_off_s = opt_off_bytes / (offload_rate(c.offload_bytes_per_s) * xp.lookup(c.offload_curve, opt_off_bytes))
     optimizer_s = xp.maximum(opt_hbm_s, opt_off_s)
 
     iteration_s = pipeline_s + dp_exposed + dp_stolen + optimizer_s
@@ -336,6 +263,9 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     # the first holds the embeddings and the most microbatches in flight, the last the output
     # layer and the logits; the second, the fullest middle stage, can top the first when
     # stages are uneven (p - 1 microbatches of m blocks against p of m - 1) ----
+    # (MoE experts are sharded over the expert data-parallel group, the rest over dp·cp)
+    shards = (weight_shards, grad_shards, opt_shards)
+    expert_shards = tuple(xp.where(sharded, expert_group, 1.0) for sharded in (zero_weights, zero_grads, zero_opt))
     state_per_param = e / weight_shards + g / grad_shards + c.optimizer_bytes_per_param / opt_shards
 
     def activations_in_hbm(blocks_alive, activations):
@@ -352,10 +282,10 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     tokens = b * c.seq / m.cp
     logits = (tokens * c.vocab / t * (LOGIT_BYTES_KEPT + LOGIT_GRAD_BYTES)
               + e * tokens * c.hidden / xp.where(m.seq_par, t, 1.0))      # and the output GEMM's input
-    first_state = blocks_state(c, m, xp, first, weight_shards, grad_shards, opt_shards)
+    first_state = blocks_state(c, m, xp, first, dense_params, expert_params, shards, expert_shards)
     # (equal stages, and by the rule the first and the last, are one value: one state)
     second_state, last_state = (first_state if blocks is first
-                                else blocks_state(c, m, xp, blocks, weight_shards, grad_shards, opt_shards)
+                                else blocks_state(c, m, xp, blocks, dense_params, expert_params, shards, expert_shards)
                                 for blocks in (middle, last))
     first_alive, second_alive, last_alive = stage_blocks_in_flight(xp, first, middle, last, p, v, microbatches)
     activations, second_activations, last_activations = (act.stored * first_alive, act.stored * second_alive,
@@ -383,6 +313,7 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
         recompute_s=microbatches * pace_blocks * recompute,
         tp_comm_s=microbatches * pace_blocks * (blk.tp_fwd_s + blk.tp_bwd_s),
         cp_comm_s=microbatches * pace_blocks * (blk.cp_fwd_s + blk.cp_bwd_s),
+        ep_comm_s=microbatches * pace_blocks * (blk.ep_fwd_s + blk.ep_bwd_s),
         offload_s=microbatches * pace_blocks * (off_fwd_exposed + off_bwd_exposed),
         pp_comm_s=microbatches * pp_comm_micro,
         bubble_s=bubble_s,

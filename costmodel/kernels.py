@@ -55,12 +55,13 @@ class Kernels:
             raise InputError(f"capacity_factor {factor:g} is {problem}")
 
     @staticmethod
-    def with_attention(attention: str, grad_datatype: str = "float32") -> "Kernels":
-        """From the names users give (`--attention` and `--grad-datatype`, a batch file's
-        `attention:` and `grad_datatype:`)."""
+    def with_attention(attention: str, grad_datatype: str = "float32", capacity_factor: float = 1.0) -> "Kernels":
+        """From the names users give (`--attention`, `--grad-datatype` and `--capacity-factor`,
+        a batch file's `attention:`, `grad_datatype:` and `capacity_factor:`)."""
         if attention not in ATTENTION_KERNELS:
             raise InputError(f"attention {attention!r} does not exist (choose from {', '.join(ATTENTION_KERNELS)})")
-        return Kernels(fused_attention=attention == "fused", grad_datatype=grad_datatype)
+        return Kernels(fused_attention=attention == "fused", grad_datatype=grad_datatype,
+                       capacity_factor=capacity_factor)
 
     @property
     def attention(self) -> str:
@@ -71,4 +72,5 @@ class Kernels:
         """How a command's header names these settings: "fused attention", or "unfused
         attention, 16-bit gradients" (the gradient datatype only when not the default)."""
         grads = "" if self.grad_datatype == "float32" else ", 16-bit gradients"
-        return f"{self.attention} attention{grads}"
+        capacity = "" if self.capacity_factor == 1.0 else f", capacity factor {self.capacity_factor:g}"
+        return f"{self.attention} attention{grads}{capacity}"

@@ -36,7 +36,7 @@ _FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm
 def _field(dim: Dimension) -> tuple[Any, Any]:
     """The pydantic (type, Field) of one dimension's file field."""
     if dim.kind in ("split", "per_split"):
-        default = 1 if dim.name in ("interleaving", "cp") else ...
+        default = 1 if dim.name in ("interleaving", "cp", "ep") else ...
         return Annotated[WholeNumber, within(dim.bound)], Field(default, gt=0, description=dim.meaning)
     if dim.kind == "network":
         return Annotated[WholeNumber, within(dim.bound)], Field(0, ge=0, description=dim.meaning)
@@ -73,6 +73,10 @@ class _MappingBase(BaseModel):
     pipeline_last_stage_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = Field(
         None, gt=0, description="Blocks on the last pipeline stage (Megatron-LM's --decoder-last-pipeline-num-layers); "
                                 "default as pipeline_first_stage_blocks.")
+    capacity_factor: float = Field(
+        1.0, description="Mixture-of-experts models: the busiest expert's tokens over the mean (GShard / Switch "
+                         "Transformer's capacity factor; 1.0 is perfect balance); a setting of the problem, not "
+                         "searched, ignored by dense models.")
 
     @model_validator(mode="before")
     @classmethod
@@ -174,6 +178,10 @@ class _MappingBase(BaseModel):
         return self.context_par
 
     @property
+    def ep(self) -> int:
+        return self.expert_par
+
+    @property
     def pp(self) -> int:
         return self.pipeline_par
 
@@ -193,7 +201,7 @@ class _MappingBase(BaseModel):
     def kernels(self) -> Kernels:
         """The kernel choices the file states (problem constants, costmodel.kernels)."""
         return Kernels(fused_activation=self.fused_activation, fused_attention=self.fused_attention,
-                       grad_datatype=self.grad_datatype)
+                       grad_datatype=self.grad_datatype, capacity_factor=self.capacity_factor)
 
     @property
     def optimizer_sharding(self) -> bool:

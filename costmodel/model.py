@@ -348,7 +348,7 @@ class Model(BaseModel):
         # scores Q·Kᵀ and context ·V: 2·s·a·d FLOP per token each, forward, per block
         attention_fwd = 2 * 2 * s * self.attn_width * L
         return ModelFlops(matrix_params=matrix_params, matrix_per_token=6.0 * matrix_params,
-                          attention_per_token=3.0 * attention_fwd, seq_size=s)
+                          attention_per_token=3.0 * attention_fwd, seq_size=s, sparse=self.moe_blocks > 0)
 
     def model_flops_per_sample(self) -> float:
         """Training FLOP per sequence with no recomputation (the MFU numerator): see ModelFlops."""
@@ -371,6 +371,7 @@ class ModelFlops:
     matrix_per_token: float     # 6 × matrix_params
     attention_per_token: float  # 3 × 2 × 2·s·a·d × L (full, not halved by the causal mask)
     seq_size: int
+    sparse: bool = False        # a mixture-of-experts model: matrix_params are its active ones
 
     @property
     def per_token(self) -> float:

@@ -47,18 +47,18 @@ limited to a few devices or nodes, DeepEP-style fused dispatch, communication hi
 computation (shared experts beside the all-to-all), and Qwen2-MoE's sigmoid gate multiply on
 the shared output (its h × 1 GEMM is in the router's).
 
-The kernel helpers (gemm_s, matmul_s, eltwise_s) are block.py's; when block.py calls into this
-module (the expert-parallel phase), they move below both so that imports stay acyclic.
+The kernel helpers (gemm_s, matmul_s, eltwise_s) live in costmodel.layer_time, below both this
+module and block.py, which calls into this one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.block import ACTIVATION_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
 from costmodel.comm import collective_s
 from costmodel.context import Context
 from costmodel.kernel_time import gemm_time_s
+from costmodel.layer_time import ACTIVATION_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
 from costmodel.system import Collective
 
 # Top-k selection over a token's E router scores: about one compare and one select per score

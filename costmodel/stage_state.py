@@ -31,15 +31,19 @@ class StageState(NamedTuple):
     """optimizer state in HBM (none when offloaded)"""
 
 
-def blocks_state(c: Context, m, xp, blocks, weight_shards, grad_shards, opt_shards) -> StageState:
-    """The state of `blocks` blocks on one GPU: tp splits each block, the ZeRO stage shards
-    weights, gradients and optimizer state over `*_shards` GPUs."""
-    block_params = c.block_params / m.tp
+def blocks_state(c: Context, m, xp, blocks, dense_params, expert_params, shards, expert_shards) -> StageState:
+    """The state of `blocks` blocks on one GPU, each holding `dense_params` and
+    `expert_params` of its parameters (costmodel.block_terms.block_param_shares: tp splits
+    a block, ep its experts): the ZeRO stage shards weights, gradients and optimizer state
+    over `shards` GPUs (weights, gradients, optimizer; the dp·cp group), the experts' over
+    `expert_shards` (the expert data-parallel group)."""
+    block_params = dense_params + expert_params
     e, g = c.elem_bytes, c.grad_bytes_per_param
-    stage_block_params = blocks * block_params
-    weights = stage_block_params * e / weight_shards
-    grads = stage_block_params * g / grad_shards
-    optimizer = stage_block_params * c.optimizer_bytes_per_param / opt_shards
+    dense, experts = blocks * dense_params, blocks * expert_params
+    weights = dense * e / shards[0] + experts * e / expert_shards[0]
+    grads = dense * g / shards[1] + experts * g / expert_shards[1]
+    optimizer = (dense * c.optimizer_bytes_per_param / shards[2]
+                 + experts * c.optimizer_bytes_per_param / expert_shards[2])
     # Sharded state needs whole blocks while they compute: stage 3 the gathered weights of
     # the block computing and of the one prefetched (FSDP's default of one block in flight,
     # DeepSpeed's prefetch bucket); stages 2 and 3 one block's whole gradients before they

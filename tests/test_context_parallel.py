@@ -12,7 +12,7 @@ from costmodel.block import block_stored_activation_bytes
 from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate
-from costmodel.comm import cp_ring_terms
+from costmodel.block_terms import cp_ring_terms
 from costmodel.block import block_forward_times
 from costmodel.kernels import Kernels
 from costmodel.load import load_system

@@ -1,7 +1,7 @@
 """One mixture-of-experts layer (costmodel/moe.py) against hand computation on small numbers,
 scalar and array backends agreeing, the grouped-GEMM model against H100 measurements it was
-not fitted on, and the inputs around it (all-to-all costs, the capacity factor, the refusal to
-cost whole MoE iterations before the expert-parallel dimension exists)."""
+not fitted on, and the inputs around it (all-to-all costs, the capacity factor), and a whole MoE iteration
+through `mapsat eval`."""
 
 import dataclasses
 import json
@@ -233,14 +233,17 @@ def test_capacity_factor_cannot_exceed_every_token_at_one_expert():
         Context.of(TINY, FLAT, Datatype.bfloat16, Kernels(capacity_factor=5.0))
 
 
-def test_whole_iterations_of_moe_models_are_refused_on_one_line():
-    with pytest.raises(InputError, match=r"model 'tiny-moe' has mixture-of-experts blocks \(num_experts 8, 2 of 2 "
-                                         r"blocks\): evaluating and searching mappings of it needs the "
-                                         r"expert-parallel dimension \(ep\)"):
-        Context.build(TINY, FLAT, Datatype.bfloat16)
-    result = CliRunner().invoke(cli, ["solve", "--model", str(ROOT / "problems/models/mixtral-8x7b/config.json"),
+def test_whole_iterations_of_moe_models_are_evaluated_with_the_all_to_all_in_the_breakdown(tmp_path):
+    """Since the expert-parallel dimension exists, `mapsat eval` costs a whole MoE iteration and
+    names the all-to-all term (Context.build no longer refuses MoE models)."""
+    Context.build(TINY, FLAT, Datatype.bfloat16)
+    mapping = tmp_path / "mixtral.json"
+    mapping.write_text(json.dumps({"num_procs": 64, "tensor_par": 1, "expert_par": 8, "pipeline_par": 2,
+                                   "data_par": 32, "batch_size": 3072, "microbatch_size": 1,
+                                   "activation_recompute": "attn_only", "sharding_stage": 1, "data_par_net": 1}))
+    result = CliRunner().invoke(cli, ["eval", "--model", str(ROOT / "problems/models/mixtral-8x7b/config.json"),
                                       "--seq-size", "4096", "--system", str(SYSTEMS / "h100-80g-nvl8.yaml"),
-                                      "--gpus", "8"])
-    assert result.exit_code == 1
-    assert "mixtral-8x7b' has mixture-of-experts blocks (num_experts 8, 32 of 32 blocks)" in result.output
+                                      "--mapping", str(mapping)])
+    assert result.exit_code == 0, result.output
+    assert "EP all-to-all" in result.output and "active (k of" in result.output
     assert "Traceback" not in result.output

@@ -82,12 +82,17 @@ def test_full_space_enumerates_exactly_its_count() -> None:
 
 
 # ---------------------------------------------------------------- small random problems
+MOE_SHAPES = ({}, {"num_experts": 4, "experts_per_token": 2, "expert_feedforward": 4},
+              {"num_experts": 6, "experts_per_token": 1, "expert_feedforward": 2})
+"""Dense (ep = 1 only), and two mixture-of-experts shapes whose expert counts give ep room."""
+
+
 @st.composite
 def small_problems(draw):
     heads = draw(st.sampled_from([1, 2, 3, 4, 6, 8]))
     model = Model(hidden=heads * draw(st.sampled_from([1, 2, 4])), feedforward=draw(st.sampled_from([4, 8, 12, 16])),
                   seq_size=draw(st.sampled_from([1, 2, 3, 8])), attn_heads=heads, attn_size=1,
-                  num_blocks=draw(st.integers(1, 12)))
+                  num_blocks=draw(st.integers(1, 12)), **draw(st.sampled_from(MOE_SHAPES)))
     system = make_system(draw(st.integers(1, 3)), draw(st.booleans()))
     num_gpus = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16]))
     max_batch = draw(st.integers(1, 24))
@@ -112,9 +117,9 @@ def test_closed_form_equals_enumeration(problem) -> None:
     assert counted.mappings == len(arrays)
     table = columns(arrays)
     assert len(np.unique(table, axis=0)) == len(arrays), "enumeration repeats a mapping"
-    # Enumeration order is lexicographic in (tp, cp, pp, interleaving, microbatch, flags...).
+    # Enumeration order is lexicographic in (tp, cp, ep, pp, interleaving, microbatch, flags...).
     names = list(arrays.columns)
-    key = ["tp", "cp", "pp", "interleaving", "microbatch"] + [d.name for d in space.flags]
+    key = ["tp", "cp", "ep", "pp", "interleaving", "microbatch"] + [d.name for d in space.flags]
     ordered = table[:, [names.index(k) for k in key]]
     if len(ordered) > 1:
         assert all(tuple(a) < tuple(b) for a, b in zip(ordered[:-1], ordered[1:]))
@@ -152,6 +157,10 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
     m.Add(seq_mod == 0).OnlyEnforceIf(cp_is_1.Not())            # 2·cp divides seq when cp > 1
     dp_cp = m.NewIntVar(1, num_gpus, "dp_cp")
     m.AddMultiplicationEquality(dp_cp, [dp, cp])
+    # ep divides num_experts (1 for a dense model) and dp·cp (Megatron-LM's expert group)
+    experts = [e for e in range(1, num_gpus + 1) if model.num_experts and model.num_experts % e == 0] or [1]
+    ep = m.NewIntVarFromDomain(cp_model.Domain.FromValues(experts), "ep")
+    m.AddModuloEquality(0, dp_cp, ep)
     for size in (model.hidden, model.attn_heads, model.feedforward):
         m.AddModuloEquality(0, size, tp)                          # tp divides hidden, heads, feedforward
     # pp divides blocks: a stage's share is blocks/pp; or, where the space allows uneven
@@ -191,7 +200,7 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
     tp_cp = m.NewIntVar(1, num_gpus, "tp_cp")
     m.AddMultiplicationEquality(tp_cp, [tp, cp])
     m.AddModuloEquality(0, tokens, tp_cp)                         # microbatch·seq divisible by tp·cp
-    subjects = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "dp_cp": dp_cp, "offload": int(system.offload is not None)}
+    subjects = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp, "dp_cp": dp_cp, "offload": int(system.offload is not None)}
     for dim in space.flags:
         domain = dim.domain(len(system.networks))
         var = m.NewIntVarFromDomain(cp_model.Domain.FromValues(list(domain)), dim.name)
@@ -217,16 +226,19 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
     return cp_sat_solution_count(m)
 
 
-@pytest.mark.parametrize("hidden, heads, blocks, seq, gpus, cap, networks, offload", [
-    (8, 4, 6, 8, 8, 8, 1, False),
-    (12, 6, 4, 3, 6, 5, 1, False),     # seq 3: microbatch·3 must be divisible by tp
-    (8, 8, 8, 1, 4, 3, 2, False),      # dp = 4 > cap 3: the two spaces differ
-    (4, 4, 2, 8, 2, 4, 2, True),       # offload and two networks
-    (8, 8, 6, 4, 6, 4, 1, True),       # dp 6 > cap 4 with offload
+@pytest.mark.parametrize("hidden, heads, blocks, seq, gpus, cap, networks, offload, experts", [
+    (8, 4, 6, 8, 8, 8, 1, False, 0),
+    (12, 6, 4, 3, 6, 5, 1, False, 0),     # seq 3: microbatch·3 must be divisible by tp
+    (8, 8, 8, 1, 4, 3, 2, False, 0),      # dp = 4 > cap 3: the two spaces differ
+    (4, 4, 2, 8, 2, 4, 2, True, 0),       # offload and two networks
+    (8, 8, 6, 4, 6, 4, 1, True, 0),       # dp 6 > cap 4 with offload
+    (8, 4, 4, 8, 8, 8, 2, False, 8),      # mixture of experts: ep in 1, 2, 4, 8 dividing dp·cp
+    (12, 6, 4, 4, 12, 12, 1, True, 6),    # ep in 1, 2, 3, 6
 ])
-def test_closed_form_equals_cp_sat(hidden, heads, blocks, seq, gpus, cap, networks, offload) -> None:
+def test_closed_form_equals_cp_sat(hidden, heads, blocks, seq, gpus, cap, networks, offload, experts) -> None:
+    moe = {"num_experts": experts, "experts_per_token": 2, "expert_feedforward": hidden} if experts else {}
     model = Model(hidden=hidden, feedforward=4 * hidden, seq_size=seq, attn_heads=heads, attn_size=1,
-                  num_blocks=blocks)
+                  num_blocks=blocks, **moe)
     system = make_system(networks, offload)
     for space in SPACES.values():
         expected = cp_sat_count(model, system, gpus, cap, space)
@@ -294,7 +306,7 @@ def test_cli_spaces_lists_every_dimension() -> None:
     assert set(described) == set(SPACES)
     for space in described.values():
         names = [d["name"] for d in space["dimensions"]]
-        assert names[:7] == ["tp", "cp", "pp", "dp", "batch", "interleaving", "microbatch"]
+        assert names[:8] == ["tp", "cp", "ep", "pp", "dp", "batch", "interleaving", "microbatch"]
         assert {"recompute", "tp_overlap", "seq_par_ag_redo", "dp_net"} <= set(names)
     overlap = {n: next(d for d in s["dimensions"] if d["name"] == "tp_overlap")["domain"] for n, s in described.items()}
     assert overlap == {"full": "none | ring | pipe", "calculon-current": "none | ring | pipe",
@@ -328,10 +340,13 @@ def test_every_declared_dimension_agrees_in_count_enumeration_and_cp_sat():
     from solver.study.store import CSV_COLUMNS
 
     model = Model(hidden=512, feedforward=2048, seq_size=256, attn_heads=8, attn_size=64, num_blocks=4)
+    moe = model.model_copy(update={"num_experts": 4, "experts_per_token": 2, "expert_feedforward": 512})
     system = make_system()
-    # tp, pp, dp up to 2 on 2 networks with offload; the second has dp 2 > cap 1 (batch = dp quirk)
-    problems = ((get_space("full"), 2, 2), (get_space("calculon-2023"), 2, 1))
-    for space, gpus, cap in problems:
+    # tp, pp, dp up to 2 on 2 networks with offload; the second has dp 2 > cap 1 (batch = dp
+    # quirk); the third, a mixture-of-experts model, takes ep (and its network) up to 2
+    problems = ((model, get_space("full"), 2, 2), (model, get_space("calculon-2023"), 2, 1),
+                (moe, get_space("full"), 2, 2))
+    for model, space, gpus, cap in problems:
         counted = count_mappings(model, system, gpus, cap, space)
         arrays = enumerate_all(model, system, gpus, cap, space)
         assert counted.mappings == len(arrays) > 0

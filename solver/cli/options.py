@@ -148,7 +148,8 @@ def problem_options(func: Callable) -> Callable:
     func = click.option("--model", "model_path", required=True, multiple=True, callback=given_once,
                         type=click.Path(dir_okay=False),
                         help="Model file: YAML or JSON with Calculon's field names, or a Hugging Face "
-                             "config.json (model_type llama, mistral, qwen2, gpt2, gpt_neox, nemotron).")(func)
+                             "config.json (model_type llama, mistral, qwen2, gpt2, gpt_neox, nemotron, mixtral, "
+                             "qwen2_moe, qwen3_moe).")(func)
     return func
 
 
@@ -235,13 +236,20 @@ def wide_console() -> Console:
 
 
 def kernel_options(func: Callable) -> Callable:
-    """--attention fused|unfused and --grad-datatype float32|16bit: the settings of the problem
+    """--attention fused|unfused, --grad-datatype float32|16bit and --capacity-factor F: the settings of the problem
     that are not searched, handed to the command as one `kernels: Kernels`."""
 
     @functools.wraps(func)
-    def with_kernels(*args, attention: str, grad_datatype: str, **kwargs):
-        return func(*args, kernels=Kernels.with_attention(attention, grad_datatype), **kwargs)
+    def with_kernels(*args, attention: str, grad_datatype: str, capacity_factor: float, **kwargs):
+        return func(*args, kernels=Kernels.with_attention(attention, grad_datatype, capacity_factor), **kwargs)
 
+    with_kernels = click.option(
+        "--capacity-factor", type=float, default=1.0, show_default=True,
+        help="Mixture-of-experts models: the tokens the busiest expert receives over the mean (the capacity "
+             "factor of GShard and Switch Transformer, Fedus et al. 2022 §2.2); it sets the expert GEMMs and the "
+             "all-to-all volume. 1.0 is perfect balance, Megatron-LM's dropless best case; 1.25 is Switch "
+             "Transformer's usual setting. A setting of the problem, not searched; dense models ignore it.",
+    )(with_kernels)
     with_kernels = click.option(
         "--grad-datatype", type=click.Choice(GRAD_DATATYPES), default="float32", show_default=True,
         help="How gradients are kept: float32 main gradients (Megatron-LM) or 16bit, in the compute type "

@@ -22,6 +22,7 @@ TIME_LABELS = {
     "recompute_s": "recompute (+ fused attention's score redo)",
     "tp_comm_s": "TP communication, exposed (+ stolen compute)",
     "cp_comm_s": "CP K/V ring, exposed beyond the attention core (+ stolen compute)",
+    "ep_comm_s": "EP all-to-all (MoE token dispatch + combine)",
     "pp_comm_s": "PP point-to-point",
     "bubble_s": "pipeline bubble",
     "dp_comm_s": "DP gradient reduction, exposed (+ stolen compute)",
@@ -118,7 +119,9 @@ def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
     if ev.flops is not None:
         f = ev.flops
         head.add_row("model FLOP per token (MFU numerator)",
-                     f"{f.per_token:.4g} = 6 × {f.matrix_params / 1e9:.4g} B matrix parameters + attention "
+                     f"{f.per_token:.4g} = 6 × {f.matrix_params / 1e9:.4g} B "
+                     f"{'active (k of E experts) ' if f.sparse else ''}"
+                     f"matrix parameters + attention "
                      f"{f.attention_per_token:.4g} (full s², not halved for the causal mask); "
                      f"{f.per_sequence:.4g} per sequence of {f.seq_size}")
     if ev.offload_bytes_per_s_needed > 0:

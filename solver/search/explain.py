@@ -45,8 +45,8 @@ TIE_REL = 1e-9
 """Times within this relative distance of the winner's are ties (solve = brute tolerance)."""
 
 FLAG_NAMES = tuple(dim.name for dim in FLAGS)
-Key = tuple[int, int, int, int, int]
-"""A block: (tp, cp, pp, interleaving, microbatch)."""
+Key = tuple[int, int, int, int, int, int]
+"""A block: (tp, cp, ep, pp, interleaving, microbatch)."""
 
 
 @dataclass(frozen=True)
@@ -135,8 +135,7 @@ class Explorer:
 
     # ---- scoring blocks, once each ----
     def _block_rows(self, key: Key) -> tuple[MappingArrays, np.ndarray]:
-        tp, cp, pp, il, mb = key
-        return self.plan.block(self.index[(tp, cp, pp)], il, mb)
+        return self.plan.block(self.index[key[:4]], *key[4:])
 
     def _score(self, key: Key) -> None:
         rows, ordinals = self._block_rows(key)
@@ -154,10 +153,10 @@ class Explorer:
         """Whether a block can hold mappings with the pinned value (skeleton pins only decide)."""
         if name is None or BY_NAME[name].is_flag:
             return True
-        tp, cp, pp, il, mb = key
+        tp, cp, ep, pp, il, mb = key
         dp = self.problem.num_gpus // (tp * cp * pp)
-        own = {"tp": tp, "cp": cp, "pp": pp, "interleaving": il, "microbatch": mb, "dp": dp,
-               "batch": self.plan.skeletons[self.index[(tp, cp, pp)]].batch}
+        own = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "interleaving": il, "microbatch": mb, "dp": dp,
+               "batch": self.plan.skeletons[self.index[(tp, cp, ep, pp)]].batch}
         return own[name] == value
 
     def _floors_prove(self, target_s: float, name: str | None, value: int | None) -> bool:
@@ -280,9 +279,9 @@ class Explorer:
                 break
             if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 break
-            for tp, cp, pp, _, mb in collector.blocks:
-                for il in self.plan.skeletons[self.index[(tp, cp, pp)]].interleavings:
-                    key = (tp, cp, pp, il, mb)
+            for tp, cp, ep, pp, _, mb in collector.blocks:
+                for il in self.plan.skeletons[self.index[(tp, cp, ep, pp)]].interleavings:
+                    key = (tp, cp, ep, pp, il, mb)
                     if key not in self.scored and self._compatible(key, name, value):
                         score(key)
             if status == cp_model.OPTIMAL and self.bounds.seconds(solver.BestObjectiveBound()) >= incumbent[0]:

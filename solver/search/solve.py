@@ -92,7 +92,7 @@ class SolveResult:
     gap: float | None                 # (best - bound) / best
     seconds: float
     candidates_scored: int            # mappings the exact model scored
-    blocks_scored: int                # (tp, cp, pp, interleaving, microbatch) blocks scored
+    blocks_scored: int                # (tp, cp, ep, pp, interleaving, microbatch) blocks scored
     rounds: int                       # CP-SAT solves
     space_size: int                   # mappings in the space
     binding: list[str] = field(default_factory=list)
@@ -118,7 +118,7 @@ class SolveResult:
 
 
 class BlockCollector(cp_model.CpSolverSolutionCallback):
-    """Records the (tp, cp, pp, interleaving, microbatch) block of every solution CP-SAT finds."""
+    """Records the (tp, cp, ep, pp, interleaving, microbatch) block of every solution CP-SAT finds."""
 
     def __init__(self, variables: Variables):
         super().__init__()
@@ -177,12 +177,12 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     skels = the_plan.skeletons
     problem = Problem(model, system, num_gpus, max_batch, the_space)
     if not skels:
-        return _infeasible(started, 0, [f"parallel split: no (tp, cp, pp, dp) split of {num_gpus} GPUs meets the "
+        return _infeasible(started, 0, [f"parallel split: no (tp, cp, ep, pp, dp) split of {num_gpus} GPUs meets the "
                                          f"divisibility rules (tp | hidden {model.hidden}, heads {model.attn_heads}, "
                                          f"kv_heads {model.kv_groups}; 2·cp | seq {model.seq_size}; "
                                          f"pp | blocks {model.num_blocks}) and the batch cap {max_batch}"])
 
-    say(f"building the CP-SAT model ({len(skels)} (tp, cp, pp) splits)")
+    say(f"building the CP-SAT model ({len(skels)} (tp, cp, ep, pp) splits)")
     m, v = structure_model(problem, skels, flags=SEARCHED_FLAGS)
     local_batch = local_batches(problem, v)
     bounds = add_bounds(m, v, c, num_gpus, local_batch, the_space.tp_overlap_codes, c.hbm_capacity_bytes,
@@ -196,10 +196,9 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     scored_set: set[tuple[int, ...]] = set()
 
     def score(key: tuple[int, ...]) -> None:
-        """Score every mapping of one (tp, cp, pp, interleaving, microbatch) block exactly,
+        """Score every mapping of one (tp, cp, ep, pp, interleaving, microbatch) block exactly,
         keep the best, and cut the block from the CP-SAT model."""
-        tp, cp, pp, il, mb = key
-        rows, ordinals = the_plan.block(index[(tp, cp, pp)], il, mb)
+        rows, ordinals = the_plan.block(index[key[:4]], *key[4:])
         ev = evaluate_arrays_in_context(c, rows)
         ok = np.flatnonzero(ev.feasible)
         if len(ok):
@@ -242,10 +241,10 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
             bound_units = solver.BestObjectiveBound()
             # Score each candidate's block, and the same split and microbatch at every other
             # interleaving: neighbours that are often nearly as fast, cheap to score together.
-            for tp, cp, pp, _, mb in collector.blocks:
-                for il in skels[index[(tp, cp, pp)]].interleavings:
-                    if (tp, cp, pp, il, mb) not in scored_set:
-                        score((tp, cp, pp, il, mb))
+            for tp, cp, ep, pp, _, mb in collector.blocks:
+                for il in skels[index[(tp, cp, ep, pp)]].interleavings:
+                    if (tp, cp, ep, pp, il, mb) not in scored_set:
+                        score((tp, cp, ep, pp, il, mb))
             if status == cp_model.OPTIMAL and bounds.seconds(bound_units) >= best.target_s:
                 certified = True
                 break
@@ -256,7 +255,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     unscored = min((f for k, f in bounds.block_floors.items() if k not in scored_set), default=math.inf)
     certified = not interrupted and (certified or math.isinf(unscored) or unscored > best.target_s)
     blocks = len(scored_keys)
-    scored = sum(len(the_plan.flag_tables[index[k[:3]]]) for k in scored_keys)
+    scored = sum(len(the_plan.flag_tables[index[k[:4]]]) for k in scored_keys)
 
     top = [evaluate_in_context(c, best.rows.to_mapping(int(group[0]), datatype, kernels)) for group in best.groups]
     settings = [equivalents(best.rows, group) for group in best.groups]
@@ -312,6 +311,7 @@ def binding_constraints(problem: Problem, ev: Evaluation) -> list[str]:
                    f"<= {problem.max_batch}")
     for name, degree, span, net in (("tp", mapping.tp, mapping.tp, mapping.tensor_par_net),
                                     ("cp", mapping.cp, mapping.tp * mapping.cp, mapping.context_par_net),
+                                    ("ep", mapping.ep, mapping.tp * mapping.ep, mapping.expert_par_net),
                                     ("pp", mapping.pp, mapping.tp * mapping.cp * mapping.pp, mapping.pipeline_par_net)):
         size = system.networks[net].size
         if degree > 1 and span == size:
@@ -347,7 +347,7 @@ def diagnose(problem: Problem, skels, c: Context, time_limit_s: float = DIAGNOSE
     status = checked_solve(m, new_solver(deadline - time.perf_counter()))
     if status == cp_model.INFEASIBLE:
         sizes = ", ".join(f"{n.name} {n.size}" for n in system.networks)
-        reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts tp, tp·cp, tp·cp·pp and all GPUs on "
+        reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts tp, tp·cp, tp·ep, tp·cp·pp and all GPUs on "
                        f"networks that span them ({sizes})")
         return reasons
     if status == cp_model.UNKNOWN or deadline <= time.perf_counter():
@@ -380,10 +380,10 @@ def diagnose(problem: Problem, skels, c: Context, time_limit_s: float = DIAGNOSE
 
 
 def local_batches(problem: Problem, v: Variables) -> dict:
-    """batch/dp of every (tp, cp, pp) split the variables allow (1 where no batch exists)."""
+    """batch/dp of every (tp, cp, ep, pp) split the variables allow (1 where no batch exists)."""
     out = {}
-    for (t, c, p) in v.split:
+    for (t, c, e, p) in v.split:
         dp = problem.num_gpus // (t * c * p)
         batch = problem.space.batch_for(dp, problem.max_batch)
-        out[(t, c, p)] = max(1, (batch or 1) // dp)
+        out[(t, c, e, p)] = max(1, (batch or 1) // dp)
     return out

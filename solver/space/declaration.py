@@ -4,7 +4,7 @@ read it.
 
 A mapping has two kinds of dimensions (costmodel.dimensions declares both):
 
-* the **skeleton** — tp, cp, pp, dp and the global batch, fixed by the (tp, cp, pp) split, and the
+* the **skeleton** — tp, cp, ep, pp, dp and the global batch, fixed by the (tp, cp, ep, pp) split, and the
   pipeline interleaving and microbatch, chosen given the split independently of each other
   (`skeletons` computes every valid split with its valid interleavings and microbatches,
   using each dimension's declared `fits` rule and the space's own rules below);
@@ -191,11 +191,12 @@ def divisors(n: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Skeleton:
-    """One valid (tp, cp, pp) split with its dp, global batch, and the valid interleavings
-    and microbatch sizes; every flag combination is allowed on top of it."""
+    """One valid (tp, cp, ep, pp) split with its dp, global batch, and the valid
+    interleavings and microbatch sizes; every flag combination is allowed on top of it."""
 
     tp: int
     cp: int
+    ep: int
     pp: int
     dp: int
     batch: int
@@ -207,19 +208,25 @@ class Skeleton:
         return self.batch // self.dp
 
     @property
-    def split(self) -> tuple[int, int, int]:
-        """(tp, cp, pp): what identifies the skeleton (dp and batch follow)."""
-        return self.tp, self.cp, self.pp
+    def split(self) -> tuple[int, int, int, int]:
+        """(tp, cp, ep, pp): what identifies the skeleton (dp and batch follow)."""
+        return self.tp, self.cp, self.ep, self.pp
+
+    @property
+    def group(self) -> tuple[int, int, int]:
+        """(tp, cp, ep): the degrees one block's cost reads."""
+        return self.tp, self.cp, self.ep
 
 
-_TP, _CP, _PP, _IL = BY_NAME["tp"], BY_NAME["cp"], BY_NAME["pp"], BY_NAME["interleaving"]
+_TP, _CP, _EP, _PP, _IL = BY_NAME["tp"], BY_NAME["cp"], BY_NAME["ep"], BY_NAME["pp"], BY_NAME["interleaving"]
 
 
 def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list[Skeleton]:
-    """Every valid (tp, cp, pp) skeleton, in enumeration order (tp ascending, then cp, then
-    pp). tp, cp and pp obey their declared `fits` rules, tp <= the space's tp_max, cp <=
-    its cp_max and divides N/tp, pp divides N/(tp·cp) and lays the blocks out by the layout
-    rule (`stage_interleavings`, with the interleavings valid on it); microbatches divide the local batch and, a
+    """Every valid (tp, cp, ep, pp) skeleton, in enumeration order (tp ascending, then cp,
+    ep, pp). tp, cp, ep and pp obey their declared `fits` rules, tp <= the space's tp_max,
+    cp <= its cp_max and divides N/tp, ep divides num_experts (1 for a dense model) and
+    dp·cp, pp divides N/(tp·cp) and lays the blocks out by the layout rule
+    (`stage_interleavings`, with the interleavings valid on it); microbatches divide the local batch and, a
     rule of the space for every TP communication (Calculon's), split a GPU's
     microbatch·seq_size/cp tokens evenly over tp. Skeletons with no valid microbatch or
     batch are left out."""
@@ -236,19 +243,23 @@ def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list
         for cp in divisors(min(num_gpus // tp, space.cp_max)):
             if _CP.fits(model, None, {"cp": cp}) or (num_gpus // tp) % cp or not space.admits("cp", cp):
                 continue
-            for pp in divisors(num_gpus // (tp * cp)):
-                interleavings = stage_interleavings(model, pp, space)
-                if not interleavings or not space.admits("pp", pp):
+            for ep in divisors(model.num_experts) if model.num_experts else (1,):
+                if (num_gpus // tp) % ep or not space.admits("ep", ep):
                     continue
-                dp = num_gpus // (tp * cp * pp)
-                batch = space.batch_for(dp, max_batch)
-                if batch is None or not (space.admits("dp", dp) and space.admits("batch", batch)):
-                    continue
-                interleavings = tuple(v for v in interleavings if space.admits("interleaving", v))
-                microbatches = tuple(m for m in divisors(batch // dp)
-                                     if (m * model.seq_size) % (tp * cp) == 0 and space.admits("microbatch", m))
-                if interleavings and microbatches:
-                    result.append(Skeleton(tp, cp, pp, dp, batch, interleavings, microbatches))
+                for pp in divisors(num_gpus // (tp * cp)):
+                    interleavings = stage_interleavings(model, pp, space)
+                    if not interleavings or not space.admits("pp", pp):
+                        continue
+                    dp = num_gpus // (tp * cp * pp)
+                    batch = space.batch_for(dp, max_batch)
+                    if (batch is None or _EP.fits(model, None, {"ep": ep, "cp": cp, "dp": dp})
+                            or not (space.admits("dp", dp) and space.admits("batch", batch))):
+                        continue
+                    interleavings = tuple(v for v in interleavings if space.admits("interleaving", v))
+                    microbatches = tuple(m for m in divisors(batch // dp)
+                                         if (m * model.seq_size) % (tp * cp) == 0 and space.admits("microbatch", m))
+                    if interleavings and microbatches:
+                        result.append(Skeleton(tp, cp, ep, pp, dp, batch, interleavings, microbatches))
     return result
 
 
@@ -267,7 +278,7 @@ def stage_interleavings(model: Model, pp: int, space: Space) -> tuple[int, ...]:
 
 def facts(skeleton: Skeleton, system: System) -> dict[str, int]:
     """The skeleton facts conditions may test."""
-    return {"tp": skeleton.tp, "cp": skeleton.cp, "pp": skeleton.pp, "dp": skeleton.dp,
+    return {"tp": skeleton.tp, "cp": skeleton.cp, "ep": skeleton.ep, "pp": skeleton.pp, "dp": skeleton.dp,
             "dp_cp": skeleton.dp * skeleton.cp, "offload": int(system.offload is not None)}
 
 
@@ -313,8 +324,8 @@ def _flag_table_cached(space: Space, known: tuple[tuple[str, int], ...], num_net
 
 
 def flag_table(space: Space, skeleton: Skeleton, system: System) -> tuple[tuple[int, ...], ...]:
-    """All valid flag combinations on a skeleton. Conditions only test tp, cp, pp, dp and
-    dp·cp against 1, so a few tables per (space, system) exist; they are cached."""
+    """All valid flag combinations on a skeleton. Conditions only test tp, cp, ep, pp, dp
+    and dp·cp against 1, so a few tables per (space, system) exist; they are cached."""
     return _flag_table_cached(space, coarse_facts(facts(skeleton, system)), len(system.networks))
 
 

@@ -1,12 +1,12 @@
 """Every mapping of a space as `MappingArrays`, built with numpy in bounded chunks.
 
 Order (deterministic, and the tie-break order of the brute-force search): skeletons by tp
-ascending then pp ascending; inside a skeleton, interleaving ascending, then microbatch
+ascending, then cp, ep and pp ascending; inside a skeleton, interleaving ascending, then microbatch
 ascending, then the flag combinations in lexicographic order of their codes in
 `Space.flags` order (recompute, tp_comm, tp_overlap, zero, seq_par_ag_redo,
 dp_overlap, weight_offload, activations_offload, optimizer_offload, tp_net, pp_net,
-dp_net). Since dp and batch follow from (tp, pp), this is the lexicographic order of the
-tuple (tp, pp, interleaving, microbatch, recompute, tp_comm, ..., dp_net).
+dp_net). Since dp and batch follow from (tp, cp, ep, pp), this is the lexicographic order of
+the tuple (tp, cp, ep, pp, interleaving, microbatch, recompute, tp_comm, ..., dp_net).
 
 The position of a mapping in that order is its **ordinal**. A chunk is a contiguous range
 of ordinals inside one skeleton: row r of skeleton s has interleaving index

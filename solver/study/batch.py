@@ -89,6 +89,9 @@ class GridSpec(BaseModel):
     grad_datatype: Grid(Literal[GRAD_DATATYPES]) | None = Field(
         None, description="Gradient datatypes: float32 main gradients (Megatron-LM, the default) or 16bit "
                           "(DeepSpeed, the ZeRO paper).")
+    capacity_factor: Grid(Annotated[float, within(limits.CAPACITY_FACTOR)]) | None = Field(
+        None, description="Mixture-of-experts capacity factors: the busiest expert's tokens over the mean (default "
+                          "1.0, perfect balance; Switch Transformer's 1.25). Dense models ignore it.")
     overrides: Overrides | None = Field(None, description="System overrides, each a value or a list.")
     time_limit_s: Annotated[float, within(limits.TIME_LIMIT_S)] | None = Field(None, gt=0, description=f"Solver time limit per problem, s "
                                                                 f"(default {DEFAULT_TIME_LIMIT_S:g}).")
@@ -122,6 +125,7 @@ class Problem:
     attention: str = "fused"         # the attention kernel (costmodel.kernels.ATTENTION_KERNELS)
     fix: tuple[str, ...] = ()        # pins as --fix takes them ("tp=8"); a fixed batch is "batch=B"
     grad_datatype: str = "float32"   # how gradients are kept (costmodel.kernels.GRAD_DATATYPES)
+    capacity_factor: float = 1.0     # MoE load imbalance (costmodel.kernels.Kernels.capacity_factor)
 
     def to_dict(self) -> dict:
         """The `problem` field of a result record: everything needed to read the result."""
@@ -136,7 +140,7 @@ class Problem:
                        "nvlink_size": self.system.networks[0].size},
             "overrides": dict(self.overrides), "gpus": self.gpus, "max_batch": self.max_batch,
             "datatype": self.datatype.value, "space": self.space, "attention": self.attention,
-            "grad_datatype": self.grad_datatype,
+            "grad_datatype": self.grad_datatype, "capacity_factor": self.capacity_factor,
             "time_limit_s": self.time_limit_s, "fix": list(self.fix),
         }
 
@@ -189,7 +193,7 @@ def grid_size(grid: dict) -> tuple[int, str]:
     """How many problems a grid expands to (before duplicates merge), and the product spelled out."""
     axes = {name: len(grid.get(name, [None])) for name in ("models", "seq_size", "systems", "gpus", "max_batch",
                                                             "batch", "datatype", "space", "attention",
-                                                            "grad_datatype")}
+                                                            "grad_datatype", "capacity_factor")}
     axes.update({name: len(values) for name, values in grid.get("overrides", {}).items()})
     total = 1
     for n in axes.values():
@@ -239,7 +243,7 @@ def _slug(text: str) -> str:
 
 def problem_id(model: Model, system_name: str, gpus: int, datatype: Datatype, max_batch: int, space: str,
                overrides: dict[str, Any], attention: str = "fused", fix: tuple[str, ...] = (),
-               grad_datatype: str = "float32") -> str:
+               grad_datatype: str = "float32", capacity_factor: float = 1.0) -> str:
     """A readable id, e.g. gpt-1t-256b__h100-80g-nvl8__g4096__fp8__off1024g100; the max
     batch, space, attention kernel and gradient datatype appear only when they differ from
     the defaults."""
@@ -255,6 +259,8 @@ def problem_id(model: Model, system_name: str, gpus: int, datatype: Datatype, ma
         parts.append(f"{attention}-attn")
     if grad_datatype != "float32":
         parts.append(f"{grad_datatype}-grads")
+    if capacity_factor != 1.0:
+        parts.append(f"cf{_number(capacity_factor)}")
     if fix:
         parts.append("fix-" + "-".join(_slug(pin.replace("=", "").replace(",", "+")) for pin in fix))
     if "hbm_gib" in overrides:
@@ -283,9 +289,10 @@ def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None)
                                grid.get("batch", grid.get("max_batch", [DEFAULT_MAX_BATCH])),
                                grid.get("datatype", [Datatype.bfloat16]), grid.get("space", [DEFAULT_SPACE]),
                                grid.get("attention", ["fused"]), grid.get("grad_datatype", ["float32"]),
+                               grid.get("capacity_factor", [1.0]),
                                *(overrides[k] for k in knob_names))
     for (model_ref, seq_size, system_ref, gpus, max_batch, datatype, space, attention, grad_datatype,
-         *knob_values) in combos:
+         capacity_factor, *knob_values) in combos:
         pins = (*fix, f"batch={max_batch}") if fixed_batch else fix
         model, _ = loader.get("models", model_ref, where, seq_size)
         if seq_size is not None and len(grid["seq_size"]) > 1:
@@ -297,13 +304,14 @@ def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None)
         datatype = Datatype(datatype)
         # the runtime reserve tags the id only when the grid varies it (one value is a setting)
         tagged = {k: v for k, v in given.items() if k != "runtime_reserve_gib" or len(overrides[k]) > 1}
-        pid = problem_id(model, base.name, gpus, datatype, max_batch, space, tagged, attention, pins, grad_datatype)
+        pid = problem_id(model, base.name, gpus, datatype, max_batch, space, tagged, attention, pins, grad_datatype,
+                         capacity_factor)
         system = _apply(base, given, f"{where}: {pid}")
         system.compute_for(datatype)
         unbounded = system.offload is not None and (given.get("offload_gbps") == UNBOUNDED or (
             base.offload is None and "offload_gbps" not in given))
         out.append(Problem(pid, model, system, base.name, source, given, gpus, max_batch, datatype, space, limit,
-                           unbounded, attention, pins, grad_datatype))
+                           unbounded, attention, pins, grad_datatype, float(capacity_factor)))
     return out
 
 

@@ -37,7 +37,8 @@ def solve_payload(payload: dict, progress=None) -> dict:
                        datatype=Datatype(problem["datatype"]),
                        space=pinned(get_space(problem["space"]), parse_pins(problem.get("fix", []))),
                        kernels=Kernels.with_attention(problem.get("attention", "fused"),
-                                                      problem.get("grad_datatype", "float32")), config=config,
+                                                      problem.get("grad_datatype", "float32"),
+                                                      problem.get("capacity_factor", 1.0)), config=config,
                        progress=progress)
         solved = result.to_dict()
         record.update(solved)

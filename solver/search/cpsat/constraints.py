@@ -95,6 +95,36 @@ class ContextDivisibility(Constraint):
         return max(0, cp - p.space.cp_max) + (p.model.seq_size % (2 * cp) if cp > 1 else 0)
 
 
+class ExpertDivisibility(Constraint):
+    """Megatron-LM without MoE parallel folding: the expert-parallel group is carved from the
+    data- and context-parallel GPUs (megatron/core/parallel_state.py initialize_model_parallel
+    asserts that ep divides the data-parallel size with context parallelism), and each GPU of
+    it holds num_experts/ep whole experts."""
+
+    name = "expert divisibility"
+
+    def describe(self, p):
+        if not p.model.num_experts:
+            return "ep = 1 (a dense model has no experts)"
+        return f"ep divides num_experts ({p.model.num_experts}) and dp·cp"
+
+    def add(self, m, v, p):
+        # On the literals, not as a product of variables: an ep value that does not divide
+        # num_experts is ruled out, and so is every (tp, cp, ep, pp) split whose dp·cp =
+        # N/(tp·pp) ep does not divide.
+        for ep, lit in v.ep.is_.items():
+            if ep > 1 and (not p.model.num_experts or p.model.num_experts % ep):
+                m.AddBoolOr([lit.Not()])
+        for (t, c, e, q), lit in v.split.items():
+            if (p.num_gpus // (t * q)) % e:
+                m.AddBoolOr([lit.Not()])
+
+    def violation(self, mapping, evaluation, p):
+        ep = mapping.ep
+        experts = p.model.num_experts
+        return float((mapping.dp * mapping.cp) % ep + (experts % ep if experts else ep - 1))
+
+
 class PipelineDivisibility(Constraint):
     name = "pipeline divisibility"
 
@@ -185,7 +215,7 @@ def _fact_literal(m: cp_model.CpModel, v: Variables, p: Problem, subject: str):
         for part in parts:
             m.AddImplication(part, either)
         return either
-    dim = {"tp": v.tp, "cp": v.cp, "pp": v.pp, "dp": v.dp}[subject]
+    dim = {"tp": v.tp, "cp": v.cp, "ep": v.ep, "pp": v.pp, "dp": v.dp}[subject]
     return dim.is_[1].Not() if 1 in dim.is_ else m.NewConstant(1)
 
 
@@ -220,7 +250,7 @@ class FlagRules(Constraint):
     def violation(self, mapping, evaluation, p):
         """How many flags take a value their rule forbids (pinned but moved, or outside the domain)."""
         codes = MappingArrays.from_mappings([mapping])
-        values = {"tp": mapping.tp, "cp": mapping.cp, "pp": mapping.pp, "dp": mapping.dp,
+        values = {"tp": mapping.tp, "cp": mapping.cp, "ep": mapping.ep, "pp": mapping.pp, "dp": mapping.dp,
                   "dp_cp": mapping.dp * mapping.cp, "offload": int(p.system.offload is not None)}
         wrong = 0
         for dim in p.space.flags:
@@ -233,21 +263,24 @@ class FlagRules(Constraint):
 
 
 def group_span_expressions(v: Variables, num_gpus: int) -> tuple:
-    """The GPUs each group of costmodel.dimensions.NETWORK_GROUPS spans, as CP-SAT
-    expressions: tp; tp·cp (one literal per pair); tp·cp·pp (one per split); every GPU."""
+    """The GPUs each group of costmodel.dimensions.NETWORK_GROUPS spans (GROUP_SPAN), as
+    CP-SAT expressions: tp; tp·cp (one literal per pair); tp·ep (one per (tp, cp, ep)
+    group); tp·cp·pp (one per split); every GPU."""
     return (v.tp.var, sum(t * c * lit for (t, c), lit in v.tp_cp.items()),
-            sum(t * c * q * lit for (t, c, q), lit in v.split.items()), num_gpus)
+            sum(t * e * lit for (t, _, e), lit in v.group.items()),
+            sum(t * c * q * lit for (t, c, _, q), lit in v.split.items()), num_gpus)
 
 
 class NetworkFit(Constraint):
-    """Groups nest tp, cp, pp, dp: the network carrying a dimension spans at least its group
-    (tp, tp·cp, tp·cp·pp, N GPUs); a must-be-filled network is spanned whole by its widest group."""
+    """The network carrying a dimension spans at least its group (tp, tp·cp, tp·ep,
+    tp·cp·pp, N GPUs); a must-be-filled network is spanned whole by its widest group."""
 
     name = "network size"
 
     def describe(self, p):
         sizes = ", ".join(f"{n.name} {n.size}" for n in p.system.networks)
-        return f"tp, tp·cp, tp·cp·pp and all {p.num_gpus} GPUs fit the networks carrying tp, cp, pp, dp ({sizes})"
+        return (f"tp, tp·cp, tp·ep, tp·cp·pp and all {p.num_gpus} GPUs fit the networks carrying tp, cp, ep, pp, "
+                f"dp ({sizes})")
 
     def add(self, m, v, p):
         span_of = group_span_expressions(v, p.num_gpus)
@@ -297,5 +330,6 @@ def _add_at_least(m: cp_model.CpModel, expr, bound: int, enforce) -> None:
         m.Add(expr >= bound).OnlyEnforceIf(enforce)
 
 
-STRUCTURE: tuple[Constraint, ...] = (ParallelSplit(), TensorDivisibility(), ContextDivisibility(), PipelineDivisibility(), BatchCap(),
+STRUCTURE: tuple[Constraint, ...] = (ParallelSplit(), TensorDivisibility(), ContextDivisibility(), PipelineDivisibility(),
+                                     BatchCap(), ExpertDivisibility(),
                                      MicrobatchDivisibility(), FlagRules(), Pins(), NetworkFit())

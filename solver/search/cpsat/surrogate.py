@@ -13,7 +13,7 @@ How: the exact iteration time is bounded below by a sum of products,
 communication, recompute and unhidden offload traffic; H the output layer; P2P one
 pipeline send; DP the data-parallel reduction, of which overlap hides at most all but the
 compute it steals; OPT the optimizer step), each factor an exact table of the model over
-a few dimensions ((tp, cp, microbatch), the (tp, cp, pp) split) minimised over the flags it does not
+a few dimensions ((tp, cp, ep, microbatch), the (tp, cp, ep, pp) split) minimised over the flags it does not
 read (solver.search.cpsat.tables); B has one table per combination of the flags it reads. Expanded, each product term is exp(y) with y a sum of
 logarithms — linear in the one-hot Booleans — and exp(y) is bounded below by tangent lines
 (exp is convex). Memory is the same with one product term (stored activations × blocks in
@@ -189,7 +189,7 @@ class Bounds:
     objective_terms: list
     memory_terms: list
     quantization: Quantization
-    block_floors: dict      # (tp, cp, pp, interleaving, microbatch) -> surrogate lower bound, s
+    block_floors: dict      # (tp, cp, ep, pp, interleaving, microbatch) -> surrogate lower bound, s
 
     def objective(self):
         return sum(self.objective_terms)
@@ -199,8 +199,8 @@ class Bounds:
 
     def add_floor_cuts(self, m: cp_model.CpModel, v: Variables, exclude=()) -> None:
         """Cuts from the block floors of the blocks not in `exclude` (those already scored and
-        cut): objective >= the smallest floor of the (tp, cp, pp) split, and of the (tp, cp,
-        microbatch) triple, that a solution picks; a split or triple with nothing left is
+        cut): objective >= the smallest floor of the (tp, cp, ep, pp) split, and of the (tp, cp,
+        ep, microbatch) group, that a solution picks; a split or triple with nothing left is
         forbidden. Valid inequalities: they never exclude an unscored mapping.
 
         Exactly one split and one pair literal is true, so each family is one linear
@@ -235,17 +235,17 @@ class Bounds:
 
 
 def floor_families(block_floors: dict, v: Variables, skip) -> tuple:
-    """The smallest block floor of each (tp, cp, pp) split and of each (tp, cp, microbatch)
-    triple over the blocks not in `skip`, each with the literals it is keyed by."""
+    """The smallest block floor of each (tp, cp, ep, pp) split and of each (tp, cp, ep,
+    microbatch) group over the blocks not in `skip`, each with the literals it is keyed by."""
     by_split: dict = {}
-    by_tc_mb: dict = {}
+    by_group_mb: dict = {}
     for key, floor in block_floors.items():
         if key in skip:
             continue
-        t, c, p, _, mb = key
-        by_split[(t, c, p)] = min(by_split.get((t, c, p), math.inf), floor)
-        by_tc_mb[(t, c, mb)] = min(by_tc_mb.get((t, c, mb), math.inf), floor)
-    return (by_split, v.split), (by_tc_mb, v.tc_mb)
+        t, c, e, p, _, mb = key
+        by_split[(t, c, e, p)] = min(by_split.get((t, c, e, p), math.inf), floor)
+        by_group_mb[(t, c, e, mb)] = min(by_group_mb.get((t, c, e, mb), math.inf), floor)
+    return (by_split, v.split), (by_group_mb, v.group_mb)
 
 
 def _units(value: float, divisor: float) -> int:
@@ -257,7 +257,7 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
                tp_overlaps: tuple[int, ...], hbm_capacity_bytes: float | None, enforce_hbm: bool = True,
                skeletons=None) -> Bounds:
     """Add the time objective terms and, unless `hbm_capacity_bytes` is None, the HBM lower
-    bound (constrained to the capacity when `enforce_hbm`). `local_batch[(tp, cp, pp)]`
+    bound (constrained to the capacity when `enforce_hbm`). `local_batch[(tp, cp, ep, pp)]`
     is batch/dp of that split."""
     tables = Tables(c, v, num_gpus, tp_overlaps, len(c.net_size))
     flag = v.flag
@@ -279,9 +279,9 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
     il_values = {il: float(il) for il in v.interleaving.is_}
     local = {k: float(local_batch[k]) for k in v.split}
 
-    t_ref = min(local[(t, c, p)] * time_blocks[p] * min(tables.compute[(t2, c2, mb)] / mb
-                                                   for (t2, c2, mb) in tables.tm_keys if (t2, c2) == (t, c))
-                for (t, c, p) in v.split)
+    t_ref = min(local[(t, c, e, p)] * time_blocks[p] * min(tables.compute[(t2, c2, e2, mb)] / mb
+                                                          for (t2, c2, e2, mb) in tables.tm_keys if (t2, c2, e2) == (t, c, e))
+                for (t, c, e, p) in v.split)
     unit = t_ref / UNITS_PER_REFERENCE
     ceiling = t_ref * CEILING_REFERENCES
 
@@ -295,26 +295,26 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
     # ln(one block's time): one alternative per combination of the flags a block reads
     block_alternatives = [([flag("tp_comm", comm), flag("seq_par_ag_redo", redo),
                             flag("recompute", rc), flag("weight_offload", w), flag("activations_offload", a)],
-                           LogLinear().add_table(table, v.tc_mb))
+                           LogLinear().add_table(table, v.group_mb))
                           for (comm, redo, rc, w, a), table in tables.block.items()]
-    block_floor = {k: min(table[k] for table in tables.block.values()) for k in v.tc_mb}
-    block_log = add_log_var(m, "log_block_s", block_alternatives, LogLinear().add_table(block_floor, v.tc_mb))
+    block_floor = {k: min(table[k] for table in tables.block.values()) for k in v.group_mb}
+    block_log = add_log_var(m, "log_block_s", block_alternatives, LogLinear().add_table(block_floor, v.group_mb))
     # In the bubble, a ZB-H1 block is shorter by its weight-gradient GEMMs: where the space
     # offers ZB-H1 the bubble's blocks take that (smaller) table, a lower bound either way.
     if offers_zero_bubble(v.space, v.num_networks):
         bubble_alternatives = [([flag("tp_comm", comm), flag("seq_par_ag_redo", redo), flag("recompute", rc),
                                  flag("weight_offload", w), flag("activations_offload", a)],
-                                LogLinear().add_table(table, v.tc_mb))
+                                LogLinear().add_table(table, v.group_mb))
                                for (comm, redo, rc, w, a), table in tables.block_zb.items()]
-        bubble_floor = {k: min(table[k] for table in tables.block_zb.values()) for k in v.tc_mb}
+        bubble_floor = {k: min(table[k] for table in tables.block_zb.values()) for k in v.group_mb}
         bubble_block_log = add_log_var(m, "log_bubble_block_s", bubble_alternatives,
-                                       LogLinear().add_table(bubble_floor, v.tc_mb))
+                                       LogLinear().add_table(bubble_floor, v.group_mb))
     else:
         bubble_block_log = block_log
     parts = {  # name -> (LogLinear of the part, literals that switch it on; None = never)
         "blocks": (LogLinear().add_table(time_blocks, v.pp.is_).plus(block_log), []),
-        "output_layer": (LogLinear().add_table(tables.head, v.tc_mb), []),
-        "pp_send": (LogLinear().add_const(2.0).add_table(il_values, v.interleaving.is_).add_table(tables.p2p, v.tc_mb),
+        "output_layer": (LogLinear().add_table(tables.head, v.group_mb), []),
+        "pp_send": (LogLinear().add_const(2.0).add_table(il_values, v.interleaving.is_).add_table(tables.p2p, v.group_mb),
                     pp_gt1),
     }
     objective = []
@@ -365,7 +365,7 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
         for rc in rcs:
             for cls in ACT_CLASSES:
                 table = tables.workspace[(rc, cls)]
-                m.Add(workspace >= sum(_units(table[k], mib) * lit for k, lit in v.tc_mb.items())
+                m.Add(workspace >= sum(_units(table[k], mib) * lit for k, lit in v.group_mb.items())
                       ).OnlyEnforceIf([flag("recompute", rc), *class_lits[cls]])
         memory.append(workspace)
         # blocks in flight >= blocks/pp · min(pp, microbatches): w = min(ln n, ln pp) exactly
@@ -380,7 +380,7 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
         alternatives = []
         for rc in rcs:
             for cls in ACT_CLASSES:
-                stored = LogLinear().add_table(tables.stored[(rc, cls)], v.tc_mb)
+                stored = LogLinear().add_table(tables.stored[(rc, cls)], v.group_mb)
                 in_hbm = (LogLinear().add_table(memory_blocks, v.pp.is_)
                           .add_var(w, w_lo, w_hi))
                 lits = [flag("recompute", rc), *class_lits[cls]]

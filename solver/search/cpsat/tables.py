@@ -70,21 +70,22 @@ def _grid(**axes):
 
 
 class Tables:
-    """Exact-model tables over (tp, cp, microbatch) and the (tp, cp, pp) split, minimised
-    over the flags they do not read."""
+    """Exact-model tables over (tp, cp, ep, microbatch) and the (tp, cp, ep, pp) split,
+    minimised over the flags they do not read."""
 
     def __init__(self, c: Context, v: Variables, num_gpus: int, tp_overlaps: tuple[int, ...], networks: int):
-        self.tm_keys = list(v.tc_mb)
+        self.tm_keys = list(v.group_mb)
         self.tp_keys = list(v.split)
         nets = list(range(networks))
         tm = np.array(self.tm_keys, dtype=float)
-        # ---- block tables over (tp, cp, microbatch) × comm × overlap × redo × recompute × offloads
-        # × TP network × CP network ----
+        # ---- block tables over (tp, cp, ep, microbatch) × comm × overlap × redo × recompute ×
+        # offloads × TP network × CP network × EP network ----
         cp_nets = nets if any(k[1] > 1 for k in self.tm_keys) else [0]
+        ep_nets = nets if any(k[2] > 1 for k in self.tm_keys) else [0]
         cols, shape = _grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2], seq_par_ag_redo=[False, True],
                             recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE], weight_offload=[False, True],
-                            activations_offload=[False, True], tp_net=nets, cp_net=cp_nets)
-        ns = _namespace(tp=tm[cols["key"], 0], cp=tm[cols["key"], 1], microbatch=tm[cols["key"], 2],
+                            activations_offload=[False, True], tp_net=nets, cp_net=cp_nets, ep_net=ep_nets)
+        ns = _namespace(tp=tm[cols["key"], 0], cp=tm[cols["key"], 1], ep=tm[cols["key"], 2], microbatch=tm[cols["key"], 3],
                         **{k: v_ for k, v_ in cols.items() if k != "key"})
         blk = block_terms(c, ns, ArrayOps)
         act = blk.activations
@@ -93,9 +94,9 @@ class Tables:
             return np.broadcast_to(values, (len(ns.tp),)).reshape(shape)
 
         # one block, one microbatch, forward + backward + recompute + exposed TP and offload:
-        # exact for every flag combination the block reads, minimised over the TP and CP networks
+        # exact for every flag combination the block reads, minimised over the TP, CP and EP networks
         block = arr(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
-                    + blk.offload_bwd_s).min(axis=(-2, -1))
+                    + blk.offload_bwd_s).min(axis=(-3, -2, -1))
         # TP overlap only changes time: the best overlap the space offers bounds every one
         block = block[:, :, list(tp_overlaps)].min(axis=2)
         rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
@@ -103,11 +104,11 @@ class Tables:
                       for comm in range(3) for redo in (0, 1) for rc in range(3) for w in (0, 1) for a in (0, 1)}
         # the same block in a ZB-H1 bubble: less twice its weight-gradient GEMMs (costmodel.iteration)
         block_zb = arr(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s + blk.offload_bwd_s
-                       - 2 * blk.forward.gemm_s).min(axis=(-2, -1))
+                       - 2 * blk.weight_grad_gemm_s).min(axis=(-3, -2, -1))
         block_zb = block_zb[:, :, list(tp_overlaps)].min(axis=2)
         self.block_zb = {(comm, redo, rcs[rc], w, a): self._by_tm(block_zb[:, comm, redo, rc, w, a])
                          for comm in range(3) for redo in (0, 1) for rc in range(3) for w in (0, 1) for a in (0, 1)}
-        everything = (1, 2, 3, 4, 5, 6, 7, 8)
+        everything = (1, 2, 3, 4, 5, 6, 7, 8, 9)
         self.compute = self._by_tm(arr(blk.compute_fwd_s + blk.compute_bwd_s).min(axis=everything))
         self.head = self._by_tm(3 * arr(output_layer_s(c, ns, ArrayOps)).min(axis=everything))
         p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
@@ -118,22 +119,22 @@ class Tables:
         # activation classes: (comm code, redo) rows that realise each class
         cls_rows = {"no_sp": (0, 0), "sp": (TP_COMM_RS_AG, 0), "sp_redo": (TP_COMM_RS_AG, 1)}
         rc_index = {RECOMPUTE_FULL: 0, RECOMPUTE_ATTN_ONLY: 1, RECOMPUTE_NONE: 2}
-        self.stored = {(rc, cls): self._by_tm(stored[:, comm, 0, redo, rc_index[rc], 0, 0, 0, 0])
+        self.stored = {(rc, cls): self._by_tm(stored[:, comm, 0, redo, rc_index[rc], 0, 0, 0, 0, 0])
                        for rc in rc_index for cls, (comm, redo) in cls_rows.items()}
-        self.workspace = {(rc, cls): self._by_tm(workspace[:, comm, 0, redo, rc_index[rc], 0, 0, 0, 0])
+        self.workspace = {(rc, cls): self._by_tm(workspace[:, comm, 0, redo, rc_index[rc], 0, 0, 0, 0, 0])
                           for rc in rc_index for cls, (comm, redo) in cls_rows.items()}
 
-        # ---- stage tables over (tp, pp) × sharding stage × offload flags × net ----
+        # ---- stage tables over (tp, cp, ep, pp) × sharding stage × offload flags × net ----
         # (with one microbatch per replica: ZeRO-2/3 traffic grows with the microbatches, so
         # the DP table, minimised over every stage, stays a lower bound for any count)
         tpp = np.array(self.tp_keys, dtype=float)
         stages = list(range(len(ShardingStage)))
         cols, shape = _grid(key=np.arange(len(tpp)), zero=stages,
                             weight_offload=[False, True], optimizer_offload=[False, True], dp_net=nets)
-        t_, c_, p_ = tpp[cols["key"], 0], tpp[cols["key"], 1], tpp[cols["key"], 2]
+        t_, c_, e_, p_ = (tpp[cols["key"], i] for i in range(4))
         dp = num_gpus // (t_ * c_ * p_).astype(np.int64)
         # (the gradient group's network is dp's when dp > 1, else cp's: the same grid axis)
-        ns = _namespace(tp=t_, cp=c_, pp=p_, dp=dp, batch=dp, microbatch=np.ones(len(t_)),
+        ns = _namespace(tp=t_, cp=c_, ep=e_, pp=p_, dp=dp, batch=dp, microbatch=np.ones(len(t_)),
                         cp_net=cols["dp_net"], **{k: v_ for k, v_ in cols.items() if k != "key"})
         terms = iteration_terms(c, ns, ArrayOps)
 
@@ -167,13 +168,13 @@ class Tables:
 
 def offers_zero_bubble(space: Space, num_networks: int) -> bool:
     """Whether some mapping of the space (with pp > 1) may run ZB-H1."""
-    known = {"tp": 2, "cp": 2, "pp": 2, "dp": 2, "dp_cp": 2, "offload": 1}
+    known = {"tp": 2, "cp": 2, "ep": 2, "pp": 2, "dp": 2, "dp_cp": 2, "offload": 1}
     return (SCHED_ZB_H1,) in flag_projection(space, ("sched",), known, num_networks)
 
 
 def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, local_batch: dict, has_offload: bool,
                        num_networks: int, hbm_capacity_bytes: float) -> dict:
-    """For each (tp, cp, pp, interleaving, microbatch) block, the smallest value the surrogate
+    """For each (tp, cp, ep, pp, interleaving, microbatch) block, the smallest value the surrogate
     time takes over the memory-relevant flags whose HBM and offload footprints fit (inf when
     none does). Computed with numpy from the surrogate's own tables, with the pipeline
     bubble and the blocks in flight exactly as the model counts them for this interleaving
@@ -184,22 +185,22 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
     cannot."""
     blocks = c.blocks
     # every valid assignment of the flags a block reads (the space's own rules, tp, pp, dp > 1)
-    known = {"tp": 2, "cp": 2, "pp": 2, "dp": 2, "dp_cp": 2, "offload": int(has_offload)}
+    known = {"tp": 2, "cp": 2, "ep": 2, "pp": 2, "dp": 2, "dp_cp": 2, "offload": int(has_offload)}
     combos = sorted(flag_projection(space, BLOCK_FLAGS, known, num_networks))
     zero_codes = tuple(code for (code,) in flag_projection(space, ("zero",), known, num_networks))
     zero_bubble = offers_zero_bubble(space, num_networks)
     out = {}
     for sk in skeletons:
-        t, cp, p = sk.split
+        g, p = sk.group, sk.pp
         key = sk.split
         mbs = np.array(sk.microbatches, dtype=float)
         ils = np.array(sk.interleavings, dtype=float)
         n = local_batch[key] / mbs                                           # [M]
         il = ils[:, None]                                                    # [V, 1]
         bubble = bubble_microbatches(ArrayOps, p, il, n[None, :])           # [V, M]
-        block = np.array([[tables.block[cb][(t, cp, int(mb))] for cb in combos] for mb in mbs])  # [M, K]
-        head = np.array([tables.head[(t, cp, int(mb))] for mb in mbs])           # [M]
-        sends = np.array([tables.p2p[(t, cp, int(mb))] for mb in mbs]) if p > 1 else np.zeros(len(mbs))
+        block = np.array([[tables.block[cb][(*g, int(mb))] for cb in combos] for mb in mbs])  # [M, K]
+        head = np.array([tables.head[(*g, int(mb))] for mb in mbs])           # [M]
+        sends = np.array([tables.p2p[(*g, int(mb))] for mb in mbs]) if p > 1 else np.zeros(len(mbs))
         # time[V, M, K] without the optimizer and DP terms (added per sharding below); with
         # uneven stages (costmodel.pipeline) the slowest of the middle and the last stage
         first, middle, last = stage_blocks(ScalarOps, blocks, p)
@@ -207,7 +208,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         time = (n[None, :] + bubble)[:, :, None] * (per_micro[None] + (2 * il * sends[None, :])[:, :, None])
         if zero_bubble and p > 1 and 1 in sk.interleavings:
             # ZB-H1 on the non-interleaved row: n microbatches + (p-1) bubble ones without W
-            block_zb = np.array([[tables.block_zb[cb][(t, cp, int(mb))] for cb in combos] for mb in mbs])
+            block_zb = np.array([[tables.block_zb[cb][(*g, int(mb))] for cb in combos] for mb in mbs])
             row = sk.interleavings.index(1)
             sends_1 = (2 * sends)[:, None]
             # (uneven, a middle stage may set the pace, with no output layer in its bubble)
@@ -216,8 +217,8 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
             time[row] = np.minimum(time[row], zb)
         cls = ["sp_redo" if (comm == TP_COMM_RS_AG and redo) else ("sp" if comm == TP_COMM_RS_AG else "no_sp")
                for comm, redo, rc, w, a in combos]
-        stored = np.array([[tables.stored[(cb[2], cl)][(t, cp, int(mb))] for cb, cl in zip(combos, cls)] for mb in mbs])
-        workspace = np.array([[tables.workspace[(cb[2], cl)][(t, cp, int(mb))] for cb, cl in zip(combos, cls)]
+        stored = np.array([[tables.stored[(cb[2], cl)][(*g, int(mb))] for cb, cl in zip(combos, cls)] for mb in mbs])
+        workspace = np.array([[tables.workspace[(cb[2], cl)][(*g, int(mb))] for cb, cl in zip(combos, cls)]
                               for mb in mbs])
         a_off = np.array([cb[4] for cb in combos], dtype=bool)
         w_off = np.array([cb[3] for cb in combos])
@@ -242,7 +243,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
                 best = np.minimum(best, np.where(fits, time, np.inf).min(axis=2) + extra)
         for i, il in enumerate(sk.interleavings):
             for j, mb in enumerate(sk.microbatches):
-                out[(t, cp, p, il, mb)] = float(best[i, j]) * TIME_FLOOR_SLACK
+                out[(*key, il, mb)] = float(best[i, j]) * TIME_FLOOR_SLACK
     return out
 
 

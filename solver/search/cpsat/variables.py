@@ -1,10 +1,11 @@
 """The CP-SAT variables of a mapping, built from the space declaration, and their decoding.
 
-Skeleton dimensions are integer variables (tp, cp, pp, dp, batch, interleaving,
+Skeleton dimensions are integer variables (tp, cp, ep, pp, dp, batch, interleaving,
 microbatch) with one Boolean per value (`tp[8]`, `pp[16]`, ...), linked both ways; flags get
 one Boolean per code (`recompute[full]`, `tp_net[1]`). Combinations of skeleton values that
-the objective and memory tables need — the (tp, cp) pair, the (tp, cp, pp) split and the
-(tp, cp, microbatch) triple — get a Boolean each that is the AND of its parts' Booleans. The
+the objective and memory tables need — the (tp, cp) pair, the (tp, cp, ep) group, the (tp,
+cp, ep, pp) split and the (tp, cp, ep, microbatch) group_mb — get a Boolean each that is the
+AND of its parts' Booleans. The
 domains are the values any valid mapping can take (read off the space's skeletons); which
 combinations are valid is left to the constraints.
 """
@@ -70,6 +71,7 @@ class Variables:
         self.num_networks = num_networks
         self.tp = one_hot(model, "tp", {s.tp for s in skeletons})
         self.cp = one_hot(model, "cp", {s.cp for s in skeletons})
+        self.ep = one_hot(model, "ep", {s.ep for s in skeletons})
         self.pp = one_hot(model, "pp", {s.pp for s in skeletons})
         self.dp = one_hot(model, "dp", {s.dp for s in skeletons})
         self.batch = model.NewIntVarFromDomain(cp_model.Domain.FromValues(sorted({s.batch for s in skeletons})), "batch")
@@ -81,11 +83,14 @@ class Variables:
         self.interleaving = one_hot(model, "interleaving", {v for s in skeletons for v in s.interleavings})
         # Only combinations some skeleton has (the others are invalid whatever the rest).
         pairs = {(s.tp, s.cp) for s in skeletons}
+        groups = {s.group for s in skeletons}
         splits = {s.split for s in skeletons}
-        pair_mbs = {(s.tp, s.cp, mb) for s in skeletons for mb in s.microbatches}
+        group_mbs = {(*s.group, mb) for s in skeletons for mb in s.microbatches}
         self.tp_cp = and_pairs(model, "tp_cp", self.tp.is_, self.cp.is_, lambda t, c: (t, c) in pairs)
-        self.split = and_pairs(model, "split", self.tp_cp, self.pp.is_, lambda tc, p: (*tc, p) in splits)
-        self.tc_mb = and_pairs(model, "tc_mb", self.tp_cp, self.microbatch.is_, lambda tc, mb: (*tc, mb) in pair_mbs)
+        self.group = and_pairs(model, "group", self.tp_cp, self.ep.is_, lambda tc, e: (*tc, e) in groups)
+        self.split = and_pairs(model, "split", self.group, self.pp.is_, lambda g, p: (*g, p) in splits)
+        self.group_mb = and_pairs(model, "group_mb", self.group, self.microbatch.is_,
+                                  lambda g, mb: (*g, mb) in group_mbs)
         self.flags: dict[str, dict[int, cp_model.IntVar]] = {}
         for dim in space.flags:
             if flags is not None and dim.name not in flags:
@@ -97,10 +102,10 @@ class Variables:
     def flag(self, name: str, code: int) -> cp_model.IntVar:
         return self.flags[name][code]
 
-    def exclude_block(self, key: tuple[int, int, int, int, int]) -> None:
-        """Cut the (tp, cp, pp, interleaving, microbatch) block `key` (once scored exactly)."""
-        tp, cp, pp, il, mb = key
-        self.model.AddBoolOr([self.split[(tp, cp, pp)].Not(), self.interleaving.is_[il].Not(),
+    def exclude_block(self, key: tuple[int, int, int, int, int, int]) -> None:
+        """Cut the (tp, cp, ep, pp, interleaving, microbatch) block `key` (once scored exactly)."""
+        tp, cp, ep, pp, il, mb = key
+        self.model.AddBoolOr([self.split[(tp, cp, ep, pp)].Not(), self.interleaving.is_[il].Not(),
                               self.microbatch.is_[mb].Not()])
 
     def pin(self, name: str, value: int) -> None:
@@ -118,9 +123,9 @@ class Variables:
             return
         self.model.Add(lits[value] == 1)
 
-    def decode(self, solver: cp_model.CpSolver) -> tuple[tuple[int, int, int, int, int], dict[str, int]]:
-        """(tp, cp, pp, interleaving, microbatch) and the flag codes of a solution."""
-        key = (self.tp.value_of(solver), self.cp.value_of(solver), self.pp.value_of(solver),
+    def decode(self, solver: cp_model.CpSolver) -> tuple[tuple[int, int, int, int, int, int], dict[str, int]]:
+        """(tp, cp, ep, pp, interleaving, microbatch) and the flag codes of a solution."""
+        key = (self.tp.value_of(solver), self.cp.value_of(solver), self.ep.value_of(solver), self.pp.value_of(solver),
                self.interleaving.value_of(solver), self.microbatch.value_of(solver))
         flags = {name: next(c for c, lit in lits.items() if solver.BooleanValue(lit))
                  for name, lits in self.flags.items()}

@@ -1,0 +1,188 @@
+"""One transformer block in one iteration: compute, the exposed tensor-, context- and
+expert-parallel communication, recomputation and offload traffic of one block and one
+microbatch on one GPU, for a dense block and a mixture-of-experts block (costmodel.moe), and
+the average block that costmodel.iteration multiplies by the blocks of a stage.
+
+Written against costmodel.ops: `m` may hold scalars (one mapping) or numpy arrays (many).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, is_dataclass
+
+from costmodel.block import BlockForward, StoredActivations, block_forward_times, block_stored_activation_bytes
+from costmodel.comm import collective_s, overlapped, tp_overlap_terms
+from costmodel.context import Context
+from costmodel.moe import moe_communication
+from costmodel.system import Collective
+
+
+@dataclass(frozen=True)
+class BlockTerms:
+    """One block, one microbatch, one GPU (seconds, bytes; each a scalar or an array)."""
+
+    forward: BlockForward
+    compute_fwd_s: object
+    compute_bwd_s: object
+    tp_fwd_s: object
+    """TP communication in forward, exposed plus the compute it steals while overlapping"""
+    tp_bwd_s: object
+    cp_fwd_s: object
+    """the context-parallel K/V ring in forward, exposed plus the compute it steals"""
+    cp_bwd_s: object
+    ep_fwd_s: object
+    """an MoE block's token dispatch and combine all-to-alls in forward, exposed (0 when dense)"""
+    ep_bwd_s: object
+    block_fwd_s: object
+    """compute + TP, CP and EP communication, forward"""
+    block_bwd_s: object
+    recompute_s: object
+    act_message_bytes: object
+    """one activation tensor (microbatch · seq · hidden elements)"""
+    activations: StoredActivations
+    offload_fwd_s: object
+    """offload traffic compute cannot hide, forward"""
+    offload_bwd_s: object
+    offload_bytes_per_s_needed: object
+    """offload bandwidth that would hide all of this block's traffic"""
+
+    @property
+    def weight_grad_gemm_s(self):
+        """The block's weight-gradient GEMMs, as long as its forward GEMMs (ZB-H1's W pass)."""
+        return self.forward.gemm_s
+
+
+
+
+def offload_rate(bytes_per_s: float) -> float:
+    # No offload tier: its flags are never on, so its traffic is 0 bytes; an infinite rate
+    # keeps 0 / rate = 0 without dividing by zero.
+    return bytes_per_s if bytes_per_s > 0 else float("inf")
+
+
+def cp_ring_terms(c: Context, m, xp, fw: BlockForward):
+    """The context-parallel K/V ring of one block, forward and backward: exposed time and
+    the compute it steals, each. Forward passes this GPU's K and V chunk (b·s/cp tokens ×
+    2·g·d/tp columns) cp-1 steps around the ring; backward passes K and V again and their
+    gradients back (twice the bytes). Each step's transfer overlaps the attention core of
+    the step (Megatron-LM / TransformerEngine run them on separate streams), so only the
+    excess over the core is exposed, and the hidden part takes the network's compute usage."""
+    kv_chunk = c.elem_bytes * m.microbatch * c.seq / m.cp * 2 * c.kv_heads / m.tp * c.head_size
+    step = collective_s(c, xp, Collective.p2p, m.cp, kv_chunk, m.cp_net)
+    ring_fwd = (m.cp - 1) * step
+    usage = xp.pick(c.net_usage, m.cp_net)
+    fwd_exposed, fwd_stolen = overlapped(ring_fwd, fw.attention_core_s, 1.0, usage, xp)
+    bwd_exposed, bwd_stolen = overlapped(2 * ring_fwd, 2 * fw.attention_core_s + fw.kernel_recompute_s, 1.0, usage, xp)
+    return fwd_exposed + fwd_stolen, bwd_exposed + bwd_stolen
+
+
+def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
+    """One block of one kind (dense, or `moe`: its MLP is the MoE layer), one microbatch,
+    one GPU: compute, exposed TP, CP and EP communication (with the compute they steal),
+    recomputation and the offload traffic compute cannot hide, in seconds; and the block's
+    stored activations. Reads tp, cp, ep, microbatch and the flags."""
+    fw = block_forward_times(c, m, xp, moe)
+    compute_fwd = fw.gemm_s + fw.eltwise_s
+    compute_bwd = 2 * compute_fwd
+
+    act_message = c.elem_bytes * m.microbatch * c.seq / m.cp * c.hidden
+    region_s, hidden_fraction, gather_s = tp_overlap_terms(c, m, xp, act_message)
+    tp_usage = xp.pick(c.net_usage, m.tp_net)
+    redo_gather = m.seq_par & m.seq_par_ag_redo & xp.logical_not(m.recompute_full)
+    # Two parallel regions, attention and MLP; an MoE block keeps the MLP region's collectives
+    # only around its shared experts, and gathers and scatters its routed rows instead.
+    regions = 1.0 + float(c.shared_feedforward > 0) if moe else 2.0
+    tp_fwd = regions * region_s
+    tp_bwd = regions * region_s + xp.where(redo_gather, 2 * gather_s, 0.0)
+    tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw.gemm_s, hidden_fraction, tp_usage, xp)
+    tp_bwd_exposed, tp_bwd_stolen = overlapped(tp_bwd, 2 * fw.gemm_s, hidden_fraction, tp_usage, xp)
+    cp_fwd, cp_bwd = cp_ring_terms(c, m, xp, fw)
+    moe_tp, ep_pass = 0.0, 0.0
+    if moe:
+        # Megatron-LM's all-to-all dispatcher runs on the compute stream between the router
+        # and the experts (token_dispatcher.py): nothing hides it. Backward repeats each
+        # collective once (a dispatch's gradient is a combine).
+        comm = moe_communication(c, xp, m.microbatch * c.seq / m.cp, m.tp, m.ep, m.ep_net, m.tp_net)
+        moe_tp, ep_pass = comm.tp_gather_s + comm.tp_scatter_s, comm.dispatch_s + comm.combine_s
+    block_fwd = compute_fwd + tp_fwd_exposed + tp_fwd_stolen + moe_tp + cp_fwd + ep_pass
+    block_bwd = compute_bwd + tp_bwd_exposed + tp_bwd_stolen + moe_tp + cp_bwd + ep_pass
+    # Full: the whole block forward again; attn_only: the (unfused) attention core; and a fused
+    # attention kernel's backward redoes its scores whatever the setting.
+    recompute = fw.kernel_recompute_s + xp.where(m.recompute_full, block_fwd,
+                                                    xp.where(m.recompute_attn_only, fw.selective_recompute_s, 0.0))
+
+    # ---- offload traffic per block and microbatch (tier 2 <-> HBM, per direction) ----
+    e = c.elem_bytes
+    act = block_stored_activation_bytes(c, m, xp, moe)
+    block_params = sum(moe_block_param_shares(c, m) if moe else (c.block_params / m.tp,))
+    off_rate = offload_rate(c.offload_bytes_per_s)
+    fwd_read = xp.where(m.weight_offload, e * block_params, 0.0)
+    fwd_write = xp.where(m.activations_offload, act.stored, 0.0)
+    g = c.grad_bytes_per_param
+    bwd_read = xp.where(m.weight_offload, (e + g) * block_params, 0.0) + fwd_write
+    bwd_write = xp.where(m.weight_offload, g * block_params, 0.0)
+    off_fwd_bytes = xp.maximum(fwd_read, fwd_write)
+    off_bwd_bytes = xp.maximum(bwd_read, bwd_write)
+    off_fwd_s = off_fwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_fwd_bytes))
+    off_bwd_s = off_bwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_bwd_bytes))
+    return BlockTerms(
+        forward=fw,
+        compute_fwd_s=compute_fwd,
+        compute_bwd_s=compute_bwd,
+        tp_fwd_s=tp_fwd_exposed + tp_fwd_stolen + moe_tp,
+        tp_bwd_s=tp_bwd_exposed + tp_bwd_stolen + moe_tp,
+        cp_fwd_s=cp_fwd,
+        cp_bwd_s=cp_bwd,
+        ep_fwd_s=ep_pass,
+        ep_bwd_s=ep_pass,
+        block_fwd_s=block_fwd,
+        block_bwd_s=block_bwd,
+        recompute_s=recompute,
+        act_message_bytes=act_message,
+        activations=act,
+        offload_fwd_s=xp.maximum(off_fwd_s - block_fwd, 0.0),
+        offload_bwd_s=xp.maximum(off_bwd_s - (block_bwd + recompute), 0.0),
+        offload_bytes_per_s_needed=xp.maximum(off_fwd_bytes / block_fwd, off_bwd_bytes / (block_bwd + recompute)),
+    )
+
+
+
+
+def moe_block_param_shares(c: Context, m) -> tuple:
+    """Parameters of one MoE block on one GPU: (those reduced over dp·cp — attention and
+    shared experts split tp ways, the router whole — and the E/ep local experts split tp
+    ways, reduced over the expert data-parallel group of dp·cp/ep GPUs)."""
+    return ((c.moe_block_params - c.routed_expert_params - c.router_params) / m.tp + c.router_params,
+            c.routed_expert_params / (m.tp * m.ep))
+
+
+def block_param_shares(c: Context, m) -> tuple:
+    """One block's parameters on one GPU, averaged over the model's blocks: (dense-group,
+    expert) — see moe_block_param_shares; a dense model's are (block_params/tp, 0)."""
+    if not c.moe_blocks:
+        return c.block_params / m.tp, 0.0
+    share = c.moe_blocks / c.blocks
+    dense, experts = moe_block_param_shares(c, m)
+    return (1 - share) * c.block_params / m.tp + share * dense, share * experts
+
+
+def _mix(dense, moe, share):
+    """(1 - share)·dense + share·moe, field by field (nested results too)."""
+    if is_dataclass(dense):
+        return type(dense)(**{f.name: _mix(getattr(dense, f.name), getattr(moe, f.name), share)
+                              for f in fields(dense)})
+    return (1 - share) * dense + share * moe
+
+
+def block_terms(c: Context, m, xp) -> BlockTerms:
+    """The average block, one microbatch, one GPU: a dense model's block; for a
+    mixture-of-experts model the mean of its dense and MoE blocks weighted by their counts
+    (`moe_every`), so L/pp times it is a stage's total when its blocks mix as the model's do
+    (exact for moe_every = 1, and whenever moe_every divides blocks/pp)."""
+    dense = kind_terms(c, m, xp, moe=False)
+    if not c.moe_blocks:
+        return dense
+    share = c.moe_blocks / c.blocks
+    if share == 1:
+        return kind_terms(c, m, xp, moe=True)
+    return _mix(dense, kind_terms(c, m, xp, moe=True), share)
