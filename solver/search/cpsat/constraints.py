@@ -331,5 +331,5 @@ def _add_at_least(m: cp_model.CpModel, expr, bound: int, enforce) -> None:
 
 
 STRUCTURE: tuple[Constraint, ...] = (ParallelSplit(), TensorDivisibility(), ContextDivisibility(), PipelineDivisibility(),
-                                     BatchCap(), ExpertDivisibility(),
-                                     MicrobatchDivisibility(), FlagRules(), Pins(), NetworkFit())
+                                     BatchCap(), MicrobatchDivisibility(), FlagRules(), Pins(), NetworkFit(),
+                                     ExpertDivisibility())
