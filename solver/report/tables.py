@@ -63,7 +63,8 @@ def mapping_summary(mapping_fields: dict) -> str:
     and the network of each parallel group."""
     v = _fields_by_name(mapping_fields)
     splits = {d.name: v[d.name] for d in DIMENSIONS if d.kind == "split"}
-    parts = [" ".join(f"{name}{splits[name]}" for name, _ in NETWORK_GROUPS),
+    # (ep only where there is expert parallelism: a dense model's is always 1)
+    parts = [" ".join(f"{name}{splits[name]}" for name, _ in NETWORK_GROUPS if name != "ep" or splits[name] > 1),
              f"batch {v['batch']} {BY_NAME['microbatch'].header} {v['microbatch']}"]
     if v["pp"] > 1:
         parts.append(f"{BY_NAME['interleaving'].header} {v['interleaving']}")
