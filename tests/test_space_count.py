@@ -108,7 +108,7 @@ def columns(arrays: MappingArrays) -> np.ndarray:
     return np.column_stack([column.astype(np.int64) for column in arrays.columns.values()])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(small_problems())
 def test_closed_form_equals_enumeration(problem) -> None:
     model, system, num_gpus, max_batch, space = problem
