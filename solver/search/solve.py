@@ -123,7 +123,7 @@ class BlockCollector(cp_model.CpSolverSolutionCallback):
     def __init__(self, variables: Variables):
         super().__init__()
         self.variables = variables
-        self.blocks: list[tuple[int, int, int, int, int]] = []
+        self.blocks: list[tuple[int, int, int, int, int, int]] = []
 
     def on_solution_callback(self) -> None:
         key, _ = self.variables.decode(self)
