@@ -1,0 +1,160 @@
+"""Data parallelism: how ZeRO shards a stage's state, the gradient reduction of the stage's
+parameters and how much of it compute hides, and the optimizer step over this GPU's share.
+
+Written against the backend interface of costmodel.ops, so `m` may hold scalars (one
+mapping) or numpy arrays (many), as the other formulas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.block_terms import BlockTerms, offload_rate
+from costmodel.comm import collective_s, overlapped
+from costmodel.context import Context
+from costmodel.layer_time import eltwise_s
+from costmodel.pipeline_time import Stages
+from costmodel.system import Collective
+
+# FLOP per parameter of an Adam step (moment updates, bias correction, square root, divide,
+# weight decay, update): about 12 element-wise operations.
+ADAM_FLOPS_PER_PARAM = 12.0
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """What the ZeRO stage shards, and over which GPUs (Rajbhandari et al. 2020 §5, §7).
+
+    With context parallelism the cp GPUs of a replica hold the same weights and each has
+    gradients from its share of the sequence: gradients are reduced, and ZeRO shards, over
+    dp·cp GPUs (Megatron-LM's data-parallel group with context parallelism,
+    parallel_state.get_data_parallel_group(with_context_parallel=True)). That group leaves
+    the replica (and travels on dp's network) when dp > 1, else it is the cp group itself.
+    MoE experts: each of the ep GPUs holds different experts, so theirs are reduced and
+    sharded over the dp·cp/ep GPUs holding the same experts (Megatron-LM's expert
+    data-parallel group, parallel_state.get_expert_data_parallel_group)."""
+
+    optimizer: object
+    """optimizer state sharded (stage >= 1)"""
+    grads: object
+    """gradients sharded (stage >= 2)"""
+    weights: object
+    """weights sharded (stage 3)"""
+    group: object
+    """dp·cp: the GPUs the gradients are reduced and the state sharded over"""
+    expert_group: object
+    """dp·cp/ep: the same for the experts"""
+    net: object
+    """the network the gradient reduction travels on"""
+
+    @staticmethod
+    def of(m, xp) -> "Sharding":
+        group = m.dp * m.cp
+        return Sharding(xp.logical_not(m.zero_0), m.zero_2 | m.zero_3, m.zero_3, group, group / m.ep,
+                        xp.where(m.dp > 1, m.dp_net, m.cp_net))
+
+    def shards(self, xp) -> tuple:
+        """(weights, gradients, optimizer): the GPUs each is split over (1: not sharded)."""
+        return tuple(xp.where(sharded, self.group, 1.0) for sharded in (self.weights, self.grads, self.optimizer))
+
+    def expert_shards(self, xp) -> tuple:
+        """The same for the experts' state, over the expert data-parallel group."""
+        return tuple(xp.where(sharded, self.expert_group, 1.0)
+                     for sharded in (self.weights, self.grads, self.optimizer))
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """The parameters of the stage with the most (it sets the reduction and the optimizer
+    step), on one GPU."""
+
+    dense: object
+    """the non-expert parameters (tp splits them)"""
+    experts: object
+    """the expert parameters (tp and ep split them)"""
+    blocks: object
+    """the blocks of that stage"""
+    output_matrix: object
+    """the output layer's V·h weights a stage holds (0 when tied and pp = 1)"""
+
+
+def stage_params(c: Context, m, xp, stages: Stages, dense_params, expert_params) -> StageParams:
+    """Each stage reduces and steps its own parameters (first: its blocks and the embeddings;
+    middle: its blocks; last: its blocks and the output layer; all of them when pp = 1).
+
+    The output layer's V·h/tp weights: its own when untied; when tied, a copy on the last
+    stage if that is not the first (Megatron-LM keeps one and all-reduces its gradient with
+    the embedding's), none when pp = 1."""
+    p, t = m.pp, m.tp
+    output_matrix = xp.where(p > 1, c.output_layer_params, 0.0 if c.tied_embeddings else c.output_layer_params)
+    first_extra = c.embedding_params + xp.where(p == 1, output_matrix, 0.0)
+    last_extra = output_matrix + xp.where(p == 1, c.embedding_params, 0.0)
+    if stages.equal:                          # the blocks and the larger of the two extras
+        dense = stages.first * dense_params + xp.maximum(first_extra, last_extra) / t
+        blocks = stages.first
+    else:
+        first_params = stages.first * dense_params + first_extra / t
+        middle_params = stages.middle * dense_params
+        last_params = stages.last * dense_params + last_extra / t
+        dense = xp.maximum(xp.maximum(first_params, last_params), middle_params)
+        last_most = last_params >= xp.maximum(first_params, middle_params)
+        blocks = xp.where(last_most, stages.last, xp.where(first_params >= middle_params, stages.first, stages.middle))
+    return StageParams(dense, blocks * expert_params, blocks, output_matrix)
+
+
+@dataclass(frozen=True)
+class GradientSync:
+    """The gradient reduction of one iteration (s)."""
+
+    exposed_s: object
+    """what compute does not hide"""
+    stolen_s: object
+    """compute slowed by the GPU cores the overlapped reduction takes"""
+
+
+def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Sharding,
+                  params: StageParams) -> GradientSync:
+    """ZeRO 0 all-reduces the gradients once; 1 reduce-scatters them and all-gathers the
+    updated 16-bit weights; 2 keeps only its gradient shard, so every microbatch's gradients
+    are reduce-scattered as they appear (DeepSpeed's stage 2 under gradient accumulation); 3
+    also keeps only its weight shard and all-gathers each block's weights in forward and
+    again in backward, every microbatch, and needs no final all-gather (each GPU updates
+    only its own shard)."""
+    microbatches = stages.microbatches
+    scatters = xp.where(sh.grads, microbatches, 1.0)
+    gathers = xp.where(sh.weights, 2 * microbatches, 1.0)
+
+    def traffic(group, stage_params):
+        grad_bytes = stage_params * c.grad_comm_bytes
+        reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, group, grad_bytes, sh.net)
+        gather_weights = collective_s(c, xp, Collective.all_gather, group, c.elem_bytes * stage_params, sh.net)
+        all_reduce = collective_s(c, xp, Collective.all_reduce, group, grad_bytes, sh.net)
+        return xp.where(sh.optimizer, scatters * reduce_scatter + gathers * gather_weights, all_reduce)
+
+    dp_comm = traffic(sh.group, params.dense)
+    if c.moe_blocks:       # the experts' own reduction, on the gradient network, which spans their group
+        dp_comm = dp_comm + traffic(sh.expert_group, params.experts)
+    # Overlapped, each block's gradients reduce while the last microbatch's backward runs
+    # through the blocks before it; the last block's reduction has nothing left to hide behind.
+    # Stages 2 and 3 move data every microbatch, behind every microbatch's compute.
+    window = xp.where(sh.grads, microbatches * params.blocks * (blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s),
+                      (params.blocks - 1) * (blk.block_bwd_s + blk.recompute_s))
+    exposed, stolen = overlapped(dp_comm, window, xp.where(m.dp_overlap, 1.0, 0.0), xp.pick(c.net_usage, sh.net), xp)
+    return GradientSync(exposed, stolen)
+
+
+def optimizer_step_s(c: Context, m, xp, sh: Sharding, params: StageParams):
+    """The optimizer step over this GPU's share of the stage's parameters: it reads gradient
+    and state and writes state and the new weights, in HBM or, offloaded, from and to the
+    offload memory (the slower of the two sets the time)."""
+    opt_params = (params.dense / xp.where(sh.optimizer, sh.group, 1.0)
+                  + params.experts / xp.where(sh.optimizer, sh.expert_group, 1.0))
+    e, g = c.elem_bytes, c.grad_bytes_per_param
+    opt_bytes_per_param = g + 2 * c.optimizer_bytes_per_param + e
+    opt_hbm_s = eltwise_s(c, xp, opt_params, ADAM_FLOPS_PER_PARAM, opt_bytes_per_param)
+    offloaded_state = xp.where(m.optimizer_offload, c.optimizer_bytes_per_param, 0.0)
+    opt_off_read = (offloaded_state + xp.where(m.weight_offload, g, 0.0)) * opt_params
+    opt_off_write = (offloaded_state + xp.where(m.weight_offload, e, 0.0)) * opt_params
+    opt_off_bytes = xp.maximum(opt_off_read, opt_off_write)
+    opt_off_s = opt_off_bytes / (offload_rate(c.offload_bytes_per_s) * xp.lookup(c.offload_curve, opt_off_bytes))
+    return xp.maximum(opt_hbm_s, opt_off_s)

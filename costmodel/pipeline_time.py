@@ -1,0 +1,98 @@
+"""The pipeline's time: 1F1B (interleaved over v chunks per stage, or ZB-H1) at the pace of
+the slowest stage, with the stage-boundary sends and the bubble.
+
+Written against the backend interface of costmodel.ops, so `m` may hold scalars (one
+mapping) or numpy arrays (many), as the other formulas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.block_terms import BlockTerms
+from costmodel.comm import collective_s
+from costmodel.context import Context
+from costmodel.pipeline import bubble_microbatches, stage_blocks
+from costmodel.system import Collective
+
+
+@dataclass(frozen=True)
+class Stages:
+    """The blocks of a first, a middle and a last stage (costmodel.pipeline.stage_blocks),
+    and the microbatches of one iteration on each."""
+
+    first: object
+    middle: object
+    last: object
+    microbatches: object
+
+    @property
+    def equal(self) -> bool:
+        """Equal stages come as one value: their formulas reduce to the shorter ones."""
+        return self.first is self.middle is self.last
+
+    @staticmethod
+    def of(c: Context, m, xp) -> "Stages":
+        """A mapping file's layout, else pp's rule."""
+        first, middle, last = stage_blocks(xp, c.blocks, m.pp, m.first_stage_blocks, m.last_stage_blocks)
+        return Stages(first, middle, last, m.batch / m.dp / m.microbatch)
+
+
+@dataclass(frozen=True)
+class PipelineTime:
+    """One iteration's pipeline on its slowest stage (s; each a scalar or an array)."""
+
+    pipeline_s: object
+    """every microbatch through the pacing stage, the bubble and the boundary sends"""
+    bubble_s: object
+    pp_comm_micro_s: object
+    """one microbatch's stage-boundary sends (forward and back, over v chunks)"""
+    pace_blocks: object
+    """the blocks of the stage that sets the pace"""
+    pace_head_fwd_s: object
+    """the output layer's forward on the pacing stage (0 when a stage without it paces)"""
+    pace_head_bwd_s: object
+
+
+def pipeline_time(c: Context, m, xp, blk: BlockTerms, stages: Stages, head_fwd_s) -> PipelineTime:
+    """1F1B, interleaved over v chunks per stage, at the slowest stage's pace.
+
+    Each stage's microbatch takes its own time: the first its blocks (the embedding lookup,
+    passes over b·s·h elements, is not timed: ~2 % of a block's forward for Llama 3.1 405B
+    at tp 8, while the first stage holds a block fewer than the middle ones or, when even,
+    no output layer), a middle stage its blocks, the last its blocks and the output layer
+    (`head_fwd_s` forward, twice that backward). The slowest sets the pace (the last on a
+    tie, and always with equal stages)."""
+    p, v = m.pp, m.interleaving
+    head_bwd_s = 2 * head_fwd_s
+    block_fwd_total = blk.block_fwd_s + blk.offload_fwd_s
+    block_bwd_total = blk.block_bwd_s + blk.recompute_s + blk.offload_bwd_s
+    if stages.equal:
+        pace_blocks, pace_head_fwd, pace_head_bwd = stages.last, head_fwd_s, head_bwd_s
+    else:
+        block_total = block_fwd_total + block_bwd_total
+        fullest = xp.maximum(stages.first, stages.middle)      # of the stages without the output layer
+        last_paces = stages.last * block_total + (head_fwd_s + head_bwd_s) >= fullest * block_total
+        pace_blocks = xp.where(last_paces, stages.last, fullest)
+        pace_head_fwd = xp.where(last_paces, head_fwd_s, 0.0)
+        pace_head_bwd = xp.where(last_paces, head_bwd_s, 0.0)
+    stage_fwd = pace_blocks * block_fwd_total + pace_head_fwd
+    stage_bwd = pace_blocks * block_bwd_total + pace_head_bwd
+    # Stage boundaries send the activation forward and its gradient back, split across the
+    # tp ranks (Megatron's scatter-gather of pipeline tensors); v chunks mean v boundaries.
+    p2p_s = collective_s(c, xp, Collective.p2p, p, blk.act_message_bytes / m.tp, m.pp_net)
+    pp_comm_micro = 2 * v * p2p_s
+    micro_s = stage_fwd + stage_bwd + pp_comm_micro
+    microbatches = stages.microbatches
+    bubble_micro = bubble_microbatches(xp, p, v, microbatches)
+    # ZB-H1 (Qi et al. 2024, §3.1 and Table 1): with backward split into B (activation
+    # gradients) and W (weight gradients), 1F1B's bubble (p-1)·(T_F + T_B + T_W) becomes
+    # (p-1)·(T_F + T_B - T_W): the deferred W passes fill the cool-down. W is a stage's
+    # weight-gradient GEMMs, as long as its forward GEMMs (each backward GEMM is one forward
+    # GEMM); on the non-interleaved schedule only (v = 1; with v > 1 it changes nothing).
+    # With uneven stages T_F, T_B and T_W are the slowest stage's.
+    zero_bubble = m.sched_zb_h1 & (v == 1)
+    weight_grad_s = pace_blocks * blk.weight_grad_gemm_s
+    bubble_s = xp.where(zero_bubble, (p - 1) * (micro_s - 2 * weight_grad_s), bubble_micro * micro_s)
+    pipeline_s = xp.where(zero_bubble, microbatches * micro_s + bubble_s, (microbatches + bubble_micro) * micro_s)
+    return PipelineTime(pipeline_s, bubble_s, pp_comm_micro, pace_blocks, pace_head_fwd, pace_head_bwd)

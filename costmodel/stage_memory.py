@@ -1,0 +1,99 @@
+"""The memory of a GPU in the first, the second and the last pipeline stage (one GPU when
+pp = 1), and what it keeps in offload memory.
+
+The first holds the embeddings and the most microbatches in flight, the last the output
+layer and the logits; the second, the fullest middle stage, can top the first when stages
+are uneven (p - 1 microbatches of m blocks against p of m - 1). MoE experts are sharded over
+the expert data-parallel group, the rest over dp·cp (costmodel.data_parallel.Sharding).
+
+Written against the backend interface of costmodel.ops, as the other formulas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.block_terms import BlockTerms
+from costmodel.context import Context
+from costmodel.data_parallel import Sharding, StageParams
+from costmodel.pipeline import stage_blocks_in_flight
+from costmodel.pipeline_time import Stages
+from costmodel.stage_state import RESIDENT_BLOCKS, StageState, blocks_state, offloaded_bytes
+
+# Megatron-LM's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py)
+# turns each GPU's b·s·V/tp logits into fp32 and keeps the fp32 softmax for backward, where
+# the gradient is formed in place and cast back to 16 bits for the output GEMM's backward:
+# 4 bytes per logit kept from forward to backward, and a 16-bit gradient (2 bytes) beside it.
+LOGIT_BYTES_KEPT = 4.0
+LOGIT_GRAD_BYTES = 2.0
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes per GPU (each a scalar or an array); of the first stage unless named."""
+
+    first_state: StageState
+    embedding_bytes: object
+    activations_bytes: object
+    output_layer_bytes: object
+    """the output layer and final norm with their gradients and optimizer state (last stage)"""
+    logits_bytes: object
+    """the fp32 logits kept for the loss, their 16-bit gradient and the output GEMM's input"""
+    last_stage_activations_bytes: object
+    second_stage_activations_bytes: object
+    first_stage_hbm_bytes: object
+    second_stage_hbm_bytes: object
+    last_stage_hbm_bytes: object
+    hbm_bytes: object
+    """the largest of the three stages' HBM use"""
+    activations_hbm_bytes: object
+    offload_bytes: object
+    """the largest of the three stages' offloaded state and activations"""
+
+
+def stage_memory(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Sharding, params: StageParams,
+                 dense_params, expert_params) -> StageMemory:
+    """What HBM holds on the first, the second and the last stage, and the offloaded bytes.
+    `dense_params` and `expert_params` are one block's on this GPU."""
+    t, b = m.tp, m.microbatch
+    e, act = c.elem_bytes, blk.activations
+    shards, expert_shards = sh.shards(xp), sh.expert_shards(xp)
+    state_per_param = e / shards[0] + c.grad_bytes_per_param / shards[1] + c.optimizer_bytes_per_param / shards[2]
+
+    def activations_in_hbm(blocks_alive, activations):
+        return xp.where(m.activations_offload, xp.minimum(RESIDENT_BLOCKS, blocks_alive) * act.stored, activations)
+
+    def stage_hbm(state, activations_hbm):
+        # on every stage: its blocks' state, one block's recompute workspace, the runtime
+        # reserve, its activations in flight
+        return state.weights_hbm + state.optimizer_hbm + act.workspace + c.runtime_reserve_bytes + activations_hbm
+
+    embedding = c.embedding_params / t * state_per_param
+    # The output layer (StageParams.output_matrix) and the final norm, replicated on every tp rank.
+    output_layer = (params.output_matrix / t + c.final_norm_params) * state_per_param
+    tokens = b * c.seq / m.cp
+    logits = (tokens * c.vocab / t * (LOGIT_BYTES_KEPT + LOGIT_GRAD_BYTES)
+              + e * tokens * c.hidden / xp.where(m.seq_par, t, 1.0))      # and the output GEMM's input
+    first, middle, last = stages.first, stages.middle, stages.last
+    first_state = blocks_state(c, m, xp, first, dense_params, expert_params, shards, expert_shards)
+    # (equal stages, and by the rule the first and the last, are one value: one state)
+    second_state, last_state = (first_state if blocks is first
+                                else blocks_state(c, m, xp, blocks, dense_params, expert_params, shards, expert_shards)
+                                for blocks in (middle, last))
+    first_alive, second_alive, last_alive = stage_blocks_in_flight(xp, first, middle, last, m.pp, m.interleaving,
+                                                                   stages.microbatches)
+    activations, second_activations, last_activations = (act.stored * first_alive, act.stored * second_alive,
+                                                          act.stored * last_alive)
+    activations_hbm = activations_in_hbm(first_alive, activations)
+    single_stage = m.pp == 1
+    first_hbm = stage_hbm(first_state, activations_hbm) + embedding + xp.where(single_stage, output_layer + logits, 0.0)
+    second_hbm = stage_hbm(second_state, activations_in_hbm(second_alive, second_activations))
+    last_hbm = (stage_hbm(last_state, activations_in_hbm(last_alive, last_activations)) + output_layer + logits
+                + xp.where(single_stage, embedding, 0.0))
+    hbm = xp.maximum(xp.maximum(first_hbm, last_hbm), second_hbm)
+    offload = offloaded_bytes(m, xp, first_state, activations)
+    if not stages.equal:                      # (equal, the first holds the most activations)
+        offload = xp.maximum(xp.maximum(offload, offloaded_bytes(m, xp, last_state, last_activations)),
+                             offloaded_bytes(m, xp, second_state, second_activations))
+    return StageMemory(first_state, embedding, activations, output_layer, logits, last_activations, second_activations,
+                       first_hbm, second_hbm, last_hbm, hbm, activations_hbm, offload)
