@@ -177,22 +177,28 @@ def test_the_cp_sat_path_alone_equals_the_sweep(case, monkeypatch):
     """With no warm start and every block floor 0 (still a lower bound), no question can end at
     the closing check: each runs CP-SAT under its capacity assumption. Same answer, same proof."""
     import solver.search.codesign as codesign_module
-    import solver.search.explain as explain_module
+    import solver.search.engine as engine_module
 
-    monkeypatch.setattr(codesign_module, "WARM_START_BLOCKS", 0)
-    monkeypatch.setattr(explain_module, "WARM_START_BLOCKS", 0)
+    monkeypatch.setattr(engine_module, "WARM_START_BLOCKS", 0)
     real_floors = codesign_module.block_lower_bounds
     monkeypatch.setattr(codesign_module, "block_lower_bounds",
                         lambda *a: {k: 0.0 for k in real_floors(*a)})
-    asked = []
-    real_best = explain_module.Explorer.best
-    monkeypatch.setattr(explain_module.Explorer, "best", lambda self, *a: asked.append(a) or real_best(self, *a))
+    rounds = []
+    real_search = engine_module.Engine.search
+
+    def search(self, question):
+        found = real_search(self, question)
+        rounds.append(found.rounds)
+        return found
+
+    monkeypatch.setattr(engine_module.Engine, "search", search)
     _, system, gpus, cap, values, minimize, cost, target = case
     grid = Grid.build(values, minimize, cost)
     kwargs = dict(max_batch=cap, datatype=Datatype.bfloat16, space=FULL)
     result = codesign(MODEL, system, gpus, grid, target, **kwargs)
+    asked = list(rounds)
     swept = sweep(MODEL, system, gpus, grid, **kwargs)
-    assert len(asked) == result.questions and result.certified_optimal
+    assert len(asked) == result.questions and all(r >= 1 for r in asked) and result.certified_optimal
     assert result.system == least_in_sweep(grid, swept, target)
     assert math.isclose(result.best.iteration_time_s, swept[grid.key(result.system)].iteration_time_s, rel_tol=1e-9)
     for verdict in result.proof:

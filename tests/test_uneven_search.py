@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import solver.search.solve as solve_module
+import solver.search.engine as engine_module
 from costmodel.kernels import Kernels
 from costmodel.load import load_system
 from costmodel.model import Model
@@ -89,8 +89,8 @@ FORCED = [c for c in CASES if c[0] in ("30-blocks-pp4-interleaved", "6-blocks-zb
 def test_the_cp_sat_path_alone_certifies_the_same_answer(case, monkeypatch):
     """No warm start and no proof from the block floors: CP-SAT's rounds over the
     surrogate (its uneven-stage and context-parallel bounds) must reach the same optimum."""
-    monkeypatch.setattr(solve_module, "WARM_START_BLOCKS", 0)
-    monkeypatch.setattr(solve_module, "floors_prove", lambda *args: False)
+    monkeypatch.setattr(engine_module, "WARM_START_BLOCKS", 0)
+    monkeypatch.setattr(engine_module, "floors_prove", lambda *args: False)
     _, model, system, gpus, max_batch, datatype, pins = case
     result, _ = _check(model, system, gpus, max_batch, datatype, pinned(get_space("full"), parse_pins(pins)))
     assert result.rounds > 0

@@ -300,5 +300,5 @@ def _merge_top(outcomes: list[_ChunkOutcome], k: int, datatype: Datatype, kernel
     return [Candidate(ordinal=int(ordinal[i]), mapping=rows.to_mapping(int(i), datatype, kernels),
                       iteration_time_s=float(time_s[i]), mfu=float(mfu[i]),
                       memory={f: float(memory[f][i]) for f in MEMORY_FIELDS},
-                      equivalents=equivalents(rows, members))
+                      equivalents=equivalents(rows.columns, members))
             for members in top_groups(time_s, ordinal, keys, k) for i in members[:1]]

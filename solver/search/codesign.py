@@ -43,10 +43,9 @@ import math
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from costmodel.errors import InputError, InternalError
-from costmodel.evaluate import Evaluation, evaluate, evaluate_arrays_in_context, evaluate_in_context
+from costmodel.evaluate import Evaluation, evaluate, evaluate_in_context
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
@@ -55,8 +54,9 @@ from solver.search.codesign_grid import (CAPACITY_KNOBS, ENUMERATED_KNOBS, KNOBS
                                          Grid, System_, Target, Verdict, as_json, check_values, reaches, system_at)
 from solver.search.cpsat.surrogate import MAX_LINEAR_UNITS, floor_families
 from solver.search.cpsat.tables import Tables, block_lower_bounds
-from solver.search.explain import Explorer, Key, ScoredBlock, rank_of
-from solver.search.solve import WARM_START_BLOCKS, WARM_START_MARGIN, SolverConfig, local_batches, solve
+from solver.search.engine import Question, local_batches
+from solver.search.explain import Explorer
+from solver.search.solve import SolverConfig, solve
 from solver.space.declaration import Space
 
 __all__ = ["KNOBS", "CodesignResult", "Grid", "Target", "Verdict", "codesign", "least_in_sweep", "reaches", "sweep",
@@ -106,7 +106,6 @@ class CapacityExplorer(Explorer):
     for the certified best mapping under smaller capacities (each an assumption)."""
 
     def __init__(self, *args, **kwargs):
-        self.footprint: dict[Key, tuple[np.ndarray, np.ndarray]] = {}   # HBM and offload bytes per row
         super().__init__(*args, **kwargs)
         self.tables = Tables(self.c, self.v, self.problem.num_gpus, self.plan.space.tp_overlap_codes,
                              len(self.c.net_size))
@@ -115,8 +114,9 @@ class CapacityExplorer(Explorer):
     def best_under(self, capacity: tuple[float, float]) -> tuple[Evaluation | None, bool]:
         """The certified best mapping within (HBM bytes, offload bytes). The surrogate's block
         floors are recomputed for these capacities (a block none of whose mappings fits gets
-        inf): they rank the warm start, and their minimum per split and per (tp, microbatch)
-        over the blocks not yet scored is a cut enforced by the capacity's literal."""
+        inf): they rank the warm start and prove the answer, and their minimum per split and
+        per (tp, microbatch) over the blocks not yet scored is a cut enforced by the
+        capacity's literal."""
         if capacity not in self.floors:
             hbm, offload = capacity
             c = dataclasses.replace(self.c, offload_capacity_bytes=offload)
@@ -125,25 +125,16 @@ class CapacityExplorer(Explorer):
             self.floors[capacity] = floors
             self._conditional_floor_cuts(self._assumption("capacity", capacity)[0], floors)
         floors = self.floors[capacity]
-        self.ranked = sorted((f, k) for k, f in floors.items() if math.isfinite(f))
-        # solve's warm start and its closing check: when no unscored block's floor can beat
-        # (or tie) the best scored mapping, that mapping is proven without a CP-SAT round
-        incumbent = self._incumbent("capacity", capacity)
-        warm = 0
-        for floor, key in self.ranked:
-            if warm >= WARM_START_BLOCKS or floor >= incumbent[0] * (1 + WARM_START_MARGIN):
-                break
-            if key not in self.scored:
-                self._score(key)
-                incumbent = min(incumbent, self._block_best(key, "capacity", capacity), key=rank_of)
-                warm += 1
-        unscored = min((f for k, f in floors.items() if k not in self.scored), default=math.inf)
-        if not (unscored > incumbent[0] or math.isinf(unscored)):
-            return self.best("capacity", capacity)
-        time_s, _, key, j = incumbent
-        if not math.isfinite(time_s):
-            return None, True
-        return evaluate_in_context(self.c, self._mapping(key, j)), True
+        found = self.search(Question(
+            rows=lambda block: (block.hbm_bytes <= capacity[0]) & (block.offload_bytes <= capacity[1]),
+            assumptions=tuple(self._assumption("capacity", capacity)),
+            ranked=sorted((f, k) for k, f in floors.items() if math.isfinite(f)),
+            time_limit_s=self.config.time_limit_s))
+        if found.interrupted:
+            raise KeyboardInterrupt
+        if not found.groups:
+            return None, found.certified
+        return evaluate_in_context(self.c, self.mapping(*found.groups[0][0])), found.certified
 
     def _conditional_floor_cuts(self, literal, floors: dict) -> None:
         """Bounds.add_floor_cuts for one capacity, each inequality enforced by its literal."""
@@ -158,28 +149,6 @@ class CapacityExplorer(Explorer):
                     units = math.floor(min(value / q.time_unit_s, MAX_LINEAR_UNITS)) - q.time_terms
                     weighted.append(max(0, units) * pair)
             m.Add(self.objective >= sum(weighted)).OnlyEnforceIf(literal)
-
-    def _score(self, key: Key) -> None:
-        rows, ordinals = self._block_rows(key)
-        ev = evaluate_arrays_in_context(self.c, rows)
-        # feasible at the largest capacities; the capacities asked later filter the footprints
-        keep = np.flatnonzero(ev.feasible)
-        self.scored[key] = ScoredBlock.of(rows, ordinals, ev.feasible, ev.iteration_time_s, keep)
-        self.footprint[key] = (ev.hbm_bytes[keep], ev.offload_bytes[keep])
-        self.v.exclude_block(key)
-
-    def _compatible(self, key, name, value) -> bool:
-        return True
-
-    def _block_best(self, key: Key, name, capacity) -> tuple:
-        time_s, ordinal = self.scored[key].time_s, self.scored[key].ordinal
-        hbm, offload = self.footprint[key]
-        ok = (hbm <= capacity[0]) & (offload <= capacity[1])
-        if not ok.any():
-            return (math.inf, -1, key, -1)
-        candidates = np.flatnonzero(ok)
-        j = candidates[np.lexsort((ordinal[candidates], time_s[candidates]))[0]]
-        return (float(time_s[j]), int(ordinal[j]), key, int(j))
 
     def _assumption(self, name, capacity) -> list:
         """capacity = (HBM bytes, offload bytes). HBM: the surrogate's lower bound of the

@@ -11,6 +11,8 @@ member, with the settings its members take (`equivalents`).
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 
 from costmodel.dimensions import BY_NAME, DIMENSIONS
@@ -54,11 +56,12 @@ def top_groups(time_s: np.ndarray, ordinal: np.ndarray, keys: np.ndarray, k: int
         width = min(n, 4 * width)
 
 
-def equivalents(rows: MappingArrays, members: np.ndarray) -> dict[str, list[str]]:
-    """The flags a group's members set differently, each with the values they take."""
+def equivalents(columns: Mapping[str, np.ndarray], members: np.ndarray) -> dict[str, list[str]]:
+    """The flags a group's members set differently, each with the values they take
+    (`columns`: each flag's codes, e.g. MappingArrays.columns)."""
     out = {}
     for dim in FLAGS:
-        codes = np.unique(rows.columns[dim.name][members].astype(np.int64))
+        codes = np.unique(columns[dim.name][members].astype(np.int64))
         if len(codes) > 1:
             out[dim.name] = [dim.label_of(int(code)) for code in codes]
     return out

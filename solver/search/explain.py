@@ -15,28 +15,21 @@ CP-SAT proves (under the assumption) that no unscored block's surrogate bound ca
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 from ortools.sat.python import cp_model
 
-from costmodel.context import Context
-from costmodel.dimensions import BY_NAME, DIMENSIONS, FLAGS, NETWORK_GROUPS
-from costmodel.encoding import MappingArrays
-from costmodel.evaluate import Evaluation, evaluate_arrays_in_context, evaluate_in_context
+from costmodel.dimensions import BY_NAME, DIMENSIONS, NETWORK_GROUPS
+from costmodel.evaluate import Evaluation, evaluate_in_context
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.search.cpsat.constraints import Problem, group_span_expressions
-from solver.search.cpsat.run import checked_solve
-from solver.search.cpsat.surrogate import add_bounds
-from solver.search.solve import (SEARCHED_FLAGS, WARM_START_BLOCKS, WARM_START_MARGIN, BlockCollector, SolverConfig,
-                                 binding_constraints, local_batches, structure_model)
+from solver.search.cpsat.constraints import group_span_expressions
+from solver.search.engine import Engine, Key, Question
+from solver.search.solve import SolverConfig, binding_constraints
 from solver.space.count import count_mappings
 from solver.space.declaration import Space
-from solver.space.enumerate import plan
 
 PINNED_WARM_START_BLOCKS = 4096
 """With a split dimension pinned, at most this many compatible blocks are scored before the
@@ -44,9 +37,6 @@ first CP-SAT round (each is a few thousand mappings)."""
 TIE_REL = 1e-9
 """Times within this relative distance of the winner's are ties (solve = brute tolerance)."""
 
-FLAG_NAMES = tuple(dim.name for dim in FLAGS)
-Key = tuple[int, int, int, int, int, int]
-"""A block: (tp, cp, ep, pp, interleaving, microbatch)."""
 
 
 @dataclass(frozen=True)
@@ -95,59 +85,15 @@ class Explanation:
                 "certified": self.certified, "blocks_scored": self.blocks_scored, "seconds": self.seconds}
 
 
-@dataclass(frozen=True)
-class ScoredBlock:
-    """A scored block's feasible mappings, as much as ranking needs: each flag's codes, the
-    exact time, the ordinal, and the row in the block (to rebuild the mapping)."""
-
-    flags: dict
-    time_s: np.ndarray
-    ordinal: np.ndarray
-    row: np.ndarray
-
-    @staticmethod
-    def of(rows: MappingArrays, ordinals: np.ndarray, feasible: np.ndarray, time_s: np.ndarray,
-           keep: np.ndarray | None = None) -> "ScoredBlock":
-        keep = np.flatnonzero(feasible) if keep is None else keep
-        return ScoredBlock({name: rows.columns[name][keep] for name in FLAG_NAMES}, time_s[keep], ordinals[keep],
-                           keep.astype(np.int32))
-
-
-class Explorer:
+class Explorer(Engine):
     """One CP-SAT model of a space, asked for the best mapping under a pinned value at a time."""
 
     def __init__(self, model: Model, system: System, num_gpus: int, max_batch: int, datatype: Datatype,
                  space: Space, kernels: Kernels, config: SolverConfig):
-        self.config, self.datatype, self.kernels = config, datatype, kernels
-        self.c = Context.build(model, system, datatype, kernels)
-        self.plan = plan(model, system, num_gpus, max_batch, space, chunk_rows=1 << 62)
-        self.problem = Problem(model, system, num_gpus, max_batch, space)
-        self.m, self.v = structure_model(self.problem, self.plan.skeletons, flags=SEARCHED_FLAGS)
-        bounds = add_bounds(self.m, self.v, self.c, num_gpus, local_batches(self.problem, self.v),
-                            space.tp_overlap_codes, self.c.hbm_capacity_bytes, skeletons=self.plan.skeletons)
-        self.bounds, self.objective = bounds, bounds.objective()
-        self.m.Minimize(self.objective)
-        self.index = {s.split: i for i, s in enumerate(self.plan.skeletons)}
-        self.scored: dict[Key, ScoredBlock] = {}
+        super().__init__(model, system, num_gpus, max_batch, datatype, space, kernels, workers=config.workers,
+                         seed=config.seed)
+        self.config = config
         self.literals: dict[tuple[str, int], cp_model.IntVar] = {}   # one assumption literal per pin
-        self.ranked = sorted((floor, key) for key, floor in bounds.block_floors.items() if math.isfinite(floor))
-        self._floor_cuts_added = False
-
-    # ---- scoring blocks, once each ----
-    def _block_rows(self, key: Key) -> tuple[MappingArrays, np.ndarray]:
-        return self.plan.block(self.index[key[:4]], *key[4:])
-
-    def _score(self, key: Key) -> None:
-        rows, ordinals = self._block_rows(key)
-        ev = evaluate_arrays_in_context(self.c, rows)
-        self.scored[key] = ScoredBlock.of(rows, ordinals, ev.feasible, ev.iteration_time_s)
-        self.v.exclude_block(key)
-
-    def _mapping(self, key: Key, j: int):
-        """The j-th kept mapping of a scored block, rebuilt from the plan (blocks keep only
-        what ranking needs: on a billion-mapping space whole rows would not fit in memory)."""
-        rows, _ = self._block_rows(key)
-        return rows.to_mapping(int(self.scored[key].row[j]), self.datatype, self.kernels)
 
     def _compatible(self, key: Key, name: str | None, value: int | None) -> bool:
         """Whether a block can hold mappings with the pinned value (skeleton pins only decide)."""
@@ -158,32 +104,6 @@ class Explorer:
         own = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "interleaving": il, "microbatch": mb, "dp": dp,
                "batch": self.plan.skeletons[self.index[(tp, cp, ep, pp)]].batch}
         return own[name] == value
-
-    def _floors_prove(self, target_s: float, name: str | None, value: int | None) -> bool:
-        """True when every unscored block that could hold the pinned value has a surrogate
-        floor above `target_s` (blocks with no feasible mapping have none): nothing left
-        can beat or tie the best scored one, with no CP-SAT round needed."""
-        return all(floor > target_s for floor, key in self.ranked
-                   if key not in self.scored and self._compatible(key, name, value))
-
-    def _block_best(self, key: Key, name: str | None, value: int | None) -> tuple[float, int, Key, int]:
-        """(time, ordinal, block, row) of the best scored mapping of one block with the pinned
-        value ((inf, ...) when it has none)."""
-        block = self.scored[key]
-        time_s, ordinal = block.time_s, block.ordinal
-        ok = np.ones(len(time_s), dtype=bool)
-        if name is not None and BY_NAME[name].is_flag:
-            ok &= block.flags[name] == value
-        if not self._compatible(key, name, value) or not ok.any():
-            return (math.inf, -1, key, -1)
-        candidates = np.flatnonzero(ok)
-        j = candidates[np.lexsort((ordinal[candidates], time_s[candidates]))[0]]
-        return (float(time_s[j]), int(ordinal[j]), key, int(j))
-
-    def _incumbent(self, name: str | None, value: int | None) -> tuple[float, int, Key, int]:
-        """The best scored mapping with the pinned value, over every scored block."""
-        return min((self._block_best(key, name, value) for key in self.scored), key=rank_of,
-                   default=(math.inf, -1, None, -1))
 
     def _assumption(self, name: str | None, value: int | None) -> list:
         """The literal CP-SAT must take for the pin. A flag CP-SAT does not decide gets one
@@ -227,71 +147,21 @@ class Explorer:
     # ---- one question ----
     def best(self, name: str | None = None, value: int | None = None) -> tuple[Evaluation | None, bool]:
         """The certified best mapping with dimension `name` fixed to `value` (None: no pin),
-        and whether it is proven (or its absence proven)."""
-        started = time.perf_counter()
-        incumbent = self._incumbent(name, value)
-
-        def score(key: Key) -> None:
-            nonlocal incumbent
-            self._score(key)
-            incumbent = min(incumbent, self._block_best(key, name, value), key=rank_of)
-
-        # warm start: the compatible unscored blocks the surrogate ranks best; a pinned split
-        # dimension leaves few compatible blocks, so scoring them beats CP-SAT rounds
-        warm = 0
+        and whether it is proven (or its absence proven). A pinned split dimension leaves few
+        compatible blocks, so the warm start scores more of them before CP-SAT rounds."""
+        flag_pin = name is not None and BY_NAME[name].is_flag
         split_pin = name in BY_NAME and not BY_NAME[name].is_flag
-        warm_cap = PINNED_WARM_START_BLOCKS if split_pin else WARM_START_BLOCKS
-        for floor, key in self.ranked:
-            if warm >= warm_cap or floor >= incumbent[0] * (1 + WARM_START_MARGIN):
-                break
-            if key in self.scored or not self._compatible(key, name, value):
-                continue
-            score(key)
-            warm += 1
-        if not self._floor_cuts_added:
-            self.bounds.add_floor_cuts(self.m, self.v, exclude=list(self.scored))
-            self._floor_cuts_added = True
-        certified = False
-        q = self.bounds.quantization
-        while True:
-            if self._floors_prove(incumbent[0], name, value):
-                certified = True      # solve's closing check: no unscored block's floor reaches it
-                break
-            remaining = self.config.time_limit_s - (time.perf_counter() - started)
-            if remaining <= 0:
-                break
-            target = incumbent[0]
-            assumptions = self._assumption(name, value)
-            if math.isfinite(target):
-                beat = self.m.NewBoolVar("beat_target")
-                self.m.Add(self.objective <= math.floor(target / q.time_unit_s) + q.time_terms).OnlyEnforceIf(beat)
-                assumptions.append(beat)
-            self.m.ClearAssumptions()
-            self.m.AddAssumptions(assumptions)
-            solver = cp_model.CpSolver()
-            solver.parameters.max_time_in_seconds = remaining
-            solver.parameters.num_workers = self.config.workers
-            solver.parameters.random_seed = self.config.seed
-            collector = BlockCollector(self.v)
-            status = checked_solve(self.m, solver, collector)
-            if status == cp_model.INFEASIBLE:
-                certified = True
-                break
-            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                break
-            for tp, cp, ep, pp, _, mb in collector.blocks:
-                for il in self.plan.skeletons[self.index[(tp, cp, ep, pp)]].interleavings:
-                    key = (tp, cp, ep, pp, il, mb)
-                    if key not in self.scored and self._compatible(key, name, value):
-                        score(key)
-            if status == cp_model.OPTIMAL and self.bounds.seconds(solver.BestObjectiveBound()) >= incumbent[0]:
-                certified = True
-                break
-        self.m.ClearAssumptions()
-        time_s, _, key, j = incumbent
-        if not math.isfinite(time_s):
-            return None, certified
-        return evaluate_in_context(self.c, self._mapping(key, j)), certified
+        found = self.search(Question(
+            blocks=lambda key: self._compatible(key, name, value),
+            rows=(lambda block: block.flags[name] == value) if flag_pin else None,
+            assumptions=tuple(self._assumption(name, value)),
+            warm_start_blocks=PINNED_WARM_START_BLOCKS if split_pin else None,
+            time_limit_s=self.config.time_limit_s))
+        if found.interrupted:
+            raise KeyboardInterrupt
+        if not found.groups:
+            return None, found.certified
+        return evaluate_in_context(self.c, self.mapping(*found.groups[0][0])), found.certified
 
 
 def explain(model: Model, system: System, num_gpus: int, *, max_batch: int, datatype: Datatype, space: Space,
@@ -333,11 +203,6 @@ def explain(model: Model, system: System, num_gpus: int, *, max_batch: int, data
         winner_binding=binding_constraints(explorer.problem, winner) if winner else [],
         runner_up_binding=binding_constraints(explorer.problem, runner_up.best) if runner_up else [],
         seconds=time.perf_counter() - started, blocks_scored=len(explorer.scored))
-
-
-def rank_of(best: tuple) -> tuple[float, int]:
-    """Order of candidate bests: time, then enumeration order (brute force's tie-break)."""
-    return best[0], best[1]
 
 
 def _value_of(name: str, label: str) -> int:

@@ -1,0 +1,381 @@
+"""The one certified search: a CP-SAT model of a space over a sound surrogate, refined by the
+exact model, asked one question or many.
+
+    data        the space's skeletons, the exact model's tables (solver.search.cpsat.surrogate)
+    variables   the split, batch, interleaving, microbatch and the flags CP-SAT decides
+    constraints the named constraints (solver.search.cpsat.constraints) + the HBM relaxation
+    objective   a piecewise-linear lower bound of the exact iteration time
+    a question  which blocks and which of their mappings qualify (a pinned value, a capacity),
+                the literals CP-SAT must take for it, how many distinct bests it wants
+    the loop    warm start: score the qualifying blocks the surrogate ranks best → solve
+                (under the question's assumptions and "beat the K-th best") → score the
+                blocks CP-SAT found exactly with the vectorized model, and their other
+                interleavings → repeat until CP-SAT proves nothing left can beat the K-th
+                best (certified), the block floors prove it without a round, or time runs out.
+
+Every block the exact model scores is cut from the model once and kept (each mapping's
+flags, exact time, HBM and offload bytes), so later questions start from what earlier ones
+scored: `solve` asks one question, `explain` one per (dimension, value), `codesign` one per
+candidate capacity.
+
+Because the surrogate never over-estimates an exact time and its constraints never exclude
+a feasible mapping, the end of the loop certifies the exact model's optimum — the same
+answer as scoring every mapping (solver.search.brute), ties broken the same way (time, then
+enumeration order), distinct answers grouped the same way (solver.search.distinct).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from costmodel.context import Context
+from costmodel.dimensions import FLAGS
+from costmodel.encoding import MappingArrays
+from costmodel.evaluate import evaluate_arrays_in_context
+from costmodel.kernels import Kernels
+from costmodel.model import Model
+from costmodel.system import Datatype, System
+from solver.search.cpsat.constraints import STRUCTURE, Problem
+from solver.search.cpsat.run import checked_solve, new_solver
+from solver.search.cpsat.surrogate import add_bounds
+from solver.search.cpsat.variables import Variables
+from solver.search.distinct import ROUNDING_BITS, SKELETON, top_groups
+from solver.space.declaration import Space
+from solver.space.enumerate import plan
+
+WARM_START_BLOCKS = 1024
+"""At most this many blocks are scored before the first CP-SAT round, best surrogate bound
+first (one block takes ~10 ms to score, a CP-SAT round on a large space seconds)."""
+WARM_START_MARGIN = 0.005
+"""The warm start goes on past the K-th best by this fraction: CP-SAT's tangent-line
+objective sits up to ~0.2 % below the tables the ranking uses, so blocks just above the
+line would otherwise come back as CP-SAT candidates one round at a time."""
+SEARCHED_FLAGS = ("recompute", "tp_comm", "zero", "seq_par_ag_redo", "weight_offload",
+                  "activations_offload", "optimizer_offload")
+"""Flags CP-SAT decides. The others (TP overlap, DP overlap, the network of each dimension)
+change only time, never memory: the surrogate takes their best case, and the exact scoring
+of a block tries every value."""
+FLAG_NAMES = tuple(dim.name for dim in FLAGS)
+
+Key = tuple[int, int, int, int, int, int]
+"""A block: (tp, cp, ep, pp, interleaving, microbatch)."""
+
+
+class OutOfTime(Exception):
+    """The time limit ran out before the CP-SAT model was built: nothing was scored."""
+
+
+@dataclass(frozen=True)
+class ScoredBlock:
+    """A scored block's feasible mappings, as much as ranking needs: each flag's codes, the
+    exact time, HBM and offload bytes, the ordinal, and the row in the block (to rebuild the
+    mapping from the plan: on a billion-mapping space whole rows would not fit in memory)."""
+
+    flags: dict
+    time_s: np.ndarray
+    hbm_bytes: np.ndarray
+    offload_bytes: np.ndarray
+    ordinal: np.ndarray
+    row: np.ndarray
+
+
+@dataclass(frozen=True)
+class Question:
+    """What one certified search asks."""
+
+    blocks: Callable[[Key], bool] = lambda key: True
+    """which blocks can hold a qualifying mapping (a pinned split value decides it)"""
+    rows: Callable[[ScoredBlock], np.ndarray] | None = None
+    """which of a scored block's mappings qualify (a pinned flag, a capacity); None: all"""
+    assumptions: tuple = ()
+    """literals CP-SAT must take for this question only"""
+    ranked: list | None = None
+    """(floor, block) of every block with a finite surrogate floor, ascending; None: the
+    engine's own (a question with smaller capacities has higher floors)"""
+    top_k: int = 1
+    warm_start_blocks: int | None = None
+    """at most this many blocks scored before the first CP-SAT round (None: WARM_START_BLOCKS)"""
+    time_limit_s: float = math.inf
+
+
+@dataclass(frozen=True)
+class Found:
+    """A question's answer: its best distinct groups, each a list of (block, row j) with the
+    first-enumerated member first, and how the search ended."""
+
+    groups: list
+    times_s: list
+    certified: bool
+    interrupted: bool
+    rounds: int
+    cpsat_status: str | None
+    bound_s: float | None
+    """a proven lower bound on the best time (= the best time when certified)"""
+
+
+class _Top:
+    """The K best groups of equivalent qualifying mappings, by (time, smallest ordinal)."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.time_s = np.zeros(0)
+        self.ordinal = np.zeros(0, dtype=np.int64)
+        self.keys = np.zeros((0, len(SKELETON) + 3), dtype=np.int64)
+        self.block = np.zeros(0, dtype=np.int64)      # index into self.blocks
+        self.row = np.zeros(0, dtype=np.int64)        # the mapping's j in its scored block
+        self.blocks: list[Key] = []
+        self.groups: list[np.ndarray] = []
+
+    @property
+    def target_s(self) -> float:
+        """The time a new mapping must beat (or tie) to enter the top K groups."""
+        return float(self.time_s[self.groups[-1][0]]) if len(self.groups) == self.k else math.inf
+
+    def offer(self, key: Key, skeleton_values: tuple, block: ScoredBlock, mask: np.ndarray | None) -> None:
+        ok = block.time_s <= self.target_s       # a slower mapping cannot enter a full top K
+        if mask is not None:
+            ok &= mask
+        js = np.flatnonzero(ok)
+        if not len(js):
+            return
+        exact = [np.ascontiguousarray(x[js], dtype=np.float64).view(np.int64) >> ROUNDING_BITS
+                 for x in (block.time_s, block.hbm_bytes, block.offload_bytes)]
+        keys = np.column_stack([np.full(len(js), value, dtype=np.int64) for value in skeleton_values] + exact)
+        self.blocks.append(key)
+        time_all = np.concatenate([self.time_s, block.time_s[js]])
+        ord_all = np.concatenate([self.ordinal, block.ordinal[js]])
+        keys_all = np.concatenate([self.keys, keys])
+        block_all = np.concatenate([self.block, np.full(len(js), len(self.blocks) - 1, dtype=np.int64)])
+        row_all = np.concatenate([self.row, js])
+        groups = top_groups(time_all, ord_all, keys_all, self.k)
+        keep = np.concatenate(groups)
+        self.time_s, self.ordinal, self.keys = time_all[keep], ord_all[keep], keys_all[keep]
+        self.block, self.row = block_all[keep], row_all[keep]
+        sizes = np.cumsum([0] + [len(g) for g in groups])
+        self.groups = [np.arange(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
+
+    def members(self) -> list[list[tuple[Key, int]]]:
+        """Each group as (block, row j) pairs, its first-enumerated member first."""
+        return [[(self.blocks[self.block[i]], int(self.row[i])) for i in g] for g in self.groups]
+
+
+class BlockCollector(cp_model.CpSolverSolutionCallback):
+    """Records the (tp, cp, ep, pp, interleaving, microbatch) block of every solution CP-SAT finds."""
+
+    def __init__(self, variables: Variables):
+        super().__init__()
+        self.variables = variables
+        self.blocks: list[Key] = []
+
+    def on_solution_callback(self) -> None:
+        key, _ = self.variables.decode(self)
+        if key not in self.blocks:
+            self.blocks.append(key)
+
+
+def structure_model(problem: Problem, skels, flags=None) -> tuple[cp_model.CpModel, Variables]:
+    m = cp_model.CpModel()
+    v = Variables(m, problem.space, list(skels), problem.num_gpus, len(problem.system.networks), flags=flags)
+    for constraint in STRUCTURE:
+        constraint.add(m, v, problem)
+    return m, v
+
+
+def local_batches(problem: Problem, v: Variables) -> dict:
+    """batch/dp of every (tp, cp, ep, pp) split the variables allow (1 where no batch exists)."""
+    out = {}
+    for (t, c, e, p) in v.split:
+        dp = problem.num_gpus // (t * c * p)
+        batch = problem.space.batch_for(dp, problem.max_batch)
+        out[(t, c, e, p)] = max(1, (batch or 1) // dp)
+    return out
+
+
+class Engine:
+    """One CP-SAT model of a space with its surrogate bounds, and every block scored so far.
+
+    `one_question`: the model serves a single search (solve), so its "beat the K-th best"
+    bound is added for good each round instead of as an assumption."""
+
+    def __init__(self, model: Model, system: System, num_gpus: int, max_batch: int, datatype: Datatype,
+                 space: Space, kernels: Kernels, *, workers: int = 1, seed: int = 0, one_question: bool = False,
+                 deadline: float = math.inf, say: Callable[[str], None] | None = None):
+        say = say or (lambda phase: None)
+        self.say = say
+        self.datatype, self.kernels, self.workers, self.seed = datatype, kernels, workers, seed
+        self.one_question = one_question
+        say("building the exact model's tables and the space")
+        self.c = Context.build(model, system, datatype, kernels)
+        _check(deadline)
+        self.plan = plan(model, system, num_gpus, max_batch, space, chunk_rows=1 << 62)
+        self.problem = Problem(model, system, num_gpus, max_batch, space)
+        self.index = {s.split: i for i, s in enumerate(self.plan.skeletons)}
+        self.scored: dict[Key, ScoredBlock] = {}
+        if not self.plan.skeletons:
+            return
+        _check(deadline)
+        say(f"building the CP-SAT model ({len(self.plan.skeletons)} (tp, cp, ep, pp) splits)")
+        self.m, self.v = structure_model(self.problem, self.plan.skeletons, flags=SEARCHED_FLAGS)
+        _check(deadline)
+        self.bounds = add_bounds(self.m, self.v, self.c, num_gpus, local_batches(self.problem, self.v),
+                                 space.tp_overlap_codes, self.c.hbm_capacity_bytes, skeletons=self.plan.skeletons)
+        self.objective = self.bounds.objective()
+        self.m.Minimize(self.objective)
+        self.ranked = sorted((floor, key) for key, floor in self.bounds.block_floors.items() if math.isfinite(floor))
+        self._floor_cuts_added = False
+
+    # ---- blocks, scored once each ----
+    def block_rows(self, key: Key) -> tuple[MappingArrays, np.ndarray]:
+        return self.plan.block(self.index[key[:4]], *key[4:])
+
+    def skeleton_values(self, key: Key) -> tuple:
+        """The block's value of each skeleton dimension, in solver.search.distinct.SKELETON order."""
+        sk = self.plan.skeletons[self.index[key[:4]]]
+        own = {"interleaving": key[4], "microbatch": key[5]}
+        return tuple(own[name] if name in own else getattr(sk, name) for name in SKELETON)
+
+    def score(self, key: Key) -> ScoredBlock:
+        """Score every mapping of one block exactly, keep its feasible ones, and cut the block
+        from the CP-SAT model."""
+        rows, ordinals = self.block_rows(key)
+        ev = evaluate_arrays_in_context(self.c, rows)
+        keep = np.flatnonzero(ev.feasible)
+        block = ScoredBlock({name: rows.columns[name][keep] for name in FLAG_NAMES}, ev.iteration_time_s[keep],
+                            ev.hbm_bytes[keep], ev.offload_bytes[keep], ordinals[keep], keep.astype(np.int32))
+        self.scored[key] = block
+        self.v.exclude_block(key)
+        return block
+
+    def mapping(self, key: Key, j: int):
+        """The j-th kept mapping of a scored block, rebuilt from the plan."""
+        rows, _ = self.block_rows(key)
+        return rows.to_mapping(int(self.scored[key].row[j]), self.datatype, self.kernels)
+
+    def mappings_scored(self) -> int:
+        return sum(len(self.plan.flag_tables[self.index[key[:4]]]) for key in self.scored)
+
+    # ---- one question ----
+    def search(self, q: Question) -> Found:
+        """The question's certified best K distinct groups (see the module docstring)."""
+        started = time.perf_counter()
+        deadline = started + q.time_limit_s
+        ranked = self.ranked if q.ranked is None else q.ranked
+        top = _Top(q.top_k)
+
+        def offer(key: Key) -> None:
+            block = self.scored[key]
+            top.offer(key, self.skeleton_values(key), block, None if q.rows is None else q.rows(block))
+
+        def score(key: Key) -> None:
+            self.score(key)
+            offer(key)
+
+        for key in self.scored:
+            if q.blocks(key):
+                offer(key)
+        rounds, certified, bound_units, cpsat_status, interrupted = 0, False, None, None, False
+        try:
+            # warm start: the qualifying unscored blocks the surrogate ranks best, scored
+            # until the next one's bound cannot beat the K-th best
+            warm, warm_cap = 0, WARM_START_BLOCKS if q.warm_start_blocks is None else q.warm_start_blocks
+            self.say("warm start: scoring the blocks the surrogate ranks best")
+            for floor, key in ranked:
+                if warm >= warm_cap or floor >= top.target_s * (1 + WARM_START_MARGIN) \
+                        or time.perf_counter() >= deadline:
+                    break
+                if key in self.scored or not q.blocks(key):
+                    continue
+                score(key)
+                warm += 1
+            if not self._floor_cuts_added:
+                self.bounds.add_floor_cuts(self.m, self.v, exclude=list(self.scored))
+                self._floor_cuts_added = True
+            q_units = self.bounds.quantization
+            while True:
+                if floors_prove(ranked, lambda key: key not in self.scored and q.blocks(key), top.target_s):
+                    certified = True      # no unscored block's floor reaches the K-th best
+                    break
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                target = top.target_s
+                assumptions = list(q.assumptions)
+                if math.isfinite(target):
+                    if self.one_question:
+                        self.bounds.add_cutoff(self.m, target)
+                    else:
+                        beat = self.m.NewBoolVar("beat_target")
+                        self.m.Add(self.objective <= math.floor(target / q_units.time_unit_s) + q_units.time_terms
+                                   ).OnlyEnforceIf(beat)
+                        assumptions.append(beat)
+                self.m.ClearAssumptions()
+                self.m.AddAssumptions(assumptions)
+                solver = new_solver(remaining, self.workers, self.seed)
+                collector = BlockCollector(self.v)
+                self.say(f"CP-SAT round {rounds + 1} ({len(self.scored)} blocks scored)")
+                status = checked_solve(self.m, solver, collector)
+                rounds += 1
+                cpsat_status = solver.StatusName(status)
+                if status == cp_model.INFEASIBLE:
+                    certified = True      # no unscored qualifying mapping's bound beats the K-th best
+                    break
+                if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                    break                 # UNKNOWN: the time ran out inside the round
+                bound_units = solver.BestObjectiveBound()
+                # Score each candidate's block, and the same split and microbatch at every other
+                # interleaving: neighbours that are often nearly as fast, cheap to score together.
+                for tp, cp, ep, pp, _, mb in collector.blocks:
+                    for il in self.plan.skeletons[self.index[(tp, cp, ep, pp)]].interleavings:
+                        key = (tp, cp, ep, pp, il, mb)
+                        if key not in self.scored and q.blocks(key):
+                            score(key)
+                if status == cp_model.OPTIMAL and self.bounds.seconds(bound_units) >= top.target_s:
+                    certified = True
+                    break
+        except KeyboardInterrupt:     # Ctrl-C: the best found so far, not certified
+            interrupted = True
+        finally:
+            self.m.ClearAssumptions()
+        # Every block left unscored has a surrogate floor; when none can reach the K-th best
+        # (or none is left), the top K is proven whether or not CP-SAT finished a round.
+        unscored = min((f for f, key in ranked if key not in self.scored and q.blocks(key)), default=math.inf)
+        certified = not interrupted and (certified or math.isinf(unscored) or unscored > top.target_s)
+        times = [float(top.time_s[g[0]]) for g in top.groups]
+        if certified:
+            bound_s = times[0] if times else None
+        elif times:
+            # Sound either way: CP-SAT's proven bound on what was left in its last round, and
+            # the smallest surrogate floor of any block not yet scored.
+            cpsat_bound = self.bounds.seconds(bound_units) if bound_units is not None else 0.0
+            bound_s = min(max(cpsat_bound, min(unscored, times[0])), times[0])
+        else:
+            bound_s = None
+        return Found(top.members(), times, certified, interrupted, rounds, cpsat_status, bound_s)
+
+    def group_flags(self, group: list) -> dict:
+        """A group's members' flag codes, column by column (they share one block)."""
+        key = group[0][0]
+        js = np.asarray([j for _, j in group], dtype=np.int64)
+        return {name: codes[js] for name, codes in self.scored[key].flags.items()}
+
+
+def floors_prove(ranked: list, left: Callable[[Key], bool], target_s: float) -> bool:
+    """True when every block still `left` (unscored and qualifying) has a surrogate floor
+    above `target_s` (blocks with no feasible mapping have none): nothing left can beat or
+    tie it, with no CP-SAT round needed. `ranked`: (floor, block) of the finite floors."""
+    return all(floor > target_s for floor, key in ranked if left(key))
+
+
+def _check(deadline: float) -> None:
+    if time.perf_counter() >= deadline:
+        raise OutOfTime
+
+
+__all__ = ["BlockCollector", "Engine", "Found", "Key", "OutOfTime", "Question", "SEARCHED_FLAGS", "ScoredBlock",
+           "WARM_START_BLOCKS", "WARM_START_MARGIN", "floors_prove", "local_batches", "structure_model"]
