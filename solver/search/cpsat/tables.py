@@ -93,18 +93,29 @@ class Tables:
         def arr(values):
             return np.broadcast_to(values, (len(ns.tp),)).reshape(shape)
 
+        # The TP, CP and EP networks a group fits (evaluate.network_checks; a group of one fits
+        # any): a mapping putting a group on a network too small for it is infeasible, so the
+        # minimum over the networks only needs to run over those that fit.
+        size = np.asarray(c.net_size)
+        fits = arr(((ns.tp == 1) | (ns.tp <= size[ns.tp_net])) & ((ns.cp == 1) | (ns.tp * ns.cp <= size[ns.cp_net]))
+                   & ((ns.ep == 1) | (ns.tp * ns.ep <= size[ns.ep_net])))
+
+        def min_over_fitting_networks(values):
+            return _min_where(arr(values), fits, axis=(-3, -2, -1))
+
         # one block, one microbatch, forward + backward + recompute + exposed TP and offload:
-        # exact for every flag combination the block reads, minimised over the TP, CP and EP networks
-        block = arr(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
-                    + blk.offload_bwd_s).min(axis=(-3, -2, -1))
+        # exact for every flag combination the block reads, minimised over the TP, CP and EP
+        # networks that fit
+        block = min_over_fitting_networks(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
+                                          + blk.offload_bwd_s)
         # TP overlap only changes time: the best overlap the space offers bounds every one
         block = block[:, :, list(tp_overlaps)].min(axis=2)
         rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
         self.block = {(comm, redo, rcs[rc], w, a): self._by_tm(block[:, comm, redo, rc, w, a])
                       for comm in range(3) for redo in (0, 1) for rc in range(3) for w in (0, 1) for a in (0, 1)}
         # the same block in a ZB-H1 bubble: less twice its weight-gradient GEMMs (costmodel.iteration)
-        block_zb = arr(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s + blk.offload_bwd_s
-                       - 2 * blk.weight_grad_gemm_s).min(axis=(-3, -2, -1))
+        block_zb = min_over_fitting_networks(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
+                                             + blk.offload_bwd_s - 2 * blk.weight_grad_gemm_s)
         block_zb = block_zb[:, :, list(tp_overlaps)].min(axis=2)
         self.block_zb = {(comm, redo, rcs[rc], w, a): self._by_tm(block_zb[:, comm, redo, rc, w, a])
                          for comm in range(3) for redo in (0, 1) for rc in range(3) for w in (0, 1) for a in (0, 1)}
@@ -142,9 +153,12 @@ class Tables:
             return np.broadcast_to(values, (len(t_),)).reshape(shape)
 
         # Exposed + stolen DP time is at least usage × the reduction time (overlap hides at
-        # most all of it, stealing `usage` of the compute meanwhile), and all of it unoverlapped.
+        # most all of it, stealing `usage` of the compute meanwhile), and all of it unoverlapped;
+        # over the networks the gradient group's carrier fits: dp's spans every GPU, cp's
+        # (carrying it when dp = 1) tp·cp.
         usage = np.minimum(1.0, np.asarray(c.net_usage)[ns.dp_net])
-        self.dp_comm = self._by_tp(arr2(terms.dp_comm_s * usage).min(axis=(1, 2, 3, 4)))
+        grad_fits = arr2(((dp == 1) | (num_gpus <= size[ns.dp_net])) & ((c_ == 1) | (t_ * c_ <= size[ns.dp_net])))
+        self.dp_comm = self._by_tp(_min_where(arr2(terms.dp_comm_s * usage), grad_fits, axis=(1, 2, 3, 4)))
         # keyed by the sharding stage (code z) and the offload switches they read
         optimizer = arr2(terms.optimizer_s)
         self.optimizer = {z: self._by_tp(optimizer[:, z].min(axis=(1, 2, 3))) for z in stages}
@@ -164,6 +178,13 @@ class Tables:
 
     def _by_tp(self, values: np.ndarray) -> dict:
         return {k: float(x) for k, x in zip(self.tp_keys, values)}
+
+
+def _min_where(values: np.ndarray, where: np.ndarray, axis) -> np.ndarray:
+    """The minimum over `axis` of the values `where` allows; where it allows none (no mapping
+    there is feasible, and the constraints exclude it), the plain minimum, a lower bound still."""
+    masked = np.where(where, values, np.inf).min(axis=axis)
+    return np.where(np.isfinite(masked), masked, values.min(axis=axis))
 
 
 def offers_zero_bubble(space: Space, num_networks: int) -> bool:
