@@ -15,12 +15,13 @@ CP-SAT proves (under the assumption) that no unscored block's surrogate bound ca
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from costmodel.dimensions import BY_NAME, DIMENSIONS, NETWORK_GROUPS
+from costmodel.dimensions import BY_NAME, DIMENSIONS, GROUP_SPAN, NETWORK_GROUPS
 from costmodel.evaluate import Evaluation, evaluate_in_context
 from costmodel.kernels import Kernels
 from costmodel.model import Model
@@ -94,16 +95,33 @@ class Explorer(Engine):
                          seed=config.seed)
         self.config = config
         self.literals: dict[tuple[str, int], cp_model.IntVar] = {}   # one assumption literal per pin
+        self._offers: dict[tuple, bool] = {}     # (split, flag, code) -> whether the split can take it
 
     def _compatible(self, key: Key, name: str | None, value: int | None) -> bool:
-        """Whether a block can hold mappings with the pinned value (skeleton pins only decide)."""
-        if name is None or BY_NAME[name].is_flag:
+        """Whether a block can hold a feasible mapping with the pinned value: a split value
+        must be the block's own; a flag value must be in the split's flag table (the
+        space's rules), and a network must hold the group it carries (evaluate's network
+        check), or no mapping of the block takes it feasibly."""
+        if name is None:
             return True
-        tp, cp, ep, pp, il, mb = key
-        dp = self.problem.num_gpus // (tp * cp * pp)
-        own = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "interleaving": il, "microbatch": mb, "dp": dp,
-               "batch": self.plan.skeletons[self.index[(tp, cp, ep, pp)]].batch}
-        return own[name] == value
+        skeleton = self.plan.skeletons[self.index[key[:4]]]
+        if BY_NAME[name].is_flag:
+            return self._flag_offers(key[:4], name, value)
+        own = {"interleaving": key[4], "microbatch": key[5]}
+        return (own[name] if name in own else getattr(skeleton, name)) == value
+
+    def _flag_offers(self, split: tuple, name: str, value: int) -> bool:
+        if (split, name, value) not in self._offers:
+            skeleton = self.plan.skeletons[self.index[split]]
+            column = [dim.name for dim in self.plan.space.flags].index(name)
+            offers = bool((self.plan.flag_tables[self.index[split]][:, column] == value).any())
+            for degree_name, net_name in NETWORK_GROUPS:
+                degree = getattr(skeleton, degree_name)
+                if net_name == name and degree > 1:
+                    span = math.prod(getattr(skeleton, factor) for factor in GROUP_SPAN[degree_name])
+                    offers &= span <= self.problem.system.networks[value].size
+            self._offers[(split, name, value)] = offers
+        return self._offers[(split, name, value)]
 
     def _assumption(self, name: str | None, value: int | None) -> list:
         """The literal CP-SAT must take for the pin. A flag CP-SAT does not decide gets one

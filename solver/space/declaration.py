@@ -306,11 +306,18 @@ def iter_flag_combinations(space: Space, known: dict[str, int], num_networks: in
 def flag_projection(space: Space, names: tuple[str, ...], known: dict[str, int],
                     num_networks: int) -> list[tuple[int, ...]]:
     """The distinct valid assignments of the flags `names` (codes in that order) given the
-    skeleton facts `known`: the valid flag combinations projected onto those flags."""
+    skeleton facts `known`: the valid flag combinations projected onto those flags (cached:
+    the surrogate asks the same few projections of a space many times)."""
+    return list(_projection_cached(space, tuple(names), tuple(sorted(known.items())), num_networks))
+
+
+@lru_cache(maxsize=256)
+def _projection_cached(space: Space, names: tuple[str, ...], known: tuple[tuple[str, int], ...],
+                       num_networks: int) -> tuple[tuple[int, ...], ...]:
     position = {dim.name: i for i, dim in enumerate(space.flags)}
     index = [position[name] for name in names]
-    combos = iter_flag_combinations(space, known, num_networks)
-    return list(dict.fromkeys(tuple(combo[i] for i in index) for combo in combos))
+    combos = iter_flag_combinations(space, dict(known), num_networks)
+    return tuple(dict.fromkeys(tuple(combo[i] for i in index) for combo in combos))
 
 
 def coarse_facts(f: dict[str, int]) -> tuple[tuple[str, int], ...]:
