@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
-from typing import Callable, Literal
+from typing import Callable, Literal, NamedTuple
 
 import numpy as np
 
@@ -39,7 +39,36 @@ from costmodel.pipeline import layout_problem
 
 Kind = Literal["split", "per_split", "choice", "switch", "network"]
 FLAG_KINDS = ("choice", "switch", "network")
-SKELETON_FACTS = ("tp", "cp", "ep", "pp", "dp", "dp_cp", "offload")
+@dataclass(frozen=True)
+class Degree:
+    """One parallel degree of the ordered chain of groups: its name, the flag naming the
+    network that carries its group, and the degrees whose product that group spans."""
+
+    name: str
+    net: str
+    span: tuple[str, ...]
+    in_split: bool = True
+    """chosen by the split (tp, cp, ep, pp); dp follows from the others and the GPU count"""
+
+
+DEGREES: tuple[Degree, ...] = (
+    Degree("tp", "tp_net", ("tp",)),
+    Degree("cp", "cp_net", ("tp", "cp")),
+    Degree("ep", "ep_net", ("tp", "ep")),
+    Degree("pp", "pp_net", ("tp", "cp", "pp")),
+    Degree("dp", "dp_net", ("tp", "cp", "pp", "dp"), in_split=False),
+)
+"""The parallel groups, innermost first. The dense groups nest: tp; tp·cp; tp·cp·pp;
+tp·cp·pp·dp = N. Context parallelism sits next to tensor parallelism, as in Megatron-LM's
+rank order tp-cp-ep-dp-pp (parallel_state.RankGenerator) and NeMo's recipes that keep tp·cp
+inside an NVLink domain. The expert-parallel group is laid out by Megatron-LM's separate
+expert rank generator (parallel_state.initialize_model_parallel: order tp-ep-dp-pp with
+expert tp = tp and cp folded into the expert data-parallel size): its ep members are the
+tp-strided GPUs next to each other, so the network carrying ep spans tp·ep GPUs.
+NETWORK_GROUPS, GROUP_SPAN, SPLIT_DEGREES, SKELETON_FACTS and BlockKey are derived from it."""
+SPLIT_DEGREES: tuple[str, ...] = tuple(d.name for d in DEGREES if d.in_split)
+"""The degrees a split chooses, in order: the (tp, cp, ep, pp) of a skeleton and a block."""
+SKELETON_FACTS = (*(d.name for d in DEGREES), "dp_cp", "offload")
 """What a flag's condition may test besides earlier flags: the split's degrees (tp, cp, ep,
 pp, dp, and dp_cp = dp·cp, the group gradients are reduced over; compared with 1) and
 `offload` (1 when the system has an offload memory tier)."""
@@ -305,18 +334,23 @@ DIMENSIONS: tuple[Dimension, ...] = (
 BY_NAME: dict[str, Dimension] = {d.name: d for d in DIMENSIONS}
 FLAGS: tuple[Dimension, ...] = tuple(d for d in DIMENSIONS if d.is_flag)
 
-NETWORK_GROUPS: tuple[tuple[str, str], ...] = (("tp", "tp_net"), ("cp", "cp_net"), ("ep", "ep_net"), ("pp", "pp_net"),
-                                               ("dp", "dp_net"))
-"""Parallel groups, innermost first, each with the flag naming its network; `GROUP_SPAN`
-says which degrees' product a group spans. The dense groups nest: tp; tp·cp; tp·cp·pp;
-tp·cp·pp·dp = N. Context parallelism sits next to tensor parallelism, as in Megatron-LM's
-rank order tp-cp-ep-dp-pp (parallel_state.RankGenerator) and NeMo's recipes that keep tp·cp
-inside an NVLink domain. The expert-parallel group is laid out by Megatron-LM's separate
-expert rank generator (parallel_state.initialize_model_parallel: order tp-ep-dp-pp with
-expert tp = tp and cp folded into the expert data-parallel size): its ep members are the
-tp-strided GPUs next to each other, so the network carrying ep spans tp·ep GPUs."""
-GROUP_SPAN: dict[str, tuple[str, ...]] = {"tp": ("tp",), "cp": ("tp", "cp"), "ep": ("tp", "ep"),
-                                          "pp": ("tp", "cp", "pp"), "dp": ("tp", "cp", "pp", "dp")}
+NETWORK_GROUPS: tuple[tuple[str, str], ...] = tuple((d.name, d.net) for d in DEGREES)
+"""Parallel groups, innermost first, each with the flag naming its network (DEGREES)."""
+GROUP_SPAN: dict[str, tuple[str, ...]] = {d.name: d.span for d in DEGREES}
+"""Which degrees' product each group spans (DEGREES)."""
+
+
+class BlockKey(NamedTuple("BlockKeyFields", [*((name, int) for name in SPLIT_DEGREES), ("interleaving", int),
+                                              ("microbatch", int)])):
+    """A block of the search: the split's degrees (SPLIT_DEGREES: tp, cp, ep, pp), the
+    interleaving and the microbatch; every flag combination lies inside it."""
+
+    __slots__ = ()
+
+    @property
+    def split(self) -> tuple[int, ...]:
+        """The split's degrees, the key of its skeleton."""
+        return tuple(self[:len(SPLIT_DEGREES)])
 
 
 def group_spans(m) -> tuple[tuple[str, object, object, object], ...]:

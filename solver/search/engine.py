@@ -35,7 +35,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from costmodel.context import Context
-from costmodel.dimensions import FLAGS
+from costmodel.dimensions import FLAGS, BlockKey
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import evaluate_arrays_in_context
 from costmodel.kernels import Kernels
@@ -63,8 +63,8 @@ change only time, never memory: the surrogate takes their best case, and the exa
 of a block tries every value."""
 FLAG_NAMES = tuple(dim.name for dim in FLAGS)
 
-Key = tuple[int, int, int, int, int, int]
-"""A block: (tp, cp, ep, pp, interleaving, microbatch)."""
+Key = BlockKey
+"""A block: the split's degrees, the interleaving and the microbatch."""
 
 
 class OutOfTime(Exception):
@@ -166,7 +166,7 @@ class _Top:
 
 
 class BlockCollector(cp_model.CpSolverSolutionCallback):
-    """Records the (tp, cp, ep, pp, interleaving, microbatch) block of every solution CP-SAT finds."""
+    """Records the block of every solution CP-SAT finds."""
 
     def __init__(self, variables: Variables):
         super().__init__()
@@ -232,12 +232,12 @@ class Engine:
 
     # ---- blocks, scored once each ----
     def block_rows(self, key: Key) -> tuple[MappingArrays, np.ndarray]:
-        return self.plan.block(self.index[key[:4]], *key[4:])
+        return self.plan.block(self.index[key.split], key.interleaving, key.microbatch)
 
     def skeleton_values(self, key: Key) -> tuple:
         """The block's value of each skeleton dimension, in solver.search.distinct.SKELETON order."""
-        sk = self.plan.skeletons[self.index[key[:4]]]
-        own = {"interleaving": key[4], "microbatch": key[5]}
+        sk = self.plan.skeletons[self.index[key.split]]
+        own = {"interleaving": key.interleaving, "microbatch": key.microbatch}
         return tuple(own[name] if name in own else getattr(sk, name) for name in SKELETON)
 
     def score(self, key: Key) -> ScoredBlock:
@@ -258,7 +258,7 @@ class Engine:
         return rows.to_mapping(int(self.scored[key].row[j]), self.datatype, self.kernels)
 
     def mappings_scored(self) -> int:
-        return sum(len(self.plan.flag_tables[self.index[key[:4]]]) for key in self.scored)
+        return sum(len(self.plan.flag_tables[self.index[key.split]]) for key in self.scored)
 
     # ---- one question ----
     def search(self, q: Question) -> Found:
@@ -330,9 +330,9 @@ class Engine:
                 bound_units = solver.BestObjectiveBound()
                 # Score each candidate's block, and the same split and microbatch at every other
                 # interleaving: neighbours that are often nearly as fast, cheap to score together.
-                for tp, cp, ep, pp, _, mb in collector.blocks:
-                    for il in self.plan.skeletons[self.index[(tp, cp, ep, pp)]].interleavings:
-                        key = (tp, cp, ep, pp, il, mb)
+                for candidate in collector.blocks:
+                    for il in self.plan.skeletons[self.index[candidate.split]].interleavings:
+                        key = candidate._replace(interleaving=il)
                         if key not in self.scored and q.blocks(key):
                             score(key)
                 if status == cp_model.OPTIMAL and self.bounds.seconds(bound_units) >= top.target_s:

@@ -104,10 +104,10 @@ class Explorer(Engine):
         check), or no mapping of the block takes it feasibly."""
         if name is None:
             return True
-        skeleton = self.plan.skeletons[self.index[key[:4]]]
+        skeleton = self.plan.skeletons[self.index[key.split]]
         if BY_NAME[name].is_flag:
-            return self._flag_offers(key[:4], name, value)
-        own = {"interleaving": key[4], "microbatch": key[5]}
+            return self._flag_offers(key.split, name, value)
+        own = {"interleaving": key.interleaving, "microbatch": key.microbatch}
         return (own[name] if name in own else getattr(skeleton, name)) == value
 
     def _flag_offers(self, split: tuple, name: str, value: int) -> bool:

@@ -30,7 +30,7 @@ from functools import lru_cache
 from typing import Iterator
 
 from costmodel.choices import PipelineSchedule, ShardingStage, TPOverlap
-from costmodel.dimensions import BY_NAME, DIMENSIONS, FLAGS, SKELETON_FACTS, Condition, Dimension
+from costmodel.dimensions import BY_NAME, DIMENSIONS, FLAGS, SKELETON_FACTS, SPLIT_DEGREES, Condition, Dimension
 from costmodel.errors import InputError
 from costmodel.model import Model
 from costmodel.pipeline import EMBEDDING_AND_LOSS_BLOCKS
@@ -208,9 +208,10 @@ class Skeleton:
         return self.batch // self.dp
 
     @property
-    def split(self) -> tuple[int, int, int, int]:
-        """(tp, cp, ep, pp): what identifies the skeleton (dp and batch follow)."""
-        return self.tp, self.cp, self.ep, self.pp
+    def split(self) -> tuple[int, ...]:
+        """The split's degrees (tp, cp, ep, pp: costmodel.dimensions.SPLIT_DEGREES): what
+        identifies the skeleton (dp and batch follow)."""
+        return tuple(getattr(self, name) for name in SPLIT_DEGREES)
 
     @property
     def group(self) -> tuple[int, int, int]:

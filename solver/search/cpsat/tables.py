@@ -17,7 +17,7 @@ from ortools.sat.python import cp_model
 from costmodel.comm import collective_s
 from costmodel.context import Context
 from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm
-from costmodel.dimensions import DIMENSIONS
+from costmodel.dimensions import DIMENSIONS, BlockKey
 from costmodel.encoding import MappingArrays, code
 from costmodel.iteration import RESIDENT_BLOCKS, block_terms, bubble_microbatches, iteration_terms, output_layer_s
 from costmodel.pipeline import stage_blocks, stage_blocks_in_flight
@@ -264,7 +264,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
                 best = np.minimum(best, np.where(fits, time, np.inf).min(axis=2) + extra)
         for i, il in enumerate(sk.interleavings):
             for j, mb in enumerate(sk.microbatches):
-                out[(*key, il, mb)] = float(best[i, j]) * TIME_FLOOR_SLACK
+                out[BlockKey(*key, il, mb)] = float(best[i, j]) * TIME_FLOOR_SLACK
     return out
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from costmodel.dimensions import SPLIT_DEGREES, BlockKey
+
 from solver.space.declaration import Skeleton, Space, divisors
 
 
@@ -102,11 +104,10 @@ class Variables:
     def flag(self, name: str, code: int) -> cp_model.IntVar:
         return self.flags[name][code]
 
-    def exclude_block(self, key: tuple[int, int, int, int, int, int]) -> None:
-        """Cut the (tp, cp, ep, pp, interleaving, microbatch) block `key` (once scored exactly)."""
-        tp, cp, ep, pp, il, mb = key
-        self.model.AddBoolOr([self.split[(tp, cp, ep, pp)].Not(), self.interleaving.is_[il].Not(),
-                              self.microbatch.is_[mb].Not()])
+    def exclude_block(self, key: BlockKey) -> None:
+        """Cut the block `key` (once scored exactly)."""
+        self.model.AddBoolOr([self.split[key.split].Not(), self.interleaving.is_[key.interleaving].Not(),
+                              self.microbatch.is_[key.microbatch].Not()])
 
     def pin(self, name: str, value: int) -> None:
         """Fix dimension `name` (costmodel.dimensions) to `value` (a number, or a flag's code);
@@ -123,10 +124,10 @@ class Variables:
             return
         self.model.Add(lits[value] == 1)
 
-    def decode(self, solver: cp_model.CpSolver) -> tuple[tuple[int, int, int, int, int, int], dict[str, int]]:
-        """(tp, cp, ep, pp, interleaving, microbatch) and the flag codes of a solution."""
-        key = (self.tp.value_of(solver), self.cp.value_of(solver), self.ep.value_of(solver), self.pp.value_of(solver),
-               self.interleaving.value_of(solver), self.microbatch.value_of(solver))
+    def decode(self, solver: cp_model.CpSolver) -> tuple[BlockKey, dict[str, int]]:
+        """The block and the flag codes of a solution."""
+        key = BlockKey(*(getattr(self, name).value_of(solver) for name in SPLIT_DEGREES),
+                       self.interleaving.value_of(solver), self.microbatch.value_of(solver))
         flags = {name: next(c for c, lit in lits.items() if solver.BooleanValue(lit))
                  for name, lits in self.flags.items()}
         return key, flags
