@@ -45,10 +45,13 @@ def _expanded_size(root: yaml.Node) -> int:
     composed node graph (each shared node once), refusing it past the limits."""
     sizes: dict[int, int] = {}
     open_nodes: set[int] = set()
+    aliased = False                      # a node reached twice: an alias was followed
 
     def size(node: yaml.Node, depth: int) -> int:
+        nonlocal aliased
         key = id(node)
         if key in sizes:
+            aliased = True
             return sizes[key]
         if key in open_nodes:
             raise _TooLarge(f"an alias refers to a value that contains it (line {node.start_mark.line + 1})")
@@ -61,9 +64,12 @@ def _expanded_size(root: yaml.Node) -> int:
         elif isinstance(node, yaml.MappingNode):
             total += sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
         open_nodes.discard(key)
-        if total > MAX_DOCUMENT_VALUES:
+        if total > MAX_DOCUMENT_VALUES and aliased:
             raise _TooLarge(f"expands to more than {MAX_DOCUMENT_VALUES:,} values once its aliases are "
                             f"followed (an alias bomb?)")
+        if total > MAX_DOCUMENT_VALUES:
+            raise _TooLarge(f"holds more than {MAX_DOCUMENT_VALUES:,} values (line {node.start_mark.line + 1}): "
+                            f"input files hold a few thousand; split it into several files")
         sizes[key] = total
         return total
 
@@ -299,4 +305,12 @@ def ensure_directory(path: str | Path, option: str) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise InputError(f"{option} {path}: cannot create the directory ({err.strerror})") from None
+    return path
+
+
+def ensure_parent(path: str | Path, option: str) -> Path:
+    """An output file the user named with `option`: its missing parent directories are created
+    (every command's output paths follow this rule), or a one-line InputError."""
+    path = Path(path)
+    ensure_directory(path.parent, option)
     return path
