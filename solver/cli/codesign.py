@@ -111,7 +111,8 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
                                  seq_size=seq_size)
     knobs = tuple(k.strip() for k in minimize.split(",") if k.strip())
     grid = Grid.build(parse_vary(vary), knobs, parse_cost(cost_text))
-    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
+    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model, system,
+                                     num_gpus)
     result = codesign(model, system, num_gpus, grid, target, max_batch=max_batch, datatype=Datatype(datatype),
                       space=space, kernels=kernels,
                       config=SolverConfig(time_limit_s=time_limit_s, workers=workers), pareto=pareto_path is not None)

@@ -48,7 +48,8 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     """
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
                                  seq_size=seq_size)
-    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
+    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model, system,
+                                     num_gpus)
     wanted = None
     if dims:
         wanted = tuple(d.strip() for d in dims.split(","))
