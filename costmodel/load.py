@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from costmodel.errors import InputError
-from costmodel.hf import is_hf_config, model_fields_from_hf
+from costmodel.errors import InputError, shown
+from costmodel.hf import config_schema, is_hf_config, model_fields_from_hf
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import System
@@ -224,15 +224,11 @@ def describe_validation_error(err: ValidationError, model_cls: type[BaseModel], 
     value = first.get("input")
     if loc[-1] == "[key]":  # a bad key of a dict, e.g. a datatype under compute
         where = ".".join(str(part) for part in loc[:-2])
-        return f"{source}: field '{where}' key {_shown(value)}: {message}"
-    shown = "" if isinstance(value, (dict, list)) else f" {_shown(value)}"
-    return f"{source}: field '{where}'{shown}: {message}"
-
-
-def _shown(value: Any, limit: int = 60) -> str:
-    """A value as it appears in a message: its repr, cut short if long."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+        return f"{source}: field '{where}' key {shown(value)}: {message}"
+    value_text = "" if isinstance(value, (dict, list)) else f" {shown(value)}"
+    # a reason phrased as a predicate ("is not a list of layer indices") follows the value
+    separator = " " if message.startswith("is ") else ": "
+    return f"{source}: field '{where}'{value_text}{separator}{message}"
 
 
 def parse(model_cls: type[T], data: Any, source: str) -> T:
@@ -276,7 +272,8 @@ def load_model(path: str | Path, *, seq_size: int | None = None) -> Model:
     _check_kind(data, "model", str(path))
     if is_hf_config(data):
         name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
-        return parse(Model, model_fields_from_hf(data, str(path), seq_size=seq_size, name=name), str(path))
+        config = parse(config_schema(data, str(path)), data, str(path))
+        return parse(Model, model_fields_from_hf(config, str(path), seq_size=seq_size, name=name), str(path))
     if isinstance(data, dict) and "name" not in data:
         data = {"name": path.stem, **data}
     if isinstance(data, dict) and seq_size is not None:

@@ -29,9 +29,13 @@ def one_line(text: str, limit: int = MAX_ERROR_LINE) -> str:
     text = " ".join(str(text).split())
     if len(text) <= limit:
         return text
-    tail = min(limit // 3, 100)
-    head = limit - tail - len(_CUT)
-    return text[:head] + _CUT + text[-tail:]
+    tail_length = min(limit // 3, 100)
+    head = text[:limit - tail_length - len(_CUT)]
+    tail = text[-tail_length:]
+    # cut between words where a word boundary is near
+    head = head[:head.rfind(" ")] if head.rfind(" ") > len(head) - 20 else head
+    tail = tail[tail.find(" ") + 1:] if 0 <= tail.find(" ") < 20 else tail
+    return head + _CUT + tail
 
 
 def debugging(ctx: click.Context | None = None) -> bool:
