@@ -143,6 +143,8 @@ def read_document(path: str | Path) -> Any:
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err)
         raise InputError(f"{path}: not valid YAML{where}: {_one_line(problem)}") from None
+    except ValueError as err:        # a value the reader cannot convert (a number of 5,000 digits)
+        raise InputError(f"{path}: a value cannot be read ({_one_line(str(err).split(';')[0])})") from None
     if data is None:
         raise InputError(f"{path}: is empty (no fields, only comments or null)")
     return data

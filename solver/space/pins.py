@@ -15,12 +15,13 @@ rule, before any search: the search could only report an empty space.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import replace
 from typing import Iterable
 
 import costmodel.limits as limits
 from costmodel.dimensions import BY_NAME, DIMENSIONS, Dimension
-from costmodel.errors import InputError
+from costmodel.errors import InputError, shown
 from costmodel.limits import Bound
 from costmodel.model import Model
 from costmodel.system import System
@@ -49,15 +50,19 @@ def _value(dim: Dimension, text: str, given: str, option: str) -> int:
         names = [member.value for member in dim.choices]
         if word in names:
             return names.index(word)
-        raise InputError(f"{option} {given}: {text!r} is not a {dim.name} (choose from {', '.join(names)})")
+        raise InputError(f"{option} {given}: {shown(text)} is not a {dim.name} (choose from {', '.join(names)})")
     if dim.kind == "switch":
         if word in _SWITCH_WORDS:
             return _SWITCH_WORDS[word]
-        raise InputError(f"{option} {given}: {text!r} is not on or off")
+        raise InputError(f"{option} {given}: {shown(text)} is not on or off")
     smallest = 0 if dim.kind == "network" else 1
-    if not word.isdigit() or int(word) < smallest:
+    if not word.isdigit() or int(word[:20]) < smallest:
         kind = "a network index (0, 1, ...)" if dim.kind == "network" else "a whole number >= 1"
-        raise InputError(f"{option} {given}: {text!r} is not {kind}")
+        raise InputError(f"{option} {given}: {shown(text)} is not {kind}")
+    number = int(word) if len(word) <= 19 else math.inf     # 19 digits: within int64
+    problem = dim.bound.problem(number)
+    if problem is not None:
+        raise InputError(f"{option} {dim.name}={word if len(word) <= 19 else word[:19] + '…'}: {problem}")
     return int(word)
 
 
