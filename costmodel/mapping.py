@@ -21,7 +21,7 @@ from costmodel.choices import AttentionType, PipelineSchedule, Recompute, Shardi
 from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
 from costmodel.kernels import GradDatatype, Kernels
-from costmodel.model import INPUT_CONFIG, Boolean, Model, WholeNumber, _whole_number, within
+from costmodel.model import INPUT_CONFIG, Boolean, Model, RealNumber, WholeNumber, _whole_number, within
 from costmodel.pipeline import FIRST_FIELD, LAST_FIELD, layout_problem
 from costmodel.system import Datatype, System
 
@@ -73,7 +73,7 @@ class _MappingBase(BaseModel):
     pipeline_last_stage_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = Field(
         None, gt=0, description="Blocks on the last pipeline stage (Megatron-LM's --decoder-last-pipeline-num-layers); "
                                 "default as pipeline_first_stage_blocks.")
-    capacity_factor: float = Field(
+    capacity_factor: Annotated[RealNumber, within(limits.CAPACITY_FACTOR)] = Field(
         1.0, description="Mixture-of-experts models: the busiest expert's tokens over the mean (GShard / Switch "
                          "Transformer's capacity factor; 1.0 is perfect balance); a setting of the problem, not "
                          "searched, ignored by dense models.")
