@@ -475,6 +475,11 @@ def test_a_pin_no_mapping_can_take_names_its_cause(files, pin, reason):
         assert "divisibility rules" not in line
 
 
+@pytest.mark.parametrize("args", [("--fix", "batch=3", "--batch", "4"), ("--fix", "batch=4", "--batch-tokens", "256")])
+def test_a_batch_fixed_twice_is_refused_not_settled_silently(files, args):
+    assert_refused(mapsat("count", *base_args("count", files), *args), "--fix: batch is fixed twice")
+
+
 def test_a_batch_files_unknown_fix_dimension_reads_once(files, tmp_path):
     path = tmp_path / "batch.yaml"
     path.write_text(f"models: [{files['model']}]\nsystems: [{files['system']}]\ngpus: [2]\nfix: {{tpx: 2}}\n")

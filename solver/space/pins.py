@@ -84,9 +84,10 @@ def parse_pins(texts: Iterable[str], option: str = "--fix") -> tuple[tuple[str, 
 
 def pinned(space: Space, pins: tuple[tuple[str, tuple[int, ...]], ...]) -> Space:
     """`space` with these pins (added to any it has; a dimension pinned twice is an error)."""
-    both = {name for name, _ in space.pins} & {name for name, _ in pins}
-    if both:
-        raise InputError(f"--fix: {', '.join(sorted(both))} is fixed twice")
+    names = [name for name, _ in space.pins + pins]
+    both = sorted({name for name in names if names.count(name) > 1})
+    if both:   # e.g. --fix batch=3 with --batch 4: neither would win silently
+        raise InputError(f"--fix: {', '.join(both)} is fixed twice")
     order = [dim.name for dim in DIMENSIONS]
     return replace(space, pins=tuple(sorted(space.pins + pins, key=lambda pin: order.index(pin[0]))))
 
