@@ -69,6 +69,9 @@ def _list_of_indices(value: object) -> object:
     return value
 
 
+LayerIndices = Annotated[list[Annotated[WholeNumber, within(_LAYER)]], BeforeValidator(_list_of_indices)]
+
+
 class HFConfig(BaseModel):
     """The fields every supported model_type may read (and those named in warnings)."""
 
@@ -120,7 +123,7 @@ class MixtralConfig(MistralConfig):
 
 class _QwenExperts(BaseModel):
     decoder_sparse_step: Annotated[WholeNumber, AfterValidator(_at_least_one), within(limits.MOE_EVERY)] | None = None
-    mlp_only_layers: Annotated[list[Annotated[WholeNumber, within(_LAYER)]], BeforeValidator(_list_of_indices)] | None = None
+    mlp_only_layers: LayerIndices | None = None
     num_experts_per_tok: ExpertsPerToken = None
     moe_intermediate_size: ExpertFeedforward = None
 
@@ -324,7 +327,8 @@ def config_schema(data: dict, source: str) -> type[HFConfig]:
     """The schema of the parsed config.json `data`, by its model_type."""
     kind = data.get("model_type")
     if not isinstance(kind, str) or kind not in READERS:
-        raise InputError(f"{source}: model_type {shown(kind)} is not supported (supported: {', '.join(sorted(READERS))})")
+        raise InputError(f"{source}: model_type {shown(kind)} is not supported "
+                         f"(supported: {', '.join(sorted(READERS))})")
     return READERS[kind][0]
 
 

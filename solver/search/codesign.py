@@ -287,7 +287,8 @@ def _lexicographic(q: Codesign, grid: Grid, target_s: float) -> System_ | None:
         rest = grid.order[i + 1:]
         free_outer = [k for k in rest if k in ENUMERATED_KNOBS]
         top = {k: max(grid.values[k]) for k in rest if k in MONOTONE_KNOBS}
-        completions = [dict(zip(free_outer, combo)) for combo in itertools.product(*(grid.values[k] for k in free_outer))]
+        completions = [dict(zip(free_outer, combo))
+                       for combo in itertools.product(*(grid.values[k] for k in free_outer))]
 
         def some_completion_reaches(value: float) -> bool:
             return any(reaches(q.ask({**fixed, knob: value, **c, **top})[0], target_s) for c in completions)
