@@ -480,6 +480,20 @@ def test_a_batch_fixed_twice_is_refused_not_settled_silently(files, args):
     assert_refused(mapsat("count", *base_args("count", files), *args), "--fix: batch is fixed twice")
 
 
+def test_a_batch_pin_one_problem_cannot_take_is_that_problems_error_only(files, tmp_path):
+    from solver.study.batch import load_batch
+    from solver.study.runner import solve_payload
+
+    path = tmp_path / "batch.yaml"
+    path.write_text(yaml.safe_dump({"models": [{**TINY, "name": "dense"}, {**TINY_MOE, "name": "moe"}],
+                                    "systems": [files["system"]], "gpus": [2], "max_batch": [4],
+                                    "fix": {"ep": 2}, "time_limit_s": 10}))
+    records = {p.model.name: solve_payload(p.payload()) for p in load_batch(path)}
+    assert records["dense"]["status"] == "error"
+    assert records["dense"]["error"].startswith("fix ep=2: expert_par(2) needs a mixture-of-experts model")
+    assert records["moe"]["status"] == "optimal" and records["moe"]["best"]["mapping"]["expert_par"] == 2
+
+
 def test_a_batch_files_unknown_fix_dimension_reads_once(files, tmp_path):
     path = tmp_path / "batch.yaml"
     path.write_text(f"models: [{files['model']}]\nsystems: [{files['system']}]\ngpus: [2]\nfix: {{tpx: 2}}\n")

@@ -20,8 +20,8 @@ import costmodel.limits as limits
 from costmodel.model import Model, RealNumber, within
 from costmodel.system import Datatype, System
 from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES
-from solver.space.declaration import SPACES, get_space
-from solver.space.pins import check_pins, parse_pins
+from solver.space.declaration import SPACES
+from solver.space.pins import parse_pins
 
 DEFAULT_MAX_BATCH = 3072
 DEFAULT_SPACE = "full"
@@ -308,7 +308,6 @@ def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None)
                          capacity_factor)
         system = _apply(base, given, f"{where}: {pid}")
         system.compute_for(datatype)
-        check_pins(parse_pins(fix), model, system, gpus, get_space(space), option=f"{where}: {pid}: fix")
         unbounded = system.offload is not None and (given.get("offload_gbps") == UNBOUNDED or (
             base.offload is None and "offload_gbps" not in given))
         out.append(Problem(pid, model, system, base.name, source, given, gpus, max_batch, datatype, space, limit,
