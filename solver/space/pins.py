@@ -56,14 +56,15 @@ def _value(dim: Dimension, text: str, given: str, option: str) -> int:
             return _SWITCH_WORDS[word]
         raise InputError(f"{option} {given}: {shown(text)} is not on or off")
     smallest = 0 if dim.kind == "network" else 1
-    if not word.isdigit() or int(word[:20]) < smallest:
+    digits = word.lstrip("0") or "0"
+    number = int(digits) if digits.isdigit() and len(digits) <= 19 else math.inf   # 19 digits: within int64
+    if not word.isdigit() or number < smallest:
         kind = "a network index (0, 1, ...)" if dim.kind == "network" else "a whole number >= 1"
         raise InputError(f"{option} {given}: {shown(text)} is not {kind}")
-    number = int(word) if len(word) <= 19 else math.inf     # 19 digits: within int64
     problem = dim.bound.problem(number)
     if problem is not None:
-        raise InputError(f"{option} {dim.name}={word if len(word) <= 19 else word[:19] + '…'}: {problem}")
-    return int(word)
+        raise InputError(f"{option} {dim.name}={digits if len(digits) <= 19 else digits[:19] + '…'}: {problem}")
+    return int(number)
 
 
 def parse_pins(texts: Iterable[str], option: str = "--fix") -> tuple[tuple[str, tuple[int, ...]], ...]:
