@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from costmodel.errors import InputError
-from costmodel.hf import is_hf_config, model_fields_from_hf
+from costmodel.errors import InputError, shown
+from costmodel.hf import config_schema, is_hf_config, model_fields_from_hf
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import System
@@ -45,10 +45,13 @@ def _expanded_size(root: yaml.Node) -> int:
     composed node graph (each shared node once), refusing it past the limits."""
     sizes: dict[int, int] = {}
     open_nodes: set[int] = set()
+    aliased = False                      # a node reached twice: an alias was followed
 
     def size(node: yaml.Node, depth: int) -> int:
+        nonlocal aliased
         key = id(node)
         if key in sizes:
+            aliased = True
             return sizes[key]
         if key in open_nodes:
             raise _TooLarge(f"an alias refers to a value that contains it (line {node.start_mark.line + 1})")
@@ -61,9 +64,12 @@ def _expanded_size(root: yaml.Node) -> int:
         elif isinstance(node, yaml.MappingNode):
             total += sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
         open_nodes.discard(key)
-        if total > MAX_DOCUMENT_VALUES:
+        if total > MAX_DOCUMENT_VALUES and aliased:
             raise _TooLarge(f"expands to more than {MAX_DOCUMENT_VALUES:,} values once its aliases are "
                             f"followed (an alias bomb?)")
+        if total > MAX_DOCUMENT_VALUES:
+            raise _TooLarge(f"holds more than {MAX_DOCUMENT_VALUES:,} values (line {node.start_mark.line + 1}): "
+                            f"input files hold a few thousand; split it into several files")
         sizes[key] = total
         return total
 
@@ -137,6 +143,8 @@ def read_document(path: str | Path) -> Any:
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err)
         raise InputError(f"{path}: not valid YAML{where}: {_one_line(problem)}") from None
+    except ValueError as err:        # a value the reader cannot convert (a number of 5,000 digits)
+        raise InputError(f"{path}: a value cannot be read ({_one_line(str(err).split(';')[0])})") from None
     if data is None:
         raise InputError(f"{path}: is empty (no fields, only comments or null)")
     return data
@@ -218,15 +226,11 @@ def describe_validation_error(err: ValidationError, model_cls: type[BaseModel], 
     value = first.get("input")
     if loc[-1] == "[key]":  # a bad key of a dict, e.g. a datatype under compute
         where = ".".join(str(part) for part in loc[:-2])
-        return f"{source}: field '{where}' key {_shown(value)}: {message}"
-    shown = "" if isinstance(value, (dict, list)) else f" {_shown(value)}"
-    return f"{source}: field '{where}'{shown}: {message}"
-
-
-def _shown(value: Any, limit: int = 60) -> str:
-    """A value as it appears in a message: its repr, cut short if long."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+        return f"{source}: field '{where}' key {shown(value)}: {message}"
+    value_text = "" if isinstance(value, (dict, list)) else f" {shown(value)}"
+    # a reason phrased as a predicate ("is not a list of layer indices") follows the value
+    separator = " " if message.startswith("is ") else ": "
+    return f"{source}: field '{where}'{value_text}{separator}{message}"
 
 
 def parse(model_cls: type[T], data: Any, source: str) -> T:
@@ -270,7 +274,8 @@ def load_model(path: str | Path, *, seq_size: int | None = None) -> Model:
     _check_kind(data, "model", str(path))
     if is_hf_config(data):
         name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
-        return parse(Model, model_fields_from_hf(data, str(path), seq_size=seq_size, name=name), str(path))
+        config = parse(config_schema(data, str(path)), data, str(path))
+        return parse(Model, model_fields_from_hf(config, str(path), seq_size=seq_size, name=name), str(path))
     if isinstance(data, dict) and "name" not in data:
         data = {"name": path.stem, **data}
     if isinstance(data, dict) and seq_size is not None:
@@ -299,4 +304,12 @@ def ensure_directory(path: str | Path, option: str) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise InputError(f"{option} {path}: cannot create the directory ({err.strerror})") from None
+    return path
+
+
+def ensure_parent(path: str | Path, option: str) -> Path:
+    """An output file the user named with `option`: its missing parent directories are created
+    (every command's output paths follow this rule), or a one-line InputError."""
+    path = Path(path)
+    ensure_directory(path.parent, option)
     return path

@@ -21,7 +21,7 @@ from costmodel.choices import AttentionType, PipelineSchedule, Recompute, Shardi
 from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
 from costmodel.kernels import GradDatatype, Kernels
-from costmodel.model import INPUT_CONFIG, Model, WholeNumber, within
+from costmodel.model import INPUT_CONFIG, Boolean, Model, RealNumber, WholeNumber, _whole_number, within
 from costmodel.pipeline import FIRST_FIELD, LAST_FIELD, layout_problem
 from costmodel.system import Datatype, System
 
@@ -41,7 +41,7 @@ def _field(dim: Dimension) -> tuple[Any, Any]:
     if dim.kind == "network":
         return Annotated[WholeNumber, within(dim.bound)], Field(0, ge=0, description=dim.meaning)
     if dim.kind == "switch":
-        return bool, Field(False, description=dim.meaning)
+        return Boolean, Field(False, description=dim.meaning)
     labels = " | ".join(c.value for c in dim.choices)
     return dim.choices, Field(_FLAG_DEFAULTS[dim.name], description=f"{dim.meaning} ({labels})")
 
@@ -54,14 +54,14 @@ class _MappingBase(BaseModel):
     num_procs: Annotated[WholeNumber, within(limits.GPUS_SEARCH)] = Field(
         gt=0, description="GPUs used: tensor_par · context_par · pipeline_par · data_par.")
     datatype: Datatype = Field(Datatype.bfloat16, description="Compute datatype.")
-    fused_activation: bool = Field(True, description="GeLU fused into the preceding matrix multiply.")
-    fused_attention: bool = Field(
+    fused_activation: Boolean = Field(True, description="GeLU fused into the preceding matrix multiply.")
+    fused_attention: Boolean = Field(
         True, description="FlashAttention: the attention core is one kernel and the s×s scores never reach HBM "
                           "(false: four kernels through HBM, as Megatron-LM in 2022 and Calculon model it).")
     attention_type: AttentionType | None = Field(
         None, description="Calculon's attention kind, read into the model (which carries it as kv_heads): "
                           "multiquery means kv_heads = 1; multihead, that it is not 1.")
-    training: bool = Field(True, description="Training (forward, backward, optimizer). Only training is modelled.")
+    training: Boolean = Field(True, description="Training (forward, backward, optimizer). Only training is modelled.")
     grad_datatype: GradDatatype = Field(
         "float32", description="How gradients are kept: float32 main gradients (Megatron-LM) or 16bit (DeepSpeed); "
                                "a setting of the problem, not searched.")
@@ -73,7 +73,7 @@ class _MappingBase(BaseModel):
     pipeline_last_stage_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = Field(
         None, gt=0, description="Blocks on the last pipeline stage (Megatron-LM's --decoder-last-pipeline-num-layers); "
                                 "default as pipeline_first_stage_blocks.")
-    capacity_factor: float = Field(
+    capacity_factor: Annotated[RealNumber, within(limits.CAPACITY_FACTOR)] = Field(
         1.0, description="Mixture-of-experts models: the busiest expert's tokens over the mean (GShard / Switch "
                          "Transformer's capacity factor; 1.0 is perfect balance); a setting of the problem, not "
                          "searched, ignored by dense models.")
@@ -98,9 +98,15 @@ class _MappingBase(BaseModel):
     @field_validator("sharding_stage", mode="before", check_fields=False)
     @classmethod
     def _stage_from_int(cls, value: object) -> object:
-        # Files write the stage as a number (0-3); the enum's values are its text.
-        if isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
+        # Files write the stage as a number (0-3) like every number of the file: "3" is refused
+        # as context_par "2" is (WholeNumber's reasons); the enum's values are its text.
+        if isinstance(value, ShardingStage):
+            return value
+        if isinstance(value, (bool, str, int, float)):
+            stage = _whole_number(value)
+            if stage not in range(len(ShardingStage)):
+                raise ValueError(f"not a sharding stage (0 to {len(ShardingStage) - 1})")
+            return str(stage)
         return value
 
     @model_validator(mode="before")

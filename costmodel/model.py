@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Annotated, Literal
 
+import numpy as np
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 import costmodel.limits as limits
@@ -67,11 +68,28 @@ def _real_number(value: object) -> object:
     return value
 
 
+def _boolean(value: object) -> object:
+    """A boolean as written in a file: JSON's true/false (YAML's yes/no/on/off read as those).
+    A string is not one, "false" included (lax pydantic would read "false" as False, Python's
+    bool("false") as True: the readings disagree, so neither is taken), nor is a number."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, str):
+        raise ValueError("a string, not a valid boolean (write true or false without quotes)")
+    if isinstance(value, (int, float, np.number)):
+        raise ValueError("a number, not a valid boolean (write true or false)")
+    return value  # anything else (a list, a mapping) fails as "a valid boolean" below
+
+
 WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 """An int field of an input file (a size, a count, an index)."""
 
 RealNumber = Annotated[float, BeforeValidator(_real_number)]
 """A float field of an input file; finite (every input model sets allow_inf_nan=False)."""
+
+Boolean = Annotated[bool, BeforeValidator(_boolean)]
+"""A bool field of an input file: true or false, never a string or a number."""
+
 
 def within(bound: Bound) -> AfterValidator:
     """A validator refusing values outside `bound`, naming the bound and its reason."""
@@ -128,9 +146,9 @@ class Model(BaseModel):
     norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="layernorm | rmsnorm.")
     position: Literal["learned", "rope"] = Field(
         "learned", description="learned (a seq_size × hidden table) | rope (rotary, no parameters).")
-    tied_embeddings: bool = Field(True, description="The output layer shares the token embedding's weights.")
-    bias: bool = Field(True, description="Linear layers and norms carry biases (Llama-class models have none).")
-    qkv_bias: bool | None = Field(None, description="Biases on the Q, K, V projections only (Qwen2); "
+    tied_embeddings: Boolean = Field(True, description="The output layer shares the token embedding's weights.")
+    bias: Boolean = Field(True, description="Linear layers and norms carry biases (Llama-class models have none).")
+    qkv_bias: Boolean | None = Field(None, description="Biases on the Q, K, V projections only (Qwen2); "
                                                     "default: as `bias`.")
     # ---- mixture of experts (all 0 / off for a dense model) ----
     num_experts: Annotated[WholeNumber, within(limits.NUM_EXPERTS)] = Field(
@@ -146,7 +164,7 @@ class Model(BaseModel):
     shared_expert_feedforward: Annotated[WholeNumber, within(limits.EXPERT_FEEDFORWARD)] = Field(
         0, ge=0, description="Intermediate width of one shared expert, f_s (Hugging Face's "
                              "shared_expert_intermediate_size).")
-    shared_expert_gate: bool = Field(False, description="A sigmoid gate, an h × 1 matrix, scales the shared experts' "
+    shared_expert_gate: Boolean = Field(False, description="A sigmoid gate, an h × 1 matrix, scales the shared experts' "
                                                         "output (Qwen2-MoE).")
     moe_every: Annotated[WholeNumber, within(limits.MOE_EVERY)] = Field(
         1, gt=0, description="Block i (counted from 1) has experts when i is a multiple of moe_every (Hugging Face's "

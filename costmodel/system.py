@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 import costmodel.limits as limits
 from costmodel.errors import InputError
 from costmodel.kernel_time import AttentionTiming, GemmTiming
-from costmodel.model import INPUT_CONFIG, RealNumber, WholeNumber, within
+from costmodel.model import INPUT_CONFIG, Boolean, RealNumber, WholeNumber, within
 from costmodel.units import MICRO, GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 _FROZEN = INPUT_CONFIG
@@ -245,7 +245,7 @@ class Network(BaseModel):
         ge=0, description="Fixed cost of one collective or send, µs.")
     processor_usage: RealNumber = Field(
         ge=0, lt=1, description="Share of GPU compute that communication on this network steals while it overlaps compute.")
-    must_be_filled: bool = Field(
+    must_be_filled: Boolean = Field(
         False, description="A group using this network must span all `size` GPUs (e.g. a switch that cannot be partitioned).")
     collectives: dict[Collective, CollectiveCost] = Field(
         default_factory=_default_collectives, description="Per-collective byte factors; defaults are ring algorithms.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from costmodel.mapping import Mapping, Recompute, TPComm, TPOverlap
+from costmodel.mapping import Mapping, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.model import Model
 from costmodel.system import AttentionFit, Compute, Datatype, GemmFit, Memory, Network, System
 
@@ -82,7 +82,7 @@ def mappings(draw, model: Model, system: System, gpus: int | None = None) -> Map
         data_par_net=draw(st.integers(0, nets - 1)), batch_size=local_batch * dp, microbatch_size=microbatch,
         datatype=draw(st.sampled_from([Datatype.float16, Datatype.float8])), fused_attention=draw(st.booleans()),
         activation_recompute=recompute, pipeline_interleaving=interleaving,
-        sharding_stage=draw(st.sampled_from(["0", "1", "2", "3"])), tensor_par_comm_type=draw(st.sampled_from(list(TPComm))),
+        sharding_stage=draw(st.sampled_from(list(ShardingStage))), tensor_par_comm_type=draw(st.sampled_from(list(TPComm))),
         tensor_par_overlap=draw(st.sampled_from(list(TPOverlap))), seq_par_ag_redo=draw(st.booleans()),
         data_par_overlap=draw(st.booleans()), pipeline_schedule=draw(st.sampled_from(["1f1b", "zb-h1"])),
         grad_datatype=draw(st.sampled_from(["float32", "16bit"])),

@@ -486,10 +486,25 @@ def test_debug_prints_the_traceback_in_a_real_process(write_file):
     assert run.stderr.rstrip().endswith(f"InputError: {path}: unknown field 'num_block' (did you mean 'num_blocks'?)")
 
 
-def test_output_file_in_a_missing_directory_is_one_line(mapsat, tmp_path):
-    csv = tmp_path / "no-such-dir" / "all.csv"
-    result = mapsat(*problem_args("brute"), "--csv", str(csv))
-    assert_problem_error(result, str(csv), "No such file or directory")
+TINY_MODEL = {**MODEL_DATA, "hidden": 64, "feedforward": 256, "seq_size": 64, "attn_heads": 4, "attn_size": 16,
+              "num_blocks": 2, "vocab_size": 1000}
+
+
+def test_output_file_in_a_missing_directory_is_written_there(mapsat, write_file, tmp_path):
+    # every output path's missing parent directories are created (--plot, --pareto, --out, --csv)
+    model = str(write_file("tiny.yaml", TINY_MODEL))
+    csv = tmp_path / "no-such-dir" / "deeper" / "all.csv"
+    result = mapsat("brute", "--model", model, "--system", SYSTEM, "--gpus", "2", "--max-batch", "4",
+                    "--workers", "1", "--csv", str(csv), "--json")
+    assert result.exit_code == 0, result.output
+    assert csv.read_text().count("\n") > 1
+
+
+def test_output_file_under_a_file_is_one_line(mapsat, write_file, tmp_path):
+    model = str(write_file("tiny.yaml", TINY_MODEL))
+    blocker = write_file("not-a-dir", "a file where a directory would go")
+    result = mapsat("brute", "--model", model, "--system", SYSTEM, "--gpus", "2", "--csv", str(blocker / "all.csv"))
+    assert_problem_error(result, f"--csv {blocker}: cannot create the directory")
 
 
 # ---- commands over files of their own: batch (a batch file), plot (a results directory),

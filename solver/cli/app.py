@@ -6,7 +6,9 @@ command runs, so `mapsat --help` and the light commands start without loading th
 solver (OR-Tools brings pandas with it): `COMMANDS` holds each one's module and the one-line
 help that `mapsat --help` lists (a test keeps it equal to the command's own).
 Errors the user caused (MapsatError) print one line and exit 1; usage errors exit 2 (click);
-`mapsat --debug ...` shows the traceback instead.
+`mapsat --debug ...` shows the traceback instead. The group catches them around the whole
+command (solver.cli.errors), so none raised while a command's options are turned into its
+arguments escapes as a traceback.
 """
 
 from __future__ import annotations
@@ -64,7 +66,14 @@ class LazyCommands(MutableMapping):
 
 
 class LazyGroup(click.Group):
-    """A group listing its commands' one-line help without importing them."""
+    """A group listing its commands' one-line help without importing them, and running each
+    inside the one-line error handling."""
+
+    def invoke(self, ctx: click.Context):
+        from solver.cli.errors import one_line_errors   # imports costmodel: not for `mapsat --help`
+
+        with one_line_errors(ctx):
+            return super().invoke(ctx)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][1] if name in COMMANDS else self.commands[name].get_short_help_str(limit=80))

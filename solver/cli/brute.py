@@ -10,6 +10,7 @@ import click
 import costmodel.limits as limits
 from costmodel.errors import MapsatError
 from costmodel.evaluate import evaluate
+from costmodel.load import ensure_parent
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from solver.cli.options import (BoundedInt, datatype_option, load_problem, problem_options,
@@ -48,7 +49,10 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
     """
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
                                  seq_size=seq_size)
-    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
+    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model, system,
+                                     num_gpus)
+    if csv_path is not None:
+        ensure_parent(csv_path, "--csv")
     result = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), kernels,
                   top_k=top_k, workers=workers, progress=not as_json, csv_path=csv_path)
     if as_json:

@@ -8,6 +8,7 @@ import click
 
 from costmodel.calibration import calibrate_system
 from costmodel.errors import InputError
+from costmodel.load import ensure_parent
 from solver.cli.options import user_errors
 
 
@@ -51,7 +52,7 @@ def command(base_path, measurements, nccl, out_path):
     if out_path is None:
         click.echo(result.text, nl=False)
     else:
-        Path(out_path).write_text(result.text, encoding="utf-8")
+        ensure_parent(out_path, "--out").write_text(result.text, encoding="utf-8")
     seen = set()
     for f in result.fits:
         if f.family in seen:

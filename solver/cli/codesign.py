@@ -11,6 +11,7 @@ from costmodel.errors import InputError, MapsatError
 from costmodel.system import Datatype
 from solver.cli.options import (datatype_option, load_problem, problem_options, space_and_cap, space_options,
                                 user_errors, wide_console)
+from solver.report.figure import image_path
 from solver.report.tables import dumps, mapping_summary
 from solver.search.codesign import KNOBS, CodesignResult, Grid, Target, codesign
 from solver.search.solve import SolverConfig
@@ -107,11 +108,14 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
                       --minimize hbm_gib,offload_gib
     """
     target = parse_target(target_mfu, target_time, within)
+    if pareto_path is not None:              # before the search: a path it could not write is refused now
+        pareto_path = image_path(pareto_path, "--pareto")
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
                                  seq_size=seq_size)
     knobs = tuple(k.strip() for k in minimize.split(",") if k.strip())
     grid = Grid.build(parse_vary(vary), knobs, parse_cost(cost_text))
-    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
+    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model, system,
+                                     num_gpus)
     result = codesign(model, system, num_gpus, grid, target, max_batch=max_batch, datatype=Datatype(datatype),
                       space=space, kernels=kernels,
                       config=SolverConfig(time_limit_s=time_limit_s, workers=workers), pareto=pareto_path is not None)

@@ -54,7 +54,8 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
                                  seq_size=seq_size)
     if click.get_current_context().get_parameter_source("datatype") is not click.core.ParameterSource.DEFAULT:
         system.compute_for(Datatype(datatype))   # a datatype given explicitly must exist, counted or not
-    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
+    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model, system,
+                                     num_gpus)
     result = count_mappings(model, system, num_gpus, max_batch, space)
     if feasible:
         start = time.perf_counter()

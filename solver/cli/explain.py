@@ -11,6 +11,7 @@ from costmodel.system import Datatype
 from solver.cli.options import (datatype_option, load_problem, problem_options,
                                 progress_line, space_and_cap, space_options, system_label, user_errors,
                                 wide_console)
+from solver.report.figure import image_path
 from solver.report.tables import dumps, mapping_summary
 from solver.search.explain import Explanation, explain
 from solver.search.solve import SolverConfig
@@ -46,9 +47,12 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
                      --system problems/systems/h100-80g-nvl8.yaml --gpus 4096 \\
                      --datatype float8 --offload-gib 1024 --offload-gbps 100
     """
+    if plot_path is not None:              # before the search: a path it could not write is refused now
+        plot_path = image_path(plot_path, "--plot")
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
                                  seq_size=seq_size)
-    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
+    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model, system,
+                                     num_gpus)
     wanted = None
     if dims:
         wanted = tuple(d.strip() for d in dims.split(","))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import sys
 import threading
 import warnings
 from typing import Callable, Iterator
@@ -18,47 +17,26 @@ from rich.console import Console
 
 import costmodel.limits as limits
 from costmodel.advice import model_warnings, override_warnings
-from costmodel.errors import MapsatError
 from costmodel.hf import UnmodelledFieldWarning
 from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES, Kernels
 from costmodel.limits import Bound
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.system import Datatype, System
+from solver.cli.errors import one_line_errors
 from solver.space.declaration import DEFAULT_SPACE, SPACES, Space, get_space
-from solver.space.pins import batch_cap, parse_pins, pinned
-
-
-def _debugging() -> bool:
-    ctx = click.get_current_context(silent=True)
-    return bool(ctx is not None and ctx.find_root().obj and ctx.find_root().obj.get("debug"))
+from solver.space.pins import batch_cap, check_pins, parse_pins, pinned
 
 
 def user_errors(func: Callable) -> Callable:
     """Turn the errors a user causes into a one-line message and exit status 1 (unless --debug):
-    MapsatError (bad input, infeasible problem), and an OSError on a file the user named
-    (a --csv or output path in a missing directory, a full disk, no permission). Ctrl-C
-    that no command handled itself exits 130 with one line."""
+    solver.cli.errors.one_line_errors around one command (the group wraps every command in it
+    too, so an error raised by an option's wrapper is caught as well)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        try:
+        with one_line_errors():
             return func(*args, **kwargs)
-        except MapsatError as err:
-            if _debugging():
-                raise
-            click.echo(f"error: {err}", err=True)
-            sys.exit(1)
-        except OSError as err:
-            if _debugging() or err.filename is None:
-                raise
-            click.echo(f"error: {err.filename}: {err.strerror or err}", err=True)
-            sys.exit(1)
-        except KeyboardInterrupt:
-            if _debugging():
-                raise
-            click.echo("interrupted (Ctrl-C)", err=True)
-            sys.exit(130)
 
     return wrapper
 
@@ -244,7 +222,7 @@ def kernel_options(func: Callable) -> Callable:
         return func(*args, kernels=Kernels.with_attention(attention, grad_datatype, capacity_factor), **kwargs)
 
     with_kernels = click.option(
-        "--capacity-factor", type=float, default=1.0, show_default=True,
+        "--capacity-factor", type=BoundedFloat(limits.CAPACITY_FACTOR), default=1.0, show_default=True,
         help="Mixture-of-experts models: the tokens the busiest expert receives over the mean (the capacity "
              "factor of GShard and Switch Transformer, Fedus et al. 2022 §2.2); it sets the expert GEMMs and the "
              "all-to-all volume. 1.0 is perfect balance, Megatron-LM's dropless best case; 1.25 is Switch "
@@ -294,11 +272,17 @@ def space_options(func: Callable | None = None, *, counting: bool = False) -> Ca
 
 
 def space_and_cap(space_name: str, fix: tuple[str, ...], max_batch: int, batch: int | None,
-                  batch_tokens: int | None, model: Model) -> tuple[Space, int]:
-    """The named space with the --fix pins and a fixed batch applied, and the batch cap."""
-    given = click.get_current_context().get_parameter_source("max_batch") is not click.core.ParameterSource.DEFAULT
-    cap, batch_pins = batch_cap(max_batch, batch, batch_tokens, model.seq_size, given)
-    return pinned(get_space(space_name), parse_pins(fix) + batch_pins), cap
+                  batch_tokens: int | None, model: Model, system: System, num_gpus: int) -> tuple[Space, int]:
+    """The named space with the --fix pins and a fixed batch applied, and the batch cap; a pin
+    no mapping of the problem can take is refused here, before any search."""
+    ctx = click.get_current_context()
+    given = ctx.get_parameter_source("max_batch") is not click.core.ParameterSource.DEFAULT
+    batch_type = next(param.type for param in ctx.command.params if param.name == "batch")
+    cap, batch_pins = batch_cap(max_batch, batch, batch_tokens, model.seq_size, given, batch_type.bound)
+    space = get_space(space_name)
+    pins = parse_pins(fix)
+    check_pins(pins, model, system, num_gpus, space)
+    return pinned(space, pins + batch_pins), cap
 
 
 def datatype_option(func: Callable) -> Callable:

@@ -46,7 +46,8 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     """
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
                                  seq_size=seq_size)
-    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model)
+    space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model, system,
+                                     num_gpus)
     config = SolverConfig(time_limit_s=time_limit_s, workers=workers, seed=seed, top_k=top_k)
     with progress_line(enabled=not as_json) as say:
         result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),

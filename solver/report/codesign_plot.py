@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from costmodel.load import ensure_directory
+from costmodel.load import ensure_parent
 from solver.report.figure import pyplot
 from solver.search.codesign import CodesignResult, Grid
 
@@ -16,7 +16,7 @@ def plot_pareto(result: CodesignResult, grid: Grid, path: str | Path, title: str
     and the chosen system marked. Written to `path` (PNG)."""
     plt = pyplot()
     path = Path(path)
-    ensure_directory(path.parent, "--pareto")
+    ensure_parent(path, "--pareto")
     knobs = list(grid.order)
     first = knobs[0]
     fig, axes = plt.subplots(1, len(knobs), figsize=(4.5 * len(knobs), 3.4), squeeze=False)

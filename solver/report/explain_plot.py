@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from costmodel.load import ensure_directory
+from costmodel.load import ensure_parent
 from solver.report.figure import pyplot
 from solver.search.explain import Explanation
 
@@ -16,7 +16,7 @@ def plot_explanation(result: Explanation, path: str | Path, title: str) -> Path:
     bars are values with no feasible mapping), in a grid, written to `path` (PNG)."""
     plt = pyplot()
     path = Path(path)
-    ensure_directory(path.parent, "--plot")
+    ensure_parent(path, "--plot")
     dims: dict[str, list] = {}
     for row in result.rows:
         dims.setdefault(row.dimension, []).append(row)

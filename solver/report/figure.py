@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from costmodel.errors import InputError
+from costmodel.load import ensure_parent
+
 
 def pyplot():
     """matplotlib with the file-only Agg backend, imported when a plot is drawn (it is slow
@@ -15,6 +18,19 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def image_path(path: str | Path, option: str) -> Path:
+    """An image file the user named with `option` (--plot, --pareto), checked before the work
+    that draws it: a format matplotlib writes, by its suffix (none: PNG), and its missing
+    parent directories created."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(path)
+    suffix = path.suffix.lower().removeprefix(".")
+    if suffix and suffix not in FigureCanvasBase.get_supported_filetypes():
+        raise InputError(f"{option} {path}: matplotlib does not write .{suffix} files (give .png, .svg or .pdf)")
+    return ensure_parent(path, option)
 
 
 def save(fig, path: Path) -> Path:

@@ -51,7 +51,8 @@ from costmodel.model import Model
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
 from solver.search.codesign_grid import (CAPACITY_KNOBS, ENUMERATED_KNOBS, KNOBS, MONOTONE_KNOBS, OUTER_KNOBS,
-                                         Grid, System_, Target, Verdict, as_json, check_values, reaches, system_at)
+                                         Grid, System_, Target, Verdict, as_json, check_values, least_reaching, reaches,
+                                         system_at)
 from solver.search.cpsat.surrogate import MAX_LINEAR_UNITS, floor_families
 from solver.search.cpsat.tables import Tables, block_lower_bounds
 from solver.search.engine import Question, local_batches
@@ -63,6 +64,10 @@ __all__ = ["KNOBS", "CodesignResult", "Grid", "Target", "Verdict", "codesign", "
            "system_at"]
 
 OFFLOAD_FLAGS = ("weight_offload", "activations_offload", "optimizer_offload")
+LIVE_MODELS = 8
+"""CP-SAT models (one per outer combination, tens to hundreds of MB each) kept at once; the
+least recently used is dropped, and rebuilt only if a new question needs it (the answers
+asked are kept)."""
 
 
 @dataclass(frozen=True)
@@ -181,7 +186,11 @@ class Codesign:
 
     def _explorer(self, point: System_) -> CapacityExplorer:
         outer = self.grid.outer(point)
-        if outer not in self.explorers:
+        if outer in self.explorers:       # most recently used last: the first is dropped when full
+            self.explorers[outer] = self.explorers.pop(outer)
+        else:
+            if len(self.explorers) >= LIVE_MODELS:
+                del self.explorers[next(iter(self.explorers))]
             largest = system_at(self.base, {**{k: v for k, v in point.items() if k in OUTER_KNOBS}, **self.top})
             a = self.args
             explorer = CapacityExplorer(self.model, largest, self.num_gpus, a["max_batch"], a["datatype"],
@@ -234,8 +243,8 @@ def codesign(model: Model, system: System, num_gpus: int, grid: Grid, target: Ta
         answer = (_lexicographic if not grid.cost else _by_cost)(q, grid, target_s)
     asked = [best for _, best, _ in q.asked.values() if best is not None]
     reference = min(asked, key=lambda ev: ev.iteration_time_s, default=None)
-    if pareto:
-        for point in grid.candidates():
+    if pareto:                       # grouped by outer combination: each model built once
+        for point in sorted(grid.candidates(), key=lambda p: tuple(p.get(k, 0.0) for k in OUTER_KNOBS)):
             q.ask(point)
     return _result(q, grid, answer, target_s, reference, started)
 
@@ -245,17 +254,19 @@ def _lexicographic(q: Codesign, grid: Grid, target_s: float) -> System_ | None:
     fixed: System_ = {}
     for i, knob in enumerate(grid.order):
         rest = grid.order[i + 1:]
-        for value in grid.values[knob]:
-            prefix = {**fixed, knob: value}
-            free_outer = [k for k in rest if k in ENUMERATED_KNOBS]
-            top = {k: max(grid.values[k]) for k in rest if k in MONOTONE_KNOBS}
-            completions = [dict(zip(free_outer, combo))
-                           for combo in itertools.product(*(grid.values[k] for k in free_outer))]
-            if any(reaches(q.ask({**prefix, **c, **top})[0], target_s) for c in completions):
-                fixed = prefix
-                break
-        else:
+        free_outer = [k for k in rest if k in ENUMERATED_KNOBS]
+        top = {k: max(grid.values[k]) for k in rest if k in MONOTONE_KNOBS}
+        completions = [dict(zip(free_outer, combo))
+                       for combo in itertools.product(*(grid.values[k] for k in free_outer))]
+
+        def some_completion_reaches(value: float) -> bool:
+            return any(reaches(q.ask({**fixed, knob: value, **c, **top})[0], target_s) for c in completions)
+
+        # more of a monotone knob never misses where less reaches: bisect its values
+        value = least_reaching(grid.values[knob], some_completion_reaches, monotone=knob in MONOTONE_KNOBS)
+        if value is None:
             return None
+        fixed = {**fixed, knob: value}
     return fixed
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 from costmodel.errors import InputError
 from costmodel.evaluate import Evaluation
@@ -29,6 +30,14 @@ OFFLOAD_FLAGS = ("weight_offload", "activations_offload", "optimizer_offload")
 System_ = dict[str, float]
 """One candidate system: the value of each varied knob, by knob name."""
 
+MAX_GRID_SYSTEMS = 10_000
+"""Candidate systems one grid may hold, as a batch file's problems (solver.study.batch): each
+may be a certified search of its own, and the answer lists every smaller one in its proof."""
+MAX_MODELS = 100
+"""Combinations of the outer knobs (offload_gbps × nvlink_size values) one grid may hold:
+each is a CP-SAT model of its own, built and searched like one `solve` (seconds to minutes,
+tens of MB); real questions ask a handful of NVLink sizes (4, 8, 16, 36, 72) and bandwidths."""
+
 
 @dataclass(frozen=True)
 class Grid:
@@ -49,11 +58,12 @@ class Grid:
                 raise InputError(f"--vary: {knob!r} is not a knob (knobs: {', '.join(KNOBS)})")
             if not vals:
                 raise InputError(f"--vary {knob}: no values")
+        _check_size(values)
+        for knob, vals in values.items():
             if any(not math.isfinite(x) or x < 0 or (x == 0 and knob != "offload_gib") for x in vals):
-                raise InputError(f"--vary {knob}={','.join(f'{x:g}' for x in vals)}: values must be positive "
-                                 f"(offload_gib may be 0)")
+                raise InputError(f"--vary {knob}={_listed(vals)}: values must be positive (offload_gib may be 0)")
             if any(b <= a for a, b in zip(vals, vals[1:])):
-                raise InputError(f"--vary {knob}={','.join(f'{x:g}' for x in vals)}: values must be ascending")
+                raise InputError(f"--vary {knob}={_listed(vals)}: values must be ascending")
         for option, names in (("--minimize", minimize), ("--cost", tuple(cost or ()))):
             for knob in names:
                 if knob not in values:
@@ -85,6 +95,47 @@ class Grid:
         certified best time is at most `small`'s (or both are infeasible)."""
         return (all(big.get(k) == small.get(k) for k in ENUMERATED_KNOBS)
                 and all(big[k] >= small[k] for k in MONOTONE_KNOBS if k in self.values))
+
+
+def _listed(values: tuple[float, ...], limit: int = 60) -> str:
+    """Values as --vary takes them, cut short when long."""
+    text = ",".join(f"{x:g}" for x in values)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _check_size(values: dict[str, tuple[float, ...]]) -> None:
+    """Refuse a grid past MAX_GRID_SYSTEMS systems or MAX_MODELS outer combinations, before any
+    question is asked: the error spells the product out."""
+    systems = math.prod(len(vals) for vals in values.values())
+    if systems > MAX_GRID_SYSTEMS:
+        product = " × ".join(f"{knob} {len(vals):,}" for knob, vals in values.items())
+        raise InputError(f"--vary: the grid has {systems:,} systems ({product}), more than {MAX_GRID_SYSTEMS:,}: "
+                         f"vary fewer values")
+    outer = {knob: len(vals) for knob, vals in values.items() if knob in OUTER_KNOBS}
+    models = math.prod(outer.values())
+    if models > MAX_MODELS:
+        product = " × ".join(f"{knob} {n:,}" for knob, n in outer.items())
+        raise InputError(f"--vary: {product} values make {models:,} CP-SAT models (one per combination, each "
+                         f"searched like one solve), more than {MAX_MODELS}: vary fewer of these values")
+
+
+def least_reaching(values: tuple[float, ...], reaches_at: Callable[[float], bool], monotone: bool) -> float | None:
+    """The smallest of the ascending `values` at which `reaches_at` holds (None: none).
+
+    `monotone`: holding at a value implies holding at every larger one (a monotone knob, the
+    others at their largest or enumerated). Then bisection asks about log2(n) values, and
+    every value below the answer lies below one asked that missed — the miss that proves it.
+    Otherwise (an NVLink size) every value is asked in order."""
+    if not monotone:
+        return next((value for value in values if reaches_at(value)), None)
+    low, high = 0, len(values)      # below `low`: proven misses; at `high` (if any): reaches
+    while low < high:
+        middle = (low + high) // 2
+        if reaches_at(values[middle]):
+            high = middle
+        else:
+            low = middle + 1        # values[middle] missed: it proves every value up to it
+    return values[low] if low < len(values) else None
 
 
 @dataclass(frozen=True)

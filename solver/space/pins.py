@@ -5,22 +5,32 @@ given; the count, the enumeration, brute force and the CP-SAT search all read th
 the Space (`Space.pins`), so counts and certificates hold within the pinned space. DIM is a
 dimension's short name, its table label or its Calculon field (`tp`, `tensor_par`); values
 are numbers, a choice's name (`recompute=full`), on/off for a switch, a network's index.
+
+Errors name where the pins were given (`--fix`, or a batch file's `fix`). A pin no mapping of
+the problem can take (`ep=2` on a dense model, `weight_offload=on` without offload memory,
+`tp_net=9` on a two-network system) is refused by `check_pins`, naming the dimension's own
+rule, before any search: the search could only report an empty space.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import replace
 from typing import Iterable
 
+import costmodel.limits as limits
 from costmodel.dimensions import BY_NAME, DIMENSIONS, Dimension
-from costmodel.errors import InputError
+from costmodel.errors import InputError, shown
+from costmodel.limits import Bound
+from costmodel.model import Model
+from costmodel.system import System
 from solver.space.declaration import Space
 
 _SWITCH_WORDS = {"on": 1, "off": 0, "true": 1, "false": 0, "yes": 1, "no": 0, "1": 1, "0": 0}
 
 
-def _dimension(word: str) -> Dimension:
+def _dimension(word: str, option: str) -> Dimension:
     names = {}
     for dim in DIMENSIONS:
         for alias in (dim.name, dim.header, dim.field):
@@ -28,58 +38,67 @@ def _dimension(word: str) -> Dimension:
     if word in names:
         return names[word]
     close = difflib.get_close_matches(word, list(names), n=1)
-    hint = f" (did you mean {close[0]}?)" if close else ""
-    raise InputError(f"--fix: {word!r} is not a dimension{hint}; dimensions: "
-                     f"{', '.join(d.name for d in DIMENSIONS)}")
+    if close:
+        raise InputError(f"{option}: {word!r} is not a dimension (did you mean {close[0]}?)")
+    raise InputError(f"{option}: {word!r} is not a dimension; dimensions: {', '.join(d.name for d in DIMENSIONS)}")
 
 
-def _value(dim: Dimension, text: str, given: str) -> int:
+def _value(dim: Dimension, text: str, given: str, option: str) -> int:
     """The number or code of one value of `dim` written as `text`."""
     word = text.strip().lower()
     if dim.kind == "choice":
         names = [member.value for member in dim.choices]
         if word in names:
             return names.index(word)
-        raise InputError(f"--fix {given}: {text!r} is not a {dim.name} (choose from {', '.join(names)})")
+        raise InputError(f"{option} {given}: {shown(text)} is not a {dim.name} (choose from {', '.join(names)})")
     if dim.kind == "switch":
         if word in _SWITCH_WORDS:
             return _SWITCH_WORDS[word]
-        raise InputError(f"--fix {given}: {text!r} is not on or off")
+        raise InputError(f"{option} {given}: {shown(text)} is not on or off")
     smallest = 0 if dim.kind == "network" else 1
-    if not word.isdigit() or int(word) < smallest:
+    digits = word.lstrip("0") or "0"
+    number = int(digits) if digits.isdigit() and len(digits) <= 19 else math.inf   # 19 digits: within int64
+    if not word.isdigit() or number < smallest:
         kind = "a network index (0, 1, ...)" if dim.kind == "network" else "a whole number >= 1"
-        raise InputError(f"--fix {given}: {text!r} is not {kind}")
-    return int(word)
+        raise InputError(f"{option} {given}: {shown(text)} is not {kind}")
+    problem = dim.bound.problem(number)
+    if problem is not None:
+        raise InputError(f"{option} {dim.name}={digits if len(digits) <= 19 else digits[:19] + '…'}: {problem}")
+    return int(number)
 
 
-def parse_pins(texts: Iterable[str]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+def parse_pins(texts: Iterable[str], option: str = "--fix") -> tuple[tuple[str, tuple[int, ...]], ...]:
     """`["tp=8", "recompute=full,none"]` -> (("tp", (8,)), ("recompute", (0, 2))), in
-    declaration order. A dimension given twice is an error naming it."""
+    declaration order. A dimension given twice is an error naming it; `option` is where the
+    pins were given (`--fix`, a batch file's `fix`)."""
     pins: dict[str, tuple[int, ...]] = {}
     for text in texts:
         name, sep, values = text.partition("=")
         if not sep or not name.strip() or not values.strip():
-            raise InputError(f"--fix {text!r}: write DIM=VALUE[,VALUE...], e.g. tp=8 or recompute=full,none")
-        dim = _dimension(name.strip())
+            raise InputError(f"{option} {text!r}: write DIM=VALUE[,VALUE...], e.g. tp=8 or recompute=full,none")
+        dim = _dimension(name.strip(), option)
         if dim.name in pins:
-            raise InputError(f"--fix: {dim.name} is fixed twice ({text!r})")
-        pins[dim.name] = tuple(sorted({_value(dim, value, text) for value in values.split(",")}))
+            raise InputError(f"{option}: {dim.name} is fixed twice ({text!r})")
+        pins[dim.name] = tuple(sorted({_value(dim, value, text, option) for value in values.split(",")}))
     return tuple((dim.name, pins[dim.name]) for dim in DIMENSIONS if dim.name in pins)
 
 
 def pinned(space: Space, pins: tuple[tuple[str, tuple[int, ...]], ...]) -> Space:
     """`space` with these pins (added to any it has; a dimension pinned twice is an error)."""
-    both = {name for name, _ in space.pins} & {name for name, _ in pins}
-    if both:
-        raise InputError(f"--fix: {', '.join(sorted(both))} is fixed twice")
+    names = [name for name, _ in space.pins + pins]
+    both = sorted({name for name in names if names.count(name) > 1})
+    if both:   # e.g. --fix batch=3 with --batch 4: neither would win silently
+        raise InputError(f"--fix: {', '.join(both)} is fixed twice")
     order = [dim.name for dim in DIMENSIONS]
     return replace(space, pins=tuple(sorted(space.pins + pins, key=lambda pin: order.index(pin[0]))))
 
 
 def batch_cap(max_batch: int, batch: int | None, batch_tokens: int | None, seq_size: int,
-              max_batch_given: bool) -> tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]:
+              max_batch_given: bool, batch_bound: Bound = limits.MAX_BATCH_SEARCH
+              ) -> tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]:
     """The batch cap and pins for a fixed global batch. A fixed batch B is the cap B with the
-    batch pinned to B: only mappings whose dp divides B remain. `batch_tokens` is B·seq_size."""
+    batch pinned to B: only mappings whose dp divides B remain. `batch_tokens` is B·seq_size,
+    and B keeps within `batch_bound`, the bound --batch has (a search's or a count's)."""
     if batch is not None and batch_tokens is not None:
         raise InputError("--batch and --batch-tokens: give one of them")
     if batch_tokens is not None:
@@ -87,11 +106,52 @@ def batch_cap(max_batch: int, batch: int | None, batch_tokens: int | None, seq_s
             raise InputError(f"--batch-tokens {batch_tokens}: not a whole number of sequences of "
                              f"seq_size {seq_size} tokens ({batch_tokens / seq_size:g})")
         batch = batch_tokens // seq_size
+        problem = batch_bound.problem(batch)
+        if problem is not None:
+            raise InputError(f"--batch-tokens {batch_tokens}: {batch:,} sequences of seq_size {seq_size} tokens, "
+                             f"{problem}")
     if batch is None:
         return max_batch, ()
     if max_batch_given:
         raise InputError(f"--batch {batch} fixes the global batch; --max-batch {max_batch} caps it: give one")
     return batch, (("batch", (batch,)),)
+
+
+def check_pins(pins: tuple[tuple[str, tuple[int, ...]], ...], model: Model, system: System, num_gpus: int,
+               space: Space, option: str = "--fix") -> None:
+    """Refuse a pinned value no mapping of this problem can take, naming why: a degree that
+    does not divide the GPUs, a value the space does not offer, or the dimension's declared
+    rule (`Dimension.fits`) on that value alone (rules that need other dimensions' values are
+    left to the search)."""
+    offered = {flag.name: flag.domain(len(system.networks)) for flag in space.flags}
+    for name, values in pins:
+        dim = BY_NAME[name]
+        for value in values:
+            shown = f"{option} {name}={dim.label_of(value) if dim.is_flag else value}"
+            reason = _pin_problem(dim, value, model, system, num_gpus, space, offered)
+            if reason is not None:
+                raise InputError(f"{shown}: {reason}")
+
+
+def _pin_problem(dim: Dimension, value: int, model: Model, system: System, num_gpus: int, space: Space,
+                 offered: dict[str, tuple[int, ...]]) -> str | None:
+    """Why dimension `dim` can never take `value` in this problem, or None."""
+    if dim.name in ("tp", "cp", "ep", "pp", "dp") and num_gpus % value:
+        return f"{dim.name} {value} does not divide the {num_gpus:,} GPUs"
+    limit = {"tp": space.tp_max, "cp": space.cp_max}.get(dim.name)
+    if limit is not None and value > limit:
+        return f"{dim.name} {value} is above {limit}, the largest space {space.name} considers"
+    if dim.fits is not None:
+        try:
+            reason = dim.fits(model, system, {dim.name: dim.value_of(value)})
+        except KeyError:       # the rule reads another dimension's value too: the search applies it
+            reason = None
+        if reason is not None:
+            return reason
+    if dim.name in offered and value not in offered[dim.name]:
+        labels = ", ".join(dim.label_of(code) for code in offered[dim.name])
+        return f"space {space.name} does not offer {dim.name} {dim.label_of(value)} (it offers {labels})"
+    return None
 
 
 def describe_pins(space: Space) -> dict[str, list]:

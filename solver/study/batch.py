@@ -17,7 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from costmodel.errors import InputError
 from costmodel.load import describe_validation_error, load_model, load_system, parse, read_document
 import costmodel.limits as limits
-from costmodel.model import Model, within
+from costmodel.model import Model, RealNumber, within
 from costmodel.system import Datatype, System
 from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES
 from solver.space.declaration import SPACES
@@ -51,14 +51,14 @@ class Overrides(BaseModel):
 
     model_config = _BATCH_CONFIG
 
-    hbm_gib: Grid(Annotated[float, Field(gt=0), within(limits.CAPACITY_GIB)]) | None = Field(None, description="HBM capacity per GPU, GiB.")
-    offload_gib: Grid(Annotated[float, Field(ge=0), within(_OFFLOAD_GIB)]) | None = Field(
+    hbm_gib: Grid(Annotated[RealNumber, Field(gt=0), within(limits.CAPACITY_GIB)]) | None = Field(None, description="HBM capacity per GPU, GiB.")
+    offload_gib: Grid(Annotated[RealNumber, Field(ge=0), within(_OFFLOAD_GIB)]) | None = Field(
         None, description="Offload memory per GPU, GiB; 0 = none.")
-    offload_gbps: Grid(Annotated[float, Field(gt=0), within(limits.BANDWIDTH_GBPS)] | Literal["unbounded"]) | None = Field(
+    offload_gbps: Grid(Annotated[RealNumber, Field(gt=0), within(limits.BANDWIDTH_GBPS)] | Literal["unbounded"]) | None = Field(
         None, description="Offload bandwidth per GPU per direction, GB/s, or 'unbounded' (as fast as HBM).")
     nvlink_size: Grid(Annotated[int, Field(gt=0, strict=True), within(limits.NETWORK_SIZE)]) | None = Field(
         None, description="Size of the first network (the NVLink domain), GPUs.")
-    runtime_reserve_gib: Grid(Annotated[float, Field(ge=0), within(limits.CAPACITY_GIB_OR_ZERO)]) | None = Field(
+    runtime_reserve_gib: Grid(Annotated[RealNumber, Field(ge=0), within(limits.CAPACITY_GIB_OR_ZERO)]) | None = Field(
         None, description="HBM per GPU kept by the runtime, GiB (0: none, as the 2023 paper counted).")
 
 
@@ -89,11 +89,11 @@ class GridSpec(BaseModel):
     grad_datatype: Grid(Literal[GRAD_DATATYPES]) | None = Field(
         None, description="Gradient datatypes: float32 main gradients (Megatron-LM, the default) or 16bit "
                           "(DeepSpeed, the ZeRO paper).")
-    capacity_factor: Grid(Annotated[float, within(limits.CAPACITY_FACTOR)]) | None = Field(
+    capacity_factor: Grid(Annotated[RealNumber, within(limits.CAPACITY_FACTOR)]) | None = Field(
         None, description="Mixture-of-experts capacity factors: the busiest expert's tokens over the mean (default "
                           "1.0, perfect balance; Switch Transformer's 1.25). Dense models ignore it.")
     overrides: Overrides | None = Field(None, description="System overrides, each a value or a list.")
-    time_limit_s: Annotated[float, within(limits.TIME_LIMIT_S)] | None = Field(None, gt=0, description=f"Solver time limit per problem, s "
+    time_limit_s: Annotated[RealNumber, within(limits.TIME_LIMIT_S)] | None = Field(None, gt=0, description=f"Solver time limit per problem, s "
                                                                 f"(default {DEFAULT_TIME_LIMIT_S:g}).")
 
 
@@ -322,10 +322,7 @@ def _pin_texts(fix: dict[str, Any], where: str) -> tuple[str, ...]:
         values = values if isinstance(values, list) else [values]
         words = [("on" if v else "off") if isinstance(v, bool) else str(v) for v in values]
         texts.append(f"{name}={','.join(words)}")
-    try:
-        parse_pins(texts)
-    except InputError as err:
-        raise InputError(f"{where}: fix: {str(err).removeprefix('--fix')}".replace(":  ", ": ")) from None
+    parse_pins(texts, option=f"{where}: fix")
     return tuple(texts)
 
 

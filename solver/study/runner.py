@@ -27,15 +27,16 @@ def solve_payload(payload: dict, progress=None) -> dict:
     try:
         from solver.search.solve import SolverConfig, solve
         from solver.space.declaration import get_space
-        from solver.space.pins import parse_pins, pinned
+        from solver.space.pins import check_pins, parse_pins, pinned
 
         problem = payload["problem"]
         model = Model.model_validate(payload["model"])
         system = System.model_validate(payload["system"])
         config = SolverConfig(time_limit_s=problem["time_limit_s"], workers=payload.get("solver_workers", 1))
+        pins, space = parse_pins(problem.get("fix", []), option="fix"), get_space(problem["space"])
+        check_pins(pins, model, system, problem["gpus"], space, option="fix")   # this problem's error, no search
         result = solve(model, system, problem["gpus"], max_batch=problem["max_batch"],
-                       datatype=Datatype(problem["datatype"]),
-                       space=pinned(get_space(problem["space"]), parse_pins(problem.get("fix", []))),
+                       datatype=Datatype(problem["datatype"]), space=pinned(space, pins),
                        kernels=Kernels.with_attention(problem.get("attention", "fused"),
                                                       problem.get("grad_datatype", "float32"),
                                                       problem.get("capacity_factor", 1.0)), config=config,

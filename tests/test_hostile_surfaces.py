@@ -1,0 +1,581 @@
+"""Hostile input on the newer surfaces (Hugging Face configs, mixture-of-experts options,
+co-design grids), one family per mechanism, each family's cases generated rather than listed:
+
+1. every number option of every command at NaN, infinity, negative, zero and huge values —
+   an error raised anywhere in a command is one line (the group's handler);
+2. every field a Hugging Face config.json reader uses, of every model_type, given a value of
+   the wrong type — the typed schema names the field;
+3. every boolean field of every input (model, system, mapping, config.json) given as a string
+   or a number — refused, never read as bool(...); JSON booleans read as they are;
+4. co-design grids past the caps — refused before any question; under them, a monotone knob
+   is bisected;
+5. messages: a pin no mapping can take names its dimension's rule, every error line is at
+   most 300 characters, an alias bomb is called one only when it has aliases, output paths'
+   missing directories are created.
+
+Every refusal is checked the same way (`assert_refused`): exit 1 or 2, one error line of at
+most 300 characters, no traceback. Problems are tiny so that an accepted value answers fast."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import time
+import types
+import typing
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from conftest import H100_SYSTEM, MAPPING_DATA, MODEL_DATA, MODELS_DIR, SYSTEM_DATA
+from costmodel.errors import InputError
+from costmodel.hf import READERS
+from costmodel.load import load_mapping, load_model, load_system
+from costmodel.mapping import Mapping
+from costmodel.model import Model
+from costmodel.system import Datatype, System
+from solver.cli.app import COMMANDS, cli
+from solver.cli.errors import MAX_ERROR_LINE
+from solver.search import codesign as codesign_module
+from solver.search.codesign import Grid, Target, codesign
+from solver.search.codesign_grid import MAX_GRID_SYSTEMS, MAX_MODELS, least_reaching
+from solver.search.solve import solve
+from solver.space.declaration import get_space
+
+TINY = {**MODEL_DATA, "hidden": 64, "feedforward": 256, "seq_size": 64, "attn_heads": 4, "attn_size": 16,
+        "num_blocks": 2, "vocab_size": 1000}
+TINY_MOE = {**TINY, "num_experts": 4, "experts_per_token": 2, "expert_feedforward": 128}
+
+
+def mapsat(*args) -> click.testing.Result:
+    return CliRunner().invoke(cli, [str(a) for a in args], prog_name="mapsat")
+
+
+def assert_refused(result, *fragments: str) -> str:
+    """Exit 1 (`error: ...` on stderr) or 2 (click's `Error: ...`): one error line of at most
+    MAX_ERROR_LINE characters holding every fragment, and no traceback."""
+    crashed = result.exception is not None and not isinstance(result.exception, SystemExit)
+    assert not crashed, repr(result.exception)
+    assert result.exit_code in (1, 2), f"exit {result.exit_code}: {result.output}"
+    assert "Traceback" not in result.output
+    prefix = "error: " if result.exit_code == 1 else "Error: "
+    lines = [line for line in result.output.splitlines() if line.startswith(prefix)]
+    assert len(lines) == 1, result.output
+    assert len(lines[0]) <= MAX_ERROR_LINE, f"{len(lines[0])} characters: {lines[0]}"
+    for fragment in fragments:
+        assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+def assert_answers_or_refuses(result) -> None:
+    if result.exit_code != 0:
+        assert_refused(result)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    directory = tmp_path_factory.mktemp("hostile")
+    out = {}
+    for name, data in (("model", TINY), ("moe", TINY_MOE), ("system", SYSTEM_DATA)):
+        (directory / f"{name}.yaml").write_text(yaml.safe_dump(data))
+        out[name] = str(directory / f"{name}.yaml")
+    mapping = {**MAPPING_DATA, "num_procs": 2, "tensor_par": 1, "pipeline_par": 1, "data_par": 2, "batch_size": 4,
+               "microbatch_size": 1}
+    (directory / "mapping.json").write_text(json.dumps(mapping))
+    out["mapping"] = str(directory / "mapping.json")
+    out["dir"] = str(directory)
+    return out
+
+
+# ---------------------------------------------------------------- 1. number options
+
+HOSTILE_NUMBERS = ["nan", "inf", "-inf", "-1", "0", "1e308", str(2**63), str(2**64), "9" * 5000]
+
+
+def base_args(command: str, files: dict[str, str], model: str = "moe") -> list[str]:
+    """A tiny problem each command answers in about a second (a mixture of experts, or the
+    dense `model`); the option under test is added."""
+    problem = ["--model", files[model], "--system", files["system"]]
+    return {
+        "solve": [*problem, "--gpus", "2", "--time-limit", "5"],
+        "brute": [*problem, "--gpus", "2", "--workers", "1"],
+        "count": [*problem, "--gpus", "2"],
+        "explain": [*problem, "--gpus", "2", "--time-limit", "5", "--dims", "tp"],
+        "codesign": [*problem, "--gpus", "2", "--within", "0.1", "--vary", "hbm_gib=40,80", "--time-limit", "5"],
+        "eval": [*problem, "--mapping", files["mapping"]],
+        "shape": ["--params", "1e9", "--gpus", "8", "--blocks", "2,4", "--rule-only"],
+        "batch": [str(Path(files["dir"]) / "batch.yaml"), "--out", str(Path(files["dir"]) / "batch-out")],
+    }[command]
+
+
+NUMBER_OPTIONS = [(name, param.opts[0]) for name in COMMANDS for param in cli.commands[name].params
+                  if isinstance(param.type, (click.types.IntParamType, click.types.FloatParamType))]
+
+
+def test_number_options_are_found():
+    assert {("solve", "--capacity-factor"), ("brute", "--batch-tokens"), ("codesign", "--target-mfu"),
+            ("shape", "--params"), ("batch", "--jobs")} <= set(NUMBER_OPTIONS)
+
+
+@pytest.mark.parametrize("command, option", NUMBER_OPTIONS, ids=[f"{c}{o}" for c, o in NUMBER_OPTIONS])
+def test_every_number_option_at_hostile_values_answers_or_is_one_line(files, command, option):
+    if command == "batch":   # a batch file that runs nothing: the option is what is under test
+        Path(files["dir"], "batch.yaml").write_text(f"models: [{files['model']}]\nsystems: [{files['system']}]\n"
+                                                    f"gpus: [3]\n")
+    args = base_args(command, files)
+    for value in HOSTILE_NUMBERS:
+        with_value = list(args)
+        if option in with_value:
+            with_value[with_value.index(option) + 1] = value
+        else:
+            with_value += [option, value]
+        started = time.perf_counter()
+        result = mapsat(command, *with_value)
+        assert_answers_or_refuses(result)
+        if result.exit_code:
+            assert time.perf_counter() - started < 10, (command, option, value)
+
+
+@pytest.mark.parametrize("tokens", [2**40, 2**25 * 64, 10**18])
+def test_a_batch_in_tokens_past_the_search_bound_is_refused_before_any_search(files, tokens):
+    for command in ("solve", "brute", "explain"):
+        started = time.perf_counter()
+        result = mapsat(command, *base_args(command, files), "--batch-tokens", tokens)
+        assert_refused(result, f"--batch-tokens {tokens}", "sequences of seq_size 64 tokens", "above 2^24")
+        assert time.perf_counter() - started < 5
+    assert mapsat("count", *base_args("count", files), "--batch-tokens", 2**40, "--json").exit_code == 0
+
+
+def test_capacity_factor_below_one_is_one_line_on_the_mixtral_config():
+    result = mapsat("solve", "--model", MODELS_DIR / "mixtral-8x7b" / "config.json", "--seq-size", 4096,
+                    "--system", H100_SYSTEM, "--gpus", 16, "--capacity-factor", 0.5)
+    assert_refused(result, "'--capacity-factor'", "0.5 is below 1")
+
+
+def test_an_error_raised_by_an_option_wrapper_is_one_line_and_debug_shows_it(files, monkeypatch):
+    from costmodel.kernels import Kernels
+
+    def refuse(*args, **kwargs):
+        raise InputError("attention 'x' does not exist")
+
+    monkeypatch.setattr(Kernels, "with_attention", staticmethod(refuse))
+    assert_refused(mapsat("count", *base_args("count", files)), "attention 'x' does not exist")
+    debug = mapsat("--debug", "count", *base_args("count", files))
+    assert isinstance(debug.exception, InputError)
+
+
+# ---------------------------------------------------------------- 2. Hugging Face fields
+
+def _shipped(name: str) -> dict:
+    return json.loads((MODELS_DIR / name / "config.json").read_text())
+
+
+VALID_CONFIGS = {
+    "llama": _shipped("llama-3.1-8b"), "mistral": _shipped("mistral-7b"), "qwen2": _shipped("qwen2.5-72b"),
+    "mixtral": _shipped("mixtral-8x7b"), "qwen2_moe": _shipped("qwen1.5-moe-a2.7b"),
+    "qwen3_moe": _shipped("qwen3-30b-a3b"), "nemotron": _shipped("nemotron-4-340b"),
+    "gpt2": {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
+             "n_positions": 1024},
+    "gpt_neox": {"model_type": "gpt_neox", "hidden_size": 6144, "num_hidden_layers": 44, "num_attention_heads": 64,
+                 "intermediate_size": 24576, "vocab_size": 50432, "use_parallel_residual": True},
+}
+
+WRONG = {  # values of the wrong type (or out of range) for each kind of field
+    "number": ["4096", "many", [8], {"n": 8}, True, 1.5, -1, 0.5, 10**30, math.nan],
+    "boolean": ["false", "true", "yes", "", 0, 1, [True], {"b": True}],
+    "text": [["silu"], 1, True, {"act": "silu"}, 2.5],
+    "list": ["none", 5, [True], ["0"], [-1], [1.5], {"0": 1}],
+}
+
+
+def field_kind(annotation) -> str:
+    text = repr(annotation)
+    if "list[" in text:
+        return "list"
+    if "bool" in text:
+        return "boolean"
+    if "int" in text:
+        return "number"
+    return "text"
+
+
+HF_FIELDS = [(kind, name, field_kind(info.annotation)) for kind, (schema, _) in READERS.items()
+             for name, info in schema.model_fields.items() if name != "model_type"]
+
+
+def test_every_model_type_has_a_valid_config_here():
+    assert set(VALID_CONFIGS) == set(READERS)
+    for kind, config in VALID_CONFIGS.items():
+        assert config["model_type"] == kind
+
+
+def _write_config(tmp_path: Path, config: dict) -> Path:
+    path = tmp_path / "model" / "config.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("kind, field, field_type", HF_FIELDS, ids=[f"{k}.{f}" for k, f, _ in HF_FIELDS])
+def test_every_config_field_of_the_wrong_type_is_named(tmp_path, kind, field, field_type):
+    for wrong in WRONG[field_type]:
+        path = _write_config(tmp_path, {**VALID_CONFIGS[kind], field: wrong})
+        with pytest.raises(InputError) as raised:
+            load_model(path, seq_size=1024)
+        message = str(raised.value)
+        assert f"'{field}" in message and str(path) in message and "\n" not in message, (wrong, message)
+    # and through the command line: one line, the field named, no traceback
+    path = _write_config(tmp_path, {**VALID_CONFIGS[kind], field: WRONG[field_type][0]})
+    assert_refused(mapsat("count", "--model", path, "--seq-size", 1024, "--system", H100_SYSTEM, "--gpus", 8),
+                   f"'{field}")
+
+
+@pytest.mark.parametrize("wrong", [["llama"], 7, None, {"type": "llama"}, "llama " * 100])
+def test_a_model_type_of_the_wrong_type_is_named(tmp_path, wrong):
+    path = _write_config(tmp_path, {**VALID_CONFIGS["llama"], "model_type": wrong})
+    assert_refused(mapsat("count", "--model", path, "--seq-size", 1024, "--system", H100_SYSTEM, "--gpus", 8),
+                   "model_type", "is not supported")
+
+
+@pytest.mark.parametrize("field, value, fragments", [
+    ("hidden_size", "4096", ["field 'hidden_size' '4096'", "a string, not a whole number"]),
+    ("num_attention_heads", 0, ["field 'num_attention_heads' 0", "below 1"]),
+    ("hidden_act", ["silu"], ["field 'hidden_act'", "valid string"]),
+])
+def test_the_reported_config_values_name_their_field(tmp_path, field, value, fragments):
+    path = _write_config(tmp_path, {**VALID_CONFIGS["llama"], field: value})
+    assert_refused(mapsat("solve", "--model", path, "--seq-size", 4096, "--system", H100_SYSTEM, "--gpus", 8),
+                   *fragments)
+
+
+def test_a_null_field_is_its_default_as_in_transformers(tmp_path):
+    config = {**VALID_CONFIGS["mistral"], "head_dim": None, "sliding_window": None, "num_key_value_heads": None}
+    model = load_model(_write_config(tmp_path, config), seq_size=4096)
+    assert (model.attn_size, model.kv_heads) == (4096 // 32, 32)
+
+
+# ---------------------------------------------------------------- 3. booleans
+
+def _boolean_fields(schema, prefix: str = "") -> list[str]:
+    """Dotted paths of the bool fields of a pydantic schema, descending into nested schemas
+    and into the first item of a list of them (the fields under a dict key are not reached)."""
+    out = []
+    for name, info in schema.model_fields.items():
+        if field_kind(info.annotation) == "boolean":
+            out.append(prefix + name)
+        annotation = info.annotation
+        union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        for alt in typing.get_args(annotation) if union else (annotation,):
+            item = typing.get_args(alt)[0] if typing.get_origin(alt) is list else None
+            if isinstance(alt, type) and issubclass(alt, BaseModel):
+                out += _boolean_fields(alt, f"{prefix}{name}.")
+            elif isinstance(item, type) and issubclass(item, BaseModel):
+                out += _boolean_fields(item, f"{prefix}{name}.0.")
+    return out
+
+
+INPUT_BOOLEANS = ([("model", f) for f in _boolean_fields(Model)] + [("mapping", f) for f in _boolean_fields(Mapping)]
+                  + [("system", f) for f in _boolean_fields(System)])
+
+
+def test_the_boolean_fields_are_found():
+    assert {("model", "tied_embeddings"), ("model", "bias"), ("mapping", "weight_offload"),
+            ("mapping", "fused_attention"), ("mapping", "seq_par_ag_redo"),
+            ("system", "networks.0.must_be_filled")} <= set(INPUT_BOOLEANS)
+
+
+def _set(data: dict, path: str, value) -> dict:
+    data = json.loads(json.dumps(data))
+    holder = data
+    *parents, last = path.split(".")
+    for part in parents:
+        holder = holder[int(part)] if part.isdigit() else holder[part]
+    holder[last] = value
+    return data
+
+
+@pytest.mark.parametrize("kind, field", INPUT_BOOLEANS, ids=[f"{k}.{f}" for k, f in INPUT_BOOLEANS])
+def test_every_input_boolean_given_as_a_string_or_number_is_refused(tmp_path, kind, field):
+    base = {"model": MODEL_DATA, "mapping": MAPPING_DATA, "system": SYSTEM_DATA}[kind]
+    load = {"model": load_model, "mapping": load_mapping, "system": load_system}[kind]
+    for wrong in WRONG["boolean"]:
+        path = tmp_path / f"{kind}.json"
+        path.write_text(json.dumps(_set(base, field, wrong)))
+        with pytest.raises(InputError) as raised:
+            load(path)
+        assert f"field '{field}" in str(raised.value), (wrong, str(raised.value))
+
+
+@pytest.mark.parametrize("field", ["tie_word_embeddings", "attention_bias", "mlp_bias"])
+def test_config_booleans_are_read_as_they_are_and_strings_refused(tmp_path, field):
+    for value in (True, False):
+        config = {**VALID_CONFIGS["llama"], field: value}
+        if field != "tie_word_embeddings":    # llama's biases are all on or all off
+            config.update(attention_bias=value, mlp_bias=value)
+        model = load_model(_write_config(tmp_path, config), seq_size=4096)
+        assert (model.tied_embeddings if field == "tie_word_embeddings" else model.bias) is value
+    for text in ("false", "true"):
+        with pytest.raises(InputError, match=f"field '{field}' '{text}': a string, not a valid boolean"):
+            load_model(_write_config(tmp_path, {**VALID_CONFIGS["llama"], field: text}), seq_size=4096)
+
+
+def test_use_parallel_residual_as_a_string_is_refused_not_warned_about(tmp_path):
+    config = {**VALID_CONFIGS["gpt_neox"], "use_parallel_residual": "false"}
+    assert_refused(mapsat("count", "--model", _write_config(tmp_path, config), "--seq-size", 2048,
+                          "--system", H100_SYSTEM, "--gpus", 8), "field 'use_parallel_residual' 'false'")
+
+
+@pytest.mark.parametrize("kind, field", [("mapping", "capacity_factor"), ("batch", "capacity_factor"),
+                                         ("batch", "time_limit_s"), ("batch", "overrides.hbm_gib"),
+                                         ("batch", "overrides.offload_gbps")])
+def test_a_boolean_where_a_number_goes_is_refused_too(files, tmp_path, kind, field):
+    # the other side of bool(...): `true` is not read as 1.0
+    if kind == "mapping":
+        path = tmp_path / "mapping.json"
+        path.write_text(json.dumps({**MAPPING_DATA, field: True}))
+        with pytest.raises(InputError, match=f"field '{field}' True: a boolean, not a number"):
+            load_mapping(path)
+        return
+    from solver.study.batch import load_batch
+
+    doc = _set({"models": [files["model"]], "systems": [files["system"]], "gpus": [2], "overrides": {}}, field, True)
+    path = tmp_path / "batch.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(InputError, match=f"field '{field}"):
+        load_batch(path)
+
+
+MAPPING_NUMBERS = [name for name, info in Mapping.model_fields.items()
+                   if field_kind(info.annotation) == "number" and name in MAPPING_DATA] + ["sharding_stage"]
+
+
+@pytest.mark.parametrize("field", MAPPING_NUMBERS)
+def test_every_mapping_number_written_as_text_is_refused_alike(tmp_path, field):
+    # sharding_stage "3" as context_par "2": a number is written without quotes
+    path = tmp_path / "mapping.json"
+    path.write_text(json.dumps({**MAPPING_DATA, field: str(MAPPING_DATA.get(field, 1))}))
+    with pytest.raises(InputError, match=f"field '{field}' '[0-9]+': a string, not a whole number"):
+        load_mapping(path)
+
+
+# ---------------------------------------------------------------- 4. co-design grids
+
+KNOB_VALUES = {"hbm_gib": lambda n: [40 + i for i in range(n)], "offload_gib": lambda n: [8 * i for i in range(n)],
+               "offload_gbps": lambda n: [10 + i for i in range(n)], "nvlink_size": lambda n: [1 + i for i in range(n)]}
+
+
+@st.composite
+def grids_past_a_cap(draw) -> dict[str, int]:
+    """Value counts per knob whose grid is past MAX_GRID_SYSTEMS systems or MAX_MODELS models."""
+    knobs = draw(st.lists(st.sampled_from(list(KNOB_VALUES)), min_size=1, max_size=4, unique=True))
+    outer = [k for k in knobs if k in ("offload_gbps", "nvlink_size")]
+    if outer and draw(st.booleans()):            # past the models cap
+        counts = {k: 1 for k in knobs}
+        counts[outer[0]] = draw(st.integers(MAX_MODELS + 1, 3000))
+        return counts
+    counts = {k: draw(st.integers(1, 120)) for k in knobs}
+    counts[knobs[0]] = MAX_GRID_SYSTEMS // math.prod(n for k, n in counts.items() if k != knobs[0]) + 1
+    return counts
+
+
+@settings(max_examples=25, deadline=None, database=None, derandomize=True)
+@given(counts=grids_past_a_cap())
+def test_a_grid_past_a_cap_is_refused_before_any_question(files, counts):
+    vary = [a for knob, n in counts.items() for a in ("--vary", f"{knob}=" + ",".join(map(str, KNOB_VALUES[knob](n))))]
+    started = time.perf_counter()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = mapsat("codesign", "--model", files["model"], "--system", files["system"], "--gpus", 2,
+                    "--within", "0.1", *vary)
+    assert_refused(result, "--vary:", f"more than {MAX_GRID_SYSTEMS:,}" if math.prod(counts.values()) >
+                   MAX_GRID_SYSTEMS else f"more than {MAX_MODELS}")
+    assert time.perf_counter() - started < 10
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 1 << 20   # KiB: under 1 GiB
+
+
+@settings(max_examples=200, deadline=None, database=None, derandomize=True)
+@given(n=st.integers(0, 3000), answer=st.integers(0, 3000))
+def test_bisection_equals_the_scan_and_proves_every_smaller_value(n, answer):
+    values = tuple(float(v) for v in range(n))
+    asked = []
+
+    def reaches_at(value: float) -> bool:      # monotone: reaches from `answer` on
+        asked.append(value)
+        return value >= answer
+
+    found = least_reaching(values, reaches_at, monotone=True)
+    assert found == next((v for v in values if v >= answer), None)
+    assert len(asked) <= max(1, math.ceil(math.log2(n + 1)))
+    below = found - 1 if found is not None else (values[-1] if values else None)
+    if below is not None and below >= 0:       # the value just below the answer was asked and missed
+        assert below in asked
+
+
+CODESIGN_MODEL = Model(name="m", hidden=256, feedforward=1024, seq_size=256, attn_heads=8, attn_size=32, num_blocks=4)
+
+
+def test_a_long_capacity_grid_asks_logarithmically_many_questions():
+    system = load_system(H100_SYSTEM).with_overrides(runtime_reserve_gib=0)
+    space = get_space("full")
+    values = tuple(2.0**-10 * 1.05**i for i in range(300))       # 1 MiB up to 2 GiB of HBM
+    result = codesign(CODESIGN_MODEL, system, 4, Grid.build({"hbm_gib": values}), Target("within", 0.5),
+                      max_batch=8, space=space)
+    assert result.system is not None and result.certified_optimal
+    assert result.questions <= math.ceil(math.log2(len(values))) + 2
+    least = values.index(result.system["hbm_gib"])
+    assert least > 0 and len(result.proof) == least
+    # the answer reaches and the value below it misses, by solve itself
+    for index, reach in ((least, True), (least - 1, False)):
+        best = solve(CODESIGN_MODEL, system.with_overrides(hbm_gib=values[index]), 4, max_batch=8, space=space).best
+        assert (best is not None and best.iteration_time_s <= result.target_time_s * (1 + 1e-9)) is reach
+
+
+def test_the_answer_does_not_depend_on_how_many_models_are_kept(monkeypatch):
+    system = load_system(H100_SYSTEM).with_overrides(runtime_reserve_gib=0)
+    grid = Grid.build({"hbm_gib": (0.01, 0.05, 1.0), "nvlink_size": (1, 2)}, ("hbm_gib",))
+    args = dict(max_batch=4, datatype=Datatype.bfloat16, space=get_space("full"))
+    kept = codesign(CODESIGN_MODEL, system, 2, grid, Target("within", 0.2), **args)
+    monkeypatch.setattr(codesign_module, "LIVE_MODELS", 1)    # every new outer combination rebuilds
+    rebuilt = codesign(CODESIGN_MODEL, system, 2, grid, Target("within", 0.2), **args)
+    assert (rebuilt.system, rebuilt.questions) == (kept.system, kept.questions)
+    assert [v.to_dict() for v in rebuilt.proof] == [v.to_dict() for v in kept.proof]
+
+
+# ---------------------------------------------------------------- 5. messages
+
+def _unreachable_pins(model: dict, system: dict, gpus: int) -> list[tuple[str, str]]:
+    """(pin, what the message must name) for values no mapping of the problem can take, from
+    the declaration: networks past the system's, offload without offload memory, expert
+    parallelism on a dense model, degrees that do not divide the GPUs."""
+    networks = len(system["networks"])
+    pins = [(f"{dim}={networks + extra}", f"network {networks + extra} does not exist")
+            for dim in ("tp_net", "cp_net", "ep_net", "pp_net", "dp_net") for extra in (0, 7)]
+    pins += [(f"{flag}=on", "has no offload memory")
+             for flag in ("weight_offload", "activations_offload", "optimizer_offload")]
+    if not model.get("num_experts"):
+        pins += [("ep=2", "needs a mixture-of-experts model")]
+    pins += [(f"{dim}={gpus * 3}", f"does not divide the {gpus} GPUs") for dim in ("tp", "cp", "pp", "dp")]
+    return pins
+
+
+PINS = _unreachable_pins(TINY, SYSTEM_DATA, 2)
+
+
+@pytest.mark.parametrize("pin, reason", PINS, ids=[p for p, _ in PINS])
+def test_a_pin_no_mapping_can_take_names_its_cause(files, pin, reason):
+    for command in ("count", "solve"):
+        line = assert_refused(mapsat(command, *base_args(command, files, model="model"), "--fix", pin),
+                              f"--fix {pin.split('=')[0]}", reason)
+        assert "divisibility rules" not in line
+
+
+@pytest.mark.parametrize("args", [("--fix", "batch=3", "--batch", "4"), ("--fix", "batch=4", "--batch-tokens", "256")])
+def test_a_batch_fixed_twice_is_refused_not_settled_silently(files, args):
+    assert_refused(mapsat("count", *base_args("count", files), *args), "--fix: batch is fixed twice")
+
+
+def test_a_batch_pin_one_problem_cannot_take_is_that_problems_error_only(files, tmp_path):
+    from solver.study.batch import load_batch
+    from solver.study.runner import solve_payload
+
+    path = tmp_path / "batch.yaml"
+    path.write_text(yaml.safe_dump({"models": [{**TINY, "name": "dense"}, {**TINY_MOE, "name": "moe"}],
+                                    "systems": [files["system"]], "gpus": [2], "max_batch": [4],
+                                    "fix": {"ep": 2}, "time_limit_s": 10}))
+    records = {p.model.name: solve_payload(p.payload()) for p in load_batch(path)}
+    assert records["dense"]["status"] == "error"
+    assert records["dense"]["error"].startswith("fix ep=2: expert_par(2) needs a mixture-of-experts model")
+    assert records["moe"]["status"] == "optimal" and records["moe"]["best"]["mapping"]["expert_par"] == 2
+
+
+def test_a_batch_files_unknown_fix_dimension_reads_once(files, tmp_path):
+    path = tmp_path / "batch.yaml"
+    path.write_text(f"models: [{files['model']}]\nsystems: [{files['system']}]\ngpus: [2]\nfix: {{tpx: 2}}\n")
+    line = assert_refused(mapsat("batch", path, "--out", tmp_path / "out"), f"{path}: fix: 'tpx' is not a dimension")
+    assert ": :" not in line
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: ("--model", _long_model(d)),
+    lambda d: ("--fix", "tp=" + "9" * 5000),
+    lambda d: ("--fix", "recompute=" + ",".join(["most"] * 3000)),
+    lambda d: ("--model", str(Path(d) / ("x" * 200) / ("y" * 200) / "model.yaml")),
+    lambda d: ("--system", _long_mlp_only_layers(d)),
+    lambda d: ("--model", _written(d, "digits.json", '{"hidden": ' + "9" * 5000 + "}")),
+    lambda d: ("--model", _written(d, "digits.yaml", "hidden: " + "9" * 5000 + "\n")),
+], ids=["long-field-value", "long-number", "long-choice", "long-path", "model-as-system", "json-digits",
+        "yaml-digits"])
+def test_every_error_line_is_at_most_300_characters(files, make):
+    option, value = make(files["dir"])
+    args = {"--model": files["moe"], "--system": files["system"]}
+    args[option] = value if option in args else args.get(option)
+    extra = [option, value] if option not in ("--model", "--system") else []
+    assert_refused(mapsat("count", "--model", args["--model"], "--system", args["--system"], "--gpus", 2, *extra))
+
+
+def _written(directory: str, name: str, text: str) -> str:
+    path = Path(directory) / name
+    path.write_text(text)
+    return str(path)
+
+
+def _long_model(directory: str) -> str:
+    path = Path(directory) / "long.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "name": "n" * 10_000, "hidden": "h" * 10_000}))
+    return str(path)
+
+
+def _long_mlp_only_layers(directory: str) -> str:
+    path = Path(directory) / "qwen" / "config.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({**VALID_CONFIGS["qwen2_moe"], "mlp_only_layers": list(range(100_000))}))
+    return str(path)
+
+
+def test_a_config_listing_100000_dense_layers_is_one_short_line(files):
+    result = mapsat("count", "--model", _long_mlp_only_layers(files["dir"]), "--seq-size", 2048,
+                    "--system", H100_SYSTEM, "--gpus", 8)
+    assert_refused(result, "mlp_only_layers", "not modelled")
+
+
+def test_a_large_document_is_called_an_alias_bomb_only_with_aliases(files, tmp_path):
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(f"models: [{files['model']}]\nsystems: [{files['system']}]\n"
+                     f"gpus: [{', '.join(['2'] * 100_001)}]\n")
+    line = assert_refused(mapsat("batch", plain, "--out", tmp_path / "out"), "holds more than 100,000 values")
+    assert "alias" not in line and not (tmp_path / "out").exists()
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("a: &a [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n" + "".join(
+        f"b{i}: &b{i} [" + ", ".join([f"*{'a' if i == 0 else f'b{i - 1}'}"] * 10) + "]\n" for i in range(5)))
+    assert_refused(mapsat("batch", bomb, "--out", tmp_path / "out"), "alias bomb")
+
+
+def test_every_output_path_gets_its_missing_directories(files, tmp_path):
+    problems = Path(__file__).resolve().parents[1] / "problems"
+    runs = {
+        "--csv": ["brute", *base_args("brute", files), "--csv"],
+        "--plot": ["explain", *base_args("explain", files), "--plot"],
+        "--pareto": ["codesign", *base_args("codesign", files), "--pareto"],
+        "--out": ["calibrate", "--base", problems / "systems/calibration/h100-80g-nvl8.base.yaml",
+                  "--measurements", problems / "measurements/h100-sxm-80g", "--out"],
+    }
+    for option, args in runs.items():
+        path = tmp_path / option.strip("-") / "not" / "yet" / "there.png"
+        result = mapsat(*args, path)
+        assert result.exit_code == 0, result.output
+        assert path.is_file(), (option, result.output)
+
+
+@pytest.mark.parametrize("command, option", [("explain", "--plot"), ("codesign", "--pareto")])
+def test_an_image_format_matplotlib_cannot_write_is_refused_before_the_search(files, tmp_path, command, option):
+    path = tmp_path / "figure.out"
+    started = time.perf_counter()
+    assert_refused(mapsat(command, *base_args(command, files), option, path),
+                   f"{option} {path}: matplotlib does not write .out files")
+    assert time.perf_counter() - started < 5
