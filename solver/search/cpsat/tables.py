@@ -43,6 +43,7 @@ inputs; SP redoing the all-gather in backward."""
 
 RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE = (code("recompute", r) for r in
                                                       (Recompute.full, Recompute.attn_only, Recompute.none))
+RECOMPUTES = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
 TP_COMM_RS_AG = code("tp_comm", TPComm.rs_ag)
 SCHED_ZB_H1 = code("sched", PipelineSchedule.zb_h1)
 BLOCK_FLAGS = ("tp_comm", "seq_par_ag_redo", "recompute", "weight_offload", "activations_offload")
@@ -62,11 +63,55 @@ def _namespace(**columns) -> SimpleNamespace:
     return array_fields(arrays)
 
 
-def _grid(**axes):
-    """Cartesian product of named axes as flat columns, plus the shape to reshape results."""
-    names = list(axes)
-    mesh = np.meshgrid(*[np.asarray(axes[k]) for k in names], indexing="ij")
-    return {k: g.ravel() for k, g in zip(names, mesh)}, mesh[0].shape
+class Named:
+    """An array whose axes are named, each with the values it runs over: tables are read by
+    name and value (`.sel(recompute=RECOMPUTE_NONE)`, `.min("tp_net")`), never by position."""
+
+    def __init__(self, values: np.ndarray, axes: dict[str, tuple]):
+        self.values, self.axes = values, axes
+
+    @staticmethod
+    def grid(**axes) -> tuple[dict[str, np.ndarray], "Named"]:
+        """The Cartesian product of named axes as flat columns to evaluate on, and an empty
+        Named to shape the results with (`.of`)."""
+        names = list(axes)
+        mesh = np.meshgrid(*[np.asarray(axes[k]) for k in names], indexing="ij")
+        return ({k: g.ravel() for k, g in zip(names, mesh)},
+                Named(np.empty(mesh[0].shape), {k: tuple(np.asarray(axes[k]).tolist()) for k in names}))
+
+    def of(self, flat) -> "Named":
+        """Flat results over the grid's rows (or one broadcast value) as a Named of its shape."""
+        shape = self.values.shape
+        return Named(np.broadcast_to(flat, (math.prod(shape),)).reshape(shape), self.axes)
+
+    def _axis(self, name: str) -> int:
+        return list(self.axes).index(name)
+
+    def sel(self, **picks) -> "Named":
+        """The values at the given axis values; a list keeps the axis with those values, a
+        single value drops it."""
+        values, axes = self.values, dict(self.axes)
+        for name, pick in picks.items():
+            axis = list(axes).index(name)
+            if isinstance(pick, (list, tuple)):
+                values = np.take(values, [axes[name].index(p) for p in pick], axis=axis)
+                axes[name] = tuple(pick)
+            else:
+                values = np.take(values, axes[name].index(pick), axis=axis)
+                del axes[name]
+        return Named(values, axes)
+
+    def min(self, *names: str, where: "Named | None" = None) -> "Named":
+        """The minimum over the named axes (all but `key` when none are named). With `where`,
+        over the entries it allows only; where it allows none (no mapping there is feasible,
+        and the constraints exclude it), the plain minimum, a lower bound still."""
+        names = names or tuple(n for n in self.axes if n != "key")
+        axis = tuple(self._axis(n) for n in names)
+        plain = self.values.min(axis=axis)
+        if where is not None:
+            masked = np.where(where.values, self.values, np.inf).min(axis=axis)
+            plain = np.where(np.isfinite(masked), masked, plain)
+        return Named(plain, {k: v for k, v in self.axes.items() if k not in names})
 
 
 class Tables:
@@ -82,66 +127,63 @@ class Tables:
         # offloads × TP network × CP network × EP network ----
         cp_nets = nets if any(k[1] > 1 for k in self.tm_keys) else [0]
         ep_nets = nets if any(k[2] > 1 for k in self.tm_keys) else [0]
-        cols, shape = _grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2], seq_par_ag_redo=[False, True],
-                            recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE], weight_offload=[False, True],
-                            activations_offload=[False, True], tp_net=nets, cp_net=cp_nets, ep_net=ep_nets)
+        cols, grid = Named.grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2],
+                                seq_par_ag_redo=[False, True], recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE],
+                                weight_offload=[False, True], activations_offload=[False, True], tp_net=nets,
+                                cp_net=cp_nets, ep_net=ep_nets)
         ns = _namespace(tp=tm[cols["key"], 0], cp=tm[cols["key"], 1], ep=tm[cols["key"], 2], microbatch=tm[cols["key"], 3],
                         **{k: v_ for k, v_ in cols.items() if k != "key"})
         blk = block_terms(c, ns, ArrayOps)
         act = blk.activations
 
-        def arr(values):
-            return np.broadcast_to(values, (len(ns.tp),)).reshape(shape)
-
         # The TP, CP and EP networks a group fits (evaluate.network_checks; a group of one fits
         # any): a mapping putting a group on a network too small for it is infeasible, so the
         # minimum over the networks only needs to run over those that fit.
         size = np.asarray(c.net_size)
-        fits = arr(((ns.tp == 1) | (ns.tp <= size[ns.tp_net])) & ((ns.cp == 1) | (ns.tp * ns.cp <= size[ns.cp_net]))
-                   & ((ns.ep == 1) | (ns.tp * ns.ep <= size[ns.ep_net])))
+        fits = grid.of(((ns.tp == 1) | (ns.tp <= size[ns.tp_net])) & ((ns.cp == 1) | (ns.tp * ns.cp <= size[ns.cp_net]))
+                       & ((ns.ep == 1) | (ns.tp * ns.ep <= size[ns.ep_net])))
+        networks_axes = ("tp_net", "cp_net", "ep_net")
 
-        def min_over_fitting_networks(values):
-            return _min_where(arr(values), fits, axis=(-3, -2, -1))
+        def by_block_flags(values) -> dict:
+            """One table per combination of the flags a block reads (BLOCK_FLAGS), minimised
+            over the networks that fit and (TP overlap only changes time: the best the space
+            offers bounds every one) the TP overlaps offered."""
+            table = grid.of(values).min(*networks_axes, where=fits).sel(tp_overlap=list(tp_overlaps)).min("tp_overlap")
+            return {(comm, redo, rc, w, a): self._by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=bool(redo), recompute=rc,
+                                                                  weight_offload=bool(w),
+                                                                  activations_offload=bool(a)).values)
+                    for comm in range(3) for redo in (0, 1) for rc in RECOMPUTES for w in (0, 1) for a in (0, 1)}
 
         # one block, one microbatch, forward + backward + recompute + exposed TP and offload:
-        # exact for every flag combination the block reads, minimised over the TP, CP and EP
-        # networks that fit
-        block = min_over_fitting_networks(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
-                                          + blk.offload_bwd_s)
-        # TP overlap only changes time: the best overlap the space offers bounds every one
-        block = block[:, :, list(tp_overlaps)].min(axis=2)
-        rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
-        self.block = {(comm, redo, rcs[rc], w, a): self._by_tm(block[:, comm, redo, rc, w, a])
-                      for comm in range(3) for redo in (0, 1) for rc in range(3) for w in (0, 1) for a in (0, 1)}
+        # exact for every flag combination the block reads
+        self.block = by_block_flags(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
+                                    + blk.offload_bwd_s)
         # the same block in a ZB-H1 bubble: less twice its weight-gradient GEMMs (costmodel.iteration)
-        block_zb = min_over_fitting_networks(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
-                                             + blk.offload_bwd_s - 2 * blk.weight_grad_gemm_s)
-        block_zb = block_zb[:, :, list(tp_overlaps)].min(axis=2)
-        self.block_zb = {(comm, redo, rcs[rc], w, a): self._by_tm(block_zb[:, comm, redo, rc, w, a])
-                         for comm in range(3) for redo in (0, 1) for rc in range(3) for w in (0, 1) for a in (0, 1)}
-        everything = (1, 2, 3, 4, 5, 6, 7, 8, 9)
-        self.compute = self._by_tm(arr(blk.compute_fwd_s + blk.compute_bwd_s).min(axis=everything))
-        self.head = self._by_tm(3 * arr(output_layer_s(c, ns, ArrayOps)).min(axis=everything))
+        self.block_zb = by_block_flags(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
+                                       + blk.offload_bwd_s - 2 * blk.weight_grad_gemm_s)
+        self.compute = self._by_tm(grid.of(blk.compute_fwd_s + blk.compute_bwd_s).min().values)
+        self.head = self._by_tm(3 * grid.of(output_layer_s(c, ns, ArrayOps)).min().values)
         p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
                                      np.full(len(ns.tp), k)) for k in nets]).min(axis=0)
-        self.p2p = self._by_tm(arr(p2p).min(axis=everything))
-        stored = arr(act.stored)
-        workspace = arr(act.workspace)
-        # activation classes: (comm code, redo) rows that realise each class
-        cls_rows = {"no_sp": (0, 0), "sp": (TP_COMM_RS_AG, 0), "sp_redo": (TP_COMM_RS_AG, 1)}
-        rc_index = {RECOMPUTE_FULL: 0, RECOMPUTE_ATTN_ONLY: 1, RECOMPUTE_NONE: 2}
-        self.stored = {(rc, cls): self._by_tm(stored[:, comm, 0, redo, rc_index[rc], 0, 0, 0, 0, 0])
-                       for rc in rc_index for cls, (comm, redo) in cls_rows.items()}
-        self.workspace = {(rc, cls): self._by_tm(workspace[:, comm, 0, redo, rc_index[rc], 0, 0, 0, 0, 0])
-                          for rc in rc_index for cls, (comm, redo) in cls_rows.items()}
+        self.p2p = self._by_tm(grid.of(p2p).min().values)
+        # activation classes: the (TP communication, AG redo) that realise each class, with
+        # no offload, TP overlap and networks at their first values (memory reads none of them)
+        cls_rows = {"no_sp": (0, False), "sp": (TP_COMM_RS_AG, False), "sp_redo": (TP_COMM_RS_AG, True)}
+        first = dict(tp_overlap=0, weight_offload=False, activations_offload=False, tp_net=0, cp_net=0, ep_net=0)
+        stored, workspace = grid.of(act.stored), grid.of(act.workspace)
+        self.stored = {(rc, cls): self._by_tm(stored.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc, **first).values)
+                       for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
+        self.workspace = {(rc, cls): self._by_tm(workspace.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc,
+                                                               **first).values)
+                          for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
 
         # ---- stage tables over (tp, cp, ep, pp) × sharding stage × offload flags × net ----
         # (with one microbatch per replica: ZeRO-2/3 traffic grows with the microbatches, so
         # the DP table, minimised over every stage, stays a lower bound for any count)
         tpp = np.array(self.tp_keys, dtype=float)
         stages = list(range(len(ShardingStage)))
-        cols, shape = _grid(key=np.arange(len(tpp)), zero=stages,
-                            weight_offload=[False, True], optimizer_offload=[False, True], dp_net=nets)
+        cols, grid = Named.grid(key=np.arange(len(tpp)), zero=stages, weight_offload=[False, True],
+                                optimizer_offload=[False, True], dp_net=nets)
         t_, c_, e_, p_ = (tpp[cols["key"], i] for i in range(4))
         dp = num_gpus // (t_ * c_ * p_).astype(np.int64)
         # (the gradient group's network is dp's when dp > 1, else cp's: the same grid axis)
@@ -149,42 +191,35 @@ class Tables:
                         cp_net=cols["dp_net"], **{k: v_ for k, v_ in cols.items() if k != "key"})
         terms = iteration_terms(c, ns, ArrayOps)
 
-        def arr2(values):
-            return np.broadcast_to(values, (len(t_),)).reshape(shape)
-
         # Exposed + stolen DP time is at least usage × the reduction time (overlap hides at
         # most all of it, stealing `usage` of the compute meanwhile), and all of it unoverlapped;
         # over the networks the gradient group's carrier fits: dp's spans every GPU, cp's
         # (carrying it when dp = 1) tp·cp.
         usage = np.minimum(1.0, np.asarray(c.net_usage)[ns.dp_net])
-        grad_fits = arr2(((dp == 1) | (num_gpus <= size[ns.dp_net])) & ((c_ == 1) | (t_ * c_ <= size[ns.dp_net])))
-        self.dp_comm = self._by_tp(_min_where(arr2(terms.dp_comm_s * usage), grad_fits, axis=(1, 2, 3, 4)))
+        grad_fits = grid.of(((dp == 1) | (num_gpus <= size[ns.dp_net])) & ((c_ == 1) | (t_ * c_ <= size[ns.dp_net])))
+        self.dp_comm = self._by_tp(grid.of(terms.dp_comm_s * usage).min(where=grad_fits).values)
         # keyed by the sharding stage (code z) and the offload switches they read
-        optimizer = arr2(terms.optimizer_s)
-        self.optimizer = {z: self._by_tp(optimizer[:, z].min(axis=(1, 2, 3))) for z in stages}
-        weights = arr2(terms.weights_hbm_bytes)
-        self.weights_hbm = {(z, w): self._by_tp(weights[:, z, w, 0, 0]) for z in stages for w in (0, 1)}
-        opt_mem = arr2(terms.optimizer_hbm_bytes)
-        self.optimizer_hbm = {(z, o): self._by_tp(opt_mem[:, z, 0, o, 0]) for z in stages for o in (0, 1)}
-        states = arr2(terms.weights_bytes + terms.weight_grads_bytes)
-        self.weights_and_grads = {z: self._by_tp(states[:, z, 0, 0, 0]) for z in stages}
-        opt_state = arr2(terms.optimizer_bytes)
-        self.optimizer_state = {z: self._by_tp(opt_state[:, z, 0, 0, 0]) for z in stages}
-        emb = arr2(terms.embedding_bytes)
-        self.embedding = {z: self._by_tp(emb[:, z, 0, 0, 0]) for z in stages}
+        optimizer = grid.of(terms.optimizer_s)
+        self.optimizer = {z: self._by_tp(optimizer.sel(zero=z).min().values) for z in stages}
+        none = dict(dp_net=0)
+
+        def by_stage(values, **offloads) -> dict:
+            return {z: self._by_tp(grid.of(values).sel(zero=z, **offloads, **none).values) for z in stages}
+
+        self.weights_hbm = {(z, w): table for w in (0, 1) for z, table in
+                            by_stage(terms.weights_hbm_bytes, weight_offload=bool(w), optimizer_offload=False).items()}
+        self.optimizer_hbm = {(z, o): table for o in (0, 1) for z, table in
+                              by_stage(terms.optimizer_hbm_bytes, weight_offload=False, optimizer_offload=bool(o)).items()}
+        off = dict(weight_offload=False, optimizer_offload=False)
+        self.weights_and_grads = by_stage(terms.weights_bytes + terms.weight_grads_bytes, **off)
+        self.optimizer_state = by_stage(terms.optimizer_bytes, **off)
+        self.embedding = by_stage(terms.embedding_bytes, **off)
 
     def _by_tm(self, values: np.ndarray) -> dict:
         return {k: float(x) for k, x in zip(self.tm_keys, values)}
 
     def _by_tp(self, values: np.ndarray) -> dict:
         return {k: float(x) for k, x in zip(self.tp_keys, values)}
-
-
-def _min_where(values: np.ndarray, where: np.ndarray, axis) -> np.ndarray:
-    """The minimum over `axis` of the values `where` allows; where it allows none (no mapping
-    there is feasible, and the constraints exclude it), the plain minimum, a lower bound still."""
-    masked = np.where(where, values, np.inf).min(axis=axis)
-    return np.where(np.isfinite(masked), masked, values.min(axis=axis))
 
 
 def offers_zero_bubble(space: Space, num_networks: int) -> bool:
