@@ -107,7 +107,8 @@ def assert_block_floors_below_exact(model, system, gpus: int, max_batch: int, da
     from costmodel.evaluate import evaluate_arrays_in_context
     from solver.search.cpsat.constraints import Problem
     from solver.search.cpsat.surrogate import add_bounds
-    from solver.search.solve import SEARCHED_FLAGS, local_batches, structure_model
+    from solver.search.cpsat.model import local_batches, structure_model
+    from solver.search.engine import SEARCHED_FLAGS
     from solver.space.declaration import get_space
     from solver.space.enumerate import build_rows, plan
 

@@ -18,7 +18,8 @@ from costmodel.model import Model
 from costmodel.system import Collective, Datatype
 from solver.search.brute import scan
 from solver.search.cpsat.surrogate import add_bounds
-from solver.search.solve import SolverConfig, local_batches, solve, structure_model
+from solver.search.cpsat.model import local_batches, structure_model
+from solver.search.solve import SolverConfig, solve
 from solver.search.cpsat.constraints import Problem
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space, skeletons

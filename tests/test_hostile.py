@@ -22,7 +22,8 @@ from solver.cli.app import cli
 from solver.search.cpsat import constraints
 from solver.search.cpsat.constraints import Problem
 from solver.search.cpsat.run import checked_solve
-from solver.search.solve import SolverConfig, solve, structure_model
+from solver.search.cpsat.model import structure_model
+from solver.search.solve import SolverConfig, solve
 from solver.space.declaration import get_space, skeletons
 from solver.space.factor import divisors, factorise
 from test_cli_errors import assert_problem_error, assert_usage_error

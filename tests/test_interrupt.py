@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from ortools.sat.python import cp_model
 
 import solver.search.brute as brute_module
+import solver.search.cpsat.run as run_module
 import solver.search.engine as engine_module
 from costmodel.load import load_model, load_system
 from solver.cli.app import cli
@@ -63,7 +64,7 @@ def test_ctrl_c_stops_cp_sat_at_once(python_sigint):
 
 
 def test_interrupted_solve_returns_the_best_so_far(monkeypatch):
-    real = engine_module.checked_solve
+    real = run_module.checked_solve
 
     def interrupt_second_round(m, solver, callback=None):
         interrupt_second_round.calls += 1
@@ -72,7 +73,7 @@ def test_interrupted_solve_returns_the_best_so_far(monkeypatch):
         return real(m, solver, callback)
 
     interrupt_second_round.calls = 0
-    monkeypatch.setattr(engine_module, "checked_solve", interrupt_second_round)
+    monkeypatch.setattr(run_module, "checked_solve", interrupt_second_round)
     monkeypatch.setattr(engine_module, "WARM_START_BLOCKS", 1)   # leave work for the rounds
     result = solve(MODEL, SYSTEM, 64, config=SolverConfig(top_k=3))
     assert result.status == "interrupted" and not result.certified_optimal
@@ -83,7 +84,7 @@ def test_interrupted_commands_exit_130(monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(engine_module, "checked_solve", interrupted)
+    monkeypatch.setattr(run_module, "checked_solve", interrupted)
     monkeypatch.setattr(engine_module, "WARM_START_BLOCKS", 0)
     result = CliRunner().invoke(cli, ["solve", *ARGS])
     assert result.exit_code == 130 and "interrupted (Ctrl-C)" in result.output

@@ -55,7 +55,8 @@ from solver.search.codesign_grid import (CAPACITY_KNOBS, ENUMERATED_KNOBS, KNOBS
                                          system_at)
 from solver.search.cpsat.surrogate import MAX_LINEAR_UNITS, floor_families
 from solver.search.cpsat.tables import Tables, block_lower_bounds
-from solver.search.engine import Question, local_batches
+from solver.search.cpsat.model import local_batches
+from solver.search.engine import Question
 from solver.search.explain import Explorer
 from solver.search.solve import SolverConfig, solve
 from solver.space.declaration import Space

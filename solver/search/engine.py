@@ -18,6 +18,9 @@ flags, exact time, HBM and offload bytes), so later questions start from what ea
 scored: `solve` asks one question, `explain` one per (dimension, value), `codesign` one per
 candidate capacity.
 
+CP-SAT (OR-Tools, whose import takes a good part of a second) is imported once the engine
+builds its model, so a time limit that runs out before that returns at once.
+
 Because the surrogate never over-estimates an exact time and its constraints never exclude
 a feasible mapping, the end of the loop certifies the exact model's optimum — the same
 answer as scoring every mapping (solver.search.brute), ties broken the same way (time, then
@@ -32,7 +35,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from costmodel.context import Context
 from costmodel.dimensions import FLAGS, BlockKey
@@ -41,10 +43,6 @@ from costmodel.evaluate import evaluate_arrays_in_context
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.search.cpsat.constraints import STRUCTURE, Problem
-from solver.search.cpsat.run import checked_solve, new_solver
-from solver.search.cpsat.surrogate import add_bounds
-from solver.search.cpsat.variables import Variables
 from solver.search.distinct import ROUNDING_BITS, SKELETON, top_groups
 from solver.space.declaration import Space
 from solver.space.enumerate import plan
@@ -165,38 +163,6 @@ class _Top:
         return [[(self.blocks[self.block[i]], int(self.row[i])) for i in g] for g in self.groups]
 
 
-class BlockCollector(cp_model.CpSolverSolutionCallback):
-    """Records the block of every solution CP-SAT finds."""
-
-    def __init__(self, variables: Variables):
-        super().__init__()
-        self.variables = variables
-        self.blocks: list[Key] = []
-
-    def on_solution_callback(self) -> None:
-        key, _ = self.variables.decode(self)
-        if key not in self.blocks:
-            self.blocks.append(key)
-
-
-def structure_model(problem: Problem, skels, flags=None) -> tuple[cp_model.CpModel, Variables]:
-    m = cp_model.CpModel()
-    v = Variables(m, problem.space, list(skels), problem.num_gpus, len(problem.system.networks), flags=flags)
-    for constraint in STRUCTURE:
-        constraint.add(m, v, problem)
-    return m, v
-
-
-def local_batches(problem: Problem, v: Variables) -> dict:
-    """batch/dp of every (tp, cp, ep, pp) split the variables allow (1 where no batch exists)."""
-    out = {}
-    for (t, c, e, p) in v.split:
-        dp = problem.num_gpus // (t * c * p)
-        batch = problem.space.batch_for(dp, problem.max_batch)
-        out[(t, c, e, p)] = max(1, (batch or 1) // dp)
-    return out
-
-
 class Engine:
     """One CP-SAT model of a space with its surrogate bounds, and every block scored so far.
 
@@ -210,16 +176,19 @@ class Engine:
         self.say = say
         self.datatype, self.kernels, self.workers, self.seed = datatype, kernels, workers, seed
         self.one_question = one_question
+        _check(deadline)
         say("building the exact model's tables and the space")
         self.c = Context.build(model, system, datatype, kernels)
-        _check(deadline)
         self.plan = plan(model, system, num_gpus, max_batch, space, chunk_rows=1 << 62)
+        _check(deadline)
+        from solver.search.cpsat.constraints import Problem
+        from solver.search.cpsat.model import local_batches, structure_model
+        from solver.search.cpsat.surrogate import add_bounds
         self.problem = Problem(model, system, num_gpus, max_batch, space)
         self.index = {s.split: i for i, s in enumerate(self.plan.skeletons)}
         self.scored: dict[Key, ScoredBlock] = {}
         if not self.plan.skeletons:
             return
-        _check(deadline)
         say(f"building the CP-SAT model ({len(self.plan.skeletons)} (tp, cp, ep, pp) splits)")
         self.m, self.v = structure_model(self.problem, self.plan.skeletons, flags=SEARCHED_FLAGS)
         _check(deadline)
@@ -263,6 +232,10 @@ class Engine:
     # ---- one question ----
     def search(self, q: Question) -> Found:
         """The question's certified best K distinct groups (see the module docstring)."""
+        from ortools.sat.python import cp_model
+
+        from solver.search.cpsat.model import BlockCollector
+        from solver.search.cpsat.run import checked_solve, new_solver
         started = time.perf_counter()
         deadline = started + q.time_limit_s
         ranked = self.ranked if q.ranked is None else q.ranked
@@ -377,5 +350,5 @@ def _check(deadline: float) -> None:
         raise OutOfTime
 
 
-__all__ = ["BlockCollector", "Engine", "Found", "Key", "OutOfTime", "Question", "SEARCHED_FLAGS", "ScoredBlock",
-           "WARM_START_BLOCKS", "WARM_START_MARGIN", "floors_prove", "local_batches", "structure_model"]
+__all__ = ["Engine", "Found", "Key", "OutOfTime", "Question", "SEARCHED_FLAGS", "ScoredBlock",
+           "WARM_START_BLOCKS", "WARM_START_MARGIN", "floors_prove"]

@@ -13,10 +13,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 import costmodel.limits as limits
 from costmodel.context import Context
@@ -26,13 +25,12 @@ from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
-from solver.search.cpsat.constraints import Problem
-from solver.search.cpsat.run import checked_solve, new_solver
-from solver.search.cpsat.surrogate import add_bounds
 from solver.search.distinct import equivalents
-from solver.search.engine import (SEARCHED_FLAGS, Engine, OutOfTime, Question, local_batches,  # noqa: F401 (re-exported)
-                                  structure_model)
+from solver.search.engine import SEARCHED_FLAGS, Engine, OutOfTime, Question
 from solver.space.declaration import Space, get_space
+
+if TYPE_CHECKING:
+    from solver.search.cpsat.constraints import Problem
 
 
 @dataclass(frozen=True)
@@ -148,7 +146,7 @@ def _infeasible(started, scored, reasons, rounds=0, blocks=0, size=0, cpsat_stat
                        rounds, size, infeasible_reasons=list(reasons), cpsat_status=cpsat_status)
 
 
-def binding_constraints(problem: Problem, ev: Evaluation) -> list[str]:
+def binding_constraints(problem: "Problem", ev: Evaluation) -> list[str]:
     """What limits the best mapping: capacities nearly used up, caps reached, networks filled."""
     out = []
     system, mapping = problem.system, ev.mapping
@@ -178,8 +176,13 @@ DIAGNOSE_LIMIT_S = 30.0
 """At most this long explaining an infeasible problem (within what is left of the time limit)."""
 
 
-def diagnose(problem: Problem, skels, c: Context, time_limit_s: float = DIAGNOSE_LIMIT_S) -> list[str]:
+def diagnose(problem: "Problem", skels, c: Context, time_limit_s: float = DIAGNOSE_LIMIT_S) -> list[str]:
     """Which named constraints rule out every mapping of the space's skeletons, with the numbers."""
+    from ortools.sat.python import cp_model
+
+    from solver.search.cpsat.model import local_batches, structure_model
+    from solver.search.cpsat.run import checked_solve, new_solver
+    from solver.search.cpsat.surrogate import add_bounds
     reasons = []
     system = problem.system
     deadline = time.perf_counter() + min(time_limit_s, DIAGNOSE_LIMIT_S)

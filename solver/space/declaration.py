@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterator
 
+import numpy as np
+
 from costmodel.choices import PipelineSchedule, ShardingStage, TPOverlap
 from costmodel.dimensions import BY_NAME, DIMENSIONS, FLAGS, SKELETON_FACTS, SPLIT_DEGREES, Condition, Dimension
 from costmodel.errors import InputError
@@ -284,24 +286,36 @@ def facts(skeleton: Skeleton, system: System) -> dict[str, int]:
 
 
 def iter_flag_combinations(space: Space, known: dict[str, int], num_networks: int) -> Iterator[tuple[int, ...]]:
-    """Valid flag code tuples (in `space.flags` order), lexicographic in that order: built
-    one flag at a time, each partial tuple extended by the codes its flag may take (and the
-    space's pins admit)."""
+    """Valid flag code tuples (in `space.flags` order), lexicographic in that order."""
+    return iter(map(tuple, flag_combinations(space, known, num_networks).tolist()))
+
+
+def flag_combinations(space: Space, known: dict[str, int], num_networks: int) -> np.ndarray:
+    """Valid flag code rows (columns in `space.flags` order), lexicographic in that order:
+    built one flag at a time, each partial row extended by the codes its flag may take (and
+    the space's pins admit), with numpy: row r's extensions follow one another where r stood."""
     dims = space.flags
     position = {dim.name: i for i, dim in enumerate(dims)}
-    combos: list[tuple[int, ...]] = [()]
+    combos = np.zeros((1, 0), dtype=np.int64)
     for dim in dims:
         domain = dim.domain(num_networks)
         free = tuple(code for code in domain if space.admits(dim.name, code))
         pinned = free[:1] if free[:1] == domain[:1] else ()
         if not all(c.holds(known) for c in dim.free_when if c.subject in known):
-            combos = [combo + pinned for combo in combos] if pinned else []
-            continue
-        on_flags = [(position[c.subject], c) for c in dim.free_when if c.subject not in known]
-        combos = [combo + (code,)
-                  for combo in combos
-                  for code in (free if all(c.holds_for(combo[i]) for i, c in on_flags) else pinned)]
-    return iter(combos)
+            may = np.zeros(len(combos), dtype=bool)
+        else:
+            may = np.ones(len(combos), dtype=bool)
+            for c in dim.free_when:
+                if c.subject not in known:
+                    may &= np.asarray(c.holds_for(combos[:, position[c.subject]]), dtype=bool)
+        counts = np.where(may, len(free), len(pinned))
+        parent = np.repeat(np.arange(len(combos)), counts)
+        offset = np.arange(len(parent)) - np.repeat(np.cumsum(counts) - counts, counts)
+        free_codes, pinned_codes = np.asarray(free, dtype=np.int64), np.asarray(pinned or (0,), dtype=np.int64)
+        column = np.where(may[parent], free_codes[np.minimum(offset, len(free) - 1)] if free else 0,
+                          pinned_codes[np.minimum(offset, len(pinned_codes) - 1)])
+        combos = np.column_stack([combos[parent], column])
+    return combos
 
 
 def flag_projection(space: Space, names: tuple[str, ...], known: dict[str, int],
@@ -327,13 +341,16 @@ def coarse_facts(f: dict[str, int]) -> tuple[tuple[str, int], ...]:
 
 
 @lru_cache(maxsize=256)
-def _flag_table_cached(space: Space, known: tuple[tuple[str, int], ...], num_networks: int) -> tuple[tuple[int, ...], ...]:
-    return tuple(iter_flag_combinations(space, dict(known), num_networks))
+def _flag_table_cached(space: Space, known: tuple[tuple[str, int], ...], num_networks: int) -> np.ndarray:
+    table = flag_combinations(space, dict(known), num_networks).astype(np.int16)
+    table.flags.writeable = False          # shared by every skeleton with these facts
+    return table
 
 
-def flag_table(space: Space, skeleton: Skeleton, system: System) -> tuple[tuple[int, ...], ...]:
-    """All valid flag combinations on a skeleton. Conditions only test tp, cp, ep, pp, dp
-    and dp·cp against 1, so a few tables per (space, system) exist; they are cached."""
+def flag_table(space: Space, skeleton: Skeleton, system: System) -> np.ndarray:
+    """All valid flag combinations on a skeleton, one row of codes each (columns in
+    `space.flags` order; read-only). Conditions only test tp, cp, ep, pp, dp and dp·cp
+    against 1, so a few tables per (space, system) exist; they are cached."""
     return _flag_table_cached(space, coarse_facts(facts(skeleton, system)), len(system.networks))
 
 

@@ -85,16 +85,13 @@ def plan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
     """Split the space into chunks of at most `chunk_rows` mappings, in enumeration order."""
     if chunk_rows <= 0:
         raise ValueError(f"chunk_rows {chunk_rows} must be > 0")
-    as_array: dict[int, np.ndarray] = {}   # flag tables are shared (cached) tuples: convert each once
     kept, tables = [], []
     for sk in skeletons(model, num_gpus, max_batch, space):
-        rows = flag_table(space, sk, system)
-        if not rows:
+        rows = flag_table(space, sk, system)     # shared (cached) between skeletons
+        if not len(rows):
             continue            # pinned flags no mapping of this split can take: none of it is left
-        if id(rows) not in as_array:
-            as_array[id(rows)] = np.array(rows, dtype=np.int16).reshape(-1, len(space.flags))
         kept.append(sk)
-        tables.append(as_array[id(rows)])
+        tables.append(rows)
     skels, tables = tuple(kept), tuple(tables)
     chunks = []
     ordinal = 0

@@ -1,0 +1,43 @@
+"""The CP-SAT model of a space: its variables and named constraints (structure_model), the
+batch each split trains per replica, and a callback that collects the blocks of the
+solutions CP-SAT finds."""
+
+from __future__ import annotations
+
+from ortools.sat.python import cp_model
+
+from costmodel.dimensions import BlockKey
+from solver.search.cpsat.constraints import STRUCTURE, Problem
+from solver.search.cpsat.variables import Variables
+
+
+class BlockCollector(cp_model.CpSolverSolutionCallback):
+    """Records the block of every solution CP-SAT finds."""
+
+    def __init__(self, variables: Variables):
+        super().__init__()
+        self.variables = variables
+        self.blocks: list[BlockKey] = []
+
+    def on_solution_callback(self) -> None:
+        key, _ = self.variables.decode(self)
+        if key not in self.blocks:
+            self.blocks.append(key)
+
+
+def structure_model(problem: Problem, skels, flags=None) -> tuple[cp_model.CpModel, Variables]:
+    m = cp_model.CpModel()
+    v = Variables(m, problem.space, list(skels), problem.num_gpus, len(problem.system.networks), flags=flags)
+    for constraint in STRUCTURE:
+        constraint.add(m, v, problem)
+    return m, v
+
+
+def local_batches(problem: Problem, v: Variables) -> dict:
+    """batch/dp of every (tp, cp, ep, pp) split the variables allow (1 where no batch exists)."""
+    out = {}
+    for (t, c, e, p) in v.split:
+        dp = problem.num_gpus // (t * c * p)
+        batch = problem.space.batch_for(dp, problem.max_batch)
+        out[(t, c, e, p)] = max(1, (batch or 1) // dp)
+    return out
