@@ -33,7 +33,7 @@ from costmodel.runs import PROBLEMS_DIR, Precision, Run, software_order
 from costmodel.system import Datatype, System
 
 __all__ = ["ErrorSummary", "RunInputs", "RunScore", "RunStatus", "by_configuration", "by_precision", "by_system",
-           "is_targeted", "newest_per_configuration", "score_run", "score_runs", "summarize"]
+           "is_targeted", "newest_per_configuration", "score_run", "score_runs", "split_dense", "summarize"]
 
 RunStatus = Literal["scored", "infeasible", "not_modelled", "not_measured"]
 """scored: predicted and measured; infeasible: the model calls the mapping infeasible (the
@@ -152,6 +152,19 @@ def score_run(run: Run, inputs: RunInputs) -> RunScore:
 def score_runs(runs: Iterable[Run], inputs: RunInputs | None = None) -> tuple[RunScore, ...]:
     inputs = inputs or RunInputs()
     return tuple(score_run(run, inputs) for run in runs)
+
+
+def split_dense(runs: Iterable[Run], inputs: RunInputs) -> tuple[tuple[Run, ...], tuple[Run, ...]]:
+    """(dense, other): the runs whose model loads and has no experts, and the rest (mixture-
+    of-experts models, or models with no file yet)."""
+    dense, other = [], []
+    for run in runs:
+        try:
+            is_dense = inputs.model(run).num_experts == 0
+        except InputError:
+            is_dense = False
+        (dense if is_dense else other).append(run)
+    return tuple(dense), tuple(other)
 
 
 def newest_per_configuration(runs: Iterable[Run]) -> tuple[tuple[Run, ...], tuple[Run, ...]]:
