@@ -234,3 +234,13 @@ def test_an_unknown_model_name_is_reported_not_raised(tmp_path):
     assert result.exit_code == 0, result.output
     [row] = json.loads(result.output)["runs"]
     assert row["status"] == "not_modelled" and "no-such-model" in row["reasons"][0]
+
+
+def test_the_example_run_file_says_what_the_published_rows_say(bridge_runs):
+    """problems/runs/example.yaml writes two published rows in this project's format: both
+    readings agree field by field but for the name and the notes."""
+    example = read_runs(RUNS_DIR / "example.yaml")
+    for run, row in zip(example, ("bridge260401_llama3_70b_h100_fp8cs_64", "bridge260401_llama3_70b_gb200_fp8cs_64")):
+        published = by_name(bridge_runs, row)
+        differ = {key for key, value in run.model_dump().items() if value != getattr(published, key)}
+        assert differ == {"name", "notes"}, differ
