@@ -5,6 +5,7 @@ beside the measured one, and summaries by group.
     scores = score_runs(runs, inputs)             # one RunScore per run
     newest, older = newest_per_configuration(runs)
     summarize(scores, by_system)                  # median |error|, mean signed error per group
+    held_out_splits(runs, group_of)               # folds leaving out a configuration or a system
 
 The pieces are separate so that a fit of whole-step terms (`calibrate --runs`) and
 out-of-sample reports (leave one configuration out, leave a system out) can score any subset
@@ -22,7 +23,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Literal
+from typing import Callable, Iterable, Iterator, Literal
 
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate
@@ -33,7 +34,8 @@ from costmodel.runs import PROBLEMS_DIR, Precision, Run, software_order
 from costmodel.system import Datatype, System
 
 __all__ = ["ErrorSummary", "RunInputs", "RunScore", "RunStatus", "by_configuration", "by_precision", "by_system",
-           "is_targeted", "newest_per_configuration", "score_run", "score_runs", "split_dense", "summarize"]
+           "held_out_splits", "is_targeted", "newest_per_configuration", "score_run", "score_runs", "split_dense",
+           "summarize"]
 
 RunStatus = Literal["scored", "infeasible", "not_modelled", "not_measured"]
 """scored: predicted and measured; infeasible: the model calls the mapping infeasible (the
@@ -179,6 +181,18 @@ def newest_per_configuration(runs: Iterable[Run]) -> tuple[tuple[Run, ...], tupl
     newest_ids = {id(run) for run in best.values()}
     return (tuple(run for run in runs if id(run) in newest_ids),
             tuple(run for run in runs if id(run) not in newest_ids))
+
+
+def held_out_splits(runs: Iterable[Run], group_of: Callable[[Run], str]
+                    ) -> Iterator[tuple[str, tuple[Run, ...], tuple[Run, ...]]]:
+    """(group, the other runs, the group's runs) for each group in order of first appearance:
+    the folds of an out-of-sample check that leaves out whole groups — one configuration
+    (`group_of=lambda run: run.configuration_key`), or one system (`lambda run: run.system`)."""
+    runs = tuple(runs)
+    groups = dict.fromkeys(group_of(run) for run in runs)
+    for group in groups:
+        yield (group, tuple(run for run in runs if group_of(run) != group),
+               tuple(run for run in runs if group_of(run) == group))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from costmodel.run_bridge import (BridgeRow, bridge_configuration, bridge_step_t
                                   published_configuration)
 from costmodel.run_files import read_runs, run_file_format
 from costmodel.run_mapping import map_run
-from costmodel.run_scoring import RunInputs, newest_per_configuration, score_runs, split_dense
+from costmodel.run_scoring import RunInputs, held_out_splits, newest_per_configuration, score_runs, split_dense
 from costmodel.runs import Precision, Run, software_order
 from costmodel.system import Datatype
 from solver.cli.app import cli
@@ -244,3 +244,14 @@ def test_the_example_run_file_says_what_the_published_rows_say(bridge_runs):
         published = by_name(bridge_runs, row)
         differ = {key for key, value in run.model_dump().items() if value != getattr(published, key)}
         assert differ == {"name", "notes"}, differ
+
+
+def test_held_out_splits_leave_out_whole_configurations(bridge_runs):
+    dense, _ = split_dense(bridge_runs, RunInputs())
+    folds = list(held_out_splits(dense, lambda run: run.configuration_key))
+    assert len(folds) == 31
+    for group, train, test in folds:
+        assert test and all(run.configuration_key == group for run in test)
+        assert all(run.configuration_key != group for run in train) and len(train) + len(test) == 58
+    assert [group for group, _, _ in held_out_splits(dense, lambda run: run.system)] == [
+        "gb200-186g-nvl72", "h100-80g-nvl8", "b200-180g-nvl8"]
