@@ -18,7 +18,6 @@ docs/training-runs.md documents the file format field by field.
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -27,6 +26,7 @@ from pydantic import BaseModel, Field, model_validator
 import costmodel.limits as limits
 from costmodel.limits import Bound
 from costmodel.model import INPUT_CONFIG, Model, RealNumber, WholeNumber, within
+from costmodel.precision import Precision   # the recipes (costmodel.precision), read by runs
 
 __all__ = ["PROBLEMS_DIR", "CudaGraphs", "Precision", "RecomputeGranularity", "Run", "software_order"]
 
@@ -34,23 +34,6 @@ PROBLEMS_DIR = Path(__file__).resolve().parents[1] / "problems"
 """The project's problems/ folder: a run's model or system given by name resolves there
 (problems/models/<name>.yaml or <name>/config.json, problems/systems/<name>.yaml), and
 Megatron-Bridge rows take their workload settings from problems/runs/."""
-
-
-class Precision(str, Enum):
-    """The precision recipe a run trained with, by Megatron-LM's `--fp8-recipe` /
-    `--fp4-recipe` names (Transformer Engine's recipes): bf16 throughout; FP8 with delayed
-    (amax-history) scaling; FP8 with per-tensor current scaling ("FP8-CS" in NVIDIA's
-    tables); FP8 with 128×128 weight / 1×128 activation blocks; MXFP8 (one E8M0 scale per 32
-    elements); NVFP4 (FP4 with one FP8 scale per 16 elements). The cost model has only
-    `--datatype bfloat16 | float8` today (float8: Calculon's all-FP8), so every FP8/FP4
-    recipe is costed as float8 and the run keeps its real recipe beside it."""
-
-    bf16 = "bf16"
-    fp8_delayed = "fp8-delayed"
-    fp8_tensorwise = "fp8-tensorwise"
-    fp8_blockwise = "fp8-blockwise"
-    mxfp8 = "mxfp8"
-    nvfp4 = "nvfp4"
 
 
 _BLOCKS_OR_NONE = Bound(0, limits.NUM_BLOCKS.high, "0 (none) up to the deepest model's blocks")
