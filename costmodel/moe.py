@@ -59,6 +59,7 @@ from costmodel.comm import collective_s
 from costmodel.context import Context
 from costmodel.kernel_time import gemm_time_s
 from costmodel.layer_time import ACTIVATION_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
+from costmodel.quantize import GemmOperands
 from costmodel.system import Collective
 
 # Top-k selection over a token's E router scores: about one compare and one select per score
@@ -82,7 +83,7 @@ def grouped_gemm_s(c: Context, xp, experts, rows, cols, depth):
     experts), else this datatype's GEMM model with batch = experts — one launch for the group,
     each expert's shape — which predicts the measured H100 grouped GEMMs within 4.4 % median
     (docs/cost-model.md, "Mixture of experts")."""
-    num_bytes = c.elem_bytes * experts * (rows * depth + depth * cols + rows * cols)
+    num_bytes = c.gemm_elem_bytes * experts * (rows * depth + depth * cols + rows * cols)
     if c.grouped_gemm is not None:
         return gemm_time_s(c.grouped_gemm, xp, rows, cols, depth, num_bytes, c.matrix_flops_per_s,
                            c.hbm_bytes_per_s, experts)
@@ -109,6 +110,9 @@ class MoeLayerForward:
     """E/p experts on this GPU"""
     rows_per_expert: object
     """r = T·k·c·p/E rows per local expert"""
+    quantized_gemms: tuple = ()
+    """the operands a precision recipe quantizes (costmodel.quantize.GemmOperands): the experts'
+    and shared experts' GEMMs (the router stays BF16)"""
 
     @property
     def gemm_s(self):
@@ -131,7 +135,7 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep) -> MoeLayerForward:
     act_flops = ACTIVATION_FLOPS_PER_ELEM[c.mlp]
 
     router_cols = E + (1.0 if c.shared_expert_gate else 0.0)
-    router = matmul_s(c, xp, routed_tokens, router_cols, h)
+    router = matmul_s(c, xp, routed_tokens, router_cols, h, high_precision=True)   # a BF16 GEMM under any recipe
     scores = routed_tokens * E
     router_eltwise = (eltwise_s(c, xp, scores, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
                       + eltwise_s(c, xp, scores, TOPK_FLOPS_PER_ELEM, e))
@@ -155,9 +159,14 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep) -> MoeLayerForward:
                     + eltwise_s(c, xp, routed_elems, UNPERMUTE_FLOPS_PER_ELEM, e * (k + 1) / k)
                     + xp.where(local > 1, 2 * eltwise_s(c, xp, gathered_elems, 0.0, 2 * e), 0.0))
 
+    # The grouped GEMMs quantize the rows they receive (after the BF16 dispatch and gather).
+    quantized = (GemmOperands(local * rows * h, local * rows * up_cols, local * h * up_cols),
+                 GemmOperands(local * rows * f_cols, local * rows * h, local * f_cols * h))
     if c.shared_feedforward:
         s_cols = c.shared_feedforward / tp
         s_up = 2 * s_cols if c.gated_mlp else s_cols
+        quantized += (GemmOperands(routed_tokens * h, tokens * s_up, h * s_up, tp > 1, False, tp),
+                      GemmOperands(tokens * s_cols, routed_tokens * h, s_cols * h, False, tp > 1, tp))
         shared = matmul_s(c, xp, tokens, s_up, h) + matmul_s(c, xp, tokens, h, s_cols)
         if c.gated_mlp:
             shared_act = eltwise_s(c, xp, tokens * s_cols, act_flops, 3 * e)
@@ -172,7 +181,7 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep) -> MoeLayerForward:
         eltwise_s=router_eltwise + expert_act + permutations + shared_act,
         matrix_flops=(2 * routed_tokens * h * router_cols + 2 * local * rows * h * (up_cols + f_cols)
                       + shared_flops),
-        local_experts=local, rows_per_expert=rows,
+        local_experts=local, rows_per_expert=rows, quantized_gemms=quantized,
     )
 
 
