@@ -7,13 +7,12 @@ one to one is mapped to the nearest expressible setting, and the gap is listed p
 
 | the run | the mapping | gap listed |
 | --- | --- | --- |
-| precision bf16 | datatype bfloat16 | — |
-| any FP8/FP4 recipe | datatype float8: Calculon's all-FP8 (weights, stored activations, element-wise traffic and messages at 1 byte) | yes: the recipe |
+| its precision recipe | that recipe (costmodel.precision), datatype bfloat16, with its FP8/FP4 weight all-gather and BF16 first/last blocks as the run states them | — |
 | Megatron-FSDP | ZeRO stage 3 (parameters all-gathered per block) | yes |
 | activation offload of N blocks | every block's activations offloaded when the system has offload memory, else none | yes |
 | full recompute of N blocks per chunk | full when N is at least half a chunk's blocks, else none | yes, unless N covers the chunk |
 | selective recompute | attn_only when the modules are the attention core alone, else none | yes, unless core_attn alone |
-| CUDA graphs, a pipeline layout, BF16 first/last blocks, an unoverlapped parameter all-gather | not modelled | yes |
+| CUDA graphs, a pipeline layout, an unoverlapped parameter all-gather | not modelled | yes |
 | sequence parallelism | tp_comm rs_ag (else ar); the all-gather redone in backward (Megatron-LM keeps the sharded input) | — |
 | TP communication overlap | tp_overlap ring (tp > 1) | — |
 
@@ -48,9 +47,9 @@ class MappedRun:
 
 
 def datatype_for(precision: Precision) -> Datatype:
-    """The datatype a precision recipe is costed in today: bf16 as bfloat16, every FP8 and FP4
-    recipe as float8 (Calculon's all-FP8, the only low-precision datatype the model has)."""
-    return Datatype.bfloat16 if precision is Precision.bf16 else Datatype.float8
+    """The datatype of a run's mapping: bfloat16, the high-precision type of every recipe; the
+    recipe itself (the mapping's `precision`) says what is quantized."""
+    return Datatype.bfloat16
 
 
 def network_for_span(system: System, span: int) -> int:
@@ -97,11 +96,6 @@ def _activation_offload(run: Run, model: Model, system: System, recompute: Recom
 
 
 def _other_gaps(run: Run, gaps: list[str]) -> None:
-    if run.precision is not Precision.bf16:
-        gaps.append(f"precision {run.precision.value}: costed as float8, Calculon's all-FP8 (weights, stored "
-                    f"activations, element-wise traffic and messages at 1 byte)")
-    if run.bf16_first_last_blocks:
-        gaps.append(f"first and last {run.bf16_first_last_blocks} blocks in BF16: costed in float8")
     if run.megatron_fsdp:
         gaps.append("Megatron-FSDP: costed as ZeRO stage 3 (its double buffer and bucketed prefetch not modelled)")
     if run.cuda_graphs != "none":
@@ -130,6 +124,9 @@ def map_run(run: Run, model: Model, system: System) -> MappedRun:
         "pipeline_par": run.pp, "data_par": run.dp, "batch_size": run.global_batch,
         "microbatch_size": run.microbatch, "pipeline_interleaving": run.interleaving,
         "datatype": datatype_for(run.precision), "fused_activation": run.fused_activation,
+        "precision": run.precision,
+        "low_precision_param_gather": run.low_precision_param_gather if run.precision is not Precision.bf16 else None,
+        "bf16_first_last_blocks": run.bf16_first_last_blocks,
         "activation_recompute": recompute,
         "tensor_par_comm_type": TPComm.rs_ag if seq_par else TPComm.ar,
         "tensor_par_overlap": TPOverlap.ring if run.tp_comm_overlap and run.tp > 1 else TPOverlap.none,

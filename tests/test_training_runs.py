@@ -99,12 +99,35 @@ def test_newest_release_of_each_configuration(bridge_runs):
     assert "bridge260401_llama3_70b_gb200_fp8cs_64" in names and "bridge2604_llama3_70b_gb200_fp8cs_64" not in names
 
 
-def test_every_dense_row_is_scored(bridge_runs):
+# Dense rows the model calls infeasible on memory now that FP8/FP4 recipes keep BF16 activations
+# (costmodel.precision): each names what the mapping cannot yet say as the run did it.
+#   Llama 3 70B on 64 GB200, Megatron-FSDP: 40 of 80 blocks' activations offloaded, costed as all 80.
+#   Llama 3.1 405B on 128 GB200, Megatron-FSDP: 95 of 126 blocks offloaded, costed as all 126.
+#   Llama 3.1 405B on 256 GB200, tp 4 pp 16 vp 4: 186.8 GiB (NVFP4 187.7) of 186, within the dropout
+#     masks the model stores for a model trained without dropout (docs/cost-model.md, Known limits).
+#   25.09's Llama 3 70B MXFP8 on 64 GB200: its preset's mbs differs, so its memory settings are unknown.
+MEMORY_BOUND_ROWS = {
+    **dict.fromkeys(("bridge2509_llama3_70b_gb200_64", "bridge2511_llama3_70b_gb200_fp8cs_64",
+                     "bridge2602_llama3_70b_gb200_fp8cs_64", "bridge260201_llama3_70b_gb200_fp8cs_64",
+                     "bridge2604_llama3_70b_gb200_fp8cs_64", "bridge260401_llama3_70b_gb200_fp8cs_64",
+                     "bridge2509_llama31_405b_gb200_128"), "offload"),
+    **dict.fromkeys(("bridge2511_llama31_405b_gb200_fp8cs_256", "bridge2602_llama31_405b_gb200_fp8cs_256",
+                     "bridge260201_llama31_405b_gb200_fp8cs_256", "bridge260201_llama31_405b_gb200_nvfp4_256",
+                     "bridge2604_llama31_405b_gb200_fp8cs_256", "bridge260401_llama31_405b_gb200_fp8cs_256",
+                     "bridge2606_llama31_405b_gb200_fp8cs_256", "bridge2509_llama3_70b_gb200_64_altquant"), "hbm"),
+}
+
+
+def test_every_dense_row_is_scored_or_bound_by_memory_it_cannot_express(bridge_runs):
     inputs = RunInputs()
     dense, other = split_dense(bridge_runs, inputs)
     assert len(dense) == 58 and len(other) == 38
     scores = score_runs(dense, inputs)
-    assert {s.status for s in scores} == {"scored"}, [(s.run.name, s.reasons) for s in scores if s.status != "scored"]
+    bound = {s.run.name: s.reasons for s in scores if s.status != "scored"}
+    assert set(bound) == set(MEMORY_BOUND_ROWS), bound
+    for name, reasons in bound.items():
+        assert len(reasons) == 1 and reasons[0].startswith(MEMORY_BOUND_ROWS[name] + ":"), (name, reasons)
+    assert {s.status for s in scores} <= {"scored", "infeasible"}
     assert all(s.predicted_step_s > 0 and s.time_error is not None for s in scores)
 
 
@@ -143,9 +166,11 @@ def test_a_run_maps_onto_the_nearest_mapping():
     assert m.tensor_par_comm_type is TPComm.rs_ag and m.tensor_par_overlap is TPOverlap.ring
     assert m.activation_recompute is Recompute.full  # 1 of a chunk's 2 blocks: half, the nearer is full
     assert (m.tensor_par_net, m.pipeline_par_net, m.data_par_net) == (0, 1, 1)
-    assert mapped.datatype is Datatype.float8
+    # the recipe itself, in bfloat16 (costmodel.precision), no longer a gap
+    assert mapped.datatype is Datatype.bfloat16 and m.precision is Precision.mxfp8
     gaps = " | ".join(mapped.not_expressible)
-    assert "precision mxfp8" in gaps and "CUDA graphs" in gaps and "recompute of 1 of every 2 blocks (recompute_num_layers): costed as full" in gaps
+    assert "precision" not in gaps
+    assert "CUDA graphs" in gaps and "recompute of 1 of every 2 blocks (recompute_num_layers): costed as full" in gaps
 
 
 # ---- mapsat validate --runs
