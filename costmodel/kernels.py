@@ -21,6 +21,12 @@ its default with bf16) or in the 16-bit compute type (DeepSpeed's fp16/bf16 ZeRO
 paper's 2Ψ bytes of gradients)."""
 
 
+PRECISION_DEFAULTS = {"precision": None, "optimizer_state": "fp32", "low_precision_param_gather": None,
+                      "bf16_first_last_blocks": 0}
+"""The precision settings' defaults: no recipe (the datatype's costing), fp32 moments, the
+recipe's own weight all-gather, no BF16 blocks."""
+
+
 @dataclass(frozen=True)
 class Kernels:
     """The kernels every mapping of one problem shares."""
@@ -108,11 +114,17 @@ class Kernels:
 
     @property
     def precision_settings(self) -> dict:
-        """The precision settings as a record states them (JSON, batch results)."""
+        """The four precision settings by name (a Mapping's fields, with_attention's keywords)."""
         return {"precision": None if self.precision is None else self.precision.value,
                 "optimizer_state": self.optimizer_state,
                 "low_precision_param_gather": self.low_precision_param_gather,
                 "bf16_first_last_blocks": self.bf16_first_last_blocks}
+
+    @property
+    def precision_record(self) -> dict:
+        """The precision settings that differ from the defaults, as JSON records state them
+        (nothing for a problem without them: records read as before)."""
+        return {name: value for name, value in self.precision_settings.items() if value != PRECISION_DEFAULTS[name]}
 
     @property
     def attention(self) -> str:

@@ -20,7 +20,7 @@ import costmodel.limits as limits
 from costmodel.choices import AttentionType, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
-from costmodel.kernels import GradDatatype, Kernels
+from costmodel.kernels import PRECISION_DEFAULTS, GradDatatype, Kernels
 from costmodel.model import INPUT_CONFIG, Model, WholeNumber, within
 from costmodel.pipeline import FIRST_FIELD, LAST_FIELD, layout_problem
 from costmodel.precision import OptimizerState, Precision
@@ -28,10 +28,6 @@ from costmodel.system import Datatype, System
 
 __all__ = ["AttentionType", "Mapping", "Recompute", "ShardingStage", "TPComm", "TPOverlap", "check_mapping_fits",
            "model_with_attention_type"]
-
-# The precision settings at their defaults: a mapping's JSON leaves them out (Calculon's format).
-_PRECISION_DEFAULTS: dict[str, Any] = {"precision": None, "optimizer_state": "fp32",
-                                       "low_precision_param_gather": None, "bf16_first_last_blocks": 0}
 
 # Defaults of the fields a Calculon execution file may leave out (the skeleton has none).
 _FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm.ar, "tp_overlap": TPOverlap.none,
@@ -143,7 +139,7 @@ class _MappingBase(BaseModel):
             if data.get(name, 0) is None:
                 del data[name]
         # ... and without the precision settings left at their defaults.
-        for name, default in _PRECISION_DEFAULTS.items():
+        for name, default in PRECISION_DEFAULTS.items():
             if name in data and data[name] == default:
                 del data[name]
         return data
