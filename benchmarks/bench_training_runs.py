@@ -8,7 +8,7 @@ dense models only (mixture-of-experts rows belong to the MoE work and are counte
 scored): the newest release of each configuration, per row the predicted and measured step
 time and the signed error (negative: the model is too fast), then a summary — median
 |error|, mean signed error — overall, by system and by precision. NVFP4 is reported (its own
-precision line), not targeted: the model costs it as float8. Rows the model calls infeasible
+precision line), not targeted: its FP4 GEMMs are not measured. Rows the model calls infeasible
 or cannot take are listed with the reason; older releases of the same configurations are
 reported separately. Each row family (model, system, precision) lists what the model cannot
 express yet (costmodel.run_mapping). Then the single-H200 iterations

@@ -5,7 +5,7 @@ releases of the same configurations are reported separately (software got faster
 are not the model's target). Summaries count the scored runs only: a run the model calls
 infeasible, cannot take, or that has no measured time is listed with its reason instead.
 NVFP4 runs are reported (by precision) but left out of the overall and per-system figures:
-the model has no FP4 datatype yet.
+their FP4 GEMMs run on the FP8 fit at the FP4 peak, which no measurement backs.
 """
 
 from __future__ import annotations

@@ -240,5 +240,5 @@ def summarize(scores: Iterable[RunScore], group_of: Callable[[RunScore], str] | 
 
 def is_targeted(score: RunScore) -> bool:
     """Whether a run counts toward the accuracy targets: NVFP4 is reported, not targeted
-    (the model has no FP4 datatype; it is costed as float8)."""
+    (its FP4 GEMMs run on the FP8 fit at the FP4 peak, unmeasured: costmodel.precision)."""
     return score.run.precision is not Precision.nvfp4
