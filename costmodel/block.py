@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from costmodel.context import MASK_BYTES, Context
 from costmodel.kernel_time import attention_time_s
-from costmodel.moe import moe_layer_forward, moe_memory
+from costmodel.moe import moe_layer_forward, moe_memory, moe_quantized_gemms
 from costmodel.quantize import GemmOperands, quantize_passes
 from costmodel.layer_time import (ACTIVATION_FLOPS_PER_ELEM, DROPOUT_FLOPS_PER_ELEM, LAYERNORM_FLOPS_PER_ELEM,
                                   RESIDUAL_FLOPS_PER_ELEM, RMSNORM_FLOPS_PER_ELEM, ROPE_FLOPS_PER_ELEM,
@@ -185,7 +185,7 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
     if moe:
         layer = moe_layer_forward(c, xp, tokens, t, m.ep)
         mlp, activation, mlp_flops = layer.gemm_s, layer.eltwise_s, layer.matrix_flops
-        mlp_gemms = layer.quantized_gemms
+        mlp_gemms = moe_quantized_gemms(c, tokens, t, m.ep)
     passes = quantize_passes(c, xp, attention_gemms + mlp_gemms) if c.quantized else None
 
     return BlockForward(

@@ -110,9 +110,6 @@ class MoeLayerForward:
     """E/p experts on this GPU"""
     rows_per_expert: object
     """r = T·k·c·p/E rows per local expert"""
-    quantized_gemms: tuple = ()
-    """the operands a precision recipe quantizes (costmodel.quantize.GemmOperands): the experts'
-    and shared experts' GEMMs (the router stays BF16)"""
 
     @property
     def gemm_s(self):
@@ -159,14 +156,9 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep) -> MoeLayerForward:
                     + eltwise_s(c, xp, routed_elems, UNPERMUTE_FLOPS_PER_ELEM, e * (k + 1) / k)
                     + xp.where(local > 1, 2 * eltwise_s(c, xp, gathered_elems, 0.0, 2 * e), 0.0))
 
-    # The grouped GEMMs quantize the rows they receive (after the BF16 dispatch and gather).
-    quantized = (GemmOperands(local * rows * h, local * rows * up_cols, local * h * up_cols),
-                 GemmOperands(local * rows * f_cols, local * rows * h, local * f_cols * h))
     if c.shared_feedforward:
         s_cols = c.shared_feedforward / tp
         s_up = 2 * s_cols if c.gated_mlp else s_cols
-        quantized += (GemmOperands(routed_tokens * h, tokens * s_up, h * s_up, tp > 1, False, tp),
-                      GemmOperands(tokens * s_cols, routed_tokens * h, s_cols * h, False, tp > 1, tp))
         shared = matmul_s(c, xp, tokens, s_up, h) + matmul_s(c, xp, tokens, h, s_cols)
         if c.gated_mlp:
             shared_act = eltwise_s(c, xp, tokens * s_cols, act_flops, 3 * e)
@@ -181,8 +173,26 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep) -> MoeLayerForward:
         eltwise_s=router_eltwise + expert_act + permutations + shared_act,
         matrix_flops=(2 * routed_tokens * h * router_cols + 2 * local * rows * h * (up_cols + f_cols)
                       + shared_flops),
-        local_experts=local, rows_per_expert=rows, quantized_gemms=quantized,
+        local_experts=local, rows_per_expert=rows,
     )
+
+
+def moe_quantized_gemms(c: Context, tokens, tp, ep) -> tuple[GemmOperands, ...]:
+    """The operands of one MoE layer a precision recipe quantizes (costmodel.quantize): the
+    experts' grouped GEMMs on the rows they receive (after the BF16 dispatch and gather), and
+    the shared experts as a dense MLP whose input is gathered under sequence parallelism (the
+    router stays BF16)."""
+    local, rows, h = c.experts / ep, expert_rows(c, tokens, ep), c.hidden
+    f_cols = c.expert_feedforward / tp
+    up_cols = 2 * f_cols if c.gated_mlp else f_cols
+    gemms = (GemmOperands(local * rows * h, local * rows * up_cols, local * h * up_cols),
+             GemmOperands(local * rows * f_cols, local * rows * h, local * f_cols * h))
+    if c.shared_feedforward:
+        s_cols = c.shared_feedforward / tp
+        s_up = 2 * s_cols if c.gated_mlp else s_cols
+        gemms += (GemmOperands(tokens / tp * h, tokens * s_up, h * s_up, tp > 1, False, tp),
+                  GemmOperands(tokens * s_cols, tokens / tp * h, s_cols * h, False, tp > 1, tp))
+    return gemms
 
 
 @dataclass(frozen=True)
