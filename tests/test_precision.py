@@ -167,6 +167,36 @@ def test_mxfp8_passes_on_blackwell_by_hand():
     assert fw.weight_quantize_s == pytest.approx(weights, rel=1e-12)
 
 
+def test_fp8_blockwise_passes_on_a_tn_gpu_by_hand():
+    c = context(H100, Precision.fp8_blockwise)
+    copy = 1 + 4 / 128                      # an FP8 element and its share of a 1×128 block's fp32 scale
+    two, one = 2 + 2 * copy, 2 + copy       # both copies quantized from BF16 (block scales do not transpose)
+    forward = pass_s(c, QKV_X, two) + pass_s(c, PROJ_X, one) + pass_s(c, FC1_X, two) + pass_s(c, FC2_X, two)
+    backward = (pass_s(c, QKV_DY, two) + pass_s(c, PROJ_X, one) + pass_s(c, PROJ_DY, two)
+                + pass_s(c, FC1_DY, two) + pass_s(c, FC2_DY, two))
+    # BF16 weights (no low-precision gather in this recipe): both 128×128-scaled copies, once a step
+    weights = sum(pass_s(c, w, 2 + 2 * (1 + 4 / 128**2)) for w in WEIGHTS)
+    fw = block_forward_times(c, _scalar_fields(mapping(precision="fp8-blockwise")), ScalarOps)
+    assert fw.quantize_fwd_s == pytest.approx(forward, rel=1e-12)
+    assert fw.quantize_bwd_s == pytest.approx(backward, rel=1e-12)
+    assert fw.weight_quantize_s == pytest.approx(weights, rel=1e-12)
+
+
+def test_nvfp4_passes_by_hand():
+    c = context(B200, Precision.nvfp4)
+    copy = 0.5 + 1 / 16                     # an FP4 element and its share of a 16-element block's E4M3 scale
+    two, one = 2 + 2 * copy, 2 + copy
+    amax = lambda elems: pass_s(c, elems, 2)     # noqa: E731 - the per-tensor amax (after the Hadamard transform)
+    forward = sum(amax(x) + pass_s(c, x, two) for x in (QKV_X, FC1_X, FC2_X)) + amax(PROJ_X) + pass_s(c, PROJ_X, one)
+    backward = (sum(amax(dy) + pass_s(c, dy, two) for dy in (QKV_DY, PROJ_DY, FC1_DY, FC2_DY))
+                + amax(PROJ_X) + pass_s(c, PROJ_X, one))
+    weights = sum(pass_s(c, w, 2 * (0.5 + 1 / 256)) for w in WEIGHTS)   # FP4 params: the 16×16 blocks transposed
+    fw = block_forward_times(c, _scalar_fields(mapping(precision="nvfp4")), ScalarOps)
+    assert fw.quantize_fwd_s == pytest.approx(forward, rel=1e-12)
+    assert fw.quantize_bwd_s == pytest.approx(backward, rel=1e-12)
+    assert fw.weight_quantize_s == pytest.approx(weights, rel=1e-12)
+
+
 def test_fp8_delayed_casts_in_the_norm_and_has_no_amax_pass():
     c = context(H100, Precision.fp8_delayed)
     # the norm-fed inputs: the norm writes the FP8 copy; gathered, nothing more until backward
