@@ -136,7 +136,7 @@ def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardi
     # Weights travel in the datatype; under a precision recipe the blocks' as the recipe gathers
     # them (BF16, or quantized with low-precision param gather), the embeddings in BF16.
     gathered, dense_weight_bytes = c.elem_bytes, c.elem_bytes * params.dense
-    if c.recipe is not None:
+    if c.quantized:
         gathered = c.recipe.weight_gather_bytes
         dense_weight_bytes = c.elem_bytes * (params.dense - params.blocks_dense) + gathered * params.blocks_dense
     dp_comm = traffic(sh.group, params.dense, dense_weight_bytes)
@@ -161,7 +161,7 @@ def optimizer_step_s(c: Context, m, xp, sh: Sharding, params: StageParams):
     # It writes each new weight in the datatype; under a precision recipe a block's as the
     # recipe keeps it (BF16, or the quantized shard and its amax read: costmodel.precision).
     written = e
-    if c.recipe is not None:
+    if c.quantized:
         block_share = (params.blocks_dense + params.experts) / (params.dense + params.experts)
         written = e + block_share * (c.recipe.optimizer_weight_bytes - e)
     opt_bytes_per_param = g + 2 * c.optimizer_bytes_per_param + written
