@@ -30,8 +30,10 @@ import costmodel.limits as limits
 from costmodel.errors import InputError
 from costmodel.model import INPUT_CONFIG, RealNumber, within
 
-__all__ = ["BF16_BYTES", "FORMATS", "OPTIMIZER_STATES", "OptimizerState", "Precision", "PrecisionSupport",
-           "RecipeCompute", "RecipeFormat", "check_support", "supported_precisions", "system_recipe"]
+__all__ = ["BF16_BYTES", "FORMATS", "HADAMARD_FLOPS_PER_ELEM", "MASTER_WEIGHT_BYTES", "OPTIMIZER_STATES",
+           "OptimizerState", "Precision", "PrecisionSupport", "RecipeCompute", "RecipeCosts", "RecipeFormat",
+           "STOCHASTIC_ROUNDING_FLOPS_PER_ELEM", "bf16_costs", "check_support", "recipe_costs", "supported_precisions",
+           "system_recipe"]
 
 
 class Precision(str, Enum):
