@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 from costmodel.context import MASK_BYTES, Context
 from costmodel.kernel_time import attention_time_s
-from costmodel.moe import moe_layer_forward, moe_memory
+from costmodel.moe import moe_layer_forward, moe_memory, moe_quantized_gemms
+from costmodel.quantize import GemmOperands, quantize_passes
 from costmodel.layer_time import (ACTIVATION_FLOPS_PER_ELEM, DROPOUT_FLOPS_PER_ELEM, LAYERNORM_FLOPS_PER_ELEM,
                                   RESIDUAL_FLOPS_PER_ELEM, RMSNORM_FLOPS_PER_ELEM, ROPE_FLOPS_PER_ELEM,
                                   SOFTMAX_FLOPS_PER_ELEM, SOFTMAX_STATS_BYTES, eltwise_s, gemm_s, matmul_s)
@@ -60,7 +61,8 @@ def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_byte
     if c.attention is not None:
         return steps * attention_time_s(c.attention, pairs, batch_heads, chunk, c.head_size)
     vector = vector_flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, vector_flops))
-    return xp.maximum(gemm_s(c, xp, chunk, chunk, c.head_size, num_bytes, batch=pairs * batch_heads * steps), vector)
+    return xp.maximum(gemm_s(c, xp, chunk, chunk, c.head_size, num_bytes, batch=pairs * batch_heads * steps,
+                             high_precision=True), vector)
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,12 @@ class BlockForward:
     kernel_recompute_s: object
     """what a fused attention kernel redoes in its backward whatever the recompute setting"""
     kernel_recompute_flops: object
+    quantize_fwd_s: object = 0.0
+    """a precision recipe's amax and cast passes of the GEMM inputs (costmodel.quantize)"""
+    quantize_bwd_s: object = 0.0
+    """its passes over the output gradients in backward (not twice the forward's)"""
+    weight_quantize_s: object = 0.0
+    """its passes over the block's weights, once per step"""
 
 
 @dataclass(frozen=True)
@@ -138,9 +146,9 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         selective_recompute, selective_recompute_flops = 0.0, 0.0   # nothing outside the kernel to redo
     else:
         scores = gemm_s(c, xp, q_len, s, d, e * (b * heads * q_len * d + b * kv_cols / d * s * d + score_elems),
-                        batch=b * heads)
+                        batch=b * heads, high_precision=True)
         context = gemm_s(c, xp, q_len, d, s, e * (score_elems + b * kv_cols / d * s * d + b * heads * q_len * d),
-                         batch=b * heads)
+                         batch=b * heads, high_precision=True)
         softmax = eltwise_s(c, xp, score_elems, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
         attn_dropout = eltwise_s(c, xp, score_elems, DROPOUT_FLOPS_PER_ELEM, 2 * e + MASK_BYTES)
         core_gemm = scores + context
@@ -150,7 +158,9 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         selective_recompute, selective_recompute_flops = core_gemm + core_eltwise, 2 * score_flops
 
     norm_flops = RMSNORM_FLOPS_PER_ELEM if c.rmsnorm else LAYERNORM_FLOPS_PER_ELEM
-    layernorms = 2 * eltwise_s(c, xp, ln_tokens * h, norm_flops, 2 * e)
+    # Delayed scaling: the norm writes the FP8 copy of its output itself (costmodel.precision).
+    norm_out = c.recipe.copy_bytes if c.quantized and c.recipe.format.norm_casts else e
+    layernorms = 2 * eltwise_s(c, xp, ln_tokens * h, norm_flops, e + norm_out)
     residuals = 2 * eltwise_s(c, xp, ln_tokens * h, RESIDUAL_FLOPS_PER_ELEM, 3 * e + MASK_BYTES)
     act_flops = ACTIVATION_FLOPS_PER_ELEM[c.mlp]
     if c.gated_mlp:
@@ -162,9 +172,21 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         activation = 0.0 if c.fused_activation else eltwise_s(c, xp, tokens * f_cols, act_flops, 2 * e)
     # RoPE rotates Q and K in place: one pass over them (read and write).
     rope = eltwise_s(c, xp, tokens * (q_cols + kv_cols), ROPE_FLOPS_PER_ELEM, 2 * e) if c.rope else 0.0
+    # The quantized GEMMs' operands (a precision recipe's passes; none without one): QKV and the
+    # MLP's up projection read a norm's output, gathered under sequence parallelism; the
+    # projection's and the down projection's output gradients are gathered likewise.
+    gathered = m.seq_par
+    attention_gemms = (
+        GemmOperands(ln_tokens * h, tokens * qkv_cols, h * qkv_cols, gathered, False, t, norm_fed=True),
+        GemmOperands(tokens * q_cols, ln_tokens * h, q_cols * h, False, gathered, t, projection=True))
+    mlp_gemms = (
+        GemmOperands(ln_tokens * h, tokens * up_cols, h * up_cols, gathered, False, t, norm_fed=True),
+        GemmOperands(tokens * f_cols, ln_tokens * h, f_cols * h, False, gathered, t))
     if moe:
         layer = moe_layer_forward(c, xp, tokens, t, m.ep)
         mlp, activation, mlp_flops = layer.gemm_s, layer.eltwise_s, layer.matrix_flops
+        mlp_gemms = moe_quantized_gemms(c, tokens, t, m.ep)
+    passes = quantize_passes(c, xp, attention_gemms + mlp_gemms) if c.quantized else None
 
     return BlockForward(
         gemm_s=qkv + core_gemm + proj + mlp,
@@ -175,6 +197,8 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         selective_recompute_flops=selective_recompute_flops,
         kernel_recompute_s=kernel_recompute,
         kernel_recompute_flops=kernel_recompute_flops,
+        **({} if passes is None else dict(quantize_fwd_s=passes.forward_s, quantize_bwd_s=passes.backward_s,
+                                          weight_quantize_s=passes.weight_step_s)),
     )
 
 
@@ -210,13 +234,26 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     sp_split = xp.where(m.seq_par, t, 1.0)
     gemm_inputs_split = xp.where(m.seq_par & m.seq_par_ag_redo, t, 1.0)
 
+    # A GEMM's input is kept for its weight gradient: under a precision recipe as one quantized
+    # copy (the columnwise one, or the rowwise shard a per-tensor FP8 gather re-gathers; TE
+    # module/linear.py, "Discard unneeded data in input tensor"), else in the datatype.
+    q = c.recipe.copy_bytes if c.quantized else e
     layernorm_inputs = 2 * e * tokens * h / sp_split
     dropout_masks = 2 * MASK_BYTES * tokens * h / sp_split
-    gemm_inputs = 2 * e * tokens * h / gemm_inputs_split
-    qkv_and_proj = e * tokens * (q_cols + 2 * kv_cols + q_cols)
+    gemm_inputs = 2 * q * tokens * h / gemm_inputs_split
+    # Q, K, V (the attention's BF16 inputs) and the projection's input, the attention output.
+    # Quantized, a fused kernel's backward keeps that output in BF16, and the projection keeps
+    # either the same tensor (costmodel.precision: projection_keeps_bf16_input) or its own copy.
+    projection_input = e * tokens * q_cols
+    if c.quantized:
+        keeps_bf16 = c.recipe.format.projection_keeps_bf16_input
+        projection_input = (e * tokens * q_cols if keeps_bf16 or c.fused_attention else 0.0) + (
+            0.0 if keeps_bf16 else q * tokens * q_cols)
+    qkv_and_proj = e * tokens * (q_cols + 2 * kv_cols) + projection_input
     # GeLU / squared ReLU: the activation's input and output (2·f); gated: the h→2f output
-    # (both operands of the gate) and the gate's output (3·f).
-    mlp_intermediates = (3 if c.gated_mlp else 2) * e * tokens * f / t
+    # (both operands of the gate) and the gate's output (3·f). The output, the down
+    # projection's input, is kept as its quantized copy under a recipe.
+    mlp_intermediates = ((2 if c.gated_mlp else 1) * e + q) * tokens * f / t
     dispatch_buffers = 0.0
     if moe:
         layer = moe_memory(c, xp, tokens, t, m.ep)

@@ -16,6 +16,9 @@ from costmodel.context import Context
 from costmodel.moe import moe_communication
 from costmodel.system import Collective
 
+AMAX_BYTES = 4.0
+"""One fp32 amax per quantized tensor (per-tensor current scaling; NVFP4's per-tensor scale)."""
+
 
 @dataclass(frozen=True)
 class BlockTerms:
@@ -82,11 +85,16 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
     recomputation and the offload traffic compute cannot hide, in seconds; and the block's
     stored activations. Reads tp, cp, ep, microbatch and the flags."""
     fw = block_forward_times(c, m, xp, moe)
-    compute_fwd = fw.gemm_s + fw.eltwise_s
-    compute_bwd = 2 * compute_fwd
+    # Backward does twice forward's GEMMs and element-wise layers; a precision recipe's
+    # quantization passes differ by direction (inputs forward, output gradients backward).
+    compute_fwd = fw.gemm_s + fw.eltwise_s + fw.quantize_fwd_s
+    compute_bwd = 2 * (fw.gemm_s + fw.eltwise_s) + fw.quantize_bwd_s
 
     act_message = c.elem_bytes * m.microbatch * c.seq / m.cp * c.hidden
-    region_s, hidden_fraction, gather_s = tp_overlap_terms(c, m, xp, act_message)
+    # Under a quantized recipe the sequence-parallel gathers carry the quantized GEMM input
+    # (forward; the output gradient in backward), the reduce-scatters BF16.
+    gather_message = act_message / c.elem_bytes * c.recipe.copy_bytes if c.quantized else None
+    region_s, hidden_fraction, gather_s = tp_overlap_terms(c, m, xp, act_message, gather_message)
     tp_usage = xp.pick(c.net_usage, m.tp_net)
     redo_gather = m.seq_par & m.seq_par_ag_redo & xp.logical_not(m.recompute_full)
     # Two parallel regions, attention and MLP; an MoE block keeps the MLP region's collectives
@@ -97,15 +105,22 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
     tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw.gemm_s, hidden_fraction, tp_usage, xp)
     tp_bwd_exposed, tp_bwd_stolen = overlapped(tp_bwd, 2 * fw.gemm_s, hidden_fraction, tp_usage, xp)
     cp_fwd, cp_bwd = cp_ring_terms(c, m, xp, fw)
-    moe_tp, ep_pass = 0.0, 0.0
+    exposed_tp, ep_pass = 0.0, 0.0
+    if c.quantized and c.recipe.format.amax_pass:
+        # A sequence-parallel operand under current scaling reduces its amax over the tp group
+        # before its cast, a blocking all-reduce of one fp32 (TE csrc/quantizer.cpp,
+        # amax_reduction_group->allreduce(...)->wait(); module/linear.py sets the group for a
+        # column-parallel input and a row-parallel output gradient): one per region each way.
+        amax = collective_s(c, xp, Collective.all_reduce, m.tp, AMAX_BYTES, m.tp_net)
+        exposed_tp = xp.where(m.seq_par, regions * amax, 0.0)
     if moe:
         # Megatron-LM's all-to-all dispatcher runs on the compute stream between the router
         # and the experts (token_dispatcher.py): nothing hides it. Backward repeats each
         # collective once (a dispatch's gradient is a combine).
         comm = moe_communication(c, xp, m.microbatch * c.seq / m.cp, m.tp, m.ep, m.ep_net, m.tp_net)
-        moe_tp, ep_pass = comm.tp_gather_s + comm.tp_scatter_s, comm.dispatch_s + comm.combine_s
-    block_fwd = compute_fwd + tp_fwd_exposed + tp_fwd_stolen + moe_tp + cp_fwd + ep_pass
-    block_bwd = compute_bwd + tp_bwd_exposed + tp_bwd_stolen + moe_tp + cp_bwd + ep_pass
+        exposed_tp, ep_pass = exposed_tp + comm.tp_gather_s + comm.tp_scatter_s, comm.dispatch_s + comm.combine_s
+    block_fwd = compute_fwd + tp_fwd_exposed + tp_fwd_stolen + exposed_tp + cp_fwd + ep_pass
+    block_bwd = compute_bwd + tp_bwd_exposed + tp_bwd_stolen + exposed_tp + cp_bwd + ep_pass
     # Full: the whole block forward again; attn_only: the (unfused) attention core; and a fused
     # attention kernel's backward redoes its scores whatever the setting.
     recompute = fw.kernel_recompute_s + xp.where(m.recompute_full, block_fwd,
@@ -129,8 +144,8 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
         forward=fw,
         compute_fwd_s=compute_fwd,
         compute_bwd_s=compute_bwd,
-        tp_fwd_s=tp_fwd_exposed + tp_fwd_stolen + moe_tp,
-        tp_bwd_s=tp_bwd_exposed + tp_bwd_stolen + moe_tp,
+        tp_fwd_s=tp_fwd_exposed + tp_fwd_stolen + exposed_tp,
+        tp_bwd_s=tp_bwd_exposed + tp_bwd_stolen + exposed_tp,
         cp_fwd_s=cp_fwd,
         cp_bwd_s=cp_bwd,
         ep_fwd_s=ep_pass,
@@ -179,6 +194,15 @@ def block_terms(c: Context, m, xp) -> BlockTerms:
     mixture-of-experts model the mean of its dense and MoE blocks weighted by their counts
     (`moe_every`), so L/pp times it is a stage's total when its blocks mix as the model's do
     (exact for moe_every = 1, and whenever moe_every divides blocks/pp)."""
+    if c.quantized and c.recipe.bf16_block_share:
+        # The first and last N blocks a recipe keeps in BF16, by their share of the model's
+        # blocks (as the MoE mix: the model-wide average, not the stage that holds them).
+        return _mix(_kinds(c, m, xp), _kinds(c.bf16_blocks(), m, xp), c.recipe.bf16_block_share)
+    return _kinds(c, m, xp)
+
+
+def _kinds(c: Context, m, xp) -> BlockTerms:
+    """The average block over the model's dense and MoE blocks (block_terms)."""
     dense = kind_terms(c, m, xp, moe=False)
     if not c.moe_blocks:
         return dense

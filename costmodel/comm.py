@@ -27,10 +27,16 @@ def collective_s(c: Context, xp, op: Collective, group, message_bytes, net):
     return xp.where(group > 1, xp.pick(c.net_latency_s, net) + wire, 0.0)
 
 
-def tp_overlap_terms(c: Context, m, xp, message_bytes):
+def tp_overlap_terms(c: Context, m, xp, message_bytes, gather_bytes=None):
     """Time of one parallel region's TP collectives for each comm type, the fraction of
     them overlap can hide behind the neighbouring GEMM, and the time of one all-gather of
     the message (what redoing a sequence-parallel gather in backward costs).
+
+    `gather_bytes` is the message of a sequence-parallel all-gather when it differs from the
+    reduce-scatter's (default the same): under a precision recipe the gathered GEMM input
+    travels quantized and the reduce-scatter of GEMM outputs in BF16 (Transformer Engine's
+    gather_along_first_dim with the input's quantizer; reduce_scatter_along_first_dim of the
+    BF16 output, module/linear.py). All-reduces (ar, p2p_rs_ag) reduce outputs: BF16.
 
     ar:        one all-reduce per parallel region.
     p2p_rs_ag: the all-reduce done as a reduce-scatter then an all-gather.
@@ -46,6 +52,10 @@ def tp_overlap_terms(c: Context, m, xp, message_bytes):
     all_reduce = collective_s(c, xp, Collective.all_reduce, t, message_bytes, net)
     all_gather = collective_s(c, xp, Collective.all_gather, t, message_bytes, net)
     split_pair = collective_s(c, xp, Collective.reduce_scatter, t, message_bytes, net) + all_gather
+    if gather_bytes is not None:     # sequence parallelism gathers the quantized input
+        input_gather = collective_s(c, xp, Collective.all_gather, t, gather_bytes, net)
+        split_pair = split_pair + xp.where(m.seq_par, input_gather - all_gather, 0.0)
+        all_gather = xp.where(m.seq_par, input_gather, all_gather)
     region_s = xp.where(m.tp_comm_ar, all_reduce, split_pair)
     collectives_per_region = xp.where(m.tp_comm_ar, 1.0, 2.0)
     extra_latency = xp.where(m.tp_overlap_ring, xp.where(m.tp_comm_ar, 0.0, (t - 2) * latency),

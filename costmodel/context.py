@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from costmodel.errors import InputError
 from costmodel.kernel_time import AttentionTiming, GemmTiming
 from costmodel.kernels import Kernels
 from costmodel.model import Model, ModelFlops
 from costmodel.ops import Curve
-from costmodel.system import Collective, Datatype, System
+from costmodel.precision import RecipeCosts, bf16_costs, recipe_costs, system_recipe
+from costmodel.system import Collective, Compute, Datatype, System
 
 # Passes over a 16-bit mask or bias are negligible; masks are 1 byte per element (Megatron
 # stores dropout masks as uint8), as in Korthikanti et al. 2022 §4.1.
@@ -23,6 +24,8 @@ GRAD_16BIT_BYTES_PER_PARAM = 2.0
 """16-bit gradients (Kernels.grad_datatype "16bit"): DeepSpeed's, the ZeRO paper's 2Ψ bytes
 (Rajbhandari et al. 2020 §3.1). fp32 compute keeps fp32 gradients whatever the setting."""
 ADAM_MOMENT_BYTES_PER_PARAM = 8.0
+ADAM_BF16_MOMENT_BYTES_PER_PARAM = 4.0
+"""Kernels.optimizer_state "bf16": both moments in bf16 (costmodel.precision.OPTIMIZER_STATES)."""
 MASTER_WEIGHT_BYTES_PER_PARAM = 4.0
 
 
@@ -94,6 +97,31 @@ class Context:
     router_params: float = 0.0         # one MoE block's router (and shared-expert gate): replicated
     capacity_factor: float = 1.0       # the busiest expert's tokens over the mean (Kernels.capacity_factor)
     grouped_gemm: GemmTiming | None = None   # the fitted grouped-GEMM model, if the system has one
+    # precision recipe (costmodel.precision): None is the datatype's costing (Calculon's). Under a
+    # recipe the matrix fields above are its quantized GEMMs', elem_bytes is BF16, and the GEMMs
+    # that stay BF16 (attention, output layer, router) run on these (None: as the others).
+    recipe: RecipeCosts | None = None
+    hp_matrix_flops_per_s: float | None = None
+    hp_matrix_curve: Curve | None = None
+    hp_gemm: GemmTiming | None = None
+    hp_grouped_gemm: GemmTiming | None = None
+
+    @property
+    def gemm_elem_bytes(self) -> float:
+        """Bytes of a quantized GEMM's operands in the fitted model's convention (elem_bytes
+        without a recipe)."""
+        return self.elem_bytes if self.recipe is None else self.recipe.gemm_bytes
+
+    @property
+    def quantized(self) -> bool:
+        """A recipe that quantizes the blocks' GEMM operands (not bf16, not a datatype alone)."""
+        return self.recipe is not None and self.recipe.format.quantized
+
+    def bf16_blocks(self) -> "Context":
+        """The same problem for the blocks a recipe keeps in BF16 (costmodel.block_terms mixes
+        them in by their share): the BF16 GEMMs and no quantization."""
+        return replace(self, recipe=bf16_costs(), matrix_flops_per_s=self.hp_matrix_flops_per_s,
+                       matrix_curve=self.hp_matrix_curve, gemm=self.hp_gemm, grouped_gemm=self.hp_grouped_gemm)
 
     @staticmethod
     def build(model: Model, system: System, datatype: Datatype, kernels: Kernels = Kernels()) -> "Context":
@@ -112,6 +140,21 @@ class Context:
                              f"more than every token")
         elem = float(datatype.bytes)
         master = 0.0 if datatype is Datatype.float32 else MASTER_WEIGHT_BYTES_PER_PARAM
+        moments = ADAM_MOMENT_BYTES_PER_PARAM if kernels.optimizer_state == "fp32" else ADAM_BF16_MOMENT_BYTES_PER_PARAM
+        gemm_compute, peak_ratio, recipe_fields = compute, 1.0, {}
+        if kernels.precision is not None:
+            if datatype is not Datatype.bfloat16:
+                raise InputError(f"precision {kernels.precision.value}: a recipe keeps its non-GEMM work in bfloat16; "
+                                 f"datatype {datatype.value} cannot go with it (leave --datatype out)")
+            how = system_recipe(system, kernels.precision)
+            gemm_compute = system.compute_for(Datatype(how.gemm))
+            peak_ratio = (how.gemm_tflops or gemm_compute.matrix_tflops) / gemm_compute.matrix_tflops
+            share = min(2 * kernels.bf16_first_last_blocks, model.num_blocks) / model.num_blocks
+            layouts = system.precision.fp8_gemm_layouts if system.precision is not None else "tn"
+            recipe_fields = dict(
+                recipe=recipe_costs(kernels.precision, layouts, kernels.param_gather_low_precision, share),
+                hp_matrix_flops_per_s=compute.matrix_flops_per_s, hp_matrix_curve=_curve(compute, 1.0),
+                hp_gemm=_timing(compute.gemm, 1.0), hp_grouped_gemm=_timing(compute.grouped_gemm, 1.0))
         nets = system.networks
         return Context(
             hidden=model.hidden, feedforward=model.feedforward, seq=model.seq_size, heads=model.attn_heads,
@@ -127,11 +170,11 @@ class Context:
             grad_comm_bytes=max(elem, 2.0),
             grad_bytes_per_param=(GRAD_BYTES_PER_PARAM if kernels.grad_datatype == "float32" or datatype is Datatype.float32
                                   else GRAD_16BIT_BYTES_PER_PARAM),
-            optimizer_bytes_per_param=master + ADAM_MOMENT_BYTES_PER_PARAM,
+            optimizer_bytes_per_param=master + moments,
             fused_activation=kernels.fused_activation, fused_attention=kernels.fused_attention,
-            matrix_flops_per_s=compute.matrix_flops_per_s, vector_flops_per_s=compute.vector_flops_per_s,
-            matrix_curve=Curve.of(compute.matrix_efficiency) if compute.matrix_efficiency is not None else None,
-            gemm=compute.gemm.timing() if compute.gemm is not None else None,
+            matrix_flops_per_s=gemm_compute.matrix_flops_per_s * peak_ratio,
+            vector_flops_per_s=compute.vector_flops_per_s,
+            matrix_curve=_curve(gemm_compute, peak_ratio), gemm=_timing(gemm_compute.gemm, peak_ratio),
             attention=compute.attention.timing() if compute.attention is not None else None,
             vector_curve=Curve.of(compute.vector_efficiency),
             hbm_bytes_per_s=system.hbm.bandwidth_bytes_per_s, hbm_curve=Curve.of(system.hbm.efficiency),
@@ -154,5 +197,24 @@ class Context:
             moe_block_params=float(model.moe_block_params), routed_expert_params=float(model.routed_expert_params),
             shared_expert_params=float(model.shared_expert_params), router_params=float(model.router_params),
             capacity_factor=float(kernels.capacity_factor),
-            grouped_gemm=compute.grouped_gemm.timing() if compute.grouped_gemm is not None else None,
+            grouped_gemm=_timing(gemm_compute.grouped_gemm, peak_ratio),
+            **recipe_fields,
         )
+
+
+def _curve(compute: Compute, peak_ratio: float) -> Curve | None:
+    """The step curve of a compute entry run at `peak_ratio` × its peak: the same efficiency
+    at the same time, so its sizes (FLOP) scale with the peak (as the B200 file scales the
+    H100's fit)."""
+    if compute.matrix_efficiency is None:
+        return None
+    return Curve.of([(size * peak_ratio, eff) for size, eff in compute.matrix_efficiency])
+
+
+def _timing(fit, peak_ratio: float) -> GemmTiming | None:
+    """A fitted GEMM model run at `peak_ratio` × its entry's peak (NVFP4 on the float8 fit):
+    `power_flops` scales with the peak, so the clocks drop after the same time at full rate."""
+    if fit is None:
+        return None
+    timing = fit.timing()
+    return timing if peak_ratio == 1.0 else replace(timing, power_flops=timing.power_flops * peak_ratio)

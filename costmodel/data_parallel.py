@@ -76,6 +76,8 @@ class StageParams:
     """the blocks of that stage"""
     output_matrix: object
     """the output layer's V·h weights a stage holds (0 when tied and pp = 1)"""
+    blocks_dense: object = 0.0
+    """the non-expert parameters of its blocks (`dense` less the embeddings and output layer)"""
 
 
 def stage_params(c: Context, m, xp, stages: Stages, dense_params, expert_params) -> StageParams:
@@ -99,7 +101,7 @@ def stage_params(c: Context, m, xp, stages: Stages, dense_params, expert_params)
         dense = xp.maximum(xp.maximum(first_params, last_params), middle_params)
         last_most = last_params >= xp.maximum(first_params, middle_params)
         blocks = xp.where(last_most, stages.last, xp.where(first_params >= middle_params, stages.first, stages.middle))
-    return StageParams(dense, blocks * expert_params, blocks, output_matrix)
+    return StageParams(dense, blocks * expert_params, blocks, output_matrix, blocks * dense_params)
 
 
 @dataclass(frozen=True)
@@ -124,16 +126,22 @@ def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardi
     scatters = xp.where(sh.grads, microbatches, 1.0)
     gathers = xp.where(sh.weights, 2 * microbatches, 1.0)
 
-    def traffic(group, stage_params):
+    def traffic(group, stage_params, weight_bytes):
         grad_bytes = stage_params * c.grad_comm_bytes
         reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, group, grad_bytes, sh.net)
-        gather_weights = collective_s(c, xp, Collective.all_gather, group, c.elem_bytes * stage_params, sh.net)
+        gather_weights = collective_s(c, xp, Collective.all_gather, group, weight_bytes, sh.net)
         all_reduce = collective_s(c, xp, Collective.all_reduce, group, grad_bytes, sh.net)
         return xp.where(sh.optimizer, scatters * reduce_scatter + gathers * gather_weights, all_reduce)
 
-    dp_comm = traffic(sh.group, params.dense)
+    # Weights travel in the datatype; under a precision recipe the blocks' as the recipe gathers
+    # them (BF16, or quantized with low-precision param gather), the embeddings in BF16.
+    gathered, dense_weight_bytes = c.elem_bytes, c.elem_bytes * params.dense
+    if c.quantized:
+        gathered = c.recipe.weight_gather_bytes
+        dense_weight_bytes = c.elem_bytes * (params.dense - params.blocks_dense) + gathered * params.blocks_dense
+    dp_comm = traffic(sh.group, params.dense, dense_weight_bytes)
     if c.moe_blocks:       # the experts' own reduction, on the gradient network, which spans their group
-        dp_comm = dp_comm + traffic(sh.expert_group, params.experts)
+        dp_comm = dp_comm + traffic(sh.expert_group, params.experts, gathered * params.experts)
     # Overlapped, each block's gradients reduce while the last microbatch's backward runs
     # through the blocks before it; the last block's reduction has nothing left to hide behind.
     # Stages 2 and 3 move data every microbatch, behind every microbatch's compute.
@@ -150,7 +158,13 @@ def optimizer_step_s(c: Context, m, xp, sh: Sharding, params: StageParams):
     opt_params = (params.dense / xp.where(sh.optimizer, sh.group, 1.0)
                   + params.experts / xp.where(sh.optimizer, sh.expert_group, 1.0))
     e, g = c.elem_bytes, c.grad_bytes_per_param
-    opt_bytes_per_param = g + 2 * c.optimizer_bytes_per_param + e
+    # It writes each new weight in the datatype; under a precision recipe a block's as the
+    # recipe keeps it (BF16, or the quantized shard and its amax read: costmodel.precision).
+    written = e
+    if c.quantized:
+        block_share = (params.blocks_dense + params.experts) / (params.dense + params.experts)
+        written = e + block_share * (c.recipe.optimizer_weight_bytes - e)
+    opt_bytes_per_param = g + 2 * c.optimizer_bytes_per_param + written
     opt_hbm_s = eltwise_s(c, xp, opt_params, ADAM_FLOPS_PER_PARAM, opt_bytes_per_param)
     offloaded_state = xp.where(m.optimizer_offload, c.optimizer_bytes_per_param, 0.0)
     opt_off_read = (offloaded_state + xp.where(m.weight_offload, g, 0.0)) * opt_params

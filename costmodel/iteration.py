@@ -101,8 +101,10 @@ def output_layer_s(c: Context, m, xp):
     tokens = m.microbatch * c.seq / m.cp
     vocab_cols = c.vocab / m.tp
     num_bytes = c.elem_bytes * (tokens * c.hidden + c.hidden * vocab_cols + tokens * vocab_cols)
-    return gemm_s(c, xp, tokens, vocab_cols, c.hidden, num_bytes) + eltwise_s(c, xp, tokens * vocab_cols, CROSS_ENTROPY_FLOPS_PER_ELEM,
-                                                        2 * c.elem_bytes)
+    # A BF16 GEMM under every precision recipe: Megatron-LM's output layer is its own
+    # tensor_parallel.ColumnParallelLinear, not a Transformer Engine module (core/models/gpt/gpt_model.py).
+    return (gemm_s(c, xp, tokens, vocab_cols, c.hidden, num_bytes, high_precision=True)
+            + eltwise_s(c, xp, tokens * vocab_cols, CROSS_ENTROPY_FLOPS_PER_ELEM, 2 * c.elem_bytes))
 
 
 def iteration_terms(c: Context, m, xp) -> IterationTerms:
@@ -118,7 +120,8 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     sharding = Sharding.of(m, xp)
     params = stage_params(c, m, xp, stages, dense_params, expert_params)
     dp = gradient_sync(c, m, xp, blk, stages, sharding, params)
-    optimizer_s = optimizer_step_s(c, m, xp, sharding, params)
+    # the optimizer step, and a precision recipe's once-a-step quantization of the weights
+    optimizer_s = optimizer_step_s(c, m, xp, sharding, params) + params.blocks * blk.forward.weight_quantize_s
     mem = stage_memory(c, m, xp, blk, stages, sharding, params, dense_params, expert_params)
     iteration_s = pipe.pipeline_s + dp.exposed_s + dp.stolen_s + optimizer_s
 

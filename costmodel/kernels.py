@@ -9,6 +9,7 @@ from typing import Literal
 
 import costmodel.limits as limits
 from costmodel.errors import InputError
+from costmodel.precision import FORMATS, OPTIMIZER_STATES, OptimizerState, Precision
 
 ATTENTION_KERNELS = ("fused", "unfused")
 """How the attention core runs: one FlashAttention kernel, or four kernels through HBM."""
@@ -18,6 +19,12 @@ GRAD_DATATYPES: tuple[str, ...] = ("float32", "16bit")
 """How gradients are kept: fp32 main gradients (Megatron-LM's `--accumulate-allreduce-grads-in-fp32`,
 its default with bf16) or in the 16-bit compute type (DeepSpeed's fp16/bf16 ZeRO, and the ZeRO
 paper's 2Ψ bytes of gradients)."""
+
+
+PRECISION_DEFAULTS = {"precision": None, "optimizer_state": "fp32", "low_precision_param_gather": None,
+                      "bf16_first_last_blocks": 0}
+"""The precision settings' defaults: no recipe (the datatype's costing), fp32 moments, the
+recipe's own weight all-gather, no BF16 blocks."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,20 @@ class Kernels:
     (Table 1 compares 1.0, 1.25 and 2.0); Megatron-LM's default (`--moe-expert-capacity-factor`
     None) drops no token and caps nothing, so 1.0 is its best case. A problem setting, not
     searched: it is the router's, not the mapping's. Ignored by dense models."""
+    precision: Precision | None = None
+    """The precision recipe (costmodel.precision): which tensors are quantized, into how many
+    bytes, by which passes. None: the datatype alone decides every byte (Calculon's costing;
+    `--datatype float8` is its all-FP8). A setting of the problem, not searched: it changes
+    the numerics of training."""
+    optimizer_state: OptimizerState = "fp32"
+    """Adam's moments in fp32 or bf16 (OPTIMIZER_STATES); the fp32 master weights stay."""
+    low_precision_param_gather: bool | None = None
+    """Weights kept and all-gathered in the recipe's format beside the fp32 main copy (Megatron's
+    fp8_param_gather / fp4_param_gather); None: as Megatron-Bridge's recipe of that name sets it."""
+    bf16_first_last_blocks: int = 0
+    """Blocks at each end of the model kept in BF16 under an FP8/FP4 recipe (Megatron's
+    first_last_layers_bf16 with num_layers_at_start/end_in_bf16; Megatron-Bridge's performance
+    scripts set none)."""
 
     def __post_init__(self) -> None:
         if self.grad_datatype not in GRAD_DATATYPES:
@@ -53,15 +74,57 @@ class Kernels:
         problem = limits.CAPACITY_FACTOR.problem(factor)
         if problem is not None:
             raise InputError(f"capacity_factor {factor:g} is {problem}")
+        if self.precision is not None and not isinstance(self.precision, Precision):
+            try:
+                object.__setattr__(self, "precision", Precision(self.precision))
+            except ValueError:
+                raise InputError(f"precision {self.precision!r} does not exist (choose from "
+                                 f"{', '.join(p.value for p in Precision)})") from None
+        if self.optimizer_state not in OPTIMIZER_STATES:
+            raise InputError(f"optimizer_state {self.optimizer_state!r} does not exist (choose from "
+                             f"{', '.join(OPTIMIZER_STATES)})")
+        blocks = self.bf16_first_last_blocks
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or not 0 <= blocks <= limits.NUM_BLOCKS.high:
+            raise InputError(f"bf16_first_last_blocks {blocks!r} is not a whole number of blocks >= 0")
+        quantized = self.precision is not None and FORMATS[self.precision].quantized
+        if (blocks or self.low_precision_param_gather) and not quantized:
+            what = "bf16_first_last_blocks" if blocks else "low_precision_param_gather"
+            raise InputError(f"{what} needs an FP8 or FP4 precision recipe, not "
+                             f"{self.precision.value if self.precision else 'none'}")
 
     @staticmethod
-    def with_attention(attention: str, grad_datatype: str = "float32", capacity_factor: float = 1.0) -> "Kernels":
-        """From the names users give (`--attention`, `--grad-datatype` and `--capacity-factor`,
-        a batch file's `attention:`, `grad_datatype:` and `capacity_factor:`)."""
+    def with_attention(attention: str, grad_datatype: str = "float32", capacity_factor: float = 1.0,
+                       **precision) -> "Kernels":
+        """From the names users give (`--attention`, `--grad-datatype`, `--capacity-factor` and the
+        precision options `precision`, `optimizer_state`, `low_precision_param_gather`,
+        `bf16_first_last_blocks`; a batch file's keys of the same names)."""
         if attention not in ATTENTION_KERNELS:
             raise InputError(f"attention {attention!r} does not exist (choose from {', '.join(ATTENTION_KERNELS)})")
         return Kernels(fused_attention=attention == "fused", grad_datatype=grad_datatype,
-                       capacity_factor=capacity_factor)
+                       capacity_factor=capacity_factor, **precision)
+
+    @property
+    def param_gather_low_precision(self) -> bool:
+        """Whether weights are kept and all-gathered in the recipe's format (the recipe's
+        Megatron-Bridge default unless stated)."""
+        if self.precision is None or not FORMATS[self.precision].quantized:
+            return False
+        stated = self.low_precision_param_gather
+        return FORMATS[self.precision].param_gather if stated is None else stated
+
+    @property
+    def precision_settings(self) -> dict:
+        """The four precision settings by name (a Mapping's fields, with_attention's keywords)."""
+        return {"precision": None if self.precision is None else self.precision.value,
+                "optimizer_state": self.optimizer_state,
+                "low_precision_param_gather": self.low_precision_param_gather,
+                "bf16_first_last_blocks": self.bf16_first_last_blocks}
+
+    @property
+    def precision_record(self) -> dict:
+        """The precision settings that differ from the defaults, as JSON records state them
+        (nothing for a problem without them: records read as before)."""
+        return {name: value for name, value in self.precision_settings.items() if value != PRECISION_DEFAULTS[name]}
 
     @property
     def attention(self) -> str:
@@ -73,4 +136,22 @@ class Kernels:
         attention, 16-bit gradients" (the gradient datatype only when not the default)."""
         grads = "" if self.grad_datatype == "float32" else ", 16-bit gradients"
         capacity = "" if self.capacity_factor == 1.0 else f", capacity factor {self.capacity_factor:g}"
-        return f"{self.attention} attention{grads}{capacity}"
+        return f"{self.precision_label}{self.attention} attention{grads}{capacity}"
+
+    @property
+    def precision_label(self) -> str:
+        """"fp8-tensorwise recipe (FP8 weight all-gather), " and the like; empty without a recipe."""
+        if self.precision is None and self.optimizer_state == "fp32":
+            return ""
+        parts = [] if self.precision is None else [f"{self.precision.value} recipe"]
+        details = []
+        if self.precision is not None and FORMATS[self.precision].quantized:
+            if self.low_precision_param_gather is not None or FORMATS[self.precision].param_gather:
+                details.append("low-precision weight all-gather" if self.param_gather_low_precision
+                               else "bf16 weight all-gather")
+            if self.bf16_first_last_blocks:
+                details.append(f"first and last {self.bf16_first_last_blocks} blocks in bf16")
+        if self.optimizer_state != "fp32":
+            details.append(f"{self.optimizer_state} Adam moments")
+        text = ", ".join(parts + details) if not parts else parts[0] + (f" ({', '.join(details)})" if details else "")
+        return text + ", "

@@ -34,23 +34,30 @@ ACTIVATION_FLOPS_PER_ELEM = {"gelu": GELU_FLOPS_PER_ELEM, "squared_relu": SQUARE
 SOFTMAX_STATS_BYTES = 4.0
 
 
-def gemm_s(c: Context, xp, rows, cols, depth, num_bytes, batch=1.0):
+def gemm_s(c: Context, xp, rows, cols, depth, num_bytes, batch=1.0, high_precision=False):
     """Time of `batch` matrix multiplies C[rows, cols] = A[rows, depth] · B[depth, cols] moving
     `num_bytes`: the system's fitted shape-aware model when it has one
-    (costmodel.kernel_time.gemm_time_s), else the roofline on the step curves by FLOP."""
-    if c.gemm is not None:
-        return gemm_time_s(c.gemm, xp, rows, cols, depth, num_bytes, c.matrix_flops_per_s, c.hbm_bytes_per_s, batch)
+    (costmodel.kernel_time.gemm_time_s), else the roofline on the step curves by FLOP. Under a
+    precision recipe the blocks' GEMMs run at its rate, and `high_precision` ones (attention,
+    the output layer, the router) at BF16's (costmodel.context)."""
+    peak, curve, fit = c.matrix_flops_per_s, c.matrix_curve, c.gemm
+    if high_precision and c.hp_matrix_flops_per_s is not None:
+        peak, curve, fit = c.hp_matrix_flops_per_s, c.hp_matrix_curve, c.hp_gemm
+    if fit is not None:
+        return gemm_time_s(fit, xp, rows, cols, depth, num_bytes, peak, c.hbm_bytes_per_s, batch)
     flops = 2 * batch * rows * cols * depth
-    compute = flops / (c.matrix_flops_per_s * xp.lookup(c.matrix_curve, flops))
+    compute = flops / (peak * xp.lookup(curve, flops))
     memory = num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
     return xp.maximum(compute, memory)
 
 
-def matmul_s(c: Context, xp, rows, cols, inner):
+def matmul_s(c: Context, xp, rows, cols, inner, high_precision=False):
     """Time of C[rows, cols] = A[rows, inner]·B[inner, cols] (M = rows, the tokens; N = cols,
     the output columns; K = inner, the reduction): `gemm_s` with A, B and C moved once in the
-    datatype."""
-    return gemm_s(c, xp, rows, cols, inner, c.elem_bytes * (rows * inner + inner * cols + rows * cols))
+    GEMM's datatype (a recipe's quantized operands, or BF16 when `high_precision`)."""
+    e = c.elem_bytes if high_precision else c.gemm_elem_bytes
+    return gemm_s(c, xp, rows, cols, inner, e * (rows * inner + inner * cols + rows * cols),
+                  high_precision=high_precision)
 
 
 def eltwise_s(c: Context, xp, elems, flops_per_elem, bytes_per_elem):

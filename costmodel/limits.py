@@ -51,6 +51,7 @@ SEQ_SIZE = Bound(1, 1 << 24, "16M tokens, far past the longest trained context")
 ATTN_HEADS = Bound(1, 1 << 16, "a head per 16 columns of the widest hidden size")
 ATTN_SIZE = Bound(1, 1 << 16, "a head as wide as the widest hidden size")
 NUM_BLOCKS = Bound(1, 1 << 20, "the deepest models built have a few hundred blocks")
+NUM_BLOCKS_OR_NONE = Bound(0, 1 << 20, "0 (none) up to the deepest model's blocks")
 VOCAB_SIZE = Bound(1, 1 << 24, "16M tokens, 60 × the largest vocabularies in use")
 NUM_EXPERTS = Bound(0, 1 << 16, "0 is a dense model; the most routed experts built are 256 (DeepSeek-V3) and 512 "
                                 "(Qwen3-Next)")

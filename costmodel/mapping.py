@@ -20,9 +20,10 @@ import costmodel.limits as limits
 from costmodel.choices import AttentionType, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
-from costmodel.kernels import GradDatatype, Kernels
+from costmodel.kernels import PRECISION_DEFAULTS, GradDatatype, Kernels
 from costmodel.model import INPUT_CONFIG, Boolean, Model, RealNumber, WholeNumber, _whole_number, within
 from costmodel.pipeline import FIRST_FIELD, LAST_FIELD, layout_problem
+from costmodel.precision import OptimizerState, Precision
 from costmodel.system import Datatype, System
 
 __all__ = ["AttentionType", "Mapping", "Recompute", "ShardingStage", "TPComm", "TPOverlap", "check_mapping_fits",
@@ -77,6 +78,16 @@ class _MappingBase(BaseModel):
         1.0, description="Mixture-of-experts models: the busiest expert's tokens over the mean (GShard / Switch "
                          "Transformer's capacity factor; 1.0 is perfect balance); a setting of the problem, not "
                          "searched, ignored by dense models.")
+    precision: Precision | None = Field(
+        None, description="Precision recipe (bf16, fp8-delayed, fp8-tensorwise, fp8-blockwise, mxfp8, nvfp4: "
+                          "Megatron-LM's --fp8-recipe / --fp4-recipe): which tensors are quantized; with one, "
+                          "datatype stays bfloat16. Default: none, the datatype decides every byte (Calculon's).")
+    optimizer_state: OptimizerState = Field("fp32", description="Adam's moments in fp32 or bf16.")
+    low_precision_param_gather: Boolean | None = Field(
+        None, description="Weights kept and all-gathered in the recipe's format (fp8_param_gather); default: as "
+                          "Megatron-Bridge's recipe sets it.")
+    bf16_first_last_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS_OR_NONE)] = Field(
+        0, ge=0, description="Blocks at each end kept in BF16 under an FP8/FP4 recipe.")
 
     @model_validator(mode="before")
     @classmethod
@@ -133,6 +144,10 @@ class _MappingBase(BaseModel):
         for name in (FIRST_FIELD, LAST_FIELD):
             if data.get(name, 0) is None:
                 del data[name]
+        # ... and without the precision settings left at their defaults.
+        for name, default in PRECISION_DEFAULTS.items():
+            if name in data and data[name] == default:
+                del data[name]
         return data
 
     @field_serializer("sharding_stage", check_fields=False)
@@ -164,6 +179,10 @@ class _MappingBase(BaseModel):
             raise ValueError(f"pipeline_interleaving({self.pipeline_interleaving}) needs pipeline_par > 1")
         if not self.training:
             raise ValueError("training: false (inference) is not modelled; only training iterations are")
+        try:
+            self.kernels
+        except InputError as err:
+            raise ValueError(str(err)) from None
         return self
 
     # ---- the short vocabulary (costmodel.dimensions) ----
@@ -207,7 +226,10 @@ class _MappingBase(BaseModel):
     def kernels(self) -> Kernels:
         """The kernel choices the file states (problem constants, costmodel.kernels)."""
         return Kernels(fused_activation=self.fused_activation, fused_attention=self.fused_attention,
-                       grad_datatype=self.grad_datatype, capacity_factor=self.capacity_factor)
+                       grad_datatype=self.grad_datatype, capacity_factor=self.capacity_factor,
+                       precision=self.precision, optimizer_state=self.optimizer_state,
+                       low_precision_param_gather=self.low_precision_param_gather,
+                       bf16_first_last_blocks=self.bf16_first_last_blocks)
 
     @property
     def optimizer_sharding(self) -> bool:

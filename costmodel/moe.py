@@ -59,6 +59,7 @@ from costmodel.comm import collective_s
 from costmodel.context import Context
 from costmodel.kernel_time import gemm_time_s
 from costmodel.layer_time import ACTIVATION_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
+from costmodel.quantize import GemmOperands
 from costmodel.system import Collective
 
 # Top-k selection over a token's E router scores: about one compare and one select per score
@@ -82,7 +83,7 @@ def grouped_gemm_s(c: Context, xp, experts, rows, cols, depth):
     experts), else this datatype's GEMM model with batch = experts — one launch for the group,
     each expert's shape — which predicts the measured H100 grouped GEMMs within 4.4 % median
     (docs/cost-model.md, "Mixture of experts")."""
-    num_bytes = c.elem_bytes * experts * (rows * depth + depth * cols + rows * cols)
+    num_bytes = c.gemm_elem_bytes * experts * (rows * depth + depth * cols + rows * cols)
     if c.grouped_gemm is not None:
         return gemm_time_s(c.grouped_gemm, xp, rows, cols, depth, num_bytes, c.matrix_flops_per_s,
                            c.hbm_bytes_per_s, experts)
@@ -131,7 +132,7 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep) -> MoeLayerForward:
     act_flops = ACTIVATION_FLOPS_PER_ELEM[c.mlp]
 
     router_cols = E + (1.0 if c.shared_expert_gate else 0.0)
-    router = matmul_s(c, xp, routed_tokens, router_cols, h)
+    router = matmul_s(c, xp, routed_tokens, router_cols, h, high_precision=True)   # a BF16 GEMM under any recipe
     scores = routed_tokens * E
     router_eltwise = (eltwise_s(c, xp, scores, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
                       + eltwise_s(c, xp, scores, TOPK_FLOPS_PER_ELEM, e))
@@ -174,6 +175,24 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep) -> MoeLayerForward:
                       + shared_flops),
         local_experts=local, rows_per_expert=rows,
     )
+
+
+def moe_quantized_gemms(c: Context, tokens, tp, ep) -> tuple[GemmOperands, ...]:
+    """The operands of one MoE layer a precision recipe quantizes (costmodel.quantize): the
+    experts' grouped GEMMs on the rows they receive (after the BF16 dispatch and gather), and
+    the shared experts as a dense MLP whose input is gathered under sequence parallelism (the
+    router stays BF16)."""
+    local, rows, h = c.experts / ep, expert_rows(c, tokens, ep), c.hidden
+    f_cols = c.expert_feedforward / tp
+    up_cols = 2 * f_cols if c.gated_mlp else f_cols
+    gemms = (GemmOperands(local * rows * h, local * rows * up_cols, local * h * up_cols),
+             GemmOperands(local * rows * f_cols, local * rows * h, local * f_cols * h))
+    if c.shared_feedforward:
+        s_cols = c.shared_feedforward / tp
+        s_up = 2 * s_cols if c.gated_mlp else s_cols
+        gemms += (GemmOperands(tokens / tp * h, tokens * s_up, h * s_up, tp > 1, False, tp),
+                  GemmOperands(tokens * s_cols, tokens / tp * h, s_cols * h, False, tp > 1, tp))
+    return gemms
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,15 @@ def blocks_state(c: Context, m, xp, blocks, dense_params, expert_params, shards,
     `expert_shards` (the expert data-parallel group)."""
     block_params = dense_params + expert_params
     e, g = c.elem_bytes, c.grad_bytes_per_param
+    # A precision recipe keeps each weight in BF16 or (low-precision param gather) as its
+    # quantized param, plus the quantized copies cached for the step (costmodel.precision).
+    stored, cached, gathered = e, 0.0, e
+    if c.recipe is not None:
+        stored, cached = c.recipe.weight_storage_bytes, c.recipe.weight_cache_bytes
+        gathered = c.recipe.weight_gather_bytes
     dense, experts = blocks * dense_params, blocks * expert_params
-    weights = dense * e / shards[0] + experts * e / expert_shards[0]
+    weights = (dense * stored / shards[0] + experts * stored / expert_shards[0]
+               + xp.where(m.zero_3, 0.0, (dense + experts) * cached))
     grads = dense * g / shards[1] + experts * g / expert_shards[1]
     optimizer = (dense * c.optimizer_bytes_per_param / shards[2]
                  + experts * c.optimizer_bytes_per_param / expert_shards[2])
@@ -49,7 +56,7 @@ def blocks_state(c: Context, m, xp, blocks, dense_params, expert_params, shards,
     # DeepSpeed's prefetch bucket); stages 2 and 3 one block's whole gradients before they
     # are reduce-scattered.
     resident_blocks = xp.minimum(RESIDENT_BLOCKS, blocks)
-    sharding_buffer = (xp.where(m.zero_3, resident_blocks * block_params * e, 0.0)
+    sharding_buffer = (xp.where(m.zero_3, resident_blocks * block_params * (gathered + cached), 0.0)
                        + xp.where(m.zero_2 | m.zero_3, block_params * g, 0.0))
     weights_hbm = (xp.where(m.weight_offload, resident_blocks * block_params * (e + g), weights + grads)
                    + sharding_buffer)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from enum import Enum
 from numbers import Real
-
 from typing import Annotated
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -20,9 +19,8 @@ import costmodel.limits as limits
 from costmodel.errors import InputError
 from costmodel.kernel_time import AttentionTiming, GemmTiming
 from costmodel.model import INPUT_CONFIG, Boolean, RealNumber, WholeNumber, within
+from costmodel.precision import PrecisionSupport, check_support
 from costmodel.units import MICRO, GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s
-
-_FROZEN = INPUT_CONFIG
 
 
 class Datatype(str, Enum):
@@ -77,7 +75,7 @@ class GemmFit(BaseModel):
     """A GEMM's time from its shape, fitted to measurements (`mapsat calibrate`); the formula is
     costmodel.kernel_time.gemm_time_s and docs/cost-model.md."""
 
-    model_config = _FROZEN
+    model_config = INPUT_CONFIG
 
     launch_us: Annotated[RealNumber, within(limits.LATENCY_US)] = Field(
         ge=0, description="Fixed cost of one GEMM kernel, µs.")
@@ -105,7 +103,7 @@ class AttentionFit(BaseModel):
     """A fused attention kernel's time from its shape, fitted to measurements (`mapsat
     calibrate`); the formula is costmodel.kernel_time.attention_time_s and docs/cost-model.md."""
 
-    model_config = _FROZEN
+    model_config = INPUT_CONFIG
 
     launch_us: Annotated[RealNumber, within(limits.LATENCY_US)] = Field(
         ge=0, description="Fixed cost of one attention kernel, µs.")
@@ -128,7 +126,7 @@ class Compute(BaseModel):
     """Peak throughput of one GPU in one datatype, and how much of it operations of each size
     reach: a step curve by FLOP (Calculon's form) or a GEMM time fitted by shape (`gemm`)."""
 
-    model_config = _FROZEN
+    model_config = INPUT_CONFIG
 
     matrix_tflops: Annotated[RealNumber, within(limits.TFLOPS)] = Field(
         gt=0, description="Dense matrix-multiply peak, TFLOP/s (tensor cores).")
@@ -174,7 +172,7 @@ class Compute(BaseModel):
 class Memory(BaseModel):
     """One memory tier reachable by the GPU: HBM (tier 1) or offload memory (tier 2)."""
 
-    model_config = _FROZEN
+    model_config = INPUT_CONFIG
 
     capacity_gib: Annotated[RealNumber, within(limits.CAPACITY_GIB)] = Field(gt=0, description="Capacity per GPU, GiB.")
     bandwidth_gbps: Annotated[RealNumber, within(limits.BANDWIDTH_GBPS)] = Field(
@@ -209,7 +207,7 @@ class CollectiveCost(BaseModel):
     A ring all-reduce is [2, -1] (2·(n-1)/n), reduce-scatter, all-gather and all-to-all are
     [1, -1], a point-to-point send is [1, 0]."""
 
-    model_config = _FROZEN
+    model_config = INPUT_CONFIG
 
     bytes_factor: Annotated[RealNumber, within(limits.BYTES_FACTOR)] = Field(gt=0)
     n_offset: Annotated[RealNumber, within(limits.N_OFFSET)] = Field(le=0)
@@ -232,7 +230,7 @@ OPTIONAL_COLLECTIVES = (Collective.all_to_all,)
 class Network(BaseModel):
     """A network level: the NVLink domain, the InfiniBand fabric, ... listed innermost first."""
 
-    model_config = _FROZEN
+    model_config = INPUT_CONFIG
 
     name: str = Field(description="A label, e.g. nvlink or infiniband.")
     size: Annotated[WholeNumber, within(limits.NETWORK_SIZE)] = Field(
@@ -287,10 +285,13 @@ analyses that count no reserve, such as the 2023 paper's)."""
 class System(BaseModel):
     """A GPU cluster: per-GPU compute and memory, and the networks joining the GPUs."""
 
-    model_config = _FROZEN
+    model_config = INPUT_CONFIG
 
     name: str = Field("system", description="A label for tables and plots.")
+    gpu: str | None = Field(None, description="The GPU, as messages name it (e.g. NVIDIA H100 SXM5 80GB).")
     compute: dict[Datatype, Compute] = Field(description="Compute peaks per datatype the GPU supports.")
+    precision: PrecisionSupport | None = Field(None, description="The precision recipes the GPU runs "
+                                                "(--precision); without it, bf16 alone where the file has bfloat16.")
     hbm: Memory = Field(description="Tier-1 memory (HBM).")
     offload: Memory | None = Field(None, description="Optional tier-2 offload memory (host DRAM, CXL, LPDDR).")
     networks: list[Network] = Field(min_length=1, description="Network levels, innermost (fastest) first.")
@@ -323,6 +324,7 @@ class System(BaseModel):
                     f"< {inner.name} size {inner.size}")
         if not self.compute:
             raise ValueError("compute must list at least one datatype")
+        check_support(self.precision, [d.value for d in self.compute])
         if self.offload is not None and self.offload.latency_us != 0:
             raise ValueError(f"offload.latency_us: {self.offload.latency_us} must be 0 (a per-kernel latency is "
                              "modelled for HBM only)")

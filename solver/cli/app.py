@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "shape": ("solver.cli.shape", "List model shapes near a parameter count by the paper's rule, with mapping counts."),
     "solve": ("solver.cli.solve", "Find the fastest mapping under the exact model, certified optimal by CP-SAT."),
     "spaces": ("solver.cli.spaces", "List the named mapping spaces and what each dimension means."),
-    "validate": ("solver.cli.validate", "Compare the model with Megatron-LM measured on Selene (Korthikanti et al. 2022):"),
+    "validate": ("solver.cli.validate", "Compare the model with measurements: Megatron-LM on Selene, or a file of training runs."),
 }
 
 

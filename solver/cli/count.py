@@ -9,6 +9,7 @@ import time
 import click
 from rich.table import Table
 
+from costmodel.context import Context
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 import costmodel.limits as limits
@@ -54,6 +55,8 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
                                  seq_size=seq_size)
     if click.get_current_context().get_parameter_source("datatype") is not click.core.ParameterSource.DEFAULT:
         system.compute_for(Datatype(datatype))   # a datatype given explicitly must exist, counted or not
+    if kernels.precision is not None:            # so must a recipe the GPU runs, with the datatype it needs
+        Context.of(model, system, Datatype(datatype), kernels)
     space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model, system,
                                      num_gpus)
     result = count_mappings(model, system, num_gpus, max_batch, space)

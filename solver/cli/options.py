@@ -1,7 +1,7 @@
 """What every command shares: the one-line error handling (`user_errors`), the problem
 options (--model, --system and the co-design overrides), the space options (--gpus,
---max-batch, --space), the kernel options (--attention, --grad-datatype), --datatype, and the
-wide console for tables."""
+--max-batch, --space), the kernel options (--attention, --grad-datatype, --capacity-factor and
+the precision recipe's), --datatype, and the wide console for tables."""
 
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ from rich.console import Console
 
 import costmodel.limits as limits
 from costmodel.advice import model_warnings, override_warnings
+from costmodel.errors import MapsatError
 from costmodel.hf import UnmodelledFieldWarning
 from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES, Kernels
 from costmodel.limits import Bound
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
+from costmodel.precision import OPTIMIZER_STATES, Precision
 from costmodel.system import Datatype, System
 from solver.cli.errors import one_line_errors
 from solver.space.declaration import DEFAULT_SPACE, SPACES, Space, get_space
@@ -214,12 +216,46 @@ def wide_console() -> Console:
 
 
 def kernel_options(func: Callable) -> Callable:
-    """--attention fused|unfused, --grad-datatype float32|16bit and --capacity-factor F: the settings of the problem
-    that are not searched, handed to the command as one `kernels: Kernels`."""
+    """--attention fused|unfused, --grad-datatype float32|16bit, --capacity-factor F and the precision recipe
+    (--precision, --optimizer-state, --low-precision-param-gather/--bf16-param-gather, --bf16-first-last-blocks):
+    the settings of the problem that are not searched, handed to the command as one `kernels: Kernels`."""
 
     @functools.wraps(func)
-    def with_kernels(*args, attention: str, grad_datatype: str, capacity_factor: float, **kwargs):
-        return func(*args, kernels=Kernels.with_attention(attention, grad_datatype, capacity_factor), **kwargs)
+    def with_kernels(*args, attention: str, grad_datatype: str, capacity_factor: float, precision: str | None,
+                     optimizer_state: str, low_precision_param_gather: bool | None, bf16_first_last_blocks: int,
+                     **kwargs):
+        try:
+            kernels = Kernels.with_attention(attention, grad_datatype, capacity_factor, precision=precision,
+                                             optimizer_state=optimizer_state,
+                                             low_precision_param_gather=low_precision_param_gather,
+                                             bf16_first_last_blocks=bf16_first_last_blocks)
+        except MapsatError as err:           # options that cannot go together: a usage error, one line
+            raise click.UsageError(str(err)) from None
+        return func(*args, kernels=kernels, **kwargs)
+
+    with_kernels = click.option(
+        "--bf16-first-last-blocks", type=BoundedInt(limits.NUM_BLOCKS_OR_NONE), default=0, show_default=True,
+        help="With an FP8/FP4 --precision: blocks at each end of the model kept in BF16 (Megatron-LM's "
+             "--first-last-layers-bf16; Megatron-Bridge's performance scripts keep none).",
+    )(with_kernels)
+    with_kernels = click.option(
+        "--low-precision-param-gather/--bf16-param-gather", default=None,
+        help="With an FP8/FP4 --precision: weights kept and all-gathered in the recipe's format beside the fp32 "
+             "main copy (Megatron's --fp8-param-gather), or in BF16. Default: as Megatron-Bridge's recipe of that "
+             "name (on for fp8-delayed, fp8-tensorwise, mxfp8 and nvfp4; off for fp8-blockwise).",
+    )(with_kernels)
+    with_kernels = click.option(
+        "--optimizer-state", type=click.Choice(OPTIMIZER_STATES), default="fp32", show_default=True,
+        help="Adam's two moments in fp32 or bf16 (DeepSeek-V3 trained with bf16 moments); the fp32 master "
+             "weights stay. A setting of the problem, not searched.",
+    )(with_kernels)
+    with_kernels = click.option(
+        "--precision", type=click.Choice([p.value for p in Precision]), default=None,
+        help="Precision recipe as Transformer Engine runs it (Megatron-LM's --fp8-recipe / --fp4-recipe names): "
+             "only the blocks' GEMM operands are quantized, by amax, cast and transpose passes; norms, attention, "
+             "residuals and the output layer stay BF16. The GPU must run it (its system file's precision). "
+             "Without it, --datatype alone decides every byte (float8: Calculon's all-FP8). Not searched.",
+    )(with_kernels)
 
     with_kernels = click.option(
         "--capacity-factor", type=BoundedFloat(limits.CAPACITY_FACTOR), default=1.0, show_default=True,
@@ -288,4 +324,5 @@ def space_and_cap(space_name: str, fix: tuple[str, ...], max_batch: int, batch: 
 def datatype_option(func: Callable) -> Callable:
     """--datatype D."""
     return click.option("--datatype", type=click.Choice([d.value for d in Datatype]), default=Datatype.bfloat16.value,
-                        show_default=True, help="Compute datatype; the system must list it.")(func)
+                        show_default=True, help="Compute datatype; the system must list it. With --precision, "
+                                                "leave it at bfloat16: the recipe decides what is quantized.")(func)

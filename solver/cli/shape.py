@@ -123,7 +123,7 @@ def command(targets: tuple[float, ...], blocks: list[int] | None, heads: int | N
         document = {"targets": list(targets), "aspect_fit": {"intercept": ASPECT_INTERCEPT, "slope_per_decade": ASPECT_SLOPE,
                                                              "points": [p.__dict__ for p in ASPECT_POINTS]},
                     "space": space_name, "attention": kernels.attention, "grad_datatype": kernels.grad_datatype,
-                    "shapes": [r.to_dict() for r in rows],
+                    **kernels.precision_record, "shapes": [r.to_dict() for r in rows],
                     "written": [str(p) for p in written]}
         click.echo(json.dumps(document, indent=2))
         return

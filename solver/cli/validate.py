@@ -1,4 +1,5 @@
-"""mapsat validate: reproduce the measured Megatron-LM runs on Selene."""
+"""mapsat validate: the cost model against measurements — the Megatron-LM runs on Selene, or
+a file of measured training runs (--runs)."""
 
 from __future__ import annotations
 
@@ -7,32 +8,77 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from costmodel.errors import InputError
 from costmodel.load import load_system
+from costmodel.run_files import read_runs
+from costmodel.run_report import RunsReport, gap_tags, validate_runs
+from costmodel.run_scoring import ErrorSummary, RunInputs
 from costmodel.validation import validate_selene
-from solver.cli.options import user_errors
+from solver.cli.options import user_errors, wide_console
 from solver.report.tables import console, dumps
 
 DEFAULT_SYSTEM = Path(__file__).resolve().parents[2] / "problems" / "systems" / "a100-80g-selene.yaml"
 
 
-@click.command("validate")
-@click.option("--system", "system_path", type=click.Path(dir_okay=False), default=str(DEFAULT_SYSTEM),
-              show_default="problems/systems/a100-80g-selene.yaml", help="System file to validate.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-@user_errors
-def command(system_path, as_json):
-    """Compare the model with Megatron-LM measured on Selene (Korthikanti et al. 2022):
-    iteration time (Table 5), first-stage memory (Figure 1), activation memory (Figure 7).
+def _run_inputs(systems: tuple[str, ...]) -> RunInputs:
+    """--system values with --runs: NAME=FILE replaces the system the runs call NAME; a bare
+    FILE replaces every run's system."""
+    by_name, for_all = {}, None
+    for value in systems:
+        name, sep, path = value.partition("=")
+        if not sep:
+            if for_all is not None or len(systems) > 1:
+                raise InputError(f"--system {value}: with several --system, write each as NAME=FILE "
+                                 f"(the system name the runs use, e.g. h100-80g-nvl8=my-h100.yaml)")
+            for_all = load_system(value)
+            continue
+        if not name or not path:
+            raise InputError(f"--system {value}: expected NAME=FILE, e.g. h100-80g-nvl8=my-h100.yaml")
+        if name in by_name:
+            raise InputError(f"--system {value}: system {name!r} is given twice")
+        by_name[name] = load_system(path)
+    return RunInputs(systems=by_name, system=for_all)
 
-    \b
-    Example:
-      mapsat validate
-      mapsat validate --json
-    """
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:+.1f} %"
+
+
+def _summary_lines(title: str, summaries: tuple[ErrorSummary, ...]) -> list[str]:
+    return [f"{title} {s.group}: {s.count} runs, median |error| {100 * s.median_abs_error:.1f} %, "
+            f"mean signed {100 * s.mean_signed_error:+.1f} %, max |error| {100 * s.max_abs_error:.1f} %"
+            for s in summaries]
+
+
+def _print_runs_report(report: RunsReport) -> None:
+    out = wide_console()
+    for title, scores in (("newest release of each configuration", report.newest),
+                          ("older releases of the same configurations", report.older)):
+        if not scores:
+            continue
+        table = Table(title=f"{report.source}: {title}")
+        for column in ("run", "release", "system", "precision", "measured (s)", "predicted (s)", "error", "status",
+                       "not expressible"):
+            table.add_column(column, justify="right" if column in ("measured (s)", "predicted (s)", "error") else "left")
+        for s in scores:
+            measured = "—" if s.run.step_time_s is None else f"{s.run.step_time_s:.4g}"
+            predicted = "—" if s.predicted_step_s is None else f"{s.predicted_step_s:.4g}"
+            table.add_row(s.run.name, s.run.software or "", s.system_name, s.run.precision.value, measured, predicted,
+                          _percent(s.time_error), s.status, gap_tags(s))
+        out.print(table)
+    for s in report.unscored:
+        out.print(f"{s.status} {s.run.name}: {'; '.join(s.reasons) or 'no measured step time'}")
+    lines = (_summary_lines("step time,", report.overall) + _summary_lines("step time, system", report.by_system)
+             + _summary_lines("step time, precision", report.by_precision)
+             + _summary_lines("peak memory,", report.memory)
+             + _summary_lines("older releases, step time,", report.older_overall))
+    out.print("summary (newest release of each configuration; NVFP4 only in its precision's line):")
+    for line in lines or ["no run was scored"]:
+        out.print(f"  {line}")
+
+
+def _print_selene(system_path: str) -> None:
     report = validate_selene(load_system(system_path))
-    if as_json:
-        click.echo(dumps(report.to_dict()))
-        return
     out = console()
     for title, rows, unit in (("iteration time, Table 5", report.iteration_time, "s"),
                               ("memory of the first stage, Figure 1", report.memory, "GiB"),
@@ -48,3 +94,44 @@ def command(system_path, as_json):
     out.print(f"iteration time: mean |error| {100 * mean:.2f} %, max {100 * worst:.2f} % "
               f"(Calculon published 3.4 % / 7.25 %)")
     out.print(f"memory: mean |error| {100 * mem_mean:.2f} %, max {100 * mem_worst:.2f} %")
+
+
+@click.command("validate")
+@click.option("--runs", "runs_path", type=click.Path(dir_okay=False),
+              help="A file of measured training runs (this project's run file, Megatron-Bridge's published rows, "
+                   "or single-GPU iterations; docs/training-runs.md) to score instead of Selene.")
+@click.option("--system", "systems", multiple=True, metavar="FILE | NAME=FILE",
+              help="System file. Without --runs: the Selene file (default problems/systems/a100-80g-selene.yaml). "
+                   "With --runs: NAME=FILE scores the runs on system NAME with FILE (repeatable); a bare FILE, "
+                   "every run.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@user_errors
+def command(runs_path, systems, as_json):
+    """Compare the model with measurements: Megatron-LM on Selene, or a file of training runs.
+
+    Without --runs: Megatron-LM measured on Selene (Korthikanti et al. 2022), iteration time
+    (Table 5), first-stage memory (Figure 1), activation memory (Figure 7). With --runs: each
+    run's predicted step time (and peak memory) against the measured one, the newest release
+    of each configuration summarised by system and precision, and every setting the model
+    cannot yet express named.
+
+    \b
+    Example:
+      mapsat validate
+      mapsat validate --runs problems/runs/megatron-bridge-pretraining.json
+      mapsat validate --runs problems/runs/h200-single-gpu-pytorch.json --json
+    """
+    if runs_path is None:
+        if len(systems) > 1:
+            raise InputError(f"--system is given {len(systems)} times: without --runs give one system file")
+        system_path = systems[0] if systems else str(DEFAULT_SYSTEM)
+        if as_json:
+            click.echo(dumps(validate_selene(load_system(system_path)).to_dict()))
+        else:
+            _print_selene(system_path)
+        return
+    report = validate_runs(read_runs(runs_path), _run_inputs(systems), source=str(runs_path))
+    if as_json:
+        click.echo(dumps(report.to_dict()))
+    else:
+        _print_runs_report(report)

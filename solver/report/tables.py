@@ -26,13 +26,13 @@ TIME_LABELS = {
     "pp_comm_s": "PP point-to-point",
     "bubble_s": "pipeline bubble",
     "dp_comm_s": "DP gradient reduction, exposed (+ stolen compute)",
-    "optimizer_s": "optimizer step",
+    "optimizer_s": "optimizer step (+ a precision recipe's weight casts)",
     "offload_s": "offload traffic not hidden by compute",
 }
 MEMORY_LABELS = {
-    "weights_bytes": "weights",
+    "weights_bytes": "weights (with a recipe's quantized copies)",
     "weight_grads_bytes": "weight gradients (fp32 or 16-bit: grad_datatype)",
-    "optimizer_bytes": "optimizer state (fp32 master + Adam)",
+    "optimizer_bytes": "optimizer state (fp32 master + Adam moments)",
     "sharding_buffer_bytes": "ZeRO-2/3 buffer (a block's gradients; stage 3: two gathered blocks)",
     "embedding_bytes": "embedding (weights + grads + optimizer)",
     "activations_bytes": "stored activations (in flight)",

@@ -93,12 +93,16 @@ class BruteResult:
     grad_datatype: str = "float32"
     interrupted: bool = False     # Ctrl-C: `evaluated` of the space's mappings were scored
     space_size: int = 0
+    capacity_factor: float = 1.0
+    precision: dict = field(default_factory=dict)
+    """the precision settings that differ from the defaults (Kernels.precision_record)"""
 
     def to_dict(self) -> dict:
         best = None
         if self.best is not None:
             best = {**self.best.to_dict(), "time": dict(self.best_time_breakdown_s)}
         return {"space": self.space, "attention": self.attention, "grad_datatype": self.grad_datatype,
+                **self.precision,
                 "gpus": self.num_gpus, "max_batch": self.max_batch,
                 "datatype": self.datatype, "best": best, "top": [c.to_dict() for c in self.top],
                 "evaluated": self.evaluated, "feasible": self.feasible, "feasible_by_dimension": self.feasible_by_dimension,
@@ -108,7 +112,7 @@ class BruteResult:
     @property
     def kernels(self) -> Kernels:
         """The problem's settings the scan ran under."""
-        return Kernels.with_attention(self.attention, self.grad_datatype)
+        return Kernels.with_attention(self.attention, self.grad_datatype, self.capacity_factor, **self.precision)
 
     def infeasible_reason(self, hbm_capacity_bytes: float) -> str:
         """One line: why nothing is feasible, naming the checks that rule mappings out."""
@@ -270,7 +274,7 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
         blocked={k: v for k, v in blocked.items() if v}, min_hbm_bytes=min_hbm if evaluated else None,
         best_time_breakdown_s=breakdown_times, attention=kernels.attention,
         grad_datatype=kernels.grad_datatype, interrupted=interrupted,
-        space_size=the_plan.total)
+        space_size=the_plan.total, capacity_factor=kernels.capacity_factor, precision=kernels.precision_record)
 
 
 def _run(args: tuple, num_chunks: int, workers: int):

@@ -62,7 +62,8 @@ class CountResult:
         if self.feasible is not None:
             kernels = self.kernels or Kernels()
             out.update(feasible=self.feasible, datatype=self.datatype, attention=kernels.attention,
-                       grad_datatype=kernels.grad_datatype, feasible_by_dimension=self.feasible_by_dimension)
+                       grad_datatype=kernels.grad_datatype, **kernels.precision_record,
+                       feasible_by_dimension=self.feasible_by_dimension)
         out["seconds"] = self.seconds
         return out
 

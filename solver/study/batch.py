@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from costmodel.errors import InputError
-from costmodel.load import describe_validation_error, load_model, load_system, parse, read_document
 import costmodel.limits as limits
-from costmodel.model import Model, RealNumber, within
+from costmodel.context import Context
+from costmodel.errors import InputError
+from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES, PRECISION_DEFAULTS, Kernels
+from costmodel.load import describe_validation_error, load_model, load_system, parse, read_document
+from costmodel.model import Boolean, Model, RealNumber, within
+from costmodel.precision import OPTIMIZER_STATES, Precision
 from costmodel.system import Datatype, System
-from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES
 from solver.space.declaration import SPACES
 from solver.space.pins import parse_pins
 
@@ -92,6 +94,16 @@ class GridSpec(BaseModel):
     capacity_factor: Grid(Annotated[RealNumber, within(limits.CAPACITY_FACTOR)]) | None = Field(
         None, description="Mixture-of-experts capacity factors: the busiest expert's tokens over the mean (default "
                           "1.0, perfect balance; Switch Transformer's 1.25). Dense models ignore it.")
+    precision: Grid(Literal[tuple(p.value for p in Precision)]) | None = Field(
+        None, description="Precision recipes (Megatron-LM's --fp8-recipe / --fp4-recipe names; default none: the "
+                          "datatype alone decides every byte). Each system must run it; datatype stays bfloat16.")
+    optimizer_state: Grid(Literal[OPTIMIZER_STATES]) | None = Field(
+        None, description="Adam's moments in fp32 (the default) or bf16.")
+    low_precision_param_gather: Grid(Boolean) | None = Field(
+        None, description="With an FP8/FP4 recipe: weights kept and all-gathered in its format (default: as "
+                          "Megatron-Bridge's recipe sets it).")
+    bf16_first_last_blocks: Grid(Annotated[int, Field(ge=0, strict=True), within(limits.NUM_BLOCKS_OR_NONE)]) | None = (
+        Field(None, description="With an FP8/FP4 recipe: blocks at each end kept in BF16 (default 0)."))
     overrides: Overrides | None = Field(None, description="System overrides, each a value or a list.")
     time_limit_s: Annotated[RealNumber, within(limits.TIME_LIMIT_S)] | None = Field(None, gt=0, description=f"Solver time limit per problem, s "
                                                                 f"(default {DEFAULT_TIME_LIMIT_S:g}).")
@@ -126,6 +138,12 @@ class Problem:
     fix: tuple[str, ...] = ()        # pins as --fix takes them ("tp=8"); a fixed batch is "batch=B"
     grad_datatype: str = "float32"   # how gradients are kept (costmodel.kernels.GRAD_DATATYPES)
     capacity_factor: float = 1.0     # MoE load imbalance (costmodel.kernels.Kernels.capacity_factor)
+    precision: dict = field(default_factory=dict)  # the precision settings not at their defaults (Kernels.precision_record)
+
+    @property
+    def kernels(self) -> Kernels:
+        """The problem's settings that are not searched."""
+        return Kernels.with_attention(self.attention, self.grad_datatype, self.capacity_factor, **self.precision)
 
     def to_dict(self) -> dict:
         """The `problem` field of a result record: everything needed to read the result."""
@@ -140,7 +158,7 @@ class Problem:
                        "nvlink_size": self.system.networks[0].size},
             "overrides": dict(self.overrides), "gpus": self.gpus, "max_batch": self.max_batch,
             "datatype": self.datatype.value, "space": self.space, "attention": self.attention,
-            "grad_datatype": self.grad_datatype, "capacity_factor": self.capacity_factor,
+            "grad_datatype": self.grad_datatype, "capacity_factor": self.capacity_factor, **self.precision,
             "time_limit_s": self.time_limit_s, "fix": list(self.fix),
         }
 
@@ -193,7 +211,7 @@ def grid_size(grid: dict) -> tuple[int, str]:
     """How many problems a grid expands to (before duplicates merge), and the product spelled out."""
     axes = {name: len(grid.get(name, [None])) for name in ("models", "seq_size", "systems", "gpus", "max_batch",
                                                             "batch", "datatype", "space", "attention",
-                                                            "grad_datatype", "capacity_factor")}
+                                                            "grad_datatype", "capacity_factor", *PRECISION_DEFAULTS)}
     axes.update({name: len(values) for name, values in grid.get("overrides", {}).items()})
     total = 1
     for n in axes.values():
@@ -243,7 +261,7 @@ def _slug(text: str) -> str:
 
 def problem_id(model: Model, system_name: str, gpus: int, datatype: Datatype, max_batch: int, space: str,
                overrides: dict[str, Any], attention: str = "fused", fix: tuple[str, ...] = (),
-               grad_datatype: str = "float32", capacity_factor: float = 1.0) -> str:
+               grad_datatype: str = "float32", capacity_factor: float = 1.0, precision: dict | None = None) -> str:
     """A readable id, e.g. gpt-1t-256b__h100-80g-nvl8__g4096__fp8__off1024g100; the max
     batch, space, attention kernel and gradient datatype appear only when they differ from
     the defaults."""
@@ -251,6 +269,7 @@ def problem_id(model: Model, system_name: str, gpus: int, datatype: Datatype, ma
     if "runtime_reserve_gib" in overrides:       # a property of the system: tagged on its name
         system_tag += f"-rr{_number(overrides['runtime_reserve_gib'])}"
     parts = [_slug(model.name), system_tag, f"g{gpus}", DATATYPE_TAGS[datatype.value]]
+    parts.extend(_precision_tags(precision or {}))
     if max_batch != DEFAULT_MAX_BATCH:
         parts.append(f"b{max_batch}")
     if space != DEFAULT_SPACE:
@@ -277,6 +296,26 @@ def problem_id(model: Model, system_name: str, gpus: int, datatype: Datatype, ma
     return "__".join(parts)
 
 
+def _precision_tags(precision: dict) -> list[str]:
+    """The id's precision part: the recipe (fp8-tensorwise), then its non-default options
+    (bf16pg / lppg, bf16ends2, bf16-moments)."""
+    tags = [precision["precision"]] if "precision" in precision else []
+    if "low_precision_param_gather" in precision:
+        tags.append("lppg" if precision["low_precision_param_gather"] else "bf16pg")
+    if "bf16_first_last_blocks" in precision:
+        tags.append(f"bf16ends{precision['bf16_first_last_blocks']}")
+    if "optimizer_state" in precision:
+        tags.append(f"{precision['optimizer_state']}-moments")
+    return tags
+
+
+def _precision_grid(grid: dict) -> list[dict]:
+    """Every combination of a grid's precision settings, each as Kernels.precision_record states it."""
+    names = [name for name in PRECISION_DEFAULTS if name in grid]
+    return [Kernels(**dict(zip(names, values))).precision_record
+            for values in itertools.product(*(grid[name] for name in names))]
+
+
 def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None) -> list[Problem]:
     overrides = grid.get("overrides", {})
     knob_names = [k for k in ("hbm_gib", "offload_gib", "offload_gbps", "nvlink_size", "runtime_reserve_gib")
@@ -289,10 +328,10 @@ def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None)
                                grid.get("batch", grid.get("max_batch", [DEFAULT_MAX_BATCH])),
                                grid.get("datatype", [Datatype.bfloat16]), grid.get("space", [DEFAULT_SPACE]),
                                grid.get("attention", ["fused"]), grid.get("grad_datatype", ["float32"]),
-                               grid.get("capacity_factor", [1.0]),
+                               grid.get("capacity_factor", [1.0]), _precision_grid(grid),
                                *(overrides[k] for k in knob_names))
     for (model_ref, seq_size, system_ref, gpus, max_batch, datatype, space, attention, grad_datatype,
-         capacity_factor, *knob_values) in combos:
+         capacity_factor, precision, *knob_values) in combos:
         pins = (*fix, f"batch={max_batch}") if fixed_batch else fix
         model, _ = loader.get("models", model_ref, where, seq_size)
         if seq_size is not None and len(grid["seq_size"]) > 1:
@@ -305,13 +344,16 @@ def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None)
         # the runtime reserve tags the id only when the grid varies it (one value is a setting)
         tagged = {k: v for k, v in given.items() if k != "runtime_reserve_gib" or len(overrides[k]) > 1}
         pid = problem_id(model, base.name, gpus, datatype, max_batch, space, tagged, attention, pins, grad_datatype,
-                         capacity_factor)
+                         capacity_factor, precision)
         system = _apply(base, given, f"{where}: {pid}")
         system.compute_for(datatype)
+        if "precision" in precision:       # the GPU must run the recipe, in bfloat16
+            Context.of(model, system, datatype, Kernels.with_attention(attention, grad_datatype, capacity_factor,
+                                                                       **precision))
         unbounded = system.offload is not None and (given.get("offload_gbps") == UNBOUNDED or (
             base.offload is None and "offload_gbps" not in given))
         out.append(Problem(pid, model, system, base.name, source, given, gpus, max_batch, datatype, space, limit,
-                           unbounded, attention, pins, grad_datatype, float(capacity_factor)))
+                           unbounded, attention, pins, grad_datatype, float(capacity_factor), precision))
     return out
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.errors import InputError, MapsatError
-from costmodel.kernels import Kernels
+from costmodel.kernels import PRECISION_DEFAULTS, Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from solver.study.batch import Problem
@@ -39,7 +39,9 @@ def solve_payload(payload: dict, progress=None) -> dict:
                        datatype=Datatype(problem["datatype"]), space=pinned(space, pins),
                        kernels=Kernels.with_attention(problem.get("attention", "fused"),
                                                       problem.get("grad_datatype", "float32"),
-                                                      problem.get("capacity_factor", 1.0)), config=config,
+                                                      problem.get("capacity_factor", 1.0),
+                                                      **{k: problem[k] for k in PRECISION_DEFAULTS if k in problem}),
+                       config=config,
                        progress=progress)
         solved = result.to_dict()
         record.update(solved)

@@ -286,7 +286,8 @@ def read_results(directory: str | Path, dropped: list[int] | None = None) -> lis
 # ---------------------------------------------------------------------- the CSV table
 CSV_COLUMNS = [
     "id", "status", "model", "params", "num_blocks", "hidden", "attn_heads", "seq_size",
-    "system", "gpus", "datatype", "space", "attention", "grad_datatype", "max_batch", "hbm_gib", "offload_gib",
+    "system", "gpus", "datatype", "precision", "space", "attention", "grad_datatype", "max_batch", "hbm_gib",
+    "offload_gib",
     "offload_gbps", "nvlink_size",
     "mappings", "iteration_time_s", "mfu", "hfu", *(dim.name for dim in DIMENSIONS),
     "hbm_used_gib", "offload_used_gib", "certified_optimal", "gap", "seconds", "error",
@@ -306,6 +307,7 @@ def csv_row(record: dict) -> dict:
         "model": model.get("name"), "params": model.get("params"), "num_blocks": model.get("num_blocks"),
         "hidden": model.get("hidden"), "attn_heads": model.get("attn_heads"), "seq_size": model.get("seq_size"),
         "system": system.get("name"), "gpus": problem.get("gpus"), "datatype": problem.get("datatype"),
+        "precision": problem.get("precision"),
         "space": problem.get("space"), "attention": problem.get("attention", "fused"),
         "grad_datatype": problem.get("grad_datatype", "float32"),
         "max_batch": problem.get("max_batch"),
