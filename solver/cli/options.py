@@ -25,7 +25,7 @@ from costmodel.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.precision import OPTIMIZER_STATES, Precision
 from costmodel.system import Datatype, System
-from solver.cli.errors import one_line_errors
+from solver.cli.errors import debugging, one_line_errors
 from solver.space.declaration import DEFAULT_SPACE, SPACES, Space, get_space
 from solver.space.pins import batch_cap, check_pins, parse_pins, pinned
 
@@ -230,6 +230,8 @@ def kernel_options(func: Callable) -> Callable:
                                              low_precision_param_gather=low_precision_param_gather,
                                              bf16_first_last_blocks=bf16_first_last_blocks)
         except MapsatError as err:           # options that cannot go together: a usage error, one line
+            if debugging():
+                raise                        # --debug: the error with its traceback
             raise click.UsageError(str(err)) from None
         return func(*args, kernels=kernels, **kwargs)
 
