@@ -9,6 +9,7 @@ from costmodel.kernel_time import AttentionTiming, GemmTiming
 from costmodel.kernels import Kernels
 from costmodel.model import Model, ModelFlops
 from costmodel.ops import Curve
+from costmodel.step_terms import attention_in_step, gemm_in_step, step_gaps
 from costmodel.system import Collective, Datatype, System
 
 # Passes over a 16-bit mask or bias are negligible; masks are 1 byte per element (Megatron
@@ -94,6 +95,11 @@ class Context:
     router_params: float = 0.0         # one MoE block's router (and shared-expert gate): replicated
     capacity_factor: float = 1.0       # the busiest expert's tokens over the mean (Kernels.capacity_factor)
     grouped_gemm: GemmTiming | None = None   # the fitted grouped-GEMM model, if the system has one
+    # whole-step terms (costmodel.step_terms; all 0 without the system's `step:` section)
+    kernel_gap_s: float = 0.0          # launch gap of a block's kernel, in the timings above (step curves: added)
+    outer_gap_extra_s: float = 0.0     # what a kernel outside the blocks pays beyond that (per-layer CUDA graphs)
+    allocator_fraction: float = 0.0    # allocator fragmentation, a share of the bytes freed every microbatch
+    fused_cross_entropy: bool = True   # Megatron's fused loss (6 bytes per logit) or eager PyTorch's (12)
 
     @staticmethod
     def build(model: Model, system: System, datatype: Datatype, kernels: Kernels = Kernels()) -> "Context":
@@ -113,6 +119,9 @@ class Context:
         elem = float(datatype.bytes)
         master = 0.0 if datatype is Datatype.float32 else MASTER_WEIGHT_BYTES_PER_PARAM
         nets = system.networks
+        step = system.step
+        gaps = step_gaps(step.kernel_gap_s if step else 0.0, kernels.cuda_graphs)
+        sustained = step is not None and step.sustained_clocks
         return Context(
             hidden=model.hidden, feedforward=model.feedforward, seq=model.seq_size, heads=model.attn_heads,
             kv_heads=model.kv_groups, head_size=model.attn_size, blocks=model.num_blocks, vocab=model.vocab_size,
@@ -131,11 +140,12 @@ class Context:
             fused_activation=kernels.fused_activation, fused_attention=kernels.fused_attention,
             matrix_flops_per_s=compute.matrix_flops_per_s, vector_flops_per_s=compute.vector_flops_per_s,
             matrix_curve=Curve.of(compute.matrix_efficiency) if compute.matrix_efficiency is not None else None,
-            gemm=compute.gemm.timing() if compute.gemm is not None else None,
-            attention=compute.attention.timing() if compute.attention is not None else None,
+            gemm=gemm_in_step(compute.gemm.timing() if compute.gemm is not None else None, gaps.block_s, sustained),
+            attention=attention_in_step(compute.attention.timing() if compute.attention is not None else None,
+                                        gaps.block_s),
             vector_curve=Curve.of(compute.vector_efficiency),
             hbm_bytes_per_s=system.hbm.bandwidth_bytes_per_s, hbm_curve=Curve.of(system.hbm.efficiency),
-            hbm_latency_s=system.hbm.latency_s,
+            hbm_latency_s=system.hbm.latency_s + gaps.block_s,
             hbm_capacity_bytes=system.hbm.capacity_bytes, runtime_reserve_bytes=system.runtime_reserve_bytes,
             offload_bytes_per_s=system.offload.bandwidth_bytes_per_s if system.offload else 0.0,
             offload_curve=Curve.of(system.offload.efficiency if system.offload else [(0, 1.0)]),
@@ -154,5 +164,9 @@ class Context:
             moe_block_params=float(model.moe_block_params), routed_expert_params=float(model.routed_expert_params),
             shared_expert_params=float(model.shared_expert_params), router_params=float(model.router_params),
             capacity_factor=float(kernels.capacity_factor),
-            grouped_gemm=compute.grouped_gemm.timing() if compute.grouped_gemm is not None else None,
+            grouped_gemm=gemm_in_step(compute.grouped_gemm.timing() if compute.grouped_gemm is not None else None,
+                                      gaps.block_s, sustained),
+            kernel_gap_s=gaps.block_s, outer_gap_extra_s=gaps.outer_extra_s,
+            allocator_fraction=step.allocator_fragmentation if step else 0.0,
+            fused_cross_entropy=kernels.fused_cross_entropy,
         )

@@ -14,6 +14,7 @@ from costmodel.comm import collective_s, overlapped
 from costmodel.context import Context
 from costmodel.layer_time import eltwise_s
 from costmodel.pipeline_time import Stages
+from costmodel.step_terms import OPTIMIZER_KERNELS
 from costmodel.system import Collective
 
 # FLOP per parameter of an Adam step (moment updates, bias correction, square root, divide,
@@ -124,14 +125,18 @@ def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardi
     scatters = xp.where(sh.grads, microbatches, 1.0)
     gathers = xp.where(sh.weights, 2 * microbatches, 1.0)
 
-    def traffic(group, stage_params):
+    def traffic(group, stage_params, members=1.0):
         grad_bytes = stage_params * c.grad_comm_bytes
-        reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, group, grad_bytes, sh.net)
-        gather_weights = collective_s(c, xp, Collective.all_gather, group, c.elem_bytes * stage_params, sh.net)
-        all_reduce = collective_s(c, xp, Collective.all_reduce, group, grad_bytes, sh.net)
+        reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, group, grad_bytes, sh.net, members)
+        gather_weights = collective_s(c, xp, Collective.all_gather, group, c.elem_bytes * stage_params, sh.net,
+                                      members)
+        all_reduce = collective_s(c, xp, Collective.all_reduce, group, grad_bytes, sh.net, members)
         return xp.where(sh.optimizer, scatters * reduce_scatter + gathers * gather_weights, all_reduce)
 
-    dp_comm = traffic(sh.group, params.dense)
+    # The group's GPUs are tp·cp·pp apart (costmodel.dimensions' nesting): an innermost domain
+    # (NVLink) holds size/(tp·cp·pp) of them, at least one (costmodel.comm.collective_s).
+    members = xp.minimum(sh.group, xp.maximum(1.0, xp.floor(c.net_size[0] / (m.tp * m.cp * m.pp))))
+    dp_comm = traffic(sh.group, params.dense, members)
     if c.moe_blocks:       # the experts' own reduction, on the gradient network, which spans their group
         dp_comm = dp_comm + traffic(sh.expert_group, params.experts)
     # Overlapped, each block's gradients reduce while the last microbatch's backward runs
@@ -151,7 +156,8 @@ def optimizer_step_s(c: Context, m, xp, sh: Sharding, params: StageParams):
                   + params.experts / xp.where(sh.optimizer, sh.expert_group, 1.0))
     e, g = c.elem_bytes, c.grad_bytes_per_param
     opt_bytes_per_param = g + 2 * c.optimizer_bytes_per_param + e
-    opt_hbm_s = eltwise_s(c, xp, opt_params, ADAM_FLOPS_PER_PARAM, opt_bytes_per_param)
+    opt_hbm_s = (eltwise_s(c, xp, opt_params, ADAM_FLOPS_PER_PARAM, opt_bytes_per_param)
+                 + OPTIMIZER_KERNELS * c.outer_gap_extra_s)       # outside per-layer CUDA graphs
     offloaded_state = xp.where(m.optimizer_offload, c.optimizer_bytes_per_param, 0.0)
     opt_off_read = (offloaded_state + xp.where(m.weight_offload, g, 0.0)) * opt_params
     opt_off_write = (offloaded_state + xp.where(m.weight_offload, e, 0.0)) * opt_params

@@ -37,13 +37,14 @@ SOFTMAX_STATS_BYTES = 4.0
 def gemm_s(c: Context, xp, rows, cols, depth, num_bytes, batch=1.0):
     """Time of `batch` matrix multiplies C[rows, cols] = A[rows, depth] · B[depth, cols] moving
     `num_bytes`: the system's fitted shape-aware model when it has one
-    (costmodel.kernel_time.gemm_time_s), else the roofline on the step curves by FLOP."""
+    (costmodel.kernel_time.gemm_time_s), else the roofline on the step curves by FLOP; either
+    pays the whole-step launch gap (in the fitted model's launch, costmodel.step_terms)."""
     if c.gemm is not None:
         return gemm_time_s(c.gemm, xp, rows, cols, depth, num_bytes, c.matrix_flops_per_s, c.hbm_bytes_per_s, batch)
     flops = 2 * batch * rows * cols * depth
     compute = flops / (c.matrix_flops_per_s * xp.lookup(c.matrix_curve, flops))
     memory = num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
-    return xp.maximum(compute, memory)
+    return xp.maximum(compute, memory) + c.kernel_gap_s
 
 
 def matmul_s(c: Context, xp, rows, cols, inner):

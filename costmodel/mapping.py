@@ -20,7 +20,7 @@ import costmodel.limits as limits
 from costmodel.choices import AttentionType, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
-from costmodel.kernels import GradDatatype, Kernels
+from costmodel.kernels import CudaGraphs, GradDatatype, Kernels
 from costmodel.model import INPUT_CONFIG, Model, WholeNumber, within
 from costmodel.pipeline import FIRST_FIELD, LAST_FIELD, layout_problem
 from costmodel.system import Datatype, System
@@ -77,6 +77,12 @@ class _MappingBase(BaseModel):
         1.0, description="Mixture-of-experts models: the busiest expert's tokens over the mean (GShard / Switch "
                          "Transformer's capacity factor; 1.0 is perfect balance); a setting of the problem, not "
                          "searched, ignored by dense models.")
+    cuda_graphs: CudaGraphs = Field(
+        "none", description="CUDA graphs as the framework captures them (none | per-layer | full-iteration): graphed "
+                            "kernels run without the whole-step launch gap; a setting of the problem, not searched.")
+    fused_cross_entropy: bool = Field(
+        True, description="The loss as Megatron-LM's fused vocab-parallel cross-entropy (6 bytes per logit); false: "
+                          "eager PyTorch's log-softmax and NLL on fp32 logits (12 bytes per logit).")
 
     @model_validator(mode="before")
     @classmethod
@@ -122,10 +128,14 @@ class _MappingBase(BaseModel):
 
     @model_serializer(mode="wrap")
     def _layout_only_when_stated(self, handler) -> dict:
-        # A mapping without an explicit stage layout dumps as Calculon's format, as before.
+        # A mapping without an explicit stage layout (and with the default CUDA graphs and loss)
+        # dumps as Calculon's format, as before.
         data = handler(self)
         for name in (FIRST_FIELD, LAST_FIELD):
             if data.get(name, 0) is None:
+                del data[name]
+        for name, default in (("cuda_graphs", "none"), ("fused_cross_entropy", True)):
+            if name in data and data[name] == default:
                 del data[name]
         return data
 
@@ -201,7 +211,8 @@ class _MappingBase(BaseModel):
     def kernels(self) -> Kernels:
         """The kernel choices the file states (problem constants, costmodel.kernels)."""
         return Kernels(fused_activation=self.fused_activation, fused_attention=self.fused_attention,
-                       grad_datatype=self.grad_datatype, capacity_factor=self.capacity_factor)
+                       grad_datatype=self.grad_datatype, capacity_factor=self.capacity_factor,
+                       cuda_graphs=self.cuda_graphs, fused_cross_entropy=self.fused_cross_entropy)
 
     @property
     def optimizer_sharding(self) -> bool:

@@ -20,6 +20,7 @@ import costmodel.limits as limits
 from costmodel.errors import InputError
 from costmodel.kernel_time import AttentionTiming, GemmTiming
 from costmodel.model import INPUT_CONFIG, RealNumber, WholeNumber, within
+from costmodel.step_terms import WholeStep
 from costmodel.units import MICRO, GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 _FROZEN = INPUT_CONFIG
@@ -298,6 +299,8 @@ class System(BaseModel):
         RUNTIME_RESERVE_GIB, ge=0,
         description="HBM per GPU kept by the runtime (CUDA context, NCCL buffers, allocator fragmentation), "
                     "GiB; counted against HBM capacity. Default: costmodel.system.RUNTIME_RESERVE_GIB.")
+    step: WholeStep | None = Field(
+        None, description="Whole-step terms fitted to measured iterations (`mapsat calibrate --runs`); absent: none.")
 
     @property
     def runtime_reserve_bytes(self) -> float:

@@ -20,7 +20,7 @@ import costmodel.limits as limits
 from costmodel.advice import model_warnings, override_warnings
 from costmodel.errors import MapsatError
 from costmodel.hf import UnmodelledFieldWarning
-from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES, Kernels
+from costmodel.kernels import ATTENTION_KERNELS, CUDA_GRAPHS, GRAD_DATATYPES, Kernels
 from costmodel.limits import Bound
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
@@ -236,12 +236,20 @@ def wide_console() -> Console:
 
 
 def kernel_options(func: Callable) -> Callable:
-    """--attention fused|unfused, --grad-datatype float32|16bit and --capacity-factor F: the settings of the problem
-    that are not searched, handed to the command as one `kernels: Kernels`."""
+    """--attention fused|unfused, --grad-datatype float32|16bit, --capacity-factor F and --cuda-graphs: the settings
+    of the problem that are not searched, handed to the command as one `kernels: Kernels`."""
 
     @functools.wraps(func)
-    def with_kernels(*args, attention: str, grad_datatype: str, capacity_factor: float, **kwargs):
-        return func(*args, kernels=Kernels.with_attention(attention, grad_datatype, capacity_factor), **kwargs)
+    def with_kernels(*args, attention: str, grad_datatype: str, capacity_factor: float, cuda_graphs: str, **kwargs):
+        return func(*args, kernels=Kernels.with_attention(attention, grad_datatype, capacity_factor, cuda_graphs),
+                    **kwargs)
+
+    with_kernels = click.option(
+        "--cuda-graphs", type=click.Choice(CUDA_GRAPHS), default="none", show_default=True,
+        help="CUDA graphs as the framework captures them: none, per-layer (each block's forward and backward) or "
+             "full-iteration. Graphed kernels run without the whole-step launch gap (`step.kernel_gap_us` of the "
+             "system file). A setting of the problem, not searched.",
+    )(with_kernels)
 
     with_kernels = click.option(
         "--capacity-factor", type=float, default=1.0, show_default=True,
