@@ -27,12 +27,14 @@ def collective_s(c: Context, xp, op: Collective, group, message_bytes, net, memb
     through the domain on the inner links and across domains on that many NICs at once (NCCL
     gives each channel its own NIC): the bytes crossing a domain boundary share
     members × the outer bandwidth, every GPU still sends its share on the inner links, so the
-    collective runs at min(inner, members × outer) (never slower than on the outer network)."""
+    collective runs at min(inner, members × outer); a group whose members all share one domain
+    runs at the inner bandwidth. Never slower than on the outer network."""
     factor = xp.pick(c.net_factor[op], net)
     offset = xp.pick(c.net_offset[op], net)
     rate = xp.pick(c.net_bytes_per_s, net)
-    rate = xp.where(members_per_domain > 1,
-                    xp.maximum(rate, xp.minimum(c.net_bytes_per_s[0], members_per_domain * rate)), rate)
+    inner = c.net_bytes_per_s[0]
+    spread = xp.where(members_per_domain >= group, inner, xp.minimum(inner, members_per_domain * rate))
+    rate = xp.where(members_per_domain > 1, xp.maximum(rate, spread), rate)
     wire = message_bytes * factor * (group + offset) / group / rate
     return xp.where(group > 1, xp.pick(c.net_latency_s, net) + wire, 0.0)
 

@@ -133,9 +133,10 @@ def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardi
         all_reduce = collective_s(c, xp, Collective.all_reduce, group, grad_bytes, sh.net, members)
         return xp.where(sh.optimizer, scatters * reduce_scatter + gathers * gather_weights, all_reduce)
 
-    # The group's GPUs are tp·cp·pp apart (costmodel.dimensions' nesting): an innermost domain
-    # (NVLink) holds size/(tp·cp·pp) of them, at least one (costmodel.comm.collective_s).
-    members = xp.minimum(sh.group, xp.maximum(1.0, xp.floor(c.net_size[0] / (m.tp * m.cp * m.pp))))
+    # The group's GPUs are tp·cp·pp apart (costmodel.dimensions' nesting): a window of the
+    # innermost domain's size (NVLink) that starts at one of them holds floor((size - 1)/(tp·cp·pp))
+    # + 1 of them (costmodel.comm.collective_s).
+    members = xp.minimum(sh.group, xp.floor((c.net_size[0] - 1) / (m.tp * m.cp * m.pp)) + 1)
     dp_comm = traffic(sh.group, params.dense, members)
     if c.moe_blocks:       # the experts' own reduction, on the gradient network, which spans their group
         dp_comm = dp_comm + traffic(sh.expert_group, params.experts)
