@@ -80,6 +80,7 @@ class Context:
     net_latency_s: tuple[float, ...]
     net_usage: tuple[float, ...]         # share of compute stolen while overlapping
     net_must_fill: tuple[bool, ...]
+    net_port_per_gpu: tuple[bool, ...]  # a port per GPU: groups cross domains on all their ports (costmodel.comm)
     net_factor: dict[Collective, tuple[float, ...]]
     net_offset: dict[Collective, tuple[float, ...]]
     # mixture of experts (all 0 for a dense model; costmodel/moe.py reads them)
@@ -155,6 +156,7 @@ class Context:
             net_latency_s=tuple(n.latency_s for n in nets),
             net_usage=tuple(n.processor_usage for n in nets),
             net_must_fill=tuple(n.must_be_filled for n in nets),
+            net_port_per_gpu=tuple(n.port_per_gpu for n in nets),
             net_factor={op: tuple(n.collectives[op].bytes_factor for n in nets) for op in Collective},
             net_offset={op: tuple(n.collectives[op].n_offset for n in nets) for op in Collective},
             experts=float(model.num_experts), experts_per_token=float(model.experts_per_token),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from enum import Enum
 from numbers import Real
-
 from typing import Annotated
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -248,6 +247,8 @@ class Network(BaseModel):
         ge=0, lt=1, description="Share of GPU compute that communication on this network steals while it overlaps compute.")
     must_be_filled: bool = Field(
         False, description="A group using this network must span all `size` GPUs (e.g. a switch that cannot be partitioned).")
+    port_per_gpu: bool = Field(False, description="Every GPU has its own port on this network (DGX, NVL72: a ConnectX "
+                               "per GPU): a group with several GPUs per innermost domain crosses on all of them.")
     collectives: dict[Collective, CollectiveCost] = Field(
         default_factory=_default_collectives, description="Per-collective byte factors; defaults are ring algorithms.")
 
