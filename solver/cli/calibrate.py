@@ -81,8 +81,7 @@ def _calibrate_runs(runs: tuple[str, ...], systems: tuple[str, ...], write: bool
 @click.option("--dry-run", is_flag=True, help="With --runs: fit and print, write nothing.")
 @user_errors
 def command(base_path, measurements, nccl, out_path, runs, systems, dry_run):
-    """Fit a system file's kernel times (and network levels) to measurements, or its whole-step
-    terms to measured training runs.
+    """Fit a system file's kernel times to measurements, or its whole-step terms to runs.
 
     With --base and --measurements: fits GEMM, fused-attention and HBM kernel times (and network
     efficiency and latency from nccl-tests) and writes them into a system file; prints each
