@@ -66,9 +66,8 @@ def _single_gpu_model(row: SingleGpuRow) -> Model:
     whose shapes they have, do). Two measurements the model is not fitted to say they do not:
     the measured optimizer step (`optimizer_s`) is 1.07–1.09 × the model's for every GPT row
     and for the Llama rows untied (1.32 and 1.20 × tied), and the measured peaks exceed the
-    tied model by V·h·18 bytes plus a part growing with the microbatch — 4.4 GiB (llama-1b)
-    and 6.6 GiB (llama-3b) at the intercept, the untied output layer with its gradient and
-    optimizer state to within 2 %."""
+    tied model by about V·h·18 bytes (the untied output layer with its gradient and optimizer
+    state: 4.4 GiB for llama-1b, 6.6 GiB for llama-3b) plus a part growing with the microbatch."""
     llama = {"mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": False} if row.arch == "llama" else {}
     return Model(name=f"{row.name}", hidden=row.hidden, feedforward=row.ffn, seq_size=row.seq,
                  attn_heads=row.heads, attn_size=row.hidden // row.heads, num_blocks=row.layers,

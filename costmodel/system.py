@@ -280,8 +280,8 @@ RUNTIME_RESERVE_GIB = 2.0
   ~0.75 GiB of NCCL buffers (NCCL_BUFFSIZE = 4 MiB per channel and direction for each ring
        neighbour, up to 32 channels on NVSwitch: 2 × 32 × 4 MiB = 256 MiB per communicator,
        and Megatron-LM holds about three busy ones: tp, pp, dp; NCCL environment docs),
-  and allocator fragmentation, which the PyTorch caching allocator keeps to a few hundred
-       MiB with expandable segments (the rounding up of 2.0 covers it).
+  and allocator fragmentation, a few hundred MiB with expandable segments (the rounding up of
+       2.0 covers it; a whole-step `allocator_fragmentation` counts it apart where fitted).
 An estimate, not a measurement; set `runtime_reserve_gib` in a system file (0 reproduces
 analyses that count no reserve, such as the 2023 paper's)."""
 
