@@ -13,7 +13,8 @@ and microbenchmarks):
   each GEMM's and attention kernel's `launch_us` and each element-wise kernel's
   `hbm.latency_us` grow by it. The kernels are therefore counted from the model itself — every
   kernel the formulas time pays one gap. CUDA graphs replay captured kernels without it:
-  per-layer graphs inside the blocks, a full-iteration graph everywhere.
+  per-layer graphs inside the blocks, a full-iteration graph everywhere. Collectives keep
+  their network's `latency_us`, an end-to-end cost per operation that includes its launch.
 - **Sustained clocks.** The microbenchmark's GEMM model slows long GEMMs by
   `1 + power_drop · F / (F + power_flops)`: a GEMM of F FLOP runs long enough for the power
   limiter to lower the clocks once F passes `power_flops`. In a step the GEMMs of every block
