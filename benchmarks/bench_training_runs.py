@@ -14,16 +14,23 @@ reported separately. Each row family (model, system, precision) lists what the m
 express yet (costmodel.run_mapping). Then the single-H200 iterations
 (problems/runs/h200-single-gpu-pytorch.json): step time and peak memory.
 
-The computation is costmodel.run_scoring / costmodel.run_report; this script only selects
-and prints, so a fit (`calibrate --runs`) and out-of-sample reports can score the same rows.
+Then the whole-step terms out of sample (costmodel.calibration.step_report): fitted on both
+files as `mapsat calibrate --runs` fits them, every run scored in sample, leaving its
+configuration out (a single-GPU iteration is its own), leaving its system out, and leaving its
+generation out (Hopper, Blackwell), each against the targets of the accuracy work.
+
+The computation is costmodel.run_scoring / costmodel.run_report and
+costmodel.calibration.step_report; this script only selects and prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
+from costmodel.calibration.step_report import StepCheck, step_check
 from costmodel.run_files import read_runs
 from costmodel.run_report import RunsReport, gap_tags, validate_runs
 from costmodel.run_scoring import ErrorSummary, RunInputs, RunScore, split_dense
@@ -97,19 +104,96 @@ def print_report(report: RunsReport, left_out: int, single_gpu: RunsReport) -> N
     _print_summary("peak mem", single_gpu.memory)
 
 
+BRIDGE, SINGLE = BRIDGE_ROWS.name, SINGLE_GPU_ROWS.name
+BEYOND_ROW = 0.15
+"""A row further off than this is listed (docs/training-runs.md explains each)."""
+
+
+def _median_abs(scores) -> float | None:
+    errors = [abs(s.time_error) for s in scores if s.status == "scored" and s.time_error is not None]
+    return statistics.median(errors) if errors else None
+
+
+def targets(check: StepCheck) -> list[dict]:
+    """The accuracy targets, each with the figure reached: what, figure, bound, met (None: no rows)."""
+    def first(rows: tuple[ErrorSummary, ...], field: str) -> float | None:
+        return getattr(rows[0], field) if rows else None
+
+    def left_out(group: str, scheme: str) -> float | None:
+        fold = {f.group: f for f in check.folds[scheme]}.get(group)
+        return None if fold is None else _median_abs(fold.scores)
+
+    rows = [("dense rows in sample, median |error|", first(check.summary("in_sample", BRIDGE), "median_abs_error"),
+             0.05),
+            ("dense rows in sample, mean signed error", first(check.summary("in_sample", BRIDGE), "mean_signed_error"),
+             0.03),
+            ("dense rows, leave one configuration out, median |error|",
+             first(check.summary("leave_one_configuration_out", BRIDGE), "median_abs_error"), 0.07),
+            ("DGX-H100 rows left out, median |error|", left_out("h100-80g-nvl8", "system_left_out"), 0.10),
+            ("Blackwell rows left out (B200 + GB200), median |error|", left_out("blackwell", "generation_left_out"),
+             0.10),
+            ("DGX-B200 rows left out, median |error|", left_out("b200-180g-nvl8", "system_left_out"), 0.10),
+            ("GB200 NVL72 rows left out, median |error|", left_out("gb200-186g-nvl72", "system_left_out"), 0.10),
+            ("single H200 step time, leave one out, median |error|",
+             first(check.summary("leave_one_configuration_out", SINGLE), "median_abs_error"), 0.05),
+            ("single H200 peak memory, leave one out, median |error|",
+             first(check.summary("leave_one_configuration_out", SINGLE, memory=True), "median_abs_error"), 0.05)]
+    return [{"what": what, "figure": figure, "bound": bound, "met": None if figure is None else abs(figure) <= bound}
+            for what, figure, bound in rows]
+
+
+def print_check(check: StepCheck) -> None:
+    f = check.fit
+    fields = ", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in f.fields.items())
+    print(f"\nwhole-step terms fitted on both files ({f.counts()['time']} step times, {f.counts()['memory']} peaks): "
+          f"{fields}")
+    titles = {"in_sample": "in sample", "leave_one_configuration_out": "leave one configuration out (LOCO)",
+              "system_left_out": "its system left out", "generation_left_out": "its generation left out"}
+    for name in check.files:
+        for scheme, title in titles.items():
+            print(f"\n{name}, {title}:")
+            _print_summary("time", check.summary(scheme, name))
+            _print_summary("  system", check.summary(scheme, name, lambda s: s.system_name))
+            _print_summary("memory", check.summary(scheme, name, memory=True))
+    print("\nfolds (left out: refitted terms):")
+    for scheme in ("system_left_out", "generation_left_out"):
+        for fold in check.folds[scheme]:
+            print(f"  {fold.group:18} kernel_gap_us {fold.step.kernel_gap_us:g}, allocator_fragmentation "
+                  f"{fold.step.allocator_fragmentation:g}")
+    print("\ntargets (out of sample where a fold is named):")
+    for t in targets(check):
+        figure = "—" if t["figure"] is None else f"{100 * t['figure']:+.1f} %" if "signed" in t["what"] else \
+            f"{100 * t['figure']:.1f} %"
+        verdict = {True: "met", False: "MISSED", None: "no rows"}[t["met"]]
+        print(f"  {t['what']:62} {figure:>9}  (target {100 * t['bound']:.0f} %)  {verdict}")
+    beyond = [(scheme, s) for scheme in ("in_sample", "leave_one_configuration_out")
+              for s in check.of_file(scheme, BRIDGE) if s.time_error is not None and abs(s.time_error) > BEYOND_ROW]
+    print(f"\ndense rows beyond {100 * BEYOND_ROW:.0f} % (docs/training-runs.md explains each):")
+    for scheme, s in beyond or [("", None)]:
+        if s is None:
+            print("  none")
+            continue
+        print(f"  {scheme:28} {s.run.name:44} {_percent(s.time_error)}  {gap_tags(s) or '—'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     args = parser.parse_args()
     inputs = RunInputs()
     report, left_out = dense_bridge_report(inputs)
-    single_gpu = validate_runs(read_runs(SINGLE_GPU_ROWS), inputs, source=str(SINGLE_GPU_ROWS.relative_to(ROOT)))
+    single_runs = read_runs(SINGLE_GPU_ROWS)
+    single_gpu = validate_runs(single_runs, inputs, source=str(SINGLE_GPU_ROWS.relative_to(ROOT)))
+    dense, _ = split_dense(read_runs(BRIDGE_ROWS), inputs)
+    check = step_check({BRIDGE: dense, SINGLE: single_runs}, inputs)
     if args.json:
         print(json.dumps({"megatron_bridge_dense": report.to_dict(), "moe_rows_left_out": left_out,
                           "not_expressible_by_family": gaps_by_family(report.newest + report.older),
-                          "single_gpu": single_gpu.to_dict()}, indent=2, sort_keys=True))
+                          "single_gpu": single_gpu.to_dict(), "whole_step_terms": check.to_dict(),
+                          "targets": targets(check)}, indent=2, sort_keys=True))
         return
     print_report(report, left_out, single_gpu)
+    print_check(check)
 
 
 if __name__ == "__main__":

@@ -165,8 +165,11 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
     act_flops = ACTIVATION_FLOPS_PER_ELEM[c.mlp]
     if c.gated_mlp:
         # The gate reads both halves of the h→2f output and writes f: its own kernel
-        # (Megatron-LM's fused bias-SwiGLU is a separate element-wise pass).
+        # (Megatron-LM's fused bias-SwiGLU is a separate element-wise pass). Unfused (eager
+        # PyTorch's silu(x) * y), the activation writes f and the product reads both: two passes.
         activation = eltwise_s(c, xp, tokens * f_cols, act_flops, 3 * e)
+        if not c.fused_activation:
+            activation = activation + eltwise_s(c, xp, tokens * f_cols, 1.0, 2 * e)
     else:
         # A fused GeLU (or squared ReLU) runs in the epilogue of the h→f GEMM: no pass of its own.
         activation = 0.0 if c.fused_activation else eltwise_s(c, xp, tokens * f_cols, act_flops, 2 * e)
@@ -254,6 +257,8 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     # (both operands of the gate) and the gate's output (3·f). The output, the down
     # projection's input, is kept as its quantized copy under a recipe.
     mlp_intermediates = ((2 if c.gated_mlp else 1) * e + q) * tokens * f / t
+    if c.gated_mlp and not c.fused_activation:      # eager: the activation's output, an operand of the product
+        mlp_intermediates = mlp_intermediates + e * tokens * f / t
     dispatch_buffers = 0.0
     if moe:
         layer = moe_memory(c, xp, tokens, t, m.ep)

@@ -19,11 +19,24 @@ from costmodel.system import Collective
 PIPE_CHUNKS = 4.0
 
 
-def collective_s(c: Context, xp, op: Collective, group, message_bytes, net):
-    """Time of one collective `op` among `group` GPUs on network index `net`."""
+def collective_s(c: Context, xp, op: Collective, group, message_bytes, net, members_per_domain=1.0):
+    """Time of one collective `op` among `group` GPUs on network index `net`.
+
+    On an outer network where every GPU has its own port (`port_per_gpu`: DGX, NVL72), a group
+    with `members_per_domain` > 1 of its GPUs in each domain of the innermost network (an FSDP
+    group of 64 over two NVL72 racks: 32 per rack) runs its rings through the domain on the
+    inner links and across domains on that many ports at once (NCCL gives each channel its own
+    NIC): the bytes crossing a domain boundary share members × the outer bandwidth, every GPU
+    still sends its share on the inner links, so the collective runs at min(inner, members ×
+    outer); a group whose members all share one domain runs at the inner bandwidth. Never
+    slower than on the outer network."""
     factor = xp.pick(c.net_factor[op], net)
     offset = xp.pick(c.net_offset[op], net)
-    wire = message_bytes * factor * (group + offset) / group / xp.pick(c.net_bytes_per_s, net)
+    rate = xp.pick(c.net_bytes_per_s, net)
+    inner = c.net_bytes_per_s[0]
+    spread = xp.where(members_per_domain >= group, inner, xp.minimum(inner, members_per_domain * rate))
+    rate = xp.where((members_per_domain > 1) & xp.pick(c.net_port_per_gpu, net), xp.maximum(rate, spread), rate)
+    wire = message_bytes * factor * (group + offset) / group / rate
     return xp.where(group > 1, xp.pick(c.net_latency_s, net) + wire, 0.0)
 
 

@@ -10,6 +10,7 @@ from costmodel.kernels import Kernels
 from costmodel.model import Model, ModelFlops
 from costmodel.ops import Curve
 from costmodel.precision import RecipeCosts, bf16_costs, recipe_costs, system_recipe
+from costmodel.step_terms import attention_in_step, gemm_in_step, step_gaps
 from costmodel.system import Collective, Compute, Datatype, System
 
 # Passes over a 16-bit mask or bias are negligible; masks are 1 byte per element (Megatron
@@ -82,6 +83,7 @@ class Context:
     net_latency_s: tuple[float, ...]
     net_usage: tuple[float, ...]         # share of compute stolen while overlapping
     net_must_fill: tuple[bool, ...]
+    net_port_per_gpu: tuple[bool, ...]  # a port per GPU: groups cross domains on all their ports (costmodel.comm)
     net_factor: dict[Collective, tuple[float, ...]]
     net_offset: dict[Collective, tuple[float, ...]]
     # mixture of experts (all 0 for a dense model; costmodel/moe.py reads them)
@@ -105,6 +107,11 @@ class Context:
     hp_matrix_curve: Curve | None = None
     hp_gemm: GemmTiming | None = None
     hp_grouped_gemm: GemmTiming | None = None
+    # whole-step terms (costmodel.step_terms; all 0 without the system's `step:` section)
+    kernel_gap_s: float = 0.0          # launch gap of a block's kernel, in the timings above (step curves: added)
+    outer_gap_extra_s: float = 0.0     # what a kernel outside the blocks pays beyond that (per-layer CUDA graphs)
+    allocator_fraction: float = 0.0    # allocator fragmentation, a share of the bytes freed every microbatch
+    fused_cross_entropy: bool = True   # Megatron's fused loss (6 bytes per logit) or eager PyTorch's (12)
 
     @property
     def gemm_elem_bytes(self) -> float:
@@ -141,6 +148,9 @@ class Context:
         elem = float(datatype.bytes)
         master = 0.0 if datatype is Datatype.float32 else MASTER_WEIGHT_BYTES_PER_PARAM
         moments = ADAM_MOMENT_BYTES_PER_PARAM if kernels.optimizer_state == "fp32" else ADAM_BF16_MOMENT_BYTES_PER_PARAM
+        step = system.step
+        gaps = step_gaps(step.kernel_gap_s if step else 0.0, kernels.cuda_graphs)
+        sustained = step is not None and step.sustained_clocks
         gemm_compute, peak_ratio, recipe_fields = compute, 1.0, {}
         if kernels.precision is not None:
             if datatype is not Datatype.bfloat16:
@@ -154,7 +164,8 @@ class Context:
             recipe_fields = dict(
                 recipe=recipe_costs(kernels.precision, layouts, kernels.param_gather_low_precision, share),
                 hp_matrix_flops_per_s=compute.matrix_flops_per_s, hp_matrix_curve=_curve(compute, 1.0),
-                hp_gemm=_timing(compute.gemm, 1.0), hp_grouped_gemm=_timing(compute.grouped_gemm, 1.0))
+                hp_gemm=gemm_in_step(_timing(compute.gemm, 1.0), gaps.block_s, sustained),
+                hp_grouped_gemm=gemm_in_step(_timing(compute.grouped_gemm, 1.0), gaps.block_s, sustained))
         nets = system.networks
         return Context(
             hidden=model.hidden, feedforward=model.feedforward, seq=model.seq_size, heads=model.attn_heads,
@@ -174,11 +185,13 @@ class Context:
             fused_activation=kernels.fused_activation, fused_attention=kernels.fused_attention,
             matrix_flops_per_s=gemm_compute.matrix_flops_per_s * peak_ratio,
             vector_flops_per_s=compute.vector_flops_per_s,
-            matrix_curve=_curve(gemm_compute, peak_ratio), gemm=_timing(gemm_compute.gemm, peak_ratio),
-            attention=compute.attention.timing() if compute.attention is not None else None,
+            matrix_curve=_curve(gemm_compute, peak_ratio),
+            gemm=gemm_in_step(_timing(gemm_compute.gemm, peak_ratio), gaps.block_s, sustained),
+            attention=attention_in_step(compute.attention.timing() if compute.attention is not None else None,
+                                        gaps.block_s),
             vector_curve=Curve.of(compute.vector_efficiency),
             hbm_bytes_per_s=system.hbm.bandwidth_bytes_per_s, hbm_curve=Curve.of(system.hbm.efficiency),
-            hbm_latency_s=system.hbm.latency_s,
+            hbm_latency_s=system.hbm.latency_s + gaps.block_s,
             hbm_capacity_bytes=system.hbm.capacity_bytes, runtime_reserve_bytes=system.runtime_reserve_bytes,
             offload_bytes_per_s=system.offload.bandwidth_bytes_per_s if system.offload else 0.0,
             offload_curve=Curve.of(system.offload.efficiency if system.offload else [(0, 1.0)]),
@@ -188,6 +201,7 @@ class Context:
             net_latency_s=tuple(n.latency_s for n in nets),
             net_usage=tuple(n.processor_usage for n in nets),
             net_must_fill=tuple(n.must_be_filled for n in nets),
+            net_port_per_gpu=tuple(n.port_per_gpu for n in nets),
             net_factor={op: tuple(n.collectives[op].bytes_factor for n in nets) for op in Collective},
             net_offset={op: tuple(n.collectives[op].n_offset for n in nets) for op in Collective},
             experts=float(model.num_experts), experts_per_token=float(model.experts_per_token),
@@ -197,7 +211,10 @@ class Context:
             moe_block_params=float(model.moe_block_params), routed_expert_params=float(model.routed_expert_params),
             shared_expert_params=float(model.shared_expert_params), router_params=float(model.router_params),
             capacity_factor=float(kernels.capacity_factor),
-            grouped_gemm=_timing(gemm_compute.grouped_gemm, peak_ratio),
+            grouped_gemm=gemm_in_step(_timing(gemm_compute.grouped_gemm, peak_ratio), gaps.block_s, sustained),
+            kernel_gap_s=gaps.block_s, outer_gap_extra_s=gaps.outer_extra_s,
+            allocator_fraction=step.allocator_fragmentation if step else 0.0,
+            fused_cross_entropy=kernels.fused_cross_entropy,
             **recipe_fields,
         )
 

@@ -14,6 +14,7 @@ from costmodel.comm import collective_s, overlapped
 from costmodel.context import Context
 from costmodel.layer_time import eltwise_s
 from costmodel.pipeline_time import Stages
+from costmodel.step_terms import OPTIMIZER_KERNELS
 from costmodel.system import Collective
 
 # FLOP per parameter of an Adam step (moment updates, bias correction, square root, divide,
@@ -126,11 +127,11 @@ def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardi
     scatters = xp.where(sh.grads, microbatches, 1.0)
     gathers = xp.where(sh.weights, 2 * microbatches, 1.0)
 
-    def traffic(group, stage_params, weight_bytes):
+    def traffic(group, stage_params, weight_bytes, members=1.0):
         grad_bytes = stage_params * c.grad_comm_bytes
-        reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, group, grad_bytes, sh.net)
-        gather_weights = collective_s(c, xp, Collective.all_gather, group, weight_bytes, sh.net)
-        all_reduce = collective_s(c, xp, Collective.all_reduce, group, grad_bytes, sh.net)
+        reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, group, grad_bytes, sh.net, members)
+        gather_weights = collective_s(c, xp, Collective.all_gather, group, weight_bytes, sh.net, members)
+        all_reduce = collective_s(c, xp, Collective.all_reduce, group, grad_bytes, sh.net, members)
         return xp.where(sh.optimizer, scatters * reduce_scatter + gathers * gather_weights, all_reduce)
 
     # Weights travel in the datatype; under a precision recipe the blocks' as the recipe gathers
@@ -139,7 +140,11 @@ def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardi
     if c.quantized:
         gathered = c.recipe.weight_gather_bytes
         dense_weight_bytes = c.elem_bytes * (params.dense - params.blocks_dense) + gathered * params.blocks_dense
-    dp_comm = traffic(sh.group, params.dense, dense_weight_bytes)
+    # The group's GPUs are tp·cp·pp apart (costmodel.dimensions' nesting): a window of the
+    # innermost domain's size (NVLink) that starts at one of them holds floor((size - 1)/(tp·cp·pp))
+    # + 1 of them (costmodel.comm.collective_s).
+    members = xp.minimum(sh.group, xp.floor((c.net_size[0] - 1) / (m.tp * m.cp * m.pp)) + 1)
+    dp_comm = traffic(sh.group, params.dense, dense_weight_bytes, members)
     if c.moe_blocks:       # the experts' own reduction, on the gradient network, which spans their group
         dp_comm = dp_comm + traffic(sh.expert_group, params.experts, gathered * params.experts)
     # Overlapped, each block's gradients reduce while the last microbatch's backward runs
@@ -165,7 +170,8 @@ def optimizer_step_s(c: Context, m, xp, sh: Sharding, params: StageParams):
         block_share = (params.blocks_dense + params.experts) / (params.dense + params.experts)
         written = e + block_share * (c.recipe.optimizer_weight_bytes - e)
     opt_bytes_per_param = g + 2 * c.optimizer_bytes_per_param + written
-    opt_hbm_s = eltwise_s(c, xp, opt_params, ADAM_FLOPS_PER_PARAM, opt_bytes_per_param)
+    opt_hbm_s = (eltwise_s(c, xp, opt_params, ADAM_FLOPS_PER_PARAM, opt_bytes_per_param)
+                 + OPTIMIZER_KERNELS * c.outer_gap_extra_s)       # outside per-layer CUDA graphs
     offloaded_state = xp.where(m.optimizer_offload, c.optimizer_bytes_per_param, 0.0)
     opt_off_read = (offloaded_state + xp.where(m.weight_offload, g, 0.0)) * opt_params
     opt_off_write = (offloaded_state + xp.where(m.weight_offload, e, 0.0)) * opt_params

@@ -21,6 +21,7 @@ from costmodel.iteration import MEMORY_TERMS, TIME_TERMS, IterationTerms, iterat
 from costmodel.mapping import Mapping, check_mapping_fits, model_with_attention_type
 from costmodel.model import Model, ModelFlops
 from costmodel.ops import ArrayOps, ScalarOps
+from costmodel.published_flops import Throughput, throughput
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
 
@@ -70,6 +71,7 @@ class Evaluation:
     offload_bytes: float
     offload_bytes_per_s_needed: float = field(default=0.0)
     flops: ModelFlops | None = None  # the MFU numerator per token, term by term
+    throughput: Throughput | None = None  # tokens/s and model TFLOP/s per GPU as published tables count them
 
     def to_dict(self) -> dict:
         """JSON-ready, SI units, with the fields the CLI contract names."""
@@ -86,6 +88,7 @@ class Evaluation:
             "model_flops_per_token": None if self.flops is None else {
                 "matrix": self.flops.matrix_per_token, "attention": self.flops.attention_per_token,
                 "total": self.flops.per_token, "attention_halved_by_causal_mask": False},
+            "throughput": None if self.throughput is None else self.throughput.to_dict(),
             "mapping": self.mapping.model_dump(mode="json"),
         }
 
@@ -187,6 +190,8 @@ def evaluate_in_context(c: Context, mapping: Mapping) -> Evaluation:
         time_s=terms.named(TIME_TERMS), memory_bytes=terms.named(MEMORY_TERMS),
         hbm_bytes=terms.hbm_bytes, offload_bytes=terms.offload_bytes,
         offload_bytes_per_s_needed=terms.offload_bytes_per_s_needed, flops=c.model_flops,
+        throughput=throughput(c, mapping.tp, mapping.batch_size, mapping.num_procs, terms.iteration_s,
+                              mapping.datatype.value),
     )
 
 

@@ -18,6 +18,7 @@ from costmodel.pipeline import blocks_in_flight, blocks_in_flight_last_stage, bu
 from costmodel.pipeline_time import Stages, pipeline_time
 from costmodel.stage_memory import stage_memory
 from costmodel.stage_state import RESIDENT_BLOCKS
+from costmodel.step_terms import HEAD_KERNELS_FORWARD
 
 # blocks_in_flight*, bubble_microbatches (costmodel.pipeline), ADAM_FLOPS_PER_PARAM
 # (costmodel.data_parallel) and RESIDENT_BLOCKS (costmodel.stage_state) are read from here too.
@@ -34,6 +35,7 @@ TIME_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "cp_comm_s"
 MEMORY_TERMS = ("weights_bytes", "weight_grads_bytes", "optimizer_bytes", "sharding_buffer_bytes", "embedding_bytes",
                 "activations_bytes", "activation_workspace_bytes", "output_layer_bytes", "logits_bytes",
                 "last_stage_activations_bytes", "second_stage_activations_bytes", "runtime_reserve_bytes",
+                "allocator_bytes",
                 "first_stage_hbm_bytes", "second_stage_hbm_bytes", "last_stage_hbm_bytes")
 
 
@@ -74,6 +76,8 @@ class IterationTerms:
     second_stage_activations_bytes: object
     """stored activations in flight on the second stage (a middle one when pp > 2)"""
     runtime_reserve_bytes: object
+    allocator_bytes: object
+    """the caching allocator's fragmentation (a whole-step term; 0 without one)"""
     first_stage_hbm_bytes: object
     second_stage_hbm_bytes: object
     """its blocks' state and activations: more than the first's when uneven stages give the
@@ -104,7 +108,8 @@ def output_layer_s(c: Context, m, xp):
     # A BF16 GEMM under every precision recipe: Megatron-LM's output layer is its own
     # tensor_parallel.ColumnParallelLinear, not a Transformer Engine module (core/models/gpt/gpt_model.py).
     return (gemm_s(c, xp, tokens, vocab_cols, c.hidden, num_bytes, high_precision=True)
-            + eltwise_s(c, xp, tokens * vocab_cols, CROSS_ENTROPY_FLOPS_PER_ELEM, 2 * c.elem_bytes))
+            + eltwise_s(c, xp, tokens * vocab_cols, CROSS_ENTROPY_FLOPS_PER_ELEM, 2 * c.elem_bytes)
+            + HEAD_KERNELS_FORWARD * c.outer_gap_extra_s)       # outside per-layer CUDA graphs
 
 
 def iteration_terms(c: Context, m, xp) -> IterationTerms:
@@ -158,6 +163,7 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
         last_stage_activations_bytes=mem.last_stage_activations_bytes,
         second_stage_activations_bytes=mem.second_stage_activations_bytes,
         runtime_reserve_bytes=c.runtime_reserve_bytes,
+        allocator_bytes=mem.allocator_bytes,
         first_stage_hbm_bytes=mem.first_stage_hbm_bytes,
         second_stage_hbm_bytes=mem.second_stage_hbm_bytes,
         last_stage_hbm_bytes=mem.last_stage_hbm_bytes,

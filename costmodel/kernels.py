@@ -14,6 +14,13 @@ from costmodel.precision import FORMATS, OPTIMIZER_STATES, OptimizerState, Preci
 ATTENTION_KERNELS = ("fused", "unfused")
 """How the attention core runs: one FlashAttention kernel, or four kernels through HBM."""
 
+CudaGraphs = Literal["none", "per-layer", "full-iteration"]
+CUDA_GRAPHS: tuple[str, ...] = ("none", "per-layer", "full-iteration")
+"""How CUDA graphs were captured: none; each block's forward and backward (Transformer Engine's
+`make_graphed_callables`, Megatron-Core's per-layer graphs); the whole forward and backward
+(Megatron's `cuda_graph_scope` full_iteration). A graph replays its kernels without a launch
+gap between them (the whole-step `kernel_gap_us`, costmodel.step_terms)."""
+
 GradDatatype = Literal["float32", "16bit"]
 GRAD_DATATYPES: tuple[str, ...] = ("float32", "16bit")
 """How gradients are kept: fp32 main gradients (Megatron-LM's `--accumulate-allreduce-grads-in-fp32`,
@@ -64,7 +71,17 @@ class Kernels:
     first_last_layers_bf16 with num_layers_at_start/end_in_bf16; Megatron-Bridge's performance
     scripts set none)."""
 
+    cuda_graphs: CudaGraphs = "none"
+    """CUDA graphs (CUDA_GRAPHS): which kernels run without a launch gap. A setting of the
+    problem, as the framework runs it; it matters only on systems with whole-step terms."""
+    fused_cross_entropy: bool = True
+    """The loss as Megatron-LM computes it: a vocab-parallel cross-entropy that keeps the fp32
+    softmax and forms the gradient in place (6 bytes per logit); False: eager PyTorch's
+    log-softmax and NLL on fp32 logits (12 bytes per logit at the loss's backward)."""
+
     def __post_init__(self) -> None:
+        if self.cuda_graphs not in CUDA_GRAPHS:
+            raise InputError(f"cuda_graphs {self.cuda_graphs!r} does not exist (choose from {', '.join(CUDA_GRAPHS)})")
         if self.grad_datatype not in GRAD_DATATYPES:
             raise InputError(f"grad_datatype {self.grad_datatype!r} does not exist (choose from "
                              f"{', '.join(GRAD_DATATYPES)})")
@@ -94,14 +111,14 @@ class Kernels:
 
     @staticmethod
     def with_attention(attention: str, grad_datatype: str = "float32", capacity_factor: float = 1.0,
-                       **precision) -> "Kernels":
-        """From the names users give (`--attention`, `--grad-datatype`, `--capacity-factor` and the
-        precision options `precision`, `optimizer_state`, `low_precision_param_gather`,
+                       cuda_graphs: str = "none", **precision) -> "Kernels":
+        """From the names users give (`--attention`, `--grad-datatype`, `--capacity-factor`,
+        `--cuda-graphs` and the precision options `precision`, `optimizer_state`, `low_precision_param_gather`,
         `bf16_first_last_blocks`; a batch file's keys of the same names)."""
         if attention not in ATTENTION_KERNELS:
             raise InputError(f"attention {attention!r} does not exist (choose from {', '.join(ATTENTION_KERNELS)})")
         return Kernels(fused_attention=attention == "fused", grad_datatype=grad_datatype,
-                       capacity_factor=capacity_factor, **precision)
+                       capacity_factor=capacity_factor, cuda_graphs=cuda_graphs, **precision)
 
     @property
     def param_gather_low_precision(self) -> bool:
@@ -136,7 +153,9 @@ class Kernels:
         attention, 16-bit gradients" (the gradient datatype only when not the default)."""
         grads = "" if self.grad_datatype == "float32" else ", 16-bit gradients"
         capacity = "" if self.capacity_factor == 1.0 else f", capacity factor {self.capacity_factor:g}"
-        return f"{self.precision_label}{self.attention} attention{grads}{capacity}"
+        graphs = "" if self.cuda_graphs == "none" else f", CUDA graphs {self.cuda_graphs}"
+        loss = "" if self.fused_cross_entropy else ", eager cross-entropy"
+        return f"{self.precision_label}{self.attention} attention{grads}{capacity}{graphs}{loss}"
 
     @property
     def precision_label(self) -> str:

@@ -37,7 +37,8 @@ SOFTMAX_STATS_BYTES = 4.0
 def gemm_s(c: Context, xp, rows, cols, depth, num_bytes, batch=1.0, high_precision=False):
     """Time of `batch` matrix multiplies C[rows, cols] = A[rows, depth] · B[depth, cols] moving
     `num_bytes`: the system's fitted shape-aware model when it has one
-    (costmodel.kernel_time.gemm_time_s), else the roofline on the step curves by FLOP. Under a
+    (costmodel.kernel_time.gemm_time_s), else the roofline on the step curves by FLOP; either
+    pays the whole-step launch gap (in the fitted model's launch, costmodel.step_terms). Under a
     precision recipe the blocks' GEMMs run at its rate, and `high_precision` ones (attention,
     the output layer, the router) at BF16's (costmodel.context)."""
     peak, curve, fit = c.matrix_flops_per_s, c.matrix_curve, c.gemm
@@ -48,7 +49,7 @@ def gemm_s(c: Context, xp, rows, cols, depth, num_bytes, batch=1.0, high_precisi
     flops = 2 * batch * rows * cols * depth
     compute = flops / (peak * xp.lookup(curve, flops))
     memory = num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
-    return xp.maximum(compute, memory)
+    return xp.maximum(compute, memory) + c.kernel_gap_s
 
 
 def matmul_s(c: Context, xp, rows, cols, inner, high_precision=False):

@@ -20,7 +20,7 @@ import costmodel.limits as limits
 from costmodel.choices import AttentionType, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
-from costmodel.kernels import PRECISION_DEFAULTS, GradDatatype, Kernels
+from costmodel.kernels import PRECISION_DEFAULTS, CudaGraphs, GradDatatype, Kernels
 from costmodel.model import INPUT_CONFIG, Boolean, Model, RealNumber, WholeNumber, _whole_number, within
 from costmodel.pipeline import FIRST_FIELD, LAST_FIELD, layout_problem
 from costmodel.precision import OptimizerState, Precision
@@ -88,6 +88,12 @@ class _MappingBase(BaseModel):
                           "Megatron-Bridge's recipe sets it.")
     bf16_first_last_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS_OR_NONE)] = Field(
         0, ge=0, description="Blocks at each end kept in BF16 under an FP8/FP4 recipe.")
+    cuda_graphs: CudaGraphs = Field(
+        "none", description="CUDA graphs as the framework captures them (none | per-layer | full-iteration): graphed "
+                            "kernels run without the whole-step launch gap; a setting of the problem, not searched.")
+    fused_cross_entropy: Boolean = Field(
+        True, description="The loss as Megatron-LM's fused vocab-parallel cross-entropy (6 bytes per logit); false: "
+                          "eager PyTorch's log-softmax and NLL on fp32 logits (12 bytes per logit).")
 
     @model_validator(mode="before")
     @classmethod
@@ -139,13 +145,14 @@ class _MappingBase(BaseModel):
 
     @model_serializer(mode="wrap")
     def _layout_only_when_stated(self, handler) -> dict:
-        # A mapping without an explicit stage layout dumps as Calculon's format, as before.
+        # A mapping without an explicit stage layout (and with the default CUDA graphs and loss)
+        # dumps as Calculon's format, as before.
         data = handler(self)
         for name in (FIRST_FIELD, LAST_FIELD):
             if data.get(name, 0) is None:
                 del data[name]
-        # ... and without the precision settings left at their defaults.
-        for name, default in PRECISION_DEFAULTS.items():
+        # ... and without the precision, CUDA-graph and loss settings left at their defaults.
+        for name, default in (*PRECISION_DEFAULTS.items(), ("cuda_graphs", "none"), ("fused_cross_entropy", True)):
             if name in data and data[name] == default:
                 del data[name]
         return data
@@ -229,7 +236,8 @@ class _MappingBase(BaseModel):
                        grad_datatype=self.grad_datatype, capacity_factor=self.capacity_factor,
                        precision=self.precision, optimizer_state=self.optimizer_state,
                        low_precision_param_gather=self.low_precision_param_gather,
-                       bf16_first_last_blocks=self.bf16_first_last_blocks)
+                       bf16_first_last_blocks=self.bf16_first_last_blocks,
+                       cuda_graphs=self.cuda_graphs, fused_cross_entropy=self.fused_cross_entropy)
 
     @property
     def optimizer_sharding(self) -> bool:

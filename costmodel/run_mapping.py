@@ -12,7 +12,9 @@ one to one is mapped to the nearest expressible setting, and the gap is listed p
 | activation offload of N blocks | every block's activations offloaded when the system has offload memory, else none | yes |
 | full recompute of N blocks per chunk | full when N is at least half a chunk's blocks, else none | yes, unless N covers the chunk |
 | selective recompute | attn_only when the modules are the attention core alone, else none | yes, unless core_attn alone |
-| CUDA graphs, a pipeline layout, an unoverlapped parameter all-gather | not modelled | yes |
+| CUDA graphs | the problem's `cuda_graphs` (launch gaps removed where graphed) | — |
+| the loss (fused or eager cross-entropy) | the problem's `fused_cross_entropy` | — |
+| a pipeline layout, an unoverlapped parameter all-gather | not modelled | yes |
 | sequence parallelism | tp_comm rs_ag (else ar); the all-gather redone in backward (Megatron-LM keeps the sharded input) | — |
 | TP communication overlap | tp_overlap ring (tp > 1) | — |
 
@@ -98,8 +100,6 @@ def _activation_offload(run: Run, model: Model, system: System, recompute: Recom
 def _other_gaps(run: Run, gaps: list[str]) -> None:
     if run.megatron_fsdp:
         gaps.append("Megatron-FSDP: costed as ZeRO stage 3 (its double buffer and bucketed prefetch not modelled)")
-    if run.cuda_graphs != "none":
-        gaps.append(f"CUDA graphs ({run.cuda_graphs}): launch overheads are not modelled")
     if run.pipeline_layout is not None:
         gaps.append(f"pipeline layout {run.pipeline_layout!r}: costed with the layout rule")
     if not run.param_gather_overlap and run.dp * run.cp > 1:
@@ -127,6 +127,7 @@ def map_run(run: Run, model: Model, system: System) -> MappedRun:
         "precision": run.precision,
         "low_precision_param_gather": run.low_precision_param_gather if run.precision is not Precision.bf16 else None,
         "bf16_first_last_blocks": run.bf16_first_last_blocks,
+        "cuda_graphs": run.cuda_graphs, "fused_cross_entropy": run.fused_cross_entropy,
         "activation_recompute": recompute,
         "tensor_par_comm_type": TPComm.rs_ag if seq_par else TPComm.ar,
         "tensor_par_overlap": TPOverlap.ring if run.tp_comm_overlap and run.tp > 1 else TPOverlap.none,

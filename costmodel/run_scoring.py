@@ -66,6 +66,15 @@ class RunInputs:
                 return candidate
         raise InputError(f"model {name!r}: not in problems/models (no {name}.yaml or {name}/config.json)")
 
+    def with_systems(self, systems: dict[str, System]) -> "RunInputs":
+        """The same inputs with these systems replacing theirs by name (the loaded models and
+        systems are shared, not loaded again): how a fit scores candidate system files. A system
+        given for every run (`system=`) gives way to these; name every system the runs use."""
+        other = RunInputs({**self._system_overrides, **systems}, None if systems else self._system_for_all,
+                          self._problems)
+        other._models, other._systems = self._models, self._systems
+        return other
+
     def model(self, run: Run) -> Model:
         if isinstance(run.model, Model):
             return run.model.model_copy(update={"seq_size": run.seq_size})

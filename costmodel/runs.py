@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, model_validator
 
 import costmodel.limits as limits
+from costmodel.kernels import CudaGraphs
 from costmodel.limits import Bound
 from costmodel.model import INPUT_CONFIG, Model, RealNumber, WholeNumber, within
 from costmodel.precision import Precision   # the recipes (costmodel.precision), read by runs
@@ -43,10 +44,6 @@ RecomputeGranularity = Literal["none", "full", "selective"]
 recomputes its forward in backward; with `recompute_blocks`, only that many blocks of each
 pipeline chunk, `--recompute-method block`); selective (the modules of `recompute_modules`)."""
 
-CudaGraphs = Literal["none", "per-layer", "full-iteration"]
-"""How CUDA graphs were captured: none; per layer or module (Transformer Engine's graphs of
-attention and MLP, Megatron-Core's `enable_cuda_graph`); the whole iteration
-(`cuda_graph_impl=local`, scope `full_iteration`)."""
 
 
 class Run(BaseModel):
@@ -111,6 +108,9 @@ class Run(BaseModel):
         0, ge=0, description="Blocks at each end of the model kept in BF16 under an FP8/FP4 recipe.")
     fused_activation: bool = Field(True, description="The MLP's activation fused into its GEMM (false: eager "
                                                      "PyTorch, its own pass).")
+    fused_cross_entropy: bool = Field(
+        True, description="The loss as Megatron-LM's fused vocab-parallel cross-entropy; false: eager PyTorch's "
+                          "log-softmax and NLL on fp32 logits.")
     step_time_s: RealNumber | None = Field(
         None, gt=0, description="Measured time of one training step (iteration), seconds; None: not published.")
     peak_memory_bytes: RealNumber | None = Field(

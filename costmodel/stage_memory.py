@@ -19,6 +19,7 @@ from costmodel.data_parallel import Sharding, StageParams
 from costmodel.pipeline import stage_blocks_in_flight
 from costmodel.pipeline_time import Stages
 from costmodel.stage_state import RESIDENT_BLOCKS, StageState, blocks_state, offloaded_bytes
+from costmodel.step_terms import allocator_bytes
 
 # Megatron-LM's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py)
 # turns each GPU's b·s·V/tp logits into fp32 and keeps the fp32 softmax for backward, where
@@ -26,6 +27,11 @@ from costmodel.stage_state import RESIDENT_BLOCKS, StageState, blocks_state, off
 # 4 bytes per logit kept from forward to backward, and a 16-bit gradient (2 bytes) beside it.
 LOGIT_BYTES_KEPT = 4.0
 LOGIT_GRAD_BYTES = 2.0
+# Eager PyTorch (`F.cross_entropy(logits.float(), ...)`: log_softmax then nll_loss) keeps the
+# fp32 log-softmax for backward (4 bytes per logit), and its backward holds beside it the fp32
+# gradient nll_loss returns (4) and the fp32 gradient log_softmax's backward writes (4); the
+# bf16 logits are freed once cast (the output GEMM's backward needs its input, not its output).
+EAGER_LOGIT_BYTES = 12.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class StageMemory:
     hbm_bytes: object
     """the largest of the three stages' HBM use"""
     activations_hbm_bytes: object
+    allocator_bytes: object
+    """the caching allocator's fragmentation on the first stage (a whole-step term)"""
     offload_bytes: object
     """the largest of the three stages' offloaded state and activations"""
 
@@ -65,15 +73,18 @@ def stage_memory(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardin
 
     def stage_hbm(state, activations_hbm):
         # on every stage: its blocks' state, one block's recompute workspace, the runtime
-        # reserve, its activations in flight
-        return state.weights_hbm + state.optimizer_hbm + act.workspace + c.runtime_reserve_bytes + activations_hbm
+        # reserve, its activations in flight, and what the allocator holds beyond them
+        return (state.weights_hbm + state.optimizer_hbm + act.workspace + c.runtime_reserve_bytes + activations_hbm
+                + allocator_bytes(c.allocator_fraction, act.workspace + activations_hbm))
 
     embedding = c.embedding_params / t * state_per_param
     # The output layer (StageParams.output_matrix) and the final norm, replicated on every tp rank.
     output_layer = (params.output_matrix / t + c.final_norm_params) * state_per_param
     tokens = b * c.seq / m.cp
-    logits = (tokens * c.vocab / t * (LOGIT_BYTES_KEPT + LOGIT_GRAD_BYTES)
+    logit_bytes = LOGIT_BYTES_KEPT + LOGIT_GRAD_BYTES if c.fused_cross_entropy else EAGER_LOGIT_BYTES
+    logits = (tokens * c.vocab / t * logit_bytes
               + e * tokens * c.hidden / xp.where(m.seq_par, t, 1.0))      # and the output GEMM's input
+    output_side = logits + allocator_bytes(c.allocator_fraction, logits)  # logits are freed every microbatch too
     first, middle, last = stages.first, stages.middle, stages.last
     first_state = blocks_state(c, m, xp, first, dense_params, expert_params, shards, expert_shards)
     # (equal stages, and by the rule the first and the last, are one value: one state)
@@ -86,14 +97,17 @@ def stage_memory(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardin
                                                           act.stored * last_alive)
     activations_hbm = activations_in_hbm(first_alive, activations)
     single_stage = m.pp == 1
-    first_hbm = stage_hbm(first_state, activations_hbm) + embedding + xp.where(single_stage, output_layer + logits, 0.0)
+    first_hbm = (stage_hbm(first_state, activations_hbm) + embedding
+                 + xp.where(single_stage, output_layer + output_side, 0.0))
     second_hbm = stage_hbm(second_state, activations_in_hbm(second_alive, second_activations))
-    last_hbm = (stage_hbm(last_state, activations_in_hbm(last_alive, last_activations)) + output_layer + logits
-                + xp.where(single_stage, embedding, 0.0))
+    last_hbm = (stage_hbm(last_state, activations_in_hbm(last_alive, last_activations)) + output_layer
+                + output_side + xp.where(single_stage, embedding, 0.0))
     hbm = xp.maximum(xp.maximum(first_hbm, last_hbm), second_hbm)
     offload = offloaded_bytes(m, xp, first_state, activations)
     if not stages.equal:                      # (equal, the first holds the most activations)
         offload = xp.maximum(xp.maximum(offload, offloaded_bytes(m, xp, last_state, last_activations)),
                              offloaded_bytes(m, xp, second_state, second_activations))
+    first_allocator = allocator_bytes(c.allocator_fraction, act.workspace + activations_hbm
+                                      + xp.where(single_stage, logits, 0.0))
     return StageMemory(first_state, embedding, activations, output_layer, logits, last_activations, second_activations,
-                       first_hbm, second_hbm, last_hbm, hbm, activations_hbm, offload)
+                       first_hbm, second_hbm, last_hbm, hbm, activations_hbm, first_allocator, offload)

@@ -20,6 +20,7 @@ from costmodel.errors import InputError
 from costmodel.kernel_time import AttentionTiming, GemmTiming
 from costmodel.model import INPUT_CONFIG, Boolean, RealNumber, WholeNumber, within
 from costmodel.precision import PrecisionSupport, check_support
+from costmodel.step_terms import WholeStep
 from costmodel.units import MICRO, GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 
@@ -245,6 +246,8 @@ class Network(BaseModel):
         ge=0, lt=1, description="Share of GPU compute that communication on this network steals while it overlaps compute.")
     must_be_filled: Boolean = Field(
         False, description="A group using this network must span all `size` GPUs (e.g. a switch that cannot be partitioned).")
+    port_per_gpu: bool = Field(False, description="Every GPU has its own port on this network (DGX, NVL72: a ConnectX "
+                               "per GPU): a group with several GPUs per innermost domain crosses on all of them.")
     collectives: dict[Collective, CollectiveCost] = Field(
         default_factory=_default_collectives, description="Per-collective byte factors; defaults are ring algorithms.")
 
@@ -276,8 +279,8 @@ RUNTIME_RESERVE_GIB = 2.0
   ~0.75 GiB of NCCL buffers (NCCL_BUFFSIZE = 4 MiB per channel and direction for each ring
        neighbour, up to 32 channels on NVSwitch: 2 × 32 × 4 MiB = 256 MiB per communicator,
        and Megatron-LM holds about three busy ones: tp, pp, dp; NCCL environment docs),
-  and allocator fragmentation, which the PyTorch caching allocator keeps to a few hundred
-       MiB with expandable segments (the rounding up of 2.0 covers it).
+  and allocator fragmentation, a few hundred MiB with expandable segments (the rounding up of
+       2.0 covers it; a whole-step `allocator_fragmentation` counts it apart where fitted).
 An estimate, not a measurement; set `runtime_reserve_gib` in a system file (0 reproduces
 analyses that count no reserve, such as the 2023 paper's)."""
 
@@ -299,6 +302,8 @@ class System(BaseModel):
         RUNTIME_RESERVE_GIB, ge=0,
         description="HBM per GPU kept by the runtime (CUDA context, NCCL buffers, allocator fragmentation), "
                     "GiB; counted against HBM capacity. Default: costmodel.system.RUNTIME_RESERVE_GIB.")
+    step: WholeStep | None = Field(
+        None, description="Whole-step terms fitted to measured iterations (`mapsat calibrate --runs`); absent: none.")
 
     @property
     def runtime_reserve_bytes(self) -> float:

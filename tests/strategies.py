@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from costmodel.mapping import Mapping, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.model import Model
+from costmodel.step_terms import WholeStep
 from costmodel.system import AttentionFit, Compute, Datatype, GemmFit, Memory, Network, System
 
 
@@ -55,7 +56,11 @@ def systems(draw, offload: bool | None = None) -> System:
         networks=[Network(name="nvlink", size=draw(st.sampled_from([4, 8, 16])), bandwidth_gbps=300.0, efficiency=0.7,
                           latency_us=5.0, processor_usage=0.15),
                   Network(name="ib", size=4096, bandwidth_gbps=25.0, efficiency=0.8, latency_us=20.0,
-                          processor_usage=0.05)],
+                          processor_usage=0.05, port_per_gpu=draw(st.booleans()))],
+        # whole-step terms (costmodel.step_terms) on a third of the systems
+        step=draw(st.sampled_from([None, None, WholeStep(kernel_gap_us=draw(st.floats(0, 20)),
+                                                         sustained_clocks=draw(st.booleans()),
+                                                         allocator_fragmentation=draw(st.floats(0, 0.2)))])),
     )
 
 
@@ -86,6 +91,8 @@ def mappings(draw, model: Model, system: System, gpus: int | None = None) -> Map
         tensor_par_overlap=draw(st.sampled_from(list(TPOverlap))), seq_par_ag_redo=draw(st.booleans()),
         data_par_overlap=draw(st.booleans()), pipeline_schedule=draw(st.sampled_from(["1f1b", "zb-h1"])),
         grad_datatype=draw(st.sampled_from(["float32", "16bit"])),
+        cuda_graphs=draw(st.sampled_from(["none", "per-layer", "full-iteration"])),
+        fused_cross_entropy=draw(st.booleans()), fused_activation=draw(st.booleans()),
         weight_offload=offload and draw(st.booleans()), activations_offload=offload and draw(st.booleans()),
         optimizer_offload=offload and draw(st.booleans()),
     )

@@ -169,13 +169,14 @@ def test_a_bad_measurement_names_the_file_point_and_field(tmp_path):
         f"error: {folder / 'gemm.json'}: point 0: field 'K' -4: Input should be greater than 0"]
 
 
-@pytest.mark.parametrize("name", ["b200-180g-nvl8", "gb200-186g-nvl72", "a100-40g-nvl8"])
+@pytest.mark.parametrize("name", ["b200-180g-nvl8", "gb200-186g-nvl72", "b300-288g-nvl8", "gb300-288g-nvl72",
+                                  "a100-40g-nvl8"])
 def test_files_from_public_specifications_say_they_are_uncalibrated(name):
     path = SYSTEMS_DIR / f"{name}.yaml"
     assert "UNCALIBRATED" in path.read_text().split("\nname:")[0], f"{name}'s header must say it is uncalibrated"
     system = load_system(path)
     assert system.name == name
-    if name == "gb200-186g-nvl72":
+    if name.startswith("gb"):
         assert system.networks[0].size == 72 and system.offload is not None
 
 

@@ -24,7 +24,8 @@ def problems(draw):
     system = draw(systems())
     batch = draw(st.lists(mappings(model, system), min_size=1, max_size=6))
     kernel = {"datatype": batch[0].datatype, "fused_attention": batch[0].fused_attention,
-              "grad_datatype": batch[0].grad_datatype}
+              "grad_datatype": batch[0].grad_datatype, "cuda_graphs": batch[0].cuda_graphs,
+              "fused_cross_entropy": batch[0].fused_cross_entropy, "fused_activation": batch[0].fused_activation}
     batch = [m.model_copy(update=kernel) for m in batch]
     return model, system, batch
 

@@ -113,11 +113,12 @@ def test_shipped_yaml_has_no_numbers_read_as_strings(path):
 def test_shipped_mapping_loads_and_fits_its_model(path):
     mapping = load_mapping(path)
     # Every field is spelled out, so the files document the whole Calculon format; the stage
-    # layout and the precision recipe's settings (mapsat's additions, optional: pp's rule and the
-    # datatype's costing when left out) are not Calculon's.
+    # layout, the precision recipe's settings, CUDA graphs and the loss (mapsat's additions,
+    # optional: pp's rule, the datatype's costing, none and the fused loss when left out) are not
+    # Calculon's.
     calculon = set(Mapping.model_fields) - {"pipeline_first_stage_blocks", "pipeline_last_stage_blocks",
                                             "precision", "optimizer_state", "low_precision_param_gather",
-                                            "bf16_first_last_blocks"}
+                                            "bf16_first_last_blocks", "cuda_graphs", "fused_cross_entropy"}
     assert set(json.loads(path.read_text())) == calculon
     model_path = model_for_mapping(path)
     # a Hugging Face config states no training sequence: those mapping files name it (-131k)

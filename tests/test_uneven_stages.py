@@ -331,7 +331,8 @@ def uneven_problems(draw):
                                              "pipeline_schedule": base.pipeline_schedule,
                                              "num_procs": base.tp * base.cp * pp * base.dp}))
     kernel = {"datatype": batch[0].datatype, "fused_attention": batch[0].fused_attention,
-              "grad_datatype": batch[0].grad_datatype}
+              "grad_datatype": batch[0].grad_datatype, "cuda_graphs": batch[0].cuda_graphs,
+              "fused_cross_entropy": batch[0].fused_cross_entropy, "fused_activation": batch[0].fused_activation}
     return model, system, [m.model_copy(update=kernel) for m in batch]
 
 

@@ -8,6 +8,8 @@ per family, at the indentation where the fields belong:
     # mapsat-calibrate: attention       (inside a compute entry; fitted to bf16 attention.json)
     # mapsat-calibrate: hbm             (inside hbm: efficiency and latency_us)
     # mapsat-calibrate: network NAME    (inside that network: efficiency and latency_us, from nccl-tests)
+    # mapsat-calibrate: step            (top level: the whole-step terms; `calibrate --runs` writes them,
+                                         costmodel.calibration.step_render, and this copies them through)
 
 Below each marker go the fitted fields with a comment stating the measurements, the split
 and the errors; every other line of the base is copied as it is (comments included). The
@@ -123,6 +125,8 @@ def calibrate_system(base_path: Path, measurements: Path, nccl: dict[str, Path] 
         # The marker stays, so the written file can be calibrated again (updated in place);
         # what a previous run wrote below it is dropped and written anew.
         out.append(line)
+        if what == ["step"]:
+            continue      # whole-step terms: `mapsat calibrate --runs` writes them; copied as they are
         index = _after_generated(lines, index, indent, GENERATED_KEYS.get(what[0] if what else "", ()))
         if len(what) == 2 and what[0] == "gemm" and what[1] in GEMM_DATATYPES:
             datatype, elem_bytes = GEMM_DATATYPES[what[1]]
@@ -160,8 +164,8 @@ def calibrate_system(base_path: Path, measurements: Path, nccl: dict[str, Path] 
             out += _fields(indent, f.fields)
         else:
             raise InputError(f"{base_path}: line {number}: unknown marker {match['what']!r} (expected 'gemm fp8', "
-                             "'gemm bf16', 'grouped_gemm bf16', 'grouped_gemm fp8', 'attention', 'hbm' or "
-                             "'network NAME')")
+                             "'gemm bf16', 'grouped_gemm bf16', 'grouped_gemm fp8', 'attention', 'hbm', "
+                             "'network NAME' or 'step')")
         fits.append(f)
     unused = sorted(set(nccl) - used_nccl)
     if unused:

@@ -21,7 +21,7 @@ import click
 COMMANDS: dict[str, tuple[str, str]] = {
     "batch": ("solver.cli.batch", "Solve every problem of a batch file (models × systems × GPU counts × overrides)."),
     "brute": ("solver.cli.brute", "Evaluate every mapping with the exact model and list the fastest."),
-    "calibrate": ("solver.cli.calibrate", "Fit a system file's kernel times (and network levels) to measurements."),
+    "calibrate": ("solver.cli.calibrate", "Fit a system file's kernel times to measurements, or its whole-step terms to runs."),
     "codesign": ("solver.cli.codesign", "Find the least hardware that reaches a target, with its best mapping and the proof."),
     "count": ("solver.cli.count", "Count the mappings of a model onto N GPUs, in closed form (milliseconds)."),
     "eval": ("solver.cli.eval", "Evaluate one mapping: iteration time, MFU/HFU and memory, with their breakdown."),

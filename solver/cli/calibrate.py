@@ -7,9 +7,11 @@ from pathlib import Path
 import click
 
 from costmodel.calibration import calibrate_system
+from costmodel.calibration.step_render import calibrate_runs, summary_of
 from costmodel.errors import InputError
 from costmodel.load import ensure_parent
-from solver.cli.options import user_errors
+from costmodel.run_files import read_runs
+from solver.cli.options import user_errors, wide_console
 
 
 def _nccl_pairs(values: tuple[str, ...]) -> dict[str, Path]:
@@ -24,28 +26,90 @@ def _nccl_pairs(values: tuple[str, ...]) -> dict[str, Path]:
     return pairs
 
 
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:+.1f} %"
+
+
+def _calibrate_runs(runs: tuple[str, ...], systems: tuple[str, ...], write: bool) -> None:
+    """--runs: fit the whole-step terms, print each run before and after, write the system files."""
+    if not systems:
+        raise InputError("--runs needs --system FILE (repeatable): the system files to write the fitted step terms "
+                         "into, each with a '# mapsat-calibrate: step' marker")
+    files = {Path(path).name: read_runs(path) for path in runs}
+    result = calibrate_runs(files, systems)
+    fit, out = result.fit, wide_console()
+    loco = {id(score.run): score for fold in result.loco for score in fold.scores}
+    out.print(f"{'run':46} {'system':18} {'measured':>10}  {'time before':>11} {'after':>8} {'held out':>9}  "
+              f"{'peak before':>11} {'after':>8}")
+    for before, after in zip(fit.before, fit.after):
+        run = before.run
+        held = loco.get(id(run))
+        out.print(f"{run.name:46} {after.system_name:18} {run.step_time_s:10.4g}  {_percent(before.time_error):>11} "
+                  f"{_percent(after.time_error):>8} {_percent(held.time_error if held else None):>9}  "
+                  f"{_percent(before.memory_error):>11} {_percent(after.memory_error):>8}")
+    fields = ", ".join(f"{name} {str(value).lower() if isinstance(value, bool) else value}"
+                       for name, value in fit.fields.items())
+    out.print(f"fitted (shared by every system): {fields}")
+    held = [s for f in result.loco for s in f.scores]
+    for name, file_runs in files.items():
+        ids = {id(run) for run in file_runs}
+        for title, scores in (("before", fit.before), ("after", fit.after), ("held out (LOCO)", held)):
+            out.print(f"{name}, {title}: {summary_of(s for s in scores if id(s.run) in ids).text()}")
+    for path, text in result.texts.items():
+        if write:
+            Path(path).write_text(text, encoding="utf-8")
+            out.print(f"wrote {path}")
+    if not write:
+        for path in result.texts:
+            out.print(f"would write {path} (--dry-run)")
+
+
 @click.command("calibrate")
-@click.option("--base", "base_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--base", "base_path", type=click.Path(dir_okay=False),
               help="System file with '# mapsat-calibrate: ...' markers where fitted fields go.")
-@click.option("--measurements", "measurements", required=True, type=click.Path(file_okay=False),
+@click.option("--measurements", "measurements", type=click.Path(file_okay=False),
               help="Folder of microbenchmark JSON (gemm.json, attention.json, eltwise.json, adam.json, host.json).")
 @click.option("--nccl", "nccl", multiple=True, metavar="NETWORK=FILE",
               help="nccl-tests output for the network of that name (repeatable).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
               help="Write the calibrated system file here (default: print it).")
+@click.option("--runs", "runs", multiple=True, type=click.Path(dir_okay=False),
+              help="Measured training runs (a run file, Megatron-Bridge's rows or single-GPU iterations; "
+                   "docs/training-runs.md) to fit the whole-step terms to (repeatable). Instead of --base.")
+@click.option("--system", "systems", multiple=True, type=click.Path(dir_okay=False),
+              help="With --runs: a system file to write the fitted step terms into, in place, at its "
+                   "'# mapsat-calibrate: step' marker (repeatable).")
+@click.option("--dry-run", is_flag=True, help="With --runs: fit and print, write nothing.")
 @user_errors
-def command(base_path, measurements, nccl, out_path):
-    """Fit a system file's kernel times (and network levels) to measurements.
+def command(base_path, measurements, nccl, out_path, runs, systems, dry_run):
+    """Fit a system file's kernel times to measurements, or its whole-step terms to runs.
 
-    Fits GEMM, fused-attention and HBM kernel times (and network efficiency and latency from
-    nccl-tests) and writes them into a system file; prints each family's error where fitted
-    and on held-out points.
+    With --base and --measurements: fits GEMM, fused-attention and HBM kernel times (and network
+    efficiency and latency from nccl-tests) and writes them into a system file; prints each
+    family's error where fitted and on held-out points.
+
+    With --runs: fits the whole-step terms (the launch gap per kernel, allocator fragmentation;
+    sustained clocks take the microbenchmark's power drop) to the runs' measured step times and
+    peaks, one value for every system, and writes them into each --system file; prints each
+    run's error before and after, and left out of the fit (leave one configuration out).
 
     \b
     Example:
       mapsat calibrate --base problems/systems/calibration/h100-80g-nvl8.base.yaml \\
         --measurements problems/measurements/h100-sxm-80g --out problems/systems/h100-80g-nvl8.yaml
+      mapsat calibrate --runs problems/runs/megatron-bridge-pretraining.json \\
+        --runs problems/runs/h200-single-gpu-pytorch.json --system problems/systems/h100-80g-nvl8.yaml
     """
+    if runs:
+        if base_path or measurements or nccl or out_path:
+            raise InputError("--runs fits the whole-step terms; --base, --measurements, --nccl and --out fit kernel "
+                             "times: give one or the other")
+        _calibrate_runs(runs, systems, write=not dry_run)
+        return
+    if systems or dry_run:
+        raise InputError("--system and --dry-run go with --runs")
+    if base_path is None or measurements is None:
+        raise InputError("give --base and --measurements (kernel times), or --runs (whole-step terms)")
     if not Path(measurements).is_dir():
         raise InputError(f"--measurements {measurements}: no such folder")
     result = calibrate_system(Path(base_path), Path(measurements), _nccl_pairs(nccl))

@@ -19,7 +19,7 @@ import costmodel.limits as limits
 from costmodel.advice import model_warnings, override_warnings
 from costmodel.errors import MapsatError
 from costmodel.hf import UnmodelledFieldWarning
-from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES, Kernels
+from costmodel.kernels import ATTENTION_KERNELS, CUDA_GRAPHS, GRAD_DATATYPES, Kernels
 from costmodel.limits import Bound
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
@@ -216,16 +216,17 @@ def wide_console() -> Console:
 
 
 def kernel_options(func: Callable) -> Callable:
-    """--attention fused|unfused, --grad-datatype float32|16bit, --capacity-factor F and the precision recipe
-    (--precision, --optimizer-state, --low-precision-param-gather/--bf16-param-gather, --bf16-first-last-blocks):
-    the settings of the problem that are not searched, handed to the command as one `kernels: Kernels`."""
+    """--attention fused|unfused, --grad-datatype float32|16bit, --capacity-factor F, --cuda-graphs and the precision
+    recipe (--precision, --optimizer-state, --low-precision-param-gather/--bf16-param-gather,
+    --bf16-first-last-blocks): the settings of the problem that are not searched, handed to the command as one
+    `kernels: Kernels`."""
 
     @functools.wraps(func)
-    def with_kernels(*args, attention: str, grad_datatype: str, capacity_factor: float, precision: str | None,
-                     optimizer_state: str, low_precision_param_gather: bool | None, bf16_first_last_blocks: int,
-                     **kwargs):
+    def with_kernels(*args, attention: str, grad_datatype: str, capacity_factor: float, cuda_graphs: str,
+                     precision: str | None, optimizer_state: str, low_precision_param_gather: bool | None,
+                     bf16_first_last_blocks: int, **kwargs):
         try:
-            kernels = Kernels.with_attention(attention, grad_datatype, capacity_factor, precision=precision,
+            kernels = Kernels.with_attention(attention, grad_datatype, capacity_factor, cuda_graphs, precision=precision,
                                              optimizer_state=optimizer_state,
                                              low_precision_param_gather=low_precision_param_gather,
                                              bf16_first_last_blocks=bf16_first_last_blocks)
@@ -234,6 +235,13 @@ def kernel_options(func: Callable) -> Callable:
                 raise                        # --debug: the error with its traceback
             raise click.UsageError(str(err)) from None
         return func(*args, kernels=kernels, **kwargs)
+
+    with_kernels = click.option(
+        "--cuda-graphs", type=click.Choice(CUDA_GRAPHS), default="none", show_default=True,
+        help="CUDA graphs as the framework captures them: none, per-layer (each block's forward and backward) or "
+             "full-iteration. Graphed kernels run without the whole-step launch gap (`step.kernel_gap_us` of the "
+             "system file). A setting of the problem, not searched.",
+    )(with_kernels)
 
     with_kernels = click.option(
         "--bf16-first-last-blocks", type=BoundedInt(limits.NUM_BLOCKS_OR_NONE), default=0, show_default=True,

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from costmodel.calibration.step_report import StepCheck, step_check
 from costmodel.errors import InputError
 from costmodel.load import load_system
 from costmodel.run_files import read_runs
@@ -96,32 +97,64 @@ def _print_selene(system_path: str) -> None:
     out.print(f"memory: mean |error| {100 * mem_mean:.2f} %, max {100 * mem_worst:.2f} %")
 
 
+def _check(files: dict, inputs: RunInputs) -> StepCheck | None:
+    """The whole-step terms refitted on the runs and scored out of sample; None when no run can
+    be fitted (no measured dense run)."""
+    try:
+        return step_check(files, inputs)
+    except InputError:
+        return None
+
+
+def _print_check(check: StepCheck | None) -> None:
+    out = wide_console()
+    if check is None:
+        out.print("out of sample: no measured run of a dense model to fit the whole-step terms to")
+        return
+    fields = ", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in check.fit.fields.items())
+    out.print(f"whole-step terms refitted on these runs: {fields}")
+    for name in check.files:
+        for scheme, title in (("in_sample", "in sample"), ("leave_one_configuration_out", "leave one configuration out"),
+                              ("system_left_out", "its system left out"),
+                              ("generation_left_out", "its generation left out")):
+            for line in (_summary_lines(f"{name}, {title}, step time,", check.summary(scheme, name))
+                         + _summary_lines(f"{name}, {title}, peak memory,", check.summary(scheme, name, memory=True))):
+                out.print(f"  {line}")
+
+
 @click.command("validate")
-@click.option("--runs", "runs_path", type=click.Path(dir_okay=False),
+@click.option("--runs", "runs_paths", multiple=True, type=click.Path(dir_okay=False),
               help="A file of measured training runs (this project's run file, Megatron-Bridge's published rows, "
-                   "or single-GPU iterations; docs/training-runs.md) to score instead of Selene.")
+                   "or single-GPU iterations; docs/training-runs.md) to score instead of Selene (repeatable: the "
+                   "out-of-sample check refits the whole-step terms on every file's runs).")
 @click.option("--system", "systems", multiple=True, metavar="FILE | NAME=FILE",
               help="System file. Without --runs: the Selene file (default problems/systems/a100-80g-selene.yaml). "
                    "With --runs: NAME=FILE scores the runs on system NAME with FILE (repeatable); a bare FILE, "
                    "every run.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--no-held-out", "no_held_out", is_flag=True,
+              help="With --runs: skip the out-of-sample check (refitting the whole-step terms per fold).")
 @user_errors
-def command(runs_path, systems, as_json):
+def command(runs_paths, systems, as_json, no_held_out):
     """Compare the model with measurements: Megatron-LM on Selene, or a file of training runs.
 
     Without --runs: Megatron-LM measured on Selene (Korthikanti et al. 2022), iteration time
     (Table 5), first-stage memory (Figure 1), activation memory (Figure 7). With --runs: each
     run's predicted step time (and peak memory) against the measured one, the newest release
     of each configuration summarised by system and precision, and every setting the model
-    cannot yet express named.
+    cannot yet express named; then the whole-step terms refitted on the runs and every run
+    scored in sample, leaving its configuration out, its system out and its generation out
+    (docs/training-runs.md).
 
     \b
     Example:
       mapsat validate
       mapsat validate --runs problems/runs/megatron-bridge-pretraining.json
       mapsat validate --runs problems/runs/h200-single-gpu-pytorch.json --json
+      mapsat validate --runs problems/runs/megatron-bridge-pretraining.json \\
+        --runs problems/runs/h200-single-gpu-pytorch.json --json
     """
-    if runs_path is None:
+    if not runs_paths:
         if len(systems) > 1:
             raise InputError(f"--system is given {len(systems)} times: without --runs give one system file")
         system_path = systems[0] if systems else str(DEFAULT_SYSTEM)
@@ -130,8 +163,19 @@ def command(runs_path, systems, as_json):
         else:
             _print_selene(system_path)
         return
-    report = validate_runs(read_runs(runs_path), _run_inputs(systems), source=str(runs_path))
+    inputs = _run_inputs(systems)
+    files = {str(path): read_runs(path) for path in runs_paths}
+    reports = [validate_runs(runs, inputs, source=path) for path, runs in files.items()]
+    check = None if no_held_out else _check({Path(path).name: runs for path, runs in files.items()}, inputs)
     if as_json:
-        click.echo(dumps(report.to_dict()))
-    else:
+        held_out = None if no_held_out else (check.to_dict() if check is not None else {
+            "skipped": "no measured run of a dense model to fit the whole-step terms to"})
+        if len(reports) == 1:
+            click.echo(dumps({**reports[0].to_dict(), "whole_step_terms": held_out}))
+        else:
+            click.echo(dumps({"reports": [r.to_dict() for r in reports], "whole_step_terms": held_out}))
+        return
+    for report in reports:
         _print_runs_report(report)
+    if not no_held_out:
+        _print_check(check)

@@ -1,0 +1,89 @@
+"""Throughput as published tables count it: model TFLOP/s per GPU and tokens/s per GPU by
+Megatron-Bridge's formula.
+
+NVIDIA's published training throughput (Megatron-Bridge's docs/performance-summary.md, and the
+rows of problems/runs/) counts model FLOP with `num_floating_point_operations` →
+`transformer_flops` of src/megatron/bridge/training/utils/flop_utils.py (NVIDIA-NeMo/
+Megatron-Bridge, read at commit 067f987df03b8355b03192d88d70f1709fedf51a). Per token, for a
+standard transformer with grouped-query attention (`num_query_groups` g) — 3 for forward,
+activation gradient and weight gradient, 2 FLOP per multiply-add:
+
+    MLP        3·2·h·f·(3 gated | 2)                      per dense block
+               3·2·h·(k·f_e + f_s)·(3 gated | 2)          per MoE block (routed top-k, shared; no router)
+    attention  3·2·(h·(a·d + 2·g·d) + a·d·h + a·d·s)      per block: projections, and the core
+                                                           a·d·s/2 · 2 — causal, so half of s²
+    MTP        each of the `mtp` multi-token-prediction layers is one more block (of the kind of the
+               last), plus 3·2·(3·h + 2·h²) for its norms and projection
+    logits     3·2·h·V'·(1 + mtp)                          V' the padded vocabulary
+
+V' is Megatron's `calculate_padded_vocab_size`: V rounded up to a multiple of
+`make_vocab_size_divisible_by` (128, Megatron-Bridge's GPTModelProvider default) × tp.
+
+This is not the MFU numerator of costmodel.model.ModelFlops, which counts the full s² of
+attention (Megatron-LM's `num_floating_point_operations` and Calculon) and the unpadded
+vocabulary: the two differ by the attention core's half and the padding, and a table's
+"TFLOP/s per GPU" is Bridge's. Multi-head latent attention (DeepSeek-V3) has terms of its own
+in flop_utils.py that are not reproduced here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MAKE_VOCAB_SIZE_DIVISIBLE_BY", "Throughput", "bridge_flops_per_token", "padded_vocab", "throughput"]
+
+MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
+"""Megatron-Bridge's GPTModelProvider.make_vocab_size_divisible_by (src/megatron/bridge/models/gpt_provider.py)."""
+
+
+def padded_vocab(vocab: float, tp: float, divisible_by: int = MAKE_VOCAB_SIZE_DIVISIBLE_BY) -> float:
+    """Megatron's calculate_padded_vocab_size: the vocabulary rounded up to a multiple of
+    divisible_by × tp (each tensor-parallel rank holds an equal, aligned slice)."""
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
+
+
+def bridge_flops_per_token(c, tp: float, mtp_layers: int = 0) -> float:
+    """Model FLOP per token as Megatron-Bridge counts them (module docstring). `c` is the
+    problem's costmodel.context.Context (the model's dimensions); `tp` sets the padding."""
+    h, f, s, a, g, d = c.hidden, c.feedforward, c.seq, c.heads, c.kv_heads, c.head_size
+    expansion = 3.0 if c.gated_mlp else 2.0
+    moe_blocks = c.moe_blocks
+    dense_blocks = c.blocks - moe_blocks
+    last_is_moe = moe_blocks > 0           # MoE models end in an MoE block (DeepSeek-V3: 3 dense, then MoE)
+    if mtp_layers:
+        moe_blocks += mtp_layers if last_is_moe else 0
+        dense_blocks += 0 if last_is_moe else mtp_layers
+    layers = c.blocks + mtp_layers
+    mlp = 3 * 2 * h * expansion * (f * dense_blocks
+                                   + (c.experts_per_token * c.expert_feedforward + c.shared_feedforward) * moe_blocks)
+    attention = 3 * 2 * layers * (h * (a * d + 2 * g * d) + a * d * h + a * d * s)
+    mtp = 3 * 2 * mtp_layers * (3 * h + 2 * h * h)
+    logits = 3 * 2 * h * padded_vocab(c.vocab, tp) * (1 + mtp_layers)
+    return mlp + attention + mtp + logits
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """One iteration's throughput as published tables give it, beside the peak MFU divides by."""
+
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    """Megatron-Bridge's model FLOP (bridge_flops_per_token) per second per GPU, in TFLOP/s"""
+    bridge_flops_per_token: float
+    peak_tflops: float
+    """the dense matrix peak of the mapping's datatype (MFU's denominator), TFLOP/s"""
+    peak_name: str
+
+    def to_dict(self) -> dict:
+        return {"tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "model_tflops_per_gpu": self.model_tflops_per_gpu,
+                "model_flops_per_token": self.bridge_flops_per_token, "counted_as": "Megatron-Bridge flop_utils.py",
+                "peak_tflops": self.peak_tflops, "peak": self.peak_name}
+
+
+def throughput(c, tp: float, batch: float, num_gpus: float, iteration_s: float, datatype: str) -> Throughput:
+    """Tokens/s and Bridge's model TFLOP/s per GPU of one iteration of `batch` sequences."""
+    tokens_per_s_per_gpu = batch * c.seq / (iteration_s * num_gpus)
+    per_token = bridge_flops_per_token(c, tp)
+    return Throughput(tokens_per_s_per_gpu, tokens_per_s_per_gpu * per_token / 1e12, per_token,
+                      c.matrix_flops_per_s / 1e12, f"{datatype} dense matrix peak")

@@ -1,0 +1,124 @@
+"""Whole-step terms: what a training step costs beyond the sum of its kernels timed one at a
+time (docs/cost-model.md, "Whole-step terms").
+
+The kernel models (costmodel.kernel_time) are fitted to microbenchmarks that time one kernel
+at a time, back to back, each shape for a fraction of a second. A training step differs in
+three ways, each a term with a physical meaning, the same for every system (a system file's
+`step:` section, written by `mapsat calibrate --runs`; systems differ only through their specs
+and microbenchmarks):
+
+- **Kernel gaps.** Between two kernels of a step the GPU idles while the next one is launched
+  and its stream waits on the previous one (`step.kernel_gap_us`). The microbenchmark's timing
+  leaves that gap out, so a step's fixed cost per kernel is the measured one plus the gap:
+  each GEMM's and attention kernel's `launch_us` and each element-wise kernel's
+  `hbm.latency_us` grow by it. The kernels are therefore counted from the model itself — every
+  kernel the formulas time pays one gap. CUDA graphs replay captured kernels without it:
+  per-layer graphs inside the blocks, a full-iteration graph everywhere. Collectives keep
+  their network's `latency_us`, an end-to-end cost per operation that includes its launch.
+- **Sustained clocks.** The microbenchmark's GEMM model slows long GEMMs by
+  `1 + power_drop · F / (F + power_flops)`: a GEMM of F FLOP runs long enough for the power
+  limiter to lower the clocks once F passes `power_flops`. In a step the GEMMs of every block
+  follow one another for seconds, so the limiter has acted before any of them starts: every
+  GEMM pays the whole measured `power_drop` (`step.sustained_clocks`). Nothing is fitted to
+  the runs for this term; its size is the microbenchmark's.
+- **Allocator fragmentation.** A caching allocator holds memory beyond the live tensors: what
+  is allocated and freed every microbatch (activations, the recompute workspace, the loss's
+  logits) leaves blocks it cannot reuse (`step.allocator_fragmentation`, a fraction of those
+  bytes).
+
+Without a `step:` section (the A100 files, whose step curves were fitted to whole Selene
+iterations that already include these costs) every term is zero and every formula gives what
+it gave before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+
+import costmodel.limits as limits
+from costmodel.kernel_time import AttentionTiming, GemmTiming
+from costmodel.model import INPUT_CONFIG, RealNumber, within
+from costmodel.units import MICRO
+
+__all__ = ["HEAD_KERNELS_FORWARD", "OPTIMIZER_KERNELS", "StepGaps", "WholeStep", "allocator_bytes",
+           "attention_in_step", "gemm_in_step", "step_gaps"]
+
+HEAD_KERNELS_FORWARD = 2.0
+"""Kernels of the output side's forward, one microbatch: the logits GEMM and the
+softmax-cross-entropy (costmodel.iteration.output_layer_s times them)."""
+OPTIMIZER_KERNELS = 1.0
+"""Kernels of the optimizer step as costmodel.data_parallel times it: one fused (multi-tensor)
+Adam pass over this GPU's share of the parameters."""
+
+
+class WholeStep(BaseModel):
+    """What a whole training step costs beyond the sum of its kernels timed one at a time
+    (docs/cost-model.md, "Whole-step terms"): fitted to measured iterations by `mapsat calibrate
+    --runs`, the same values in every system file that states them (they describe the software
+    and the power limiter, not one GPU). Without this section a system has none of them (the A100
+    files: their step curves were fitted to whole Selene iterations, which include them)."""
+
+    model_config = INPUT_CONFIG
+
+    kernel_gap_us: Annotated[RealNumber, within(limits.LATENCY_US)] = Field(
+        ge=0, description="Idle time between two kernels of a step, µs: launch and stream synchronisation, which a "
+                          "microbenchmark's back-to-back timing leaves out. Added to each GEMM's and attention "
+                          "kernel's `launch_us` and each element-wise kernel's `hbm.latency_us`; CUDA graphs remove "
+                          "it (per-layer: inside the blocks; full-iteration: everywhere).")
+    sustained_clocks: bool = Field(
+        True, description="GEMMs run back to back for far longer than the power limiter takes to act, so every "
+                          "GEMM of a step runs at the throttled clock the microbenchmark's `power_drop` measured on "
+                          "long GEMMs (its onset `power_flops` does not apply).")
+    allocator_fragmentation: Annotated[RealNumber, within(limits.FRACTION)] = Field(
+        0.0, ge=0, description="Memory the caching allocator holds beyond live tensors at the peak, as a fraction of "
+                               "the memory allocated and freed every microbatch (activations, the recompute workspace, "
+                               "the loss's logits).")
+
+    @property
+    def kernel_gap_s(self) -> float:
+        return self.kernel_gap_us * MICRO
+
+
+@dataclass(frozen=True)
+class StepGaps:
+    """The launch gap a kernel of the step pays (s): inside the blocks, and outside them (the
+    output layer, the loss, the optimizer step)."""
+
+    block_s: float
+    outer_s: float
+
+    @property
+    def outer_extra_s(self) -> float:
+        """What a kernel outside the blocks pays beyond a block's kernel (per-layer graphs)."""
+        return self.outer_s - self.block_s
+
+
+def step_gaps(kernel_gap_s: float, cuda_graphs: str) -> StepGaps:
+    """The gap per kernel under the problem's CUDA graphs: none keeps it everywhere, per-layer
+    removes it inside the blocks, full-iteration everywhere."""
+    block = 0.0 if cuda_graphs in ("per-layer", "full-iteration") else kernel_gap_s
+    outer = 0.0 if cuda_graphs == "full-iteration" else kernel_gap_s
+    return StepGaps(block, outer)
+
+
+def gemm_in_step(timing: GemmTiming | None, gap_s: float, sustained_clocks: bool) -> GemmTiming | None:
+    """A GEMM's fitted model as a step runs it: its launch plus the gap, and with sustained
+    clocks the whole power drop from the first FLOP (power onset 0)."""
+    if timing is None:
+        return None
+    return replace(timing, launch_s=timing.launch_s + gap_s,
+                   power_flops=0.0 if sustained_clocks else timing.power_flops)
+
+
+def attention_in_step(timing: AttentionTiming | None, gap_s: float) -> AttentionTiming | None:
+    """A fused attention kernel's fitted model as a step runs it: its launch plus the gap."""
+    return None if timing is None else replace(timing, launch_s=timing.launch_s + gap_s)
+
+
+def allocator_bytes(fraction: float, transient_bytes):
+    """What the caching allocator holds beyond the live tensors at the peak: `fraction` of the
+    bytes allocated and freed every microbatch (a scalar or an array)."""
+    return fraction * transient_bytes
