@@ -46,6 +46,14 @@ MAPPING_DATA: dict[str, Any] = {
 }
 
 
+def examples(default: int, slow: int):
+    """Run a property test twice: with `default` examples in the default run, and with
+    `slow` examples behind the slow marker (`python -m pytest -m slow`). The test takes an
+    `examples` argument and hands it to the @settings of the @given function it runs."""
+    return pytest.mark.parametrize("examples", [pytest.param(default, id=f"{default}-examples"),
+                                                pytest.param(slow, id=f"{slow}-examples", marks=pytest.mark.slow)])
+
+
 @pytest.fixture
 def model_data() -> dict[str, Any]:
     return copy.deepcopy(MODEL_DATA)
