@@ -224,7 +224,7 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
 
 
 @pytest.mark.parametrize("hidden, heads, blocks, seq, gpus, cap, networks, offload, experts", [
-    (8, 4, 6, 8, 8, 8, 1, False, 0),
+    pytest.param(8, 4, 6, 8, 8, 8, 1, False, 0, marks=pytest.mark.slow),   # 30 s: CP-SAT lists every mapping
     (12, 6, 4, 3, 6, 5, 1, False, 0),     # seq 3: microbatch·3 must be divisible by tp
     (8, 8, 8, 1, 4, 3, 2, False, 0),      # dp = 4 > cap 3: the two spaces differ
     (4, 4, 2, 8, 2, 4, 2, True, 0),       # offload and two networks
@@ -340,10 +340,11 @@ def test_every_declared_dimension_agrees_in_count_enumeration_and_cp_sat():
     moe = model.model_copy(update={"num_experts": 4, "experts_per_token": 2, "expert_feedforward": 512})
     system = make_system()
     # tp, pp, dp up to 2 on 2 networks with offload; the second has dp 2 > cap 1 (batch = dp
-    # quirk); the third, a mixture-of-experts model, takes ep (and its network) up to 2
-    problems = ((model, get_space("full"), 2, 2), (model, get_space("calculon-2023"), 2, 1),
-                (moe, get_space("full"), 2, 2))
-    for model, space, gpus, cap in problems:
+    # quirk); the third, a mixture-of-experts model, takes ep (and its network) up to 2 (without
+    # offload, which the first covers: 1,892 mappings instead of 13,072, each counted ~50 times)
+    problems = ((model, system, get_space("full"), 2, 2), (model, system, get_space("calculon-2023"), 2, 1),
+                (moe, make_system(offload=False), get_space("full"), 2, 2))
+    for model, system, space, gpus, cap in problems:
         counted = count_mappings(model, system, gpus, cap, space)
         arrays = enumerate_all(model, system, gpus, cap, space)
         assert counted.mappings == len(arrays) > 0
