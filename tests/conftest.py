@@ -54,6 +54,16 @@ def examples(default: int, slow: int):
                                                 pytest.param(slow, id=f"{slow}-examples", marks=pytest.mark.slow)])
 
 
+def cases(table, slow: dict[str, str] | None = None) -> list:
+    """Parameters for a table of cases whose first element is the id; those named in `slow`
+    (id: why) are marked slow and left out of the default run."""
+    slow = slow or {}
+    unknown = set(slow) - {case[0] for case in table}
+    if unknown:
+        raise ValueError(f"slow names cases the table does not hold: {sorted(unknown)}")
+    return [pytest.param(case, id=case[0], marks=pytest.mark.slow if case[0] in slow else ()) for case in table]
+
+
 @pytest.fixture
 def model_data() -> dict[str, Any]:
     return copy.deepcopy(MODEL_DATA)

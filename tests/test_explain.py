@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from conftest import cases
 from costmodel.kernels import Kernels
 from costmodel.load import load_system
 from costmodel.model import Model
@@ -36,7 +37,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", cases(CASES, slow={
+    "a100-offload": "~110 s: a brute-force scan of `full` with offload for every value of every dimension"}))
 def test_every_value_equals_brute_force_with_that_value_fixed(case):
     _, model, system, gpus, cap, datatype, space_name, attention = case
     space, kernels = get_space(space_name), Kernels.with_attention(attention)
