@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import numpy as np
 from ortools.sat.python import cp_model
 
-from conftest import cp_sat_solution_count
+from conftest import cases, cp_sat_solution_count, examples
 from costmodel.evaluate import evaluate_arrays
 from costmodel.kernels import Kernels
 from costmodel.load import load_model, load_system
@@ -247,18 +247,22 @@ def small_problems(draw):
     return model, system, gpus, max_batch, datatype, space, kernels
 
 
-@settings(max_examples=40, deadline=None)
-@given(small_problems())
-def test_property_solver_equals_brute_force_and_returns_feasible_mappings(problem):
-    model, system, gpus, max_batch, datatype, space, kernels = problem
-    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
-                   config=SolverConfig(top_k=2, time_limit_s=120))
-    reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=2, workers=1)
-    assert result.certified_optimal
-    if reference.best is None:
-        assert result.best is None and result.status == "infeasible"
-        return
-    assert result.best is not None and result.best.feasible          # never an infeasible answer
-    assert all(ev.feasible for ev in result.top)
-    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
-    assert result.best.mapping == reference.best.mapping
+@examples(default=10, slow=40)
+def test_property_solver_equals_brute_force_and_returns_feasible_mappings(examples):
+    @settings(max_examples=examples, deadline=None)
+    @given(small_problems())
+    def agree(problem):
+        model, system, gpus, max_batch, datatype, space, kernels = problem
+        result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
+                       config=SolverConfig(top_k=2, time_limit_s=120))
+        reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=2, workers=1)
+        assert result.certified_optimal
+        if reference.best is None:
+            assert result.best is None and result.status == "infeasible"
+            return
+        assert result.best is not None and result.best.feasible          # never an infeasible answer
+        assert all(ev.feasible for ev in result.top)
+        assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
+        assert result.best.mapping == reference.best.mapping
+
+    agree()
