@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import cases
 from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate, evaluate_arrays
@@ -178,7 +179,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", cases(CASES, slow={"8blocks-32gpu": "~10 s: brute force over 32 GPUs"}))
 def test_solve_equals_brute_force_on_moe_models(case):
     _, model, system, gpus, max_batch, ep_wins = case
     space = get_space("full")

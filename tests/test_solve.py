@@ -81,7 +81,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", cases(CASES, slow={"a100-offload": "~10 s: brute force over 10M mappings"}))
 def test_solve_equals_brute_force(case):
     _, model, system, gpus, max_batch, datatype, space_name, attention, *grads = case
     space, kernels = get_space(space_name), Kernels.with_attention(attention, *grads)

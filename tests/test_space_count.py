@@ -230,7 +230,7 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
     (4, 4, 2, 8, 2, 4, 2, True, 0),       # offload and two networks
     (8, 8, 6, 4, 6, 4, 1, True, 0),       # dp 6 > cap 4 with offload
     (8, 4, 4, 8, 4, 4, 1, False, 4),      # mixture of experts: ep in 1, 2, 4 dividing dp·cp
-    (12, 6, 4, 4, 6, 3, 1, True, 6),      # ep in 1, 2, 3, 6 dividing dp·cp; offload
+    pytest.param(12, 6, 4, 4, 6, 3, 1, True, 6, marks=pytest.mark.slow),  # ep 1, 2, 3, 6 dividing dp·cp; offload
 ])
 def test_closed_form_equals_cp_sat(hidden, heads, blocks, seq, gpus, cap, networks, offload, experts) -> None:
     moe = {"num_experts": experts, "experts_per_token": 2, "expert_feedforward": hidden} if experts else {}
