@@ -34,6 +34,7 @@ MODEL = Model(name="m", hidden=2048, feedforward=8192, seq_size=2048, attn_heads
 FULL = dataclasses.replace(get_space("full"), cp_max=1)
 
 GRID_4 = {"hbm_gib": (2, 4, 8, 16), "offload_gib": (0, 8, 64), "offload_gbps": (10, 50), "nvlink_size": (4, 8)}
+GRID_2 = {"hbm_gib": (2, 8), "offload_gib": (0, 64), "offload_gbps": (10, 50), "nvlink_size": (4, 8)}
 CASES = [  # (id, system, gpus, cap, values, minimize, cost, target)
     ("hbm-first-5pct", A100, 16, 64, GRID_4, ("hbm_gib",), None, Target("within", 0.05)),
     ("offload-first-8pct", A100, 16, 64, GRID_4, ("offload_gib", "hbm_gib"), None, Target("within", 0.08)),
@@ -41,13 +42,21 @@ CASES = [  # (id, system, gpus, cap, values, minimize, cost, target)
     ("cost-weights", A100, 16, 64, GRID_4, (), {"hbm_gib": 10.0, "offload_gib": 1.0}, Target("within", 0.1)),
     ("h100-mfu", H100, 32, 128, {"hbm_gib": (1, 2, 3, 6), "offload_gib": (0, 4, 32)}, (), None, Target("mfu", 0.3)),
     ("unreachable", A100, 16, 64, {"hbm_gib": (2, 4), "offload_gib": (0, 8)}, (), None, Target("time", 1e-6)),
+    # the lexicographic, cost and MFU questions again, of fewer systems: the default run's
+    ("hbm-first-5pct-16-systems", A100, 16, 64, GRID_2, ("hbm_gib",), None, Target("within", 0.05)),
+    ("cost-weights-16-systems", A100, 16, 64, GRID_2, (), {"hbm_gib": 10.0, "offload_gib": 1.0}, Target("within", 0.1)),
+    ("h100-mfu-6-systems", H100, 32, 128, {"hbm_gib": (1, 2, 6), "offload_gib": (0, 4)}, (), None, Target("mfu", 0.3)),
 ]
+SLOW = {  # the sweep each answer is checked against solves every system of the grid (~0.6 s each)
+    "hbm-first-5pct": "48 systems", "offload-first-8pct": "48 systems", "nvlink-first-time": "48 systems",
+    "cost-weights": "48 systems", "h100-mfu": "12 systems of 32 GPUs"}
 
 
 @functools.cache
 def sweep_by_point(system_name: str, gpus: int, cap: int, values: tuple) -> dict[frozenset, Evaluation | None]:
     """`sweep` over the grid of `values`, by grid point: made once, shared by the cases that ask
-    about the same systems in another order (four A100 cases sweep the same 48 systems)."""
+    about the same systems in another order (four A100 cases sweep the same 48 systems, two the
+    same 16)."""
     system = {A100.name: A100, H100.name: H100}[system_name]
     grid = Grid.build(dict(values))
     swept = sweep(MODEL, system, gpus, grid, max_batch=cap, datatype=Datatype.bfloat16, space=FULL)
@@ -60,7 +69,7 @@ def swept_by_key(system: System, gpus: int, cap: int, grid: Grid) -> dict[tuple,
     return {grid.key(point): by_point[frozenset(point.items())] for point in grid.candidates()}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", cases(CASES, slow=SLOW))
 def test_codesign_equals_the_sweep(case):
     _, system, gpus, cap, values, minimize, cost, target = case
     grid = Grid.build(values, minimize, cost)
@@ -137,7 +146,7 @@ ARGS = ["codesign", "--model", str(ROOT / "problems/models/gpt-1.3b.yaml"),
 
 
 def test_cli_json_has_system_best_certificate_and_proof():
-    result = CliRunner().invoke(cli, [*ARGS, "--within", "5%", "--vary", "hbm_gib=3,4,8,80",
+    result = CliRunner().invoke(cli, [*ARGS, "--max-batch", "64", "--within", "5%", "--vary", "hbm_gib=3,4,8,80",
                                       "--vary", "offload_gib=0,64", "--minimize", "hbm_gib", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
@@ -190,8 +199,11 @@ def test_cli_mfu_target_needs_one_global_batch():
     assert fixed.exit_code == 0, fixed.output
 
 
-@pytest.mark.parametrize("case", cases([CASES[0], CASES[3]], slow={
-    "cost-weights": "~50 s: 19 questions, each a CP-SAT search"}))
+CP_SAT_ALONE = [case for case in CASES if case[0] in ("hbm-first-5pct-16-systems", "hbm-first-5pct", "cost-weights")]
+
+
+@pytest.mark.parametrize("case", cases(CP_SAT_ALONE, slow={"hbm-first-5pct": "~15 s: 10 CP-SAT questions",
+                                                           "cost-weights": "~50 s: 19 CP-SAT questions"}))
 def test_the_cp_sat_path_alone_equals_the_sweep(case, monkeypatch):
     """With no warm start and every block floor 0 (still a lower bound), no question can end at
     the closing check: each runs CP-SAT under its capacity assumption. Same answer, same proof."""
@@ -223,7 +235,7 @@ def test_the_cp_sat_path_alone_equals_the_sweep(case, monkeypatch):
 
 def test_cli_pareto_asks_every_system_and_draws(tmp_path):
     png = tmp_path / "front.png"
-    result = CliRunner().invoke(cli, [*ARGS, "--within", "5%", "--vary", "hbm_gib=3,4,8",
+    result = CliRunner().invoke(cli, [*ARGS, "--max-batch", "64", "--within", "5%", "--vary", "hbm_gib=3,4,8",
                                       "--vary", "offload_gib=0,64", "--pareto", str(png), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["questions"] == 6          # the whole grid, for the front
