@@ -46,6 +46,8 @@ CASES = [  # (id, system, gpus, cap, values, minimize, cost, target)
     ("hbm-first-5pct-16-systems", A100, 16, 64, GRID_2, ("hbm_gib",), None, Target("within", 0.05)),
     ("cost-weights-16-systems", A100, 16, 64, GRID_2, (), {"hbm_gib": 10.0, "offload_gib": 1.0}, Target("within", 0.1)),
     ("h100-mfu-6-systems", H100, 32, 128, {"hbm_gib": (1, 2, 6), "offload_gib": (0, 4)}, (), None, Target("mfu", 0.3)),
+    ("hbm-first-25pct-4-systems", A100, 16, 64, {"hbm_gib": (2, 4), "offload_gib": (0, 8)}, ("hbm_gib",), None,
+     Target("within", 0.25)),
 ]
 SLOW = {  # the sweep each answer is checked against solves every system of the grid (~0.6 s each)
     "hbm-first-5pct": "48 systems", "offload-first-8pct": "48 systems", "nvlink-first-time": "48 systems",
@@ -56,7 +58,7 @@ SLOW = {  # the sweep each answer is checked against solves every system of the 
 def sweep_by_point(system_name: str, gpus: int, cap: int, values: tuple) -> dict[frozenset, Evaluation | None]:
     """`sweep` over the grid of `values`, by grid point: made once, shared by the cases that ask
     about the same systems in another order (four A100 cases sweep the same 48 systems, two the
-    same 16)."""
+    same 16, two the same 4)."""
     system = {A100.name: A100, H100.name: H100}[system_name]
     grid = Grid.build(dict(values))
     swept = sweep(MODEL, system, gpus, grid, max_batch=cap, datatype=Datatype.bfloat16, space=FULL)
@@ -199,10 +201,12 @@ def test_cli_mfu_target_needs_one_global_batch():
     assert fixed.exit_code == 0, fixed.output
 
 
-CP_SAT_ALONE = [case for case in CASES if case[0] in ("hbm-first-5pct-16-systems", "hbm-first-5pct", "cost-weights")]
+CP_SAT_ALONE = [case for case in CASES if case[0] in ("hbm-first-25pct-4-systems", "hbm-first-5pct-16-systems",
+                                                      "hbm-first-5pct", "cost-weights")]
 
 
-@pytest.mark.parametrize("case", cases(CP_SAT_ALONE, slow={"hbm-first-5pct": "~15 s: 10 CP-SAT questions",
+@pytest.mark.parametrize("case", cases(CP_SAT_ALONE, slow={"hbm-first-5pct-16-systems": "~7 s: 6 CP-SAT questions",
+                                                           "hbm-first-5pct": "~15 s: 10 CP-SAT questions",
                                                            "cost-weights": "~50 s: 19 CP-SAT questions"}))
 def test_the_cp_sat_path_alone_equals_the_sweep(case, monkeypatch):
     """With no warm start and every block floor 0 (still a lower bound), no question can end at
