@@ -64,7 +64,8 @@ def main() -> None:
 
     if not args.skip_fuzz:
         started = time.perf_counter()
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fuzz.py"],
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow",
+                              "tests/test_fuzz.py"],
                              capture_output=True, text=True, cwd=ROOT, timeout=900, env=os.environ)
         examples = os.environ.get("FUZZ_EXAMPLES", "500")
         verdict = "all passed" if run.returncode == 0 else f"FAILED (exit {run.returncode})"

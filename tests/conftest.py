@@ -46,6 +46,24 @@ MAPPING_DATA: dict[str, Any] = {
 }
 
 
+def examples(default: int, slow: int):
+    """Run a property test twice: with `default` examples in the default run, and with
+    `slow` examples behind the slow marker (`python -m pytest -m slow`). The test takes an
+    `examples` argument and hands it to the @settings of the @given function it runs."""
+    return pytest.mark.parametrize("examples", [pytest.param(default, id=f"{default}-examples"),
+                                                pytest.param(slow, id=f"{slow}-examples", marks=pytest.mark.slow)])
+
+
+def cases(table, slow: dict[str, str] | None = None) -> list:
+    """Parameters for a table of cases whose first element is the id; those named in `slow`
+    (id: why) are marked slow and left out of the default run."""
+    slow = slow or {}
+    unknown = set(slow) - {case[0] for case in table}
+    if unknown:
+        raise ValueError(f"slow names cases the table does not hold: {sorted(unknown)}")
+    return [pytest.param(case, id=case[0], marks=pytest.mark.slow if case[0] in slow else ()) for case in table]
+
+
 @pytest.fixture
 def model_data() -> dict[str, Any]:
     return copy.deepcopy(MODEL_DATA)

@@ -29,13 +29,14 @@ H100 = ROOT / "problems" / "systems" / "h100-80g-nvl8.yaml"
 SMALL = Model(name="small", hidden=2048, feedforward=8192, seq_size=2048, attn_heads=16, attn_size=128,
               num_blocks=6)
 SMALL_YAML = "name: small\nhidden: 2048\nfeedforward: 8192\nseq_size: 2048\nattn_heads: 16\nattn_size: 128\nnum_blocks: 6\n"
-GPUS, CAP = 16, 16  # 151,848 mappings in `full`; with 2 GiB of usable HBM both network and HBM checks bind
+GPUS, CAP = 4, 8    # 152,608 mappings in `full` (13,045 feasible): small enough to score all at once in ~200 MB
 HBM_GIB = 4         # 2 GiB usable beside the system's 2 GiB runtime reserve (costmodel.system.RUNTIME_RESERVE_GIB)
+NVLINK_SIZE = 2     # 4 GPUs span two NVLink domains: with 2 GiB of usable HBM both network and HBM checks bind
 
 
 @pytest.fixture(scope="module")
 def h100():
-    return load_system(H100).with_overrides(offload_gib=64, offload_gbps=100, hbm_gib=HBM_GIB)
+    return load_system(H100).with_overrides(offload_gib=64, offload_gbps=100, hbm_gib=HBM_GIB, nvlink_size=NVLINK_SIZE)
 
 
 @pytest.fixture(scope="module")
@@ -137,17 +138,17 @@ def small_model_file(tmp_path: Path) -> Path:
 
 
 def test_cli_brute_json(tmp_path: Path) -> None:
-    args = ["brute", "--model", str(small_model_file(tmp_path)), "--system", str(H100), "--offload-gib", "64",
-            "--hbm-gib", str(HBM_GIB), "--gpus", "16", "--max-batch", "16", "--datatype", "float8", "--top-k", "3",
-            "--workers", "1", "--json"]
-    result = CliRunner().invoke(cli, args)
+    problem = ["--model", str(small_model_file(tmp_path)), "--system", str(H100), "--offload-gib", "64",
+               "--hbm-gib", str(HBM_GIB), "--nvlink-size", str(NVLINK_SIZE), "--gpus", str(GPUS), "--max-batch",
+               str(CAP), "--datatype", "float8"]
+    result = CliRunner().invoke(cli, ["brute", *problem, "--top-k", "3", "--workers", "1", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert {"best", "top", "evaluated", "feasible", "seconds"} <= set(data)
     assert {"mapping", "iteration_time_s", "mfu", "memory"} <= set(data["best"])
-    assert data["best"]["mapping"]["num_procs"] == 16 and len(data["top"]) == 3
+    assert data["best"]["mapping"]["num_procs"] == GPUS and len(data["top"]) == 3
     assert data["top"][0]["iteration_time_s"] == data["best"]["iteration_time_s"] <= data["top"][2]["iteration_time_s"]
-    counted = CliRunner().invoke(cli, ["count", *args[1:15], "--feasible", "--workers", "1", "--json"])
+    counted = CliRunner().invoke(cli, ["count", *problem, "--feasible", "--workers", "1", "--json"])
     assert counted.exit_code == 0, counted.output
     assert json.loads(counted.output)["feasible"] == data["feasible"]
 

@@ -6,6 +6,7 @@ bad input is one line."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from pathlib import Path
@@ -13,10 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from costmodel.evaluate import evaluate
+from conftest import cases
+from costmodel.evaluate import Evaluation, evaluate
 from costmodel.load import load_system
 from costmodel.model import Model
-from costmodel.system import Datatype
+from costmodel.system import Datatype, System
 from solver.cli.app import cli
 from solver.search.codesign import Grid, Target, codesign, least_in_sweep, reaches, sweep, system_at
 from solver.search.solve import SolverConfig, solve
@@ -32,6 +34,7 @@ MODEL = Model(name="m", hidden=2048, feedforward=8192, seq_size=2048, attn_heads
 FULL = dataclasses.replace(get_space("full"), cp_max=1)
 
 GRID_4 = {"hbm_gib": (2, 4, 8, 16), "offload_gib": (0, 8, 64), "offload_gbps": (10, 50), "nvlink_size": (4, 8)}
+GRID_2 = {"hbm_gib": (2, 8), "offload_gib": (0, 64), "offload_gbps": (10, 50), "nvlink_size": (4, 8)}
 CASES = [  # (id, system, gpus, cap, values, minimize, cost, target)
     ("hbm-first-5pct", A100, 16, 64, GRID_4, ("hbm_gib",), None, Target("within", 0.05)),
     ("offload-first-8pct", A100, 16, 64, GRID_4, ("offload_gib", "hbm_gib"), None, Target("within", 0.08)),
@@ -39,16 +42,42 @@ CASES = [  # (id, system, gpus, cap, values, minimize, cost, target)
     ("cost-weights", A100, 16, 64, GRID_4, (), {"hbm_gib": 10.0, "offload_gib": 1.0}, Target("within", 0.1)),
     ("h100-mfu", H100, 32, 128, {"hbm_gib": (1, 2, 3, 6), "offload_gib": (0, 4, 32)}, (), None, Target("mfu", 0.3)),
     ("unreachable", A100, 16, 64, {"hbm_gib": (2, 4), "offload_gib": (0, 8)}, (), None, Target("time", 1e-6)),
+    # the lexicographic, cost and MFU questions again, of fewer systems: the default run's
+    ("hbm-first-5pct-16-systems", A100, 16, 64, GRID_2, ("hbm_gib",), None, Target("within", 0.05)),
+    ("cost-weights-16-systems", A100, 16, 64, GRID_2, (), {"hbm_gib": 10.0, "offload_gib": 1.0}, Target("within", 0.1)),
+    ("h100-mfu-6-systems", H100, 32, 128, {"hbm_gib": (1, 2, 6), "offload_gib": (0, 4)}, (), None, Target("mfu", 0.3)),
+    ("hbm-first-25pct-4-systems", A100, 16, 64, {"hbm_gib": (2, 4), "offload_gib": (0, 8)}, ("hbm_gib",), None,
+     Target("within", 0.25)),
 ]
+SLOW = {  # the sweep each answer is checked against solves every system of the grid (~0.6 s each)
+    "hbm-first-5pct": "48 systems", "offload-first-8pct": "48 systems", "nvlink-first-time": "48 systems",
+    "cost-weights": "48 systems", "h100-mfu": "12 systems of 32 GPUs"}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@functools.cache
+def sweep_by_point(system_name: str, gpus: int, cap: int, values: tuple) -> dict[frozenset, Evaluation | None]:
+    """`sweep` over the grid of `values`, by grid point: made once, shared by the cases that ask
+    about the same systems in another order (four A100 cases sweep the same 48 systems, two the
+    same 16, two the same 4)."""
+    system = {A100.name: A100, H100.name: H100}[system_name]
+    grid = Grid.build(dict(values))
+    swept = sweep(MODEL, system, gpus, grid, max_batch=cap, datatype=Datatype.bfloat16, space=FULL)
+    return {frozenset(point.items()): swept[grid.key(point)] for point in grid.candidates()}
+
+
+def swept_by_key(system: System, gpus: int, cap: int, grid: Grid) -> dict[tuple, Evaluation | None]:
+    """What `sweep(MODEL, system, gpus, grid, ...)` returns: the best at every point, by `grid.key`."""
+    by_point = sweep_by_point(system.name, gpus, cap, tuple(sorted(grid.values.items())))
+    return {grid.key(point): by_point[frozenset(point.items())] for point in grid.candidates()}
+
+
+@pytest.mark.parametrize("case", cases(CASES, slow=SLOW))
 def test_codesign_equals_the_sweep(case):
     _, system, gpus, cap, values, minimize, cost, target = case
     grid = Grid.build(values, minimize, cost)
     kwargs = dict(max_batch=cap, datatype=Datatype.bfloat16, space=FULL)
     result = codesign(MODEL, system, gpus, grid, target, **kwargs)
-    swept = sweep(MODEL, system, gpus, grid, **kwargs)
+    swept = swept_by_key(system, gpus, cap, grid)
     answer = least_in_sweep(grid, swept, target)
     times = {key: ev.iteration_time_s if ev is not None else None for key, ev in swept.items()}
     assert result.certified_optimal
@@ -119,7 +148,7 @@ ARGS = ["codesign", "--model", str(ROOT / "problems/models/gpt-1.3b.yaml"),
 
 
 def test_cli_json_has_system_best_certificate_and_proof():
-    result = CliRunner().invoke(cli, [*ARGS, "--within", "5%", "--vary", "hbm_gib=3,4,8,80",
+    result = CliRunner().invoke(cli, [*ARGS, "--max-batch", "64", "--within", "5%", "--vary", "hbm_gib=3,4,8,80",
                                       "--vary", "offload_gib=0,64", "--minimize", "hbm_gib", "--json"])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
@@ -172,7 +201,13 @@ def test_cli_mfu_target_needs_one_global_batch():
     assert fixed.exit_code == 0, fixed.output
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[3]], ids=[CASES[0][0], CASES[3][0]])
+CP_SAT_ALONE = [case for case in CASES if case[0] in ("hbm-first-25pct-4-systems", "hbm-first-5pct-16-systems",
+                                                      "hbm-first-5pct", "cost-weights")]
+
+
+@pytest.mark.parametrize("case", cases(CP_SAT_ALONE, slow={"hbm-first-5pct-16-systems": "~7 s: 6 CP-SAT questions",
+                                                           "hbm-first-5pct": "~15 s: 10 CP-SAT questions",
+                                                           "cost-weights": "~50 s: 19 CP-SAT questions"}))
 def test_the_cp_sat_path_alone_equals_the_sweep(case, monkeypatch):
     """With no warm start and every block floor 0 (still a lower bound), no question can end at
     the closing check: each runs CP-SAT under its capacity assumption. Same answer, same proof."""
@@ -197,7 +232,7 @@ def test_the_cp_sat_path_alone_equals_the_sweep(case, monkeypatch):
     kwargs = dict(max_batch=cap, datatype=Datatype.bfloat16, space=FULL)
     result = codesign(MODEL, system, gpus, grid, target, **kwargs)
     asked = list(rounds)
-    swept = sweep(MODEL, system, gpus, grid, **kwargs)
+    swept = swept_by_key(system, gpus, cap, grid)
     assert len(asked) == result.questions and all(r >= 1 for r in asked) and result.certified_optimal
     assert result.system == least_in_sweep(grid, swept, target)
     assert math.isclose(result.best.iteration_time_s, swept[grid.key(result.system)].iteration_time_s, rel_tol=1e-9)
@@ -210,7 +245,7 @@ def test_the_cp_sat_path_alone_equals_the_sweep(case, monkeypatch):
 
 def test_cli_pareto_asks_every_system_and_draws(tmp_path):
     png = tmp_path / "front.png"
-    result = CliRunner().invoke(cli, [*ARGS, "--within", "5%", "--vary", "hbm_gib=3,4,8",
+    result = CliRunner().invoke(cli, [*ARGS, "--max-batch", "64", "--within", "5%", "--vary", "hbm_gib=3,4,8",
                                       "--vary", "offload_gib=0,64", "--pareto", str(png), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["questions"] == 6          # the whole grid, for the front

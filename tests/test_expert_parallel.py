@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import cases
 from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate, evaluate_arrays
@@ -63,7 +64,7 @@ def test_ep_divides_the_experts_and_dp_cp_and_a_dense_model_has_none():
 
 
 @pytest.mark.parametrize("experts, gpus, cap, networks, offload, every", [
-    (8, 4, 4, 1, False, 1), (4, 8, 4, 2, False, 2), (6, 6, 3, 1, True, 1)])
+    (8, 4, 4, 1, False, 1), pytest.param(4, 8, 4, 2, False, 2, marks=pytest.mark.slow), (6, 6, 3, 1, True, 1)])
 def test_counts_agree_with_expert_parallelism(experts, gpus, cap, networks, offload, every):
     model = Model(hidden=24, feedforward=96, seq_size=8, attn_heads=4, attn_size=6, num_blocks=4,
                   num_experts=experts, experts_per_token=2, expert_feedforward=24, moe_every=every)
@@ -179,7 +180,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", cases(CASES, slow={"8blocks-32gpu": "~10 s: brute force over 32 GPUs"}))
 def test_solve_equals_brute_force_on_moe_models(case):
     _, model, system, gpus, max_batch, ep_wins = case
     space = get_space("full")

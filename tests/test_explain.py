@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from conftest import cases
 from costmodel.kernels import Kernels
 from costmodel.load import load_system
 from costmodel.model import Model
@@ -33,10 +34,13 @@ CASES = [
      "fused"),
     ("h100-fp8-calculon", MODEL, H100, 32, 128, Datatype.float8, "calculon-2023", "unfused"),
     ("gqa-swiglu", GQA, H100, 16, 64, Datatype.bfloat16, "full", "fused"),
+    ("gqa-swiglu-4gpu", GQA, H100, 4, 32, Datatype.bfloat16, "full", "fused"),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", cases(CASES, slow={
+    # the reference is a brute-force scan of the space for every value of every dimension
+    "a100-offload": "~110 s: `full` with offload, 16 GPUs", "gqa-swiglu": "~10 s: 16 GPUs (4 in the default run)"}))
 def test_every_value_equals_brute_force_with_that_value_fixed(case):
     _, model, system, gpus, cap, datatype, space_name, attention = case
     space, kernels = get_space(space_name), Kernels.with_attention(attention)
@@ -59,7 +63,7 @@ def test_every_value_equals_brute_force_with_that_value_fixed(case):
 
 def test_cli_explain_json_and_dims():
     args = ["explain", "--model", "problems/models/gpt3-13b.yaml", "--system", "problems/systems/a100-80g-selene.yaml",
-            "--gpus", "64", "--dims", "tp,recompute", "--json"]
+            "--gpus", "16", "--max-batch", "64", "--dims", "tp,recompute", "--json"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)

@@ -352,7 +352,7 @@ def test_solver_config_refuses_what_cpsat_cannot_take(field, value):
         SolverConfig(**{field: value})
 
 
-@pytest.mark.parametrize("gpus, offload", [(8, None), (16, 64)])
+@pytest.mark.parametrize("gpus, offload", [(8, None), pytest.param(16, 64, marks=pytest.mark.slow)])   # 16: ~7 s
 def test_block_floors_never_exceed_an_exact_time_in_their_block(gpus, offload):
     # The floors certify and cut blocks, so each must sit at or below every feasible exact
     # time of its block, rounding included (TIME_FLOOR_SLACK).

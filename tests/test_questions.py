@@ -16,12 +16,13 @@ from solver.cli.app import cli
 MODEL = "problems/models/gpt3-13b.yaml"
 SYSTEM = "problems/systems/h100-80g-nvl8.yaml"
 OVERRIDES = ["--hbm-gib", "40", "--nvlink-size", "4", "--offload-gib", "64", "--offload-gbps", "50"]
+SMALL = ["--gpus", "4", "--max-batch", "4"]    # the header is the question, not the search (16 GPUs: 20M mappings)
 
 
 @pytest.mark.parametrize("command", ["count", "brute", "solve", "explain"])
 def test_every_header_names_the_overrides_and_pins(command):
     extra = {"brute": ["--workers", "1", "--top-k", "1"], "explain": ["--dims", "recompute"]}.get(command, [])
-    result = CliRunner().invoke(cli, [command, "--model", MODEL, "--system", SYSTEM, "--gpus", "16", *OVERRIDES,
+    result = CliRunner().invoke(cli, [command, "--model", MODEL, "--system", SYSTEM, *SMALL, *OVERRIDES,
                                       "--fix", "tp=2", *extra])
     assert result.exit_code == 0, result.output
     header = " ".join(result.output.split())
@@ -42,7 +43,8 @@ def test_a_file_of_the_wrong_kind_says_what_it_looks_like(given, looks_like):
 
 def test_top_k_rows_are_distinct_and_name_the_settings_they_cover():
     """At tp 1 the TP communication has no effect: one row covers its three values."""
-    args = ["--model", MODEL, "--system", SYSTEM, "--gpus", "64", "--top-k", "4", "--json"]
+    # 8 GPUs and batches up to 32: brute force scores a few hundred thousand mappings (64 GPUs: 25 s)
+    args = ["--model", MODEL, "--system", SYSTEM, "--gpus", "8", "--max-batch", "32", "--top-k", "4", "--json"]
     solved = json.loads(CliRunner().invoke(cli, ["solve", *args]).output)
     brute = json.loads(CliRunner().invoke(cli, ["brute", *args, "--workers", "1"]).output)
     rows = [(r["mapping"], r["equivalent"]) for r in solved["top"]]

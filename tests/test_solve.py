@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import numpy as np
 from ortools.sat.python import cp_model
 
-from conftest import cp_sat_solution_count
+from conftest import cases, cp_sat_solution_count, examples
 from costmodel.evaluate import evaluate_arrays
 from costmodel.kernels import Kernels
 from costmodel.load import load_model, load_system
@@ -89,7 +89,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", cases(CASES, slow={"a100-offload": "~10 s: brute force over 10M mappings",
+                                                    "a100-32gpu-fp16": "~3 s (a100-8gpu-fp16 in the default run)",
+                                                    "zero2-wins-a100-fp16": "~3 s (zero2-wins-h100 in the default run)"}))
 def test_solve_equals_brute_force(case):
     _, model, system, gpus, max_batch, datatype, space_name, attention, *grads = case
     space, kernels = get_space(space_name), Kernels.with_attention(attention, *grads)
@@ -133,21 +135,22 @@ def test_tp_above_kv_heads_would_win_but_the_certified_answer_keeps_tp_within_th
     assert count_mappings(model, system, gpus, cap, space).mappings == reference.evaluated
 
 
-def test_solver_constraints_admit_exactly_the_space():
+# small spaces (a few thousand mappings), including calculon-2023's batch = dp quirk (dp 4 > cap 2)
+@pytest.mark.parametrize("space_name, offload, gpus, max_batch", [
+    pytest.param("full", False, 4, 4, marks=pytest.mark.slow),    # 20,086 mappings: CP-SAT lists them in ~5 s
+    ("full", False, 4, 2), ("calculon-2023", True, 2, 2), ("calculon-2023", False, 4, 2)])
+def test_solver_constraints_admit_exactly_the_space(space_name, offload, gpus, max_batch):
     """The named structure constraints, over all flags, have as many CP-SAT solutions as the
     closed-form count (network sizes are a feasibility check, not part of the count)."""
     model = small_model(8, hidden=1024, heads=16, seq=1024)
-    with_offload = A100.with_overrides(offload_gib=64, offload_gbps=50)
-    # small spaces (a few thousand mappings), including calculon-2023's batch = dp quirk (dp 4 > cap 2)
-    for space_name, system, gpus, max_batch in (("full", A100, 4, 4), ("calculon-2023", with_offload, 2, 2),
-                                                ("calculon-2023", A100, 4, 2)):
-        space = get_space(space_name)
-        m = cp_model.CpModel()
-        v = Variables(m, space, skeletons(model, gpus, max_batch, space), gpus, len(system.networks))
-        problem = Problem(model, system, gpus, max_batch, space)
-        for constraint in STRUCTURE:
-            constraint.add(m, v, problem)
-        assert cp_sat_solution_count(m) == count_mappings(model, system, gpus, max_batch, space).mappings
+    system = A100.with_overrides(offload_gib=64, offload_gbps=50) if offload else A100
+    space = get_space(space_name)
+    m = cp_model.CpModel()
+    v = Variables(m, space, skeletons(model, gpus, max_batch, space), gpus, len(system.networks))
+    problem = Problem(model, system, gpus, max_batch, space)
+    for constraint in STRUCTURE:
+        constraint.add(m, v, problem)
+    assert cp_sat_solution_count(m) == count_mappings(model, system, gpus, max_batch, space).mappings
 
 
 def test_tensor_divisibility_names_kv_heads_and_measures_a_split_group():
@@ -255,18 +258,22 @@ def small_problems(draw):
     return model, system, gpus, max_batch, datatype, space, kernels
 
 
-@settings(max_examples=40, deadline=None)
-@given(small_problems())
-def test_property_solver_equals_brute_force_and_returns_feasible_mappings(problem):
-    model, system, gpus, max_batch, datatype, space, kernels = problem
-    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
-                   config=SolverConfig(top_k=2, time_limit_s=120))
-    reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=2, workers=1)
-    assert result.certified_optimal
-    if reference.best is None:
-        assert result.best is None and result.status == "infeasible"
-        return
-    assert result.best is not None and result.best.feasible          # never an infeasible answer
-    assert all(ev.feasible for ev in result.top)
-    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
-    assert result.best.mapping == reference.best.mapping
+@examples(default=10, slow=40)
+def test_property_solver_equals_brute_force_and_returns_feasible_mappings(examples):
+    @settings(max_examples=examples, deadline=None)
+    @given(small_problems())
+    def agree(problem):
+        model, system, gpus, max_batch, datatype, space, kernels = problem
+        result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
+                       config=SolverConfig(top_k=2, time_limit_s=120))
+        reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=2, workers=1)
+        assert result.certified_optimal
+        if reference.best is None:
+            assert result.best is None and result.status == "infeasible"
+            return
+        assert result.best is not None and result.best.feasible          # never an infeasible answer
+        assert all(ev.feasible for ev in result.top)
+        assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
+        assert result.best.mapping == reference.best.mapping
+
+    agree()
