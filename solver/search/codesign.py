@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 
 from costmodel.errors import InputError, InternalError
-from costmodel.evaluate import Evaluation, evaluate, evaluate_in_context
+from costmodel.evaluate import Evaluation, evaluate
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
@@ -131,16 +131,10 @@ class CapacityExplorer(Explorer):
             self.floors[capacity] = floors
             self._conditional_floor_cuts(self._assumption("capacity", capacity)[0], floors)
         floors = self.floors[capacity]
-        found = self.search(Question(
+        return self.best_of(Question(
             rows=lambda block: (block.hbm_bytes <= capacity[0]) & (block.offload_bytes <= capacity[1]),
             assumptions=tuple(self._assumption("capacity", capacity)),
-            ranked=sorted((f, k) for k, f in floors.items() if math.isfinite(f)),
-            time_limit_s=self.config.time_limit_s))
-        if found.interrupted:
-            raise KeyboardInterrupt
-        if not found.groups:
-            return None, found.certified
-        return evaluate_in_context(self.c, self.mapping(*found.groups[0][0])), found.certified
+            ranked=sorted((f, k) for k, f in floors.items() if math.isfinite(f))))
 
     def _conditional_floor_cuts(self, literal, floors: dict) -> None:
         """Bounds.add_floor_cuts for one capacity, each inequality enforced by its literal."""

@@ -15,6 +15,7 @@ CP-SAT proves (under the assumption) that no unscored block's surrogate bound ca
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -169,12 +170,16 @@ class Explorer(Engine):
         compatible blocks, so the warm start scores more of them before CP-SAT rounds."""
         flag_pin = name is not None and BY_NAME[name].is_flag
         split_pin = name in BY_NAME and not BY_NAME[name].is_flag
-        found = self.search(Question(
+        return self.best_of(Question(
             blocks=lambda key: self._compatible(key, name, value),
             rows=(lambda block: block.flags[name] == value) if flag_pin else None,
             assumptions=tuple(self._assumption(name, value)),
-            warm_start_blocks=PINNED_WARM_START_BLOCKS if split_pin else None,
-            time_limit_s=self.config.time_limit_s))
+            warm_start_blocks=PINNED_WARM_START_BLOCKS if split_pin else None))
+
+    def best_of(self, question: Question) -> tuple[Evaluation | None, bool]:
+        """The certified best mapping a question allows (None: none is feasible), within the
+        configured time limit, and whether it is proven; Ctrl-C stops the whole explanation."""
+        found = self.search(dataclasses.replace(question, time_limit_s=self.config.time_limit_s))
         if found.interrupted:
             raise KeyboardInterrupt
         if not found.groups:
