@@ -40,7 +40,7 @@ from pydantic import BaseModel, Field
 
 import costmodel.limits as limits
 from costmodel.kernel_time import AttentionTiming, GemmTiming
-from costmodel.model import INPUT_CONFIG, RealNumber, within
+from costmodel.model import INPUT_CONFIG, Boolean, RealNumber, within
 from costmodel.units import MICRO
 
 __all__ = ["HEAD_KERNELS_FORWARD", "OPTIMIZER_KERNELS", "StepGaps", "WholeStep", "allocator_bytes",
@@ -68,7 +68,7 @@ class WholeStep(BaseModel):
                           "microbenchmark's back-to-back timing leaves out. Added to each GEMM's and attention "
                           "kernel's `launch_us` and each element-wise kernel's `hbm.latency_us`; CUDA graphs remove "
                           "it (per-layer: inside the blocks; full-iteration: everywhere).")
-    sustained_clocks: bool = Field(
+    sustained_clocks: Boolean = Field(
         True, description="GEMMs run back to back for far longer than the power limiter takes to act, so every "
                           "GEMM of a step runs at the throttled clock the microbenchmark's `power_drop` measured on "
                           "long GEMMs (its onset `power_flops` does not apply).")

@@ -195,7 +195,7 @@ class Network(BaseModel):
         ge=0, lt=1, description="Share of GPU compute that communication on this network steals while it overlaps compute.")
     must_be_filled: Boolean = Field(
         False, description="A group using this network must span all `size` GPUs (e.g. a switch that cannot be partitioned).")
-    port_per_gpu: bool = Field(False, description="Every GPU has its own port on this network (DGX, NVL72: a ConnectX "
+    port_per_gpu: Boolean = Field(False, description="Every GPU has its own port on this network (DGX, NVL72: a ConnectX "
                                "per GPU): a group with several GPUs per innermost domain crosses on all of them.")
     collectives: dict[Collective, CollectiveCost] = Field(
         default_factory=_default_collectives, description="Per-collective byte factors; defaults are ring algorithms.")
