@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from costmodel.dimensions import DIMENSIONS
+from costmodel.context import Context
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import evaluate, evaluate_arrays
 from costmodel.kernels import Kernels
@@ -223,7 +224,9 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
     """Evaluate every mapping of `space`; return the best `top_k` (by time, then ordinal),
     counts, and optionally write every feasible mapping to `csv_path` in enumeration order."""
     start = time.perf_counter()
-    system.compute_for(datatype)  # a missing datatype is the user's error, said once, here
+    # the problem's own errors (a missing datatype, a recipe the GPU does not run) are the
+    # user's, said once, here: not raised inside workers, whose pool would then be torn down
+    Context.of(model, system, datatype, kernels)
     the_plan = plan(model, system, num_gpus, max_batch, space, chunk_rows)
     workers = min(workers or default_workers(), max(1, len(the_plan.chunks)))
     args = (model, system, the_plan, datatype, kernels, top_k, csv_path is not None)
