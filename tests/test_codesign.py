@@ -42,7 +42,7 @@ CASES = [  # (id, system, gpus, cap, values, minimize, cost, target)
     ("cost-weights", A100, 16, 64, GRID_4, (), {"hbm_gib": 10.0, "offload_gib": 1.0}, Target("within", 0.1)),
     ("h100-mfu", H100, 32, 128, {"hbm_gib": (1, 2, 3, 6), "offload_gib": (0, 4, 32)}, (), None, Target("mfu", 0.3)),
     ("unreachable", A100, 16, 64, {"hbm_gib": (2, 4), "offload_gib": (0, 8)}, (), None, Target("time", 1e-6)),
-    # the lexicographic, cost and MFU questions again, of fewer systems: the default run's
+    # the lexicographic, cost and MFU questions again, of fewer systems: what the default run asks
     ("hbm-first-5pct-16-systems", A100, 16, 64, GRID_2, ("hbm_gib",), None, Target("within", 0.05)),
     ("cost-weights-16-systems", A100, 16, 64, GRID_2, (), {"hbm_gib": 10.0, "offload_gib": 1.0}, Target("within", 0.1)),
     ("h100-mfu-6-systems", H100, 32, 128, {"hbm_gib": (1, 2, 6), "offload_gib": (0, 4)}, (), None, Target("mfu", 0.3)),
