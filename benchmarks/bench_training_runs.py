@@ -30,6 +30,7 @@ import json
 import statistics
 from pathlib import Path
 
+from costmodel.calibration.step_fit import STEP_PARAMETERS
 from costmodel.calibration.step_report import StepCheck, step_check
 from costmodel.run_files import read_runs
 from costmodel.run_report import RunsReport, gap_tags, validate_runs
@@ -158,8 +159,8 @@ def print_check(check: StepCheck) -> None:
     print("\nfolds (left out: refitted terms):")
     for scheme in ("system_left_out", "generation_left_out"):
         for fold in check.folds[scheme]:
-            print(f"  {fold.group:18} kernel_gap_us {fold.step.kernel_gap_us:g}, allocator_fragmentation "
-                  f"{fold.step.allocator_fragmentation:g}")
+            fitted = ", ".join(f"{p.name} {getattr(fold.step, p.name):g}" for p in STEP_PARAMETERS)
+            print(f"  {fold.group:18} {fitted}")
     print("\ntargets (out of sample where a fold is named):")
     for t in targets(check):
         figure = "—" if t["figure"] is None else f"{100 * t['figure']:+.1f} %" if "signed" in t["what"] else \

@@ -150,7 +150,7 @@ class Context:
         moments = ADAM_MOMENT_BYTES_PER_PARAM if kernels.optimizer_state == "fp32" else ADAM_BF16_MOMENT_BYTES_PER_PARAM
         step = system.step
         gaps = step_gaps(step.kernel_gap_s if step else 0.0, kernels.cuda_graphs)
-        sustained = step is not None and step.sustained_clocks
+        sustained = step.sustained_clock_share if step is not None else 0.0
         gemm_compute, peak_ratio, recipe_fields = compute, 1.0, {}
         if kernels.precision is not None:
             if datatype is not Datatype.bfloat16:

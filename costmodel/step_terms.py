@@ -16,11 +16,14 @@ and microbenchmarks):
   per-layer graphs inside the blocks, a full-iteration graph everywhere. Collectives keep
   their network's `latency_us`, an end-to-end cost per operation that includes its launch.
 - **Sustained clocks.** The microbenchmark's GEMM model slows long GEMMs by
-  `1 + power_drop · F / (F + power_flops)`: a GEMM of F FLOP runs long enough for the power
-  limiter to lower the clocks once F passes `power_flops`. In a step the GEMMs of every block
-  follow one another for seconds, so the limiter has acted before any of them starts: every
-  GEMM pays the whole measured `power_drop` (`step.sustained_clocks`). Nothing is fitted to
-  the runs for this term; its size is the microbenchmark's.
+  `1 + power_drop · F / (F + power_flops)`: a GEMM of F FLOP timed alone runs long enough for
+  the power limiter to lower the clocks once F passes `power_flops`. In a step the GEMMs of
+  every block follow one another, interleaved with lower-power work (element-wise kernels,
+  waits on communication, idle gaps), so the limiter has partly acted before any GEMM starts:
+  a share of the measured drop (`step.sustained_clock_share`) is paid from the first FLOP, the
+  rest sets in with the GEMM's size as in the microbenchmark. 0 is a GEMM timed alone; 1, every
+  GEMM at the clock of an endless GEMM loop. The share is fitted to the runs; the drop itself
+  stays each system file's measured (or carried-over) `power_drop`.
 - **Allocator fragmentation.** A caching allocator holds memory beyond the live tensors: what
   is allocated and freed every microbatch (activations, the recompute workspace, the loss's
   logits) leaves blocks it cannot reuse (`step.allocator_fragmentation`, a fraction of those
@@ -40,7 +43,7 @@ from pydantic import BaseModel, Field
 
 import costmodel.limits as limits
 from costmodel.kernel_time import AttentionTiming, GemmTiming
-from costmodel.model import INPUT_CONFIG, Boolean, RealNumber, within
+from costmodel.model import INPUT_CONFIG, RealNumber, within
 from costmodel.units import MICRO
 
 __all__ = ["HEAD_KERNELS_FORWARD", "OPTIMIZER_KERNELS", "StepGaps", "WholeStep", "allocator_bytes",
@@ -68,10 +71,10 @@ class WholeStep(BaseModel):
                           "microbenchmark's back-to-back timing leaves out. Added to each GEMM's and attention "
                           "kernel's `launch_us` and each element-wise kernel's `hbm.latency_us`; CUDA graphs remove "
                           "it (per-layer: inside the blocks; full-iteration: everywhere).")
-    sustained_clocks: Boolean = Field(
-        True, description="GEMMs run back to back for far longer than the power limiter takes to act, so every "
-                          "GEMM of a step runs at the throttled clock the microbenchmark's `power_drop` measured on "
-                          "long GEMMs (its onset `power_flops` does not apply).")
+    sustained_clock_share: Annotated[RealNumber, within(limits.FRACTION)] = Field(
+        0.0, ge=0, le=1, description="Share of the GEMM model's `power_drop` every GEMM of a step pays from its first "
+                                     "FLOP: the power limiter has acted on the step's earlier GEMMs. 0: each GEMM as "
+                                     "timed alone; 1: every GEMM at the clock of an endless GEMM loop.")
     allocator_fragmentation: Annotated[RealNumber, within(limits.FRACTION)] = Field(
         0.0, ge=0, description="Memory the caching allocator holds beyond live tensors at the peak, as a fraction of "
                                "the memory allocated and freed every microbatch (activations, the recompute workspace, "
@@ -104,13 +107,12 @@ def step_gaps(kernel_gap_s: float, cuda_graphs: str) -> StepGaps:
     return StepGaps(block, outer)
 
 
-def gemm_in_step(timing: GemmTiming | None, gap_s: float, sustained_clocks: bool) -> GemmTiming | None:
-    """A GEMM's fitted model as a step runs it: its launch plus the gap, and with sustained
-    clocks the whole power drop from the first FLOP (power onset 0)."""
+def gemm_in_step(timing: GemmTiming | None, gap_s: float, sustained_clock_share: float) -> GemmTiming | None:
+    """A GEMM's fitted model as a step runs it: its launch plus the gap, and the share of the
+    power drop the step's sustained clocks charge from the first FLOP (`power_floor`)."""
     if timing is None:
         return None
-    return replace(timing, launch_s=timing.launch_s + gap_s,
-                   power_flops=0.0 if sustained_clocks else timing.power_flops)
+    return replace(timing, launch_s=timing.launch_s + gap_s, power_floor=sustained_clock_share)
 
 
 def attention_in_step(timing: AttentionTiming | None, gap_s: float) -> AttentionTiming | None:

@@ -303,9 +303,9 @@ def _set(data: dict, path: str, value) -> dict:
 
 @pytest.mark.parametrize("kind, field", INPUT_BOOLEANS, ids=[f"{k}.{f}" for k, f in INPUT_BOOLEANS])
 def test_every_input_boolean_given_as_a_string_or_number_is_refused(tmp_path, kind, field):
-    # (a system with a whole-step section, so that its switch is read too)
+    # (a system with a whole-step section)
     base = {"model": MODEL_DATA, "mapping": MAPPING_DATA,
-            "system": {**SYSTEM_DATA, "step": {"kernel_gap_us": 0, "sustained_clocks": True}}}[kind]
+            "system": {**SYSTEM_DATA, "step": {"kernel_gap_us": 0, "sustained_clock_share": 1}}}[kind]
     load = {"model": load_model, "mapping": load_mapping, "system": load_system}[kind]
     for wrong in WRONG["boolean"]:
         path = tmp_path / f"{kind}.json"

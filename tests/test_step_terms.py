@@ -65,7 +65,7 @@ def test_without_a_step_section_every_kernel_is_as_measured():
 
 def test_the_gap_is_added_to_every_kernels_fixed_cost():
     gap = 5.0
-    c = Context.build(LLAMA_8B, with_step(kernel_gap_us=gap, sustained_clocks=False), Datatype.bfloat16)
+    c = Context.build(LLAMA_8B, with_step(kernel_gap_us=gap), Datatype.bfloat16)
     alone = Context.build(LLAMA_8B, KERNELS_ALONE, Datatype.bfloat16)
     assert c.gemm.launch_s == pytest.approx(alone.gemm.launch_s + gap * MICRO)
     assert c.attention.launch_s == pytest.approx(alone.attention.launch_s + gap * MICRO)
@@ -78,7 +78,7 @@ def test_the_gap_is_added_to_every_kernels_fixed_cost():
 
 
 def test_cuda_graphs_remove_the_gap_where_they_capture():
-    system = with_step(kernel_gap_us=10.0, sustained_clocks=False)
+    system = with_step(kernel_gap_us=10.0)
     times = {graphs: evaluate(LLAMA_8B, system, mapping(cuda_graphs=graphs)).iteration_time_s
              for graphs in ("none", "per-layer", "full-iteration")}
     assert times["none"] > times["per-layer"] > times["full-iteration"]
@@ -90,16 +90,28 @@ def test_cuda_graphs_remove_the_gap_where_they_capture():
     assert output_layer_s(per_layer, view, ScalarOps) - output_layer_s(full, view, ScalarOps) == pytest.approx(20e-6)
 
 
-def test_sustained_clocks_apply_the_whole_power_drop_to_every_gemm():
-    c = Context.build(LLAMA_8B, with_step(kernel_gap_us=0.0), Datatype.bfloat16)
+@pytest.mark.parametrize("share", [0.0, 0.3, 1.0])
+def test_sustained_clocks_charge_their_share_of_the_power_drop_from_the_first_flop(share):
+    c = Context.build(LLAMA_8B, with_step(kernel_gap_us=0.0, sustained_clock_share=share), Datatype.bfloat16)
     alone = Context.build(LLAMA_8B, KERNELS_ALONE, Datatype.bfloat16)
     p = alone.gemm
     for size in (1024, 4096, 16384):
         flops = 2.0 * size ** 3
         step = gemm_time_s(c.gemm, ScalarOps, size, size, size, 0.0, c.matrix_flops_per_s, c.hbm_bytes_per_s)
         isolated = gemm_time_s(p, ScalarOps, size, size, size, 0.0, c.matrix_flops_per_s, c.hbm_bytes_per_s)
-        expected = (1 + p.power_drop) / (1 + p.power_drop * flops / (flops + p.power_flops))
+        onset = flops / (flops + p.power_flops)
+        # by hand: the share is paid whatever the size, the rest sets in as the GEMM grows
+        expected = (1 + p.power_drop * (share + (1 - share) * onset)) / (1 + p.power_drop * onset)
         assert (step - p.launch_s) / (isolated - p.launch_s) == pytest.approx(expected, rel=1e-12)
+    if share == 1.0:
+        # all of it: every GEMM at the clock of an endless GEMM loop
+        assert (step - p.launch_s) / (isolated - p.launch_s) == pytest.approx(
+            (1 + p.power_drop) / (1 + p.power_drop * onset), rel=1e-12)
+
+
+def test_the_sustained_clock_share_is_a_fraction():
+    with pytest.raises(ValueError, match="sustained_clock_share"):
+        WholeStep(kernel_gap_us=0.0, sustained_clock_share=1.5)
 
 
 def test_allocator_fragmentation_is_a_fraction_of_the_bytes_freed_every_microbatch():

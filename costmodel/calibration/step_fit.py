@@ -7,7 +7,7 @@ What is fitted, on what:
 | --- | --- | --- | --- |
 | `kernel_gap_us` | µs per kernel | measured step times | each kernel's fixed cost (GEMM and attention `launch_us`, `hbm.latency_us`) |
 | `allocator_fragmentation` | fraction | measured peak memory | of the bytes allocated and freed every microbatch |
-| `sustained_clocks` | on/off | not fitted | the microbenchmark's `power_drop` on every GEMM of a step |
+| `sustained_clock_share` | fraction, 0–1 | measured step times | the share of each GEMM's `power_drop` paid from its first FLOP |
 
 The runs a fit uses (`fit_pool`): the newest software release of each configuration, dense
 models (mixture-of-experts rows are another term's), not NVFP4 (the model has no FP4
@@ -17,8 +17,8 @@ system the runs use: systems differ only through their specifications and microb
 The fit minimises a robust loss of the log ratios predicted / measured (Cauchy, scale
 `ROBUST_SCALE`: a run the model cannot express, such as a group spanning two NVLink racks,
 weighs like a run 10 % off rather than deciding the fit alone) by iteratively reweighted
-Gauss–Newton with exact evaluations of the cost model; parameters stay >= 0 and are rounded to
-3 significant digits, and every error reported is that of the rounded values.
+Gauss–Newton with exact evaluations of the cost model; parameters stay within their bounds
+(>= 0; a share <= 1) and are rounded to 3 significant digits, and every error reported is that of the rounded values.
 
 Out of sample (`held_out`): for each fold the terms are fitted anew on the other runs, from
 their defaults as the whole fit is, and the fold's runs are scored with them. Folds leave out
@@ -57,9 +57,11 @@ class StepParameter:
     target: str            # "time" or "memory"
     probe: float           # finite-difference step, file units
     floor: float
+    ceiling: float = float("inf")
 
 
 STEP_PARAMETERS = (StepParameter("kernel_gap_us", "time", 1.0, 0.01),
+                   StepParameter("sustained_clock_share", "time", 0.05, 0.001, 1.0),
                    StepParameter("allocator_fragmentation", "memory", 0.01, 1e-4))
 
 
@@ -90,8 +92,8 @@ def scores_with_step(runs: Iterable[Run], inputs: RunInputs, step: WholeStep) ->
     return score_runs(runs, _with_step(inputs, runs, step))
 
 
-def _step(values: dict[str, float], sustained_clocks: bool = True) -> WholeStep:
-    return WholeStep(sustained_clocks=sustained_clocks, **values)
+def _step(values: dict[str, float]) -> WholeStep:
+    return WholeStep(**values)
 
 
 def _residuals(scores: tuple[RunScore, ...], target: str) -> np.ndarray:
@@ -133,8 +135,7 @@ class FittedStep:
 
     @property
     def fields(self) -> dict:
-        return {p.name: getattr(self.step, p.name) for p in STEP_PARAMETERS} | {
-            "sustained_clocks": self.step.sustained_clocks}
+        return {p.name: getattr(self.step, p.name) for p in STEP_PARAMETERS}
 
     def counts(self) -> dict[str, int]:
         """How many runs each target was fitted on (scored, with that measurement)."""
@@ -142,13 +143,13 @@ class FittedStep:
                 "memory": sum(s.status == "scored" and s.memory_error is not None for s in self.after)}
 
 
-def _fit_values(pool: tuple[Run, ...], inputs: RunInputs, sustained_clocks: bool, iterations: int) -> dict:
+def _fit_values(pool: tuple[Run, ...], inputs: RunInputs, iterations: int) -> dict:
     """The fitted fields, from none of each (every term's default) by iteratively reweighted
     Gauss–Newton, each iteration scoring the pool exactly at the current values and one probe
     per field."""
     values = {p.name: 0.0 for p in STEP_PARAMETERS}
     for _ in range(iterations):
-        base = scores_with_step(pool, inputs, _step(values, sustained_clocks))
+        base = scores_with_step(pool, inputs, _step(values))
         moved = False
         for target in ("time", "memory"):
             params = [p for p in STEP_PARAMETERS if p.target == target]
@@ -159,12 +160,12 @@ def _fit_values(pool: tuple[Run, ...], inputs: RunInputs, sustained_clocks: bool
             jac = np.empty((len(pool), len(params)))
             for j, p in enumerate(params):
                 probe = dict(values, **{p.name: values[p.name] + p.probe})
-                shifted = _residuals(scores_with_step(pool, inputs, _step(probe, sustained_clocks)), target)
+                shifted = _residuals(scores_with_step(pool, inputs, _step(probe)), target)
                 jac[:, j] = (shifted - r) / p.probe
             rows &= np.isfinite(jac).all(axis=1)
             change = _solve(np.nan_to_num(r), np.nan_to_num(jac), rows)
             for p, delta in zip(params, change):
-                new = rounded(max(values[p.name] + delta, 0.0), p.floor)
+                new = min(rounded(max(values[p.name] + delta, 0.0), p.floor), p.ceiling)
                 moved |= new != values[p.name]
                 values[p.name] = new
         if not moved:
@@ -172,15 +173,14 @@ def _fit_values(pool: tuple[Run, ...], inputs: RunInputs, sustained_clocks: bool
     return values
 
 
-def fit_step(runs: Iterable[Run], inputs: RunInputs | None = None, sustained_clocks: bool = True,
-             iterations: int = 12) -> FittedStep:
+def fit_step(runs: Iterable[Run], inputs: RunInputs | None = None, iterations: int = 12) -> FittedStep:
     """The whole-step terms fitted to `runs` (their fit pool), shared by every system they use."""
     inputs = inputs or RunInputs()
     pool = fit_pool(runs, inputs)
     if not pool:
         raise InputError("no run to fit: need measured runs of dense models (newest release of each "
                          "configuration, not NVFP4)")
-    step = _step(_fit_values(pool, inputs, sustained_clocks, iterations), sustained_clocks)
+    step = _step(_fit_values(pool, inputs, iterations))
     return FittedStep(step, pool, score_runs(pool, inputs), scores_with_step(pool, inputs, step))
 
 
@@ -221,7 +221,7 @@ def held_out(fit: FittedStep, inputs: RunInputs, group_of: Callable[[Run], str],
         out = tuple(run for run, label in zip(fit.pool, labels) if label == group)
         if not out:
             continue
-        step = _step(_fit_values(rest, inputs, fit.step.sustained_clocks, iterations), fit.step.sustained_clocks)
+        step = _step(_fit_values(rest, inputs, iterations))
         folds.append(HeldOut(group, step, scores_with_step(out, inputs, step)))
     return tuple(folds)
 

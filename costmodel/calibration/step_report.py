@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from costmodel.calibration.step_fit import FOLDS, FittedStep, HeldOut, fit_step, held_out, held_out_scores
+from costmodel.calibration.step_fit import (FOLDS, STEP_PARAMETERS, FittedStep, HeldOut, fit_step, held_out,
+                                           held_out_scores)
 from costmodel.run_scoring import ErrorSummary, RunInputs, RunScore, summarize
 from costmodel.runs import Run
 
@@ -58,9 +59,8 @@ class StepCheck:
                                   "peak_memory": rows(self.summary(scheme, name, memory=True))}
             entry = {"files": per_file}
             if scheme in self.folds:
-                entry["folds"] = [{"left_out": f.group, "fitted": {"kernel_gap_us": f.step.kernel_gap_us,
-                                                                    "allocator_fragmentation":
-                                                                        f.step.allocator_fragmentation}}
+                entry["folds"] = [{"left_out": f.group,
+                                   "fitted": {p.name: getattr(f.step, p.name) for p in STEP_PARAMETERS}}
                                   for f in self.folds[scheme]]
             out["schemes"][scheme] = entry
         out["runs"] = [{"name": s.run.name, "system": s.system_name,
