@@ -111,6 +111,7 @@ class Context:
     kernel_gap_s: float = 0.0          # launch gap of a block's kernel, in the timings above (step curves: added)
     outer_gap_extra_s: float = 0.0     # what a kernel outside the blocks pays beyond that (per-layer CUDA graphs)
     allocator_fraction: float = 0.0    # allocator fragmentation, a share of the bytes freed every microbatch
+    pp_comm_overlap: bool = False      # interleaved schedules' sends beside compute (Megatron's overlap_p2p_comm)
     fused_cross_entropy: bool = True   # Megatron's fused loss (6 bytes per logit) or eager PyTorch's (12)
 
     @property
@@ -214,7 +215,7 @@ class Context:
             grouped_gemm=gemm_in_step(_timing(gemm_compute.grouped_gemm, peak_ratio), gaps.block_s, sustained),
             kernel_gap_s=gaps.block_s, outer_gap_extra_s=gaps.outer_extra_s,
             allocator_fraction=step.allocator_fragmentation if step else 0.0,
-            fused_cross_entropy=kernels.fused_cross_entropy,
+            fused_cross_entropy=kernels.fused_cross_entropy, pp_comm_overlap=kernels.pp_comm_overlap,
             **recipe_fields,
         )
 

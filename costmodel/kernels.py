@@ -74,6 +74,11 @@ class Kernels:
     cuda_graphs: CudaGraphs = "none"
     """CUDA graphs (CUDA_GRAPHS): which kernels run without a launch gap. A setting of the
     problem, as the framework runs it; it matters only on systems with whole-step terms."""
+    pp_comm_overlap: bool = False
+    """Megatron's overlap_p2p_comm: with an interleaved schedule (v > 1) the stage-boundary sends
+    and receives run asynchronously beside the chunks' compute instead of between them
+    (costmodel.pipeline_time). Megatron-Bridge turns it on whenever vp > 1; False keeps the sends
+    exposed (Calculon's costing). A setting of the problem, not searched."""
     fused_cross_entropy: bool = True
     """The loss as Megatron-LM computes it: a vocab-parallel cross-entropy that keeps the fp32
     softmax and forms the gradient in place (6 bytes per logit); False: eager PyTorch's
@@ -111,14 +116,15 @@ class Kernels:
 
     @staticmethod
     def with_attention(attention: str, grad_datatype: str = "float32", capacity_factor: float = 1.0,
-                       cuda_graphs: str = "none", **precision) -> "Kernels":
+                       cuda_graphs: str = "none", pp_comm_overlap: bool = False, **precision) -> "Kernels":
         """From the names users give (`--attention`, `--grad-datatype`, `--capacity-factor`,
-        `--cuda-graphs` and the precision options `precision`, `optimizer_state`, `low_precision_param_gather`,
+        `--cuda-graphs`, `--pp-comm-overlap` and the precision options `precision`, `optimizer_state`, `low_precision_param_gather`,
         `bf16_first_last_blocks`; a batch file's keys of the same names)."""
         if attention not in ATTENTION_KERNELS:
             raise InputError(f"attention {attention!r} does not exist (choose from {', '.join(ATTENTION_KERNELS)})")
         return Kernels(fused_attention=attention == "fused", grad_datatype=grad_datatype,
-                       capacity_factor=capacity_factor, cuda_graphs=cuda_graphs, **precision)
+                       capacity_factor=capacity_factor, cuda_graphs=cuda_graphs, pp_comm_overlap=pp_comm_overlap,
+                       **precision)
 
     @property
     def param_gather_low_precision(self) -> bool:
@@ -155,7 +161,8 @@ class Kernels:
         capacity = "" if self.capacity_factor == 1.0 else f", capacity factor {self.capacity_factor:g}"
         graphs = "" if self.cuda_graphs == "none" else f", CUDA graphs {self.cuda_graphs}"
         loss = "" if self.fused_cross_entropy else ", eager cross-entropy"
-        return f"{self.precision_label}{self.attention} attention{grads}{capacity}{graphs}{loss}"
+        sends = ", pipeline sends overlapped" if self.pp_comm_overlap else ""
+        return f"{self.precision_label}{self.attention} attention{grads}{capacity}{graphs}{loss}{sends}"
 
     @property
     def precision_label(self) -> str:

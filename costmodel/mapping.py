@@ -91,6 +91,10 @@ class _MappingBase(BaseModel):
     cuda_graphs: CudaGraphs = Field(
         "none", description="CUDA graphs as the framework captures them (none | per-layer | full-iteration): graphed "
                             "kernels run without the whole-step launch gap; a setting of the problem, not searched.")
+    pipeline_comm_overlap: Boolean = Field(
+        False, description="With an interleaved schedule (pipeline_interleaving > 1): the stage-boundary sends run "
+                           "beside the chunks' compute (Megatron-LM's overlap_p2p_comm, which Megatron-Bridge turns "
+                           "on whenever vp > 1); false: exposed between them, as Calculon costs them.")
     fused_cross_entropy: Boolean = Field(
         True, description="The loss as Megatron-LM's fused vocab-parallel cross-entropy (6 bytes per logit); false: "
                           "eager PyTorch's log-softmax and NLL on fp32 logits (12 bytes per logit).")
@@ -152,7 +156,8 @@ class _MappingBase(BaseModel):
             if data.get(name, 0) is None:
                 del data[name]
         # ... and without the precision, CUDA-graph and loss settings left at their defaults.
-        for name, default in (*PRECISION_DEFAULTS.items(), ("cuda_graphs", "none"), ("fused_cross_entropy", True)):
+        for name, default in (*PRECISION_DEFAULTS.items(), ("cuda_graphs", "none"), ("fused_cross_entropy", True),
+                              ("pipeline_comm_overlap", False)):
             if name in data and data[name] == default:
                 del data[name]
         return data
@@ -237,7 +242,8 @@ class _MappingBase(BaseModel):
                        precision=self.precision, optimizer_state=self.optimizer_state,
                        low_precision_param_gather=self.low_precision_param_gather,
                        bf16_first_last_blocks=self.bf16_first_last_blocks,
-                       cuda_graphs=self.cuda_graphs, fused_cross_entropy=self.fused_cross_entropy)
+                       cuda_graphs=self.cuda_graphs, fused_cross_entropy=self.fused_cross_entropy,
+                       pp_comm_overlap=self.pipeline_comm_overlap)
 
     @property
     def optimizer_sharding(self) -> bool:

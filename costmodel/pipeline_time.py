@@ -82,6 +82,12 @@ def pipeline_time(c: Context, m, xp, blk: BlockTerms, stages: Stages, head_fwd_s
     # tp ranks (Megatron's scatter-gather of pipeline tensors); v chunks mean v boundaries.
     p2p_s = collective_s(c, xp, Collective.p2p, p, blk.act_message_bytes / m.tp, m.pp_net)
     pp_comm_micro = 2 * v * p2p_s
+    if c.pp_comm_overlap:
+        # Megatron's overlap_p2p_comm (interleaved schedule only: schedules.py
+        # forward_backward_pipelining_with_interleaving posts each chunk's send and receive
+        # asynchronously and waits on them just before the chunk that needs them): the sends
+        # hide behind the microbatch's compute; only what exceeds it stays exposed.
+        pp_comm_micro = xp.where(v > 1, xp.maximum(pp_comm_micro - (stage_fwd + stage_bwd), 0.0), pp_comm_micro)
     micro_s = stage_fwd + stage_bwd + pp_comm_micro
     microbatches = stages.microbatches
     bubble_micro = bubble_microbatches(xp, p, v, microbatches)

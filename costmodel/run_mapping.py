@@ -17,6 +17,7 @@ one to one is mapped to the nearest expressible setting, and the gap is listed p
 | a pipeline layout, an unoverlapped parameter all-gather | not modelled | yes |
 | sequence parallelism | tp_comm rs_ag (else ar); the all-gather redone in backward (Megatron-LM keeps the sharded input) | — |
 | TP communication overlap | tp_overlap ring (tp > 1) | — |
+| pipeline send overlap (`overlap_p2p_comm`) | `pipeline_comm_overlap`: as stated, else on when interleaving > 1 (Megatron-Bridge's rule) | — |
 
 Each parallel group runs on the innermost network that spans it (NVLink within a domain,
 InfiniBand beyond), as NCCL would place it.
@@ -128,6 +129,8 @@ def map_run(run: Run, model: Model, system: System) -> MappedRun:
         "low_precision_param_gather": run.low_precision_param_gather if run.precision is not Precision.bf16 else None,
         "bf16_first_last_blocks": run.bf16_first_last_blocks,
         "cuda_graphs": run.cuda_graphs, "fused_cross_entropy": run.fused_cross_entropy,
+        # Megatron-Bridge's CommOverlapConfig turns overlap_p2p_comm on whenever vp > 1
+        "pipeline_comm_overlap": run.interleaving > 1 if run.pp_comm_overlap is None else run.pp_comm_overlap,
         "activation_recompute": recompute,
         "tensor_par_comm_type": TPComm.rs_ag if seq_par else TPComm.ar,
         "tensor_par_overlap": TPOverlap.ring if run.tp_comm_overlap and run.tp > 1 else TPOverlap.none,

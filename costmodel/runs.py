@@ -76,6 +76,10 @@ class Run(BaseModel):
                           "Default: on when tp > 1, as Megatron-Bridge's performance recipes set it.")
     tp_comm_overlap: bool = Field(False, description="TP communication overlapped with the GEMMs (Transformer "
                                                      "Engine userbuffers, `tp_comm_overlap`).")
+    pp_comm_overlap: bool | None = Field(
+        None, description="Pipeline sends overlapped with compute (Megatron's `overlap_p2p_comm`, interleaved "
+                          "schedules only). Default: as Megatron-Bridge sets it, on whenever interleaving > 1 "
+                          "(CommOverlapConfig).")
     recompute: RecomputeGranularity = Field("none", description="Activation recomputation: none | full | selective.")
     recompute_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = Field(
         None, gt=0, description="With full recompute: blocks recomputed per pipeline chunk (Megatron's "

@@ -216,17 +216,18 @@ def wide_console() -> Console:
 
 
 def kernel_options(func: Callable) -> Callable:
-    """--attention fused|unfused, --grad-datatype float32|16bit, --capacity-factor F, --cuda-graphs and the precision
+    """--attention fused|unfused, --grad-datatype float32|16bit, --capacity-factor F, --cuda-graphs, --pp-comm-overlap and the precision
     recipe (--precision, --optimizer-state, --low-precision-param-gather/--bf16-param-gather,
     --bf16-first-last-blocks): the settings of the problem that are not searched, handed to the command as one
     `kernels: Kernels`."""
 
     @functools.wraps(func)
     def with_kernels(*args, attention: str, grad_datatype: str, capacity_factor: float, cuda_graphs: str,
-                     precision: str | None, optimizer_state: str, low_precision_param_gather: bool | None,
+                     pp_comm_overlap: bool, precision: str | None, optimizer_state: str, low_precision_param_gather: bool | None,
                      bf16_first_last_blocks: int, **kwargs):
         try:
-            kernels = Kernels.with_attention(attention, grad_datatype, capacity_factor, cuda_graphs, precision=precision,
+            kernels = Kernels.with_attention(attention, grad_datatype, capacity_factor, cuda_graphs,
+                                             pp_comm_overlap=pp_comm_overlap, precision=precision,
                                              optimizer_state=optimizer_state,
                                              low_precision_param_gather=low_precision_param_gather,
                                              bf16_first_last_blocks=bf16_first_last_blocks)
@@ -243,6 +244,11 @@ def kernel_options(func: Callable) -> Callable:
              "system file). A setting of the problem, not searched.",
     )(with_kernels)
 
+    with_kernels = click.option(
+        "--pp-comm-overlap/--no-pp-comm-overlap", default=False, show_default=True,
+        help="Interleaved pipelines: the stage-boundary sends run beside the chunks' compute (Megatron-LM's "
+             "overlap_p2p_comm, on in Megatron-Bridge whenever vp > 1). A setting of the problem, not searched.",
+    )(with_kernels)
     with_kernels = click.option(
         "--bf16-first-last-blocks", type=BoundedInt(limits.NUM_BLOCKS_OR_NONE), default=0, show_default=True,
         help="With an FP8/FP4 --precision: blocks at each end of the model kept in BF16 (Megatron-LM's "

@@ -165,7 +165,8 @@ class Tables:
         self.head = self._by_tm(3 * grid.of(output_layer_s(c, ns, ArrayOps)).min().values)
         p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
                                      np.full(len(ns.tp), k)) for k in nets]).min(axis=0)
-        self.p2p = self._by_tm(grid.of(p2p).min().values)
+        # With overlapped sends (costmodel.pipeline_time) the exposed part can be 0: a lower bound.
+        self.p2p = self._by_tm(grid.of(p2p * (0.0 if c.pp_comm_overlap else 1.0)).min().values)
         # activation classes: the (TP communication, AG redo) that realise each class, with
         # no offload, TP overlap and networks at their first values (memory reads none of them)
         cls_rows = {"no_sp": (0, False), "sp": (TP_COMM_RS_AG, False), "sp_redo": (TP_COMM_RS_AG, True)}
