@@ -190,6 +190,16 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         mlp, activation, mlp_flops = layer.gemm_s, layer.eltwise_s, layer.matrix_flops
         mlp_gemms = moe_quantized_gemms(c, tokens, t, m.ep)
     passes = quantize_passes(c, xp, attention_gemms + mlp_gemms) if c.quantized else None
+    if m.recompute_modules is not None:
+        # recompute_modules (attn_only): each module's forward rerun in backward; core_attn as
+        # attn_only (the unfused core's four kernels; nothing outside a fused kernel)
+        modules = m.recompute_modules
+        moe_act_s = layer.expert_activation_s if moe else 0.0
+        module_s = {"core_attn": selective_recompute, "layernorm": layernorms,
+                    "mlp": 0.0 if moe else mlp + activation, "moe_act": moe_act_s}
+        module_flops = {"core_attn": selective_recompute_flops, "mlp": 0.0 if moe else mlp_flops}
+        selective_recompute = sum(module_s[name] for name in modules)
+        selective_recompute_flops = sum(module_flops.get(name, 0.0) for name in modules)
 
     return BlockForward(
         gemm_s=qkv + core_gemm + proj + mlp,
@@ -273,6 +283,11 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     everything = layernorm_inputs + dropout_masks + gemm_inputs + qkv_and_proj + mlp_intermediates
     full = everything + attention_core
     stored = xp.where(core_recomputed, everything, full)
+    if m.recompute_modules is not None:
+        stored, dropped_workspace = _selective_stored(c, m, xp, moe, full, attention_core, gemm_inputs,
+                                                      mlp_intermediates, tokens)
+        core_recomputed = False          # (its bytes are in dropped_workspace)
+        dispatch_buffers = dispatch_buffers + dropped_workspace
     block_input = e * tokens * h / sp_split
     # The K/V ring keeps two chunks in flight beside the local one (receive and send
     # buffers, TransformerEngine's double buffering), in forward and again in backward.
@@ -282,3 +297,24 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
         full=full,
         workspace=ring_buffers + dispatch_buffers + xp.where(m.recompute_full, full, xp.where(core_recomputed, attention_core, 0.0)),
     )
+
+
+def _selective_stored(c: Context, m, xp, moe: bool, full, attention_core, gemm_inputs, mlp_intermediates, tokens):
+    """Stored bytes and recompute workspace of one block under recompute_modules (Megatron-LM
+    transformer_config.py `recompute_modules`, transformer_layer.py / mlp.py / experts.py):
+    core_attn drops the attention core's stored tensors (unfused; a fused kernel keeps only its
+    statistics, as attn_only); layernorm the two norms' outputs, the QKV and up projections'
+    inputs (`gemm_inputs`); mlp a dense MLP's intermediates; moe_act the routed experts'
+    activation output (one f_e-wide tensor of the MoE layer's 2, gated 3). The workspace is the
+    largest module's dropped bytes, alive while its backward recomputes it."""
+    modules = m.recompute_modules
+    dropped = {"core_attn": 0.0 if c.fused_attention else attention_core, "layernorm": gemm_inputs,
+               "mlp": 0.0 if moe else mlp_intermediates, "moe_act": 0.0}
+    if moe:
+        layer = moe_memory(c, xp, tokens, m.tp, m.ep)
+        dropped["moe_act"] = layer.expert_intermediate_bytes / (3 if c.gated_mlp else 2)
+    gone = [dropped[name] for name in modules]
+    workspace = 0.0
+    for bytes_ in gone:
+        workspace = xp.maximum(workspace, bytes_)
+    return full - sum(gone), workspace

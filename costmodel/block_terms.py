@@ -8,11 +8,12 @@ Written against costmodel.ops: `m` may hold scalars (one mapping) or numpy array
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 
 from costmodel.block import BlockForward, StoredActivations, block_forward_times, block_stored_activation_bytes
 from costmodel.comm import collective_s, overlapped, tp_overlap_terms
 from costmodel.context import Context
+from costmodel.memory_features import offload_share, recompute_share, with_switches
 from costmodel.moe import moe_communication
 from costmodel.system import Collective
 
@@ -193,7 +194,41 @@ def block_terms(c: Context, m, xp) -> BlockTerms:
     """The average block, one microbatch, one GPU: a dense model's block; for a
     mixture-of-experts model the mean of its dense and MoE blocks weighted by their counts
     (`moe_every`), so L/pp times it is a stage's total when its blocks mix as the model's do
-    (exact for moe_every = 1, and whenever moe_every divides blocks/pp)."""
+    (exact for moe_every = 1, and whenever moe_every divides blocks/pp).
+
+    A mapping that recomputes N of each chunk's K blocks (recompute_blocks, Megatron-LM's
+    recompute_method block) mixes the block recomputed in full and the block storing
+    everything by N/K; one that offloads N of a stage's blocks' activations
+    (activation_offload_blocks) mixes the offloading and the keeping block by N/(L/pp)
+    (costmodel.memory_features). The recompute workspace is the recomputed block's, and the
+    offload bandwidth needed the offloading block's (peaks, not means)."""
+    share = recompute_share(c, m)
+    if share is None:
+        return _offload_mixed(c, m, xp)
+    recomputed = _offload_mixed(c, with_switches(m, recompute_full=True, recompute_attn_only=False,
+                                                 recompute_none=False), xp)
+    stored = _offload_mixed(c, with_switches(m, recompute_full=False, recompute_attn_only=False,
+                                             recompute_none=True), xp)
+    mixed = _mix(stored, recomputed, share)
+    workspace = xp.maximum(recomputed.activations.workspace, stored.activations.workspace)
+    return replace(mixed, activations=replace(mixed.activations, workspace=workspace),
+                   offload_bytes_per_s_needed=xp.maximum(recomputed.offload_bytes_per_s_needed,
+                                                         stored.offload_bytes_per_s_needed))
+
+
+def _offload_mixed(c: Context, m, xp) -> BlockTerms:
+    """The average block (block_terms) with N of a stage's blocks offloading their
+    activations when the mapping says so."""
+    share = offload_share(c, m)
+    if share is None:
+        return _precision_mixed(c, m, xp)
+    offloading = _precision_mixed(c, m, xp)
+    mixed = _mix(_precision_mixed(c, with_switches(m, activations_offload=False), xp), offloading, share)
+    return replace(mixed, offload_bytes_per_s_needed=offloading.offload_bytes_per_s_needed)
+
+
+def _precision_mixed(c: Context, m, xp) -> BlockTerms:
+    """The average block over the model's blocks and a recipe's BF16 first and last ones."""
     if c.quantized and c.recipe.bf16_block_share:
         # The first and last N blocks a recipe keeps in BF16, by their share of the model's
         # blocks (as the MoE mix: the model-wide average, not the stage that holds them).

@@ -124,14 +124,23 @@ def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
     view["num_procs"] = view["tp"] * view["cp"] * view["pp"] * view["dp"]
     view["seq_par"] = view["tp_comm_rs_ag"]
     view["first_stage_blocks"] = view["last_stage_blocks"] = None
+    # The memory features one mapping file may state (costmodel.memory_features); None and
+    # False are the searched spaces' costing.
+    view["offload_blocks"] = view["recompute_blocks"] = view["recompute_modules"] = None
+    view["megatron_fsdp"] = False
     return SimpleNamespace(**view)
 
 
 def _scalar_fields(mapping: Mapping) -> SimpleNamespace:
-    """One mapping's view, with the stages' blocks its file states (None: pp's rule)."""
+    """One mapping's view, with the stages' blocks and the memory features its file states
+    (None: pp's rule, and the dimensions' costing)."""
     view = formula_view({name: _CODE_OF[name](getattr(mapping, field)) for name, field, _, _ in _VIEW}, float, int)
     view.first_stage_blocks = mapping.pipeline_first_stage_blocks
     view.last_stage_blocks = mapping.pipeline_last_stage_blocks
+    view.offload_blocks = mapping.activation_offload_blocks
+    view.recompute_blocks = mapping.recompute_blocks
+    view.recompute_modules = None if mapping.recompute_modules is None else frozenset(mapping.recompute_modules)
+    view.megatron_fsdp = mapping.megatron_fsdp
     return view
 
 

@@ -14,6 +14,7 @@ from costmodel.block_terms import BlockTerms, block_param_shares, block_terms
 from costmodel.context import Context
 from costmodel.data_parallel import ADAM_FLOPS_PER_PARAM, Sharding, gradient_sync, optimizer_step_s, stage_params
 from costmodel.layer_time import eltwise_s, gemm_s
+from costmodel.memory_features import recompute_share
 from costmodel.pipeline import blocks_in_flight, blocks_in_flight_last_stage, bubble_microbatches
 from costmodel.pipeline_time import Stages, pipeline_time
 from costmodel.stage_memory import stage_memory
@@ -133,8 +134,11 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     fw = blk.forward
     t, b = m.tp, m.microbatch
     model_flops = c.model_flops_per_sample * m.batch
+    # (recompute_blocks: N/K of the blocks recompute in full, costmodel.memory_features)
+    full_share = recompute_share(c, m)
+    full_flops = fw.matrix_flops if full_share is None else full_share * fw.matrix_flops
     recompute_flops = c.blocks * t * m.cp / b * (fw.kernel_recompute_flops + xp.where(
-        m.recompute_full, fw.matrix_flops, xp.where(m.recompute_attn_only, fw.selective_recompute_flops, 0.0)))
+        m.recompute_full, full_flops, xp.where(m.recompute_attn_only, fw.selective_recompute_flops, 0.0)))
     peak = iteration_s * m.num_procs * c.matrix_flops_per_s
     per_pace_block = microbatches * pipe.pace_blocks     # blocks the pacing stage runs per iteration
     first_state = mem.first_state

@@ -11,7 +11,7 @@ costmodel.pipeline, and a mapping's JSON leaves them out too.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, Field, create_model, field_serializer, field_validator, model_serializer,
                       model_validator)
@@ -21,6 +21,7 @@ from costmodel.choices import AttentionType, PipelineSchedule, Recompute, Shardi
 from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
 from costmodel.kernels import PRECISION_DEFAULTS, CudaGraphs, GradDatatype, Kernels
+from costmodel.memory_features import feature_problem
 from costmodel.model import INPUT_CONFIG, Boolean, Model, RealNumber, WholeNumber, _whole_number, within
 from costmodel.pipeline import FIRST_FIELD, LAST_FIELD, layout_problem
 from costmodel.precision import OptimizerState, Precision
@@ -30,6 +31,13 @@ __all__ = ["AttentionType", "Mapping", "Recompute", "ShardingStage", "TPComm", "
            "model_with_attention_type"]
 
 # Defaults of the fields a Calculon execution file may leave out (the skeleton has none).
+# The memory features a file may state beyond Calculon's fields (left out: today's costing);
+# a mapping's JSON leaves them out at these defaults.
+_MEMORY_FEATURE_DEFAULTS: dict[str, Any] = {"activation_offload_blocks": None, "recompute_blocks": None,
+                                            "recompute_modules": None, "megatron_fsdp": False}
+RecomputeModule = Literal["core_attn", "layernorm", "mlp", "moe_act"]
+"""Megatron-LM's recompute_modules this model costs (transformer_config.py)."""
+
 _FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm.ar, "tp_overlap": TPOverlap.none,
                                   "zero": ShardingStage.none, "sched": PipelineSchedule.one_f_one_b}
 
@@ -98,6 +106,21 @@ class _MappingBase(BaseModel):
     fused_cross_entropy: Boolean = Field(
         True, description="The loss as Megatron-LM's fused vocab-parallel cross-entropy (6 bytes per logit); false: "
                           "eager PyTorch's log-softmax and NLL on fp32 logits (12 bytes per logit).")
+    activation_offload_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = Field(
+        None, gt=0, description="With activations_offload: the blocks of each pipeline stage whose stored activations "
+                                "go to offload memory (Megatron-LM's cpu_offloading_num_layers; HBM keeps the "
+                                "others'). Default: every block.")
+    recompute_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = Field(
+        None, gt=0, description="With activation_recompute full: the blocks of each pipeline chunk recomputed, the "
+                                "first ones (Megatron-LM's recompute_method block, recompute_num_layers); the "
+                                "others store their activations. Default: every block.")
+    recompute_modules: tuple[RecomputeModule, ...] | None = Field(
+        None, description="With activation_recompute attn_only (Megatron-LM's selective granularity): the modules "
+                          "whose stored activations are dropped and whose forward is rerun in backward "
+                          "(recompute_modules: core_attn, layernorm, mlp, moe_act). Default: core_attn alone.")
+    megatron_fsdp: Boolean = Field(
+        False, description="Megatron-FSDP (data_parallel_sharding_strategy optim_grads_params): sharding_stage 3 "
+                           "with its gradient reduce-scatter double buffer.")
 
     @model_validator(mode="before")
     @classmethod
@@ -152,8 +175,8 @@ class _MappingBase(BaseModel):
         # A mapping without an explicit stage layout (and with the default CUDA graphs and loss)
         # dumps as Calculon's format, as before.
         data = handler(self)
-        for name in (FIRST_FIELD, LAST_FIELD):
-            if data.get(name, 0) is None:
+        for name in (FIRST_FIELD, LAST_FIELD, *_MEMORY_FEATURE_DEFAULTS):
+            if name in data and data[name] == _MEMORY_FEATURE_DEFAULTS.get(name):
                 del data[name]
         # ... and without the precision, CUDA-graph and loss settings left at their defaults.
         for name, default in (*PRECISION_DEFAULTS.items(), ("cuda_graphs", "none"), ("fused_cross_entropy", True),
@@ -191,11 +214,31 @@ class _MappingBase(BaseModel):
             raise ValueError(f"pipeline_interleaving({self.pipeline_interleaving}) needs pipeline_par > 1")
         if not self.training:
             raise ValueError("training: false (inference) is not modelled; only training iterations are")
+        self._memory_features_consistent()
         try:
             self.kernels
         except InputError as err:
             raise ValueError(str(err)) from None
         return self
+
+    def _memory_features_consistent(self) -> None:
+        # Each memory feature refines a dimension's setting, and needs that setting.
+        if self.activation_offload_blocks is not None and not self.activations_offload:
+            raise ValueError(f"activation_offload_blocks({self.activation_offload_blocks}) needs "
+                             f"activations_offload: true")
+        if self.recompute_blocks is not None and self.activation_recompute is not Recompute.full:
+            raise ValueError(f"recompute_blocks({self.recompute_blocks}) needs activation_recompute full, not "
+                             f"{self.activation_recompute.value}")
+        if self.recompute_modules is not None:
+            if self.activation_recompute is not Recompute.attn_only:
+                raise ValueError(f"recompute_modules needs activation_recompute attn_only (selective), not "
+                                 f"{self.activation_recompute.value}")
+            if not self.recompute_modules or len(set(self.recompute_modules)) != len(self.recompute_modules):
+                raise ValueError(f"recompute_modules({list(self.recompute_modules)}): name each module once, at "
+                                 f"least one")
+        if self.megatron_fsdp and self.sharding_stage is not ShardingStage.parameters:
+            raise ValueError(f"megatron_fsdp shards parameters: sharding_stage must be 3, not "
+                             f"{self.sharding_stage.value}")
 
     # ---- the short vocabulary (costmodel.dimensions) ----
     def value(self, name: str) -> Any:
@@ -276,6 +319,9 @@ def check_mapping_fits(model: Model, system: System, mapping: Mapping) -> None:
             reason = dim.fits(model, system, values) if dim.fits is not None else None
         if reason is not None:
             raise InputError(reason)
+    reason = feature_problem(model.num_blocks, model.num_experts, mapping)
+    if reason is not None:
+        raise InputError(reason)
     system.compute_for(mapping.datatype)
 
 

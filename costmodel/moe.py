@@ -110,6 +110,8 @@ class MoeLayerForward:
     """E/p experts on this GPU"""
     rows_per_expert: object
     """r = T·k·c·p/E rows per local expert"""
+    expert_activation_s: object = 0.0
+    """the routed experts' activation (part of eltwise_s): what recompute_modules moe_act reruns"""
 
     @property
     def gemm_s(self):
@@ -173,7 +175,7 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep) -> MoeLayerForward:
         eltwise_s=router_eltwise + expert_act + permutations + shared_act,
         matrix_flops=(2 * routed_tokens * h * router_cols + 2 * local * rows * h * (up_cols + f_cols)
                       + shared_flops),
-        local_experts=local, rows_per_expert=rows,
+        local_experts=local, rows_per_expert=rows, expert_activation_s=expert_act,
     )
 
 

@@ -8,10 +8,10 @@ one to one is mapped to the nearest expressible setting, and the gap is listed p
 | the run | the mapping | gap listed |
 | --- | --- | --- |
 | its precision recipe | that recipe (costmodel.precision), datatype bfloat16, with its FP8/FP4 weight all-gather and BF16 first/last blocks as the run states them | — |
-| Megatron-FSDP | ZeRO stage 3 (parameters all-gathered per block) | yes |
-| activation offload of N blocks | every block's activations offloaded when the system has offload memory, else none | yes |
-| full recompute of N blocks per chunk | full when N is at least half a chunk's blocks, else none | yes, unless N covers the chunk |
-| selective recompute | attn_only when the modules are the attention core alone, else none | yes, unless core_attn alone |
+| Megatron-FSDP | ZeRO stage 3 with its gradient double buffer (`megatron_fsdp`) | — |
+| activation offload of N blocks | N of each stage's blocks offloaded (`activation_offload_blocks`) when the system has offload memory, else none | only without offload memory, or with full recompute |
+| full recompute of N blocks per chunk | full, the first N of each chunk (`recompute_blocks`) | — |
+| selective recompute | attn_only with the modules (`recompute_modules`: core_attn, layernorm, mlp, moe_act) | yes, for other modules |
 | CUDA graphs | the problem's `cuda_graphs` (launch gaps removed where graphed) | — |
 | the loss (fused or eager cross-entropy) | the problem's `fused_cross_entropy` | — |
 | a pipeline layout, an unoverlapped parameter all-gather | not modelled | yes |
@@ -33,7 +33,10 @@ from costmodel.choices import Recompute, TPComm, TPOverlap
 from costmodel.errors import InputError
 from costmodel.load import describe_validation_error
 from costmodel.mapping import Mapping
+from costmodel.memory_features import FEATURE_MODULES
 from costmodel.model import Model
+from costmodel.ops import ScalarOps
+from costmodel.pipeline import stage_blocks
 from costmodel.runs import Precision, Run
 from costmodel.system import Datatype, System
 
@@ -64,43 +67,47 @@ def network_for_span(system: System, span: int) -> int:
     return len(system.networks) - 1
 
 
-def _recompute(run: Run, model: Model, gaps: list[str]) -> Recompute:
+def _recompute(run: Run, model: Model, gaps: list[str]) -> tuple[Recompute, dict]:
+    """The recompute setting and the memory-feature fields that refine it."""
     if run.recompute == "none":
-        return Recompute.none
+        return Recompute.none, {}
     if run.recompute == "selective":
-        if set(run.recompute_modules) == {"core_attn"}:
-            return Recompute.attn_only
-        gaps.append(f"selective recompute of {', '.join(run.recompute_modules) or 'no modules'}: costed as none "
-                    f"(only the attention core alone is expressible, as attn_only)")
-        return Recompute.none
-    chunk = model.num_blocks / (run.pp * run.interleaving)
+        known = tuple(module for module in run.recompute_modules if module in FEATURE_MODULES)
+        unknown = [module for module in run.recompute_modules if module not in FEATURE_MODULES]
+        if unknown:
+            gaps.append(f"selective recompute of {', '.join(unknown)}: not costed (only {', '.join(FEATURE_MODULES)} "
+                        f"are)")
+        if "moe_act" in known and not model.num_experts:
+            known = tuple(module for module in known if module != "moe_act")
+        if not known:
+            return Recompute.none, {}
+        # core_attn alone is attn_only as the searched spaces cost it
+        return Recompute.attn_only, {} if known == ("core_attn",) else {"recompute_modules": known}
+    stage = min(stage_blocks(ScalarOps, model.num_blocks, run.pp))
+    chunk = int(stage) // run.interleaving
     if run.recompute_blocks is None or run.recompute_blocks >= chunk:
-        return Recompute.full
-    nearest = Recompute.full if 2 * run.recompute_blocks >= chunk else Recompute.none
-    gaps.append(f"full recompute of {run.recompute_blocks} of every {chunk:g} blocks (recompute_num_layers): costed "
-                f"as {nearest.value}")
-    return nearest
+        return Recompute.full, {}
+    return Recompute.full, {"recompute_blocks": run.recompute_blocks}
 
 
-def _activation_offload(run: Run, model: Model, system: System, recompute: Recompute, gaps: list[str]) -> bool:
+def _activation_offload(run: Run, model: Model, system: System, recompute: Recompute, gaps: list[str]) -> dict:
+    """The activations_offload switch and, for N of a stage's blocks, activation_offload_blocks."""
     if not run.activation_offload_blocks:
-        return False
-    stage = model.num_blocks / run.pp
-    what = f"activation offload of {run.activation_offload_blocks} of {stage:g} blocks per stage"
+        return {"activations_offload": False}
+    stage = int(min(stage_blocks(ScalarOps, model.num_blocks, run.pp)))
+    what = f"activation offload of {run.activation_offload_blocks} of {stage} blocks per stage"
     if system.offload is None:
         gaps.append(f"{what}: system {system.name!r} has no offload memory, costed as none")
-        return False
+        return {"activations_offload": False}
     if recompute is Recompute.full:
         gaps.append(f"{what}: costed as none (full recompute stores only block inputs)")
-        return False
+        return {"activations_offload": False}
     if run.activation_offload_blocks < stage:
-        gaps.append(f"{what}: costed as every block's activations offloaded")
-    return True
+        return {"activations_offload": True, "activation_offload_blocks": run.activation_offload_blocks}
+    return {"activations_offload": True}
 
 
 def _other_gaps(run: Run, gaps: list[str]) -> None:
-    if run.megatron_fsdp:
-        gaps.append("Megatron-FSDP: costed as ZeRO stage 3 (its double buffer and bucketed prefetch not modelled)")
     if run.pipeline_layout is not None:
         gaps.append(f"pipeline layout {run.pipeline_layout!r}: costed with the layout rule")
     if not run.param_gather_overlap and run.dp * run.cp > 1:
@@ -112,8 +119,8 @@ def map_run(run: Run, model: Model, system: System) -> MappedRun:
     and the gaps. An InputError names the run when no mapping can say it (e.g. tp does not
     divide the heads)."""
     gaps: list[str] = []
-    recompute = _recompute(run, model, gaps)
-    offload = _activation_offload(run, model, system, recompute, gaps)
+    recompute, recompute_fields = _recompute(run, model, gaps)
+    offload_fields = _activation_offload(run, model, system, recompute, gaps)
     _other_gaps(run, gaps)
     seq_par = run.uses_sequence_parallel and run.tp > 1
     replicas = run.dp * run.cp
@@ -137,7 +144,8 @@ def map_run(run: Run, model: Model, system: System) -> MappedRun:
         "seq_par_ag_redo": seq_par and recompute is not Recompute.full,
         "sharding_stage": run.sharding_stage if replicas > 1 else 0,
         "data_par_overlap": run.dp_overlap and replicas > 1,
-        "activations_offload": offload,
+        "megatron_fsdp": run.megatron_fsdp and replicas > 1,
+        **recompute_fields, **offload_fields,
         **{name: network_for_span(system, span) for name, span in spans.items()},
     }
     try:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from costmodel.block_terms import BlockTerms
 from costmodel.context import Context
 from costmodel.data_parallel import Sharding, StageParams
+from costmodel.memory_features import stage_offload_share
 from costmodel.pipeline import stage_blocks_in_flight
 from costmodel.pipeline_time import Stages
 from costmodel.stage_state import RESIDENT_BLOCKS, StageState, blocks_state, offloaded_bytes
@@ -68,8 +69,13 @@ def stage_memory(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardin
     shards, expert_shards = sh.shards(xp), sh.expert_shards(xp)
     state_per_param = e / shards[0] + c.grad_bytes_per_param / shards[1] + c.optimizer_bytes_per_param / shards[2]
 
-    def activations_in_hbm(blocks_alive, activations):
-        return xp.where(m.activations_offload, xp.minimum(RESIDENT_BLOCKS, blocks_alive) * act.stored, activations)
+    def activations_in_hbm(blocks, blocks_alive, activations):
+        # offloaded: the share o of the stage's blocks that offload (all of them unless
+        # activation_offload_blocks says N: o = N/blocks) leave two blocks' worth in HBM (the
+        # one computing and the one in transit), the others keep theirs
+        share = stage_offload_share(m, xp, blocks)
+        return xp.where(m.activations_offload, activations - share * activations
+                        + xp.minimum(RESIDENT_BLOCKS, share * blocks_alive) * act.stored, activations)
 
     def stage_hbm(state, activations_hbm):
         # on every stage: its blocks' state, one block's recompute workspace, the runtime
@@ -95,18 +101,19 @@ def stage_memory(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardin
                                                                    stages.microbatches)
     activations, second_activations, last_activations = (act.stored * first_alive, act.stored * second_alive,
                                                           act.stored * last_alive)
-    activations_hbm = activations_in_hbm(first_alive, activations)
+    activations_hbm = activations_in_hbm(first, first_alive, activations)
     single_stage = m.pp == 1
     first_hbm = (stage_hbm(first_state, activations_hbm) + embedding
                  + xp.where(single_stage, output_layer + output_side, 0.0))
-    second_hbm = stage_hbm(second_state, activations_in_hbm(second_alive, second_activations))
-    last_hbm = (stage_hbm(last_state, activations_in_hbm(last_alive, last_activations)) + output_layer
+    second_hbm = stage_hbm(second_state, activations_in_hbm(middle, second_alive, second_activations))
+    last_hbm = (stage_hbm(last_state, activations_in_hbm(last, last_alive, last_activations)) + output_layer
                 + output_side + xp.where(single_stage, embedding, 0.0))
     hbm = xp.maximum(xp.maximum(first_hbm, last_hbm), second_hbm)
-    offload = offloaded_bytes(m, xp, first_state, activations)
+    offload = offloaded_bytes(m, xp, first_state, stage_offload_share(m, xp, first) * activations)
     if not stages.equal:                      # (equal, the first holds the most activations)
-        offload = xp.maximum(xp.maximum(offload, offloaded_bytes(m, xp, last_state, last_activations)),
-                             offloaded_bytes(m, xp, second_state, second_activations))
+        offload = xp.maximum(
+            xp.maximum(offload, offloaded_bytes(m, xp, last_state, stage_offload_share(m, xp, last) * last_activations)),
+            offloaded_bytes(m, xp, second_state, stage_offload_share(m, xp, middle) * second_activations))
     first_allocator = allocator_bytes(c.allocator_fraction, act.workspace + activations_hbm
                                       + xp.where(single_stage, logits, 0.0))
     return StageMemory(first_state, embedding, activations, output_layer, logits, last_activations, second_activations,

@@ -58,6 +58,11 @@ def blocks_state(c: Context, m, xp, blocks, dense_params, expert_params, shards,
     resident_blocks = xp.minimum(RESIDENT_BLOCKS, blocks)
     sharding_buffer = (xp.where(m.zero_3, resident_blocks * block_params * (gathered + cached), 0.0)
                        + xp.where(m.zero_2 | m.zero_3, block_params * g, 0.0))
+    if m.megatron_fsdp:
+        # Megatron-FSDP (stage 3) double-buffers the gradient reduce-scatter: the next block's
+        # whole gradients fill while this block's are reduce-scattered (GradReducePipeline,
+        # megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py).
+        sharding_buffer = sharding_buffer + xp.minimum(1.0, blocks - 1.0) * block_params * g
     weights_hbm = (xp.where(m.weight_offload, resident_blocks * block_params * (e + g), weights + grads)
                    + sharding_buffer)
     return StageState(weights, grads, optimizer, sharding_buffer, weights_hbm,
@@ -66,6 +71,6 @@ def blocks_state(c: Context, m, xp, blocks, dense_params, expert_params, shards,
 
 def offloaded_bytes(m, xp, state: StageState, activations):
     """What a stage keeps in offload memory: its blocks' weights and gradients, optimizer
-    state, and stored activations, each when its switch is on."""
+    state, and the stored `activations` of its offloading blocks, each when its switch is on."""
     return (xp.where(m.weight_offload, state.weights + state.grads, 0.0)
             + xp.where(m.optimizer_offload, state.optimizer, 0.0) + xp.where(m.activations_offload, activations, 0.0))
