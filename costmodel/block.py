@@ -110,6 +110,8 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
     (costmodel.moe.moe_layer_forward on this GPU's tokens: router, grouped expert GEMMs,
     shared experts); its collectives are timed in costmodel.iteration."""
     e, h, f, s, d = c.elem_bytes, c.hidden, c.feedforward, c.seq, c.head_size
+    mask = MASK_BYTES if c.dropout else 0.0             # a dropout mask's bytes per element
+    dropout_flops = DROPOUT_FLOPS_PER_ELEM if c.dropout else 0.0
     t = m.tp
     b = m.microbatch
     q_len = s / m.cp                                     # queries (and tokens) of a sequence on this GPU
@@ -136,7 +138,7 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         # ring brings every chunk); the softmax statistics written.
         kernel_bytes = e * (tokens * 2 * q_cols + b * s * 2 * kv_cols) + SOFTMAX_STATS_BYTES * b * heads * q_len
         # Two s×s×d products per head forward (Q·Kᵀ, ·V), 1/cp of them on this GPU.
-        core_gemm = fused_attention_s(c, xp, 2, b * heads, score_elems * (SOFTMAX_FLOPS_PER_ELEM + DROPOUT_FLOPS_PER_ELEM),
+        core_gemm = fused_attention_s(c, xp, 2, b * heads, score_elems * (SOFTMAX_FLOPS_PER_ELEM + dropout_flops),
                                       kernel_bytes, steps=m.cp)
         core_eltwise = 0.0
         # Backward recomputes Q·Kᵀ and the softmax (statistics in hand) on chip.
@@ -150,7 +152,7 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         context = gemm_s(c, xp, q_len, d, s, e * (score_elems + b * kv_cols / d * s * d + b * heads * q_len * d),
                          batch=b * heads, high_precision=True)
         softmax = eltwise_s(c, xp, score_elems, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
-        attn_dropout = eltwise_s(c, xp, score_elems, DROPOUT_FLOPS_PER_ELEM, 2 * e + MASK_BYTES)
+        attn_dropout = eltwise_s(c, xp, score_elems, DROPOUT_FLOPS_PER_ELEM, 2 * e + MASK_BYTES) if c.dropout else 0.0
         core_gemm = scores + context
         core_eltwise = softmax + attn_dropout
         kernel_recompute, kernel_recompute_flops = 0.0, 0.0
@@ -161,7 +163,9 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
     # Delayed scaling: the norm writes the FP8 copy of its output itself (costmodel.precision).
     norm_out = c.recipe.copy_bytes if c.quantized and c.recipe.format.norm_casts else e
     layernorms = 2 * eltwise_s(c, xp, ln_tokens * h, norm_flops, e + norm_out)
-    residuals = 2 * eltwise_s(c, xp, ln_tokens * h, RESIDUAL_FLOPS_PER_ELEM, 3 * e + MASK_BYTES)
+    # Each residual add applies its dropout in the same pass (Megatron-LM's fused bias-dropout-add),
+    # reading and writing the mask only when the model trains with dropout.
+    residuals = 2 * eltwise_s(c, xp, ln_tokens * h, RESIDUAL_FLOPS_PER_ELEM, 3 * e + mask)
     act_flops = ACTIVATION_FLOPS_PER_ELEM[c.mlp]
     if c.gated_mlp:
         # The gate reads both halves of the h→2f output and writes f: its own kernel
@@ -227,7 +231,7 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     all-gather is redone in backward (seq_par_ag_redo), in which case the shard suffices.
     Full recomputation keeps only the block input. A fused attention kernel stores no score
     matrix, only its softmax statistics, and keeps them under attn_only too (its backward
-    recomputes the scores itself).
+    recomputes the scores itself). A model trained without dropout keeps no mask.
 
     Also returns the transient workspace: the context-parallel ring's K/V buffers, and what
     recomputation needs while one block's backward
@@ -237,6 +241,7 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     receive buffers join the workspace.
     """
     e, h, f, s, d = c.elem_bytes, c.hidden, c.feedforward, c.seq, c.head_size
+    mask = MASK_BYTES if c.dropout else 0.0             # a dropout mask's bytes per element
     t = m.tp
     b = m.microbatch
     q_len = s / m.cp                                     # this GPU's share of the sequence
@@ -252,7 +257,7 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     # module/linear.py, "Discard unneeded data in input tensor"), else in the datatype.
     q = c.recipe.copy_bytes if c.quantized else e
     layernorm_inputs = 2 * e * tokens * h / sp_split
-    dropout_masks = 2 * MASK_BYTES * tokens * h / sp_split
+    dropout_masks = 2 * mask * tokens * h / sp_split
     gemm_inputs = 2 * q * tokens * h / gemm_inputs_split
     # Q, K, V (the attention's BF16 inputs) and the projection's input, the attention output.
     # Quantized, a fused kernel's backward keeps that output in BF16, and the projection keeps
@@ -277,7 +282,7 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
         attention_core = SOFTMAX_STATS_BYTES * b * heads * q_len
         core_recomputed = False
     else:
-        attention_core = (2 * e + MASK_BYTES) * b * heads * q_len * s  # softmax out, dropout mask and out
+        attention_core = (2 * e + mask) * b * heads * q_len * s  # softmax out, dropout mask and out
         core_recomputed = m.recompute_attn_only                       # attn_only drops it
 
     everything = layernorm_inputs + dropout_masks + gemm_inputs + qkv_and_proj + mlp_intermediates

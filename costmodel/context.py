@@ -111,6 +111,7 @@ class Context:
     kernel_gap_s: float = 0.0          # launch gap of a block's kernel, in the timings above (step curves: added)
     outer_gap_extra_s: float = 0.0     # what a kernel outside the blocks pays beyond that (per-layer CUDA graphs)
     allocator_fraction: float = 0.0    # allocator fragmentation, a share of the bytes freed every microbatch
+    dropout: bool = True               # dropout masks stored and applied (a model trained with dropout)
     pp_comm_overlap: bool = False      # interleaved schedules' sends beside compute (Megatron's overlap_p2p_comm)
     fused_cross_entropy: bool = True   # Megatron's fused loss (6 bytes per logit) or eager PyTorch's (12)
 
@@ -172,7 +173,7 @@ class Context:
             hidden=model.hidden, feedforward=model.feedforward, seq=model.seq_size, heads=model.attn_heads,
             kv_heads=model.kv_groups, head_size=model.attn_size, blocks=model.num_blocks, vocab=model.vocab_size,
             gated_mlp=model.gated, mlp=model.mlp, rmsnorm=model.norm == "rmsnorm", rope=model.position == "rope",
-            tied_embeddings=model.tied_embeddings,
+            tied_embeddings=model.tied_embeddings, dropout=model.dropout,
             block_params=float(model.block_params), embedding_params=float(model.embedding_params),
             output_layer_params=float(model.vocab_size * model.hidden), final_norm_params=float(model.norm_params),
             model_flops_per_sample=model.model_flops_per_sample(), model_flops=model.model_flops(),

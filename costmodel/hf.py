@@ -30,7 +30,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 import costmodel.limits as limits
 from costmodel.errors import InputError, shown
 from costmodel.limits import Bound
-from costmodel.model import Boolean, WholeNumber, within
+from costmodel.model import Boolean, RealNumber, WholeNumber, within
 
 
 class UnmodelledFieldWarning(UserWarning):
@@ -53,6 +53,7 @@ Tokens = Annotated[WholeNumber, within(limits.SEQ_SIZE)] | None
 Experts = Annotated[WholeNumber, within(limits.NUM_EXPERTS)] | None
 ExpertsPerToken = Annotated[WholeNumber, within(limits.EXPERTS_PER_TOKEN)] | None
 ExpertFeedforward = Annotated[WholeNumber, within(limits.EXPERT_FEEDFORWARD)] | None
+Probability = Annotated[RealNumber, within(limits.FRACTION)] | None
 _WINDOW = Bound(0, limits.INT64_MAX, "tokens one position attends to; compared with seq_size only")
 _LAYER = Bound(0, limits.NUM_BLOCKS.high, "a layer index, counted from 0")
 
@@ -85,6 +86,12 @@ class HFConfig(BaseModel):
     num_experts: Experts = Field(None, description="Routed experts (qwen2_moe, qwen3_moe; named elsewhere).")
     num_local_experts: Experts = Field(None, description="Routed experts (mixtral; named elsewhere).")
     n_routed_experts: Experts = Field(None, description="Routed experts (DeepSeek; named in a warning).")
+    # Dropout probabilities, under each family's name (Transformers' defaults: 0.1 for GPT-2's
+    # *_pdrop, 0.0 for every other family's).
+    attention_dropout: Probability = None
+    hidden_dropout: Probability = None
+    resid_pdrop: Probability = None
+    attn_pdrop: Probability = None
 
 
 class _Attention(HFConfig):
@@ -349,4 +356,17 @@ def model_fields_from_hf(config: HFConfig, source: str, *, seq_size: int | None,
                           f"seq_size ({seq_size}) rows", UnmodelledFieldWarning, stacklevel=2)
     for note in _unmodelled(config, seq_size):
         warnings.warn(f"{source}: {note}", UnmodelledFieldWarning, stacklevel=2)
-    return {"name": name, "seq_size": seq_size, **fields}
+    return {"name": name, "seq_size": seq_size, "dropout": _trains_with_dropout(config), **fields}
+
+
+_DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop")
+
+
+def _trains_with_dropout(config: HFConfig) -> bool:
+    """Whether any dropout probability the config states (or its family's Transformers default:
+    GPT-2 0.1, the others 0.0) is above 0: a model trained without keeps no dropout mask."""
+    default = 0.1 if config.model_type == "gpt2" else 0.0
+    stated = [getattr(config, name) for name in _DROPOUT_FIELDS]
+    if all(p is None for p in stated):
+        return default > 0
+    return any(p is not None and p > 0 for p in stated)

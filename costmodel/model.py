@@ -148,6 +148,11 @@ class Model(BaseModel):
         "learned", description="learned (a seq_size × hidden table) | rope (rotary, no parameters).")
     tied_embeddings: Boolean = Field(True, description="The output layer shares the token embedding's weights.")
     bias: Boolean = Field(True, description="Linear layers and norms carry biases (Llama-class models have none).")
+    dropout: Boolean = Field(
+        True, description="Trained with dropout (GPT-3, Megatron-LM's defaults): each block keeps its two dropout "
+                          "masks (and an unfused attention core its score mask) for backward and runs the dropout "
+                          "passes. False: a model trained without (Llama, Mistral, Qwen: a probability of 0 makes "
+                          "PyTorch's dropout return its input, no mask).")
     qkv_bias: Boolean | None = Field(None, description="Biases on the Q, K, V projections only (Qwen2); "
                                                     "default: as `bias`.")
     # ---- mixture of experts (all 0 / off for a dense model) ----

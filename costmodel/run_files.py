@@ -68,7 +68,9 @@ def _single_gpu_model(row: SingleGpuRow) -> Model:
     and for the Llama rows untied (1.32 and 1.20 × tied), and the measured peaks exceed the
     tied model by about V·h·18 bytes (the untied output layer with its gradient and optimizer
     state: 4.4 GiB for llama-1b, 6.6 GiB for llama-3b) plus a part growing with the microbatch."""
-    llama = {"mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": False} if row.arch == "llama" else {}
+    # The file's README: dropout 0.1 in the GPT rows, none in the Llama rows.
+    llama = ({"mlp": "swiglu", "norm": "rmsnorm", "position": "rope", "bias": False, "dropout": False}
+             if row.arch == "llama" else {})
     return Model(name=f"{row.name}", hidden=row.hidden, feedforward=row.ffn, seq_size=row.seq,
                  attn_heads=row.heads, attn_size=row.hidden // row.heads, num_blocks=row.layers,
                  vocab_size=row.vocab, kv_heads=row.kv_heads, tied_embeddings=row.arch != "llama", **llama)

@@ -192,6 +192,9 @@ WRONG = {  # values of the wrong type (or out of range) for each kind of field
     "boolean": ["false", "true", "yes", "", 0, 1, [True], {"b": True}],
     "text": [["silu"], 1, True, {"act": "silu"}, 2.5],
     "list": ["none", 5, [True], ["0"], [-1], [1.5], {"0": 1}],
+    # dropout probabilities (a real number's text, "0.1", reads as the number, as everywhere: YAML 1.1
+    # reads 1e-5 as a string)
+    "fraction": ["none", [0.1], {"p": 0.1}, True, -0.5, 1.5, math.nan],
 }
 
 
@@ -203,6 +206,8 @@ def field_kind(annotation) -> str:
         return "boolean"
     if "int" in text:
         return "number"
+    if "float" in text:
+        return "fraction"
     return "text"
 
 

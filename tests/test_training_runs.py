@@ -99,24 +99,20 @@ def test_newest_release_of_each_configuration(bridge_runs):
     assert "bridge260401_llama3_70b_gb200_fp8cs_64" in names and "bridge2604_llama3_70b_gb200_fp8cs_64" not in names
 
 
-# Dense rows the model calls infeasible on memory now that FP8/FP4 recipes keep BF16 activations
-# (costmodel.precision), each over HBM by what the model stores and the run may not:
+# Dense rows the model calls infeasible on memory, each over HBM by what the model stores and the
+# run may not:
 #   Llama 3 70B on 64 GB200, Megatron-FSDP, 40 of 80 blocks' activations offloaded
-#     (activation_offload_blocks): 197.1 GiB of 186; the 40 blocks kept in HBM hold 40 × 0.25 GiB
-#     of dropout masks a model trained without dropout does not store (docs/cost-model.md, Known limits).
-#   Llama 3.1 405B on 256 GB200, tp 4 pp 16 vp 4: 186.8 GiB (NVFP4 187.7) of 186, within the dropout
-#     masks likewise.
+#     (activation_offload_blocks): 186.6 GiB of 186, 0.3 % over, within the estimated 2 GiB runtime
+#     reserve and the FSDP gradient double buffer (neither measured).
 #   25.09's Llama 3 70B MXFP8 on 64 GB200: its preset's mbs differs, so its memory settings are unknown.
-# (Llama 3.1 405B on 128 GB200, Megatron-FSDP with 95 of 126 blocks offloaded, fits now that the
-# offload of N blocks is costed: 129.0 GiB of HBM, 169.4 GiB offloaded of 223.)
+# (Llama 3.1 405B on 256 GB200, tp 4 pp 16, fits since the dropout masks a model trained without
+# dropout does not keep are gone; on 128 GB200, Megatron-FSDP with 95 of 126 blocks offloaded, since
+# the offload of N blocks is costed.)
 MEMORY_BOUND_ROWS = {
     **dict.fromkeys(("bridge2509_llama3_70b_gb200_64", "bridge2511_llama3_70b_gb200_fp8cs_64",
                      "bridge2602_llama3_70b_gb200_fp8cs_64", "bridge260201_llama3_70b_gb200_fp8cs_64",
                      "bridge2604_llama3_70b_gb200_fp8cs_64", "bridge260401_llama3_70b_gb200_fp8cs_64",
-                     "bridge2511_llama31_405b_gb200_fp8cs_256", "bridge2602_llama31_405b_gb200_fp8cs_256",
-                     "bridge260201_llama31_405b_gb200_fp8cs_256", "bridge260201_llama31_405b_gb200_nvfp4_256",
-                     "bridge2604_llama31_405b_gb200_fp8cs_256", "bridge260401_llama31_405b_gb200_fp8cs_256",
-                     "bridge2606_llama31_405b_gb200_fp8cs_256", "bridge2509_llama3_70b_gb200_64_altquant"), "hbm"),
+                     "bridge2509_llama3_70b_gb200_64_altquant"), "hbm"),
 }
 
 

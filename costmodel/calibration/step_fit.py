@@ -159,9 +159,11 @@ def _fit_values(pool: tuple[Run, ...], inputs: RunInputs, iterations: int) -> di
                 continue
             jac = np.empty((len(pool), len(params)))
             for j, p in enumerate(params):
-                probe = dict(values, **{p.name: values[p.name] + p.probe})
+                # a one-sided difference, backwards at the upper bound
+                step = -p.probe if values[p.name] + p.probe > p.ceiling else p.probe
+                probe = dict(values, **{p.name: values[p.name] + step})
                 shifted = _residuals(scores_with_step(pool, inputs, _step(probe)), target)
-                jac[:, j] = (shifted - r) / p.probe
+                jac[:, j] = (shifted - r) / step
             rows &= np.isfinite(jac).all(axis=1)
             change = _solve(np.nan_to_num(r), np.nan_to_num(jac), rows)
             for p, delta in zip(params, change):
