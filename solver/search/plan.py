@@ -284,7 +284,7 @@ def plan(model: Model, system: System, counts: list[int], phases: list[Phase], s
     import time
 
     started = time.perf_counter()
-    kernels, config = kernels or Kernels(), config or SolverConfig()
+    kernels, config = kernels or Kernels(), config or SolverConfig(top_k=1)
     state_bytes = checkpoint_state_bytes(model, Context.build(model, system, datatype, kernels))
     say = progress or (lambda text: None)
     rows = []
