@@ -202,3 +202,22 @@ def test_plan_command_json_and_plot(tmp_path):
 def test_budget_without_price_is_refused():
     result = _mapsat("plan", *MODEL_ARGS, "--gpus", "8", "--tokens", "1e9", "--budget", "1e6")
     assert result.exit_code == 1 and "--gpu-hour-price" in result.output
+
+
+def test_a_missed_deadline_prints_the_table_then_one_error_line():
+    result = _mapsat("plan", *MODEL_ARGS, "--gpus", "8,16", "--tokens", "1e12", "--batch", "64", "--days", "0.001")
+    assert result.exit_code == 1
+    assert "Per GPU count" in result.output
+    assert result.output.strip().splitlines()[-1].startswith("error: no GPU count qualifies: the fastest, 16 GPUs")
+
+
+def test_tokens_disagreeing_with_the_phases_is_refused(tmp_path):
+    path = tmp_path / "phases.yaml"
+    path.write_text("phases:\n  - {tokens: 1.0e+9, seq_size: 2048, batch: 64}\n  - {tokens: 2.0e+9, seq_size: 2048}\n")
+    result = _mapsat("plan", *MODEL_ARGS, "--gpus", "8", "--phases", str(path), "--tokens", "1e9")
+    assert result.exit_code == 1 and "sum to 3e+09 tokens" in result.output
+
+
+def test_a_count_that_is_not_whole_nvlink_domains_is_refused():
+    result = _mapsat("plan", *MODEL_ARGS, "--gpus", "12", "--tokens", "1e9")
+    assert result.exit_code == 1 and "--gpus 12: not a multiple of the" in result.output
