@@ -84,7 +84,7 @@ def print_plan(result: PlanResult, title: str, out: Console) -> None:
             out.print(f"  {row.num_gpus:,} GPUs: {row.reason}")
     choice = result.choice
     if choice.plan is None:
-        out.print(f"chosen: none ({choice.rule}): {choice.message}")
+        out.print(f"chosen: none ({choice.rule})")
         return
     row = choice.plan
     c = row.cost
