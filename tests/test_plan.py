@@ -221,3 +221,10 @@ def test_tokens_disagreeing_with_the_phases_is_refused(tmp_path):
 def test_a_count_that_is_not_whole_nvlink_domains_is_refused():
     result = _mapsat("plan", *MODEL_ARGS, "--gpus", "12", "--tokens", "1e9")
     assert result.exit_code == 1 and "--gpus 12: not a multiple of the" in result.output
+
+
+def test_phases_of_one_sequence_and_batch_share_one_solve():
+    phases = [Phase(name="a", tokens=1e9, seq_size=2048, batch=64), Phase(name="b", tokens=3e9, seq_size=2048, batch=64)]
+    row = plan(SMALL, H100, [8], phases, SETTINGS, max_batch=3072, space=get_space("full")).counts[0]
+    assert row.phases[0].result is row.phases[1].result
+    assert row.phases[1].compute_s == pytest.approx(3 * row.phases[0].compute_s, rel=1e-12)

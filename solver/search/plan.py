@@ -220,8 +220,12 @@ def plan_count(model: Model, system: System, num_gpus: int, phases: list[Phase],
     except InputError as err:
         return CountPlan(num_gpus, [], reason=str(err))
     done: list[PhasePlan] = []
+    solved: dict[tuple, SolveResult] = {}     # phases of one sequence and batch share one problem
     for phase in phases:
-        result = solve_phase(model, system, num_gpus, phase, **solve_args)
+        problem = (phase.seq_size, phase.batch_sequences)
+        if problem not in solved:
+            solved[problem] = solve_phase(model, system, num_gpus, phase, **solve_args)
+        result = solved[problem]
         if result.best is None:
             why = "; ".join(result.infeasible_reasons) or result.status
             return CountPlan(num_gpus, done + [PhasePlan(phase, result)], reason=f"phase {phase.name}: {why}")
