@@ -110,6 +110,7 @@ def base_args(command: str, files: dict[str, str], model: str = "moe") -> list[s
         "explain": [*problem, "--gpus", "2", "--time-limit", "5", "--dims", "tp"],
         "codesign": [*problem, "--gpus", "2", "--within", "0.1", "--vary", "hbm_gib=40,80", "--time-limit", "5"],
         "eval": [*problem, "--mapping", files["mapping"]],
+        "plan": [*problem, "--gpus", "2", "--tokens", "1e9", "--time-limit", "5"],
         "shape": ["--params", "1e9", "--gpus", "8", "--blocks", "2,4", "--rule-only"],
         "batch": [str(Path(files["dir"]) / "batch.yaml"), "--out", str(Path(files["dir"]) / "batch-out")],
     }[command]

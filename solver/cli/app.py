@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "count": ("solver.cli.count", "Count the mappings of a model onto N GPUs, in closed form (milliseconds)."),
     "eval": ("solver.cli.eval", "Evaluate one mapping: iteration time, MFU/HFU and memory, with their breakdown."),
     "explain": ("solver.cli.explain", "Explain the best mapping: the certified best time for each value of each dimension."),
+    "plan": ("solver.cli.plan", "Plan a whole training run: GPUs, days, GPU-hours, failures and cost."),
     "plot": ("solver.cli.plot", "Draw PNG plots from the results of `mapsat batch` (RESULTS_DIR/results.jsonl)."),
     "shape": ("solver.cli.shape", "List model shapes near a parameter count by the paper's rule, with mapping counts."),
     "solve": ("solver.cli.solve", "Find the fastest mapping under the exact model, certified optimal by CP-SAT."),
