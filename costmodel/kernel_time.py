@@ -21,7 +21,7 @@ class GemmTiming:
     power_drop: float        # long GEMMs run at efficiency / (1 + power_drop) under the power limit
     power_flops: float       # GEMM size (FLOP) at which half of that drop has set in
     hbm_efficiency: float    # fraction of HBM bandwidth when the GEMM is bound by its operands' bytes
-    power_floor: float = 0.0  # share of power_drop paid from the first FLOP (a step's sustained clocks)
+    sustained_flops: float = 0.0  # a step's sustained clocks: the drop of a GEMM at least this large (FLOP)
 
 
 @dataclass(frozen=True)
@@ -40,20 +40,26 @@ def gemm_time_s(p: GemmTiming, xp, rows, cols, depth, num_bytes, peak_flops_per_
     """Time of `batch` GEMMs C[rows, cols] = A[rows, depth] · B[depth, cols] moving `num_bytes`:
 
         launch + max(F / (peak · efficiency) · (1 + depth_overhead / K) · (1 + fill_outputs / (batch·M·N))
-                       · (1 + power_drop · (floor + (1 − floor) · F / (F + power_flops))),
-                     bytes / (HBM bandwidth · hbm_efficiency)),   F = 2 · batch · M · N · K
+                       · (1 + power_drop · F' / (F' + power_flops)),
+                     bytes / (HBM bandwidth · hbm_efficiency)),   F = 2 · batch · M · N · K,
+                                                                  F' = max(F, sustained_flops)
 
-    `floor` (`power_floor`) is 0 for one GEMM timed alone; in a training step the power limiter
-    has already acted on the GEMMs before, so a share of the drop is paid from the first FLOP
+    `sustained_flops` is 0 for one GEMM timed alone; in a training step the power limiter has
+    already seen the GEMMs before, so each pays at least the drop of a GEMM that size
     (costmodel.step_terms, sustained clocks).
     """
     flops = 2.0 * batch * rows * cols * depth
     compute = (flops / (peak_flops_per_s * p.efficiency)
                * (1.0 + p.depth_overhead / depth)
                * (1.0 + p.fill_outputs / (batch * rows * cols))
-               * (1.0 + p.power_drop * (p.power_floor + (1.0 - p.power_floor) * flops / (flops + p.power_flops))))
+               * (1.0 + p.power_drop * _onset(xp.maximum(flops, p.sustained_flops), p.power_flops)))
     memory = num_bytes / (hbm_bytes_per_s * p.hbm_efficiency)
     return p.launch_s + xp.maximum(compute, memory)
+
+
+def _onset(flops, power_flops):
+    """The share of the power drop a GEMM of `flops` FLOP has reached."""
+    return flops / (flops + power_flops)
 
 
 def padded_head_size(p: AttentionTiming, head_size):

@@ -79,6 +79,7 @@ CURVE_POINTS = Bound(1, 1024, "[size, efficiency] pairs in one curve; calibrated
 SHAPE_OVERHEAD = Bound(0.0, 1e30, "a fitted kernel-time shape term (costmodel.kernel_time); 1e30 is past any "
                                    "operation")
 FRACTION = Bound(0.0, 1.0, "a share of a quantity, from none to all of it")
+POWER_WINDOW_MS = Bound(0.0, 1e5, "up to 100 s; power limiters act within milliseconds")
 CURVE_SIZE = Bound(0.0, 1e30, "an operation's FLOP or bytes; 1e30 is past any model")
 
 # ---- the search (command line and batch files)

@@ -17,13 +17,13 @@ and microbenchmarks):
   their network's `latency_us`, an end-to-end cost per operation that includes its launch.
 - **Sustained clocks.** The microbenchmark's GEMM model slows long GEMMs by
   `1 + power_drop · F / (F + power_flops)`: a GEMM of F FLOP timed alone runs long enough for
-  the power limiter to lower the clocks once F passes `power_flops`. In a step the GEMMs of
-  every block follow one another, interleaved with lower-power work (element-wise kernels,
-  waits on communication, idle gaps), so the limiter has partly acted before any GEMM starts:
-  a share of the measured drop (`step.sustained_clock_share`) is paid from the first FLOP, the
-  rest sets in with the GEMM's size as in the microbenchmark. 0 is a GEMM timed alone; 1, every
-  GEMM at the clock of an endless GEMM loop. The share is fitted to the runs; the drop itself
-  stays each system file's measured (or carried-over) `power_drop`.
+  the power limiter to lower the clocks once F passes `power_flops`. In a step the GEMMs follow
+  one another, so the limiter has seen the power of the GEMMs before: each runs at least at the
+  clock a GEMM lasting `step.power_window_ms` at full rate reaches (F' = max(F, window · peak ·
+  efficiency)). 0 is a GEMM timed alone; a window far beyond `power_flops` / rate, every GEMM at
+  the clock of an endless GEMM loop. The window is fitted to the runs (one duration for every
+  system and datatype: the limiter's, not a GPU's); the drop and its onset stay each system
+  file's measured (or carried-over) `power_drop` and `power_flops`.
 - **Allocator fragmentation.** A caching allocator holds memory beyond the live tensors: what
   is allocated and freed every microbatch (activations, the recompute workspace, the loss's
   logits) leaves blocks it cannot reuse (`step.allocator_fragmentation`, a fraction of those
@@ -44,7 +44,7 @@ from pydantic import BaseModel, Field
 import costmodel.limits as limits
 from costmodel.kernel_time import AttentionTiming, GemmTiming
 from costmodel.model import INPUT_CONFIG, RealNumber, within
-from costmodel.units import MICRO
+from costmodel.units import MICRO, MILLI
 
 __all__ = ["HEAD_KERNELS_FORWARD", "OPTIMIZER_KERNELS", "StepGaps", "WholeStep", "allocator_bytes",
            "attention_in_step", "gemm_in_step", "step_gaps"]
@@ -71,10 +71,10 @@ class WholeStep(BaseModel):
                           "microbenchmark's back-to-back timing leaves out. Added to each GEMM's and attention "
                           "kernel's `launch_us` and each element-wise kernel's `hbm.latency_us`; CUDA graphs remove "
                           "it (per-layer: inside the blocks; full-iteration: everywhere).")
-    sustained_clock_share: Annotated[RealNumber, within(limits.FRACTION)] = Field(
-        0.0, ge=0, le=1, description="Share of the GEMM model's `power_drop` every GEMM of a step pays from its first "
-                                     "FLOP: the power limiter has acted on the step's earlier GEMMs. 0: each GEMM as "
-                                     "timed alone; 1: every GEMM at the clock of an endless GEMM loop.")
+    power_window_ms: Annotated[RealNumber, within(limits.POWER_WINDOW_MS)] = Field(
+        0.0, ge=0, description="Sustained clocks, ms: every GEMM of a step runs at least at the clock a GEMM lasting "
+                               "this long at full rate reaches under the GEMM model's `power_drop` and `power_flops` "
+                               "(the power limiter has seen the step's earlier GEMMs). 0: each GEMM as timed alone.")
     allocator_fragmentation: Annotated[RealNumber, within(limits.FRACTION)] = Field(
         0.0, ge=0, description="Memory the caching allocator holds beyond live tensors at the peak, as a fraction of "
                                "the memory allocated and freed every microbatch (activations, the recompute workspace, "
@@ -83,6 +83,10 @@ class WholeStep(BaseModel):
     @property
     def kernel_gap_s(self) -> float:
         return self.kernel_gap_us * MICRO
+
+    @property
+    def power_window_s(self) -> float:
+        return self.power_window_ms * MILLI
 
 
 @dataclass(frozen=True)
@@ -107,12 +111,15 @@ def step_gaps(kernel_gap_s: float, cuda_graphs: str) -> StepGaps:
     return StepGaps(block, outer)
 
 
-def gemm_in_step(timing: GemmTiming | None, gap_s: float, sustained_clock_share: float) -> GemmTiming | None:
-    """A GEMM's fitted model as a step runs it: its launch plus the gap, and the share of the
-    power drop the step's sustained clocks charge from the first FLOP (`power_floor`)."""
+def gemm_in_step(timing: GemmTiming | None, gap_s: float, power_window_s: float,
+                 peak_flops_per_s: float) -> GemmTiming | None:
+    """A GEMM's fitted model as a step runs it: its launch plus the gap, and the sustained
+    clocks' drop at least that of a GEMM lasting the power window at full rate (the FLOP its
+    main loop does in that time at `peak_flops_per_s` · efficiency)."""
     if timing is None:
         return None
-    return replace(timing, launch_s=timing.launch_s + gap_s, power_floor=sustained_clock_share)
+    return replace(timing, launch_s=timing.launch_s + gap_s,
+                   sustained_flops=power_window_s * peak_flops_per_s * timing.efficiency)
 
 
 def attention_in_step(timing: AttentionTiming | None, gap_s: float) -> AttentionTiming | None:

@@ -7,6 +7,7 @@ MiB = 2**20
 GB = 1e9
 TERA = 1e12
 MICRO = 1e-6
+MILLI = 1e-3
 
 
 def gib_to_bytes(gib: float) -> float:

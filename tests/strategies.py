@@ -59,7 +59,7 @@ def systems(draw, offload: bool | None = None) -> System:
                           processor_usage=0.05, port_per_gpu=draw(st.booleans()))],
         # whole-step terms (costmodel.step_terms) on a third of the systems
         step=draw(st.sampled_from([None, None, WholeStep(kernel_gap_us=draw(st.floats(0, 20)),
-                                                         sustained_clock_share=draw(st.floats(0, 1)),
+                                                         power_window_ms=draw(st.floats(0, 20)),
                                                          allocator_fragmentation=draw(st.floats(0, 0.2)))])),
     )
 

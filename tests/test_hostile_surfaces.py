@@ -311,7 +311,7 @@ def _set(data: dict, path: str, value) -> dict:
 def test_every_input_boolean_given_as_a_string_or_number_is_refused(tmp_path, kind, field):
     # (a system with a whole-step section)
     base = {"model": MODEL_DATA, "mapping": MAPPING_DATA,
-            "system": {**SYSTEM_DATA, "step": {"kernel_gap_us": 0, "sustained_clock_share": 1}}}[kind]
+            "system": {**SYSTEM_DATA, "step": {"kernel_gap_us": 0, "power_window_ms": 5}}}[kind]
     load = {"model": load_model, "mapping": load_mapping, "system": load_system}[kind]
     for wrong in WRONG["boolean"]:
         path = tmp_path / f"{kind}.json"

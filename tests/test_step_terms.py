@@ -90,28 +90,38 @@ def test_cuda_graphs_remove_the_gap_where_they_capture():
     assert output_layer_s(per_layer, view, ScalarOps) - output_layer_s(full, view, ScalarOps) == pytest.approx(20e-6)
 
 
-@pytest.mark.parametrize("share", [0.0, 0.3, 1.0])
-def test_sustained_clocks_charge_their_share_of_the_power_drop_from_the_first_flop(share):
-    c = Context.build(LLAMA_8B, with_step(kernel_gap_us=0.0, sustained_clock_share=share), Datatype.bfloat16)
+@pytest.mark.parametrize("window_ms", [0.0, 0.5, 20.0])
+def test_sustained_clocks_charge_at_least_the_drop_of_a_gemm_lasting_the_power_window(window_ms):
+    c = Context.build(LLAMA_8B, with_step(kernel_gap_us=0.0, power_window_ms=window_ms), Datatype.bfloat16)
     alone = Context.build(LLAMA_8B, KERNELS_ALONE, Datatype.bfloat16)
     p = alone.gemm
+    # by hand: the FLOP the GEMM's main loop does in the window at full clocks
+    window_flops = window_ms * 1e-3 * c.matrix_flops_per_s * p.efficiency
     for size in (1024, 4096, 16384):
         flops = 2.0 * size ** 3
         step = gemm_time_s(c.gemm, ScalarOps, size, size, size, 0.0, c.matrix_flops_per_s, c.hbm_bytes_per_s)
         isolated = gemm_time_s(p, ScalarOps, size, size, size, 0.0, c.matrix_flops_per_s, c.hbm_bytes_per_s)
-        onset = flops / (flops + p.power_flops)
-        # by hand: the share is paid whatever the size, the rest sets in as the GEMM grows
-        expected = (1 + p.power_drop * (share + (1 - share) * onset)) / (1 + p.power_drop * onset)
+        seen = max(flops, window_flops)
+        expected = (1 + p.power_drop * seen / (seen + p.power_flops)) / (1 + p.power_drop * flops / (flops + p.power_flops))
         assert (step - p.launch_s) / (isolated - p.launch_s) == pytest.approx(expected, rel=1e-12)
-    if share == 1.0:
-        # all of it: every GEMM at the clock of an endless GEMM loop
-        assert (step - p.launch_s) / (isolated - p.launch_s) == pytest.approx(
-            (1 + p.power_drop) / (1 + p.power_drop * onset), rel=1e-12)
+        if window_ms == 0.0 or flops >= window_flops:
+            assert step == pytest.approx(isolated, rel=1e-12)      # a GEMM longer than the window: as alone
 
 
-def test_the_sustained_clock_share_is_a_fraction():
-    with pytest.raises(ValueError, match="sustained_clock_share"):
-        WholeStep(kernel_gap_us=0.0, sustained_clock_share=1.5)
+def test_a_long_window_approaches_the_clock_of_an_endless_gemm_loop():
+    c = Context.build(LLAMA_8B, with_step(kernel_gap_us=0.0, power_window_ms=1e5), Datatype.bfloat16)
+    p = Context.build(LLAMA_8B, KERNELS_ALONE, Datatype.bfloat16).gemm
+    size = 1024
+    flops = 2.0 * size ** 3
+    step = gemm_time_s(c.gemm, ScalarOps, size, size, size, 0.0, c.matrix_flops_per_s, c.hbm_bytes_per_s)
+    isolated = gemm_time_s(p, ScalarOps, size, size, size, 0.0, c.matrix_flops_per_s, c.hbm_bytes_per_s)
+    endless = (1 + p.power_drop) / (1 + p.power_drop * flops / (flops + p.power_flops))
+    assert (step - p.launch_s) / (isolated - p.launch_s) == pytest.approx(endless, rel=1e-3)
+
+
+def test_the_power_window_is_not_negative():
+    with pytest.raises(ValueError, match="power_window_ms"):
+        WholeStep(kernel_gap_us=0.0, power_window_ms=-1.0)
 
 
 def test_allocator_fragmentation_is_a_fraction_of_the_bytes_freed_every_microbatch():

@@ -7,7 +7,7 @@ What is fitted, on what:
 | --- | --- | --- | --- |
 | `kernel_gap_us` | µs per kernel | measured step times | each kernel's fixed cost (GEMM and attention `launch_us`, `hbm.latency_us`) |
 | `allocator_fragmentation` | fraction | measured peak memory | of the bytes allocated and freed every microbatch |
-| `sustained_clock_share` | fraction, 0–1 | measured step times | the share of each GEMM's `power_drop` paid from its first FLOP |
+| `power_window_ms` | ms | measured step times | each GEMM pays at least the `power_drop` of a GEMM lasting this long |
 
 The runs a fit uses (`fit_pool`): the newest software release of each configuration, dense
 models (mixture-of-experts rows are another term's), not NVFP4 (the model has no FP4
@@ -18,10 +18,10 @@ The fit minimises a robust loss of the log ratios predicted / measured (Cauchy, 
 `ROBUST_SCALE`: a run the model cannot express, such as a group spanning two NVLink racks,
 weighs like a run 10 % off rather than deciding the fit alone) by iteratively reweighted
 Gauss–Newton with exact evaluations of the cost model; parameters stay within their bounds
-(>= 0; a share <= 1) and are rounded to 3 significant digits, and every error reported is that of the rounded values.
+(>= 0, and at most a ceiling where one is declared) and are rounded to 3 significant digits, and every error reported is that of the rounded values.
 
 Out of sample (`held_out`): for each fold the terms are fitted anew on the other runs, from
-their defaults as the whole fit is, and the fold's runs are scored with them. Folds leave out
+their starting values as the whole fit is, and the fold's runs are scored with them. Folds leave out
 one configuration (LOCO; for a single-GPU iteration, that iteration) or one group of systems
 (one system, or a generation: Hopper, Blackwell).
 """
@@ -58,10 +58,13 @@ class StepParameter:
     probe: float           # finite-difference step, file units
     floor: float
     ceiling: float = float("inf")
+    start: float = 0.0
+    """where the fit starts: the term's default, or (the power window, whose effect has no slope
+    at 0: no GEMM of a step is smaller than a window of 0) a value where it has one"""
 
 
 STEP_PARAMETERS = (StepParameter("kernel_gap_us", "time", 1.0, 0.01),
-                   StepParameter("sustained_clock_share", "time", 0.05, 0.001, 1.0),
+                   StepParameter("power_window_ms", "time", 0.5, 0.01, start=1.0),
                    StepParameter("allocator_fragmentation", "memory", 0.01, 1e-4))
 
 
@@ -144,10 +147,10 @@ class FittedStep:
 
 
 def _fit_values(pool: tuple[Run, ...], inputs: RunInputs, iterations: int) -> dict:
-    """The fitted fields, from none of each (every term's default) by iteratively reweighted
+    """The fitted fields, from each term's starting value (`StepParameter.start`) by iteratively reweighted
     Gauss–Newton, each iteration scoring the pool exactly at the current values and one probe
     per field."""
-    values = {p.name: 0.0 for p in STEP_PARAMETERS}
+    values = {p.name: p.start for p in STEP_PARAMETERS}
     for _ in range(iterations):
         base = scores_with_step(pool, inputs, _step(values))
         moved = False
@@ -213,7 +216,7 @@ class HeldOut:
 def held_out(fit: FittedStep, inputs: RunInputs, group_of: Callable[[Run], str],
              groups: Iterable[str] | None = None, iterations: int = 12) -> tuple[HeldOut, ...]:
     """For each group (all of them, or `groups`), the terms fitted anew on the fit's other runs
-    (from their defaults, as `fit_step` does: nothing of the left-out runs reaches the fold) and
+    (from their starting values, as `fit_step` does: nothing of the left-out runs reaches the fold) and
     the group's runs scored with them."""
     labels = [group_of(run) for run in fit.pool]
     wanted = list(dict.fromkeys(labels)) if groups is None else list(groups)
