@@ -3,7 +3,8 @@
 Recognised by its `model_type`; each supported type's fields are read into a Model (the
 field names and defaults are those of the model's configuration class in Hugging Face
 Transformers: LlamaConfig, MistralConfig, Qwen2Config, GPT2Config, GPTNeoXConfig,
-NemotronConfig, and the mixture-of-experts MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig). The training sequence length is not in such a file
+NemotronConfig, Qwen3Config, and the mixture-of-experts MixtralConfig, Qwen2MoeConfig,
+Qwen3MoeConfig, DeepseekV3Config, GptOssConfig). The training sequence length is not in such a file
 (`max_position_embeddings` is the context the model supports), so it is given beside it.
 
 Every field read is declared in a typed schema of its model_type (`SCHEMAS`), so a value of
@@ -55,6 +56,12 @@ ExpertsPerToken = Annotated[WholeNumber, within(limits.EXPERTS_PER_TOKEN)] | Non
 ExpertFeedforward = Annotated[WholeNumber, within(limits.EXPERT_FEEDFORWARD)] | None
 _WINDOW = Bound(0, limits.INT64_MAX, "tokens one position attends to; compared with seq_size only")
 _LAYER = Bound(0, limits.NUM_BLOCKS.high, "a layer index, counted from 0")
+
+
+def _real(value: object) -> object:
+    if isinstance(value, (bool, str)):
+        raise ValueError("is not a number")
+    return value
 
 
 def _at_least_one(value: int) -> int:
@@ -121,6 +128,49 @@ class MixtralConfig(MistralConfig):
     num_experts_per_tok: ExpertsPerToken = None
 
 
+class Qwen3Config(MistralConfig):
+    """Qwen3 dense: Mistral's fields, an explicit head_dim (not hidden / heads: Qwen3-8B's 32
+    heads of 128 in 4096, Qwen3-32B's 64 of 128 in 5120) and an RMSNorm on each query and key
+    head (q_norm, k_norm; always there, no field)."""
+
+    use_sliding_window: Boolean | None = None
+
+
+class DeepseekV3Config(_Attention):
+    """deepseek_v3: multi-head latent attention, first_k_dense_replace dense blocks then MoE
+    blocks of n_routed_experts routed and n_shared_experts shared experts, and
+    num_nextn_predict_layers multi-token prediction modules (the hub's config.json field)."""
+
+    attention_bias: Boolean | None = None
+    q_lora_rank: Annotated[WholeNumber, within(limits.ATTN_SIZE)] | None = None
+    kv_lora_rank: HeadSize = None
+    qk_nope_head_dim: HeadSize = None
+    qk_rope_head_dim: Annotated[WholeNumber, within(limits.ATTN_SIZE)] | None = None
+    v_head_dim: HeadSize = None
+    moe_intermediate_size: ExpertFeedforward = None
+    n_shared_experts: Annotated[WholeNumber, within(limits.SHARED_EXPERTS)] | None = None
+    num_experts_per_tok: ExpertsPerToken = None
+    first_k_dense_replace: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = None
+    moe_layer_freq: Annotated[WholeNumber, AfterValidator(_at_least_one), within(limits.MOE_EVERY)] | None = None
+    num_nextn_predict_layers: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = None
+    n_group: Annotated[WholeNumber, within(limits.NUM_EXPERTS)] | None = None
+    topk_group: Annotated[WholeNumber, within(limits.NUM_EXPERTS)] | None = None
+    scoring_func: str | None = None
+
+
+class GptOssConfig(_Attention):
+    """gpt_oss: grouped-query attention with biases and sinks, layer_types alternating
+    sliding_attention (sliding_window) and full_attention, every block an MoE of
+    num_local_experts experts with biases and a router with a bias, no shared expert."""
+
+    attention_bias: Boolean | None = None
+    num_local_experts: Experts = None
+    num_experts_per_tok: ExpertsPerToken = None
+    experts_per_token: ExpertsPerToken = None
+    layer_types: list[str] | None = None
+    swiglu_limit: Annotated[float, BeforeValidator(_real)] | None = None
+
+
 class _QwenExperts(BaseModel):
     decoder_sparse_step: Annotated[WholeNumber, AfterValidator(_at_least_one), within(limits.MOE_EVERY)] | None = None
     mlp_only_layers: LayerIndices | None = None
@@ -134,6 +184,10 @@ class Qwen2MoeConfig(Qwen2Config, _QwenExperts):
 
 class Qwen3MoeConfig(MistralConfig, _QwenExperts):
     pass
+
+
+_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+"""model_types with an RMSNorm on each query and key head (Transformers' Qwen3Attention q_norm, k_norm)."""
 
 
 class GPT2Config(HFConfig):
@@ -202,7 +256,7 @@ def _llama_like(config: _Attention, source: str) -> dict:
         "num_blocks": _get(config, source, "num_hidden_layers"), "vocab_size": _get(config, source, "vocab_size"),
         "mlp": _activation(config, source, "hidden_act", "silu", gated=True), "norm": "rmsnorm", "position": "rope",
         "tied_embeddings": _get(config, source, "tie_word_embeddings", False),
-        "bias": mlp_bias, "qkv_bias": qkv_bias,
+        "bias": mlp_bias, "qkv_bias": qkv_bias, **({"qk_norm": True} if config.model_type in _QK_NORM_TYPES else {}),
     }
 
 
@@ -286,14 +340,77 @@ def _nemotron(config: NemotronConfig, source: str) -> dict:
     }
 
 
+def _deepseek_v3(config: DeepseekV3Config, source: str) -> dict:
+    """deepseek_v3 (Transformers' DeepseekV3Config defaults): latent attention; block i (from 0)
+    is an MoE block when i >= first_k_dense_replace and i % moe_layer_freq == 0; the MoE has
+    n_routed_experts of moe_intermediate_size, top num_experts_per_tok, and n_shared_experts of
+    the same width (Megatron-Bridge's shared size moe_intermediate_size · n_shared_experts).
+    Read and not modelled, as they change which experts a token meets, not the work:
+    scoring_func (sigmoid: a few element-wise operations per score, as softmax), n_group and
+    topk_group (group-limited routing), routed_scaling_factor, norm_topk_prob. The router's
+    e_score_correction_bias is a buffer updated by a rule, not a trained parameter: not counted."""
+    heads = _get(config, source, "num_attention_heads", 128)
+    if _get(config, source, "attention_bias", False):
+        raise InputError(f"{source}: attention_bias true with latent attention is not modelled")
+    step = _get(config, source, "moe_layer_freq", 1)
+    if step != 1:
+        raise InputError(f"{source}: moe_layer_freq {step} is not modelled (every block after "
+                         f"first_k_dense_replace has experts)")
+    mla = {"q_lora_rank": _get(config, source, "q_lora_rank", 1536), "kv_lora_rank": _get(config, source, "kv_lora_rank", 512),
+           "qk_nope_head_dim": _get(config, source, "qk_nope_head_dim", 128),
+           "qk_rope_head_dim": _get(config, source, "qk_rope_head_dim", 64),
+           "v_head_dim": _get(config, source, "v_head_dim", 128)}
+    shared = _get(config, source, "n_shared_experts", 1)
+    width = _get(config, source, "moe_intermediate_size", 2048)
+    experts = _get(config, source, "n_routed_experts", 256)
+    return {
+        "hidden": _get(config, source, "hidden_size", 7168), "feedforward": _get(config, source, "intermediate_size", 18432),
+        "attn_heads": heads, "attn_size": mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"], "latent_attention": mla,
+        "num_blocks": _get(config, source, "num_hidden_layers", 61), "vocab_size": _get(config, source, "vocab_size", 129280),
+        "mlp": _activation(config, source, "hidden_act", "silu", gated=True), "norm": "rmsnorm", "position": "rope",
+        "tied_embeddings": _get(config, source, "tie_word_embeddings", False), "bias": False,
+        "num_experts": experts, "experts_per_token": _get(config, source, "num_experts_per_tok", 8),
+        "expert_feedforward": width, "first_dense_blocks": _get(config, source, "first_k_dense_replace", 3),
+        **({"shared_experts": shared, "shared_expert_feedforward": width} if shared else {}),
+        "mtp_blocks": _get(config, source, "num_nextn_predict_layers", 0),
+    }
+
+
+def _gpt_oss(config: GptOssConfig, source: str) -> dict:
+    """gpt_oss (Transformers' GptOssConfig): every block an MoE of num_local_experts experts of
+    intermediate_size (top experts_per_token), biases on Q, K, V, the output projection, the
+    experts and the router, one learned sink logit per head, and the blocks whose layer_types
+    entry is sliding_attention attend over sliding_window tokens (default: the even-numbered
+    blocks, Transformers' default layer_types). Its SwiGLU variant (x·σ(1.702·x)·(y + 1),
+    clamped at swiglu_limit) costs the FLOP of a SwiGLU: read as one."""
+    fields = _llama_like(config, source)
+    blocks = fields["num_blocks"]
+    kinds = _get(config, source, "layer_types", ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                                 for i in range(blocks)])
+    unknown = sorted(set(kinds) - {"sliding_attention", "full_attention"})
+    if len(kinds) != blocks or unknown:
+        raise InputError(f"{source}: field 'layer_types' must list sliding_attention or full_attention for each of "
+                         f"the {blocks} layers (got {len(kinds)} entries{', unknown ' + shown(unknown) if unknown else ''})")
+    window_blocks = kinds.count("sliding_attention")
+    bias = _get(config, source, "attention_bias", True)
+    per_token = _get(config, source, "num_experts_per_tok", None)
+    return {**fields, "bias": bias, "qkv_bias": bias, "attention_sinks": True, "router_bias": True,
+            "num_experts": _get(config, source, "num_local_experts", 128),
+            "experts_per_token": per_token if per_token is not None else _get(config, source, "experts_per_token", 4),
+            "expert_feedforward": fields["feedforward"],
+            **({"sliding_window": _get(config, source, "sliding_window", 128), "sliding_window_blocks": window_blocks}
+               if window_blocks else {})}
+
+
 READERS: dict[str, tuple[type[HFConfig], Callable[[Any, str], dict]]] = {
     "llama": (LlamaConfig, _llama_like), "mistral": (MistralConfig, _llama_like), "qwen2": (Qwen2Config, _llama_like),
     "gpt2": (GPT2Config, _gpt2), "gpt_neox": (GPTNeoXConfig, _gpt_neox), "nemotron": (NemotronConfig, _nemotron),
     "mixtral": (MixtralConfig, _mixtral), "qwen2_moe": (Qwen2MoeConfig, _qwen_moe),
-    "qwen3_moe": (Qwen3MoeConfig, _qwen_moe),
+    "qwen3_moe": (Qwen3MoeConfig, _qwen_moe), "qwen3": (Qwen3Config, _llama_like),
+    "deepseek_v3": (DeepseekV3Config, _deepseek_v3), "gpt_oss": (GptOssConfig, _gpt_oss),
 }
 """The supported model_types: the schema of the fields each reads, and how it reads them."""
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
 """The model_types whose experts are read into the model (others name theirs in a warning)."""
 
 
@@ -303,7 +420,7 @@ def _unmodelled(config: HFConfig, seq_size: int) -> list[str]:
     notes = []
     window = config.sliding_window
     uses_window = (kind in ("mistral", "mixtral")
-                   or kind in ("qwen2", "qwen2_moe", "qwen3_moe") and config.use_sliding_window)
+                   or kind in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and config.use_sliding_window)
     if uses_window and window is not None and window < seq_size:
         notes.append(f"sliding_window {window} < seq_size {seq_size}: sliding-window attention is not modelled "
                      f"(the attention core is costed over the whole sequence)")
