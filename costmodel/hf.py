@@ -186,7 +186,9 @@ def _deepseek_v3(config: DeepseekV3Config, source: str) -> dict:
     if step != 1:
         raise InputError(f"{source}: moe_layer_freq {step} is not modelled (every block after "
                          f"first_k_dense_replace has experts)")
-    mla = {"q_lora_rank": _get(config, source, "q_lora_rank", 1536), "kv_lora_rank": _get(config, source, "kv_lora_rank", 512),
+    # q_lora_rank null (DeepSeek-V2-Lite) projects queries from h directly; absent, the default
+    q_rank = 0 if "q_lora_rank" in config.model_fields_set and config.q_lora_rank is None else 1536
+    mla = {"q_lora_rank": _get(config, source, "q_lora_rank", q_rank), "kv_lora_rank": _get(config, source, "kv_lora_rank", 512),
            "qk_nope_head_dim": _get(config, source, "qk_nope_head_dim", 128),
            "qk_rope_head_dim": _get(config, source, "qk_rope_head_dim", 64),
            "v_head_dim": _get(config, source, "v_head_dim", 128)}

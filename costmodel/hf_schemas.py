@@ -26,13 +26,8 @@ Experts = Annotated[WholeNumber, within(limits.NUM_EXPERTS)] | None
 ExpertsPerToken = Annotated[WholeNumber, within(limits.EXPERTS_PER_TOKEN)] | None
 ExpertFeedforward = Annotated[WholeNumber, within(limits.EXPERT_FEEDFORWARD)] | None
 _WINDOW = Bound(0, limits.INT64_MAX, "tokens one position attends to; compared with seq_size only")
+_RANK = Bound(0, limits.ATTN_SIZE.high, "a latent rank or RoPE width; 0 = none")
 _LAYER = Bound(0, limits.NUM_BLOCKS.high, "a layer index, counted from 0")
-
-
-def _real(value: object) -> object:
-    if isinstance(value, (bool, str)):
-        raise ValueError("is not a number")
-    return value
 
 
 def _at_least_one(value: int) -> int:
@@ -113,10 +108,10 @@ class DeepseekV3Config(_Attention):
     num_nextn_predict_layers multi-token prediction modules (the hub's config.json field)."""
 
     attention_bias: Boolean | None = None
-    q_lora_rank: Annotated[WholeNumber, within(limits.ATTN_SIZE)] | None = None
+    q_lora_rank: Annotated[WholeNumber, within(_RANK)] | None = None
     kv_lora_rank: HeadSize = None
     qk_nope_head_dim: HeadSize = None
-    qk_rope_head_dim: Annotated[WholeNumber, within(limits.ATTN_SIZE)] | None = None
+    qk_rope_head_dim: Annotated[WholeNumber, within(_RANK)] | None = None
     v_head_dim: HeadSize = None
     moe_intermediate_size: ExpertFeedforward = None
     n_shared_experts: Annotated[WholeNumber, within(limits.SHARED_EXPERTS)] | None = None
@@ -139,7 +134,6 @@ class GptOssConfig(_Attention):
     num_experts_per_tok: ExpertsPerToken = None
     experts_per_token: ExpertsPerToken = None
     layer_types: list[str] | None = None
-    swiglu_limit: Annotated[float, BeforeValidator(_real)] | None = None
 
 
 class _QwenExperts(BaseModel):

@@ -27,6 +27,9 @@ from pydantic import BaseModel, Field
 
 import costmodel.limits as limits
 from costmodel.fields import INPUT_CONFIG, WholeNumber, within
+from costmodel.limits import Bound
+
+_RANK = Bound(0, limits.ATTN_SIZE.high, "a latent rank or RoPE width; 0 = none")
 
 
 class LatentAttention(BaseModel):
@@ -35,13 +38,13 @@ class LatentAttention(BaseModel):
 
     model_config = INPUT_CONFIG
 
-    q_lora_rank: Annotated[WholeNumber, within(limits.ATTN_SIZE)] = Field(
+    q_lora_rank: Annotated[WholeNumber, within(_RANK)] = Field(
         ge=0, description="r_q: rank of the compressed query (0: queries projected from h directly).")
     kv_lora_rank: Annotated[WholeNumber, within(limits.ATTN_SIZE)] = Field(
         gt=0, description="r_kv: rank of the compressed keys and values.")
     qk_nope_head_dim: Annotated[WholeNumber, within(limits.ATTN_SIZE)] = Field(
         gt=0, description="d_n: the part of a query/key head without rotary embedding.")
-    qk_rope_head_dim: Annotated[WholeNumber, within(limits.ATTN_SIZE)] = Field(
+    qk_rope_head_dim: Annotated[WholeNumber, within(_RANK)] = Field(
         ge=0, description="d_r: the rotary part of a query head, and the one key part all heads share.")
     v_head_dim: Annotated[WholeNumber, within(limits.ATTN_SIZE)] = Field(
         gt=0, description="d_v: width of one value head (and of the attention output per head).")

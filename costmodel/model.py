@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, model_validator
 
 import costmodel.limits as limits
 from costmodel.errors import InputError
+from costmodel.limits import Bound
 from costmodel.latent_attention import LatentAttention
 from costmodel.model_flops import ModelFlops
 
@@ -23,6 +24,9 @@ from costmodel.model_flops import ModelFlops
 from costmodel.fields import (INPUT_CONFIG, Boolean, RealNumber, WholeNumber, _boolean, _real_number,  # noqa: F401
                               _whole_number, _yaml_exponent_text, within)
 
+
+_BLOCKS_OR_NONE = Bound(0, limits.NUM_BLOCKS.high, "a count of blocks; 0 = none")
+_WINDOW_OR_NONE = Bound(0, limits.SEQ_SIZE.high, "tokens a query attends to; 0 = no window")
 
 MlpKind = Literal["gelu", "swiglu", "geglu", "squared_relu"]
 """The MLP's activation: GeLU (two matrices, GPT-2/3); SwiGLU and GeGLU (gated: three
@@ -86,7 +90,7 @@ class Model(BaseModel):
     moe_every: Annotated[WholeNumber, within(limits.MOE_EVERY)] = Field(
         1, gt=0, description="Block i (counted from 1) has experts when i is a multiple of moe_every (Hugging Face's "
                              "decoder_sparse_step); the others have the dense MLP of `feedforward`. 1 = every block.")
-    first_dense_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] = Field(
+    first_dense_blocks: Annotated[WholeNumber, within(_BLOCKS_OR_NONE)] = Field(
         0, ge=0, description="The first k blocks keep the dense MLP whatever moe_every says (Hugging Face's "
                              "first_k_dense_replace; DeepSeek-V3: 3).")
     # ---- attention variants (all off for the GPT and Llama families) ----
@@ -96,14 +100,14 @@ class Model(BaseModel):
     qk_norm: Boolean = Field(False, description="An RMSNorm over each query and key head (Qwen3): 2·d parameters.")
     attention_sinks: Boolean = Field(False, description="A learned logit per head joins each softmax (gpt-oss): "
                                                         "a parameters per block, negligible FLOP.")
-    sliding_window: Annotated[WholeNumber, within(limits.SEQ_SIZE)] = Field(
+    sliding_window: Annotated[WholeNumber, within(_WINDOW_OR_NONE)] = Field(
         0, ge=0, description="w: tokens a query of a sliding-window block attends to (0 = none).")
-    sliding_window_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = Field(
+    sliding_window_blocks: Annotated[WholeNumber, within(_BLOCKS_OR_NONE)] | None = Field(
         None, ge=0, description="Blocks that use the window (gpt-oss: every other one); default: all when "
                                 "sliding_window is given.")
     router_bias: Boolean = Field(False, description="A bias per expert on the router's logits (gpt-oss; "
                                                     "DeepSeek-V3's e_score_correction_bias): E parameters.")
-    mtp_blocks: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] = Field(
+    mtp_blocks: Annotated[WholeNumber, within(_BLOCKS_OR_NONE)] = Field(
         0, ge=0, description="Multi-token prediction modules (DeepSeek-V3's num_nextn_predict_layers), each a "
                              "block of the last block's kind with two norms and a 2h → h projection, sharing the "
                              "embedding and output layer (DeepSeek-V3 §2.2); run on the last pipeline stage.")
