@@ -302,3 +302,15 @@ def test_bridge_flops_with_latent_attention_reproduce_deepseek_v3s_published_tfl
         errors.append(abs(ours / row["tflops_per_gpu"] - 1))
     assert len(errors) >= 15
     assert max(errors) < 0.005
+
+
+def test_mapsat_solve_states_the_parameter_counts():
+    args = ["solve", "--model", str(MODELS / "gpt-oss-20b" / "config.json"), "--seq-size", "4096",
+            "--system", str(ROOT / "problems/systems/h100-80g-nvl8.yaml"), "--gpus", "8", "--max-batch", "16"]
+    result = CliRunner().invoke(cli, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    counts = json.loads(result.output)["parameters"]
+    assert counts == ParameterCounts.of(hf("gpt-oss-20b")).to_dict()
+    assert counts["active_without_embedding"] == pytest.approx(3.61e9, rel=0.01)
+    table = CliRunner().invoke(cli, args)
+    assert table.exit_code == 0 and "20.91 B parameters, 4.19 B active (3.61 B without the input embedding)" in table.output
