@@ -49,7 +49,7 @@ from costmodel.layer_time import (ACTIVATION_FLOPS_PER_ELEM, DROPOUT_FLOPS_PER_E
                                   RESIDUAL_FLOPS_PER_ELEM, RMSNORM_FLOPS_PER_ELEM, ROPE_FLOPS_PER_ELEM,
                                   SOFTMAX_FLOPS_PER_ELEM, SOFTMAX_STATS_BYTES, eltwise_s, gemm_s, matmul_s)
 
-def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_bytes, steps=1.0):
+def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_bytes, steps=1.0, head_size=None):
     """Time of a fused attention kernel doing `pairs` s×s×d products per (batch, head) over
     `batch_heads` of them; with context parallelism, of the `steps` = cp ring-step kernels
     that each do `pairs` (s/cp)×(s/cp)×d products (1/cp of the whole core, in cp launches
@@ -58,11 +58,62 @@ def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_byte
     GEMM), its element-wise softmax work on the vector units (overlapped with the matrix work,
     as FlashAttention pipelines them) and its HBM traffic, whichever is slowest."""
     chunk = c.seq / steps
+    d = c.head_size if head_size is None else head_size
     if c.attention is not None:
-        return steps * attention_time_s(c.attention, pairs, batch_heads, chunk, c.head_size)
+        return steps * attention_time_s(c.attention, pairs, batch_heads, chunk, d)
     vector = vector_flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, vector_flops))
-    return xp.maximum(gemm_s(c, xp, chunk, chunk, c.head_size, num_bytes, batch=pairs * batch_heads * steps,
+    return xp.maximum(gemm_s(c, xp, chunk, chunk, d, num_bytes, batch=pairs * batch_heads * steps,
                              high_precision=True), vector)
+
+
+@dataclass(frozen=True)
+class AttentionProjections:
+    """The attention's projections of one block, one microbatch, one GPU, forward."""
+
+    in_s: object
+    """the projections into the heads (QKV; latent attention's down and up projections)"""
+    out_s: object
+    """the output projection"""
+    matrix_flops: object
+    eltwise_s: object
+    """latent attention's two RMSNorms over the compressed query and K/V (0 otherwise)"""
+    rope_elems: object
+    """elements RoPE rotates: the query and key columns that carry positions"""
+    gemms: tuple
+    """their quantized operands (costmodel.quantize)"""
+
+
+def attention_projections(c: Context, xp, tokens, ln_tokens, t, gathered, norm_out, norm_flops) -> AttentionProjections:
+    """QKV and the output projection (grouped-query attention: h → (a + 2g)·d/t and a·d/t → h),
+    or latent attention's five projections (costmodel.latent_attention): the down projections
+    h → r_q and h → r_kv + d_r whole on every tp rank, on the sequence-parallel shard
+    (`ln_tokens`) as Megatron-LM's MLASelfAttention runs them, the up projections r_q → a·d_qk/t
+    and r_kv → a·(d_n + d_v)/t and the output a·d_v/t → h on the gathered tokens."""
+    e, h, heads = c.elem_bytes, c.hidden, c.heads / t
+    d, d_v = c.head_size, c.value_head_size
+    if not c.latent:
+        q_cols, kv_cols = heads * d, c.kv_heads / t * d
+        qkv_cols = q_cols + 2 * kv_cols
+        gemms = (GemmOperands(ln_tokens * h, tokens * qkv_cols, h * qkv_cols, gathered, False, t, norm_fed=True),
+                 GemmOperands(tokens * q_cols, ln_tokens * h, q_cols * h, False, gathered, t, projection=True))
+        return AttentionProjections(
+            in_s=matmul_s(c, xp, tokens, qkv_cols, h), out_s=matmul_s(c, xp, tokens, h, q_cols),
+            matrix_flops=2 * tokens * h * (qkv_cols + q_cols), eltwise_s=0.0,
+            rope_elems=tokens * (q_cols + kv_cols), gemms=gemms)
+    r_q, r_kv, d_r = c.q_lora_rank, c.kv_lora_rank, c.rope_head_size
+    q_in = r_q if r_q else h                          # no query compression: h → a·d_qk directly
+    q_cols, kv_up_cols, out_cols = heads * d, heads * (d - d_r + d_v), heads * d_v
+    down_cols = r_q + r_kv + d_r
+    in_s = (matmul_s(c, xp, ln_tokens, down_cols, h) + matmul_s(c, xp, tokens, q_cols, q_in)
+            + matmul_s(c, xp, tokens, kv_up_cols, r_kv))
+    flops = 2 * (ln_tokens * h * down_cols + tokens * (q_in * q_cols + r_kv * kv_up_cols + out_cols * h))
+    # the RMSNorms over the gathered compressed query and K/V (read, write)
+    latent_norms = eltwise_s(c, xp, tokens * (r_q + r_kv), norm_flops, e + norm_out)
+    gemms = (GemmOperands(ln_tokens * h, ln_tokens * down_cols, h * down_cols, False, False, t, norm_fed=True),
+             GemmOperands(tokens * (r_q + r_kv), tokens * (q_cols + kv_up_cols), r_q * q_cols + r_kv * kv_up_cols),
+             GemmOperands(tokens * out_cols, ln_tokens * h, out_cols * h, False, gathered, t, projection=True))
+    return AttentionProjections(in_s=in_s, out_s=matmul_s(c, xp, tokens, h, out_cols), matrix_flops=flops, eltwise_s=latent_norms,
+                                rope_elems=tokens * (heads * d_r + d_r), gemms=gemms)
 
 
 @dataclass(frozen=True)
@@ -119,49 +170,67 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
     heads = c.heads / t                                  # heads on this GPU
     q_cols = heads * d                                   # a·d/t
     kv_cols = c.kv_heads / t * d                         # g·d/t: K (and V) columns on this GPU
-    qkv_cols = q_cols + 2 * kv_cols
     f_cols = f / t
     up_cols = 2 * f_cols if c.gated_mlp else f_cols      # gated: gate and up projections side by side
     # Layer norms, residuals and their dropouts act on the sequence-parallel shard when SP
     # is on, and on the whole (replicated) activation otherwise.
     ln_tokens = xp.where(m.seq_par, tokens / t, tokens)
 
-    qkv = matmul_s(c, xp, tokens, qkv_cols, h)
-    proj = matmul_s(c, xp, tokens, h, q_cols)
+    norm_flops = RMSNORM_FLOPS_PER_ELEM if c.rmsnorm else LAYERNORM_FLOPS_PER_ELEM
+    # Delayed scaling: the norm writes the FP8 copy of its output itself (costmodel.precision).
+    norm_out = c.recipe.copy_bytes if c.quantized and c.recipe.format.norm_casts else e
+    att = attention_projections(c, xp, tokens, ln_tokens, t, m.seq_par, norm_out, norm_flops)
     mlp = matmul_s(c, xp, tokens, up_cols, h) + matmul_s(c, xp, tokens, h, f_cols)   # h→f (or 2f), f→h
     mlp_flops = 2 * tokens * h * (up_cols + f_cols)
 
     score_flops = 2 * b * heads * q_len * s * d          # Q·Kᵀ; the context GEMM (·V) is as large
+    core_flops = 2 * score_flops
     score_elems = b * heads * q_len * s
+    if c.latent:
+        # Queries and keys of d_qk, values and output of d_v per head, every head its own K and V.
+        d_v = c.value_head_size
+        core_flops = score_flops + 2 * b * heads * q_len * s * d_v
     if c.fused_attention:
         # Q read and the output written for this GPU's tokens; K and V read for all s (the
         # ring brings every chunk); the softmax statistics written.
         kernel_bytes = e * (tokens * 2 * q_cols + b * s * 2 * kv_cols) + SOFTMAX_STATS_BYTES * b * heads * q_len
+        core_head = None
+        if c.latent:
+            kernel_bytes = (e * (tokens + b * s) * heads * (d + d_v)
+                            + SOFTMAX_STATS_BYTES * b * heads * q_len)
+            core_head = (d + d_v) / 2                     # two products of d_qk and d_v: their mean, twice
         # Two s×s×d products per head forward (Q·Kᵀ, ·V), 1/cp of them on this GPU.
         core_gemm = fused_attention_s(c, xp, 2, b * heads, score_elems * (SOFTMAX_FLOPS_PER_ELEM + dropout_flops),
-                                      kernel_bytes, steps=m.cp)
+                                      kernel_bytes, steps=m.cp, head_size=core_head)
         core_eltwise = 0.0
         # Backward recomputes Q·Kᵀ and the softmax (statistics in hand) on chip.
         kernel_recompute = fused_attention_s(c, xp, 1, b * heads, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0,
                                              steps=m.cp)
         kernel_recompute_flops = score_flops
         selective_recompute, selective_recompute_flops = 0.0, 0.0   # nothing outside the kernel to redo
+        if c.attention_core_scale != 1.0:
+            # Sliding-window blocks: the kernel skips the tiles outside the band (the mean over
+            # the model's blocks, Context.attention_core_scale).
+            scale = c.attention_core_scale
+            core_gemm, kernel_recompute = scale * core_gemm, scale * kernel_recompute
+            core_flops, kernel_recompute_flops = scale * core_flops, scale * kernel_recompute_flops
     else:
         scores = gemm_s(c, xp, q_len, s, d, e * (b * heads * q_len * d + b * kv_cols / d * s * d + score_elems),
                         batch=b * heads, high_precision=True)
         context = gemm_s(c, xp, q_len, d, s, e * (score_elems + b * kv_cols / d * s * d + b * heads * q_len * d),
                          batch=b * heads, high_precision=True)
+        if c.latent:                                      # ·V with d_v-wide values and output
+            context = gemm_s(c, xp, q_len, d_v, s, e * (score_elems + b * heads * (s + q_len) * d_v), batch=b * heads,
+                             high_precision=True)
         softmax = eltwise_s(c, xp, score_elems, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
         attn_dropout = eltwise_s(c, xp, score_elems, DROPOUT_FLOPS_PER_ELEM, 2 * e + MASK_BYTES) if c.dropout else 0.0
         core_gemm = scores + context
         core_eltwise = softmax + attn_dropout
         kernel_recompute, kernel_recompute_flops = 0.0, 0.0
         # Selective recomputation reruns the four kernels of the attention core.
-        selective_recompute, selective_recompute_flops = core_gemm + core_eltwise, 2 * score_flops
+        # (an unfused core computes the whole masked score matrix: a sliding window saves nothing)
+        selective_recompute, selective_recompute_flops = core_gemm + core_eltwise, core_flops
 
-    norm_flops = RMSNORM_FLOPS_PER_ELEM if c.rmsnorm else LAYERNORM_FLOPS_PER_ELEM
-    # Delayed scaling: the norm writes the FP8 copy of its output itself (costmodel.precision).
-    norm_out = c.recipe.copy_bytes if c.quantized and c.recipe.format.norm_casts else e
     layernorms = 2 * eltwise_s(c, xp, ln_tokens * h, norm_flops, e + norm_out)
     # Each residual add applies its dropout in the same pass (Megatron-LM's fused bias-dropout-add),
     # reading and writing the mask only when the model trains with dropout.
@@ -178,14 +247,12 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         # A fused GeLU (or squared ReLU) runs in the epilogue of the h→f GEMM: no pass of its own.
         activation = 0.0 if c.fused_activation else eltwise_s(c, xp, tokens * f_cols, act_flops, 2 * e)
     # RoPE rotates Q and K in place: one pass over them (read and write).
-    rope = eltwise_s(c, xp, tokens * (q_cols + kv_cols), ROPE_FLOPS_PER_ELEM, 2 * e) if c.rope else 0.0
+    rope = eltwise_s(c, xp, att.rope_elems, ROPE_FLOPS_PER_ELEM, 2 * e) if c.rope else 0.0
     # The quantized GEMMs' operands (a precision recipe's passes; none without one): QKV and the
     # MLP's up projection read a norm's output, gathered under sequence parallelism; the
     # projection's and the down projection's output gradients are gathered likewise.
     gathered = m.seq_par
-    attention_gemms = (
-        GemmOperands(ln_tokens * h, tokens * qkv_cols, h * qkv_cols, gathered, False, t, norm_fed=True),
-        GemmOperands(tokens * q_cols, ln_tokens * h, q_cols * h, False, gathered, t, projection=True))
+    attention_gemms = att.gemms
     mlp_gemms = (
         GemmOperands(ln_tokens * h, tokens * up_cols, h * up_cols, gathered, False, t, norm_fed=True),
         GemmOperands(tokens * f_cols, ln_tokens * h, f_cols * h, False, gathered, t))
@@ -206,10 +273,10 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         selective_recompute_flops = sum(module_flops.get(name, 0.0) for name in modules)
 
     return BlockForward(
-        gemm_s=qkv + core_gemm + proj + mlp,
-        eltwise_s=core_eltwise + layernorms + residuals + activation + rope,
+        gemm_s=att.in_s + core_gemm + att.out_s + mlp,
+        eltwise_s=core_eltwise + layernorms + residuals + activation + rope + att.eltwise_s,
         attention_core_s=core_gemm + core_eltwise,
-        matrix_flops=2 * tokens * h * (qkv_cols + q_cols) + mlp_flops + 2 * score_flops,
+        matrix_flops=att.matrix_flops + mlp_flops + core_flops,
         selective_recompute_s=selective_recompute,
         selective_recompute_flops=selective_recompute_flops,
         kernel_recompute_s=kernel_recompute,
@@ -268,6 +335,17 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
         projection_input = (e * tokens * q_cols if keeps_bf16 or c.fused_attention else 0.0) + (
             0.0 if keeps_bf16 else q * tokens * q_cols)
     qkv_and_proj = e * tokens * (q_cols + 2 * kv_cols) + projection_input
+    if c.latent:
+        # Megatron-LM's MLASelfAttention keeps Q and K (d_qk per head), V and the output (d_v;
+        # the output is the projection's input), the compressed query and K/V twice each (the
+        # RMSNorms' inputs and the up projections' inputs, gathered); its down projections read
+        # the norm's output on the sequence-parallel shard, kept as that shard.
+        d_v = c.value_head_size
+        out_cols = heads * d_v
+        projection_input = projection_input / q_cols * out_cols
+        qkv_and_proj = (e * tokens * (2 * q_cols + out_cols) + projection_input
+                        + 2 * e * tokens * (c.q_lora_rank + c.kv_lora_rank))
+        gemm_inputs = q * tokens * h / gemm_inputs_split + q * tokens * h / sp_split
     # GeLU / squared ReLU: the activation's input and output (2·f); gated: the h→2f output
     # (both operands of the gate) and the gate's output (3·f). The output, the down
     # projection's input, is kept as its quantized copy under a recipe.
@@ -297,6 +375,8 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     # The K/V ring keeps two chunks in flight beside the local one (receive and send
     # buffers, TransformerEngine's double buffering), in forward and again in backward.
     ring_buffers = xp.where(m.cp > 1, 2 * e * tokens * 2 * kv_cols, 0.0)
+    if c.latent:
+        ring_buffers = xp.where(m.cp > 1, 2 * e * tokens * heads * (d + c.value_head_size), 0.0)
     return StoredActivations(
         stored=xp.where(m.recompute_full, block_input, stored),
         full=full,

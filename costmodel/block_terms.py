@@ -72,6 +72,8 @@ def cp_ring_terms(c: Context, m, xp, fw: BlockForward):
     the step (Megatron-LM / TransformerEngine run them on separate streams), so only the
     excess over the core is exposed, and the hidden part takes the network's compute usage."""
     kv_chunk = c.elem_bytes * m.microbatch * c.seq / m.cp * 2 * c.kv_heads / m.tp * c.head_size
+    if c.latent:                              # keys of d_qk and values of d_v, one per head
+        kv_chunk = c.elem_bytes * m.microbatch * c.seq / m.cp * c.kv_width / m.tp
     step = collective_s(c, xp, Collective.p2p, m.cp, kv_chunk, m.cp_net)
     ring_fwd = (m.cp - 1) * step
     usage = xp.pick(c.net_usage, m.cp_net)

@@ -114,6 +114,32 @@ class Context:
     dropout: bool = True               # dropout masks stored and applied (a model trained with dropout)
     pp_comm_overlap: bool = False      # interleaved schedules' sends beside compute (Megatron's overlap_p2p_comm)
     fused_cross_entropy: bool = True   # Megatron's fused loss (6 bytes per logit) or eager PyTorch's (12)
+    # attention variants (costmodel.block): latent attention's widths, and the sliding window's
+    # share of the attention core's work
+    v_head_size: float = 0.0           # d_v: a value head's width (0: head_size, d_qk = d_v)
+    q_lora_rank: float = 0.0           # latent attention's r_q (0: no query compression)
+    kv_lora_rank: float = 0.0          # r_kv (0: not latent attention)
+    rope_head_size: float = 0.0        # d_r: the RoPE part of a latent-attention query/key head
+    attention_core_scale: float = 1.0  # the attention core's work over a full causal core's, averaged over blocks
+    # multi-token prediction modules on the last stage (costmodel.iteration)
+    mtp_blocks: float = 0.0
+    mtp_block_is_moe: bool = False
+    mtp_extra_params: float = 0.0      # one module's norms and 2h → h projection (beside its block)
+
+    @property
+    def latent(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V3)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def value_head_size(self) -> float:
+        """d_v: as head_size except under latent attention."""
+        return self.v_head_size or self.head_size
+
+    @property
+    def kv_width(self) -> float:
+        """Elements of K and V per token, all heads: g·(d_qk + d_v)."""
+        return self.kv_heads * (self.head_size + self.value_head_size)
 
     @property
     def gemm_elem_bytes(self) -> float:
@@ -220,8 +246,33 @@ class Context:
             kernel_gap_s=gaps.block_s, outer_gap_extra_s=gaps.outer_extra_s,
             allocator_fraction=step.allocator_fragmentation if step else 0.0,
             fused_cross_entropy=kernels.fused_cross_entropy, pp_comm_overlap=kernels.pp_comm_overlap,
+            **_attention_fields(model), mtp_blocks=float(model.mtp_blocks), mtp_block_is_moe=model.mtp_block_is_moe,
+            mtp_extra_params=float(model.mtp_module_params - (model.moe_block_params if model.mtp_block_is_moe
+                                                              else model.block_params)),
             **recipe_fields,
         )
+
+
+def window_core_ratio(window: float, seq: float) -> float:
+    """The work of a causal attention core whose queries see at most `window` keys, over a full
+    causal core's: (2·s·w − w²) / s² (the s·w − w²/2 query-key pairs under the band against
+    s²/2), 1 when the window spans the sequence. A sliding-window kernel (FlashAttention's
+    window_size) skips the tiles outside the band."""
+    if window <= 0 or window >= seq:
+        return 1.0
+    return (2 * seq * window - window * window) / (seq * seq)
+
+
+def _attention_fields(model: Model) -> dict:
+    """The attention variants' constants: latent attention's ranks and widths, and the mean
+    attention-core scale over the blocks (window_blocks of them at window_core_ratio)."""
+    share = model.window_blocks / model.num_blocks
+    fields = {"attention_core_scale": 1 - share + share * window_core_ratio(model.sliding_window, model.seq_size)}
+    mla = model.latent_attention
+    if mla is not None:
+        fields.update(v_head_size=float(mla.v_head_dim), q_lora_rank=float(mla.q_lora_rank),
+                      kv_lora_rank=float(mla.kv_lora_rank), rope_head_size=float(mla.qk_rope_head_dim))
+    return fields
 
 
 def _curve(compute: Compute, peak_ratio: float) -> Curve | None:

@@ -81,7 +81,7 @@ class StageParams:
     """the non-expert parameters of its blocks (`dense` less the embeddings and output layer)"""
 
 
-def stage_params(c: Context, m, xp, stages: Stages, dense_params, expert_params) -> StageParams:
+def stage_params(c: Context, m, xp, stages: Stages, dense_params, expert_params, mtp=None) -> StageParams:
     """Each stage reduces and steps its own parameters (first: its blocks and the embeddings;
     middle: its blocks; last: its blocks and the output layer; all of them when pp = 1).
 
@@ -92,6 +92,12 @@ def stage_params(c: Context, m, xp, stages: Stages, dense_params, expert_params)
     output_matrix = xp.where(p > 1, c.output_layer_params, 0.0 if c.tied_embeddings else c.output_layer_params)
     first_extra = c.embedding_params + xp.where(p == 1, output_matrix, 0.0)
     last_extra = output_matrix + xp.where(p == 1, c.embedding_params, 0.0)
+    if mtp is not None:
+        # Multi-token prediction (costmodel.iteration.mtp_terms): the modules' parameters, all
+        # reduced with the dense ones (their experts' smaller expert-data-parallel group is not
+        # modelled), and a copy of the embedding on the last stage when it is not the first.
+        last_extra = (last_extra + (mtp.dense_params + mtp.expert_params) * t
+                      + xp.where(p > 1, c.embedding_params, 0.0))
     if stages.equal:                          # the blocks and the larger of the two extras
         dense = stages.first * dense_params + xp.maximum(first_extra, last_extra) / t
         blocks = stages.first

@@ -3,7 +3,8 @@
 Recognised by its `model_type`; each supported type's fields are read into a Model (the
 field names and defaults are those of the model's configuration class in Hugging Face
 Transformers: LlamaConfig, MistralConfig, Qwen2Config, GPT2Config, GPTNeoXConfig,
-NemotronConfig, and the mixture-of-experts MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig). The training sequence length is not in such a file
+NemotronConfig, Qwen3Config, and the mixture-of-experts MixtralConfig, Qwen2MoeConfig,
+Qwen3MoeConfig, DeepseekV3Config, GptOssConfig). The training sequence length is not in such a file
 (`max_position_embeddings` is the context the model supports), so it is given beside it.
 
 Every field read is declared in a typed schema of its model_type (`SCHEMAS`), so a value of
@@ -23,14 +24,12 @@ are read as nothing: they cost a few element-wise operations on k or E values pe
 from __future__ import annotations
 
 import warnings
-from typing import Annotated, Any, Callable
+from typing import Any, Callable
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
-
-import costmodel.limits as limits
 from costmodel.errors import InputError, shown
-from costmodel.limits import Bound
-from costmodel.model import Boolean, RealNumber, WholeNumber, within
+from costmodel.hf_schemas import (_QK_NORM_TYPES, DeepseekV3Config, GPT2Config, GPTNeoXConfig, GptOssConfig, HFConfig,
+                                  LlamaConfig, MistralConfig, MixtralConfig, NemotronConfig, Qwen2Config, Qwen2MoeConfig,
+                                  Qwen3Config, Qwen3MoeConfig, _Attention)
 
 
 class UnmodelledFieldWarning(UserWarning):
@@ -41,128 +40,6 @@ class UnmodelledFieldWarning(UserWarning):
 _GELU = {"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "gelu_accurate"}
 _SILU = {"silu", "swish"}
 _SQUARED_RELU = {"relu2"}
-
-# ---- the field types: a whole number within a bound of costmodel.limits, or null (absent)
-Hidden = Annotated[WholeNumber, within(limits.HIDDEN)] | None
-Feedforward = Annotated[WholeNumber, within(limits.FEEDFORWARD)] | None
-Heads = Annotated[WholeNumber, within(limits.ATTN_HEADS)] | None
-HeadSize = Annotated[WholeNumber, within(limits.ATTN_SIZE)] | None
-Blocks = Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None
-Vocab = Annotated[WholeNumber, within(limits.VOCAB_SIZE)] | None
-Tokens = Annotated[WholeNumber, within(limits.SEQ_SIZE)] | None
-Experts = Annotated[WholeNumber, within(limits.NUM_EXPERTS)] | None
-ExpertsPerToken = Annotated[WholeNumber, within(limits.EXPERTS_PER_TOKEN)] | None
-ExpertFeedforward = Annotated[WholeNumber, within(limits.EXPERT_FEEDFORWARD)] | None
-Probability = Annotated[RealNumber, within(limits.FRACTION)] | None
-_WINDOW = Bound(0, limits.INT64_MAX, "tokens one position attends to; compared with seq_size only")
-_LAYER = Bound(0, limits.NUM_BLOCKS.high, "a layer index, counted from 0")
-
-
-def _at_least_one(value: int) -> int:
-    if value < 1:
-        raise ValueError("is not a whole number >= 1")
-    return value
-
-
-def _list_of_indices(value: object) -> object:
-    if not isinstance(value, list):
-        raise ValueError("is not a list of layer indices")
-    return value
-
-
-LayerIndices = Annotated[list[Annotated[WholeNumber, within(_LAYER)]], BeforeValidator(_list_of_indices)]
-
-
-class HFConfig(BaseModel):
-    """The fields every supported model_type may read (and those named in warnings)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
-
-    model_type: str
-    tie_word_embeddings: Boolean | None = Field(None, description="Output layer shares the embedding's weights.")
-    sliding_window: Annotated[WholeNumber, within(_WINDOW)] | None = Field(
-        None, description="Sliding-window attention span (named in a warning when it binds).")
-    use_sliding_window: Boolean | None = Field(None, description="Qwen's switch for sliding_window.")
-    num_experts: Experts = Field(None, description="Routed experts (qwen2_moe, qwen3_moe; named elsewhere).")
-    num_local_experts: Experts = Field(None, description="Routed experts (mixtral; named elsewhere).")
-    n_routed_experts: Experts = Field(None, description="Routed experts (DeepSeek; named in a warning).")
-    # Dropout probabilities, under each family's name (Transformers' defaults: 0.1 for GPT-2's
-    # *_pdrop, 0.0 for every other family's).
-    attention_dropout: Probability = None
-    hidden_dropout: Probability = None
-    resid_pdrop: Probability = None
-    attn_pdrop: Probability = None
-
-
-class _Attention(HFConfig):
-    """llama, mistral, qwen2 and the attention of mixtral, qwen2_moe, qwen3_moe, nemotron."""
-
-    hidden_size: Hidden = None
-    num_attention_heads: Heads = None
-    num_key_value_heads: Heads = None
-    head_dim: HeadSize = None
-    intermediate_size: Feedforward = None
-    num_hidden_layers: Blocks = None
-    vocab_size: Vocab = None
-    hidden_act: str | None = None
-
-
-class LlamaConfig(_Attention):
-    attention_bias: Boolean | None = None
-    mlp_bias: Boolean | None = None
-
-
-class NemotronConfig(LlamaConfig):
-    pass
-
-
-class MistralConfig(_Attention):
-    attention_bias: Boolean | None = None
-
-
-class Qwen2Config(_Attention):
-    qkv_bias: Boolean | None = None
-
-
-class MixtralConfig(MistralConfig):
-    num_experts_per_tok: ExpertsPerToken = None
-
-
-class _QwenExperts(BaseModel):
-    decoder_sparse_step: Annotated[WholeNumber, AfterValidator(_at_least_one), within(limits.MOE_EVERY)] | None = None
-    mlp_only_layers: LayerIndices | None = None
-    num_experts_per_tok: ExpertsPerToken = None
-    moe_intermediate_size: ExpertFeedforward = None
-
-
-class Qwen2MoeConfig(Qwen2Config, _QwenExperts):
-    shared_expert_intermediate_size: ExpertFeedforward = None
-
-
-class Qwen3MoeConfig(MistralConfig, _QwenExperts):
-    pass
-
-
-class GPT2Config(HFConfig):
-    n_embd: Hidden = None
-    n_inner: Feedforward = None
-    n_head: Heads = None
-    n_layer: Blocks = None
-    vocab_size: Vocab = None
-    activation_function: str | None = None
-    n_positions: Tokens = None
-    add_cross_attention: Boolean | None = None
-
-
-class GPTNeoXConfig(HFConfig):
-    hidden_size: Hidden = None
-    num_attention_heads: Heads = None
-    intermediate_size: Feedforward = None
-    num_hidden_layers: Blocks = None
-    vocab_size: Vocab = None
-    hidden_act: str | None = None
-    attention_bias: Boolean | None = None
-    use_parallel_residual: Boolean | None = None
 
 
 def _get(config: HFConfig, source: str, field: str, default: Any = ...) -> Any:
@@ -209,7 +86,7 @@ def _llama_like(config: _Attention, source: str) -> dict:
         "num_blocks": _get(config, source, "num_hidden_layers"), "vocab_size": _get(config, source, "vocab_size"),
         "mlp": _activation(config, source, "hidden_act", "silu", gated=True), "norm": "rmsnorm", "position": "rope",
         "tied_embeddings": _get(config, source, "tie_word_embeddings", False),
-        "bias": mlp_bias, "qkv_bias": qkv_bias,
+        "bias": mlp_bias, "qkv_bias": qkv_bias, **({"qk_norm": True} if config.model_type in _QK_NORM_TYPES else {}),
     }
 
 
@@ -293,14 +170,79 @@ def _nemotron(config: NemotronConfig, source: str) -> dict:
     }
 
 
+def _deepseek_v3(config: DeepseekV3Config, source: str) -> dict:
+    """deepseek_v3 (Transformers' DeepseekV3Config defaults): latent attention; block i (from 0)
+    is an MoE block when i >= first_k_dense_replace and i % moe_layer_freq == 0; the MoE has
+    n_routed_experts of moe_intermediate_size, top num_experts_per_tok, and n_shared_experts of
+    the same width (Megatron-Bridge's shared size moe_intermediate_size · n_shared_experts).
+    Read and not modelled, as they change which experts a token meets, not the work:
+    scoring_func (sigmoid: a few element-wise operations per score, as softmax), n_group and
+    topk_group (group-limited routing), routed_scaling_factor, norm_topk_prob. The router's
+    e_score_correction_bias is a buffer updated by a rule, not a trained parameter: not counted."""
+    heads = _get(config, source, "num_attention_heads", 128)
+    if _get(config, source, "attention_bias", False):
+        raise InputError(f"{source}: attention_bias true with latent attention is not modelled")
+    step = _get(config, source, "moe_layer_freq", 1)
+    if step != 1:
+        raise InputError(f"{source}: moe_layer_freq {step} is not modelled (every block after "
+                         f"first_k_dense_replace has experts)")
+    # q_lora_rank null (DeepSeek-V2-Lite) projects queries from h directly; absent, the default
+    q_rank = 0 if "q_lora_rank" in config.model_fields_set and config.q_lora_rank is None else 1536
+    mla = {"q_lora_rank": _get(config, source, "q_lora_rank", q_rank), "kv_lora_rank": _get(config, source, "kv_lora_rank", 512),
+           "qk_nope_head_dim": _get(config, source, "qk_nope_head_dim", 128),
+           "qk_rope_head_dim": _get(config, source, "qk_rope_head_dim", 64),
+           "v_head_dim": _get(config, source, "v_head_dim", 128)}
+    shared = _get(config, source, "n_shared_experts", 1)
+    width = _get(config, source, "moe_intermediate_size", 2048)
+    experts = _get(config, source, "n_routed_experts", 256)
+    return {
+        "hidden": _get(config, source, "hidden_size", 7168), "feedforward": _get(config, source, "intermediate_size", 18432),
+        "attn_heads": heads, "attn_size": mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"], "latent_attention": mla,
+        "num_blocks": _get(config, source, "num_hidden_layers", 61), "vocab_size": _get(config, source, "vocab_size", 129280),
+        "mlp": _activation(config, source, "hidden_act", "silu", gated=True), "norm": "rmsnorm", "position": "rope",
+        "tied_embeddings": _get(config, source, "tie_word_embeddings", False), "bias": False,
+        "num_experts": experts, "experts_per_token": _get(config, source, "num_experts_per_tok", 8),
+        "expert_feedforward": width, "first_dense_blocks": _get(config, source, "first_k_dense_replace", 3),
+        **({"shared_experts": shared, "shared_expert_feedforward": width} if shared else {}),
+        "mtp_blocks": _get(config, source, "num_nextn_predict_layers", 0),
+    }
+
+
+def _gpt_oss(config: GptOssConfig, source: str) -> dict:
+    """gpt_oss (Transformers' GptOssConfig): every block an MoE of num_local_experts experts of
+    intermediate_size (top experts_per_token), biases on Q, K, V, the output projection, the
+    experts and the router, one learned sink logit per head, and the blocks whose layer_types
+    entry is sliding_attention attend over sliding_window tokens (default: the even-numbered
+    blocks, Transformers' default layer_types). Its SwiGLU variant (x·σ(1.702·x)·(y + 1),
+    clamped at swiglu_limit) costs the FLOP of a SwiGLU: read as one."""
+    fields = _llama_like(config, source)
+    blocks = fields["num_blocks"]
+    kinds = _get(config, source, "layer_types", ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                                 for i in range(blocks)])
+    unknown = sorted(set(kinds) - {"sliding_attention", "full_attention"})
+    if len(kinds) != blocks or unknown:
+        raise InputError(f"{source}: field 'layer_types' must list sliding_attention or full_attention for each of "
+                         f"the {blocks} layers (got {len(kinds)} entries{', unknown ' + shown(unknown) if unknown else ''})")
+    window_blocks = kinds.count("sliding_attention")
+    bias = _get(config, source, "attention_bias", True)
+    per_token = _get(config, source, "num_experts_per_tok", None)
+    return {**fields, "bias": bias, "qkv_bias": bias, "attention_sinks": True, "router_bias": True,
+            "num_experts": _get(config, source, "num_local_experts", 128),
+            "experts_per_token": per_token if per_token is not None else _get(config, source, "experts_per_token", 4),
+            "expert_feedforward": fields["feedforward"],
+            **({"sliding_window": _get(config, source, "sliding_window", 128), "sliding_window_blocks": window_blocks}
+               if window_blocks else {})}
+
+
 READERS: dict[str, tuple[type[HFConfig], Callable[[Any, str], dict]]] = {
     "llama": (LlamaConfig, _llama_like), "mistral": (MistralConfig, _llama_like), "qwen2": (Qwen2Config, _llama_like),
     "gpt2": (GPT2Config, _gpt2), "gpt_neox": (GPTNeoXConfig, _gpt_neox), "nemotron": (NemotronConfig, _nemotron),
     "mixtral": (MixtralConfig, _mixtral), "qwen2_moe": (Qwen2MoeConfig, _qwen_moe),
-    "qwen3_moe": (Qwen3MoeConfig, _qwen_moe),
+    "qwen3_moe": (Qwen3MoeConfig, _qwen_moe), "qwen3": (Qwen3Config, _llama_like),
+    "deepseek_v3": (DeepseekV3Config, _deepseek_v3), "gpt_oss": (GptOssConfig, _gpt_oss),
 }
 """The supported model_types: the schema of the fields each reads, and how it reads them."""
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
 """The model_types whose experts are read into the model (others name theirs in a warning)."""
 
 
@@ -310,7 +252,7 @@ def _unmodelled(config: HFConfig, seq_size: int) -> list[str]:
     notes = []
     window = config.sliding_window
     uses_window = (kind in ("mistral", "mixtral")
-                   or kind in ("qwen2", "qwen2_moe", "qwen3_moe") and config.use_sliding_window)
+                   or kind in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe") and config.use_sliding_window)
     if uses_window and window is not None and window < seq_size:
         notes.append(f"sliding_window {window} < seq_size {seq_size}: sliding-window attention is not modelled "
                      f"(the attention core is costed over the whole sequence)")

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.block_terms import BlockTerms, block_param_shares, block_terms
+from costmodel.block_terms import BlockTerms, block_param_shares, block_terms, kind_terms, moe_block_param_shares
 from costmodel.context import Context
 from costmodel.data_parallel import ADAM_FLOPS_PER_PARAM, Sharding, gradient_sync, optimizer_step_s, stage_params
-from costmodel.layer_time import eltwise_s, gemm_s
+from costmodel.layer_time import RMSNORM_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
 from costmodel.memory_features import recompute_share
 from costmodel.pipeline import blocks_in_flight, blocks_in_flight_last_stage, bubble_microbatches
 from costmodel.pipeline_time import Stages, pipeline_time
@@ -113,6 +113,42 @@ def output_layer_s(c: Context, m, xp):
             + HEAD_KERNELS_FORWARD * c.outer_gap_extra_s)       # outside per-layer CUDA graphs
 
 
+@dataclass(frozen=True)
+class MtpTerms:
+    """The multi-token prediction modules on the last stage, one microbatch, one GPU."""
+
+    fwd_s: object
+    """each module's block, its norms and 2h → h projection, its logits and loss, forward"""
+    bwd_s: object
+    """their backward (the block's own, with its recomputation), twice the rest's forward"""
+    dense_params: object
+    """the modules' parameters on this GPU outside their experts (tp splits them)"""
+    expert_params: object
+    """their experts' (tp and ep split them)"""
+    stored_bytes: object
+    """one microbatch's stored activations of the modules' blocks"""
+
+
+def mtp_terms(c: Context, m, xp) -> MtpTerms:
+    """DeepSeek-V3's multi-token prediction (arXiv:2412.19437 §2.2; Megatron-LM's
+    MultiTokenPredictionLayer) after the last block: per module, RMSNorms of the hidden state
+    and of the next token's embedding, their concatenation projected 2h → h (split tp ways),
+    one block of the last block's kind, the final norm and the shared output layer with its
+    cross-entropy (output_layer_s again). Its backward follows its forward at once on the last
+    stage, so one microbatch's activations are held."""
+    n = c.mtp_blocks
+    blk = kind_terms(c, m, xp, moe=c.mtp_block_is_moe)
+    tokens = m.microbatch * c.seq / m.cp
+    ln_tokens = xp.where(m.seq_par, tokens / m.tp, tokens)
+    projection = matmul_s(c, xp, tokens, c.hidden / m.tp, 2 * c.hidden)
+    norms = 3 * eltwise_s(c, xp, ln_tokens * c.hidden, RMSNORM_FLOPS_PER_ELEM, 2 * c.elem_bytes)
+    rest = projection + norms + output_layer_s(c, m, xp)
+    dense, experts = (moe_block_param_shares(c, m) if c.mtp_block_is_moe else (c.block_params / m.tp, 0.0))
+    return MtpTerms(fwd_s=n * (blk.block_fwd_s + rest), bwd_s=n * (blk.block_bwd_s + blk.recompute_s + 2 * rest),
+                    dense_params=n * (dense + c.mtp_extra_params / m.tp), expert_params=n * experts,
+                    stored_bytes=n * blk.activations.stored)
+
+
 def iteration_terms(c: Context, m, xp) -> IterationTerms:
     """All named time (s), memory (bytes) and rate terms of one iteration: the block's
     terms, the pipeline at its slowest stage, the gradient reduction and the optimizer step,
@@ -122,13 +158,18 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     blk = block_terms(c, m, xp)                         # one block, one microbatch
     # one block's parameters on this GPU: reduced over dp·cp, and (MoE experts) over dp·cp/ep
     dense_params, expert_params = block_param_shares(c, m)
-    pipe = pipeline_time(c, m, xp, blk, stages, output_layer_s(c, m, xp))
+    head_fwd = output_layer_s(c, m, xp)
+    mtp = mtp_terms(c, m, xp) if c.mtp_blocks else None
+    if mtp is None:
+        pipe = pipeline_time(c, m, xp, blk, stages, head_fwd)
+    else:
+        pipe = pipeline_time(c, m, xp, blk, stages, head_fwd + mtp.fwd_s, 2 * head_fwd + mtp.bwd_s)
     sharding = Sharding.of(m, xp)
-    params = stage_params(c, m, xp, stages, dense_params, expert_params)
+    params = stage_params(c, m, xp, stages, dense_params, expert_params, mtp)
     dp = gradient_sync(c, m, xp, blk, stages, sharding, params)
     # the optimizer step, and a precision recipe's once-a-step quantization of the weights
     optimizer_s = optimizer_step_s(c, m, xp, sharding, params) + params.blocks * blk.forward.weight_quantize_s
-    mem = stage_memory(c, m, xp, blk, stages, sharding, params, dense_params, expert_params)
+    mem = stage_memory(c, m, xp, blk, stages, sharding, params, dense_params, expert_params, mtp)
     iteration_s = pipe.pipeline_s + dp.exposed_s + dp.stolen_s + optimizer_s
 
     fw = blk.forward

@@ -9,103 +9,24 @@ default to the GPT family. A Hugging Face config.json reads into this class too
 
 from __future__ import annotations
 
-import math
-import re
-from dataclasses import dataclass
-from numbers import Integral, Real
 from typing import Annotated, Literal
 
-import numpy as np
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 import costmodel.limits as limits
 from costmodel.errors import InputError
 from costmodel.limits import Bound
+from costmodel.latent_attention import LatentAttention
+from costmodel.model_flops import ModelFlops
+
+# The field types shared by the three inputs (model, system, mapping) live in costmodel.fields;
+# they are re-exported here, where the other modules have always imported them.
+from costmodel.fields import (INPUT_CONFIG, Boolean, RealNumber, WholeNumber, _boolean, _real_number,  # noqa: F401
+                              _whole_number, _yaml_exponent_text, within)
 
 
-# ---- field types shared by the three inputs (model, system, mapping) ----
-# pydantic's lax mode would read `true` (and YAML 1.1's yes/on) as 1 and the string "12" as
-# 12; a size in an input file must be written as a number.
-
-
-def _whole_number(value: object) -> object:
-    """A whole number as written in a file: an int (numpy integers too), or a float with no
-    fractional part (12.0, as JSON writers sometimes emit, reads as 12). Booleans, strings
-    and fractions are rejected with a message saying why."""
-    if isinstance(value, bool):
-        raise ValueError("a boolean, not a whole number (YAML reads yes/no/on/off as booleans too)")
-    if isinstance(value, str):
-        if _yaml_exponent_text(value):
-            signed = re.sub(r"([eE])(\d)", r"\1+\2", value)
-            raise ValueError(f"text, not a number: YAML 1.1 reads an exponent without a sign as text (write {signed})")
-        raise ValueError("a string, not a whole number (write the number without quotes)")
-    if isinstance(value, Integral):
-        return int(value)
-    if isinstance(value, Real):
-        if not math.isfinite(value):
-            raise ValueError("not a finite number")
-        if value != int(value):
-            raise ValueError("not a whole number")
-        return int(value)
-    return value  # anything else (a list, a mapping) fails as "a valid integer" below
-
-
-def _yaml_exponent_text(text: str) -> bool:
-    """True for text like 1e3 or 2.5E9: a number to Python, a string to YAML 1.1."""
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return "e" in text.lower() and "inf" not in text.lower()
-
-
-def _real_number(value: object) -> object:
-    """A real number: not a boolean (lax pydantic would read `true` as 1.0). Strings holding a
-    number are accepted: YAML 1.1 reads an exponent without a sign (`3.17e9`) as a string,
-    and the number written is the one meant. NaN and infinity are refused by allow_inf_nan."""
-    if isinstance(value, bool):
-        raise ValueError("a boolean, not a number (YAML reads yes/no/on/off as booleans too)")
-    return value
-
-
-def _boolean(value: object) -> object:
-    """A boolean as written in a file: JSON's true/false (YAML's yes/no/on/off read as those).
-    A string is not one, "false" included (lax pydantic would read "false" as False, Python's
-    bool("false") as True: the readings disagree, so neither is taken), nor is a number."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, str):
-        raise ValueError("a string, not a valid boolean (write true or false without quotes)")
-    if isinstance(value, (int, float, np.number)):
-        raise ValueError("a number, not a valid boolean (write true or false)")
-    return value  # anything else (a list, a mapping) fails as "a valid boolean" below
-
-
-WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
-"""An int field of an input file (a size, a count, an index)."""
-
-RealNumber = Annotated[float, BeforeValidator(_real_number)]
-"""A float field of an input file; finite (every input model sets allow_inf_nan=False)."""
-
-Boolean = Annotated[bool, BeforeValidator(_boolean)]
-"""A bool field of an input file: true or false, never a string or a number."""
-
-
-def within(bound: Bound) -> AfterValidator:
-    """A validator refusing values outside `bound`, naming the bound and its reason."""
-
-    def check(value):
-        problem = bound.problem(value)
-        if problem is not None:
-            raise ValueError(problem)
-        return value
-
-    return AfterValidator(check)
-
-
-INPUT_CONFIG = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-"""Every input is frozen, forbids unknown fields (typos) and refuses NaN and infinity."""
-
+_BLOCKS_OR_NONE = Bound(0, limits.NUM_BLOCKS.high, "a count of blocks; 0 = none")
+_WINDOW_OR_NONE = Bound(0, limits.SEQ_SIZE.high, "tokens a query attends to; 0 = no window")
 
 MlpKind = Literal["gelu", "swiglu", "geglu", "squared_relu"]
 """The MLP's activation: GeLU (two matrices, GPT-2/3); SwiGLU and GeGLU (gated: three
@@ -174,12 +95,51 @@ class Model(BaseModel):
     moe_every: Annotated[WholeNumber, within(limits.MOE_EVERY)] = Field(
         1, gt=0, description="Block i (counted from 1) has experts when i is a multiple of moe_every (Hugging Face's "
                              "decoder_sparse_step); the others have the dense MLP of `feedforward`. 1 = every block.")
+    first_dense_blocks: Annotated[WholeNumber, within(_BLOCKS_OR_NONE)] = Field(
+        0, ge=0, description="The first k blocks keep the dense MLP whatever moe_every says (Hugging Face's "
+                             "first_k_dense_replace; DeepSeek-V3: 3).")
+    # ---- attention variants (all off for the GPT and Llama families) ----
+    latent_attention: LatentAttention | None = Field(
+        None, description="Multi-head latent attention (DeepSeek-V3): its ranks and head sizes; attn_size is then "
+                          "the query/key head width qk_nope_head_dim + qk_rope_head_dim.")
+    qk_norm: Boolean = Field(False, description="An RMSNorm over each query and key head (Qwen3): 2·d parameters.")
+    attention_sinks: Boolean = Field(False, description="A learned logit per head joins each softmax (gpt-oss): "
+                                                        "a parameters per block, negligible FLOP.")
+    sliding_window: Annotated[WholeNumber, within(_WINDOW_OR_NONE)] = Field(
+        0, ge=0, description="w: tokens a query of a sliding-window block attends to (0 = none).")
+    sliding_window_blocks: Annotated[WholeNumber, within(_BLOCKS_OR_NONE)] | None = Field(
+        None, ge=0, description="Blocks that use the window (gpt-oss: every other one); default: all when "
+                                "sliding_window is given.")
+    router_bias: Boolean = Field(False, description="A bias per expert on the router's logits (gpt-oss; "
+                                                    "DeepSeek-V3's e_score_correction_bias): E parameters.")
+    mtp_blocks: Annotated[WholeNumber, within(_BLOCKS_OR_NONE)] = Field(
+        0, ge=0, description="Multi-token prediction modules (DeepSeek-V3's num_nextn_predict_layers), each a "
+                             "block of the last block's kind with two norms and a 2h → h projection, sharing the "
+                             "embedding and output layer (DeepSeek-V3 §2.2); run on the last pipeline stage.")
 
     @model_validator(mode="after")
     def _heads_group(self) -> "Model":
         if self.kv_heads is not None and self.attn_heads % self.kv_heads:
             raise ValueError(f"kv_heads({self.kv_heads}) does not divide attn_heads({self.attn_heads}): "
                              f"each key/value head serves a whole group of query heads")
+        return self
+
+    @model_validator(mode="after")
+    def _attention_variants(self) -> "Model":
+        mla = self.latent_attention
+        if mla is not None:
+            if self.attn_size != mla.qk_head_dim:
+                raise ValueError(f"attn_size({self.attn_size}) with latent_attention: must be qk_nope_head_dim + "
+                                 f"qk_rope_head_dim ({mla.qk_nope_head_dim} + {mla.qk_rope_head_dim})")
+            if self.kv_groups != self.attn_heads:
+                raise ValueError(f"kv_heads({self.kv_heads}) with latent_attention: every head has its own keys "
+                                 f"and values (kv_heads = attn_heads({self.attn_heads}))")
+            if self.bias or self.qkv_bias:
+                raise ValueError("bias with latent_attention is not modelled (DeepSeek's projections have none)")
+        if self.sliding_window_blocks is not None and self.sliding_window_blocks > self.num_blocks:
+            raise ValueError(f"sliding_window_blocks({self.sliding_window_blocks}) > num_blocks({self.num_blocks})")
+        if self.sliding_window_blocks and not self.sliding_window:
+            raise ValueError(f"sliding_window_blocks({self.sliding_window_blocks}) given with sliding_window(0)")
         return self
 
     @model_validator(mode="after")
@@ -190,6 +150,8 @@ class Model(BaseModel):
                 ("shared_experts", self.shared_experts), ("shared_expert_feedforward", self.shared_expert_feedforward),
                 ("shared_expert_gate", self.shared_expert_gate)) if value]
             given += [f"moe_every({self.moe_every})"] if self.moe_every != 1 else []
+            given += [f"first_dense_blocks({self.first_dense_blocks})"] if self.first_dense_blocks else []
+            given += ["router_bias(True)"] if self.router_bias else []
             if given:
                 raise ValueError(f"{', '.join(given)} given with num_experts(0), a dense model: give num_experts too")
             return self
@@ -207,6 +169,9 @@ class Model(BaseModel):
         if self.moe_every > self.num_blocks:
             raise ValueError(f"moe_every({self.moe_every}) > num_blocks({self.num_blocks}): no block would have "
                              f"experts")
+        if self.moe_blocks == 0:
+            raise ValueError(f"first_dense_blocks({self.first_dense_blocks}) with moe_every({self.moe_every}) and "
+                             f"num_blocks({self.num_blocks}): no block would have experts")
         return self
 
     # ---- derived shape ----
@@ -230,6 +195,23 @@ class Model(BaseModel):
         return self.kv_groups * self.attn_size
 
     @property
+    def v_head_size(self) -> int:
+        """d_v: width of one value head (attn_size, except under latent attention)."""
+        return self.attn_size if self.latent_attention is None else self.latent_attention.v_head_dim
+
+    @property
+    def out_width(self) -> int:
+        """a·d_v: width of the attention output, the output projection's input."""
+        return self.attn_heads * self.v_head_size
+
+    @property
+    def window_blocks(self) -> int:
+        """Blocks whose attention is limited to the sliding window."""
+        if not self.sliding_window:
+            return 0
+        return self.num_blocks if self.sliding_window_blocks is None else self.sliding_window_blocks
+
+    @property
     def mlp_matrices(self) -> int:
         """h × f matrices of the MLP: 3 when gated (gate, up, down), else 2 (up, down)."""
         return 3 if self.gated else 2
@@ -238,7 +220,10 @@ class Model(BaseModel):
     @property
     def attention_weight_params(self) -> int:
         """Matrix parameters of one block's attention: Q (h·a·d), K and V (2·h·g·d), output
-        projection (a·d·h)."""
+        projection (a·d·h); under latent attention its five projections
+        (costmodel.latent_attention)."""
+        if self.latent_attention is not None:
+            return self.latent_attention.weight_params(self.hidden, self.attn_heads)
         return 2 * self.hidden * self.attn_width + 2 * self.hidden * self.kv_width
 
     @property
@@ -258,10 +243,14 @@ class Model(BaseModel):
     @property
     def attention_vector_params(self) -> int:
         """Biases and norms of one block outside its MLP: QKV bias a·d + 2·g·d, projection bias h,
-        two norms."""
+        two norms; and where the model has them, the query and key head norms (2·d scales),
+        the attention sinks (a logits) and latent attention's norms (r_q + r_kv)."""
         qkv_bias = self.bias if self.qkv_bias is None else self.qkv_bias
         biases = (self.attn_width + 2 * self.kv_width if qkv_bias else 0) + (self.hidden if self.bias else 0)
-        return biases + 2 * self.norm_params
+        head_norms = (2 if self.norm == "layernorm" else 1) * 2 * self.attn_size if self.qk_norm else 0
+        sinks = self.attn_heads if self.attention_sinks else 0
+        latent = self.latent_attention.norm_params if self.latent_attention is not None else 0
+        return biases + 2 * self.norm_params + head_norms + sinks + latent
 
     @property
     def block_vector_params(self) -> int:
@@ -277,8 +266,11 @@ class Model(BaseModel):
     # ---- mixture of experts: which blocks, and the parameters of one MoE block ----
     @property
     def moe_blocks(self) -> int:
-        """Blocks with experts: ⌊L / moe_every⌋ (blocks moe_every, 2·moe_every, ... counted from 1)."""
-        return self.num_blocks // self.moe_every if self.num_experts else 0
+        """Blocks with experts: blocks moe_every, 2·moe_every, ... (counted from 1) after the first
+        `first_dense_blocks`, ⌊L / moe_every⌋ − ⌊k / moe_every⌋."""
+        if not self.num_experts:
+            return 0
+        return self.num_blocks // self.moe_every - self.first_dense_blocks // self.moe_every
 
     @property
     def dense_blocks(self) -> int:
@@ -312,9 +304,11 @@ class Model(BaseModel):
 
     @property
     def router_params(self) -> int:
-        """The router of one MoE block, an h × E matrix, and the h × 1 shared-expert gate if any
-        (replicated on every GPU of a tensor-parallel group, as Megatron-LM keeps it)."""
-        return self.hidden * (self.num_experts + (1 if self.shared_expert_gate else 0))
+        """The router of one MoE block, an h × E matrix (with router_bias, E biases), and the
+        h × 1 shared-expert gate if any (replicated on every GPU of a tensor-parallel group, as
+        Megatron-LM keeps it)."""
+        return (self.hidden * (self.num_experts + (1 if self.shared_expert_gate else 0))
+                + (self.num_experts if self.router_bias else 0))
 
     @property
     def moe_block_params(self) -> int:
@@ -360,54 +354,59 @@ class Model(BaseModel):
         blocks = self.dense_blocks * self.block_params + self.moe_blocks * self.moe_block_active_params
         return blocks + self.embedding_params + self.output_params
 
+    @property
+    def active_params_without_embedding(self) -> int:
+        """`active_params` less the input embedding, a row lookup no token multiplies by: the
+        count of OpenAI's gpt-oss model card (its active 5.13 B counts the unembedding, not the
+        embedding), where Mistral's and Qwen's cards count both."""
+        return self.active_params - self.embedding_params
+
+    # ---- multi-token prediction (reported apart from the model's count, as DeepSeek-V3's card does)
+    @property
+    def mtp_block_is_moe(self) -> bool:
+        """An MTP module's block is of the last block's kind (DeepSeek-V3: an MoE block)."""
+        return self.moe_blocks > 0 and self.num_blocks % self.moe_every == 0
+
+    @property
+    def mtp_module_params(self) -> int:
+        """One MTP module's own parameters: two norms over h (the previous hidden state's and the
+        next token's embedding), the 2h → h projection, one block and its final norm; the
+        embedding and the output layer are the model's (shared, DeepSeek-V3 §2.2)."""
+        block = self.moe_block_params if self.mtp_block_is_moe else self.block_params
+        return 3 * self.norm_params + 2 * self.hidden * self.hidden + block
+
+    @property
+    def mtp_params(self) -> int:
+        """The MTP modules' own parameters (none without them)."""
+        return self.mtp_blocks * self.mtp_module_params
+
+    @property
+    def mtp_checkpoint_params(self) -> int:
+        """The MTP modules as a checkpoint stores them: DeepSeek-V3's Hugging Face files give
+        each module its own copy of the embedding and output layer (model.layers.61.embed_tokens,
+        shared_head.head), the "14B of the Multi-Token Prediction (MTP) Module weights"."""
+        copies = self.vocab_size * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.mtp_blocks * (self.mtp_module_params + copies)
+
     # ---- model FLOPs (the MFU numerator), stated once ----
     def model_flops(self) -> "ModelFlops":
         """Training FLOP per token without recomputation, as Megatron-LM and NeMo count them, on
         the matrix parameters a token uses (a mixture-of-experts block: router, shared experts
         and k routed experts)."""
-        s, L = self.seq_size, self.num_blocks
+        s, L = self.seq_size, self.num_blocks + self.mtp_blocks
+        mtp_block = self.moe_block_active_weight_params if self.mtp_block_is_moe else self.block_weight_params
+        mtp = self.mtp_blocks * (2 * self.hidden * self.hidden + mtp_block + self.hidden * self.vocab_size)
         matrix_params = (self.dense_blocks * self.block_weight_params
-                         + self.moe_blocks * self.moe_block_active_weight_params + self.hidden * self.vocab_size)
-        # scores Q·Kᵀ and context ·V: 2·s·a·d FLOP per token each, forward, per block
-        attention_fwd = 2 * 2 * s * self.attn_width * L
+                         + self.moe_blocks * self.moe_block_active_weight_params + self.hidden * self.vocab_size + mtp)
+        # scores Q·Kᵀ (2·s·a·d_qk FLOP per token) and context ·V (2·s·a·d_v), forward, per block
+        # (an MTP module's block too)
+        attention_fwd = 2 * s * (self.attn_width + self.out_width) * L
         return ModelFlops(matrix_params=matrix_params, matrix_per_token=6.0 * matrix_params,
                           attention_per_token=3.0 * attention_fwd, seq_size=s, sparse=self.moe_blocks > 0)
 
     def model_flops_per_sample(self) -> float:
         """Training FLOP per sequence with no recomputation (the MFU numerator): see ModelFlops."""
         return self.model_flops().per_sequence
-
-
-@dataclass(frozen=True)
-class ModelFlops:
-    """Model FLOP per token, the convention of Megatron-LM (Narayanan et al. 2021, eq. 3) and
-    NeMo's benchmark tables: 3 passes (forward, activation gradient, weight gradient) × 2 FLOP
-    per multiply-add over every matrix a token uses — the blocks' weights (in a
-    mixture-of-experts block the router, the shared experts and k of the E routed experts: MFU
-    is stated on active parameters) and the output layer (6 × those parameters per token) —
-    plus the attention scores Q·Kᵀ and context ·V (2·s·a·d each per token, forward). Causal masking does NOT halve the attention terms here: the published
-    MFU figures count the full s×s product, so these numbers compare with theirs (a causal
-    kernel skips about half of that work: the attention terms × 1/2 is the useful FLOP).
-    Element-wise work (norms, softmax, activations, the loss) is not counted."""
-
-    matrix_params: int          # parameters in matrix multiplies a token uses (blocks + output layer)
-    matrix_per_token: float     # 6 × matrix_params
-    attention_per_token: float  # 3 × 2 × 2·s·a·d × L (full, not halved by the causal mask)
-    seq_size: int
-    sparse: bool = False        # a mixture-of-experts model: matrix_params are its active ones
-
-    @property
-    def per_token(self) -> float:
-        return self.matrix_per_token + self.attention_per_token
-
-    @property
-    def per_sequence(self) -> float:
-        return self.per_token * self.seq_size
-
-    @property
-    def causal_attention_per_token(self) -> float:
-        """The attention terms a causal kernel actually computes: half of the full product."""
-        return self.attention_per_token / 2
 
 
 def check_positive_int(value: object, field: str) -> int:

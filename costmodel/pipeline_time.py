@@ -54,17 +54,19 @@ class PipelineTime:
     pace_head_bwd_s: object
 
 
-def pipeline_time(c: Context, m, xp, blk: BlockTerms, stages: Stages, head_fwd_s) -> PipelineTime:
+def pipeline_time(c: Context, m, xp, blk: BlockTerms, stages: Stages, head_fwd_s, head_bwd_s=None) -> PipelineTime:
     """1F1B, interleaved over v chunks per stage, at the slowest stage's pace.
 
     Each stage's microbatch takes its own time: the first its blocks (the embedding lookup,
     passes over b·s·h elements, is not timed: ~2 % of a block's forward for Llama 3.1 405B
     at tp 8, while the first stage holds a block fewer than the middle ones or, when even,
     no output layer), a middle stage its blocks, the last its blocks and the output layer
-    (`head_fwd_s` forward, twice that backward). The slowest sets the pace (the last on a
-    tie, and always with equal stages)."""
+    (`head_fwd_s` forward, twice that backward unless `head_bwd_s` says: the multi-token
+    prediction modules of costmodel.iteration.mtp_terms join the head). The slowest sets the
+    pace (the last on a tie, and always with equal stages)."""
     p, v = m.pp, m.interleaving
-    head_bwd_s = 2 * head_fwd_s
+    if head_bwd_s is None:
+        head_bwd_s = 2 * head_fwd_s
     block_fwd_total = blk.block_fwd_s + blk.offload_fwd_s
     block_bwd_total = blk.block_bwd_s + blk.recompute_s + blk.offload_bwd_s
     if stages.equal:

@@ -22,8 +22,16 @@ V' is Megatron's `calculate_padded_vocab_size`: V rounded up to a multiple of
 This is not the MFU numerator of costmodel.model.ModelFlops, which counts the full s² of
 attention (Megatron-LM's `num_floating_point_operations` and Calculon) and the unpadded
 vocabulary: the two differ by the attention core's half and the padding, and a table's
-"TFLOP/s per GPU" is Bridge's. Multi-head latent attention (DeepSeek-V3) has terms of its own
-in flop_utils.py that are not reproduced here.
+"TFLOP/s per GPU" is Bridge's.
+
+Multi-head latent attention (DeepSeek-V3) replaces the attention term, per block (Megatron-LM's
+`num_floating_point_operations`, megatron/training/training.py, its MLA branch; r_q, r_kv the
+ranks, d_n, d_r, d_v the head parts):
+
+    3·2·( r_q·(h + a·(d_n + d_r) + 1) + r_kv·(h + a·(d_n + d_v) + 1) + h·d_r + a·d_v·h
+          + s·a·(d_n + d_r)/2 + s·a·d_v/2 )
+
+and the model's multi-token prediction modules count as `mtp` above.
 """
 
 from __future__ import annotations
@@ -55,9 +63,16 @@ def bridge_flops_per_token(c, tp: float, mtp_layers: int = 0) -> float:
         moe_blocks += mtp_layers if last_is_moe else 0
         dense_blocks += 0 if last_is_moe else mtp_layers
     layers = c.blocks + mtp_layers
+    attention_per_block = h * (a * d + 2 * g * d) + a * d * h + a * d * s
+    if c.latent:
+        r_q, r_kv, d_r, d_v = c.q_lora_rank, c.kv_lora_rank, c.rope_head_size, c.value_head_size
+        d_n = d - d_r
+        q_term = r_q * (h + a * (d_n + d_r) + 1) if r_q else h * a * (d_n + d_r)
+        attention_per_block = (q_term + r_kv * (h + a * (d_n + d_v) + 1) + h * d_r + a * d_v * h
+                               + s * a * (d_n + d_r) / 2 + s * a * d_v / 2)
     mlp = 3 * 2 * h * expansion * (f * dense_blocks
                                    + (c.experts_per_token * c.expert_feedforward + c.shared_feedforward) * moe_blocks)
-    attention = 3 * 2 * layers * (h * (a * d + 2 * g * d) + a * d * h + a * d * s)
+    attention = 3 * 2 * layers * attention_per_block
     mtp = 3 * 2 * mtp_layers * (3 * h + 2 * h * h)
     logits = 3 * 2 * h * padded_vocab(c.vocab, tp) * (1 + mtp_layers)
     return mlp + attention + mtp + logits
@@ -84,6 +99,6 @@ class Throughput:
 def throughput(c, tp: float, batch: float, num_gpus: float, iteration_s: float, datatype: str) -> Throughput:
     """Tokens/s and Bridge's model TFLOP/s per GPU of one iteration of `batch` sequences."""
     tokens_per_s_per_gpu = batch * c.seq / (iteration_s * num_gpus)
-    per_token = bridge_flops_per_token(c, tp)
+    per_token = bridge_flops_per_token(c, tp, int(c.mtp_blocks))
     return Throughput(tokens_per_s_per_gpu, tokens_per_s_per_gpu * per_token / 1e12, per_token,
                       c.matrix_flops_per_s / 1e12, f"{datatype} dense matrix peak")

@@ -38,8 +38,9 @@ BRIDGE_MODELS = {"llama3_8b": "llama-3.1-8b", "llama3_70b": "llama-3.1-70b", "ll
 architecture of Llama 3.1 8B and 70B in every field the cost model reads (hidden, layers,
 heads, key/value heads, feed-forward, vocabulary 128,256, untied embeddings); Llama 3.1 adds
 only RoPE scaling for a 128k context, which costs nothing more at sequence 8,192. The
-mixture-of-experts models have no model file here yet: their rows read, and are reported as
-not modelled."""
+mixture-of-experts models read problems/models/deepseek-v3 and gpt-oss-120b (their Hugging
+Face config.json); `mapsat validate` and the training-runs benchmark still score the dense
+rows only (costmodel.run_scoring.split_dense)."""
 
 BRIDGE_SYSTEMS = {"DGX-H100": "h100-80g-nvl8", "DGX-B200": "b200-180g-nvl8", "DGX-GB200": "gb200-186g-nvl72"}
 

@@ -18,6 +18,7 @@ one to one is mapped to the nearest expressible setting, and the gap is listed p
 | sequence parallelism | tp_comm rs_ag (else ar); the all-gather redone in backward (Megatron-LM keeps the sharded input) | — |
 | TP communication overlap | tp_overlap ring (tp > 1) | — |
 | pipeline send overlap (`overlap_p2p_comm`) | `pipeline_comm_overlap`: as stated, else on when interleaving > 1 (Megatron-Bridge's rule) | — |
+| a model with multi-token prediction whose blocks the layout rule cannot lay out | first and last stage blocks as Megatron-LM's MTP layouts: the embedding, each MTP module and the loss count as a block (`mtp_layout`) | yes |
 
 Each parallel group runs on the innermost network that spans it (NVLink within a domain,
 InfiniBand beyond), as NCCL would place it.
@@ -36,7 +37,7 @@ from costmodel.mapping import Mapping
 from costmodel.memory_features import FEATURE_MODULES
 from costmodel.model import Model
 from costmodel.ops import ScalarOps
-from costmodel.pipeline import stage_blocks
+from costmodel.pipeline import layout_problem, stage_blocks
 from costmodel.runs import Precision, Run
 from costmodel.system import Datatype, System
 
@@ -114,6 +115,20 @@ def _other_gaps(run: Run, gaps: list[str]) -> None:
         gaps.append("parameter all-gather not overlapped: costed as overlapped with the gradient reduction")
 
 
+def mtp_layout(model: Model, pp: int, interleaving: int) -> tuple[int, int] | None:
+    """(first, last) stage blocks for a model with multi-token prediction whose blocks the
+    layout rule cannot lay out: the embedding, the loss and each MTP module count as a block
+    (Megatron-Bridge's DeepSeek-V3 layouts end in 'tmL': t a block, m the MTP module, L the
+    loss), so each stage holds (L + 2 + mtp)/pp of them; None when that does not divide either."""
+    if not model.mtp_blocks or pp < 2 or layout_problem(model.num_blocks, pp, interleaving) is None:
+        return None
+    per_stage, remainder = divmod(model.num_blocks + 2 + model.mtp_blocks, pp)
+    first, last = per_stage - 1, per_stage - 1 - model.mtp_blocks
+    if remainder or last < 1 or layout_problem(model.num_blocks, pp, interleaving, first, last) is not None:
+        return None
+    return first, last
+
+
 def map_run(run: Run, model: Model, system: System) -> MappedRun:
     """The mapping nearest to what `run` ran (model and system already loaded), its datatype,
     and the gaps. An InputError names the run when no mapping can say it (e.g. tp does not
@@ -122,6 +137,11 @@ def map_run(run: Run, model: Model, system: System) -> MappedRun:
     recompute, recompute_fields = _recompute(run, model, gaps)
     offload_fields = _activation_offload(run, model, system, recompute, gaps)
     _other_gaps(run, gaps)
+    layout = mtp_layout(model, run.pp, run.interleaving) if run.pipeline_layout is None else None
+    if layout is not None:
+        gaps.append(f"{model.num_blocks} blocks and {model.mtp_blocks} MTP module(s) on pp {run.pp}: first stage "
+                    f"{layout[0]} blocks, last {layout[1]} (embedding, MTP and loss counted as blocks; the MTP "
+                    f"modules are costed on the last stage)")
     seq_par = run.uses_sequence_parallel and run.tp > 1
     replicas = run.dp * run.cp
     ep = run.ep if model.num_experts else 1
@@ -146,6 +166,7 @@ def map_run(run: Run, model: Model, system: System) -> MappedRun:
         "data_par_overlap": run.dp_overlap and replicas > 1,
         "megatron_fsdp": run.megatron_fsdp and replicas > 1,
         **recompute_fields, **offload_fields,
+        **({"pipeline_first_stage_blocks": layout[0], "pipeline_last_stage_blocks": layout[1]} if layout else {}),
         **{name: network_for_span(system, span) for name, span in spans.items()},
     }
     try:

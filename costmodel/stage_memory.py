@@ -61,7 +61,7 @@ class StageMemory:
 
 
 def stage_memory(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Sharding, params: StageParams,
-                 dense_params, expert_params) -> StageMemory:
+                 dense_params, expert_params, mtp=None) -> StageMemory:
     """What HBM holds on the first, the second and the last stage, and the offloaded bytes.
     `dense_params` and `expert_params` are one block's on this GPU."""
     t, b = m.tp, m.microbatch
@@ -90,6 +90,16 @@ def stage_memory(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardin
     logit_bytes = LOGIT_BYTES_KEPT + LOGIT_GRAD_BYTES if c.fused_cross_entropy else EAGER_LOGIT_BYTES
     logits = (tokens * c.vocab / t * logit_bytes
               + e * tokens * c.hidden / xp.where(m.seq_par, t, 1.0))      # and the output GEMM's input
+    if mtp is not None:
+        # Multi-token prediction on the last stage (costmodel.iteration.mtp_terms): the modules'
+        # state (experts over the expert data-parallel group) and the embedding copy it reads
+        # when pp > 1, with the output layer's; their logits beside the model's; one
+        # microbatch's activations of their blocks with the last stage's.
+        expert_state = (e / expert_shards[0] + c.grad_bytes_per_param / expert_shards[1]
+                        + c.optimizer_bytes_per_param / expert_shards[2])
+        output_layer = (output_layer + mtp.dense_params * state_per_param + mtp.expert_params * expert_state
+                        + xp.where(m.pp > 1, embedding, 0.0))
+        logits = logits * (1 + c.mtp_blocks)
     output_side = logits + allocator_bytes(c.allocator_fraction, logits)  # logits are freed every microbatch too
     first, middle, last = stages.first, stages.middle, stages.last
     first_state = blocks_state(c, m, xp, first, dense_params, expert_params, shards, expert_shards)
@@ -101,6 +111,8 @@ def stage_memory(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardin
                                                                    stages.microbatches)
     activations, second_activations, last_activations = (act.stored * first_alive, act.stored * second_alive,
                                                           act.stored * last_alive)
+    if mtp is not None:
+        last_activations = last_activations + mtp.stored_bytes
     activations_hbm = activations_in_hbm(first, first_alive, activations)
     single_stage = m.pp == 1
     first_hbm = (stage_hbm(first_state, activations_hbm) + embedding

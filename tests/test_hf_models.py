@@ -91,11 +91,12 @@ def test_a_config_json_without_seq_size_is_a_one_line_error():
 
 def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "deepseek_v3", "hidden_size": 7168}))
+    path.write_text(json.dumps({"model_type": "deepseek_v2", "hidden_size": 5120}))
     with pytest.raises(InputError) as err:
         load_model(path, seq_size=4096)
-    assert str(err.value) == (f"{path}: model_type 'deepseek_v3' is not supported (supported: gpt2, gpt_neox, llama, "
-                              f"mistral, mixtral, nemotron, qwen2, qwen2_moe, qwen3_moe)")
+    assert str(err.value) == (f"{path}: model_type 'deepseek_v2' is not supported (supported: deepseek_v3, gpt2, "
+                              f"gpt_neox, gpt_oss, llama, mistral, mixtral, nemotron, qwen2, qwen2_moe, qwen3, "
+                              f"qwen3_moe)")
 
 
 def test_missing_field_is_named(tmp_path):

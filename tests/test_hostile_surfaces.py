@@ -181,7 +181,8 @@ def _shipped(name: str) -> dict:
 VALID_CONFIGS = {
     "llama": _shipped("llama-3.1-8b"), "mistral": _shipped("mistral-7b"), "qwen2": _shipped("qwen2.5-72b"),
     "mixtral": _shipped("mixtral-8x7b"), "qwen2_moe": _shipped("qwen1.5-moe-a2.7b"),
-    "qwen3_moe": _shipped("qwen3-30b-a3b"), "nemotron": _shipped("nemotron-4-340b"),
+    "qwen3_moe": _shipped("qwen3-30b-a3b"), "nemotron": _shipped("nemotron-4-340b"), "qwen3": _shipped("qwen3-8b"),
+    "deepseek_v3": _shipped("deepseek-v3"), "gpt_oss": _shipped("gpt-oss-20b"),
     "gpt2": {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
              "n_positions": 1024},
     "gpt_neox": {"model_type": "gpt_neox", "hidden_size": 6144, "num_hidden_layers": 44, "num_attention_heads": 64,

@@ -6,7 +6,14 @@ import click
 
 from costmodel.evaluate import evaluate
 from costmodel.load import load_mapping
-from solver.cli.options import given_once, load_problem, problem_options, system_label, user_errors
+from costmodel.param_counts import ParameterCounts
+from solver.cli.options import (
+    given_once,
+    load_problem,
+    problem_options,
+    system_label,
+    user_errors,
+)
 from solver.report.tables import console, dumps, evaluation_tables
 
 
@@ -29,10 +36,11 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
                                  seq_size=seq_size)
     ev = evaluate(model, system, load_mapping(mapping_path))
+    counts = ParameterCounts.of(model)
     if as_json:
-        click.echo(dumps(ev.to_dict()))
+        click.echo(dumps({**ev.to_dict(), "parameters": counts.to_dict()}))
         return
     out = console()
     label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
-    for table in evaluation_tables(ev, title=f"{model.name} on {ev.mapping.num_procs} x {label}"):
+    for table in evaluation_tables(ev, title=f"{model.name} ({counts.summary()}) on {ev.mapping.num_procs} x {label}"):
         out.print(table)

@@ -128,8 +128,8 @@ def problem_options(func: Callable) -> Callable:
     func = click.option("--model", "model_path", required=True, multiple=True, callback=given_once,
                         type=click.Path(dir_okay=False),
                         help="Model file: YAML or JSON with Calculon's field names, or a Hugging Face "
-                             "config.json (model_type llama, mistral, qwen2, gpt2, gpt_neox, nemotron, mixtral, "
-                             "qwen2_moe, qwen3_moe).")(func)
+                             "config.json (model_type llama, mistral, qwen2, qwen3, gpt2, gpt_neox, nemotron, mixtral, "
+                             "qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss).")(func)
     return func
 
 

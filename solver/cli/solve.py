@@ -8,10 +8,21 @@ import click
 
 import costmodel.limits as limits
 from costmodel.errors import MapsatError
+from costmodel.param_counts import ParameterCounts
 from costmodel.system import Datatype
-from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, load_problem, problem_options,
-                                progress_line, space_and_cap, space_options, system_label, user_errors,
-                                wide_console)
+from solver.cli.options import (
+    BoundedFloat,
+    BoundedInt,
+    datatype_option,
+    load_problem,
+    problem_options,
+    progress_line,
+    space_and_cap,
+    space_options,
+    system_label,
+    user_errors,
+    wide_console,
+)
 from solver.report.tables import dumps, evaluation_tables, top_table
 from solver.search.solve import SolverConfig, SolveResult, solve
 from solver.space.pins import describe_pins, pins_text
@@ -53,10 +64,11 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),
                        space=space, kernels=kernels, config=config, progress=say)
     if as_json:
-        click.echo(dumps({**result.to_dict(), "fixed": describe_pins(space)}))
+        click.echo(dumps({**result.to_dict(), "fixed": describe_pins(space),
+                          "parameters": ParameterCounts.of(model).to_dict()}))
     else:
         label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
-        print_result(result, f"{model.name} on {num_gpus:,} x {label}, {datatype}, space {space_name}"
+        print_result(result, f"{model.name} ({ParameterCounts.of(model).summary()}) on {num_gpus:,} x {label}, {datatype}, space {space_name}"
                              f"{pins_text(space)}, {kernels.label}")
     if result.status == "interrupted":
         click.echo("interrupted (Ctrl-C): " + ("the best mapping found so far, not certified" if result.best
