@@ -88,8 +88,8 @@ def command(base_path, measurements, nccl, out_path, runs, systems, dry_run):
     efficiency and latency from nccl-tests) and writes them into a system file; prints each
     family's error where fitted and on held-out points.
 
-    With --runs: fits the whole-step terms (the launch gap per kernel, the share of the GEMMs'
-    power drop a step's sustained clocks charge, allocator fragmentation) to the runs' measured step times and
+    With --runs: fits the whole-step terms (the launch gap per kernel, the power window of a
+    step's sustained clocks, allocator fragmentation) to the runs' measured step times and
     peaks, one value for every system, and writes them into each --system file; prints each
     run's error before and after, and left out of the fit (leave one configuration out).
 
