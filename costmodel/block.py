@@ -45,6 +45,7 @@ from costmodel.context import MASK_BYTES, Context
 from costmodel.kernel_time import attention_time_s
 from costmodel.moe import moe_layer_forward, moe_memory, moe_quantized_gemms
 from costmodel.quantize import GemmOperands, quantize_passes
+from costmodel.model import CAUSAL_ATTENTION_SHARE
 from costmodel.layer_time import (ACTIVATION_FLOPS_PER_ELEM, DROPOUT_FLOPS_PER_ELEM, LAYERNORM_FLOPS_PER_ELEM,
                                   RESIDUAL_FLOPS_PER_ELEM, RMSNORM_FLOPS_PER_ELEM, ROPE_FLOPS_PER_ELEM,
                                   SOFTMAX_FLOPS_PER_ELEM, SOFTMAX_STATS_BYTES, eltwise_s, gemm_s, matmul_s)
@@ -130,6 +131,8 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
     mlp_flops = 2 * tokens * h * (up_cols + f_cols)
 
     score_flops = 2 * b * heads * q_len * s * d          # Q·Kᵀ; the context GEMM (·V) is as large
+    # what the hardware counts of them (HFU's recomputation): the causal half, as MFU counts it
+    causal_score_flops = CAUSAL_ATTENTION_SHARE * score_flops
     score_elems = b * heads * q_len * s
     if c.fused_attention:
         # Q read and the output written for this GPU's tokens; K and V read for all s (the
@@ -142,7 +145,7 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         # Backward recomputes Q·Kᵀ and the softmax (statistics in hand) on chip.
         kernel_recompute = fused_attention_s(c, xp, 1, b * heads, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0,
                                              steps=m.cp)
-        kernel_recompute_flops = score_flops
+        kernel_recompute_flops = causal_score_flops
         selective_recompute, selective_recompute_flops = 0.0, 0.0   # nothing outside the kernel to redo
     else:
         scores = gemm_s(c, xp, q_len, s, d, e * (b * heads * q_len * d + b * kv_cols / d * s * d + score_elems),
@@ -155,7 +158,7 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         core_eltwise = softmax + attn_dropout
         kernel_recompute, kernel_recompute_flops = 0.0, 0.0
         # Selective recomputation reruns the four kernels of the attention core.
-        selective_recompute, selective_recompute_flops = core_gemm + core_eltwise, 2 * score_flops
+        selective_recompute, selective_recompute_flops = core_gemm + core_eltwise, 2 * causal_score_flops
 
     norm_flops = RMSNORM_FLOPS_PER_ELEM if c.rmsnorm else LAYERNORM_FLOPS_PER_ELEM
     # Delayed scaling: the norm writes the FP8 copy of its output itself (costmodel.precision).
@@ -195,7 +198,7 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         gemm_s=qkv + core_gemm + proj + mlp,
         eltwise_s=core_eltwise + layernorms + residuals + activation + rope,
         attention_core_s=core_gemm + core_eltwise,
-        matrix_flops=2 * tokens * h * (qkv_cols + q_cols) + mlp_flops + 2 * score_flops,
+        matrix_flops=2 * tokens * h * (qkv_cols + q_cols) + mlp_flops + 2 * causal_score_flops,
         selective_recompute_s=selective_recompute,
         selective_recompute_flops=selective_recompute_flops,
         kernel_recompute_s=kernel_recompute,

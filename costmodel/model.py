@@ -363,14 +363,23 @@ class Model(BaseModel):
         s, L = self.seq_size, self.num_blocks
         matrix_params = (self.dense_blocks * self.block_weight_params
                          + self.moe_blocks * self.moe_block_active_weight_params + self.hidden * self.vocab_size)
-        # scores Q·Kᵀ and context ·V: 2·s·a·d FLOP per token each, forward, per block
+        # scores Q·Kᵀ and context ·V: 2·s·a·d FLOP per token each, forward, per block, of which a
+        # causal mask leaves half (CAUSAL_ATTENTION_SHARE)
         attention_fwd = 2 * 2 * s * self.attn_width * L
         return ModelFlops(matrix_params=matrix_params, matrix_per_token=6.0 * matrix_params,
-                          attention_per_token=3.0 * attention_fwd, seq_size=s, sparse=self.moe_blocks > 0)
+                          attention_per_token=3.0 * attention_fwd * CAUSAL_ATTENTION_SHARE, seq_size=s,
+                          sparse=self.moe_blocks > 0)
 
     def model_flops_per_sample(self) -> float:
         """Training FLOP per sequence with no recomputation (the MFU numerator): see ModelFlops."""
         return self.model_flops().per_sequence
+
+
+CAUSAL_ATTENTION_SHARE = 0.5
+"""The share of the s×s attention products a causal mask leaves: token i attends to tokens 1..i,
+s(s+1)/2 of s² pairs, 1/2 for long sequences. Published MFU and TFLOP/s tables count it so:
+Megatron-Bridge's flop_utils.py (`transformer_flops`: "a·d·s/2 · 2", costmodel.published_flops);
+Megatron-LM's 2021 count (Narayanan et al., eq. 3) and Calculon count the full s²."""
 
 
 @dataclass(frozen=True)
@@ -380,14 +389,15 @@ class ModelFlops:
     per multiply-add over every matrix a token uses — the blocks' weights (in a
     mixture-of-experts block the router, the shared experts and k of the E routed experts: MFU
     is stated on active parameters) and the output layer (6 × those parameters per token) —
-    plus the attention scores Q·Kᵀ and context ·V (2·s·a·d each per token, forward). Causal masking does NOT halve the attention terms here: the published
-    MFU figures count the full s×s product, so these numbers compare with theirs (a causal
-    kernel skips about half of that work: the attention terms × 1/2 is the useful FLOP).
-    Element-wise work (norms, softmax, activations, the loss) is not counted."""
+    plus the attention scores Q·Kᵀ and context ·V (2·s·a·d each per token, forward), halved for the
+    causal mask (CAUSAL_ATTENTION_SHARE) as published tables count them (Megatron-Bridge's
+    flop_utils.py; the full s×s product would inflate MFU at long sequences: 72.6 % instead of
+    ~47 % for Llama 3.1 70B at 131K tokens). Element-wise work (norms, softmax, activations, the
+    loss) is not counted."""
 
     matrix_params: int          # parameters in matrix multiplies a token uses (blocks + output layer)
     matrix_per_token: float     # 6 × matrix_params
-    attention_per_token: float  # 3 × 2 × 2·s·a·d × L (full, not halved by the causal mask)
+    attention_per_token: float  # 3 × 2 × 2·s·a·d × L × 1/2 (halved by the causal mask)
     seq_size: int
     sparse: bool = False        # a mixture-of-experts model: matrix_params are its active ones
 
@@ -400,9 +410,9 @@ class ModelFlops:
         return self.per_token * self.seq_size
 
     @property
-    def causal_attention_per_token(self) -> float:
-        """The attention terms a causal kernel actually computes: half of the full product."""
-        return self.attention_per_token / 2
+    def full_attention_per_token(self) -> float:
+        """The attention terms without the causal halving: the full s×s product (Calculon's count)."""
+        return self.attention_per_token / CAUSAL_ATTENTION_SHARE
 
 
 def check_positive_int(value: object, field: str) -> int:

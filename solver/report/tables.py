@@ -115,22 +115,22 @@ def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
     head.add_row("feasible", "yes" if ev.feasible else "NO: " + "; ".join(ev.reasons))
     head.add_row("iteration time", f"{ev.iteration_time_s:.4f} s")
     head.add_row("sample rate", f"{ev.sample_rate:.2f} sequences/s")
-    peak = "" if ev.throughput is None else f" of {ev.throughput.peak_tflops:,.0f} TFLOP/s ({ev.throughput.peak_name})"
-    head.add_row("MFU (model FLOP, no recompute)", f"{100 * ev.mfu:.2f} %{peak}")
+    peak = "" if ev.throughput is None else f" of the {ev.throughput.peak_name} {ev.throughput.peak_tflops:,.0f} TFLOP/s"
+    head.add_row("MFU (model FLOP, causal attention halved, no recompute)", f"{100 * ev.mfu:.2f} %{peak}")
     if ev.throughput is not None:
         t = ev.throughput
         head.add_row("throughput as published tables count it",
                      f"{t.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; {t.model_tflops_per_gpu:,.1f} model TFLOP/s per "
                      f"GPU (Megatron-Bridge's count: causal attention halved, vocabulary padded; "
                      f"{t.bridge_flops_per_token:.4g} FLOP per token)")
-    head.add_row("HFU (hardware FLOP, with recompute)", f"{100 * ev.hfu:.2f} %")
+    head.add_row("HFU (hardware FLOP, with recompute)", f"{100 * ev.hfu:.2f} %{peak}")
     if ev.flops is not None:
         f = ev.flops
         head.add_row("model FLOP per token (MFU numerator)",
                      f"{f.per_token:.4g} = 6 × {f.matrix_params / 1e9:.4g} B "
                      f"{'active (k of E experts) ' if f.sparse else ''}"
                      f"matrix parameters + attention "
-                     f"{f.attention_per_token:.4g} (full s², not halved for the causal mask); "
+                     f"{f.attention_per_token:.4g} (half of the full s² {f.full_attention_per_token:.4g}: causal mask); "
                      f"{f.per_sequence:.4g} per sequence of {f.seq_size}")
     if ev.offload_bytes_per_s_needed > 0:
         head.add_row("offload bandwidth to hide traffic", f"{ev.offload_bytes_per_s_needed / GB:.1f} GB/s")
