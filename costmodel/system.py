@@ -245,7 +245,7 @@ class Headroom(BaseModel):
     text: str = Field("0", description="The headroom as it was written, for messages.")
 
     @classmethod
-    def parse(cls, text: str | float | int, where: str = "--hbm-headroom") -> "Headroom":
+    def parse(cls, text: str | float, where: str = "--hbm-headroom") -> "Headroom":
         """`4`, `4GiB`, `4 GiB` or `5%`; anything else, or a value out of range, is an InputError
         naming `where` and the value."""
         if isinstance(text, bool):

@@ -81,7 +81,9 @@ class SolveResult:
         def brief(ev: Evaluation) -> dict:
             d = ev.to_dict()
             return {"mapping": d["mapping"], "iteration_time_s": d["iteration_time_s"], "mfu": d["mfu"],
-                    "hfu": d["hfu"], "sample_rate": d["sample_rate"], "memory": d["memory"], "time": d["time"]}
+                    "hfu": d["hfu"], "sample_rate": d["sample_rate"], "memory": d["memory"], "time": d["time"],
+                    # what MFU counts (attention halved for the causal mask) and the peak it divides by
+                    "model_flops_per_token": d["model_flops_per_token"], "throughput": d["throughput"]}
 
         return {"status": self.status, "certified_optimal": self.certified_optimal,
                 "best": brief(self.best) if self.best else None,
