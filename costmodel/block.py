@@ -43,9 +43,9 @@ from dataclasses import dataclass
 
 from costmodel.context import MASK_BYTES, Context
 from costmodel.kernel_time import attention_time_s
+from costmodel.model import CAUSAL_ATTENTION_SHARE
 from costmodel.moe import moe_layer_forward, moe_memory, moe_quantized_gemms
 from costmodel.quantize import GemmOperands, quantize_passes
-from costmodel.model import CAUSAL_ATTENTION_SHARE
 from costmodel.layer_time import (ACTIVATION_FLOPS_PER_ELEM, DROPOUT_FLOPS_PER_ELEM, LAYERNORM_FLOPS_PER_ELEM,
                                   RESIDUAL_FLOPS_PER_ELEM, RMSNORM_FLOPS_PER_ELEM, ROPE_FLOPS_PER_ELEM,
                                   SOFTMAX_FLOPS_PER_ELEM, SOFTMAX_STATS_BYTES, eltwise_s, gemm_s, matmul_s)

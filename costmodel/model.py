@@ -376,10 +376,8 @@ class Model(BaseModel):
 
 
 CAUSAL_ATTENTION_SHARE = 0.5
-"""The share of the s×s attention products a causal mask leaves: token i attends to tokens 1..i,
-s(s+1)/2 of s² pairs, 1/2 for long sequences. Published MFU and TFLOP/s tables count it so:
-Megatron-Bridge's flop_utils.py (`transformer_flops`: "a·d·s/2 · 2", costmodel.published_flops);
-Megatron-LM's 2021 count (Narayanan et al., eq. 3) and Calculon count the full s²."""
+"""The share of the s×s attention products a causal mask leaves (s(s+1)/2 of s² pairs), as published
+tables count it: Megatron-Bridge's flop_utils.py ("a·d·s/2 · 2"); Megatron-LM 2021 and Calculon count all."""
 
 
 @dataclass(frozen=True)

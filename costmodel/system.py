@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 import costmodel.limits as limits
 from costmodel.errors import InputError
+from costmodel.headroom import Headroom
 from costmodel.kernel_fits import AttentionFit, GemmFit  # noqa: F401 (read from here by calibration and tests)
 from costmodel.model import INPUT_CONFIG, Boolean, RealNumber, WholeNumber, within
 from costmodel.precision import PrecisionSupport, check_support
@@ -234,37 +235,6 @@ An estimate, not a measurement; set `runtime_reserve_gib` in a system file (0 re
 analyses that count no reserve, such as the 2023 paper's)."""
 
 
-class Headroom(BaseModel):
-    """HBM kept free as the command line and batch files give it: "4", "4GiB" (GiB) or "5%" (of the
-    HBM capacity)."""
-
-    model_config = INPUT_CONFIG
-
-    gib: float = Field(0.0, description="HBM kept free per GPU, GiB.")
-    percent: float = Field(0.0, description="HBM kept free per GPU, percent of the HBM capacity.")
-    text: str = Field("0", description="The headroom as it was written, for messages.")
-
-    @classmethod
-    def parse(cls, text: str | float, where: str = "--hbm-headroom") -> "Headroom":
-        """`4`, `4GiB`, `4 GiB` or `5%`; anything else, or a value out of range, is an InputError
-        naming `where` and the value."""
-        if isinstance(text, bool):
-            raise InputError(f"{where}: {text!r} is not a headroom (write 4, 4GiB or 5%)")
-        raw = str(text).strip()
-        word = raw.lower().replace(" ", "")
-        percent = word.endswith("%")
-        number = word.removesuffix("%").removesuffix("gib")
-        try:
-            value = float(number)
-        except ValueError:
-            raise InputError(f"{where}: {raw!r} is not a headroom (write 4, 4GiB or 5%)") from None
-        bound = limits.HEADROOM_PERCENT if percent else limits.CAPACITY_GIB_OR_ZERO
-        problem = bound.problem(value) if math.isfinite(value) else "not a finite number"
-        if problem is not None:
-            raise InputError(f"{where}: {raw} is {problem}")
-        return cls(gib=0.0 if percent else value, percent=value if percent else 0.0, text=raw)
-
-
 class System(BaseModel):
     """A GPU cluster: per-GPU compute and memory, and the networks joining the GPUs."""
 
@@ -342,7 +312,7 @@ class System(BaseModel):
             raise InputError(f"datatype: system {self.name!r} has no {datatype.value} compute (it has {have})")
         return self.compute[datatype]
 
-    def with_headroom(self, headroom: "Headroom | None") -> "System":
+    def with_headroom(self, headroom: Headroom | None) -> "System":
         """The system with an HBM headroom (--hbm-headroom, a batch file's hbm_headroom) in place of
         its own; None keeps it. A headroom that leaves no HBM beside the runtime reserve is an
         InputError naming it."""

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import solver.search.solve as solve_module
+from costmodel.headroom import Headroom
 from costmodel.load import load_system
-from costmodel.system import Headroom
 from costmodel.units import GiB
 from solver.cli.app import cli
 from solver.space.pins import default_batch_cap

@@ -10,21 +10,11 @@ import click
 import costmodel.limits as limits
 from costmodel.errors import MapsatError
 from costmodel.evaluate import evaluate
-from costmodel.kernels import Kernels
 from costmodel.load import ensure_parent
+from costmodel.kernels import Kernels
 from costmodel.system import Datatype
-from solver.cli.options import (
-    BoundedInt,
-    batch_header,
-    datatype_option,
-    load_problem,
-    problem_options,
-    space_and_cap,
-    space_options,
-    system_label,
-    user_errors,
-    wide_console,
-)
+from solver.cli.options import (BoundedInt, batch_header, datatype_option, load_problem, problem_options,
+                                space_and_cap, space_options, system_label, user_errors, wide_console)
 from solver.report.tables import evaluation_tables, top_table
 from solver.search.brute import BruteResult, scan
 from solver.space.pins import describe_pins, pins_text

@@ -9,19 +9,10 @@ from rich.table import Table
 
 from costmodel.errors import InputError, MapsatError
 from costmodel.system import Datatype
-from solver.cli.options import (
-    batch_header,
-    datatype_option,
-    headroom_text,
-    load_problem,
-    problem_options,
-    space_and_cap,
-    space_options,
-    user_errors,
-    wide_console,
-)
+from solver.cli.options import (batch_header, headroom_text, datatype_option, load_problem, problem_options, space_and_cap, space_options,
+                                user_errors, wide_console)
 from solver.report.figure import image_path
-from solver.report.tables import dumps, mapping_summary
+from solver.report.tables import dumps, mapping_summary, mfu_text
 from solver.search.codesign import KNOBS, CodesignResult, Grid, Target, codesign
 from solver.search.solve import SolverConfig
 
@@ -169,7 +160,7 @@ def print_result(result: CodesignResult, title: str) -> None:
     if result.system is not None:
         best = result.best
         console.print(f"  least system: {_point(result.system)}")
-        console.print(f"  best: {best.iteration_time_s:.4f} s, MFU {best.mfu:.1%}: "
+        console.print(f"  best: {best.iteration_time_s:.4f} s, {mfu_text(best)}: "
                       f"{mapping_summary(best.mapping.model_dump(mode='json'))}")
     if not result.proof:
         console.print("  proof: no smaller system on the grid")

@@ -9,25 +9,15 @@ import time
 import click
 from rich.table import Table
 
-import costmodel.limits as limits
 from costmodel.context import Context
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
-from solver.cli.options import (
-    BoundedInt,
-    batch_header,
-    datatype_option,
-    load_problem,
-    problem_options,
-    space_and_cap,
-    space_options,
-    system_label,
-    user_errors,
-    wide_console,
-)
+import costmodel.limits as limits
+from solver.cli.options import (BoundedInt, batch_header, datatype_option, load_problem, problem_options,
+                                space_and_cap, space_options, system_label, user_errors, wide_console)
 from solver.search.brute import scan
-from solver.space.count import CountResult, count_mappings
 from solver.space.pins import describe_pins, pins_text
+from solver.space.count import CountResult, count_mappings
 
 
 @click.command(name="count")

@@ -7,13 +7,7 @@ import click
 from costmodel.errors import MapsatError
 from costmodel.evaluate import evaluate
 from costmodel.load import load_mapping
-from solver.cli.options import (
-    given_once,
-    load_problem,
-    problem_options,
-    system_label,
-    user_errors,
-)
+from solver.cli.options import given_once, load_problem, problem_options, system_label, user_errors
 from solver.report.tables import console, dumps, evaluation_tables
 
 

@@ -24,18 +24,12 @@ from costmodel.limits import Bound
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.precision import OPTIMIZER_STATES, Precision
-from costmodel.system import Datatype, Headroom, System
+from costmodel.headroom import Headroom
+from costmodel.system import Datatype, System
 from costmodel.units import GiB
 from solver.cli.errors import debugging, one_line_errors
 from solver.space.declaration import DEFAULT_SPACE, SPACES, Space, get_space
-from solver.space.pins import (
-    batch_cap,
-    batch_text,
-    check_pins,
-    default_batch_cap,
-    parse_pins,
-    pinned,
-)
+from solver.space.pins import batch_cap, batch_text, check_pins, default_batch_cap, parse_pins, pinned
 
 
 def user_errors(func: Callable) -> Callable:

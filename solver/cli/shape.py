@@ -8,37 +8,17 @@ import json
 import click
 from rich.table import Table
 
-import costmodel.limits as limits
 from costmodel.errors import InputError
 from costmodel.kernels import Kernels
-from costmodel.limits import Bound
 from costmodel.load import load_system
-from solver.cli.options import (
-    BoundedFloat,
-    BoundedInt,
-    datatype_option,
-    given_headroom,
-    kernel_options,
-    system_override_options,
-    user_errors,
-    wide_console,
-)
+import costmodel.limits as limits
+from costmodel.limits import Bound
+from solver.cli.options import (given_headroom, BoundedFloat, BoundedInt, datatype_option, kernel_options, system_override_options,
+                                user_errors, wide_console)
 from solver.report.tables import mapping_summary
+from solver.study.shape import (ASPECT_INTERCEPT, ASPECT_POINTS, ASPECT_SLOPE, BLOCKS_STEP, SEQ_SIZE, VOCAB_SIZE,
+                          ShapeAssessment, aspect_ratio, assess_shapes, candidate_shapes, rule_shape, write_shapes)
 from solver.space.declaration import SPACES
-from solver.study.shape import (
-    ASPECT_INTERCEPT,
-    ASPECT_POINTS,
-    ASPECT_SLOPE,
-    BLOCKS_STEP,
-    SEQ_SIZE,
-    VOCAB_SIZE,
-    ShapeAssessment,
-    aspect_ratio,
-    assess_shapes,
-    candidate_shapes,
-    rule_shape,
-    write_shapes,
-)
 
 SPREAD = Bound(0, 1024, "block counts listed either side of the rule's")
 

@@ -133,6 +133,12 @@ def fit_width(table: Table, width: int = TABLE_WIDTH_MAX) -> Table:
     return table
 
 
+def mfu_text(ev: Evaluation) -> str:
+    """"MFU 41.2 % of the bfloat16 dense matrix peak 989 TFLOP/s" (causal attention halved)."""
+    peak = "" if ev.throughput is None else f" of the {ev.throughput.peak_name} {ev.throughput.peak_tflops:,.0f} TFLOP/s"
+    return f"MFU {100 * ev.mfu:.1f} %{peak}"
+
+
 def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
     """The time and memory breakdown of one evaluation."""
     head = Table(title=f"{title}: {mapping_summary(ev.mapping.model_dump(mode='json'))}", show_header=False)

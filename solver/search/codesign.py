@@ -43,31 +43,19 @@ import math
 import time
 from dataclasses import dataclass, field
 
+
 from costmodel.errors import InputError, InternalError
 from costmodel.evaluate import Evaluation, evaluate
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
-from solver.search.codesign_grid import (
-    CAPACITY_KNOBS,
-    ENUMERATED_KNOBS,
-    KNOBS,
-    MONOTONE_KNOBS,
-    OUTER_KNOBS,
-    Grid,
-    System_,
-    Target,
-    Verdict,
-    as_json,
-    check_values,
-    least_reaching,
-    reaches,
-    system_at,
-)
-from solver.search.cpsat.model import local_batches
+from solver.search.codesign_grid import (CAPACITY_KNOBS, ENUMERATED_KNOBS, KNOBS, MONOTONE_KNOBS, OUTER_KNOBS,
+                                         Grid, System_, Target, Verdict, as_json, check_values, least_reaching, reaches,
+                                         system_at)
 from solver.search.cpsat.surrogate import MAX_LINEAR_UNITS, floor_families
 from solver.search.cpsat.tables import Tables, block_lower_bounds
+from solver.search.cpsat.model import local_batches
 from solver.search.engine import Question
 from solver.search.explain import Explorer
 from solver.search.solve import SolverConfig, solve

@@ -17,22 +17,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 import costmodel.limits as limits
 from costmodel.context import Context
 from costmodel.errors import InputError
-from costmodel.kernels import (
-    ATTENTION_KERNELS,
-    GRAD_DATATYPES,
-    PRECISION_DEFAULTS,
-    Kernels,
-)
-from costmodel.load import (
-    describe_validation_error,
-    load_model,
-    load_system,
-    parse,
-    read_document,
-)
+from costmodel.headroom import Headroom
+from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES, PRECISION_DEFAULTS, Kernels
+from costmodel.load import describe_validation_error, load_model, load_system, other_file_kind, parse, read_document
 from costmodel.model import Boolean, Model, RealNumber, within
 from costmodel.precision import OPTIMIZER_STATES, Precision
-from costmodel.system import Datatype, Headroom, System
+from costmodel.system import Datatype, System
 from costmodel.units import GiB
 from solver.space.declaration import SPACES
 from solver.space.pins import BATCH_CAP, default_batch_cap, parse_pins
@@ -188,31 +178,6 @@ class Problem:
 
 
 # ---------------------------------------------------------------------- reading and expanding
-_OTHER_FILES = (
-    (("model_type", "architectures"), "a Hugging Face model config", "give it as --model, or under a batch file's models"),
-    (("tensor_par", "pipeline_par", "num_procs"), "a mapping file", "give it to `mapsat eval --mapping`"),
-    (("compute", "hbm", "networks"), "a system file", "give it as --system, or under a batch file's systems"),
-    (("hidden", "num_blocks", "attn_heads"), "a model file", "give it as --model, or under a batch file's models"),
-)
-"""Files given where a batch file was expected, each known by fields a batch file never has:
-(fields, what the file is, where it goes)."""
-
-
-def other_file_kind(data: Any) -> str | None:
-    """What a document is, and where it goes, when it is one of the other inputs (a Hugging Face
-    config, a mapping, a system or a model file) rather than a batch file; None otherwise."""
-    if not isinstance(data, dict) or any(key in data for key in ("models", "systems", "grids")):
-        return None
-    for fields, kind, advice in _OTHER_FILES:
-        found = [field for field in fields if field in data]
-        if found:
-            model_type = data.get("model_type")
-            if found[0] == "model_type" and isinstance(model_type, str):
-                kind += f" (model_type {model_type[:40]})"
-            return f"{kind} (it has '{found[0]}'): {advice}"
-    return None
-
-
 def load_batch(path: str | Path, *, time_limit_s: float | None = None) -> list[Problem]:
     """Read a batch file and expand it into its problems, in file order, duplicates merged.
     `time_limit_s` (the command line's) replaces the file's. Errors are one-line InputErrors."""
