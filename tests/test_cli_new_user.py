@@ -203,6 +203,7 @@ def test_two_stage_memory_shows_the_last_stage_once(tmp_path):
     result = run("eval", "--model", MODELS / "gpt-1.3b.yaml", "--system", H100, "--mapping", path)
     assert result.exit_code == 0, result.output
     assert "last stage in HBM" in result.output and "second stage" not in result.output
+    assert "global batch │ 512 sequences = 1.0M tokens" in " ".join(result.output.split())
     mapping.update(pipeline_par=4, data_par=2)
     path.write_text(json.dumps(mapping))
     assert "second stage in HBM" in run("eval", "--model", MODELS / "gpt-1.3b.yaml", "--system", H100,

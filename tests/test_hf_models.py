@@ -169,7 +169,8 @@ def test_seq_size_replaces_a_model_files_and_batch_files_take_it(tmp_path):
     batch.write_text(f"models: {MODELS / 'llama-3.1-8b' / 'config.json'}\nsystems: {H100}\ngpus: 8\n")
     with pytest.raises(InputError, match=r"give --seq-size \(batch files: seq_size\)"):
         load_batch(batch)
-    batch.write_text(batch.read_text() + "seq_size: [4096, 8192]\n")
+    # the cap pinned: without it the 8,192-token problem's default cap (2,048) tags its id __b2048
+    batch.write_text(batch.read_text() + "seq_size: [4096, 8192]\nmax_batch: 3072\n")
     problems = load_batch(batch)
     assert [(p.id, p.model.seq_size) for p in problems] == [("llama-3.1-8b-s4096__h100-80g-nvl8__g8__bf16", 4096),
                                                             ("llama-3.1-8b-s8192__h100-80g-nvl8__g8__bf16", 8192)]

@@ -18,13 +18,13 @@ from rich.console import Console
 import costmodel.limits as limits
 from costmodel.advice import model_warnings, override_warnings
 from costmodel.errors import MapsatError
+from costmodel.headroom import Headroom
 from costmodel.hf import UnmodelledFieldWarning
 from costmodel.kernels import ATTENTION_KERNELS, CUDA_GRAPHS, GRAD_DATATYPES, Kernels
 from costmodel.limits import Bound
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.precision import OPTIMIZER_STATES, Precision
-from costmodel.headroom import Headroom
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
 from solver.cli.errors import debugging, one_line_errors
@@ -94,7 +94,8 @@ def given_headroom() -> Headroom | None:
 
 
 def system_override_options(func: Callable) -> Callable:
-    """--hbm-gib, --offload-gib, --offload-gbps, --nvlink-size: the co-design knobs."""
+    """--hbm-gib, --offload-gib, --offload-gbps, --nvlink-size: the co-design knobs; --hbm-headroom
+    (kept in ctx.meta, applied by load_problem)."""
     options = [
         click.option("--hbm-gib", type=float, help="Replace the HBM (tier-1) capacity per GPU, GiB."),
         click.option("--offload-gib", type=float,

@@ -143,6 +143,9 @@ def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
     """The time and memory breakdown of one evaluation."""
     head = Table(title=f"{title}: {mapping_summary(ev.mapping.model_dump(mode='json'))}", show_header=False)
     head.add_row("feasible", "yes" if ev.feasible else "NO: " + "; ".join(ev.reasons))
+    if ev.flops is not None:
+        batch = ev.mapping.batch_size
+        head.add_row("global batch", f"{batch:,} sequences = {batch * ev.flops.seq_size / 1e6:.1f}M tokens")
     head.add_row("iteration time", f"{ev.iteration_time_s:.4f} s")
     head.add_row("sample rate", f"{ev.sample_rate:.2f} sequences/s")
     peak = "" if ev.throughput is None else f" of the {ev.throughput.peak_name} {ev.throughput.peak_tflops:,.0f} TFLOP/s"

@@ -122,14 +122,21 @@ def batch_text(cap: int, seq_size: int, space: Space, source: str) -> str:
     tokens (default: ...)". `source`: "default" or "given" (the cap)."""
     fixed = dict(space.pins).get("batch")
     if fixed is not None and len(fixed) == 1:
-        return f"global batch {fixed[0]:,} sequences = {fixed[0] * seq_size / 1e6:.1f}M tokens (given)"
+        return f"global batch {fixed[0]:,} sequences = {_tokens(fixed[0] * seq_size)} tokens (given)"
     if source == "given":
         why = "given cap"
     elif space.name in PAPER_SPACES:
         why = f"default: space {space.name}'s cap"
     else:
         why = "default: the largest power of two within 2^24 = 16.8M tokens"
-    return f"global batch ≤ {cap:,} sequences = {cap * seq_size / 1e6:.1f}M tokens ({why})"
+    return f"global batch ≤ {cap:,} sequences = {_tokens(cap * seq_size)} tokens ({why})"
+
+
+def _tokens(count: int) -> str:
+    """16.8M, 524K or 8,192: a token count as headers give it."""
+    if count >= 1_000_000:
+        return f"{count / 1e6:.1f}M"
+    return f"{count / 1e3:.0f}K" if count >= 10_000 else f"{count:,}"
 
 
 def batch_cap(max_batch: int, batch: int | None, batch_tokens: int | None, seq_size: int,
