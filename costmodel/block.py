@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from costmodel.context import MASK_BYTES, Context
 from costmodel.kernel_time import attention_time_s
+from costmodel.model import CAUSAL_ATTENTION_SHARE
 from costmodel.moe import moe_layer_forward, moe_memory, moe_quantized_gemms
 from costmodel.quantize import GemmOperands, quantize_passes
 from costmodel.layer_time import (ACTIVATION_FLOPS_PER_ELEM, DROPOUT_FLOPS_PER_ELEM, LAYERNORM_FLOPS_PER_ELEM,
@@ -184,12 +185,14 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
     mlp_flops = 2 * tokens * h * (up_cols + f_cols)
 
     score_flops = 2 * b * heads * q_len * s * d          # Q·Kᵀ; the context GEMM (·V) is as large
-    core_flops = 2 * score_flops
+    # what the hardware counts of them (HFU's recomputation): the causal half, as MFU counts it
+    causal_score_flops = CAUSAL_ATTENTION_SHARE * score_flops
+    core_flops = 2 * causal_score_flops
     score_elems = b * heads * q_len * s
     if c.latent:
         # Queries and keys of d_qk, values and output of d_v per head, every head its own K and V.
         d_v = c.value_head_size
-        core_flops = score_flops + 2 * b * heads * q_len * s * d_v
+        core_flops = CAUSAL_ATTENTION_SHARE * (score_flops + 2 * b * heads * q_len * s * d_v)
     if c.fused_attention:
         # Q read and the output written for this GPU's tokens; K and V read for all s (the
         # ring brings every chunk); the softmax statistics written.
@@ -206,7 +209,7 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         # Backward recomputes Q·Kᵀ and the softmax (statistics in hand) on chip.
         kernel_recompute = fused_attention_s(c, xp, 1, b * heads, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0,
                                              steps=m.cp)
-        kernel_recompute_flops = score_flops
+        kernel_recompute_flops = causal_score_flops
         selective_recompute, selective_recompute_flops = 0.0, 0.0   # nothing outside the kernel to redo
         if c.attention_core_scale != 1.0:
             # Sliding-window blocks: the kernel skips the tiles outside the band (the mean over

@@ -72,7 +72,7 @@ class Context:
     hbm_bytes_per_s: float
     hbm_curve: Curve
     hbm_latency_s: float                # fixed cost of one element-wise (HBM-bound) kernel
-    hbm_capacity_bytes: float
+    hbm_capacity_bytes: float           # usable: the capacity less the HBM headroom (System.usable_hbm_bytes)
     runtime_reserve_bytes: float  # CUDA context, communication buffers, fragmentation
     offload_bytes_per_s: float   # 0 without an offload tier
     offload_curve: Curve
@@ -222,7 +222,7 @@ class Context:
             vector_curve=Curve.of(compute.vector_efficiency),
             hbm_bytes_per_s=system.hbm.bandwidth_bytes_per_s, hbm_curve=Curve.of(system.hbm.efficiency),
             hbm_latency_s=system.hbm.latency_s + gaps.block_s,
-            hbm_capacity_bytes=system.hbm.capacity_bytes, runtime_reserve_bytes=system.runtime_reserve_bytes,
+            hbm_capacity_bytes=system.usable_hbm_bytes, runtime_reserve_bytes=system.runtime_reserve_bytes,
             offload_bytes_per_s=system.offload.bandwidth_bytes_per_s if system.offload else 0.0,
             offload_curve=Curve.of(system.offload.efficiency if system.offload else [(0, 1.0)]),
             offload_capacity_bytes=system.offload.capacity_bytes if system.offload else 0.0,

@@ -87,7 +87,7 @@ class Evaluation:
             "offload_bytes_per_s_needed": self.offload_bytes_per_s_needed,
             "model_flops_per_token": None if self.flops is None else {
                 "matrix": self.flops.matrix_per_token, "attention": self.flops.attention_per_token,
-                "total": self.flops.per_token, "attention_halved_by_causal_mask": False},
+                "total": self.flops.per_token, "attention_halved_by_causal_mask": True},
             "throughput": None if self.throughput is None else self.throughput.to_dict(),
             "mapping": self.mapping.model_dump(mode="json"),
         }

@@ -66,6 +66,7 @@ CAPACITY_FACTOR = Bound(1.0, 1024.0, "the busiest expert's tokens over the mean:
 TFLOPS = Bound(1e-3, 1e6, "1 GFLOP/s to 1 EFLOP/s per GPU; an H100 does 989 TFLOP/s in bf16")
 CAPACITY_GIB = Bound(2.0**-10, 2.0**16, "1 MiB (the solver's memory unit) to 64 TiB per GPU")
 CAPACITY_GIB_OR_ZERO = Bound(0.0, 2.0**16, "none up to 64 TiB per GPU")
+HEADROOM_PERCENT = Bound(0.0, 99.0, "a percentage of HBM kept free; 100 % would leave nothing")
 BANDWIDTH_GBPS = Bound(1e-3, 1e6, "1 MB/s to 1 PB/s per GPU; HBM3 does 3,350 GB/s")
 EFFICIENCY = Bound(1e-3, 1.0, "a fraction of peak; below 0.1 % the hardware is not working")
 LATENCY_US = Bound(0.0, 1e6, "up to one second per collective; real ones take microseconds")

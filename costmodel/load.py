@@ -313,3 +313,28 @@ def ensure_parent(path: str | Path, option: str) -> Path:
     path = Path(path)
     ensure_directory(path.parent, option)
     return path
+
+
+_OTHER_FILES = (
+    (("model_type", "architectures"), "a Hugging Face model config", "give it as --model, or under a batch file's models"),
+    (("tensor_par", "pipeline_par", "num_procs"), "a mapping file", "give it to `mapsat eval --mapping`"),
+    (("compute", "hbm", "networks"), "a system file", "give it as --system, or under a batch file's systems"),
+    (("hidden", "num_blocks", "attn_heads"), "a model file", "give it as --model, or under a batch file's models"),
+)
+"""Files given where a batch file was expected, each known by fields a batch file never has:
+(fields, what the file is, where it goes)."""
+
+
+def other_file_kind(data: Any) -> str | None:
+    """What a document is, and where it goes, when it is one of the other inputs (a Hugging Face
+    config, a mapping, a system or a model file) rather than a batch file; None otherwise."""
+    if not isinstance(data, dict) or any(key in data for key in ("models", "systems", "grids")):
+        return None
+    for fields, kind, advice in _OTHER_FILES:
+        found = [field for field in fields if field in data]
+        if found:
+            model_type = data.get("model_type")
+            if found[0] == "model_type" and isinstance(model_type, str):
+                kind += f" (model_type {model_type[:40]})"
+            return f"{kind} (it has '{found[0]}'): {advice}"
+    return None

@@ -402,11 +402,17 @@ class Model(BaseModel):
         # (an MTP module's block too)
         attention_fwd = 2 * s * (self.attn_width + self.out_width) * L
         return ModelFlops(matrix_params=matrix_params, matrix_per_token=6.0 * matrix_params,
-                          attention_per_token=3.0 * attention_fwd, seq_size=s, sparse=self.moe_blocks > 0)
+                          attention_per_token=3.0 * attention_fwd * CAUSAL_ATTENTION_SHARE, seq_size=s,
+                          sparse=self.moe_blocks > 0)
 
     def model_flops_per_sample(self) -> float:
         """Training FLOP per sequence with no recomputation (the MFU numerator): see ModelFlops."""
         return self.model_flops().per_sequence
+
+
+CAUSAL_ATTENTION_SHARE = 0.5
+"""The share of the s×s attention products a causal mask leaves (s(s+1)/2 of s² pairs), as published
+tables count it: Megatron-Bridge's flop_utils.py ("a·d·s/2 · 2"); Megatron-LM 2021 and Calculon count all."""
 
 
 def check_positive_int(value: object, field: str) -> int:

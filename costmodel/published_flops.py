@@ -19,10 +19,9 @@ activation gradient and weight gradient, 2 FLOP per multiply-add:
 V' is Megatron's `calculate_padded_vocab_size`: V rounded up to a multiple of
 `make_vocab_size_divisible_by` (128, Megatron-Bridge's GPTModelProvider default) × tp.
 
-This is not the MFU numerator of costmodel.model.ModelFlops, which counts the full s² of
-attention (Megatron-LM's `num_floating_point_operations` and Calculon) and the unpadded
-vocabulary: the two differ by the attention core's half and the padding, and a table's
-"TFLOP/s per GPU" is Bridge's.
+The MFU numerator of costmodel.model.ModelFlops halves the attention core the same way but
+counts the unpadded vocabulary: the two differ by the padding, and a table's "TFLOP/s per GPU"
+is Bridge's.
 
 Multi-head latent attention (DeepSeek-V3) replaces the attention term, per block (Megatron-LM's
 `num_floating_point_operations`, megatron/training/training.py, its MLA branch; r_q, r_kv the

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 import costmodel.limits as limits
 from costmodel.errors import InputError
+from costmodel.headroom import Headroom
 from costmodel.kernel_fits import AttentionFit, GemmFit  # noqa: F401 (read from here by calibration and tests)
 from costmodel.model import INPUT_CONFIG, Boolean, RealNumber, WholeNumber, within
 from costmodel.precision import PrecisionSupport, check_support
@@ -253,10 +254,26 @@ class System(BaseModel):
                     "GiB; counted against HBM capacity. Default: costmodel.system.RUNTIME_RESERVE_GIB.")
     step: WholeStep | None = Field(
         None, description="Whole-step terms fitted to measured iterations (`mapsat calibrate --runs`); absent: none.")
+    hbm_headroom_gib: Annotated[RealNumber, within(limits.CAPACITY_GIB_OR_ZERO)] = Field(
+        0.0, ge=0, description="HBM per GPU a mapping must leave free beyond the runtime reserve and the fitted "
+                               "allocator term, GiB (--hbm-headroom 4GiB): a safety margin, not a modelled cost.")
+    hbm_headroom_percent: Annotated[RealNumber, within(limits.HEADROOM_PERCENT)] = Field(
+        0.0, ge=0, description="The same margin as a percentage of hbm.capacity_gib (--hbm-headroom 5%), on top "
+                               "of hbm_headroom_gib.")
 
     @property
     def runtime_reserve_bytes(self) -> float:
         return self.runtime_reserve_gib * GiB
+
+    @property
+    def hbm_headroom_bytes(self) -> float:
+        """HBM a mapping must leave free: hbm_headroom_gib plus hbm_headroom_percent of the capacity."""
+        return self.hbm_headroom_gib * GiB + self.hbm_headroom_percent / 100 * self.hbm.capacity_bytes
+
+    @property
+    def usable_hbm_bytes(self) -> float:
+        """The HBM the memory check allows a mapping (runtime reserve included): capacity less headroom."""
+        return self.hbm.capacity_bytes - self.hbm_headroom_bytes
 
     @field_validator("networks")
     @classmethod
@@ -271,6 +288,11 @@ class System(BaseModel):
         if self.runtime_reserve_gib >= self.hbm.capacity_gib:
             raise ValueError(f"runtime_reserve_gib({self.runtime_reserve_gib:g}) leaves nothing of "
                              f"hbm.capacity_gib({self.hbm.capacity_gib:g})")
+        if self.runtime_reserve_bytes >= self.usable_hbm_bytes:
+            raise ValueError(f"HBM headroom ({self.hbm_headroom_bytes / GiB:.3g} GiB: hbm_headroom_gib "
+                             f"{self.hbm_headroom_gib:g} + hbm_headroom_percent {self.hbm_headroom_percent:g} %) "
+                             f"leaves nothing of hbm.capacity_gib({self.hbm.capacity_gib:g}) beside "
+                             f"runtime_reserve_gib({self.runtime_reserve_gib:g})")
         for inner, outer in zip(self.networks, self.networks[1:]):
             if outer.size < inner.size:
                 raise ValueError(
@@ -289,6 +311,19 @@ class System(BaseModel):
             have = ", ".join(d.value for d in self.compute)
             raise InputError(f"datatype: system {self.name!r} has no {datatype.value} compute (it has {have})")
         return self.compute[datatype]
+
+    def with_headroom(self, headroom: Headroom | None) -> "System":
+        """The system with an HBM headroom (--hbm-headroom, a batch file's hbm_headroom) in place of
+        its own; None keeps it. A headroom that leaves no HBM beside the runtime reserve is an
+        InputError naming it."""
+        if headroom is None:
+            return self
+        data = {**self.model_dump(), "hbm_headroom_gib": headroom.gib, "hbm_headroom_percent": headroom.percent}
+        try:
+            return System.model_validate(data)
+        except ValidationError as err:
+            reason = err.errors()[0]["msg"].removeprefix("Value error, ")
+            raise InputError(f"--hbm-headroom {headroom.text}: {reason}") from None
 
     def with_overrides(self, *, hbm_gib: float | None = None, offload_gib: float | None = None,
                        offload_gbps: float | None = None, nvlink_size: int | None = None,

@@ -124,7 +124,7 @@ def test_resolved_problem_names_everything(batch_file):
     assert resolved["model"]["num_blocks"] == 4 and resolved["model"]["params"] == Model(**TOY).total_params
     assert resolved["system"] == {"name": "h100-80g-nvl8", "source": str(H100_SYSTEM), "hbm_gib": 120,
                                   "offload_gib": 0, "offload_gbps": None, "offload_unbounded": False,
-                                  "nvlink_size": 16}
+                                  "nvlink_size": 16, "hbm_headroom_gib": 0.0}
     assert resolved["overrides"] == {"hbm_gib": 120, "nvlink_size": 16}
     assert (resolved["gpus"], resolved["max_batch"], resolved["datatype"], resolved["space"]) == (2, 8, "bfloat16", "full")
     assert problem.id == "toy__h100-80g-nvl8__g2__bf16__b8__hbm120__nvl16"

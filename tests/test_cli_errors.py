@@ -422,10 +422,11 @@ def test_bad_option_is_a_usage_error(mapsat, command, options, fragments):
 
 @pytest.mark.parametrize("command", SPACE_COMMANDS)
 @pytest.mark.parametrize("options, fragments", [
-    (["--datatype", "fp8"], ["'--datatype'", "'fp8' is not one of"]),
+    (["--datatype", "fp8"], ["'--datatype'", "unknown datatype 'fp8': use --datatype float8"]),
+    (["--datatype", "fp9"], ["'--datatype'", "'fp9' is not one of"]),
     (["--max-batch", "0"], ["'--max-batch'", "0 is not in the range"]),
     (["--space", "calculon"], ["'--space'", "'calculon' is not one of"]),
-], ids=["datatype-unknown", "max-batch-zero", "space-unknown"])
+], ids=["datatype-short-name", "datatype-unknown", "max-batch-zero", "space-unknown"])
 def test_bad_space_option_is_a_usage_error(mapsat, command, options, fragments):
     assert_usage_error(mapsat(*problem_args(command), *options), *fragments)
 

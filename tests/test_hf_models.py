@@ -52,22 +52,25 @@ PUBLISHED_FLOPS = [("llama-3.1-70b", 8192, 3.94e15), ("llama-3.1-405b", 8192, 2.
 
 @pytest.mark.parametrize("name, seq, flops", PUBLISHED_FLOPS)
 def test_model_flops_per_sequence_match_nvidias_benchmark_figures(name, seq, flops):
-    assert hf(name, seq).model_flops_per_sample() == pytest.approx(flops, rel=0.02)
+    f = hf(name, seq).model_flops()
+    full = (f.matrix_per_token + f.full_attention_per_token) * seq   # their count: the full s²
+    assert full == pytest.approx(flops, rel=0.02)
 
 
 def test_gpt3_model_flops_per_sequence_match_nvidias_figure():
-    gpt3 = load_model(MODELS / "gpt3-175b.yaml")
-    assert gpt3.model_flops_per_sample() == pytest.approx(2.20e15, rel=0.02)
+    f = load_model(MODELS / "gpt3-175b.yaml").model_flops()
+    assert (f.matrix_per_token + f.full_attention_per_token) * 2048 == pytest.approx(2.20e15, rel=0.02)
 
 
 def test_model_flops_are_stated_term_by_term():
-    # 6 × matrix parameters per token + 3 passes × (Q·Kᵀ and ·V: 2 × 2·s·a·d) × L
+    # 6 × matrix parameters per token + 3 passes × (Q·Kᵀ and ·V: 2 × 2·s·a·d) × L, halved for the
+    # causal mask as Megatron-Bridge's flop_utils.py counts it (a·d·s/2 · 2)
     m = hf("llama-3.1-70b")
     f = m.model_flops()
     assert f.matrix_params == 80 * (2 * 8192**2 + 2 * 8192 * 1024 + 3 * 8192 * 28672) + 8192 * 128256
     assert f.matrix_per_token == 6 * f.matrix_params
-    assert f.attention_per_token == 3 * 4 * 8192 * 8192 * 80
-    assert f.causal_attention_per_token == f.attention_per_token / 2
+    assert f.attention_per_token == 3 * 4 * 8192 * 8192 * 80 / 2
+    assert f.full_attention_per_token == 3 * 4 * 8192 * 8192 * 80
     assert m.model_flops_per_sample() == f.per_token * 8192
 
 
@@ -167,7 +170,8 @@ def test_seq_size_replaces_a_model_files_and_batch_files_take_it(tmp_path):
     batch.write_text(f"models: {MODELS / 'llama-3.1-8b' / 'config.json'}\nsystems: {H100}\ngpus: 8\n")
     with pytest.raises(InputError, match=r"give --seq-size \(batch files: seq_size\)"):
         load_batch(batch)
-    batch.write_text(batch.read_text() + "seq_size: [4096, 8192]\n")
+    # the cap pinned: without it the 8,192-token problem's default cap (2,048) tags its id __b2048
+    batch.write_text(batch.read_text() + "seq_size: [4096, 8192]\nmax_batch: 3072\n")
     problems = load_batch(batch)
     assert [(p.id, p.model.seq_size) for p in problems] == [("llama-3.1-8b-s4096__h100-80g-nvl8__g8__bf16", 4096),
                                                             ("llama-3.1-8b-s8192__h100-80g-nvl8__g8__bf16", 8192)]

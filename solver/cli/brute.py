@@ -13,7 +13,7 @@ from costmodel.evaluate import evaluate
 from costmodel.load import ensure_parent
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
-from solver.cli.options import (BoundedInt, datatype_option, load_problem, problem_options,
+from solver.cli.options import (BoundedInt, batch_header, datatype_option, load_problem, problem_options,
                                 space_and_cap, space_options, system_label, user_errors, wide_console)
 from solver.report.tables import evaluation_tables, top_table
 from solver.search.brute import BruteResult, scan
@@ -60,13 +60,13 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
     else:
         label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
         best = evaluate(model, system, result.best.mapping) if result.best is not None else None
-        print_brute(result, model.name, label + pins_text(space), best)
+        print_brute(result, model.name, f"{label}{pins_text(space)}, {batch_header(space, max_batch, model)}", best)
     if result.interrupted:
         click.echo(f"interrupted (Ctrl-C) after scoring {result.evaluated:,} of {result.space_size:,} mappings: "
                    + ("the best of those, not the optimum" if result.best else "none of them feasible"), err=True)
         sys.exit(130)
     if result.best is None:
-        raise MapsatError(result.infeasible_reason(system.hbm.capacity_bytes))
+        raise MapsatError(result.infeasible_reason(system.usable_hbm_bytes))
 
 
 def print_brute(result: BruteResult, model_name: str, system_name: str, best_evaluation=None) -> None:

@@ -9,10 +9,10 @@ from rich.table import Table
 
 from costmodel.errors import InputError, MapsatError
 from costmodel.system import Datatype
-from solver.cli.options import (datatype_option, load_problem, problem_options, space_and_cap, space_options,
+from solver.cli.options import (batch_header, headroom_text, datatype_option, load_problem, problem_options, space_and_cap, space_options,
                                 user_errors, wide_console)
 from solver.report.figure import image_path
-from solver.report.tables import dumps, mapping_summary
+from solver.report.tables import dumps, mapping_summary, mfu_text
 from solver.search.codesign import KNOBS, CodesignResult, Grid, Target, codesign
 from solver.search.solve import SolverConfig
 
@@ -32,6 +32,17 @@ def parse_vary(texts: tuple[str, ...]) -> dict[str, tuple[float, ...]]:
         except ValueError:
             raise InputError(f"--vary {text}: the values must be numbers") from None
     return out
+
+
+def grid_offload_gib(offload_gib: float | None, offload_gbps: float | None,
+                     varied: dict[str, tuple[float, ...]]) -> float | None:
+    """The offload capacity the base system takes: --offload-gib, or with --offload-gbps alone
+    while the grid varies offload_gib, the grid's largest capacity (each point resizes it; 0
+    removes it), so --offload-gbps gives the bandwidth of every offload tier the grid adds."""
+    capacities = [v for v in varied.get("offload_gib", ()) if v > 0]
+    if offload_gib is None and offload_gbps is not None and capacities:
+        return max(capacities)
+    return offload_gib
 
 
 def parse_cost(text: str | None) -> dict[str, float]:
@@ -110,16 +121,20 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     target = parse_target(target_mfu, target_time, within)
     if pareto_path is not None:              # before the search: a path it could not write is refused now
         pareto_path = image_path(pareto_path, "--pareto")
-    model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
+    varied = parse_vary(vary)
+    model, system = load_problem(model_path, system_path, hbm_gib,
+                                 grid_offload_gib(offload_gib, offload_gbps, varied), offload_gbps, nvlink_size,
                                  seq_size=seq_size)
     knobs = tuple(k.strip() for k in minimize.split(",") if k.strip())
-    grid = Grid.build(parse_vary(vary), knobs, parse_cost(cost_text))
+    grid = Grid.build(varied, knobs, parse_cost(cost_text))
     space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model, system,
                                      num_gpus)
     result = codesign(model, system, num_gpus, grid, target, max_batch=max_batch, datatype=Datatype(datatype),
                       space=space, kernels=kernels,
                       config=SolverConfig(time_limit_s=time_limit_s, workers=workers), pareto=pareto_path is not None)
-    title = f"{model.name} on {num_gpus:,} x {system.name}, {datatype}, {kernels.label}"
+    headroom = f" ({headroom_text(system)})" if headroom_text(system) else ""
+    title = (f"{model.name} on {num_gpus:,} x {system.name}{headroom}, {datatype}, "
+             f"{batch_header(space, max_batch, model)}, {kernels.label}")
     if pareto_path is not None:
         from solver.report.codesign_plot import plot_pareto
 
@@ -145,7 +160,7 @@ def print_result(result: CodesignResult, title: str) -> None:
     if result.system is not None:
         best = result.best
         console.print(f"  least system: {_point(result.system)}")
-        console.print(f"  best: {best.iteration_time_s:.4f} s, MFU {best.mfu:.1%}: "
+        console.print(f"  best: {best.iteration_time_s:.4f} s, {mfu_text(best)}: "
                       f"{mapping_summary(best.mapping.model_dump(mode='json'))}")
     if not result.proof:
         console.print("  proof: no smaller system on the grid")

@@ -13,7 +13,7 @@ from costmodel.context import Context
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 import costmodel.limits as limits
-from solver.cli.options import (BoundedInt, datatype_option, load_problem, problem_options,
+from solver.cli.options import (BoundedInt, batch_header, datatype_option, load_problem, problem_options,
                                 space_and_cap, space_options, system_label, user_errors, wide_console)
 from solver.search.brute import scan
 from solver.space.pins import describe_pins, pins_text
@@ -48,7 +48,7 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
     """
     for option, value, bound in (("--gpus", num_gpus, limits.GPUS_SEARCH), ("--max-batch", max_batch,
                                                                             limits.MAX_BATCH_SEARCH)):
-        if feasible and bound.problem(value):
+        if feasible and value is not None and bound.problem(value):
             raise click.BadParameter(f"{value} is {bound.problem(value)} (--feasible scores every mapping)",
                                      param_hint=f"'{option}'")
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
@@ -73,17 +73,18 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
         click.echo(json.dumps({**result.to_dict(), "fixed": describe_pins(space)}, indent=2))
     else:
         label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
-        print_count(result, model.name, label + pins_text(space))
+        print_count(result, model.name, label + pins_text(space), batch_header(space, max_batch, model))
 
 
-def print_count(result: CountResult, model_name: str, system_name: str) -> None:
+def print_count(result: CountResult, model_name: str, system_name: str, batch: str | None = None) -> None:
     """Human output: the total, then one row per dimension with the count per value."""
     console = wide_console()
     line = (f"[bold]{result.mappings:,}[/bold] mappings of {model_name} on {result.num_gpus:,} GPUs of {system_name} "
-            f"(space {result.space}, max batch {result.max_batch:,}, {result.skeletons} (tp, cp, ep, pp) splits)")
+            f"(space {result.space}, {result.skeletons} (tp, cp, ep, pp) splits)")
     if result.feasible is not None:
         line += f"; [bold]{result.feasible:,}[/bold] feasible in {result.datatype}, {result.kernels.label}"
     console.print(line)
+    console.print(batch or f"global batch ≤ {result.max_batch:,} sequences")
     if not result.mappings:
         console.print("No mapping: no (tp, cp, ep, pp) split satisfies the divisibility and batch rules (see `mapsat spaces`).")
         return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from costmodel.errors import MapsatError
 from costmodel.evaluate import evaluate
 from costmodel.load import load_mapping
 from costmodel.param_counts import ParameterCounts
@@ -27,6 +28,10 @@ from solver.report.tables import console, dumps, evaluation_tables
 def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbps, nvlink_size, mapping_path, as_json):
     """Evaluate one mapping: iteration time, MFU/HFU and memory, with their breakdown.
 
+    Exits 1 when the mapping does not fit (memory, or a network it does not span), after the
+    breakdown (tables, or the whole --json document on stdout), with the reason on one line
+    on stderr.
+
     \b
     Example:
       mapsat eval --model problems/models/gpt3-175b.yaml \\
@@ -39,8 +44,10 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     counts = ParameterCounts.of(model)
     if as_json:
         click.echo(dumps({**ev.to_dict(), "parameters": counts.to_dict()}))
-        return
-    out = console()
-    label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
-    for table in evaluation_tables(ev, title=f"{model.name} ({counts.summary()}) on {ev.mapping.num_procs} x {label}"):
-        out.print(table)
+    else:
+        out = console()
+        label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+        for table in evaluation_tables(ev, title=f"{model.name} ({counts.summary()}) on {ev.mapping.num_procs} x {label}"):
+            out.print(table)
+    if not ev.feasible:
+        raise MapsatError(f"{mapping_path}: the mapping does not fit: {'; '.join(ev.reasons)}")

@@ -8,11 +8,11 @@ from rich.table import Table
 from costmodel.dimensions import BY_NAME
 from costmodel.errors import InputError, MapsatError
 from costmodel.system import Datatype
-from solver.cli.options import (datatype_option, load_problem, problem_options,
+from solver.cli.options import (batch_header, datatype_option, load_problem, problem_options,
                                 progress_line, space_and_cap, space_options, system_label, user_errors,
                                 wide_console)
 from solver.report.figure import image_path
-from solver.report.tables import dumps, mapping_summary
+from solver.report.tables import dumps, mapping_summary, mfu_text
 from solver.search.explain import Explanation, explain
 from solver.search.solve import SolverConfig
 from solver.space.pins import pins_text
@@ -66,7 +66,7 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
                          progress=say)
     label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
     title = (f"{model.name} on {num_gpus:,} x {label}, {datatype}, space {space_name}{pins_text(space)}, "
-             f"{kernels.label}")
+             f"{batch_header(space, max_batch, model)}, {kernels.label}")
     if plot_path is not None and result.winner is not None:
         from solver.report.explain_plot import plot_explanation
 
@@ -87,7 +87,7 @@ def print_explanation(result: Explanation, title: str) -> None:
     console.print(f"{title}: {proven}; {result.blocks_scored:,} blocks scored exactly in {result.seconds:.1f} s")
     if winner is None:
         return
-    console.print(f"  best: {winner.iteration_time_s:.4f} s, MFU {winner.mfu:.1%}: "
+    console.print(f"  best: {winner.iteration_time_s:.4f} s, {mfu_text(winner)}: "
                   f"{mapping_summary(winner.mapping.model_dump(mode='json'))}")
     for line in result.winner_binding:
         console.print(f"    binding: {line}")

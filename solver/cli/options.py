@@ -18,6 +18,7 @@ from rich.console import Console
 import costmodel.limits as limits
 from costmodel.advice import model_warnings, override_warnings
 from costmodel.errors import MapsatError
+from costmodel.headroom import Headroom
 from costmodel.hf import UnmodelledFieldWarning
 from costmodel.kernels import ATTENTION_KERNELS, CUDA_GRAPHS, GRAD_DATATYPES, Kernels
 from costmodel.limits import Bound
@@ -25,9 +26,10 @@ from costmodel.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.precision import OPTIMIZER_STATES, Precision
 from costmodel.system import Datatype, System
+from costmodel.units import GiB
 from solver.cli.errors import debugging, one_line_errors
 from solver.space.declaration import DEFAULT_SPACE, SPACES, Space, get_space
-from solver.space.pins import batch_cap, check_pins, parse_pins, pinned
+from solver.space.pins import batch_cap, batch_text, check_pins, default_batch_cap, parse_pins, pinned
 
 
 def user_errors(func: Callable) -> Callable:
@@ -75,8 +77,25 @@ class BoundedFloat(click.FloatRange):
         return number
 
 
+def _remember_headroom(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """--hbm-headroom, parsed, kept for load_problem and shape (ctx.meta["mapsat.hbm_headroom"])."""
+    if value is None:
+        return
+    try:
+        ctx.meta["mapsat.hbm_headroom"] = Headroom.parse(value)
+    except MapsatError as err:
+        raise click.BadParameter(str(err).removeprefix("--hbm-headroom: ")) from None
+
+
+def given_headroom() -> Headroom | None:
+    """The --hbm-headroom of the running command, or None."""
+    ctx = click.get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.get("mapsat.hbm_headroom")
+
+
 def system_override_options(func: Callable) -> Callable:
-    """--hbm-gib, --offload-gib, --offload-gbps, --nvlink-size: the co-design knobs."""
+    """--hbm-gib, --offload-gib, --offload-gbps, --nvlink-size: the co-design knobs; --hbm-headroom
+    (kept in ctx.meta, applied by load_problem)."""
     options = [
         click.option("--hbm-gib", type=float, help="Replace the HBM (tier-1) capacity per GPU, GiB."),
         click.option("--offload-gib", type=float,
@@ -84,6 +103,10 @@ def system_override_options(func: Callable) -> Callable:
         click.option("--offload-gbps", type=float,
                      help="Offload memory bandwidth per GPU per direction, GB/s (default when adding: as fast as HBM)."),
         click.option("--nvlink-size", type=int, help="Resize the first network (the NVLink domain), GPUs."),
+        click.option("--hbm-headroom", expose_value=False, callback=_remember_headroom, metavar="GIB|PERCENT%",
+                     help="HBM each GPU must leave free beyond the runtime reserve and the fitted allocator term, "
+                          "e.g. 4 or 4GiB, or 5% of the HBM capacity (default 0): the memory check allows "
+                          "capacity less headroom; headers state it."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -155,7 +178,8 @@ def load_problem(model_path: str, system_path: str, hbm_gib: float | None, offlo
     with model_warnings_on_stderr():
         model = load_model(model_path, seq_size=seq_size)
     system = load_system(system_path).with_overrides(
-        hbm_gib=hbm_gib, offload_gib=offload_gib, offload_gbps=offload_gbps, nvlink_size=nvlink_size)
+        hbm_gib=hbm_gib, offload_gib=offload_gib, offload_gbps=offload_gbps, nvlink_size=nvlink_size
+    ).with_headroom(given_headroom())
     warn(*model_warnings(model, str(model_path)), *override_warnings(offload_gib, offload_gbps))
     return model, system
 
@@ -172,7 +196,18 @@ def system_label(system: System, hbm_gib: float | None = None, offload_gib: floa
                        f"offload {system.offload.capacity_gib:g} GiB @ {system.offload.bandwidth_gbps:g} GB/s")
     if nvlink_size is not None:
         changed.append(f"{system.networks[0].name} {nvlink_size}")
+    headroom = headroom_text(system)
+    if headroom:
+        changed.append(headroom)
     return system.name + (f" ({', '.join(changed)})" if changed else "")
+
+
+def headroom_text(system: System) -> str:
+    """"HBM headroom 4 GiB: 76 of 80 GiB usable" when the system keeps HBM free, else ""."""
+    if system.hbm_headroom_bytes <= 0:
+        return ""
+    return (f"HBM headroom {system.hbm_headroom_bytes / GiB:.3g} GiB: {system.usable_hbm_bytes / GiB:.3g} of "
+            f"{system.hbm.capacity_gib:g} GiB usable")
 
 
 @contextlib.contextmanager
@@ -303,10 +338,12 @@ def space_options(func: Callable | None = None, *, counting: bool = False) -> Ca
     max_batch = limits.MAX_BATCH_COUNT if counting else limits.MAX_BATCH_SEARCH
     options = [
         click.option("--gpus", "num_gpus", required=True, type=BoundedInt(gpus),
-                     help="Number of GPUs, N (tp·pp·dp = N)."),
-        click.option("--max-batch", type=BoundedInt(max_batch), default=3072, show_default=True,
+                     help="Number of GPUs, N (tp·cp·pp·dp = N; ep divides dp·cp)."),
+        click.option("--max-batch", type=BoundedInt(max_batch), default=None,
                      help="Cap on the global batch, in sequences: each split takes the largest multiple of dp "
-                          "under it."),
+                          "under it. Default: the largest power of two of sequences within 2^24 = 16.8M tokens "
+                          "(the Llama 3 paper's batch), at most 3,072 (2,048 at 8K tokens, 128 at 131K); "
+                          "3,072 in the paper spaces (calculon-2023, calculon-current)."),
         click.option("--batch", type=BoundedInt(max_batch), default=None,
                      help="Fix the global batch, in sequences (only splits whose dp divides it remain)."),
         click.option("--batch-tokens", type=BoundedInt(limits.GPUS_COUNT), default=None,
@@ -328,7 +365,10 @@ def space_and_cap(space_name: str, fix: tuple[str, ...], max_batch: int, batch: 
     """The named space with the --fix pins and a fixed batch applied, and the batch cap; a pin
     no mapping of the problem can take is refused here, before any search."""
     ctx = click.get_current_context()
-    given = ctx.get_parameter_source("max_batch") is not click.core.ParameterSource.DEFAULT
+    given = max_batch is not None
+    ctx.meta["mapsat.batch_source"] = "given" if given else "default"
+    if not given:
+        max_batch = default_batch_cap(model.seq_size, space_name)
     batch_type = next(param.type for param in ctx.command.params if param.name == "batch")
     cap, batch_pins = batch_cap(max_batch, batch, batch_tokens, model.seq_size, given, batch_type.bound)
     space = get_space(space_name)
@@ -337,8 +377,32 @@ def space_and_cap(space_name: str, fix: tuple[str, ...], max_batch: int, batch: 
     return pinned(space, pins + batch_pins), cap
 
 
+def batch_header(space: Space, cap: int, model: Model) -> str:
+    """The global batch as a header states it (solver.space.pins.batch_text), after space_and_cap."""
+    ctx = click.get_current_context()
+    return batch_text(cap, model.seq_size, space, ctx.meta.get("mapsat.batch_source", "given"))
+
+
+DATATYPE_HINTS = {
+    "fp8": "use --datatype float8 (Calculon's all-FP8) or --precision fp8-tensorwise (Transformer Engine's)",
+    "bf16": "use --datatype bfloat16", "fp16": "use --datatype float16", "fp32": "use --datatype float32",
+}
+"""The short names problem ids and Megatron-LM use (DATATYPE_TAGS of solver.study.batch), each with the
+option that means it."""
+
+
+class DatatypeChoice(click.Choice):
+    """--datatype's choice: a short name (fp8, bf16) is refused with the option that means it."""
+
+    def convert(self, value, param, ctx):
+        hint = DATATYPE_HINTS.get(str(value).strip().lower())
+        if hint is not None and value not in self.choices:
+            self.fail(f"unknown datatype {value!r}: {hint}", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def datatype_option(func: Callable) -> Callable:
     """--datatype D."""
-    return click.option("--datatype", type=click.Choice([d.value for d in Datatype]), default=Datatype.bfloat16.value,
+    return click.option("--datatype", type=DatatypeChoice([d.value for d in Datatype]), default=Datatype.bfloat16.value,
                         show_default=True, help="Compute datatype; the system must list it. With --precision, "
                                                 "leave it at bfloat16: the recipe decides what is quantized.")(func)

@@ -13,13 +13,12 @@ from costmodel.kernels import Kernels
 from costmodel.load import load_system
 import costmodel.limits as limits
 from costmodel.limits import Bound
-from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, kernel_options, system_override_options,
+from solver.cli.options import (given_headroom, BoundedFloat, BoundedInt, datatype_option, kernel_options, system_override_options,
                                 user_errors, wide_console)
 from solver.report.tables import mapping_summary
 from solver.study.shape import (ASPECT_INTERCEPT, ASPECT_POINTS, ASPECT_SLOPE, BLOCKS_STEP, SEQ_SIZE, VOCAB_SIZE,
                           ShapeAssessment, aspect_ratio, assess_shapes, candidate_shapes, rule_shape, write_shapes)
 from solver.space.declaration import SPACES
-
 
 SPREAD = Bound(0, 1024, "block counts listed either side of the rule's")
 
@@ -105,9 +104,11 @@ def command(targets: tuple[float, ...], blocks: list[int] | None, heads: int | N
     system = None
     if system_path is not None:
         system = load_system(system_path).with_overrides(hbm_gib=hbm_gib, offload_gib=offload_gib,
-                                                         offload_gbps=offload_gbps, nvlink_size=nvlink_size)
-    elif any(v is not None for v in (hbm_gib, offload_gib, offload_gbps, nvlink_size)):
-        raise InputError("--hbm-gib/--offload-gib/--offload-gbps/--nvlink-size change a system: give --system too")
+                                                         offload_gbps=offload_gbps, nvlink_size=nvlink_size
+                                                         ).with_headroom(given_headroom())
+    elif any(v is not None for v in (hbm_gib, offload_gib, offload_gbps, nvlink_size, given_headroom())):
+        raise InputError("--hbm-gib/--offload-gib/--offload-gbps/--nvlink-size/--hbm-headroom change a system: give "
+                         "--system too")
     shapes = []
     for target in targets:
         if rule_only:

@@ -10,22 +10,15 @@ import costmodel.limits as limits
 from costmodel.errors import MapsatError
 from costmodel.param_counts import ParameterCounts
 from costmodel.system import Datatype
-from solver.cli.options import (
-    BoundedFloat,
-    BoundedInt,
-    datatype_option,
-    load_problem,
-    problem_options,
-    progress_line,
-    space_and_cap,
-    space_options,
-    system_label,
-    user_errors,
-    wide_console,
-)
+from solver.cli.errors import debugging
+from solver.cli.options import (BoundedFloat, BoundedInt, batch_header, datatype_option, load_problem, problem_options,
+                                progress_line, space_and_cap, space_options, system_label, user_errors,
+                                wide_console)
 from solver.report.tables import dumps, evaluation_tables, top_table
 from solver.search.solve import SolverConfig, SolveResult, solve
 from solver.space.pins import describe_pins, pins_text
+
+NOTHING_YET = "interrupted (Ctrl-C) before any mapping was found"
 
 
 @click.command("solve")
@@ -60,19 +53,25 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model, system,
                                      num_gpus)
     config = SolverConfig(time_limit_s=time_limit_s, workers=workers, seed=seed, top_k=top_k)
-    with progress_line(enabled=not as_json) as say:
-        result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),
-                       space=space, kernels=kernels, config=config, progress=say)
+    try:
+        with progress_line(enabled=not as_json) as say:
+            result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),
+                           space=space, kernels=kernels, config=config, progress=say)
+    except KeyboardInterrupt:            # while the search was being set up: nothing scored yet
+        if debugging():
+            raise
+        click.echo(NOTHING_YET, err=True)
+        sys.exit(130)
     if as_json:
         click.echo(dumps({**result.to_dict(), "fixed": describe_pins(space),
                           "parameters": ParameterCounts.of(model).to_dict()}))
     else:
         label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
-        print_result(result, f"{model.name} ({ParameterCounts.of(model).summary()}) on {num_gpus:,} x {label}, {datatype}, space {space_name}"
-                             f"{pins_text(space)}, {kernels.label}")
+        print_result(result, f"{model.name} ({ParameterCounts.of(model).summary()}) on {num_gpus:,} x {label}, {datatype}, "
+                             f"space {space_name}{pins_text(space)}, {batch_header(space, max_batch, model)}, {kernels.label}")
     if result.status == "interrupted":
-        click.echo("interrupted (Ctrl-C): " + ("the best mapping found so far, not certified" if result.best
-                                                else "no feasible mapping found yet"), err=True)
+        click.echo("interrupted (Ctrl-C): the best mapping found so far, not certified" if result.best
+                   else NOTHING_YET, err=True)
         sys.exit(130)
     if result.status == "unknown":
         raise MapsatError(f"no mapping found within the time limit of {time_limit_s:g} s (none proven infeasible "

@@ -233,7 +233,7 @@ def plot_line(records: list[dict], kind: str, out_dir: Path) -> list[Path]:
             else:                                          # 1T, 10T, 100T rather than 10^12
                 ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: params_text(v)))
         ax.set_xlabel(DIMENSIONS[x].axis_label)
-        ax.set_ylabel("MFU (%)")
+        ax.set_ylabel("MFU (%, causal attention halved)")
         ax.set_ylim(*_mfu_axis([_mfu(r) for rs in lines.values() for r in rs]))
         ax.grid(True, alpha=0.3)
         fixed = _fixed_text(part, part_vary)
@@ -334,7 +334,7 @@ def plot_heatmap(records: list[dict], out_dir: Path) -> list[Path]:
         ax.set_yticks(range(len(ys)), [names[v] if y == "params" else _tick(y, v) for v in ys], fontsize=8)
         ax.set_xlabel(_dimension(x).axis_label)
         ax.set_ylabel(_dimension(y).axis_label)
-        fig.colorbar(image, ax=ax, label="MFU (%)")
+        fig.colorbar(image, ax=ax, label="MFU (%, causal attention halved)")
         title = ", ".join(filter(None, [legend_label(facet) if facet else "", _fixed_text(rs, vary)]))
         ax.set_title(f"MFU (%), × = no feasible mapping\n{title}", fontsize=10)
         suffix = "".join(f"--{d}-{_slug(d, v)}" for d, v in facet)

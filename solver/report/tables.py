@@ -100,37 +100,70 @@ def top_table(entries, title: str) -> Table:
     """The top-k table `brute` and `solve` share. `entries`: (time s, MFU, HBM bytes, offload
     bytes, the mapping's JSON fields, the settings its group of equally good mappings also
     takes) per row, best first."""
-    table = Table(title=title, title_justify="left")
-    for header in ("#", "time (s)", "MFU", "HBM (GiB)", "offload (GiB)", *MAPPING_HEADERS, "equally good"):
-        table.add_column(header, justify="left" if header == "equally good" else "right")
-    for rank, (time_s, mfu, hbm, offload, fields, same) in enumerate(entries, start=1):
-        table.add_row(str(rank), f"{time_s:.4f}", f"{mfu:.1%}", f"{hbm / GiB:.1f}", f"{offload / GiB:.1f}",
-                      *mapping_cells(fields), equivalents_text(same) or "-")
+    rows = [[str(rank), f"{time_s:.4f}", f"{mfu:.1%}", f"{hbm / GiB:.1f}", f"{offload / GiB:.1f}",
+             *mapping_cells(fields), equivalents_text(same) or "-"]
+            for rank, (time_s, mfu, hbm, offload, fields, same) in enumerate(entries, start=1)]
+    headers = ("#", "time (s)", "MFU", "HBM (GiB)", "offload (GiB)", *MAPPING_HEADERS, "equally good")
+    mapping_columns = range(5, len(headers) - 1)
+    # a mapping column with one value in every row is stated once, under the table
+    same = [n for n in mapping_columns if len(rows) > 1 and len({row[n] for row in rows}) == 1]
+    caption = ("every row: " + ", ".join(f"{headers[n]} {rows[0][n]}" for n in same)) if same else None
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    kept = [n for n in range(len(headers)) if n not in same]
+    for n in kept:
+        # headers wrap at spaces (the networks' after "nets"); the equivalents one setting a line; a
+        # cell still too long folds: nothing is cut
+        table.add_column(headers[n].replace("nets ", "nets\n").replace(" (", "\n("), justify="left" if n == len(headers) - 1 else "right",
+                         overflow="fold")
+    for row in rows:
+        table.add_row(*(row[n].replace("; ", "\n") if n == len(headers) - 1 else row[n] for n in kept))
+    return fit_width(table)
+
+
+TABLE_WIDTH_MAX = 120
+"""Columns the top-k tables fit in (a terminal window beside another, or a 120-column log)."""
+
+
+def fit_width(table: Table, width: int = TABLE_WIDTH_MAX) -> Table:
+    """The table, held to `width` columns when it would be wider: rich then wraps its headers and
+    the columns that may wrap instead of running past the edge."""
+    natural = Console(width=10_000).measure(table).maximum
+    if natural > width:
+        table.width = width
     return table
+
+
+def mfu_text(ev: Evaluation) -> str:
+    """"MFU 41.2 % of the bfloat16 dense matrix peak 989 TFLOP/s" (causal attention halved)."""
+    peak = "" if ev.throughput is None else f" of the {ev.throughput.peak_name} {ev.throughput.peak_tflops:,.0f} TFLOP/s"
+    return f"MFU {100 * ev.mfu:.1f} %{peak}"
 
 
 def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
     """The time and memory breakdown of one evaluation."""
     head = Table(title=f"{title}: {mapping_summary(ev.mapping.model_dump(mode='json'))}", show_header=False)
     head.add_row("feasible", "yes" if ev.feasible else "NO: " + "; ".join(ev.reasons))
+    if ev.flops is not None:
+        batch = ev.mapping.batch_size
+        head.add_row("global batch", f"{batch:,} sequences = {batch * ev.flops.seq_size / 1e6:.1f}M tokens")
     head.add_row("iteration time", f"{ev.iteration_time_s:.4f} s")
     head.add_row("sample rate", f"{ev.sample_rate:.2f} sequences/s")
-    peak = "" if ev.throughput is None else f" of {ev.throughput.peak_tflops:,.0f} TFLOP/s ({ev.throughput.peak_name})"
-    head.add_row("MFU (model FLOP, no recompute)", f"{100 * ev.mfu:.2f} %{peak}")
+    peak = "" if ev.throughput is None else f" of the {ev.throughput.peak_name} {ev.throughput.peak_tflops:,.0f} TFLOP/s"
+    head.add_row("MFU (model FLOP, causal attention halved, no recompute)", f"{100 * ev.mfu:.2f} %{peak}")
     if ev.throughput is not None:
         t = ev.throughput
         head.add_row("throughput as published tables count it",
                      f"{t.tokens_per_s_per_gpu:,.0f} tokens/s per GPU; {t.model_tflops_per_gpu:,.1f} model TFLOP/s per "
                      f"GPU (Megatron-Bridge's count: causal attention halved, vocabulary padded; "
                      f"{t.bridge_flops_per_token:.4g} FLOP per token)")
-    head.add_row("HFU (hardware FLOP, with recompute)", f"{100 * ev.hfu:.2f} %")
+    head.add_row("HFU (hardware FLOP, with recompute)", f"{100 * ev.hfu:.2f} %{peak}")
     if ev.flops is not None:
         f = ev.flops
         head.add_row("model FLOP per token (MFU numerator)",
                      f"{f.per_token:.4g} = 6 × {f.matrix_params / 1e9:.4g} B "
                      f"{'active (k of E experts) ' if f.sparse else ''}"
                      f"matrix parameters + attention "
-                     f"{f.attention_per_token:.4g} (full s², not halved for the causal mask); "
+                     f"{f.attention_per_token:.4g} (half of the full s² {f.full_attention_per_token:.4g}: causal mask); "
                      f"{f.per_sequence:.4g} per sequence of {f.seq_size}")
     if ev.offload_bytes_per_s_needed > 0:
         head.add_row("offload bandwidth to hide traffic", f"{ev.offload_bytes_per_s_needed / GB:.1f} GB/s")
@@ -148,6 +181,8 @@ def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
     mem_table.add_column("term")
     mem_table.add_column("GiB", justify="right")
     for key, label in MEMORY_LABELS.items():
+        if key.startswith("second_stage") and ev.mapping.pp == 2:
+            continue                      # with two stages the second is the last: shown once, as the last
         mem_table.add_row(label, f"{ev.memory_bytes[key] / GiB:.2f}")
     mem_table.add_row("in HBM (tier 1, the fullest stage)", f"{ev.hbm_bytes / GiB:.2f}", style="bold")
     mem_table.add_row("in offload memory (tier 2)", f"{ev.offload_bytes / GiB:.2f}", style="bold")

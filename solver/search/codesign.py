@@ -198,7 +198,7 @@ class Codesign:
         key = self.grid.key(point)
         if key not in self.asked:
             system = system_at(self.base, point)
-            capacity = (system.hbm.capacity_bytes, system.offload.capacity_bytes if system.offload else 0.0)
+            capacity = (system.usable_hbm_bytes, system.offload.capacity_bytes if system.offload else 0.0)
             found, certified = self._explorer(point).best_under(capacity)
             best = None
             if found is not None:    # re-evaluated on the candidate itself: its own feasibility

@@ -81,7 +81,9 @@ class SolveResult:
         def brief(ev: Evaluation) -> dict:
             d = ev.to_dict()
             return {"mapping": d["mapping"], "iteration_time_s": d["iteration_time_s"], "mfu": d["mfu"],
-                    "hfu": d["hfu"], "sample_rate": d["sample_rate"], "memory": d["memory"], "time": d["time"]}
+                    "hfu": d["hfu"], "sample_rate": d["sample_rate"], "memory": d["memory"], "time": d["time"],
+                    # what MFU counts (attention halved for the causal mask) and the peak it divides by
+                    "model_flops_per_token": d["model_flops_per_token"], "throughput": d["throughput"]}
 
         return {"status": self.status, "certified_optimal": self.certified_optimal,
                 "best": brief(self.best) if self.best else None,
@@ -113,7 +115,9 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
         return _infeasible(started, 0, [f"parallel split: no (tp, cp, ep, pp, dp) split of {num_gpus} GPUs meets the "
                                          f"divisibility rules (tp | hidden {model.hidden}, heads {model.attn_heads}, "
                                          f"kv_heads {model.kv_groups}; 2·cp | seq {model.seq_size}; "
-                                         f"pp | blocks {model.num_blocks}) and the batch cap {max_batch}"])
+                                         f"pp | blocks {model.num_blocks}) and "
+                                         + (f"the batch cap {max_batch}" if _given_batch(the_space) is None
+                                            else f"the given batch {max_batch} (dp divides it)")])
     found = engine.search(Question(top_k=config.top_k, time_limit_s=config.time_limit_s
                                    - (time.perf_counter() - started)))
     blocks, scored = len(engine.scored), engine.mappings_scored()
@@ -141,6 +145,12 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
                        cpsat_status=found.cpsat_status, equivalents=settings)
 
 
+def _given_batch(space: Space) -> int | None:
+    """The global batch the user fixed (--batch, a batch file's batch), or None under a cap."""
+    fixed = dict(space.pins).get("batch")
+    return fixed[0] if fixed is not None and len(fixed) == 1 else None
+
+
 def _infeasible(started, scored, reasons, rounds=0, blocks=0, size=0, cpsat_status=None) -> SolveResult:
     return SolveResult("infeasible", None, [], True, None, None, time.perf_counter() - started, scored, blocks,
                        rounds, size, infeasible_reasons=list(reasons), cpsat_status=cpsat_status)
@@ -150,13 +160,18 @@ def binding_constraints(problem: "Problem", ev: Evaluation) -> list[str]:
     """What limits the best mapping: capacities nearly used up, caps reached, networks filled."""
     out = []
     system, mapping = problem.system, ev.mapping
-    hbm = system.hbm.capacity_bytes
+    hbm = system.usable_hbm_bytes
     if ev.hbm_bytes >= 0.9 * hbm:
-        out.append(f"hbm capacity: {ev.hbm_bytes / GiB:.1f} of {hbm / GiB:.1f} GiB used ({100 * ev.hbm_bytes / hbm:.0f} %)")
+        usable = " usable (capacity less the HBM headroom)" if system.hbm_headroom_bytes > 0 else ""
+        out.append(f"hbm capacity: {ev.hbm_bytes / GiB:.1f} of {hbm / GiB:.1f} GiB{usable} used "
+                   f"({100 * ev.hbm_bytes / hbm:.0f} %)")
     if system.offload is not None and ev.offload_bytes >= 0.9 * system.offload.capacity_bytes:
         cap = system.offload.capacity_bytes
         out.append(f"offload capacity: {ev.offload_bytes / GiB:.1f} of {cap / GiB:.1f} GiB used")
-    if mapping.batch_size + mapping.dp > problem.max_batch:
+    given = _given_batch(problem.space)
+    if given is not None:                 # the user fixed it: the given batch, not a cap, limits dp
+        out.append(f"given batch: global batch {mapping.batch_size} sequences, fixed (dp {mapping.dp} divides it)")
+    elif mapping.batch_size + mapping.dp > problem.max_batch:
         out.append(f"batch cap: global batch {mapping.batch_size} is the largest multiple of dp {mapping.dp} "
                    f"<= {problem.max_batch}")
     for name, degree, span, net in (("tp", mapping.tp, mapping.tp, mapping.tensor_par_net),

@@ -93,6 +93,52 @@ def pinned(space: Space, pins: tuple[tuple[str, tuple[int, ...]], ...]) -> Space
     return replace(space, pins=tuple(sorted(space.pins + pins, key=lambda pin: order.index(pin[0]))))
 
 
+BATCH_CAP = 3072
+"""The largest global batch, in sequences, a search takes by default (and the paper spaces' cap:
+the multi-trillion-parameter study trains with 3,072 sequences)."""
+DEFAULT_BATCH_TOKENS = 1 << 24
+"""The default global batch's token budget, 2^24 = 16.8M tokens: the Llama 3 paper's batch in its
+main pre-training stage (Dubey et al. 2024, §3.4.1: 16M tokens per batch; DeepSeek-V3 used
+15,360 × 4,096 ≈ 63M at the end of its ramp)."""
+PAPER_SPACES = frozenset({"calculon-2023", "calculon-current"})
+"""Spaces that keep the paper's cap of 3,072 sequences whatever the sequence length."""
+
+
+def default_batch_cap(seq_size: int, space_name: str) -> int:
+    """The global batch cap, in sequences, when none is given: the largest power of two of
+    sequences whose tokens stay within DEFAULT_BATCH_TOKENS, and at most BATCH_CAP (2,048 at
+    8,192 tokens, 128 at 131,072; 3,072 up to 4,096 tokens). A power of two keeps every
+    power-of-two dp a divisor, so the batch a split takes (the largest multiple of dp under the
+    cap) is the cap itself. The paper spaces keep BATCH_CAP."""
+    if space_name in PAPER_SPACES:
+        return BATCH_CAP
+    sequences = max(1, DEFAULT_BATCH_TOKENS // seq_size)
+    return min(BATCH_CAP, 1 << (sequences.bit_length() - 1))
+
+
+def batch_text(cap: int, seq_size: int, space: Space, source: str) -> str:
+    """The global batch as headers state it, in sequences and tokens: "global batch 1,024
+    sequences = 8.4M tokens (given)" when fixed, else "global batch ≤ 2,048 sequences = 16.8M
+    tokens (default: ...)". `source`: "default" or "given" (the cap)."""
+    fixed = dict(space.pins).get("batch")
+    if fixed is not None and len(fixed) == 1:
+        return f"global batch {fixed[0]:,} sequences = {_tokens(fixed[0] * seq_size)} tokens (given)"
+    if source == "given":
+        why = "given cap"
+    elif space.name in PAPER_SPACES:
+        why = f"default: space {space.name}'s cap"
+    else:
+        why = "default: the largest power of two within 2^24 = 16.8M tokens"
+    return f"global batch ≤ {cap:,} sequences = {_tokens(cap * seq_size)} tokens ({why})"
+
+
+def _tokens(count: int) -> str:
+    """16.8M, 524K or 8,192: a token count as headers give it."""
+    if count >= 1_000_000:
+        return f"{count / 1e6:.1f}M"
+    return f"{count / 1e3:.0f}K" if count >= 10_000 else f"{count:,}"
+
+
 def batch_cap(max_batch: int, batch: int | None, batch_tokens: int | None, seq_size: int,
               max_batch_given: bool, batch_bound: Bound = limits.MAX_BATCH_SEARCH
               ) -> tuple[int, tuple[tuple[str, tuple[int, ...]], ...]]:

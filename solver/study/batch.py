@@ -17,15 +17,19 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 import costmodel.limits as limits
 from costmodel.context import Context
 from costmodel.errors import InputError
+from costmodel.headroom import Headroom
 from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES, PRECISION_DEFAULTS, Kernels
-from costmodel.load import describe_validation_error, load_model, load_system, parse, read_document
+from costmodel.load import describe_validation_error, load_model, load_system, other_file_kind, parse, read_document
 from costmodel.model import Boolean, Model, RealNumber, within
 from costmodel.precision import OPTIMIZER_STATES, Precision
 from costmodel.system import Datatype, System
+from costmodel.units import GiB
 from solver.space.declaration import SPACES
-from solver.space.pins import parse_pins
+from solver.space.pins import BATCH_CAP, default_batch_cap, parse_pins
 
-DEFAULT_MAX_BATCH = 3072
+DEFAULT_MAX_BATCH = BATCH_CAP
+"""The cap a problem id leaves unsaid: others appear as b<cap> (the default below 3,072 at long
+sequences too: ...__b2048)."""
 DEFAULT_SPACE = "full"
 DEFAULT_TIME_LIMIT_S = 120.0
 UNBOUNDED = "unbounded"
@@ -79,7 +83,8 @@ class GridSpec(BaseModel):
         None, description="Training sequence lengths, tokens: required with a Hugging Face config.json model; "
                           "replaces a model file's seq_size.")
     max_batch: Grid(Annotated[int, Field(gt=0, strict=True), within(limits.MAX_BATCH_SEARCH)]) | None = Field(
-        None, description=f"Caps on the global batch (default {DEFAULT_MAX_BATCH}).")
+        None, description="Caps on the global batch, in sequences (default: the largest power of two within 2^24 "
+                          f"tokens, at most {DEFAULT_MAX_BATCH}; {DEFAULT_MAX_BATCH} in the paper spaces).")
     batch: Grid(Annotated[int, Field(gt=0, strict=True), within(limits.MAX_BATCH_SEARCH)]) | None = Field(
         None, description="Fixed global batches, in sequences (instead of a cap): only splits whose dp divides it.")
     fix: dict[str, int | str | bool | list[int | str | bool]] | None = Field(
@@ -105,6 +110,9 @@ class GridSpec(BaseModel):
     bf16_first_last_blocks: Grid(Annotated[int, Field(ge=0, strict=True), within(limits.NUM_BLOCKS_OR_NONE)]) | None = (
         Field(None, description="With an FP8/FP4 recipe: blocks at each end kept in BF16 (default 0)."))
     overrides: Overrides | None = Field(None, description="System overrides, each a value or a list.")
+    hbm_headroom: Annotated[str, Field(max_length=40)] | Annotated[RealNumber, Field(ge=0)] | None = Field(
+        None, description="HBM each GPU must leave free beyond the runtime reserve, as --hbm-headroom takes it: "
+                          "GiB (4, \"4GiB\") or a percentage of the HBM capacity (\"5%\"). Default 0.")
     time_limit_s: Annotated[RealNumber, within(limits.TIME_LIMIT_S)] | None = Field(None, gt=0, description=f"Solver time limit per problem, s "
                                                                 f"(default {DEFAULT_TIME_LIMIT_S:g}).")
 
@@ -155,7 +163,8 @@ class Problem:
                        "offload_gib": offload.capacity_gib if offload else 0,
                        "offload_gbps": offload.bandwidth_gbps if offload else None,
                        "offload_unbounded": self.offload_unbounded,
-                       "nvlink_size": self.system.networks[0].size},
+                       "nvlink_size": self.system.networks[0].size,
+                       "hbm_headroom_gib": self.system.hbm_headroom_bytes / GiB},
             "overrides": dict(self.overrides), "gpus": self.gpus, "max_batch": self.max_batch,
             "datatype": self.datatype.value, "space": self.space, "attention": self.attention,
             "grad_datatype": self.grad_datatype, "capacity_factor": self.capacity_factor, **self.precision,
@@ -174,6 +183,10 @@ def load_batch(path: str | Path, *, time_limit_s: float | None = None) -> list[P
     `time_limit_s` (the command line's) replaces the file's. Errors are one-line InputErrors."""
     path = Path(path)
     data = read_document(path)
+    kind = other_file_kind(data)
+    if kind is not None:
+        raise InputError(f"{path}: not a batch file (which lists models, systems and gpus, docs/batch-files.md) "
+                         f"but {kind}")
     if isinstance(data, dict) and "name" not in data:
         data = {"name": path.stem, **data}
     batch = parse(BatchFile, data, str(path))
@@ -325,7 +338,7 @@ def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None)
     fix = _pin_texts(grid.get("fix", {}), where)
     fixed_batch = "batch" in grid
     combos = itertools.product(grid["models"], grid.get("seq_size", [None]), grid["systems"], grid["gpus"],
-                               grid.get("batch", grid.get("max_batch", [DEFAULT_MAX_BATCH])),
+                               grid.get("batch", grid.get("max_batch", [None])),
                                grid.get("datatype", [Datatype.bfloat16]), grid.get("space", [DEFAULT_SPACE]),
                                grid.get("attention", ["fused"]), grid.get("grad_datatype", ["float32"]),
                                grid.get("capacity_factor", [1.0]), _precision_grid(grid),
@@ -334,6 +347,8 @@ def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None)
          capacity_factor, precision, *knob_values) in combos:
         pins = (*fix, f"batch={max_batch}") if fixed_batch else fix
         model, _ = loader.get("models", model_ref, where, seq_size)
+        if max_batch is None:            # no batch given: the default cap for this sequence length and space
+            max_batch = default_batch_cap(model.seq_size, space)
         if seq_size is not None and len(grid["seq_size"]) > 1:
             model = model.model_copy(update={"name": f"{model.name}-s{seq_size}"})  # one id per sequence length
         base, source = loader.get("systems", system_ref, where)
@@ -346,6 +361,14 @@ def _expand(grid: dict, loader: _Loader, where: str, time_limit_s: float | None)
         pid = problem_id(model, base.name, gpus, datatype, max_batch, space, tagged, attention, pins, grad_datatype,
                          capacity_factor, precision)
         system = _apply(base, given, f"{where}: {pid}")
+        if grid.get("hbm_headroom") is not None:
+            headroom = Headroom.parse(grid["hbm_headroom"], f"{where}: hbm_headroom")
+            try:
+                system = system.with_headroom(headroom)
+            except InputError as err:
+                raise InputError(f"{where}: {pid}: hbm_headroom {str(err).removeprefix('--hbm-headroom ')}") from None
+            if system.hbm_headroom_bytes > 0:
+                pid += f"__hr{_slug(headroom.text.replace('%', 'pct'))}"
         system.compute_for(datatype)
         if "precision" in precision:       # the GPU must run the recipe, in bfloat16
             Context.of(model, system, datatype, Kernels.with_attention(attention, grad_datatype, capacity_factor,

@@ -150,6 +150,9 @@ class BatchCap(Constraint):
     name = "batch cap"
 
     def describe(self, p):
+        fixed = dict(p.space.pins).get("batch")
+        if fixed is not None and len(fixed) == 1:
+            return f"given batch: global batch fixed at {fixed[0]} (dp divides it)"
         quirk = ", or dp itself when dp > cap" if p.space.batch_is_dp_above_cap else "; dp <= cap"
         return f"global batch = largest multiple of dp <= {p.max_batch}{quirk}"
 
