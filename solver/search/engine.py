@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -46,6 +46,9 @@ from costmodel.system import Datatype, System
 from solver.search.distinct import ROUNDING_BITS, SKELETON, top_groups
 from solver.space.declaration import Space
 from solver.space.enumerate import plan
+
+if TYPE_CHECKING:
+    from solver.search.cpsat.tables import BlockTableCache
 
 WARM_START_BLOCKS = 1024
 """At most this many blocks are scored before the first CP-SAT round, best surrogate bound
@@ -63,6 +66,17 @@ FLAG_NAMES = tuple(dim.name for dim in FLAGS)
 
 Key = BlockKey
 """A block: the split's degrees, the interleaving and the microbatch."""
+
+
+@dataclass
+class _CpSat:
+    """The CP-SAT model of an engine: model, variables, surrogate bounds, objective."""
+
+    m: object
+    v: object
+    bounds: object
+    objective: object
+    floor_cuts_added: bool = False
 
 
 class OutOfTime(Exception):
@@ -163,41 +177,112 @@ class _Top:
         return [[(self.blocks[self.block[i]], int(self.row[i])) for i in g] for g in self.groups]
 
 
+class CountShare:
+    """What certified searches of one problem at several GPU counts share (`mapsat plan`):
+    per (model, system, datatype, kernels), the exact model's context and the surrogate's
+    (tp, cp, ep, microbatch) tables, which read neither the GPU count nor the batch
+    (solver.search.cpsat.tables.BlockTableCache). What does depend on the count — the splits
+    (dp = N/(tp·cp·pp)), the local batch and the microbatches, the stage tables (DP
+    reduction, optimizer, per-GPU state), the block floors and the exact scores — each
+    engine computes itself. The last `MAX_PROBLEMS` problems are kept."""
+
+    MAX_PROBLEMS = 8
+
+    def __init__(self):
+        self._problems: list[tuple[tuple, Context, BlockTableCache]] = []
+
+    def context(self, model: Model, system: System, datatype: Datatype,
+                kernels: Kernels) -> tuple[Context, BlockTableCache]:
+        from solver.search.cpsat.tables import BlockTableCache
+
+        inputs = (model, system, datatype, kernels)
+        for i, (known, c, cache) in enumerate(self._problems):
+            if known == inputs:
+                self._problems.append(self._problems.pop(i))      # most recently used last
+                return c, cache
+        entry = (inputs, Context.build(model, system, datatype, kernels), BlockTableCache())
+        self._problems = self._problems[-(self.MAX_PROBLEMS - 1):] + [entry]
+        return entry[1], entry[2]
+
+
 class Engine:
     """One CP-SAT model of a space with its surrogate bounds, and every block scored so far.
 
+    The block floors (numpy over the exact model's tables) are built at once; the CP-SAT
+    model (`m`, `v`, `bounds`, `objective`) only when first needed: a question whose floors
+    prove its answer after the warm start never builds it, nor imports OR-Tools.
+
     `one_question`: the model serves a single search (solve), so its "beat the K-th best"
-    bound is added for good each round instead of as an assumption."""
+    bound is added for good each round instead of as an assumption. `share`: the context and
+    tables shared with searches at other GPU counts (CountShare)."""
 
     def __init__(self, model: Model, system: System, num_gpus: int, max_batch: int, datatype: Datatype,
                  space: Space, kernels: Kernels, *, workers: int = 1, seed: int = 0, one_question: bool = False,
-                 deadline: float = math.inf, say: Callable[[str], None] | None = None):
+                 deadline: float = math.inf, say: Callable[[str], None] | None = None,
+                 share: CountShare | None = None):
         say = say or (lambda phase: None)
         self.say = say
         self.datatype, self.kernels, self.workers, self.seed = datatype, kernels, workers, seed
         self.one_question = one_question
         _check(deadline)
         say("building the exact model's tables and the space")
-        self.c = Context.build(model, system, datatype, kernels)
+        self.c, block_tables = (share or CountShare()).context(model, system, datatype, kernels)
         self.plan = plan(model, system, num_gpus, max_batch, space, chunk_rows=1 << 62)
         _check(deadline)
         from solver.search.cpsat.constraints import Problem
-        from solver.search.cpsat.model import local_batches, structure_model
-        from solver.search.cpsat.surrogate import add_bounds
+        from solver.search.cpsat.tables import (
+            SplitKeys,
+            Tables,
+            block_lower_bounds,
+            local_batches_of,
+        )
         self.problem = Problem(model, system, num_gpus, max_batch, space)
         self.index = {s.split: i for i, s in enumerate(self.plan.skeletons)}
         self.scored: dict[Key, ScoredBlock] = {}
+        self._cpsat: _CpSat | None = None
         if not self.plan.skeletons:
             return
-        say(f"building the CP-SAT model ({len(self.plan.skeletons)} (tp, cp, ep, pp) splits)")
-        self.m, self.v = structure_model(self.problem, self.plan.skeletons, flags=SEARCHED_FLAGS)
+        keys = SplitKeys(self.plan.skeletons)
+        self.tables = Tables(self.c, keys, num_gpus, space.tp_overlap_codes, len(self.c.net_size), cache=block_tables)
+        self.local_batch = local_batches_of(keys.split, num_gpus, space, max_batch)
+        self.block_floors = block_lower_bounds(self.tables, self.c, space, self.plan.skeletons, self.local_batch,
+                                               self.c.offload_capacity_bytes > 0, len(system.networks),
+                                               self.c.hbm_capacity_bytes)
+        self.ranked = sorted((floor, key) for key, floor in self.block_floors.items() if math.isfinite(floor))
         _check(deadline)
-        self.bounds = add_bounds(self.m, self.v, self.c, num_gpus, local_batches(self.problem, self.v),
-                                 space.tp_overlap_codes, self.c.hbm_capacity_bytes, skeletons=self.plan.skeletons)
-        self.objective = self.bounds.objective()
-        self.m.Minimize(self.objective)
-        self.ranked = sorted((floor, key) for key, floor in self.bounds.block_floors.items() if math.isfinite(floor))
-        self._floor_cuts_added = False
+
+    # ---- the CP-SAT model, built when first needed ----
+    def _model(self) -> _CpSat:
+        if self._cpsat is None:
+            from solver.search.cpsat.model import structure_model
+            from solver.search.cpsat.surrogate import add_bounds
+            self.say(f"building the CP-SAT model ({len(self.plan.skeletons)} (tp, cp, ep, pp) splits)")
+            m, v = structure_model(self.problem, self.plan.skeletons, flags=SEARCHED_FLAGS)
+            bounds = add_bounds(m, v, self.c, self.problem.num_gpus, self.local_batch,
+                                self.problem.space.tp_overlap_codes, self.c.hbm_capacity_bytes, tables=self.tables)
+            bounds.block_floors = self.block_floors
+            objective = bounds.objective()
+            m.Minimize(objective)
+            for key in self.scored:             # blocks scored before the model existed
+                v.exclude_block(key)
+            self._cpsat = _CpSat(m, v, bounds, objective)
+        return self._cpsat
+
+    @property
+    def m(self):
+        return self._model().m
+
+    @property
+    def v(self):
+        return self._model().v
+
+    @property
+    def bounds(self):
+        return self._model().bounds
+
+    @property
+    def objective(self):
+        return self._model().objective
 
     # ---- blocks, scored once each ----
     def block_rows(self, key: Key) -> tuple[MappingArrays, np.ndarray]:
@@ -218,7 +303,8 @@ class Engine:
         block = ScoredBlock({name: rows.columns[name][keep] for name in FLAG_NAMES}, ev.iteration_time_s[keep],
                             ev.hbm_bytes[keep], ev.offload_bytes[keep], ordinals[keep], keep.astype(np.int32))
         self.scored[key] = block
-        self.v.exclude_block(key)
+        if self._cpsat is not None:             # (else cut when the model is built)
+            self._cpsat.v.exclude_block(key)
         return block
 
     def mapping(self, key: Key, j: int):
@@ -232,10 +318,6 @@ class Engine:
     # ---- one question ----
     def search(self, q: Question) -> Found:
         """The question's certified best K distinct groups (see the module docstring)."""
-        from ortools.sat.python import cp_model
-
-        from solver.search.cpsat.model import BlockCollector
-        from solver.search.cpsat.run import checked_solve, new_solver
         started = time.perf_counter()
         deadline = started + q.time_limit_s
         ranked = self.ranked if q.ranked is None else q.ranked
@@ -255,28 +337,45 @@ class Engine:
         rounds, certified, bound_units, cpsat_status, interrupted = 0, False, None, None, False
         try:
             # warm start: the qualifying unscored blocks the surrogate ranks best, scored
-            # until the next one's bound cannot beat the K-th best
+            # until the next one's bound cannot beat or tie the K-th best; when the floors
+            # then prove the answer no CP-SAT model is built. Otherwise on past the K-th best
+            # by WARM_START_MARGIN (blocks CP-SAT's objective would otherwise return one
+            # round at a time), then CP-SAT.
             warm, warm_cap = 0, WARM_START_BLOCKS if q.warm_start_blocks is None else q.warm_start_blocks
             self.say("warm start: scoring the blocks the surrogate ranks best")
-            for floor, key in ranked:
-                if warm >= warm_cap or floor >= top.target_s * (1 + WARM_START_MARGIN) \
-                        or time.perf_counter() >= deadline:
-                    break
-                if key in self.scored or not q.blocks(key):
-                    continue
-                score(key)
-                warm += 1
-            if not self._floor_cuts_added:
-                self.bounds.add_floor_cuts(self.m, self.v, exclude=list(self.scored))
-                self._floor_cuts_added = True
-            q_units = self.bounds.quantization
+
+            def warm_start(beyond: Callable[[float], bool]) -> None:
+                nonlocal warm
+                for floor, key in ranked:
+                    if warm >= warm_cap or beyond(floor) or time.perf_counter() >= deadline:
+                        break
+                    if key in self.scored or not q.blocks(key):
+                        continue
+                    score(key)
+                    warm += 1
+
+            def left(key: Key) -> bool:
+                return key not in self.scored and q.blocks(key)
+
+            warm_start(lambda floor: floor > top.target_s)
+            if not floors_prove(ranked, left, top.target_s):
+                warm_start(lambda floor: floor >= top.target_s * (1 + WARM_START_MARGIN))
             while True:
-                if floors_prove(ranked, lambda key: key not in self.scored and q.blocks(key), top.target_s):
+                if floors_prove(ranked, left, top.target_s):
                     certified = True      # no unscored block's floor reaches the K-th best
                     break
                 remaining = deadline - time.perf_counter()
                 if remaining <= 0:
                     break
+                from ortools.sat.python import cp_model
+
+                from solver.search.cpsat.model import BlockCollector
+                from solver.search.cpsat.run import checked_solve, new_solver
+                cpsat = self._model()
+                if not cpsat.floor_cuts_added:
+                    cpsat.bounds.add_floor_cuts(cpsat.m, cpsat.v, exclude=list(self.scored))
+                    cpsat.floor_cuts_added = True
+                q_units = cpsat.bounds.quantization
                 target = top.target_s
                 assumptions = list(q.assumptions)
                 if math.isfinite(target):
@@ -314,7 +413,8 @@ class Engine:
         except KeyboardInterrupt:     # Ctrl-C: the best found so far, not certified
             interrupted = True
         finally:
-            self.m.ClearAssumptions()
+            if self._cpsat is not None:
+                self._cpsat.m.ClearAssumptions()
         # Every block left unscored has a surrogate floor; when none can reach the K-th best
         # (or none is left), the top K is proven whether or not CP-SAT finished a round.
         unscored = min((f for f, key in ranked if key not in self.scored and q.blocks(key)), default=math.inf)
@@ -350,5 +450,5 @@ def _check(deadline: float) -> None:
         raise OutOfTime
 
 
-__all__ = ["Engine", "Found", "Key", "OutOfTime", "Question", "SEARCHED_FLAGS", "ScoredBlock",
-           "WARM_START_BLOCKS", "WARM_START_MARGIN", "floors_prove"]
+__all__ = ["SEARCHED_FLAGS", "WARM_START_BLOCKS", "WARM_START_MARGIN", "CountShare", "Engine", "Found", "Key",
+           "OutOfTime", "Question", "ScoredBlock", "floors_prove"]

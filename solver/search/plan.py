@@ -31,6 +31,7 @@ from costmodel.load import parse, read_document
 from costmodel.model import INPUT_CONFIG, Model, RealNumber, WholeNumber, within
 from costmodel.system import Datatype, System
 from costmodel.training_cost import Failures, RunCost, failures, run_cost, steps
+from solver.search.engine import CountShare
 from solver.search.solve import SolverConfig, SolveResult, solve
 from solver.space.declaration import Space
 from solver.space.pins import check_pins, pinned
@@ -202,14 +203,15 @@ def phase_model(model: Model, phase: Phase) -> Model:
 
 def solve_phase(model: Model, system: System, num_gpus: int, phase: Phase, *, max_batch: int, space: Space,
                 pins: tuple, datatype: Datatype, kernels: Kernels, config: SolverConfig,
-                progress: Callable[[str], None] | None = None) -> SolveResult:
+                progress: Callable[[str], None] | None = None, share: CountShare | None = None) -> SolveResult:
     """The certified best mapping of one phase at one count: `solve` on the phase's model, its
-    batch fixed (or capped by `max_batch`), the --fix pins applied."""
+    batch fixed (or capped by `max_batch`), the --fix pins applied. `share`: the context and
+    tables the other counts' solves built (the same answer, sooner)."""
     batch = phase.batch_sequences
     batch_pins = (("batch", (batch,)),) if batch is not None else ()
     return solve(phase_model(model, phase), system, num_gpus, max_batch=batch if batch is not None else max_batch,
                  datatype=datatype, space=pinned(space, tuple(pins) + batch_pins), kernels=kernels, config=config,
-                 progress=progress)
+                 progress=progress, share=share)
 
 
 def plan_count(model: Model, system: System, num_gpus: int, phases: list[Phase], state_bytes: float,
@@ -283,19 +285,23 @@ def choose(counts: list[CountPlan], target: Target) -> Choice:
 def plan(model: Model, system: System, counts: list[int], phases: list[Phase], settings: Settings,
          target: Target = Target(), *, max_batch: int, space: Space, pins: tuple = (),
          datatype: Datatype = Datatype.bfloat16, kernels: Kernels | None = None, config: SolverConfig | None = None,
-         progress: Callable[[str], None] | None = None) -> PlanResult:
-    """Plan the run at every count of `counts` (each solved, none skipped) and choose one."""
+         progress: Callable[[str], None] | None = None, share: CountShare | None = None) -> PlanResult:
+    """Plan the run at every count of `counts` (each solved, none skipped) and choose one.
+    The counts' solves share one CountShare (`share`, or a new one): each phase's exact-model
+    context and count-independent tables are built once; each answer is `solve`'s."""
     import time
 
     started = time.perf_counter()
     kernels, config = kernels or Kernels(), config or SolverConfig(top_k=1)
     state_bytes = checkpoint_state_bytes(model, Context.build(model, system, datatype, kernels))
     say = progress or (lambda text: None)
+    share = share or CountShare()
     rows = []
     for i, n in enumerate(counts):
         say(f"{n:,} GPUs ({i + 1} of {len(counts)})")
         rows.append(plan_count(model, system, n, phases, state_bytes, settings, max_batch=max_batch, space=space,
-                               pins=pins, datatype=datatype, kernels=kernels, config=config, progress=progress))
+                               pins=pins, datatype=datatype, kernels=kernels, config=config, progress=progress,
+                               share=share))
     return PlanResult(rows, choose(rows, target), state_bytes, time.perf_counter() - started, settings, target)
 
 

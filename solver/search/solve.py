@@ -26,7 +26,7 @@ from costmodel.model import Model
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
 from solver.search.distinct import equivalents
-from solver.search.engine import SEARCHED_FLAGS, Engine, OutOfTime, Question
+from solver.search.engine import SEARCHED_FLAGS, CountShare, Engine, OutOfTime, Question
 from solver.space.declaration import Space, get_space
 
 if TYPE_CHECKING:
@@ -97,16 +97,20 @@ class SolveResult:
 
 def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
           datatype: Datatype = Datatype.bfloat16, space: str | Space = "full", kernels: Kernels = Kernels(),
-          config: SolverConfig = SolverConfig(), progress: Callable[[str], None] | None = None) -> SolveResult:
+          config: SolverConfig = SolverConfig(), progress: Callable[[str], None] | None = None,
+          share: CountShare | None = None) -> SolveResult:
     """The fastest mapping of `model` on `num_gpus` GPUs of `system` under the exact model.
     `progress(phase)` is told what the search is doing (for a batch's hard time limit).
+    `share`: what solves of the same problem at other GPU counts already built (CountShare:
+    the exact model's context and the count-independent tables); the answer is the same.
     The time limit holds from the start: when it runs out before the CP-SAT model is built,
     the answer is "unknown" with nothing found."""
     started = time.perf_counter()
     the_space = get_space(space) if isinstance(space, str) else space
     try:
         engine = Engine(model, system, num_gpus, max_batch, datatype, the_space, kernels, workers=config.workers,
-                        seed=config.seed, one_question=True, deadline=started + config.time_limit_s, say=progress)
+                        seed=config.seed, one_question=True, deadline=started + config.time_limit_s, say=progress,
+                        share=share)
     except OutOfTime:
         return SolveResult("unknown", None, [], False, None, None, time.perf_counter() - started, 0, 0, 0, 0,
                            infeasible_reasons=["time limit reached before any feasible mapping was found"])

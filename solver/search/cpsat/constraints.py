@@ -9,8 +9,7 @@ memory relaxation (HbmCapacity) lives with the objective in solver.search.cpsat.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from ortools.sat.python import cp_model
+from typing import TYPE_CHECKING
 
 from costmodel.dimensions import NETWORK_GROUPS
 from costmodel.encoding import MappingArrays
@@ -18,8 +17,12 @@ from costmodel.evaluate import Evaluation
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import System
-from solver.search.cpsat.variables import Variables
 from solver.space.declaration import SKELETON_FACTS, Space, stage_interleavings
+
+if TYPE_CHECKING:          # constraints add themselves to a CP-SAT model; Problem needs no OR-Tools
+    from ortools.sat.python import cp_model
+
+    from solver.search.cpsat.variables import Variables
 
 
 @dataclass(frozen=True)

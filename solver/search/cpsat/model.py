@@ -8,6 +8,7 @@ from ortools.sat.python import cp_model
 
 from costmodel.dimensions import BlockKey
 from solver.search.cpsat.constraints import STRUCTURE, Problem
+from solver.search.cpsat.tables import local_batches_of
 from solver.search.cpsat.variables import Variables
 
 
@@ -35,9 +36,4 @@ def structure_model(problem: Problem, skels, flags=None) -> tuple[cp_model.CpMod
 
 def local_batches(problem: Problem, v: Variables) -> dict:
     """batch/dp of every (tp, cp, ep, pp) split the variables allow (1 where no batch exists)."""
-    out = {}
-    for (t, c, e, p) in v.split:
-        dp = problem.num_gpus // (t * c * p)
-        batch = problem.space.batch_for(dp, problem.max_batch)
-        out[(t, c, e, p)] = max(1, (batch or 1) // dp)
-    return out
+    return local_batches_of(v.split, problem.num_gpus, problem.space, problem.max_batch)

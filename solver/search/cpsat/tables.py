@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from costmodel.comm import collective_s
 from costmodel.context import Context
@@ -24,8 +24,12 @@ from costmodel.pipeline import stage_blocks, stage_blocks_in_flight
 from costmodel.evaluate import array_fields
 from costmodel.ops import ArrayOps, ScalarOps
 from costmodel.system import Collective
-from solver.search.cpsat.variables import Variables
 from solver.space.declaration import Space, flag_projection
+
+if TYPE_CHECKING:          # OR-Tools is imported only where a CP-SAT model is built
+    from ortools.sat.python import cp_model
+
+    from solver.search.cpsat.variables import Variables
 
 FIT_SLACK = 1 + 1e-9
 """Block floors test exact footprints against capacities with this relative slack, so that
@@ -114,69 +118,155 @@ class Named:
         return Named(plain, {k: v for k, v in self.axes.items() if k not in names})
 
 
+class SplitKeys:
+    """The (tp, cp, ep, microbatch) groups and (tp, cp, ep, pp) splits some skeleton has, in
+    the order the CP-SAT variables list them (solver.search.cpsat.variables: sorted): what
+    the tables are keyed by, known without building a CP-SAT model."""
+
+    def __init__(self, skeletons):
+        self.group_mb = sorted({(*s.group, mb) for s in skeletons for mb in s.microbatches})
+        self.split = sorted({s.split for s in skeletons})
+
+
+def local_batches_of(splits, num_gpus: int, space: Space, max_batch: int) -> dict:
+    """batch/dp of every (tp, cp, ep, pp) split of `splits` (1 where no batch exists)."""
+    out = {}
+    for (t, c, e, p) in splits:
+        dp = num_gpus // (t * c * p)
+        batch = space.batch_for(dp, max_batch)
+        out[(t, c, e, p)] = max(1, (batch or 1) // dp)
+    return out
+
+
+BLOCK_TABLES = ("block", "block_zb", "compute", "head", "p2p", "stored", "workspace")
+"""The tables over (tp, cp, ep, microbatch): they read neither the GPU count nor the batch
+(dp, pp and the batch stay at their defaults), so searches of one problem at several GPU
+counts share them (BlockTableCache)."""
+
+
+class BlockTableCache:
+    """The (tp, cp, ep, microbatch) tables of one exact-model context, each group computed
+    once: Tables of that context at any GPU count take the cached tables (which may hold more
+    groups than theirs) and compute only the groups missing. Keyed also by the TP overlaps,
+    the networks and the CP and EP network axes the grid minimises over, so each group's
+    entry is what Tables would compute itself."""
+
+    def __init__(self):
+        self._stores: dict[tuple, dict] = {}
+
+    def lookup(self, c: Context, tm_keys: list, tp_overlaps: tuple, networks: int) -> dict:
+        """Each BLOCK_TABLES table, holding at least the groups `tm_keys`."""
+        cp_nets, ep_nets = _net_axes(tm_keys, networks)
+        key = (tuple(tp_overlaps), networks, cp_nets, ep_nets)
+        store = self._stores.get(key)
+        missing = tm_keys if store is None else [k for k in tm_keys if k not in store["compute"]]
+        if missing:
+            fresh = _block_tables(c, missing, tp_overlaps, networks, cp_nets, ep_nets)
+            if store is None:
+                store = self._stores[key] = fresh
+            else:
+                for name, table in fresh.items():
+                    _merge(store[name], table)
+        return store
+
+
+def _merge(into: dict, more: dict) -> None:
+    """Add `more`'s groups to a table (per flag combination where it has them)."""
+    if isinstance(next(iter(more.values())), dict):
+        for combo, sub in more.items():
+            into[combo].update(sub)
+    else:
+        into.update(more)
+
+
+def _net_axes(tm_keys, networks: int) -> tuple[tuple, tuple]:
+    """The CP and EP network axes of the block grid: every network when some group has that
+    degree above 1, else the first only (a group of one fits any)."""
+    nets = tuple(range(networks))
+    return (nets if any(k[1] > 1 for k in tm_keys) else (0,)), (nets if any(k[2] > 1 for k in tm_keys) else (0,))
+
+
+def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, cp_nets, ep_nets) -> dict:
+    """The BLOCK_TABLES over the (tp, cp, ep, microbatch) groups `tm_keys` (see Tables)."""
+    nets = list(range(networks))
+    tm = np.array(tm_keys, dtype=float)
+
+    def by_tm(values: np.ndarray) -> dict:
+        return {k: float(x) for k, x in zip(tm_keys, values)}
+
+    # ---- block tables over (tp, cp, ep, microbatch) × comm × overlap × redo × recompute ×
+    # offloads × TP network × CP network × EP network ----
+    cols, grid = Named.grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2],
+                            seq_par_ag_redo=[False, True], recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE],
+                            weight_offload=[False, True], activations_offload=[False, True], tp_net=nets,
+                            cp_net=list(cp_nets), ep_net=list(ep_nets))
+    ns = _namespace(tp=tm[cols["key"], 0], cp=tm[cols["key"], 1], ep=tm[cols["key"], 2], microbatch=tm[cols["key"], 3],
+                    **{k: v_ for k, v_ in cols.items() if k != "key"})
+    blk = block_terms(c, ns, ArrayOps)
+    act = blk.activations
+
+    # The TP, CP and EP networks a group fits (evaluate.network_checks; a group of one fits
+    # any): a mapping putting a group on a network too small for it is infeasible, so the
+    # minimum over the networks only needs to run over those that fit.
+    size = np.asarray(c.net_size)
+    fits = grid.of(((ns.tp == 1) | (ns.tp <= size[ns.tp_net])) & ((ns.cp == 1) | (ns.tp * ns.cp <= size[ns.cp_net]))
+                   & ((ns.ep == 1) | (ns.tp * ns.ep <= size[ns.ep_net])))
+    networks_axes = ("tp_net", "cp_net", "ep_net")
+
+    def by_block_flags(values) -> dict:
+        """One table per combination of the flags a block reads (BLOCK_FLAGS), minimised
+        over the networks that fit and (TP overlap only changes time: the best the space
+        offers bounds every one) the TP overlaps offered."""
+        table = grid.of(values).min(*networks_axes, where=fits).sel(tp_overlap=list(tp_overlaps)).min("tp_overlap")
+        return {(comm, redo, rc, w, a): by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=bool(redo), recompute=rc,
+                                                        weight_offload=bool(w), activations_offload=bool(a)).values)
+                for comm in range(3) for redo in (0, 1) for rc in RECOMPUTES for w in (0, 1) for a in (0, 1)}
+
+    out = {}
+    # one block, one microbatch, forward + backward + recompute + exposed TP and offload:
+    # exact for every flag combination the block reads
+    out["block"] = by_block_flags(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
+                                  + blk.offload_bwd_s)
+    # the same block in a ZB-H1 bubble: less twice its weight-gradient GEMMs (costmodel.iteration)
+    out["block_zb"] = by_block_flags(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
+                                     + blk.offload_bwd_s - 2 * blk.weight_grad_gemm_s)
+    out["compute"] = by_tm(grid.of(blk.compute_fwd_s + blk.compute_bwd_s).min().values)
+    out["head"] = by_tm(3 * grid.of(output_layer_s(c, ns, ArrayOps)).min().values)
+    p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
+                                 np.full(len(ns.tp), k)) for k in nets]).min(axis=0)
+    # With overlapped sends (costmodel.pipeline_time) the exposed part can be 0: a lower bound.
+    out["p2p"] = by_tm(grid.of(p2p * (0.0 if c.pp_comm_overlap else 1.0)).min().values)
+    # activation classes: the (TP communication, AG redo) that realise each class, with
+    # no offload, TP overlap and networks at their first values (memory reads none of them)
+    cls_rows = {"no_sp": (0, False), "sp": (TP_COMM_RS_AG, False), "sp_redo": (TP_COMM_RS_AG, True)}
+    first = dict(tp_overlap=0, weight_offload=False, activations_offload=False, tp_net=0, cp_net=0, ep_net=0)
+    stored, workspace = grid.of(act.stored), grid.of(act.workspace)
+    out["stored"] = {(rc, cls): by_tm(stored.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc, **first).values)
+                     for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
+    out["workspace"] = {(rc, cls): by_tm(workspace.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc,
+                                                       **first).values)
+                        for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
+    return out
+
+
 class Tables:
     """Exact-model tables over (tp, cp, ep, microbatch) and the (tp, cp, ep, pp) split,
-    minimised over the flags they do not read."""
+    minimised over the flags they do not read. `v`: anything listing the keys (`group_mb`,
+    `split`): the CP-SAT Variables or SplitKeys. `cache`: the (tp, cp, ep, microbatch)
+    tables shared with other GPU counts of the same context (BlockTableCache)."""
 
-    def __init__(self, c: Context, v: Variables, num_gpus: int, tp_overlaps: tuple[int, ...], networks: int):
+    def __init__(self, c: Context, v: Variables | SplitKeys, num_gpus: int, tp_overlaps: tuple[int, ...],
+                 networks: int, cache: BlockTableCache | None = None):
         self.tm_keys = list(v.group_mb)
         self.tp_keys = list(v.split)
         nets = list(range(networks))
-        tm = np.array(self.tm_keys, dtype=float)
-        # ---- block tables over (tp, cp, ep, microbatch) × comm × overlap × redo × recompute ×
-        # offloads × TP network × CP network × EP network ----
-        cp_nets = nets if any(k[1] > 1 for k in self.tm_keys) else [0]
-        ep_nets = nets if any(k[2] > 1 for k in self.tm_keys) else [0]
-        cols, grid = Named.grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2],
-                                seq_par_ag_redo=[False, True], recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE],
-                                weight_offload=[False, True], activations_offload=[False, True], tp_net=nets,
-                                cp_net=cp_nets, ep_net=ep_nets)
-        ns = _namespace(tp=tm[cols["key"], 0], cp=tm[cols["key"], 1], ep=tm[cols["key"], 2], microbatch=tm[cols["key"], 3],
-                        **{k: v_ for k, v_ in cols.items() if k != "key"})
-        blk = block_terms(c, ns, ArrayOps)
-        act = blk.activations
-
-        # The TP, CP and EP networks a group fits (evaluate.network_checks; a group of one fits
-        # any): a mapping putting a group on a network too small for it is infeasible, so the
-        # minimum over the networks only needs to run over those that fit.
         size = np.asarray(c.net_size)
-        fits = grid.of(((ns.tp == 1) | (ns.tp <= size[ns.tp_net])) & ((ns.cp == 1) | (ns.tp * ns.cp <= size[ns.cp_net]))
-                       & ((ns.ep == 1) | (ns.tp * ns.ep <= size[ns.ep_net])))
-        networks_axes = ("tp_net", "cp_net", "ep_net")
-
-        def by_block_flags(values) -> dict:
-            """One table per combination of the flags a block reads (BLOCK_FLAGS), minimised
-            over the networks that fit and (TP overlap only changes time: the best the space
-            offers bounds every one) the TP overlaps offered."""
-            table = grid.of(values).min(*networks_axes, where=fits).sel(tp_overlap=list(tp_overlaps)).min("tp_overlap")
-            return {(comm, redo, rc, w, a): self._by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=bool(redo), recompute=rc,
-                                                                  weight_offload=bool(w),
-                                                                  activations_offload=bool(a)).values)
-                    for comm in range(3) for redo in (0, 1) for rc in RECOMPUTES for w in (0, 1) for a in (0, 1)}
-
-        # one block, one microbatch, forward + backward + recompute + exposed TP and offload:
-        # exact for every flag combination the block reads
-        self.block = by_block_flags(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
-                                    + blk.offload_bwd_s)
-        # the same block in a ZB-H1 bubble: less twice its weight-gradient GEMMs (costmodel.iteration)
-        self.block_zb = by_block_flags(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
-                                       + blk.offload_bwd_s - 2 * blk.weight_grad_gemm_s)
-        self.compute = self._by_tm(grid.of(blk.compute_fwd_s + blk.compute_bwd_s).min().values)
-        self.head = self._by_tm(3 * grid.of(output_layer_s(c, ns, ArrayOps)).min().values)
-        p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
-                                     np.full(len(ns.tp), k)) for k in nets]).min(axis=0)
-        # With overlapped sends (costmodel.pipeline_time) the exposed part can be 0: a lower bound.
-        self.p2p = self._by_tm(grid.of(p2p * (0.0 if c.pp_comm_overlap else 1.0)).min().values)
-        # activation classes: the (TP communication, AG redo) that realise each class, with
-        # no offload, TP overlap and networks at their first values (memory reads none of them)
-        cls_rows = {"no_sp": (0, False), "sp": (TP_COMM_RS_AG, False), "sp_redo": (TP_COMM_RS_AG, True)}
-        first = dict(tp_overlap=0, weight_offload=False, activations_offload=False, tp_net=0, cp_net=0, ep_net=0)
-        stored, workspace = grid.of(act.stored), grid.of(act.workspace)
-        self.stored = {(rc, cls): self._by_tm(stored.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc, **first).values)
-                       for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
-        self.workspace = {(rc, cls): self._by_tm(workspace.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc,
-                                                               **first).values)
-                          for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
+        if cache is not None:
+            block = cache.lookup(c, self.tm_keys, tp_overlaps, networks)
+        else:
+            block = _block_tables(c, self.tm_keys, tp_overlaps, networks, *_net_axes(self.tm_keys, networks))
+        self.block, self.block_zb, self.compute, self.head, self.p2p, self.stored, self.workspace = (
+            block[name] for name in BLOCK_TABLES)
 
         # ---- stage tables over (tp, cp, ep, pp) × sharding stage × offload flags × net ----
         # (with one microbatch per replica: ZeRO-2/3 traffic grows with the microbatches, so
@@ -215,9 +305,6 @@ class Tables:
         self.weights_and_grads = by_stage(terms.weights_bytes + terms.weight_grads_bytes, **off)
         self.optimizer_state = by_stage(terms.optimizer_bytes, **off)
         self.embedding = by_stage(terms.embedding_bytes, **off)
-
-    def _by_tm(self, values: np.ndarray) -> dict:
-        return {k: float(x) for k, x in zip(self.tm_keys, values)}
 
     def _by_tp(self, values: np.ndarray) -> dict:
         return {k: float(x) for k, x in zip(self.tp_keys, values)}

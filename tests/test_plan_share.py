@@ -1,0 +1,106 @@
+"""What `mapsat plan` shares across GPU counts changes no answer: a plan over several counts
+equals one independent `solve` per count and phase (the same certified best time to 1e-12
+and the same mapping), with the shared tables cold, warm, and warmed by other counts; the
+shared (tp, cp, ep, microbatch) tables equal the ones a single count builds; and the CP-SAT
+model, built only when the block floors cannot prove the answer, gives the same answer when
+it is built."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO
+
+from costmodel.kernels import Kernels
+from costmodel.load import load_system
+from costmodel.model import Model
+from costmodel.system import Datatype
+from costmodel.training_cost import LLAMA3_FAILURE_RATE_PER_GPU_HOUR
+from solver.search.engine import CountShare, Engine, Question
+from solver.search.plan import Phase, Settings, phase_model, plan
+from solver.search.solve import SolverConfig, solve
+from solver.space.declaration import get_space
+from solver.space.pins import pinned
+
+H100 = load_system(REPO / "problems/systems/h100-80g-nvl8.yaml")
+SMALL = Model(name="small", hidden=1024, feedforward=4096, seq_size=2048, attn_heads=16, attn_size=64, num_blocks=8)
+SETTINGS = Settings(LLAMA3_FAILURE_RATE_PER_GPU_HOUR, 2000.0, False, 48.0, 10.0)
+COUNTS = [4, 8, 16, 32]
+# two sequence lengths (two contexts in one share), a fixed and a capped batch
+PHASES = [Phase(name="short", tokens=1e9, seq_size=2048, batch=64), Phase(name="long", tokens=1e9, seq_size=4096)]
+MAX_BATCH = 48
+
+
+def _alone(n: int, phase: Phase):
+    """`solve` at one count and phase, nothing shared: what a user gets from `mapsat solve`."""
+    batch = phase.batch_sequences
+    space = get_space("full") if batch is None else pinned(get_space("full"), (("batch", (batch,)),))
+    return solve(phase_model(SMALL, phase), H100, n, max_batch=batch or MAX_BATCH, space=space,
+                 config=SolverConfig(top_k=1))
+
+
+@pytest.fixture(scope="module")
+def alone() -> dict:
+    return {(n, p.name): _alone(n, p) for n in COUNTS for p in PHASES}
+
+
+def _check_equal(result, alone: dict) -> None:
+    assert [row.num_gpus for row in result.counts] == COUNTS
+    for row in result.counts:
+        assert row.feasible, row.reason
+        for phase_plan in row.phases:
+            shared, ref = phase_plan.result, alone[(row.num_gpus, phase_plan.phase.name)]
+            assert shared.certified_optimal and ref.certified_optimal
+            assert shared.best.iteration_time_s == pytest.approx(ref.best.iteration_time_s, rel=1e-12, abs=0)
+            assert shared.best.mapping == ref.best.mapping, (row.num_gpus, phase_plan.phase.name)
+
+
+def test_plan_equals_independent_solves_cold_and_warm(alone):
+    share = CountShare()
+    cold = plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"), share=share)
+    _check_equal(cold, alone)
+    # warm: every context and table already built by the cold plan
+    warm = plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"), share=share)
+    _check_equal(warm, alone)
+
+
+def test_plan_equals_independent_solves_with_tables_built_by_other_counts(alone):
+    """The share warmed by counts in another order (and a count not in the list), so each
+    count finds its groups computed alongside others' in another grid."""
+    share = CountShare()
+    plan(SMALL, H100, [64, 2], PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"), share=share)
+    for n in reversed(COUNTS):
+        plan(SMALL, H100, [n], PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"), share=share)
+    _check_equal(plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"),
+                      share=share), alone)
+
+
+def _engine(n: int, share: CountShare | None = None) -> Engine:
+    return Engine(SMALL, H100, n, 64, Datatype.bfloat16, get_space("full"), Kernels(), one_question=True,
+                  share=share)
+
+
+def test_shared_block_tables_equal_a_single_counts():
+    share = CountShare()
+    for n in (32, 4, 16):              # fill the cache from other counts first
+        _engine(n, share)
+    shared, fresh = _engine(8, share), _engine(8)
+    for name in ("block", "block_zb", "stored", "workspace"):
+        for combo, table in getattr(fresh.tables, name).items():
+            assert {k: getattr(shared.tables, name)[combo][k] for k in table} == table, (name, combo)
+    for name in ("compute", "head", "p2p"):
+        table = getattr(fresh.tables, name)
+        assert {k: getattr(shared.tables, name)[k] for k in table} == table, name
+    assert shared.block_floors == fresh.block_floors
+
+
+def test_the_cpsat_model_is_built_only_when_the_floors_cannot_prove():
+    """With the default warm start the floors prove the answer (no CP-SAT model, no round);
+    with no warm start they cannot, and the model built then finds the same answer."""
+    proven = _engine(16)
+    by_floors = proven.search(Question(top_k=3))
+    assert by_floors.certified and by_floors.rounds == 0 and proven._cpsat is None
+    lazy = _engine(16)
+    by_cpsat = lazy.search(Question(top_k=3, warm_start_blocks=0))
+    assert lazy._cpsat is not None and by_cpsat.rounds >= 1 and by_cpsat.certified
+    assert by_cpsat.times_s == by_floors.times_s
+    assert ([proven.mapping(*g[0]) for g in by_floors.groups] == [lazy.mapping(*g[0]) for g in by_cpsat.groups])
