@@ -371,20 +371,24 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         all_activations = stored[None] * inflight                                                  # [V, M, K]
         activations_hbm = np.where(a_off, np.minimum(RESIDENT_BLOCKS, inflight) * stored[None], all_activations)
         activations_offloaded = np.where(a_off, all_activations, 0.0)
-        best = np.full((len(ils), len(mbs)), math.inf)
+        # every (sharding stage z, optimizer offload o) at once, on a leading axis S: the same
+        # sums, in the same order, as one (z, o) at a time
         stages = zero_codes if sk.dp * sk.cp > 1 else (0,)
-        for z in stages:
-            for o in ((0, 1) if has_offload else (0,)):
-                memory = (np.array([tables.weights_hbm[(z, w)][key] for w in w_off]) + activations_hbm + workspace[None]
-                          + tables.optimizer_hbm[(z, o)][key] + tables.embedding[z][key])       # [V, M, K]
-                offloaded = (w_off * tables.weights_and_grads[z][key] + o * tables.optimizer_state[z][key]
-                             + activations_offloaded)                                                   # [V, M, K]
-                # (a hair of slack: these sums round differently from the evaluator's)
-                fits = (memory <= hbm_capacity_bytes * FIT_SLACK) & (offloaded <= c.offload_capacity_bytes * FIT_SLACK)
-                if not fits.any():
-                    continue
-                extra = tables.optimizer[z][key] + tables.dp_comm[key]
-                best = np.minimum(best, np.where(fits, time, np.inf).min(axis=2) + extra)
+        zo = [(z, o) for z in stages for o in ((0, 1) if has_offload else (0,))]
+
+        def per_zo(value) -> np.ndarray:
+            return np.array([value(z, o) for z, o in zo])[:, None, None, None]          # [S, 1, 1, 1]
+
+        weights = np.array([[tables.weights_hbm[(z, w)][key] for w in w_off] for z, _ in zo])[:, None, None, :]
+        memory = (weights + activations_hbm[None] + workspace[None, None]
+                  + per_zo(lambda z, o: tables.optimizer_hbm[(z, o)][key])
+                  + per_zo(lambda z, o: tables.embedding[z][key]))                           # [S, V, M, K]
+        offloaded = (w_off * per_zo(lambda z, o: tables.weights_and_grads[z][key])
+                     + per_zo(lambda z, o: o * tables.optimizer_state[z][key]) + activations_offloaded[None])
+        # (a hair of slack: these sums round differently from the evaluator's)
+        fits = (memory <= hbm_capacity_bytes * FIT_SLACK) & (offloaded <= c.offload_capacity_bytes * FIT_SLACK)
+        extra = per_zo(lambda z, o: tables.optimizer[z][key] + tables.dp_comm[key])[:, :, :, 0]   # [S, 1, 1]
+        best = (np.where(fits, time[None], np.inf).min(axis=3) + extra).min(axis=0)                 # [V, M]
         for i, il in enumerate(sk.interleavings):
             for j, mb in enumerate(sk.microbatches):
                 out[BlockKey(*key, il, mb)] = float(best[i, j]) * TIME_FLOOR_SLACK
