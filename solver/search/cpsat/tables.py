@@ -375,24 +375,25 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         # sums, in the same order, as one (z, o) at a time
         stages = zero_codes if sk.dp * sk.cp > 1 else (0,)
         zo = [(z, o) for z in stages for o in ((0, 1) if has_offload else (0,))]
-
-        def per_zo(value) -> np.ndarray:
-            return np.array([value(z, o) for z, o in zo])[:, None, None, None]          # [S, 1, 1, 1]
-
         weights = np.array([[tables.weights_hbm[(z, w)][key] for w in w_off] for z, _ in zo])[:, None, None, :]
         memory = (weights + activations_hbm[None] + workspace[None, None]
-                  + per_zo(lambda z, o: tables.optimizer_hbm[(z, o)][key])
-                  + per_zo(lambda z, o: tables.embedding[z][key]))                           # [S, V, M, K]
-        offloaded = (w_off * per_zo(lambda z, o: tables.weights_and_grads[z][key])
-                     + per_zo(lambda z, o: o * tables.optimizer_state[z][key]) + activations_offloaded[None])
+                  + _on_s([tables.optimizer_hbm[(z, o)][key] for z, o in zo])
+                  + _on_s([tables.embedding[z][key] for z, _ in zo]))                        # [S, V, M, K]
+        offloaded = (w_off * _on_s([tables.weights_and_grads[z][key] for z, _ in zo])
+                     + _on_s([o * tables.optimizer_state[z][key] for z, o in zo]) + activations_offloaded[None])
         # (a hair of slack: these sums round differently from the evaluator's)
         fits = (memory <= hbm_capacity_bytes * FIT_SLACK) & (offloaded <= c.offload_capacity_bytes * FIT_SLACK)
-        extra = per_zo(lambda z, o: tables.optimizer[z][key] + tables.dp_comm[key])[:, :, :, 0]   # [S, 1, 1]
+        extra = _on_s([tables.optimizer[z][key] + tables.dp_comm[key] for z, _ in zo])[:, :, :, 0]   # [S, 1, 1]
         best = (np.where(fits, time[None], np.inf).min(axis=3) + extra).min(axis=0)                 # [V, M]
         for i, il in enumerate(sk.interleavings):
             for j, mb in enumerate(sk.microbatches):
                 out[BlockKey(*key, il, mb)] = float(best[i, j]) * TIME_FLOOR_SLACK
     return out
+
+
+def _on_s(values: list) -> np.ndarray:
+    """One value per (sharding stage, optimizer offload) on the leading axis of [S, V, M, K]."""
+    return np.array(values)[:, None, None, None]
 
 
 def stage_floors(blocks: int, pp_values, v: Variables) -> tuple[dict, dict]:
