@@ -7,11 +7,14 @@ exact model, asked one question or many.
     objective   a piecewise-linear lower bound of the exact iteration time
     a question  which blocks and which of their mappings qualify (a pinned value, a capacity),
                 the literals CP-SAT must take for it, how many distinct bests it wants
-    the loop    warm start: score the qualifying blocks the surrogate ranks best → solve
-                (under the question's assumptions and "beat the K-th best") → score the
-                blocks CP-SAT found exactly with the vectorized model, and their other
-                interleavings → repeat until CP-SAT proves nothing left can beat the K-th
-                best (certified), the block floors prove it without a round, or time runs out.
+    the loop    warm start: score the qualifying blocks the surrogate ranks best until the
+                next floor is above the K-th best; when every unscored block's floor is,
+                the answer is certified without CP-SAT (and its model is never built).
+                Else on by a margin, then solve (under the question's assumptions and "beat
+                the K-th best") → score the blocks CP-SAT found exactly with the vectorized
+                model, and their other interleavings → repeat until CP-SAT proves nothing
+                left can beat the K-th best (certified), the block floors prove it without
+                a round, or time runs out.
 
 Every block the exact model scores is cut from the model once and kept (each mapping's
 flags, exact time, HBM and offload bytes), so later questions start from what earlier ones
@@ -19,7 +22,9 @@ scored: `solve` asks one question, `explain` one per (dimension, value), `codesi
 candidate capacity.
 
 CP-SAT (OR-Tools, whose import takes a good part of a second) is imported once the engine
-builds its model, so a time limit that runs out before that returns at once.
+builds its model: only when the block floors (numpy over the exact model's tables) cannot
+prove an answer. Searches of one problem at several GPU counts (`mapsat plan`) share the
+exact model's context and the count-independent (tp, cp, ep, microbatch) tables (CountShare).
 
 Because the surrogate never over-estimates an exact time and its constraints never exclude
 a feasible mapping, the end of the loop certifies the exact model's optimum — the same
