@@ -7,8 +7,8 @@ mapping space:
   (`m.tp`, `m.weight_offload`), count breakdowns, CSV and report columns, CP-SAT variable
   names (`tp[8]`, `recompute[full]`);
 * `field` — Calculon's execution-file field (`tensor_par`), used only at the file boundary;
-* `kind` — how values are encoded: a whole number (`split` for tp/cp/ep/pp/dp/batch, fixed
-  by the (tp, cp, ep, pp) split; `per_split` for interleaving and microbatch, chosen given the split), a
+* `kind` — how values are encoded: a whole number (`split` for tp/cp/ep/etp/pp/dp/batch, fixed
+  by the (tp, cp, ep, etp, pp) split; `per_split` for interleaving and microbatch, chosen given the split), a
   `choice` among an Enum's members (code i = i-th member), an on/off `switch`, or the index
   of a `network`;
 * `free_when` — for flags (choice, switch, network): the conditions under which any code
@@ -48,29 +48,37 @@ class Degree:
     net: str
     span: tuple[str, ...]
     in_split: bool = True
-    """chosen by the split (tp, cp, ep, pp); dp follows from the others and the GPU count"""
+    """chosen by the split (tp, cp, ep, etp, pp); dp follows from the others and the GPU count"""
 
 
 DEGREES: tuple[Degree, ...] = (
     Degree("tp", "tp_net", ("tp",)),
     Degree("cp", "cp_net", ("tp", "cp")),
-    Degree("ep", "ep_net", ("tp", "ep")),
+    Degree("ep", "ep_net", ("etp", "ep")),
+    Degree("etp", "etp_net", ("etp",)),
     Degree("pp", "pp_net", ("tp", "cp", "pp")),
     Degree("dp", "dp_net", ("tp", "cp", "pp", "dp"), in_split=False),
 )
 """The parallel groups, innermost first. The dense groups nest: tp; tp·cp; tp·cp·pp;
 tp·cp·pp·dp = N. Context parallelism sits next to tensor parallelism, as in Megatron-LM's
 rank order tp-cp-ep-dp-pp (parallel_state.RankGenerator) and NeMo's recipes that keep tp·cp
-inside an NVLink domain. The expert-parallel group is laid out by Megatron-LM's separate
-expert rank generator (parallel_state.initialize_model_parallel: order tp-ep-dp-pp with
-expert tp = tp and cp folded into the expert data-parallel size): its ep members are the
-tp-strided GPUs next to each other, so the network carrying ep spans tp·ep GPUs.
-NETWORK_GROUPS, GROUP_SPAN, SPLIT_DEGREES, SKELETON_FACTS and BlockKey are derived from it."""
+inside an NVLink domain. The expert layers' groups are laid out by Megatron-LM's second,
+expert rank generator (MoE parallel folding: megatron/core/parallel_state.py
+`initialize_model_parallel`, `expert_decoder_rank_generator = RankGenerator(tp=
+expert_tensor_parallel_size, ep=expert_model_parallel_size, dp=expert_data_parallel_size,
+pp=..., cp=1)`; Liu et al. 2025, arXiv 2504.14960) over the same tp·cp·dp GPUs of a pipeline
+stage, expert tp (etp) innermost: an etp group is etp neighbouring GPUs, an ep group the
+etp-strided GPUs of etp·ep neighbours, and the expert data-parallel group edp =
+tp·cp·dp/(ep·etp) the rest. So the network carrying etp spans etp GPUs and the one carrying
+ep spans etp·ep. NETWORK_GROUPS, GROUP_SPAN, SPLIT_DEGREES, SKELETON_FACTS and BlockKey are
+derived from it."""
 SPLIT_DEGREES: tuple[str, ...] = tuple(d.name for d in DEGREES if d.in_split)
-"""The degrees a split chooses, in order: the (tp, cp, ep, pp) of a skeleton and a block."""
+"""The degrees a split chooses, in order: the (tp, cp, ep, etp, pp) of a skeleton and a block."""
+GROUP_DEGREES: tuple[str, ...] = tuple(name for name in SPLIT_DEGREES if name != "pp")
+"""The degrees one block's cost reads (a split's degrees but pp): (tp, cp, ep, etp)."""
 SKELETON_FACTS = (*(d.name for d in DEGREES), "dp_cp", "offload")
 """What a flag's condition may test besides earlier flags: the split's degrees (tp, cp, ep,
-pp, dp, and dp_cp = dp·cp, the group gradients are reduced over; compared with 1) and
+etp, pp, dp, and dp_cp = dp·cp, the group gradients are reduced over; compared with 1) and
 `offload` (1 when the system has an offload memory tier)."""
 
 
@@ -221,9 +229,32 @@ def _ep_fits(model, system, v) -> str | None:
         return f"expert_par({ep}) needs a mixture-of-experts model: {model.name!r} is dense (num_experts 0)"
     if model.num_experts % ep:
         return f"expert_par({ep}) does not divide num_experts({model.num_experts})"
-    if "dp" in v and (v["dp"] * v.get("cp", 1)) % ep:
-        return (f"expert_par({ep}) does not divide data_par({v['dp']})·context_par({v.get('cp', 1)}): the "
-                f"expert-parallel group is carved from the data- and context-parallel GPUs (Megatron-LM)")
+    return None
+
+
+def _etp_fits(model, system, v) -> str | None:
+    """Expert tensor parallelism splits each expert's width; with ep it folds into the
+    tp·cp·dp GPUs of a pipeline stage (Megatron-LM's expert rank generator)."""
+    etp = v["etp"]
+    if etp > 1 and not model.num_experts:
+        return (f"expert_tensor_par({etp}) needs a mixture-of-experts model: {model.name!r} is dense "
+                f"(num_experts 0)")
+    if etp > 1 and model.expert_feedforward % etp:
+        return f"expert_tensor_par({etp}) does not divide expert_feedforward({model.expert_feedforward})"
+    if "dp" in v:
+        return fold_problem(v["tp"], v.get("cp", 1), v["dp"], v["ep"], etp)
+    return None
+
+
+def fold_problem(tp: int, cp: int, dp: int, ep: int, etp: int) -> str | None:
+    """MoE parallel folding: the expert groups (etp innermost, then ep, then the expert data
+    parallelism) tile the tp·cp·dp GPUs of a pipeline stage, so ep·etp divides tp·cp·dp
+    (Megatron-LM parallel_state.initialize_model_parallel: world size divisible by
+    expert_tensor_parallel_size·expert_model_parallel_size·pipeline_model_parallel_size)."""
+    if (tp * cp * dp) % (ep * etp):
+        return (f"expert_par({ep})·expert_tensor_par({etp})={ep * etp} does not divide tensor_par({tp})·"
+                f"context_par({cp})·data_par({dp})={tp * cp * dp}: the expert groups fold into a pipeline "
+                f"stage's GPUs (Megatron-LM)")
     return None
 
 
@@ -276,9 +307,13 @@ DIMENSIONS: tuple[Dimension, ...] = (
               "attention, 2·cp load-balanced chunks)",
               rule="1 .. cp_max; divides N/tp; 2·cp divides seq_size", fits=_cp_fits, bound=limits.GPUS_SEARCH),
     Dimension("ep", "expert_par", "split", "expert parallelism: each MoE block's experts are split over ep GPUs "
-              "carved from the dp·cp ones (token all-to-all; expert tensor parallelism = tp)",
-              rule="1 .. experts; divides num_experts and dp·cp (1 for a dense model)", fits=_ep_fits,
-              bound=limits.GPUS_SEARCH),
+              "of a stage's tp·cp·dp ones (MoE parallel folding; token all-to-all)",
+              rule="1 .. experts; divides num_experts; ep·etp divides tp·cp·dp (1 for a dense model)",
+              fits=_ep_fits, bound=limits.GPUS_SEARCH),
+    Dimension("etp", "expert_tensor_par", "split", "expert tensor parallelism: each expert's width is split etp "
+              "ways (Megatron-LM's --expert-tensor-parallel-size; a file's default is tp for an MoE model)",
+              rule="1 .. tp_max; divides N and expert_feedforward; ep·etp divides tp·cp·dp (1 for a dense model)",
+              fits=_etp_fits, bound=limits.GPUS_SEARCH),
     Dimension("pp", "pipeline_par", "split", "pipeline parallelism: the blocks are split into pp stages",
               rule="1 .. blocks; divides N/(tp·cp) and num_blocks, or (full) pp > 2 divides num_blocks + 2: "
                    "the first and last stages one block lighter", fits=_pp_fits,
@@ -326,6 +361,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
               free_when=(Condition("cp", ">", 1),), fits=_network_exists("cp_net"), bound=limits.NETWORK_INDEX),
     Dimension("ep_net", "expert_par_net", "network", "network index carrying EP traffic (the token all-to-all)",
               free_when=(Condition("ep", ">", 1),), fits=_network_exists("ep_net"), bound=limits.NETWORK_INDEX),
+    Dimension("etp_net", "expert_tensor_par_net", "network", "network index carrying expert TP traffic (the "
+              "routed rows' all-gather and reduce-scatter)",
+              free_when=(Condition("etp", ">", 1),), fits=_network_exists("etp_net"), bound=limits.NETWORK_INDEX),
     Dimension("pp_net", "pipeline_par_net", "network", "network index carrying PP traffic",
               free_when=(Condition("pp", ">", 1),), fits=_network_exists("pp_net"), bound=limits.NETWORK_INDEX),
     Dimension("dp_net", "data_par_net", "network", "network index carrying DP traffic",
@@ -342,7 +380,7 @@ GROUP_SPAN: dict[str, tuple[str, ...]] = {d.name: d.span for d in DEGREES}
 
 class BlockKey(NamedTuple("BlockKeyFields", [*((name, int) for name in SPLIT_DEGREES), ("interleaving", int),
                                               ("microbatch", int)])):
-    """A block of the search: the split's degrees (SPLIT_DEGREES: tp, cp, ep, pp), the
+    """A block of the search: the split's degrees (SPLIT_DEGREES: tp, cp, ep, etp, pp), the
     interleaving and the microbatch; every flag combination lies inside it."""
 
     __slots__ = ()
@@ -368,11 +406,13 @@ def group_spans(m) -> tuple[tuple[str, object, object, object], ...]:
 def _check_declaration() -> None:
     """Conditions may only read skeleton facts (as `> 1`, or offload) and earlier flags, so
     flags can be chosen in declaration order and flag tables cached per (tp > 1, cp > 1,
-    ep > 1, pp > 1, dp > 1, dp·cp > 1)."""
+    ep > 1, etp > 1, pp > 1, dp > 1, dp·cp > 1)."""
+    if SPLIT_DEGREES[-1] != "pp" or GROUP_DEGREES != SPLIT_DEGREES[:-1]:
+        raise ValueError("the split's degrees end with pp: a block's group is the split less pp")
     seen: set[str] = set()
     for dim in FLAGS:
         for cond in dim.free_when:
-            if cond.subject in ("tp", "cp", "ep", "pp", "dp", "dp_cp") and (cond.op, cond.value) != (">", 1):
+            if cond.subject in (*(d.name for d in DEGREES), "dp_cp") and (cond.op, cond.value) != (">", 1):
                 raise ValueError(f"{dim.name}: skeleton conditions must read '{cond.subject} > 1'")
             if cond.subject not in SKELETON_FACTS and cond.subject not in seen:
                 raise ValueError(f"{dim.name}: condition on {cond.subject!r}, which is not an earlier flag")

@@ -174,12 +174,14 @@ def evaluate(model: Model, system: System, mapping: Mapping) -> Evaluation:
     mapping does not fit the model or system (divisibility, unknown network, datatype), or
     states an attention_type the model contradicts."""
     model = model_with_attention_type(model, mapping)
+    mapping = mapping.with_expert_tensor_par(bool(model.num_experts))
     check_mapping_fits(model, system, mapping)
     return evaluate_in_context(_context_for(model, system, mapping), mapping)
 
 
 def evaluate_in_context(c: Context, mapping: Mapping) -> Evaluation:
     """`evaluate` with the problem constants already built (for repeated calls)."""
+    mapping = mapping.with_expert_tensor_par(c.experts > 0)
     m = _scalar_fields(mapping)
     terms = iteration_terms(c, m, ScalarOps)
     checks = _feasibility(c, m, terms, ScalarOps)

@@ -119,7 +119,8 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     stages = Stages.of(c, m, xp)
     microbatches = stages.microbatches
     blk = block_terms(c, m, xp)                         # one block, one microbatch
-    # one block's parameters on this GPU: reduced over dp·cp, and (MoE experts) over dp·cp/ep
+    # one block's parameters on this GPU: reduced over dp·cp, and (MoE experts) over
+    # edp = tp·cp·dp/(ep·etp)
     dense_params, expert_params = block_param_shares(c, m)
     pipe = pipeline_time(c, m, xp, blk, stages, output_layer_s(c, m, xp))
     sharding = Sharding.of(m, xp)

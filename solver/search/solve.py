@@ -13,12 +13,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 import costmodel.limits as limits
 from costmodel.context import Context
+from costmodel.dimensions import group_spans
 from costmodel.errors import InputError
 from costmodel.evaluate import Evaluation, evaluate_in_context
 from costmodel.kernels import Kernels
@@ -159,10 +161,9 @@ def binding_constraints(problem: "Problem", ev: Evaluation) -> list[str]:
     if mapping.batch_size + mapping.dp > problem.max_batch:
         out.append(f"batch cap: global batch {mapping.batch_size} is the largest multiple of dp {mapping.dp} "
                    f"<= {problem.max_batch}")
-    for name, degree, span, net in (("tp", mapping.tp, mapping.tp, mapping.tensor_par_net),
-                                    ("cp", mapping.cp, mapping.tp * mapping.cp, mapping.context_par_net),
-                                    ("ep", mapping.ep, mapping.tp * mapping.ep, mapping.expert_par_net),
-                                    ("pp", mapping.pp, mapping.tp * mapping.cp * mapping.pp, mapping.pipeline_par_net)):
+    for name, degree, span, net in group_spans(SimpleNamespace(**mapping.values())):
+        if name == "dp":
+            continue
         size = system.networks[net].size
         if degree > 1 and span == size:
             out.append(f"network size: the {name} group spans all {size} GPUs of {system.networks[net].name}")
@@ -194,7 +195,7 @@ def diagnose(problem: "Problem", skels, c: Context, time_limit_s: float = DIAGNO
     status = checked_solve(m, new_solver(deadline - time.perf_counter()))
     if status == cp_model.INFEASIBLE:
         sizes = ", ".join(f"{n.name} {n.size}" for n in system.networks)
-        reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts tp, tp·cp, tp·ep, tp·cp·pp and all GPUs on "
+        reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts tp, tp·cp, etp·ep, etp, tp·cp·pp and all GPUs on "
                        f"networks that span them ({sizes})")
         return reasons
     if status == cp_model.UNKNOWN or deadline <= time.perf_counter():

@@ -129,9 +129,9 @@ def floor_families(block_floors: dict, v: Variables, skip) -> tuple:
     for key, floor in block_floors.items():
         if key in skip:
             continue
-        t, c, e, p, _, mb = key
-        by_split[(t, c, e, p)] = min(by_split.get((t, c, e, p), math.inf), floor)
-        by_group_mb[(t, c, e, mb)] = min(by_group_mb.get((t, c, e, mb), math.inf), floor)
+        split, group_mb = key.split, (*key.split[:-1], key.microbatch)     # the split less pp, and the microbatch
+        by_split[split] = min(by_split.get(split, math.inf), floor)
+        by_group_mb[group_mb] = min(by_group_mb.get(group_mb, math.inf), floor)
     return (by_split, v.split), (by_group_mb, v.group_mb)
 
 
@@ -193,10 +193,10 @@ def add_time_terms(m: cp_model.CpModel, v: Variables, tables: Tables, logs: Spli
         pp_gt1 = None
     else:
         pp_gt1 = [v.pp.is_[1].Not()]
-    t_ref = min(logs.local[(t, c, e, p)] * logs.time_blocks[p]
-                * min(tables.compute[(t2, c2, e2, mb)] / mb for (t2, c2, e2, mb) in tables.tm_keys
-                      if (t2, c2, e2) == (t, c, e))
-                for (t, c, e, p) in v.split)
+    t_ref = min(logs.local[split] * logs.time_blocks[split[-1]]
+                * min(tables.compute[group_mb] / group_mb[-1] for group_mb in tables.tm_keys
+                      if group_mb[:-1] == split[:-1])
+                for split in v.split)
     unit = t_ref / UNITS_PER_REFERENCE
     ceiling = t_ref * CEILING_REFERENCES
 

@@ -17,7 +17,7 @@ from ortools.sat.python import cp_model
 from costmodel.comm import collective_s
 from costmodel.context import Context
 from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm
-from costmodel.dimensions import DIMENSIONS, BlockKey
+from costmodel.dimensions import DIMENSIONS, GROUP_DEGREES, NETWORK_GROUPS, SPLIT_DEGREES, BlockKey, group_spans
 from costmodel.encoding import MappingArrays, code
 from costmodel.iteration import RESIDENT_BLOCKS, block_terms, bubble_microbatches, iteration_terms, output_layer_s
 from costmodel.pipeline import stage_blocks, stage_blocks_in_flight
@@ -115,7 +115,7 @@ class Named:
 
 
 class Tables:
-    """Exact-model tables over (tp, cp, ep, microbatch) and the (tp, cp, ep, pp) split,
+    """Exact-model tables over (tp, cp, ep, etp, microbatch) and the (tp, cp, ep, etp, pp) split,
     minimised over the flags they do not read."""
 
     def __init__(self, c: Context, v: Variables, num_gpus: int, tp_overlaps: tuple[int, ...], networks: int):
@@ -123,26 +123,29 @@ class Tables:
         self.tp_keys = list(v.split)
         nets = list(range(networks))
         tm = np.array(self.tm_keys, dtype=float)
-        # ---- block tables over (tp, cp, ep, microbatch) × comm × overlap × redo × recompute ×
-        # offloads × TP network × CP network × EP network ----
-        cp_nets = nets if any(k[1] > 1 for k in self.tm_keys) else [0]
-        ep_nets = nets if any(k[2] > 1 for k in self.tm_keys) else [0]
+        # ---- block tables over (tp, cp, ep, etp, microbatch) × comm × overlap × redo ×
+        # recompute × offloads × the networks of the groups a block reads (tp, cp, ep, etp) ----
+        group_at = {name: i for i, name in enumerate(GROUP_DEGREES)}
+        block_nets = {net: (nets if name == "tp" or any(k[group_at[name]] > 1 for k in self.tm_keys) else [0])
+                      for name, net in NETWORK_GROUPS if name in group_at}
         cols, grid = Named.grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2],
                                 seq_par_ag_redo=[False, True], recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE],
-                                weight_offload=[False, True], activations_offload=[False, True], tp_net=nets,
-                                cp_net=cp_nets, ep_net=ep_nets)
-        ns = _namespace(tp=tm[cols["key"], 0], cp=tm[cols["key"], 1], ep=tm[cols["key"], 2], microbatch=tm[cols["key"], 3],
-                        **{k: v_ for k, v_ in cols.items() if k != "key"})
+                                weight_offload=[False, True], activations_offload=[False, True], **block_nets)
+        ns = _namespace(**{name: tm[cols["key"], i] for name, i in group_at.items()},
+                        microbatch=tm[cols["key"], len(group_at)], **{k: v_ for k, v_ in cols.items() if k != "key"})
         blk = block_terms(c, ns, ArrayOps)
         act = blk.activations
 
-        # The TP, CP and EP networks a group fits (evaluate.network_checks; a group of one fits
-        # any): a mapping putting a group on a network too small for it is infeasible, so the
+        # The networks a block's groups fit (evaluate.network_checks; a group of one fits any):
+        # a mapping putting a group on a network too small for it is infeasible, so the
         # minimum over the networks only needs to run over those that fit.
         size = np.asarray(c.net_size)
-        fits = grid.of(((ns.tp == 1) | (ns.tp <= size[ns.tp_net])) & ((ns.cp == 1) | (ns.tp * ns.cp <= size[ns.cp_net]))
-                       & ((ns.ep == 1) | (ns.tp * ns.ep <= size[ns.ep_net])))
-        networks_axes = ("tp_net", "cp_net", "ep_net")
+        fits = np.ones(len(ns.tp), dtype=bool)
+        for name, degree, span, net in group_spans(ns):
+            if name in group_at:
+                fits &= (degree == 1) | (span <= size[net])
+        fits = grid.of(fits)
+        networks_axes = tuple(block_nets)
 
         def by_block_flags(values) -> dict:
             """One table per combination of the flags a block reads (BLOCK_FLAGS), minimised
@@ -169,7 +172,7 @@ class Tables:
         # activation classes: the (TP communication, AG redo) that realise each class, with
         # no offload, TP overlap and networks at their first values (memory reads none of them)
         cls_rows = {"no_sp": (0, False), "sp": (TP_COMM_RS_AG, False), "sp_redo": (TP_COMM_RS_AG, True)}
-        first = dict(tp_overlap=0, weight_offload=False, activations_offload=False, tp_net=0, cp_net=0, ep_net=0)
+        first = dict(tp_overlap=0, weight_offload=False, activations_offload=False, **{net: 0 for net in block_nets})
         stored, workspace = grid.of(act.stored), grid.of(act.workspace)
         self.stored = {(rc, cls): self._by_tm(stored.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc, **first).values)
                        for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
@@ -177,18 +180,20 @@ class Tables:
                                                                **first).values)
                           for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
 
-        # ---- stage tables over (tp, cp, ep, pp) × sharding stage × offload flags × net ----
+        # ---- stage tables over (tp, cp, ep, etp, pp) × sharding stage × offload flags × net ----
         # (with one microbatch per replica: ZeRO-2/3 traffic grows with the microbatches, so
         # the DP table, minimised over every stage, stays a lower bound for any count)
         tpp = np.array(self.tp_keys, dtype=float)
         stages = list(range(len(ShardingStage)))
         cols, grid = Named.grid(key=np.arange(len(tpp)), zero=stages, weight_offload=[False, True],
                                 optimizer_offload=[False, True], dp_net=nets)
-        t_, c_, e_, p_ = (tpp[cols["key"], i] for i in range(4))
+        split = {name: tpp[cols["key"], i] for i, name in enumerate(SPLIT_DEGREES)}
+        t_, c_, p_ = split["tp"], split["cp"], split["pp"]
         dp = num_gpus // (t_ * c_ * p_).astype(np.int64)
-        # (the gradient group's network is dp's when dp > 1, else cp's: the same grid axis)
-        ns = _namespace(tp=t_, cp=c_, ep=e_, pp=p_, dp=dp, batch=dp, microbatch=np.ones(len(t_)),
-                        cp_net=cols["dp_net"], **{k: v_ for k, v_ in cols.items() if k != "key"})
+        # (the gradient group's network is dp's when dp > 1, else cp's, else tp's — with dp =
+        # cp = 1 only an MoE's expert group reduces —: the same grid axis)
+        ns = _namespace(**split, dp=dp, batch=dp, microbatch=np.ones(len(t_)),
+                        cp_net=cols["dp_net"], tp_net=cols["dp_net"], **{k: v_ for k, v_ in cols.items() if k != "key"})
         terms = iteration_terms(c, ns, ArrayOps)
 
         # Exposed + stolen DP time is at least usage × the reduction time (overlap hides at
@@ -196,7 +201,8 @@ class Tables:
         # over the networks the gradient group's carrier fits: dp's spans every GPU, cp's
         # (carrying it when dp = 1) tp·cp.
         usage = np.minimum(1.0, np.asarray(c.net_usage)[ns.dp_net])
-        grad_fits = grid.of(((dp == 1) | (num_gpus <= size[ns.dp_net])) & ((c_ == 1) | (t_ * c_ <= size[ns.dp_net])))
+        grad_fits = grid.of(((dp == 1) | (num_gpus <= size[ns.dp_net])) & ((c_ == 1) | (t_ * c_ <= size[ns.dp_net]))
+                            & ((dp > 1) | (c_ > 1) | (t_ == 1) | (t_ <= size[ns.dp_net])))
         self.dp_comm = self._by_tp(grid.of(terms.dp_comm_s * usage).min(where=grad_fits).values)
         # keyed by the sharding stage (code z) and the offload switches they read
         optimizer = grid.of(terms.optimizer_s)
@@ -224,13 +230,13 @@ class Tables:
 
 def offers_zero_bubble(space: Space, num_networks: int) -> bool:
     """Whether some mapping of the space (with pp > 1) may run ZB-H1."""
-    known = {"tp": 2, "cp": 2, "ep": 2, "pp": 2, "dp": 2, "dp_cp": 2, "offload": 1}
+    known = {**{name: 2 for name, _ in NETWORK_GROUPS}, "dp_cp": 2, "offload": 1}
     return (SCHED_ZB_H1,) in flag_projection(space, ("sched",), known, num_networks)
 
 
 def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, local_batch: dict, has_offload: bool,
                        num_networks: int, hbm_capacity_bytes: float) -> dict:
-    """For each (tp, cp, ep, pp, interleaving, microbatch) block, the smallest value the surrogate
+    """For each (tp, cp, ep, etp, pp, interleaving, microbatch) block, the smallest value the surrogate
     time takes over the memory-relevant flags whose HBM and offload footprints fit (inf when
     none does). Computed with numpy from the surrogate's own tables, with the pipeline
     bubble and the blocks in flight exactly as the model counts them for this interleaving
@@ -241,7 +247,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
     cannot."""
     blocks = c.blocks
     # every valid assignment of the flags a block reads (the space's own rules, tp, pp, dp > 1)
-    known = {"tp": 2, "cp": 2, "ep": 2, "pp": 2, "dp": 2, "dp_cp": 2, "offload": int(has_offload)}
+    known = {**{name: 2 for name, _ in NETWORK_GROUPS}, "dp_cp": 2, "offload": int(has_offload)}
     combos = sorted(flag_projection(space, BLOCK_FLAGS, known, num_networks))
     zero_codes = tuple(code for (code,) in flag_projection(space, ("zero",), known, num_networks))
     zero_bubble = offers_zero_bubble(space, num_networks)
