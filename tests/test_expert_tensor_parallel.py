@@ -1,0 +1,187 @@
+"""Expert tensor parallelism (`etp`) and MoE parallel folding (ep·etp divides tp·cp·dp):
+the declaration's rule, counts (closed form = enumeration = CP-SAT) that grow by exactly the
+mappings folding adds, dense spaces untouched, cost terms by hand, mapping files and eval,
+and solve == brute force where a folded or etp ≠ tp mapping wins."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from costmodel.context import Context
+from costmodel.errors import InputError
+from costmodel.evaluate import evaluate
+from costmodel.kernels import Kernels
+from costmodel.load import load_system
+from costmodel.mapping import Mapping, check_mapping_fits
+from costmodel.model import Model
+from costmodel.system import Datatype
+from solver.cli.app import cli
+from solver.space.count import count_mappings
+from solver.space.declaration import get_space, skeletons
+from solver.space.enumerate import enumerate_all
+from test_expert_parallel import moe
+from test_space_count import cp_sat_count, make_system
+
+ROOT = Path(__file__).resolve().parents[1]
+H100 = load_system(ROOT / "problems/systems/h100-80g-nvl8.yaml")
+MODEL = moe()                       # 8 experts of 1024, top 2, hidden 1024
+
+
+def _mapping(tp=1, cp=1, ep=1, pp=1, dp=1, mb=1, batch=None, **more) -> Mapping:
+    return Mapping(num_procs=tp * cp * pp * dp, tensor_par=tp, context_par=cp, expert_par=ep, pipeline_par=pp,
+                   data_par=dp, batch_size=batch or dp * mb, microbatch_size=mb, **more)
+
+
+# ---------------------------------------------------------------- the rule
+def test_folding_lets_ep_exceed_dp_cp_and_names_every_factor():
+    # ep 8 > dp·cp 4: the expert groups fold into tp·cp·dp = 8 GPUs when etp = 1
+    check_mapping_fits(MODEL, H100, _mapping(tp=2, ep=8, dp=4, expert_tensor_par=1))
+    with pytest.raises(InputError) as err:
+        check_mapping_fits(MODEL, H100, _mapping(tp=2, ep=8, dp=4, expert_tensor_par=2))
+    assert str(err.value).startswith("expert_par(8)·expert_tensor_par(2)=16 does not divide "
+                                     "tensor_par(2)·context_par(1)·data_par(4)=8")
+    # etp may exceed tp (the experts split wider than attention) and must divide the expert width
+    check_mapping_fits(MODEL, H100, _mapping(tp=1, ep=2, dp=8, expert_tensor_par=4))
+    wide = moe(expert_ff=1536)
+    with pytest.raises(InputError, match=r"expert_tensor_par\(1024\) does not divide expert_feedforward\(1536\)"):
+        check_mapping_fits(wide, H100, _mapping(dp=1024, expert_tensor_par=1024))
+    dense = MODEL.model_copy(update={"num_experts": 0, "experts_per_token": 0, "expert_feedforward": 0})
+    with pytest.raises(InputError, match=r"expert_tensor_par\(2\) needs a mixture-of-experts model"):
+        check_mapping_fits(dense, H100, _mapping(tp=2, dp=2, expert_tensor_par=2))
+
+
+def test_an_unstated_etp_is_tp_for_an_moe_model_and_1_for_a_dense_one():
+    """Megatron-LM parallel_state.initialize_model_parallel: `if expert_tensor_parallel_size is
+    None: expert_tensor_parallel_size = tensor_model_parallel_size`."""
+    mapping = _mapping(tp=2, ep=4, dp=4, tensor_par_comm_type="rs_ag")
+    assert mapping.expert_tensor_par is None and "expert_tensor_par" not in mapping.model_dump()
+    assert evaluate(MODEL, H100, mapping).mapping.etp == 2
+    dense = MODEL.model_copy(update={"num_experts": 0, "experts_per_token": 0, "expert_feedforward": 0})
+    assert evaluate(dense, H100, _mapping(tp=4, dp=2)).mapping.etp == 1
+    stated = evaluate(MODEL, H100, mapping.model_copy(update={"expert_tensor_par": 2}))
+    assert stated.iteration_time_s == evaluate(MODEL, H100, mapping).iteration_time_s
+
+
+# ---------------------------------------------------------------- counts
+# The counts of these spaces under the rule before folding (ep divides dp·cp, etp = tp), by the
+# closed form of commit e6614c3 (equal to its enumeration there); one network, so etp's network
+# flag adds no choice and every earlier mapping is one mapping now.
+MODEL_SHAPE = dict(hidden=24, feedforward=96, seq_size=8, attn_heads=4, attn_size=6, num_blocks=4,
+                   experts_per_token=2, expert_feedforward=24)
+BEFORE_FOLDING = [
+    # (experts, gpus, cap, offload, space, count before)
+    (8, 8, 8, False, "full", 40480), (8, 8, 8, False, "calculon-2023", 3344),
+    (4, 4, 4, False, "full", 8305), (4, 4, 4, False, "calculon-2023", 1067),
+    (6, 6, 3, True, "full", 27360), (6, 6, 3, True, "calculon-2023", 3648),
+]
+
+
+@pytest.mark.parametrize("experts, gpus, cap, offload, space, before", BEFORE_FOLDING)
+def test_count_grows_by_exactly_the_folded_and_etp_mappings(experts, gpus, cap, offload, space, before):
+    model = Model(**MODEL_SHAPE, num_experts=experts)
+    system, space = make_system(1, offload), get_space(space)
+    counted = count_mappings(model, system, gpus, cap, space)
+    arrays = enumerate_all(model, system, gpus, cap, space)
+    assert counted.mappings == len(arrays)
+    tp, cp, dp, ep, etp = (arrays.columns[n].astype(np.int64) for n in ("tp", "cp", "dp", "ep", "etp"))
+    # independent filter: what the earlier rule refused (etp ≠ tp, or ep not dividing dp·cp)
+    new_only = (etp != tp) | ((dp * cp) % ep != 0)
+    assert counted.mappings == before + int(np.count_nonzero(new_only))
+    assert np.count_nonzero(new_only) > 0 and np.count_nonzero((dp * cp) % ep != 0) > 0   # folding adds some
+    assert np.all((tp * cp * dp) % (ep * etp) == 0) and np.all(experts % ep == 0) and np.all(24 % etp == 0)
+    assert np.all((arrays.etp_net == 0) | (etp > 1))
+
+
+@pytest.mark.parametrize("experts, gpus, cap, networks, offload", [(8, 4, 4, 2, False), (4, 4, 2, 1, True)])
+def test_closed_form_equals_enumeration_and_cp_sat_with_etp(experts, gpus, cap, networks, offload):
+    model = Model(**MODEL_SHAPE, num_experts=experts)
+    system = make_system(networks, offload)
+    space = get_space("calculon-2023")           # CP-SAT lists every solution: the smaller preset
+    counted = count_mappings(model, system, gpus, cap, space)
+    assert counted.mappings == len(enumerate_all(model, system, gpus, cap, space))
+    assert counted.mappings == cp_sat_count(model, system, gpus, cap, space)
+    assert sum(v for k, v in counted.by_dimension["etp"].items() if k != "1") > 0
+    if networks > 1:
+        assert counted.by_dimension["etp_net"]["1"] > 0       # etp's own network is a choice when etp > 1
+
+
+def test_dense_spaces_keep_etp_1_and_their_counts():
+    # the brief's 1T model on 4,096 GPUs: the published count (docs/mapping-space.md)
+    from costmodel.load import load_model
+    model = load_model(ROOT / "problems/models/gpt-1t-256b.yaml")
+    system = H100.with_overrides(offload_gib=1024)
+    assert count_mappings(model, system, 4096, 3072, get_space("calculon-2023")).mappings == 15_612_832
+    assert {(s.ep, s.etp) for s in skeletons(model, 4096, 3072, get_space("full"))} == {(1, 1)}
+
+
+# ---------------------------------------------------------------- cost terms
+def test_expert_gradients_reduce_over_edp_when_folded():
+    """tp 2, ep 8 > dp·cp = 4, etp 1: edp = tp·cp·dp/(ep·etp) = 1, so the experts' gradients
+    are not reduced at all, while the dense part all-reduces over dp·cp = 4 (ZeRO-0)."""
+    mapping = _mapping(tp=2, ep=8, dp=4, expert_tensor_par=1, tensor_par_comm_type="rs_ag", batch=4)
+    ev = evaluate(MODEL, H100, mapping)
+    c = Context.build(MODEL, H100, Datatype.bfloat16, Kernels())
+    net = H100.networks[0]
+    rate = net.bandwidth_bytes_per_s * net.efficiency
+    dense = (4 * (c.moe_block_params - c.routed_expert_params - c.router_params) / 2 + 4 * c.router_params
+             + (c.embedding_params + c.output_layer_params) / 2)
+    # dp's group is 4 GPUs tp·cp·pp = 2 apart: within one 8-GPU NVLink domain (members 4)
+    expected = net.latency_s + 2 * dense * 2 * 3 / 4 / rate
+    assert ev.time_s["dp_comm_s"] == pytest.approx(expected, rel=1e-12)
+    # the experts whole on each GPU (etp 1), one of the 8 experts each
+    routed = MODEL.routed_expert_params / 8
+    assert ev.memory_bytes["weights_bytes"] == pytest.approx(
+        2 * 4 * ((c.moe_block_params - c.routed_expert_params - c.router_params) / 2 + c.router_params + routed),
+        rel=1e-12)
+
+
+def test_expert_gradients_reduce_over_edp_with_dp_and_cp_1():
+    """tp 4, ep 2, etp 1 on 4 GPUs (dp = cp = 1): edp = 4/(2·1) = 2 GPUs reduce the experts'
+    gradients, on tp's network (the innermost dense group spanning tp·cp·dp)."""
+    mapping = _mapping(tp=4, ep=2, dp=1, expert_tensor_par=1, tensor_par_comm_type="rs_ag", batch=2)
+    ev = evaluate(MODEL, H100, mapping)
+    c = Context.build(MODEL, H100, Datatype.bfloat16, Kernels())
+    net = H100.networks[0]
+    experts = 4 * c.routed_expert_params / 2
+    expected = net.latency_s + 2 * experts * 2 * 1 / 2 / (net.bandwidth_bytes_per_s * net.efficiency)
+    assert ev.time_s["dp_comm_s"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_ep_group_spans_etp_ep_gpus_and_lands_on_the_network_that_holds_it():
+    """The ep group's span is etp·ep (costmodel.dimensions.DEGREES): ep 16 with etp 1 spans
+    16 GPUs, more than the 8 of NVLink, so on network 0 it is infeasible; ep 8 with etp 1 fits
+    where ep 8 with etp 2 (16) does not."""
+    big = moe(experts=16)
+    def reasons(ep, etp, net):
+        return evaluate(big, H100, _mapping(tp=2, ep=ep, dp=8, expert_tensor_par=etp, expert_par_net=net,
+                                            data_par_net=1, tensor_par_comm_type="rs_ag")).reasons
+
+    assert "network: a ep group spans 16 GPUs > network 0 size 8" in reasons(16, 1, 0)
+    assert reasons(16, 1, 1) == () and reasons(8, 1, 0) == ()
+    assert "network: a ep group spans 16 GPUs > network 0 size 8" in reasons(8, 2, 0)
+
+
+# ---------------------------------------------------------------- eval
+def test_eval_of_a_folded_mapping_and_a_one_line_error(tmp_path):
+    model_file = tmp_path / "moe.json"
+    model_file.write_text(json.dumps(moe(experts=64).model_dump(mode="json")))
+    mapping = _mapping(tp=2, ep=32, dp=16, expert_tensor_par=1, tensor_par_comm_type="rs_ag", expert_par_net=1,
+                       data_par_net=1, batch=32).model_dump(mode="json")
+    good = tmp_path / "folded.json"
+    good.write_text(json.dumps(mapping))
+    args = ["eval", "--model", str(model_file), "--system", str(ROOT / "problems/systems/h100-80g-nvl8.yaml")]
+    result = CliRunner().invoke(cli, [*args, "--mapping", str(good), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["time"]["ep_comm_s"] > 0 and out["mapping"]["expert_tensor_par"] == 1
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**mapping, "expert_par": 64, "expert_tensor_par": 2}))
+    result = CliRunner().invoke(cli, [*args, "--mapping", str(bad)])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert ("expert_par(64)·expert_tensor_par(2)=128 does not divide tensor_par(2)·context_par(1)·data_par(16)=32"
+            in result.output)
+    assert math.isfinite(out["iteration_time_s"])
