@@ -223,7 +223,7 @@ class _MappingBase(BaseModel):
         """Expert tensor parallelism; None until `with_expert_tensor_par` has read the model."""
         return self.expert_tensor_par
 
-    def with_expert_tensor_par(self, moe: bool) -> "Mapping":
+    def with_expert_tensor_par(self, moe: bool) -> Mapping:
         """This mapping with its unstated expert tensor parallelism resolved: tp for a
         mixture-of-experts model (Megatron-LM parallel_state.initialize_model_parallel: `if
         expert_tensor_parallel_size is None: expert_tensor_parallel_size =

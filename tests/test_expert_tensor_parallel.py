@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from test_expert_parallel import moe
+from test_space_count import cp_sat_count, make_system
 
 from costmodel.context import Context
 from costmodel.errors import InputError
@@ -23,8 +25,6 @@ from solver.cli.app import cli
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space, skeletons
 from solver.space.enumerate import enumerate_all
-from test_expert_parallel import moe
-from test_space_count import cp_sat_count, make_system
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = load_system(ROOT / "problems/systems/h100-80g-nvl8.yaml")
@@ -70,8 +70,8 @@ def test_an_unstated_etp_is_tp_for_an_moe_model_and_1_for_a_dense_one():
 # The counts of these spaces under the rule before folding (ep divides dp·cp, etp = tp), by the
 # closed form of commit e6614c3 (equal to its enumeration there); one network, so etp's network
 # flag adds no choice and every earlier mapping is one mapping now.
-MODEL_SHAPE = dict(hidden=24, feedforward=96, seq_size=8, attn_heads=4, attn_size=6, num_blocks=4,
-                   experts_per_token=2, expert_feedforward=24)
+MODEL_SHAPE = {"hidden": 24, "feedforward": 96, "seq_size": 8, "attn_heads": 4, "attn_size": 6, "num_blocks": 4,
+               "experts_per_token": 2, "expert_feedforward": 24}
 BEFORE_FOLDING = [
     # (experts, gpus, cap, offload, space, count before)
     (8, 8, 8, False, "full", 40480), (8, 8, 8, False, "calculon-2023", 3344),

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from costmodel.dimensions import DEGREES, GROUP_DEGREES, GROUP_SPAN, NETWORK_GROUPS, SPLIT_DEGREES
+from costmodel.dimensions import (
+    DEGREES,
+    GROUP_DEGREES,
+    GROUP_SPAN,
+    NETWORK_GROUPS,
+    SPLIT_DEGREES,
+)
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import Evaluation
 from costmodel.mapping import Mapping
