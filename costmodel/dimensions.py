@@ -34,6 +34,7 @@ import numpy as np
 
 import costmodel.limits as limits
 from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
+from costmodel.degree_rules import cp_fits, ep_fits, etp_fits, tp_fits
 from costmodel.limits import Bound
 from costmodel.pipeline import layout_problem
 
@@ -200,64 +201,6 @@ def _choice_codes(choices: type[Enum]) -> dict:
 
 
 # ---- the rules any mapping must satisfy (costmodel.mapping.check_mapping_fits reads them) ----
-def _tp_fits(model, system, v) -> str | None:
-    tp = v["tp"]
-    if model.attn_heads % tp:
-        return f"tensor_par({tp}) does not divide attn_heads({model.attn_heads})"
-    if model.kv_groups % tp:
-        return (f"tensor_par({tp}) does not divide kv_heads({model.kv_groups}): each tensor-parallel rank "
-                f"holds whole key/value heads (Megatron-LM's rule for query groups)")
-    for name in ("hidden", "feedforward"):
-        if getattr(model, name) % tp:
-            return f"tensor_par({tp}) does not divide {name}({getattr(model, name)})"
-    return None
-
-
-def _cp_fits(model, system, v) -> str | None:
-    cp = v["cp"]
-    if cp > 1 and model.seq_size % (2 * cp):
-        return (f"context_par({cp}) needs seq_size({model.seq_size}) divisible by 2·context_par = {2 * cp}: "
-                f"causal load balancing cuts the sequence into 2·cp chunks (Megatron-LM)")
-    return None
-
-
-def _ep_fits(model, system, v) -> str | None:
-    ep = v["ep"]
-    if ep == 1:
-        return None
-    if not model.num_experts:
-        return f"expert_par({ep}) needs a mixture-of-experts model: {model.name!r} is dense (num_experts 0)"
-    if model.num_experts % ep:
-        return f"expert_par({ep}) does not divide num_experts({model.num_experts})"
-    return None
-
-
-def _etp_fits(model, system, v) -> str | None:
-    """Expert tensor parallelism splits each expert's width; with ep it folds into the
-    tp·cp·dp GPUs of a pipeline stage (Megatron-LM's expert rank generator)."""
-    etp = v["etp"]
-    if etp > 1 and not model.num_experts:
-        return (f"expert_tensor_par({etp}) needs a mixture-of-experts model: {model.name!r} is dense "
-                f"(num_experts 0)")
-    if etp > 1 and model.expert_feedforward % etp:
-        return f"expert_tensor_par({etp}) does not divide expert_feedforward({model.expert_feedforward})"
-    if "dp" in v:
-        return fold_problem(v["tp"], v.get("cp", 1), v["dp"], v["ep"], etp)
-    return None
-
-
-def fold_problem(tp: int, cp: int, dp: int, ep: int, etp: int) -> str | None:
-    """MoE parallel folding: the expert groups (etp innermost, then ep, then the expert data
-    parallelism) tile the tp·cp·dp GPUs of a pipeline stage, so ep·etp divides tp·cp·dp
-    (Megatron-LM parallel_state.initialize_model_parallel: world size divisible by
-    expert_tensor_parallel_size·expert_model_parallel_size·pipeline_model_parallel_size)."""
-    if (tp * cp * dp) % (ep * etp):
-        return (f"expert_par({ep})·expert_tensor_par({etp})={ep * etp} does not divide tensor_par({tp})·"
-                f"context_par({cp})·data_par({dp})={tp * cp * dp}: the expert groups fold into a pipeline "
-                f"stage's GPUs (Megatron-LM)")
-    return None
-
-
 def _pp_fits(model, system, v) -> str | None:
     # pp divides the blocks, or the blocks + 2 with lighter first and last stages (the
     # layout rule of costmodel.pipeline); a preset may ask for even stages (Space.uneven_stages)
@@ -301,19 +244,19 @@ _HAS_OFFLOAD = Condition("offload", ">", 0)
 DIMENSIONS: tuple[Dimension, ...] = (
     # ---- the split and the batch, fixed by (tp, cp, ep, pp) ----
     Dimension("tp", "tensor_par", "split", "tensor parallelism: each weight matrix is split tp ways",
-              rule="1 .. tp_max; divides N, hidden, feedforward, attn_heads and kv_heads", fits=_tp_fits,
+              rule="1 .. tp_max; divides N, hidden, feedforward, attn_heads and kv_heads", fits=tp_fits,
               bound=limits.GPUS_SEARCH),
     Dimension("cp", "context_par", "split", "context parallelism: the sequence is split over cp GPUs (ring "
               "attention, 2·cp load-balanced chunks)",
-              rule="1 .. cp_max; divides N/tp; 2·cp divides seq_size", fits=_cp_fits, bound=limits.GPUS_SEARCH),
+              rule="1 .. cp_max; divides N/tp; 2·cp divides seq_size", fits=cp_fits, bound=limits.GPUS_SEARCH),
     Dimension("ep", "expert_par", "split", "expert parallelism: each MoE block's experts are split over ep GPUs "
               "of a stage's tp·cp·dp ones (MoE parallel folding; token all-to-all)",
               rule="1 .. experts; divides num_experts; ep·etp divides tp·cp·dp (1 for a dense model)",
-              fits=_ep_fits, bound=limits.GPUS_SEARCH),
+              fits=ep_fits, bound=limits.GPUS_SEARCH),
     Dimension("etp", "expert_tensor_par", "split", "expert tensor parallelism: each expert's width is split etp "
               "ways (Megatron-LM's --expert-tensor-parallel-size; a file's default is tp for an MoE model)",
               rule="1 .. tp_max; divides N and expert_feedforward; ep·etp divides tp·cp·dp (1 for a dense model)",
-              fits=_etp_fits, bound=limits.GPUS_SEARCH),
+              fits=etp_fits, bound=limits.GPUS_SEARCH),
     Dimension("pp", "pipeline_par", "split", "pipeline parallelism: the blocks are split into pp stages",
               rule="1 .. blocks; divides N/(tp·cp) and num_blocks, or (full) pp > 2 divides num_blocks + 2: "
                    "the first and last stages one block lighter", fits=_pp_fits,
