@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import assert_block_floors_below_exact
 from test_expert_parallel import moe
 from test_space_count import cp_sat_count, make_system
 
+import solver.search.engine as engine_module
 from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate
@@ -22,6 +24,8 @@ from costmodel.mapping import Mapping, check_mapping_fits
 from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.cli.app import cli
+from solver.search.brute import scan
+from solver.search.solve import SolverConfig, solve
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space, skeletons
 from solver.space.enumerate import enumerate_all
@@ -185,3 +189,63 @@ def test_eval_of_a_folded_mapping_and_a_one_line_error(tmp_path):
     assert ("expert_par(64)·expert_tensor_par(2)=128 does not divide tensor_par(2)·context_par(1)·data_par(16)=32"
             in result.output)
     assert math.isfinite(out["iteration_time_s"])
+
+
+# ---------------------------------------------------------------- solve == brute force
+def _attention_heavy(seq, experts, top_k, expert_ff):
+    """Two blocks of 4,096-wide grouped-query attention over long sequences, with small experts:
+    tp > 1 pays for the attention, and the experts run best whole (etp 1) or spread (folded)."""
+    return moe(blocks=2, hidden=4096, heads=32, kv_heads=8, seq=seq, experts=experts, top_k=top_k,
+               expert_ff=expert_ff)
+
+
+FOLDING_CASES = [
+    # (id, model, system, gpus, max_batch, what wins) — found by brute force (`scan`) on the exact
+    # model; in each the best mapping is one the rule before folding refused
+    ("etp1-under-tp2", _attention_heavy(8192, 32, 4, 768), H100.with_overrides(hbm_gib=12), 8, 4, "etp != tp"),
+    ("etp1-under-tp4", _attention_heavy(8192, 16, 2, 1024), H100.with_overrides(hbm_gib=10), 8, 2, "etp != tp"),
+    ("ep8-folded-into-tp8", _attention_heavy(8192, 32, 4, 768), H100.with_overrides(hbm_gib=6), 8, 1, "folded"),
+]
+
+
+def _folding_wins(mapping) -> bool:
+    return mapping.etp != mapping.tp or mapping.ep > mapping.dp * mapping.cp
+
+
+def _solve_and_scan(model, system, gpus, max_batch):
+    space = get_space("full")
+    result = solve(model, system, gpus, max_batch=max_batch, datatype=Datatype.bfloat16, space=space,
+                   config=SolverConfig(top_k=3, time_limit_s=300, workers=1))
+    reference = scan(model, system, gpus, max_batch, space, Datatype.bfloat16, Kernels(), top_k=3, workers=1)
+    assert result.certified_optimal and result.status == "optimal"
+    assert reference.best is not None and _folding_wins(reference.best.mapping)
+    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
+    assert result.best.mapping == reference.best.mapping
+    assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],
+                                                                     rel=1e-9)
+    return result, reference
+
+
+@pytest.mark.parametrize("case", FOLDING_CASES, ids=[c[0] for c in FOLDING_CASES])
+def test_solve_equals_brute_force_where_folding_or_etp_wins(case):
+    _, model, system, gpus, max_batch, wins = case
+    _, reference = _solve_and_scan(model, system, gpus, max_batch)
+    best = reference.best.mapping
+    assert (best.ep > best.dp * best.cp) if wins == "folded" else (best.etp != best.tp)
+
+
+@pytest.mark.parametrize("case", FOLDING_CASES[::2], ids=[c[0] for c in FOLDING_CASES[::2]])
+def test_the_cp_sat_path_alone_certifies_the_folded_answer(case, monkeypatch):
+    """No warm start and no proof from the block floors: CP-SAT's rounds over the surrogate
+    (its tables keyed by etp, minimised over etp_net) must reach the same optimum."""
+    monkeypatch.setattr(engine_module, "WARM_START_BLOCKS", 0)
+    monkeypatch.setattr(engine_module, "floors_prove", lambda *args: False)
+    _, model, system, gpus, max_batch, _ = case
+    result, _ = _solve_and_scan(model, system, gpus, max_batch)
+    assert result.rounds > 0
+
+
+def test_block_floors_never_exceed_an_exact_time_with_etp():
+    model = _attention_heavy(8192, 32, 4, 768)
+    checked = assert_block_floors_below_exact(model, H100.with_overrides(hbm_gib=12), 8, 4, Datatype.bfloat16)
+    assert any(sk.etp != sk.tp for sk in checked) and any(sk.ep > sk.dp * sk.cp for sk in checked)
