@@ -249,3 +249,25 @@ def test_block_floors_never_exceed_an_exact_time_with_etp():
     model = _attention_heavy(8192, 32, 4, 768)
     checked = assert_block_floors_below_exact(model, H100.with_overrides(hbm_gib=12), 8, 4, Datatype.bfloat16)
     assert any(sk.etp != sk.tp for sk in checked) and any(sk.ep > sk.dp * sk.cp for sk in checked)
+
+
+# ---------------------------------------------------------------- dense models unchanged
+DENSE = Model(name="dense", hidden=2048, feedforward=8192, seq_size=2048, attn_heads=16, attn_size=128, num_blocks=4,
+              kv_heads=4, mlp="swiglu", norm="rmsnorm", position="rope", tied_embeddings=False, bias=False,
+              vocab_size=32000)
+
+
+def test_a_dense_model_keeps_its_count_and_answers():
+    """Golden figures from the code before etp (commit e6614c3: `count_mappings`, `scan` and
+    `evaluate` on the same inputs), unchanged to the last bit: a dense model has ep = etp = 1."""
+    system = H100.with_overrides(hbm_gib=16)
+    assert count_mappings(DENSE, system, 8, 16, get_space("full")).mappings == 138_952
+    reference = scan(DENSE, system, 8, 16, get_space("full"), Datatype.bfloat16, Kernels(), top_k=3, workers=1)
+    assert [e.iteration_time_s for e in reference.top] == [0.01876190362030331, 0.01876190362030331,
+                                                           0.018862618464747752]
+    assert {(e.mapping.ep, e.mapping.etp, e.mapping.expert_tensor_par_net) for e in reference.top} == {(1, 1, 0)}
+    # dp = cp = 1, tp 4: the gradient group's network is now tp's, with nothing to reduce
+    mapping = Mapping(num_procs=8, tensor_par=4, pipeline_par=2, data_par=1, batch_size=8, microbatch_size=1,
+                      tensor_par_comm_type="rs_ag", pipeline_par_net=1, pipeline_interleaving=2)
+    ev = evaluate(DENSE, H100, mapping)
+    assert (ev.iteration_time_s, ev.hbm_bytes) == (0.024134317756986906, 3257339904.0)
