@@ -271,3 +271,27 @@ def test_a_dense_model_keeps_its_count_and_answers():
                       tensor_par_comm_type="rs_ag", pipeline_par_net=1, pipeline_interleaving=2)
     ev = evaluate(DENSE, H100, mapping)
     assert (ev.iteration_time_s, ev.hbm_bytes) == (0.024134317756986906, 3257339904.0)
+
+
+# ---------------------------------------------------------------- measured runs
+def _run(**more):
+    from costmodel.runs import Run
+    return Run.model_validate({"name": "moe-run", "model": moe(experts=64).model_dump(mode="json"),
+                               "system": "h100-80g-nvl8", "num_gpus": 64, "seq_size": 2048, "global_batch": 64,
+                               "tp": 2, "pp": 2, "ep": 32, **more})
+
+
+def test_a_run_s_etp_reaches_its_mapping_and_an_unstated_one_is_a_named_gap():
+    """A Run (and a Megatron-Bridge row) states etp; the mapping takes it, its networks from
+    the folded groups' spans (ep spans etp·ep = 32 GPUs: the inter-node network on 8-GPU
+    nodes). Unstated, etp is Megatron-LM's default tp, named among the run's gaps."""
+    from costmodel.run_bridge import BridgeRow
+    from costmodel.run_mapping import map_run
+    folded = map_run(_run(etp=1), moe(experts=64), H100)
+    assert folded.mapping.etp == 1 and folded.mapping.ep > folded.mapping.dp      # ep 32 on dp 16
+    assert folded.mapping.expert_par_net == 1 and folded.mapping.expert_tensor_par_net == 0
+    assert not any("expert tensor" in gap for gap in folded.not_expressible)
+    with pytest.raises(InputError, match=r"expert_par\(32\)·expert_tensor_par\(2\)=64 does not divide"):
+        check_mapping_fits(moe(experts=64), H100, map_run(_run(), moe(experts=64), H100).mapping)
+    assert any("costed as tp (2)" in gap for gap in map_run(_run(ep=8), moe(experts=64), H100).not_expressible)
+    assert "etp" in BridgeRow.model_fields
