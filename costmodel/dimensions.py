@@ -242,7 +242,7 @@ _RS_AG = list(TPComm).index(TPComm.rs_ag)
 _HAS_OFFLOAD = Condition("offload", ">", 0)
 
 DIMENSIONS: tuple[Dimension, ...] = (
-    # ---- the split and the batch, fixed by (tp, cp, ep, pp) ----
+    # ---- the split and the batch, fixed by (tp, cp, ep, etp, pp) ----
     Dimension("tp", "tensor_par", "split", "tensor parallelism: each weight matrix is split tp ways",
               rule="1 .. tp_max; divides N, hidden, feedforward, attn_heads and kv_heads", fits=tp_fits,
               bound=limits.GPUS_SEARCH),

@@ -70,7 +70,7 @@ class SolveResult:
     gap: float | None                 # (best - bound) / best
     seconds: float
     candidates_scored: int            # mappings the exact model scored
-    blocks_scored: int                # (tp, cp, ep, pp, interleaving, microbatch) blocks scored
+    blocks_scored: int                # (tp, cp, ep, etp, pp, interleaving, microbatch) blocks scored
     rounds: int                       # CP-SAT solves
     space_size: int                   # mappings in the space
     binding: list[str] = field(default_factory=list)
@@ -112,7 +112,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
                            infeasible_reasons=["time limit reached before any feasible mapping was found"])
     problem, skels, total = engine.problem, engine.plan.skeletons, engine.plan.total
     if not skels:
-        return _infeasible(started, 0, [f"parallel split: no (tp, cp, ep, pp, dp) split of {num_gpus} GPUs meets the "
+        return _infeasible(started, 0, [f"parallel split: no (tp, cp, ep, etp, pp, dp) split of {num_gpus} GPUs meets the "
                                          f"divisibility rules (tp | hidden {model.hidden}, heads {model.attn_heads}, "
                                          f"kv_heads {model.kv_groups}; 2·cp | seq {model.seq_size}; "
                                          f"pp | blocks {model.num_blocks}) and the batch cap {max_batch}"])

@@ -13,7 +13,7 @@ How: the exact iteration time is bounded below by a sum of products,
 communication, recompute and unhidden offload traffic; H the output layer; P2P one
 pipeline send; DP the data-parallel reduction, of which overlap hides at most all but the
 compute it steals; OPT the optimizer step), each factor an exact table of the model over
-a few dimensions ((tp, cp, ep, microbatch), the (tp, cp, ep, pp) split) minimised over the flags it does not
+a few dimensions ((tp, cp, ep, etp, microbatch), the (tp, cp, ep, etp, pp) split) minimised over the flags it does not
 read (solver.search.cpsat.tables); B has one table per combination of the flags it reads. Expanded, each product term is exp(y) with y a sum of
 logarithms — linear in the one-hot Booleans — and exp(y) is bounded below by tangent lines
 (exp is convex). Memory is the same with one product term (stored activations × blocks in
@@ -76,7 +76,7 @@ class Bounds:
     objective_terms: list
     memory_terms: list
     quantization: Quantization
-    block_floors: dict      # (tp, cp, ep, pp, interleaving, microbatch) -> surrogate lower bound, s
+    block_floors: dict      # (tp, cp, ep, etp, pp, interleaving, microbatch) -> surrogate lower bound, s
 
     def objective(self):
         return sum(self.objective_terms)
@@ -86,8 +86,8 @@ class Bounds:
 
     def add_floor_cuts(self, m: cp_model.CpModel, v: Variables, exclude=()) -> None:
         """Cuts from the block floors of the blocks not in `exclude` (those already scored and
-        cut): objective >= the smallest floor of the (tp, cp, ep, pp) split, and of the (tp, cp,
-        ep, microbatch) group, that a solution picks; a split or triple with nothing left is
+        cut): objective >= the smallest floor of the (tp, cp, ep, etp, pp) split, and of the (tp, cp,
+        ep, etp, microbatch) group, that a solution picks; a split or triple with nothing left is
         forbidden. Valid inequalities: they never exclude an unscored mapping.
 
         Exactly one split and one pair literal is true, so each family is one linear
@@ -122,7 +122,7 @@ class Bounds:
 
 
 def floor_families(block_floors: dict, v: Variables, skip) -> tuple:
-    """The smallest block floor of each (tp, cp, ep, pp) split and of each (tp, cp, ep,
+    """The smallest block floor of each (tp, cp, ep, etp, pp) split and of each (tp, cp, ep, etp,
     microbatch) group over the blocks not in `skip`, each with the literals it is keyed by."""
     by_split: dict = {}
     by_group_mb: dict = {}
@@ -144,7 +144,7 @@ def _units(value: float, divisor: float) -> int:
 class SplitLogs:
     """The logarithms every product term is built from, over the model's literals."""
 
-    local: dict               # (tp, cp, ep, pp) -> batch/dp
+    local: dict               # (tp, cp, ep, etp, pp) -> batch/dp
     pp_values: dict
     pp_minus_1: dict
     mb_values: dict
@@ -310,7 +310,7 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
                skeletons=None) -> Bounds:
     """Add the time objective terms and, unless `hbm_capacity_bytes` is None, the HBM lower
     bound (constrained to the capacity when `enforce_hbm`) and the offload capacity.
-    `local_batch[(tp, cp, ep, pp)]` is batch/dp of that split."""
+    `local_batch[(tp, cp, ep, etp, pp)]` is batch/dp of that split."""
     tables = Tables(c, v, num_gpus, tp_overlaps, len(c.net_size))
     # Blocks per stage, bounded below for uneven layouts (costmodel.pipeline): in time, the
     # last stage's (its blocks and the output layer never outlast the slowest stage); in
