@@ -127,8 +127,10 @@ def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
     return SimpleNamespace(**view)
 
 
-def _scalar_fields(mapping: Mapping) -> SimpleNamespace:
-    """One mapping's view, with the stages' blocks its file states (None: pp's rule)."""
+def _scalar_fields(mapping: Mapping, moe: bool = False) -> SimpleNamespace:
+    """One mapping's view, with the stages' blocks its file states (None: pp's rule); an
+    unstated expert tensor parallelism reads as the model's default (tp with `moe`, else 1)."""
+    mapping = mapping.with_expert_tensor_par(moe)
     view = formula_view({name: _CODE_OF[name](getattr(mapping, field)) for name, field, _, _ in _VIEW}, float, int)
     view.first_stage_blocks = mapping.pipeline_first_stage_blocks
     view.last_stage_blocks = mapping.pipeline_last_stage_blocks
