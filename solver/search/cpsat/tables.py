@@ -19,6 +19,7 @@ from costmodel.context import Context
 from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm
 from costmodel.dimensions import DIMENSIONS, GROUP_DEGREES, NETWORK_GROUPS, SPLIT_DEGREES, BlockKey, group_spans
 from costmodel.encoding import MappingArrays, code
+from costmodel.moe import moe_communication
 from costmodel.iteration import RESIDENT_BLOCKS, block_terms, bubble_microbatches, iteration_terms, output_layer_s
 from costmodel.pipeline import stage_blocks, stage_blocks_in_flight
 from costmodel.evaluate import array_fields
@@ -114,6 +115,34 @@ class Named:
         return Named(plain, {k: v for k, v in self.axes.items() if k not in names})
 
 
+def best_expert_networks(c: Context, keys, networks: int) -> dict[str, np.ndarray]:
+    """For each (tp, cp, ep, etp, microbatch) key, the network of the ep group and of the etp
+    group whose own collectives take least time (costmodel.moe.moe_communication: the
+    all-to-alls on ep's, the routed rows' gather and scatter on etp's), among the networks
+    each group fits (all of them when it fits none: a lower bound still). Nothing else in a
+    block reads these two networks, and a block's time (its forward, backward, recompute
+    and the offload they leave exposed) never falls as either collective grows, so these
+    choices give exactly the minimum over both network axes, without a grid axis each."""
+    size = np.asarray(c.net_size)
+    tokens = keys.microbatch * c.seq / keys.cp
+    spans = {name: span for name, _, span, _ in group_spans(keys)}
+    out = {}
+    for name, net in (("ep", "ep_net"), ("etp", "etp_net")):
+        if not c.moe_blocks:
+            out[net] = np.zeros(len(tokens), dtype=np.intp)
+            continue
+        times = []
+        for k in range(networks):
+            comm = moe_communication(c, ArrayOps, tokens, keys.tp, keys.ep, keys.etp, np.full(len(tokens), k),
+                                     np.full(len(tokens), k))
+            times.append(comm.dispatch_s + comm.combine_s if name == "ep" else comm.tp_gather_s + comm.tp_scatter_s)
+        times = np.stack(np.broadcast_arrays(*times))                                   # [networks, keys]
+        fit = (getattr(keys, name) == 1)[None, :] | (spans[name][None, :] <= size[:, None])
+        masked = np.where(fit, times, np.inf)
+        out[net] = np.where(np.isfinite(masked).any(axis=0), masked.argmin(axis=0), times.argmin(axis=0)).astype(np.intp)
+    return out
+
+
 class Tables:
     """Exact-model tables over (tp, cp, ep, etp, microbatch) and the (tp, cp, ep, etp, pp) split,
     minimised over the flags they do not read."""
@@ -124,25 +153,28 @@ class Tables:
         nets = list(range(networks))
         tm = np.array(self.tm_keys, dtype=float)
         # ---- block tables over (tp, cp, ep, etp, microbatch) × comm × overlap × redo ×
-        # recompute × offloads × the networks of the groups a block reads (tp, cp, ep, etp) ----
+        # recompute × offloads × the TP and CP networks; the EP and ETP networks per key ----
         group_at = {name: i for i, name in enumerate(GROUP_DEGREES)}
+        keys = _namespace(**{name: tm[:, i] for name, i in group_at.items()}, microbatch=tm[:, len(group_at)])
+        expert_nets = best_expert_networks(c, keys, networks)
         block_nets = {net: (nets if name == "tp" or any(k[group_at[name]] > 1 for k in self.tm_keys) else [0])
-                      for name, net in NETWORK_GROUPS if name in group_at}
+                      for name, net in NETWORK_GROUPS if name in ("tp", "cp")}
         cols, grid = Named.grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2],
                                 seq_par_ag_redo=[False, True], recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE],
                                 weight_offload=[False, True], activations_offload=[False, True], **block_nets)
         ns = _namespace(**{name: tm[cols["key"], i] for name, i in group_at.items()},
-                        microbatch=tm[cols["key"], len(group_at)], **{k: v_ for k, v_ in cols.items() if k != "key"})
+                        microbatch=tm[cols["key"], len(group_at)], **{k: v_ for k, v_ in cols.items() if k != "key"},
+                        **{net: best[cols["key"]] for net, best in expert_nets.items()})
         blk = block_terms(c, ns, ArrayOps)
         act = blk.activations
 
-        # The networks a block's groups fit (evaluate.network_checks; a group of one fits any):
-        # a mapping putting a group on a network too small for it is infeasible, so the
-        # minimum over the networks only needs to run over those that fit.
+        # The TP and CP networks a block's groups fit (evaluate.network_checks; a group of one
+        # fits any): a mapping putting a group on a network too small for it is infeasible, so
+        # the minimum over the networks only needs to run over those that fit.
         size = np.asarray(c.net_size)
         fits = np.ones(len(ns.tp), dtype=bool)
         for name, degree, span, net in group_spans(ns):
-            if name in group_at:
+            if name in ("tp", "cp"):
                 fits &= (degree == 1) | (span <= size[net])
         fits = grid.of(fits)
         networks_axes = tuple(block_nets)
