@@ -28,6 +28,10 @@ from costmodel.system import Collective
 from solver.search.cpsat.variables import Variables
 from solver.space.declaration import Space, flag_projection
 
+TABLE_CHUNK_ROWS = 1 << 18
+"""Rows of the block grid evaluated at once (a whole number of keys): bounds the memory the
+block's intermediate terms take while the tables are built."""
+
 FIT_SLACK = 1 + 1e-9
 """Block floors test exact footprints against capacities with this relative slack, so that
 floating-point rounding can never rule out a mapping the exact model finds feasible."""
@@ -162,21 +166,18 @@ class Tables:
         cols, grid = Named.grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2],
                                 seq_par_ag_redo=[False, True], recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE],
                                 weight_offload=[False, True], activations_offload=[False, True], **block_nets)
-        ns = _namespace(**{name: tm[cols["key"], i] for name, i in group_at.items()},
-                        microbatch=tm[cols["key"], len(group_at)], **{k: v_ for k, v_ in cols.items() if k != "key"},
-                        **{net: best[cols["key"]] for net, best in expert_nets.items()})
-        blk = block_terms(c, ns, ArrayOps)
-        act = blk.activations
-
-        # The TP and CP networks a block's groups fit (evaluate.network_checks; a group of one
-        # fits any): a mapping putting a group on a network too small for it is infeasible, so
-        # the minimum over the networks only needs to run over those that fit.
+        # (evaluated a few keys at a time: the block's intermediate terms over the whole grid
+        # would take gigabytes; only the sums the tables keep stay whole)
         size = np.asarray(c.net_size)
-        fits = np.ones(len(ns.tp), dtype=bool)
-        for name, degree, span, net in group_spans(ns):
-            if name in ("tp", "cp"):
-                fits &= (degree == 1) | (span <= size[net])
-        fits = grid.of(fits)
+        rows_per_key = len(cols["key"]) // len(tm)
+        keys_per_chunk = max(1, TABLE_CHUNK_ROWS // rows_per_key)
+        parts: dict[str, list] = {}
+        for first_key in range(0, len(tm), keys_per_chunk):
+            rows = slice(first_key * rows_per_key, min(len(tm), first_key + keys_per_chunk) * rows_per_key)
+            for name, values in self._block_rows(c, tm, cols, rows, group_at, expert_nets, size, nets).items():
+                parts.setdefault(name, []).append(values)
+        whole = {name: np.concatenate(chunks) for name, chunks in parts.items()}
+        fits = grid.of(whole["fits"])
         networks_axes = tuple(block_nets)
 
         def by_block_flags(values) -> dict:
@@ -191,21 +192,17 @@ class Tables:
 
         # one block, one microbatch, forward + backward + recompute + exposed TP and offload:
         # exact for every flag combination the block reads
-        self.block = by_block_flags(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
-                                    + blk.offload_bwd_s)
+        self.block = by_block_flags(whole["block"])
         # the same block in a ZB-H1 bubble: less twice its weight-gradient GEMMs (costmodel.iteration)
-        self.block_zb = by_block_flags(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
-                                       + blk.offload_bwd_s - 2 * blk.weight_grad_gemm_s)
-        self.compute = self._by_tm(grid.of(blk.compute_fwd_s + blk.compute_bwd_s).min().values)
-        self.head = self._by_tm(3 * grid.of(output_layer_s(c, ns, ArrayOps)).min().values)
-        p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
-                                     np.full(len(ns.tp), k)) for k in nets]).min(axis=0)
-        self.p2p = self._by_tm(grid.of(p2p).min().values)
+        self.block_zb = by_block_flags(whole["block_zb"])
+        self.compute = self._by_tm(grid.of(whole["compute"]).min().values)
+        self.head = self._by_tm(3 * grid.of(whole["head"]).min().values)
+        self.p2p = self._by_tm(grid.of(whole["p2p"]).min().values)
         # activation classes: the (TP communication, AG redo) that realise each class, with
         # no offload, TP overlap and networks at their first values (memory reads none of them)
         cls_rows = {"no_sp": (0, False), "sp": (TP_COMM_RS_AG, False), "sp_redo": (TP_COMM_RS_AG, True)}
         first = dict(tp_overlap=0, weight_offload=False, activations_offload=False, **{net: 0 for net in block_nets})
-        stored, workspace = grid.of(act.stored), grid.of(act.workspace)
+        stored, workspace = grid.of(whole["stored"]), grid.of(whole["workspace"])
         self.stored = {(rc, cls): self._by_tm(stored.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc, **first).values)
                        for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
         self.workspace = {(rc, cls): self._by_tm(workspace.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc,
@@ -252,6 +249,32 @@ class Tables:
         self.weights_and_grads = by_stage(terms.weights_bytes + terms.weight_grads_bytes, **off)
         self.optimizer_state = by_stage(terms.optimizer_bytes, **off)
         self.embedding = by_stage(terms.embedding_bytes, **off)
+
+    @staticmethod
+    def _block_rows(c: Context, tm: np.ndarray, cols: dict, rows: slice, group_at: dict, expert_nets: dict,
+                    size: np.ndarray, nets: list) -> dict[str, np.ndarray]:
+        """The block grid's rows `rows`: what the block tables keep of one block's terms (its
+        time, in a ZB-H1 bubble too, compute, output layer, sends, stored activations and
+        workspace) and whether its TP and CP groups fit their networks (evaluate.network_checks;
+        a group of one fits any: a mapping putting a group on a network too small for it is
+        infeasible, so the minimum over the networks only needs to run over those that fit)."""
+        key = cols["key"][rows]
+        ns = _namespace(**{name: tm[key, i] for name, i in group_at.items()}, microbatch=tm[key, len(group_at)],
+                        **{k: v_[rows] for k, v_ in cols.items() if k != "key"},
+                        **{net: best[key] for net, best in expert_nets.items()})
+        n = len(key)
+        blk = block_terms(c, ns, ArrayOps)
+        total = blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s + blk.offload_bwd_s
+        fits = np.ones(n, dtype=bool)
+        for name, degree, span, net in group_spans(ns):
+            if name in ("tp", "cp"):
+                fits &= (degree == 1) | (span <= size[net])
+        p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
+                                     np.full(n, k)) for k in nets]).min(axis=0)
+        out = {"block": total, "block_zb": total - 2 * blk.weight_grad_gemm_s,
+               "compute": blk.compute_fwd_s + blk.compute_bwd_s, "head": output_layer_s(c, ns, ArrayOps),
+               "p2p": p2p, "stored": blk.activations.stored, "workspace": blk.activations.workspace, "fits": fits}
+        return {name: np.broadcast_to(values, (n,)) for name, values in out.items()}
 
     def _by_tm(self, values: np.ndarray) -> dict:
         return {k: float(x) for k, x in zip(self.tm_keys, values)}
