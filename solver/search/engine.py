@@ -189,7 +189,7 @@ class Engine:
         self.scored: dict[Key, ScoredBlock] = {}
         if not self.plan.skeletons:
             return
-        say(f"building the CP-SAT model ({len(self.plan.skeletons)} (tp, cp, ep, pp) splits)")
+        say(f"building the CP-SAT model ({len(self.plan.skeletons)} (tp, cp, ep, etp, pp) splits)")
         self.m, self.v = structure_model(self.problem, self.plan.skeletons, flags=SEARCHED_FLAGS)
         _check(deadline)
         self.bounds = add_bounds(self.m, self.v, self.c, num_gpus, local_batches(self.problem, self.v),

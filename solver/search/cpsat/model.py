@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ortools.sat.python import cp_model
 
-from costmodel.dimensions import BlockKey
+from costmodel.dimensions import SPLIT_DEGREES, BlockKey
 from solver.search.cpsat.constraints import STRUCTURE, Problem
 from solver.search.cpsat.variables import Variables
 
@@ -34,10 +34,11 @@ def structure_model(problem: Problem, skels, flags=None) -> tuple[cp_model.CpMod
 
 
 def local_batches(problem: Problem, v: Variables) -> dict:
-    """batch/dp of every (tp, cp, ep, pp) split the variables allow (1 where no batch exists)."""
+    """batch/dp of every (tp, cp, ep, etp, pp) split the variables allow (1 where no batch exists)."""
     out = {}
-    for (t, c, e, p) in v.split:
-        dp = problem.num_gpus // (t * c * p)
+    for split in v.split:
+        degrees = dict(zip(SPLIT_DEGREES, split))
+        dp = problem.num_gpus // (degrees["tp"] * degrees["cp"] * degrees["pp"])
         batch = problem.space.batch_for(dp, problem.max_batch)
-        out[(t, c, e, p)] = max(1, (batch or 1) // dp)
+        out[split] = max(1, (batch or 1) // dp)
     return out
