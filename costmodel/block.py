@@ -260,9 +260,9 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         GemmOperands(ln_tokens * h, tokens * up_cols, h * up_cols, gathered, False, t, norm_fed=True),
         GemmOperands(tokens * f_cols, ln_tokens * h, f_cols * h, False, gathered, t))
     if moe:
-        layer = moe_layer_forward(c, xp, tokens, t, m.ep)
+        layer = moe_layer_forward(c, xp, tokens, t, m.ep, m.etp)
         mlp, activation, mlp_flops = layer.gemm_s, layer.eltwise_s, layer.matrix_flops
-        mlp_gemms = moe_quantized_gemms(c, tokens, t, m.ep)
+        mlp_gemms = moe_quantized_gemms(c, tokens, t, m.ep, m.etp)
     passes = quantize_passes(c, xp, attention_gemms + mlp_gemms) if c.quantized else None
     if m.recompute_modules is not None:
         # recompute_modules (attn_only): each module's forward rerun in backward; core_attn as
@@ -357,7 +357,7 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
         mlp_intermediates = mlp_intermediates + e * tokens * f / t
     dispatch_buffers = 0.0
     if moe:
-        layer = moe_memory(c, xp, tokens, t, m.ep)
+        layer = moe_memory(c, xp, tokens, t, m.ep, m.etp)
         mlp_intermediates, dispatch_buffers = layer.stored_bytes, layer.all_to_all_buffer_bytes
     if c.fused_attention:
         attention_core = SOFTMAX_STATS_BYTES * b * heads * q_len

@@ -120,7 +120,7 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
         # Megatron-LM's all-to-all dispatcher runs on the compute stream between the router
         # and the experts (token_dispatcher.py): nothing hides it. Backward repeats each
         # collective once (a dispatch's gradient is a combine).
-        comm = moe_communication(c, xp, m.microbatch * c.seq / m.cp, m.tp, m.ep, m.ep_net, m.tp_net)
+        comm = moe_communication(c, xp, m.microbatch * c.seq / m.cp, m.tp, m.ep, m.etp, m.ep_net, m.etp_net)
         exposed_tp, ep_pass = exposed_tp + comm.tp_gather_s + comm.tp_scatter_s, comm.dispatch_s + comm.combine_s
     block_fwd = compute_fwd + tp_fwd_exposed + tp_fwd_stolen + exposed_tp + cp_fwd + ep_pass
     block_bwd = compute_bwd + tp_bwd_exposed + tp_bwd_stolen + exposed_tp + cp_bwd + ep_pass
@@ -168,10 +168,10 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
 
 def moe_block_param_shares(c: Context, m) -> tuple:
     """Parameters of one MoE block on one GPU: (those reduced over dp·cp — attention and
-    shared experts split tp ways, the router whole — and the E/ep local experts split tp
-    ways, reduced over the expert data-parallel group of dp·cp/ep GPUs)."""
+    shared experts split tp ways, the router whole — and the E/ep local experts split etp
+    ways, reduced over the expert data-parallel group of tp·cp·dp/(ep·etp) GPUs)."""
     return ((c.moe_block_params - c.routed_expert_params - c.router_params) / m.tp + c.router_params,
-            c.routed_expert_params / (m.tp * m.ep))
+            c.routed_expert_params / (m.etp * m.ep))
 
 
 def block_param_shares(c: Context, m) -> tuple:

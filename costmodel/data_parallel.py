@@ -31,9 +31,13 @@ class Sharding:
     dp·cp GPUs (Megatron-LM's data-parallel group with context parallelism,
     parallel_state.get_data_parallel_group(with_context_parallel=True)). That group leaves
     the replica (and travels on dp's network) when dp > 1, else it is the cp group itself.
-    MoE experts: each of the ep GPUs holds different experts, so theirs are reduced and
-    sharded over the dp·cp/ep GPUs holding the same experts (Megatron-LM's expert
-    data-parallel group, parallel_state.get_expert_data_parallel_group)."""
+    MoE experts (MoE parallel folding): a stage's tp·cp·dp GPUs regroup into etp × ep × edp
+    for the expert layers, so the experts' gradients are reduced and sharded over the edp =
+    tp·cp·dp/(ep·etp) GPUs holding the same expert shard (Megatron-LM's expert data-parallel
+    group, parallel_state.get_expert_data_parallel_group; expert_data_parallel_size =
+    world/(etp·ep·pp)). That group lies within the stage's tp·cp·dp GPUs, so it travels on
+    the network of the innermost dense group spanning them: dp's when dp > 1, else cp's,
+    else tp's (with dp = cp = 1 only the experts have anything to reduce)."""
 
     optimizer: object
     """optimizer state sharded (stage >= 1)"""
@@ -44,15 +48,16 @@ class Sharding:
     group: object
     """dp·cp: the GPUs the gradients are reduced and the state sharded over"""
     expert_group: object
-    """dp·cp/ep: the same for the experts"""
+    """edp = tp·cp·dp/(ep·etp): the same for the experts"""
     net: object
     """the network the gradient reduction travels on"""
 
     @staticmethod
     def of(m, xp) -> "Sharding":
         group = m.dp * m.cp
-        return Sharding(xp.logical_not(m.zero_0), m.zero_2 | m.zero_3, m.zero_3, group, group / m.ep,
-                        xp.where(m.dp > 1, m.dp_net, m.cp_net))
+        return Sharding(xp.logical_not(m.zero_0), m.zero_2 | m.zero_3, m.zero_3, group,
+                        m.tp * group / (m.ep * m.etp),
+                        xp.where(m.dp > 1, m.dp_net, xp.where(m.cp > 1, m.cp_net, m.tp_net)))
 
     def shards(self, xp) -> tuple:
         """(weights, gradients, optimizer): the GPUs each is split over (1: not sharded)."""
@@ -72,7 +77,7 @@ class StageParams:
     dense: object
     """the non-expert parameters (tp splits them)"""
     experts: object
-    """the expert parameters (tp and ep split them)"""
+    """the expert parameters (etp and ep split them)"""
     blocks: object
     """the blocks of that stage"""
     output_matrix: object

@@ -7,8 +7,8 @@ mapping space:
   (`m.tp`, `m.weight_offload`), count breakdowns, CSV and report columns, CP-SAT variable
   names (`tp[8]`, `recompute[full]`);
 * `field` — Calculon's execution-file field (`tensor_par`), used only at the file boundary;
-* `kind` — how values are encoded: a whole number (`split` for tp/cp/ep/pp/dp/batch, fixed
-  by the (tp, cp, ep, pp) split; `per_split` for interleaving and microbatch, chosen given the split), a
+* `kind` — how values are encoded: a whole number (`split` for tp/cp/ep/etp/pp/dp/batch, fixed
+  by the (tp, cp, ep, etp, pp) split; `per_split` for interleaving and microbatch, chosen given the split), a
   `choice` among an Enum's members (code i = i-th member), an on/off `switch`, or the index
   of a `network`;
 * `free_when` — for flags (choice, switch, network): the conditions under which any code
@@ -34,6 +34,7 @@ import numpy as np
 
 import costmodel.limits as limits
 from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
+from costmodel.degree_rules import cp_fits, ep_fits, etp_fits, tp_fits
 from costmodel.limits import Bound
 from costmodel.pipeline import layout_problem
 
@@ -48,29 +49,37 @@ class Degree:
     net: str
     span: tuple[str, ...]
     in_split: bool = True
-    """chosen by the split (tp, cp, ep, pp); dp follows from the others and the GPU count"""
+    """chosen by the split (tp, cp, ep, etp, pp); dp follows from the others and the GPU count"""
 
 
 DEGREES: tuple[Degree, ...] = (
     Degree("tp", "tp_net", ("tp",)),
     Degree("cp", "cp_net", ("tp", "cp")),
-    Degree("ep", "ep_net", ("tp", "ep")),
+    Degree("ep", "ep_net", ("etp", "ep")),
+    Degree("etp", "etp_net", ("etp",)),
     Degree("pp", "pp_net", ("tp", "cp", "pp")),
     Degree("dp", "dp_net", ("tp", "cp", "pp", "dp"), in_split=False),
 )
 """The parallel groups, innermost first. The dense groups nest: tp; tp·cp; tp·cp·pp;
 tp·cp·pp·dp = N. Context parallelism sits next to tensor parallelism, as in Megatron-LM's
 rank order tp-cp-ep-dp-pp (parallel_state.RankGenerator) and NeMo's recipes that keep tp·cp
-inside an NVLink domain. The expert-parallel group is laid out by Megatron-LM's separate
-expert rank generator (parallel_state.initialize_model_parallel: order tp-ep-dp-pp with
-expert tp = tp and cp folded into the expert data-parallel size): its ep members are the
-tp-strided GPUs next to each other, so the network carrying ep spans tp·ep GPUs.
-NETWORK_GROUPS, GROUP_SPAN, SPLIT_DEGREES, SKELETON_FACTS and BlockKey are derived from it."""
+inside an NVLink domain. The expert layers' groups are laid out by Megatron-LM's second,
+expert rank generator (MoE parallel folding: megatron/core/parallel_state.py
+`initialize_model_parallel`, `expert_decoder_rank_generator = RankGenerator(tp=
+expert_tensor_parallel_size, ep=expert_model_parallel_size, dp=expert_data_parallel_size,
+pp=..., cp=1)`; Liu et al. 2025, arXiv 2504.14960) over the same tp·cp·dp GPUs of a pipeline
+stage, expert tp (etp) innermost: an etp group is etp neighbouring GPUs, an ep group the
+etp-strided GPUs of etp·ep neighbours, and the expert data-parallel group edp =
+tp·cp·dp/(ep·etp) the rest. So the network carrying etp spans etp GPUs and the one carrying
+ep spans etp·ep. NETWORK_GROUPS, GROUP_SPAN, SPLIT_DEGREES, SKELETON_FACTS and BlockKey are
+derived from it."""
 SPLIT_DEGREES: tuple[str, ...] = tuple(d.name for d in DEGREES if d.in_split)
-"""The degrees a split chooses, in order: the (tp, cp, ep, pp) of a skeleton and a block."""
+"""The degrees a split chooses, in order: the (tp, cp, ep, etp, pp) of a skeleton and a block."""
+GROUP_DEGREES: tuple[str, ...] = tuple(name for name in SPLIT_DEGREES if name != "pp")
+"""The degrees one block's cost reads (a split's degrees but pp): (tp, cp, ep, etp)."""
 SKELETON_FACTS = (*(d.name for d in DEGREES), "dp_cp", "offload")
 """What a flag's condition may test besides earlier flags: the split's degrees (tp, cp, ep,
-pp, dp, and dp_cp = dp·cp, the group gradients are reduced over; compared with 1) and
+etp, pp, dp, and dp_cp = dp·cp, the group gradients are reduced over; compared with 1) and
 `offload` (1 when the system has an offload memory tier)."""
 
 
@@ -192,41 +201,6 @@ def _choice_codes(choices: type[Enum]) -> dict:
 
 
 # ---- the rules any mapping must satisfy (costmodel.mapping.check_mapping_fits reads them) ----
-def _tp_fits(model, system, v) -> str | None:
-    tp = v["tp"]
-    if model.attn_heads % tp:
-        return f"tensor_par({tp}) does not divide attn_heads({model.attn_heads})"
-    if model.kv_groups % tp:
-        return (f"tensor_par({tp}) does not divide kv_heads({model.kv_groups}): each tensor-parallel rank "
-                f"holds whole key/value heads (Megatron-LM's rule for query groups)")
-    for name in ("hidden", "feedforward"):
-        if getattr(model, name) % tp:
-            return f"tensor_par({tp}) does not divide {name}({getattr(model, name)})"
-    return None
-
-
-def _cp_fits(model, system, v) -> str | None:
-    cp = v["cp"]
-    if cp > 1 and model.seq_size % (2 * cp):
-        return (f"context_par({cp}) needs seq_size({model.seq_size}) divisible by 2·context_par = {2 * cp}: "
-                f"causal load balancing cuts the sequence into 2·cp chunks (Megatron-LM)")
-    return None
-
-
-def _ep_fits(model, system, v) -> str | None:
-    ep = v["ep"]
-    if ep == 1:
-        return None
-    if not model.num_experts:
-        return f"expert_par({ep}) needs a mixture-of-experts model: {model.name!r} is dense (num_experts 0)"
-    if model.num_experts % ep:
-        return f"expert_par({ep}) does not divide num_experts({model.num_experts})"
-    if "dp" in v and (v["dp"] * v.get("cp", 1)) % ep:
-        return (f"expert_par({ep}) does not divide data_par({v['dp']})·context_par({v.get('cp', 1)}): the "
-                f"expert-parallel group is carved from the data- and context-parallel GPUs (Megatron-LM)")
-    return None
-
-
 def _pp_fits(model, system, v) -> str | None:
     # pp divides the blocks, or the blocks + 2 with lighter first and last stages (the
     # layout rule of costmodel.pipeline); a preset may ask for even stages (Space.uneven_stages)
@@ -268,17 +242,21 @@ _RS_AG = list(TPComm).index(TPComm.rs_ag)
 _HAS_OFFLOAD = Condition("offload", ">", 0)
 
 DIMENSIONS: tuple[Dimension, ...] = (
-    # ---- the split and the batch, fixed by (tp, cp, ep, pp) ----
+    # ---- the split and the batch, fixed by (tp, cp, ep, etp, pp) ----
     Dimension("tp", "tensor_par", "split", "tensor parallelism: each weight matrix is split tp ways",
-              rule="1 .. tp_max; divides N, hidden, feedforward, attn_heads and kv_heads", fits=_tp_fits,
+              rule="1 .. tp_max; divides N, hidden, feedforward, attn_heads and kv_heads", fits=tp_fits,
               bound=limits.GPUS_SEARCH),
     Dimension("cp", "context_par", "split", "context parallelism: the sequence is split over cp GPUs (ring "
               "attention, 2·cp load-balanced chunks)",
-              rule="1 .. cp_max; divides N/tp; 2·cp divides seq_size", fits=_cp_fits, bound=limits.GPUS_SEARCH),
+              rule="1 .. cp_max; divides N/tp; 2·cp divides seq_size", fits=cp_fits, bound=limits.GPUS_SEARCH),
     Dimension("ep", "expert_par", "split", "expert parallelism: each MoE block's experts are split over ep GPUs "
-              "carved from the dp·cp ones (token all-to-all; expert tensor parallelism = tp)",
-              rule="1 .. experts; divides num_experts and dp·cp (1 for a dense model)", fits=_ep_fits,
-              bound=limits.GPUS_SEARCH),
+              "of a stage's tp·cp·dp ones (MoE parallel folding; token all-to-all)",
+              rule="1 .. experts; divides num_experts; ep·etp divides tp·cp·dp (1 for a dense model)",
+              fits=ep_fits, bound=limits.GPUS_SEARCH),
+    Dimension("etp", "expert_tensor_par", "split", "expert tensor parallelism: each expert's width is split etp "
+              "ways (Megatron-LM's --expert-tensor-parallel-size; a file's default is tp for an MoE model)",
+              rule="1 .. tp_max; divides N and expert_feedforward; ep·etp divides tp·cp·dp (1 for a dense model)",
+              fits=etp_fits, bound=limits.GPUS_SEARCH),
     Dimension("pp", "pipeline_par", "split", "pipeline parallelism: the blocks are split into pp stages",
               rule="1 .. blocks; divides N/(tp·cp) and num_blocks, or (full) pp > 2 divides num_blocks + 2: "
                    "the first and last stages one block lighter", fits=_pp_fits,
@@ -326,6 +304,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
               free_when=(Condition("cp", ">", 1),), fits=_network_exists("cp_net"), bound=limits.NETWORK_INDEX),
     Dimension("ep_net", "expert_par_net", "network", "network index carrying EP traffic (the token all-to-all)",
               free_when=(Condition("ep", ">", 1),), fits=_network_exists("ep_net"), bound=limits.NETWORK_INDEX),
+    Dimension("etp_net", "expert_tensor_par_net", "network", "network index carrying expert TP traffic (the "
+              "routed rows' all-gather and reduce-scatter)",
+              free_when=(Condition("etp", ">", 1),), fits=_network_exists("etp_net"), bound=limits.NETWORK_INDEX),
     Dimension("pp_net", "pipeline_par_net", "network", "network index carrying PP traffic",
               free_when=(Condition("pp", ">", 1),), fits=_network_exists("pp_net"), bound=limits.NETWORK_INDEX),
     Dimension("dp_net", "data_par_net", "network", "network index carrying DP traffic",
@@ -342,7 +323,7 @@ GROUP_SPAN: dict[str, tuple[str, ...]] = {d.name: d.span for d in DEGREES}
 
 class BlockKey(NamedTuple("BlockKeyFields", [*((name, int) for name in SPLIT_DEGREES), ("interleaving", int),
                                               ("microbatch", int)])):
-    """A block of the search: the split's degrees (SPLIT_DEGREES: tp, cp, ep, pp), the
+    """A block of the search: the split's degrees (SPLIT_DEGREES: tp, cp, ep, etp, pp), the
     interleaving and the microbatch; every flag combination lies inside it."""
 
     __slots__ = ()
@@ -368,11 +349,13 @@ def group_spans(m) -> tuple[tuple[str, object, object, object], ...]:
 def _check_declaration() -> None:
     """Conditions may only read skeleton facts (as `> 1`, or offload) and earlier flags, so
     flags can be chosen in declaration order and flag tables cached per (tp > 1, cp > 1,
-    ep > 1, pp > 1, dp > 1, dp·cp > 1)."""
+    ep > 1, etp > 1, pp > 1, dp > 1, dp·cp > 1)."""
+    if SPLIT_DEGREES[-1] != "pp" or GROUP_DEGREES != SPLIT_DEGREES[:-1]:
+        raise ValueError("the split's degrees end with pp: a block's group is the split less pp")
     seen: set[str] = set()
     for dim in FLAGS:
         for cond in dim.free_when:
-            if cond.subject in ("tp", "cp", "ep", "pp", "dp", "dp_cp") and (cond.op, cond.value) != (">", 1):
+            if cond.subject in (*(d.name for d in DEGREES), "dp_cp") and (cond.op, cond.value) != (">", 1):
                 raise ValueError(f"{dim.name}: skeleton conditions must read '{cond.subject} > 1'")
             if cond.subject not in SKELETON_FACTS and cond.subject not in seen:
                 raise ValueError(f"{dim.name}: condition on {cond.subject!r}, which is not an earlier flag")

@@ -156,7 +156,8 @@ def iteration_terms(c: Context, m, xp) -> IterationTerms:
     stages = Stages.of(c, m, xp)
     microbatches = stages.microbatches
     blk = block_terms(c, m, xp)                         # one block, one microbatch
-    # one block's parameters on this GPU: reduced over dp·cp, and (MoE experts) over dp·cp/ep
+    # one block's parameters on this GPU: reduced over dp·cp, and (MoE experts) over
+    # edp = tp·cp·dp/(ep·etp)
     dense_params, expert_params = block_param_shares(c, m)
     head_fwd = output_layer_s(c, m, xp)
     mtp = mtp_terms(c, m, xp) if c.mtp_blocks else None

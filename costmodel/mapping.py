@@ -44,6 +44,11 @@ _FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm
 
 def _field(dim: Dimension) -> tuple[Any, Any]:
     """The pydantic (type, Field) of one dimension's file field."""
+    if dim.name == "etp":
+        # unstated: as Megatron-LM's --expert-tensor-parallel-size, tp for an MoE model (and 1 for
+        # a dense one); only the model tells which (Mapping.with_expert_tensor_par)
+        return (Annotated[WholeNumber, within(dim.bound)] | None,
+                Field(None, gt=0, description=dim.meaning + "; default: tensor_par (1 for a dense model)"))
     if dim.kind in ("split", "per_split"):
         default = 1 if dim.name in ("interleaving", "cp", "ep") else ...
         return Annotated[WholeNumber, within(dim.bound)], Field(default, gt=0, description=dim.meaning)
@@ -175,8 +180,11 @@ class _MappingBase(BaseModel):
         # A mapping without an explicit stage layout (and with the default CUDA graphs and loss)
         # dumps as Calculon's format, as before.
         data = handler(self)
-        for name in (FIRST_FIELD, LAST_FIELD, *_MEMORY_FEATURE_DEFAULTS):
-            if name in data and data[name] == _MEMORY_FEATURE_DEFAULTS.get(name):
+        for name in (FIRST_FIELD, LAST_FIELD, "expert_tensor_par"):
+            if data.get(name, 0) is None:
+                del data[name]
+        for name in _MEMORY_FEATURE_DEFAULTS:
+            if name in data and data[name] == _MEMORY_FEATURE_DEFAULTS[name]:
                 del data[name]
         # ... and without the precision, CUDA-graph and loss settings left at their defaults.
         for name, default in (*PRECISION_DEFAULTS.items(), ("cuda_graphs", "none"), ("fused_cross_entropy", True),
@@ -262,6 +270,20 @@ class _MappingBase(BaseModel):
         return self.expert_par
 
     @property
+    def etp(self) -> int | None:
+        """Expert tensor parallelism; None until `with_expert_tensor_par` has read the model."""
+        return self.expert_tensor_par
+
+    def with_expert_tensor_par(self, moe: bool) -> Mapping:
+        """This mapping with its unstated expert tensor parallelism resolved: tp for a
+        mixture-of-experts model (Megatron-LM parallel_state.initialize_model_parallel: `if
+        expert_tensor_parallel_size is None: expert_tensor_parallel_size =
+        tensor_model_parallel_size`), 1 for a dense one (which has no experts to split)."""
+        if self.expert_tensor_par is not None:
+            return self
+        return self.model_copy(update={"expert_tensor_par": self.tensor_par if moe else 1})
+
+    @property
     def pp(self) -> int:
         return self.pipeline_par
 
@@ -306,7 +328,7 @@ Mapping.__doc__ = _MappingBase.__doc__
 def check_mapping_fits(model: Model, system: System, mapping: Mapping) -> None:
     """Rules that tie a mapping to a model and a system (each dimension's `fits`, and the
     pipeline layout of its blocks); raises InputError naming every value."""
-    values = mapping.values()
+    values = mapping.with_expert_tensor_par(bool(model.num_experts)).values()
     for dim in DIMENSIONS:
         if dim.name == "pp":
             # pp's and interleaving's `fits` is the even split the search spaces enumerate; a

@@ -14,7 +14,6 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, model_validator
 
 import costmodel.limits as limits
-from costmodel.errors import InputError
 from costmodel.limits import Bound
 from costmodel.latent_attention import LatentAttention
 from costmodel.model_flops import ModelFlops
@@ -413,10 +412,3 @@ class Model(BaseModel):
 CAUSAL_ATTENTION_SHARE = 0.5
 """The share of the s×s attention products a causal mask leaves (s(s+1)/2 of s² pairs), as published
 tables count it: Megatron-Bridge's flop_utils.py ("a·d·s/2 · 2"); Megatron-LM 2021 and Calculon count all."""
-
-
-def check_positive_int(value: object, field: str) -> int:
-    """For values given on the command line: a whole positive number or an InputError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InputError(f"{field}: {value!r} is not a positive whole number")
-    return value

@@ -5,28 +5,34 @@ The layer replaces the MLP of every `moe_every`-th block (costmodel.model). It r
 Megatron-LM's MoELayer with the all-to-all token dispatcher (megatron/core/transformer/moe/:
 moe_layer.py, token_dispatcher.py `MoEAlltoAllTokenDispatcher`, experts.py) does:
 
-    router GEMM · softmax · top-k · permute → all-to-all (ep) → all-gather (tp) → sort by local
+    router GEMM · softmax · top-k · permute → all-to-all (ep) → all-gather (etp) → sort by local
     expert → grouped GEMMs h→f_e (gated: h→2f_e) · activation · f_e→h → unsort → reduce-scatter
-    (tp) → all-to-all (ep) → unpermute (weighted sum of the k expert outputs)
+    (etp) → all-to-all (ep) → unpermute (weighted sum of the k expert outputs)
 
 with the shared experts, a dense MLP of width f_s on every token, beside it. Notation: T =
 tokens of the microbatch on one tensor-parallel group (b·s, the `tokens` of block.py), h
 hidden, E experts, k experts per token, f_e one expert's width, f_s the shared experts'
 total width (Megatron-LM runs them as one MLP), t = tp, p = ep (the expert-parallel degree;
-p divides E), c the capacity factor (Kernels.capacity_factor), e bytes per element.
+p divides E), x = etp (the expert tensor-parallel degree; x divides f_e), c the capacity
+factor (Kernels.capacity_factor), e bytes per element.
 
 Parallel layout, as Megatron-LM's:
 - With t > 1 Megatron-LM requires sequence parallelism for MoE layers (its argument check
   "When using MoE and tensor parallelism, sequence parallelism must be used"), so each GPU
-  routes T/t tokens; the tp group's T·k routed rows are gathered on every member.
-- Expert tensor parallelism equals tp (Megatron's `--expert-tensor-parallel-size` default):
-  each expert's width is split t ways. A different expert tp is not modelled.
-- The p GPUs of an expert-parallel group hold different tokens (ep is carved out of data
-  parallelism) and E/p experts each; every GPU's routed rows go to the GPUs holding their
-  experts. A local expert receives rows from all p members:
-      rows per local expert  r = (T/t) · k · c / E · t · p = T·k·c·p / E
+  routes T/t tokens.
+- MoE parallel folding (Liu et al. 2025, arXiv 2504.14960; Megatron-LM's expert rank
+  generator, costmodel.dimensions.DEGREES): the expert layers regroup a pipeline stage's
+  tp·cp·dp GPUs into etp × ep × edp, edp = tp·cp·dp/(ep·etp), each GPU keeping its T/t
+  routed tokens. Each expert's width is split x ways (`--expert-tensor-parallel-size`;
+  x = t is Megatron's default and the layout before folding).
+- The p GPUs of an expert-parallel group hold different tokens and E/p experts each; every
+  GPU's routed rows go to the GPUs holding their experts (the all-to-all over ep), and the x
+  GPUs of an expert tensor-parallel group gather what they received (the all-gather over
+  etp: token_dispatcher.py gathers over the expert tensor-parallel group). A local expert
+  receives rows from p·x sources:
+      rows per local expert  r = (T/t) · k · c / E · x · p
   (Megatron's capacity = num_tokens · topk · capacity_factor / num_experts per source rank,
-  × tp·ep sources).
+  × etp·ep sources); with x = t, r = T·k·c·p/E as before folding.
 - Shared experts and the router follow the dense part: shared experts split tp ways like a
   dense MLP (their input is the gathered T tokens; the TP collectives around them are the
   block's MLP-region ones, not counted here), the router replicated on every tp rank.
@@ -41,7 +47,7 @@ holds several experts, as not all of them are the busiest).
 Times are forward; backward does twice each compute term (block.py's rule: two GEMMs per
 forward GEMM, element-wise backward twice the traffic) and repeats each collective once (the
 gradient of a dispatch is a combine and vice versa: `MoeCommunication.per_pass_s`).
-Written against costmodel.ops: `tokens`, `tp`, `ep` and the network indices may be numpy
+Written against costmodel.ops: `tokens`, `tp`, `ep`, `etp` and the network indices may be numpy
 arrays. Not modelled: token dropping's effect on training, expert-choice routing, routing
 limited to a few devices or nodes, DeepEP-style fused dispatch, communication hidden behind
 computation (shared experts beside the all-to-all), and Qwen2-MoE's sigmoid gate multiply on
@@ -71,9 +77,9 @@ TOPK_FLOPS_PER_ELEM = 2.0
 UNPERMUTE_FLOPS_PER_ELEM = 2.0
 
 
-def expert_rows(c: Context, tokens, ep):
-    """Rows each local expert multiplies (the busiest, at the capacity factor): T·k·c·p/E."""
-    return tokens * c.experts_per_token * c.capacity_factor * ep / c.experts
+def expert_rows(c: Context, tokens, tp, ep, etp):
+    """Rows each local expert multiplies (the busiest, at the capacity factor): (T/t)·k·c·p·x/E."""
+    return tokens / tp * c.experts_per_token * c.capacity_factor * ep * etp / c.experts
 
 
 def grouped_gemm_s(c: Context, xp, experts, rows, cols, depth):
@@ -98,7 +104,7 @@ class MoeLayerForward:
     router_gemm_s: object
     """the router: (T/t) × (E, + 1 with a shared-expert gate) × h"""
     expert_gemm_s: object
-    """the E/p local experts' up (h→f_e/t, gated h→2f_e/t) and down (f_e/t→h) GEMMs on r rows
+    """the E/p local experts' up (h→f_e/x, gated h→2f_e/x) and down (f_e/x→h) GEMMs on r rows
     each: grouped when a GPU holds several experts, one GEMM each when it holds one"""
     shared_gemm_s: object
     """the shared experts as one dense MLP on all T tokens, split tp ways (0 without)"""
@@ -109,7 +115,7 @@ class MoeLayerForward:
     local_experts: object
     """E/p experts on this GPU"""
     rows_per_expert: object
-    """r = T·k·c·p/E rows per local expert"""
+    """r = (T/t)·k·c·p·x/E rows per local expert"""
     expert_activation_s: object = 0.0
     """the routed experts' activation (part of eltwise_s): what recompute_modules moe_act reruns"""
 
@@ -122,14 +128,15 @@ class MoeLayerForward:
         return self.gemm_s + self.eltwise_s
 
 
-def moe_layer_forward(c: Context, xp, tokens, tp, ep) -> MoeLayerForward:
+def moe_layer_forward(c: Context, xp, tokens, tp, ep, etp) -> MoeLayerForward:
     """Forward compute of one MoE layer on one GPU: `tokens` = T (b·s of the tp group; each GPU
-    routes T/tp of them), `tp` the tensor-parallel and `ep` the expert-parallel degree."""
+    routes T/tp of them), `tp` the tensor-parallel, `ep` the expert-parallel and `etp` the
+    expert tensor-parallel degree."""
     e, h, k, E = c.elem_bytes, c.hidden, c.experts_per_token, c.experts
     routed_tokens = tokens / tp                        # this GPU's sequence-parallel shard
     local = E / ep
-    rows = expert_rows(c, tokens, ep)
-    f_cols = c.expert_feedforward / tp
+    rows = expert_rows(c, tokens, tp, ep, etp)
+    f_cols = c.expert_feedforward / etp
     up_cols = 2 * f_cols if c.gated_mlp else f_cols    # gated: gate and up side by side, as block.py
     act_flops = ACTIVATION_FLOPS_PER_ELEM[c.mlp]
 
@@ -179,13 +186,13 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep) -> MoeLayerForward:
     )
 
 
-def moe_quantized_gemms(c: Context, tokens, tp, ep) -> tuple[GemmOperands, ...]:
+def moe_quantized_gemms(c: Context, tokens, tp, ep, etp) -> tuple[GemmOperands, ...]:
     """The operands of one MoE layer a precision recipe quantizes (costmodel.quantize): the
     experts' grouped GEMMs on the rows they receive (after the BF16 dispatch and gather), and
     the shared experts as a dense MLP whose input is gathered under sequence parallelism (the
     router stays BF16)."""
-    local, rows, h = c.experts / ep, expert_rows(c, tokens, ep), c.hidden
-    f_cols = c.expert_feedforward / tp
+    local, rows, h = c.experts / ep, expert_rows(c, tokens, tp, ep, etp), c.hidden
+    f_cols = c.expert_feedforward / etp
     up_cols = 2 * f_cols if c.gated_mlp else f_cols
     gemms = (GemmOperands(local * rows * h, local * rows * up_cols, local * h * up_cols),
              GemmOperands(local * rows * f_cols, local * rows * h, local * f_cols * h))
@@ -206,9 +213,9 @@ class MoeCommunication:
     combine_s: object
     """all-to-all of the expert outputs back (the same volume)"""
     tp_gather_s: object
-    """all-gather of the received rows among the tp GPUs (network `tp_net`; 0 at tp 1)"""
+    """all-gather of the received rows among the etp GPUs (network `etp_net`; 0 at etp 1)"""
     tp_scatter_s: object
-    """reduce-scatter of the expert outputs' partial sums among the tp GPUs"""
+    """reduce-scatter of the expert outputs' partial sums among the etp GPUs"""
     all_to_all_bytes: object
     """one all-to-all's message per GPU, e·(T/t)·k·c·h; (ep-1)/ep of it crosses the network"""
 
@@ -217,20 +224,21 @@ class MoeCommunication:
         return self.dispatch_s + self.combine_s + self.tp_gather_s + self.tp_scatter_s
 
 
-def moe_communication(c: Context, xp, tokens, tp, ep, ep_net, tp_net) -> MoeCommunication:
+def moe_communication(c: Context, xp, tokens, tp, ep, etp, ep_net, etp_net) -> MoeCommunication:
     """Token dispatch and combine (Megatron-LM's all-to-all dispatcher): each GPU sends its
     (T/t)·k routed rows of h elements — c times as many at the busiest receiver — to the ep
-    GPUs holding their experts, ep-1 of ep parts over the network (Collective.all_to_all,
-    [1, -1]); with tp > 1 the rows received by a tp group are all-gathered before the expert
-    GEMMs and their partial sums reduce-scattered after (message T·k·c·h per GPU)."""
+    GPUs holding their experts, ep-1 of ep parts over the network carrying ep (its group
+    spans etp·ep GPUs: Collective.all_to_all, [1, -1]); with etp > 1 the rows received by an
+    expert tensor-parallel group are all-gathered before the expert GEMMs and their partial
+    sums reduce-scattered after (message (T/t)·k·c·h·x per GPU, on the network carrying etp)."""
     e, h, k = c.elem_bytes, c.hidden, c.experts_per_token
     message = e * tokens / tp * k * c.capacity_factor * h
     all_to_all = collective_s(c, xp, Collective.all_to_all, ep, message, ep_net)
-    gathered = message * tp
+    gathered = message * etp
     return MoeCommunication(
         dispatch_s=all_to_all, combine_s=all_to_all,
-        tp_gather_s=collective_s(c, xp, Collective.all_gather, tp, gathered, tp_net),
-        tp_scatter_s=collective_s(c, xp, Collective.reduce_scatter, tp, gathered, tp_net),
+        tp_gather_s=collective_s(c, xp, Collective.all_gather, etp, gathered, etp_net),
+        tp_scatter_s=collective_s(c, xp, Collective.reduce_scatter, etp, gathered, etp_net),
         all_to_all_bytes=message,
     )
 
@@ -241,7 +249,7 @@ class MoeMemory:
     and optimizer bytes per parameter apply) and activation bytes for one microbatch."""
 
     routed_params: object
-    """the E/p local experts, each split tp ways: routed expert parameters / (ep·tp)"""
+    """the E/p local experts, each split etp ways: routed expert parameters / (ep·etp)"""
     shared_params: object
     """the shared experts, split tp ways"""
     router_params: object
@@ -251,7 +259,7 @@ class MoeMemory:
     expert_input_bytes: object
     """kept: the gathered rows the local experts multiply, E/p · r × h"""
     expert_intermediate_bytes: object
-    """kept: the up-projection output and the activation output, 2 (gated 3) · E/p · r × f_e/t"""
+    """kept: the up-projection output and the activation output, 2 (gated 3) · E/p · r × f_e/x"""
     combine_input_bytes: object
     """kept: the k expert outputs per routed token that unpermute weights, (T/t)·k × h"""
     shared_intermediate_bytes: object
@@ -271,20 +279,20 @@ class MoeMemory:
                 + self.combine_input_bytes + self.shared_intermediate_bytes)
 
 
-def moe_memory(c: Context, xp, tokens, tp, ep) -> MoeMemory:
+def moe_memory(c: Context, xp, tokens, tp, ep, etp) -> MoeMemory:
     """Parameters and activation bytes of one MoE layer on one GPU (Korthikanti et al. 2022 §4's
     accounting applied to the layers above: every GEMM input and activation input is kept)."""
     e, h, k = c.elem_bytes, c.hidden, c.experts_per_token
     local = c.experts / ep
-    rows = expert_rows(c, tokens, ep)
+    rows = expert_rows(c, tokens, tp, ep, etp)
     intermediates = 3 if c.gated_mlp else 2            # as block.py: gated keeps h→2f_e output and the gate's
     return MoeMemory(
-        routed_params=c.routed_expert_params / (ep * tp),
+        routed_params=c.routed_expert_params / (ep * etp),
         shared_params=c.shared_expert_params / tp,
         router_params=c.router_params,
         router_probs_bytes=e * tokens / tp * c.experts,
         expert_input_bytes=e * local * rows * h,
-        expert_intermediate_bytes=intermediates * e * local * rows * c.expert_feedforward / tp,
+        expert_intermediate_bytes=intermediates * e * local * rows * c.expert_feedforward / etp,
         combine_input_bytes=e * tokens / tp * k * h,
         shared_intermediate_bytes=intermediates * e * tokens * c.shared_feedforward / tp,
         all_to_all_buffer_bytes=2 * e * tokens / tp * k * c.capacity_factor * h,

@@ -73,6 +73,7 @@ class BridgeRow(BaseModel):
     cp: int = Field(gt=0)
     vp: int | None = Field(gt=0)
     ep: int | None = Field(gt=0)
+    etp: int | None = Field(None, gt=0)
     fsdp: int | None = Field(ge=0)
     tokens_per_s_per_gpu: float | None = Field(gt=0)
     tflops_per_gpu: float | None = Field(gt=0)
@@ -215,7 +216,7 @@ def bridge_run(row: BridgeRow, settings: WorkloadSettings | None, source: str) -
         "name": row.id, "model": BRIDGE_MODELS.get(row.model_key, row.model_key.replace("_", "-")),
         "system": BRIDGE_SYSTEMS.get(row.system, row.system), "num_gpus": row.num_gpus, "seq_size": row.seq,
         "global_batch": row.gbs, "microbatch": row.mbs, "tp": row.tp, "cp": row.cp, "pp": row.pp,
-        "ep": row.ep or 1, "interleaving": row.vp or 1, "megatron_fsdp": fsdp, "sharding_stage": 3 if fsdp else 1,
+        "ep": row.ep or 1, "etp": row.etp, "interleaving": row.vp or 1, "megatron_fsdp": fsdp, "sharding_stage": 3 if fsdp else 1,
         "precision": precision, "precision_stated": row.precision_norm is not None, "step_time_s": step_s,
         "published_tflops_per_gpu": row.tflops_per_gpu, "software": row.container,
         "configuration": bridge_configuration(row), "source": row.source,

@@ -26,11 +26,13 @@ InfiniBand beyond), as NCCL would place it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
 from costmodel.choices import Recompute, TPComm, TPOverlap
+from costmodel.dimensions import BY_NAME, GROUP_SPAN, NETWORK_GROUPS
 from costmodel.errors import InputError
 from costmodel.load import describe_validation_error
 from costmodel.mapping import Mapping
@@ -129,6 +131,18 @@ def mtp_layout(model: Model, pp: int, interleaving: int) -> tuple[int, int] | No
     return first, last
 
 
+def _expert_degrees(run: Run, model: Model, gaps: list[str]) -> tuple[int, int]:
+    """(ep, etp) as the run ran them: its own etp, else Megatron-LM's default (tp: a gap when
+    that is a guess that matters, tp > 1); both 1 for a dense model."""
+    if not model.num_experts:
+        return 1, 1
+    if run.etp is not None:
+        return run.ep, run.etp
+    if run.tp > 1:
+        gaps.append(f"expert tensor parallelism not stated: costed as tp ({run.tp}), Megatron-LM's default")
+    return run.ep, run.tp
+
+
 def map_run(run: Run, model: Model, system: System) -> MappedRun:
     """The mapping nearest to what `run` ran (model and system already loaded), its datatype,
     and the gaps. An InputError names the run when no mapping can say it (e.g. tp does not
@@ -144,11 +158,13 @@ def map_run(run: Run, model: Model, system: System) -> MappedRun:
                     f"modules are costed on the last stage)")
     seq_par = run.uses_sequence_parallel and run.tp > 1
     replicas = run.dp * run.cp
-    ep = run.ep if model.num_experts else 1
-    spans = {"tensor_par_net": run.tp, "context_par_net": run.tp * run.cp, "expert_par_net": run.tp * ep,
-             "pipeline_par_net": run.tp * run.cp * run.pp, "data_par_net": run.num_gpus}
+    ep, etp = _expert_degrees(run, model, gaps)
+    degrees = {"tp": run.tp, "cp": run.cp, "ep": ep, "etp": etp, "pp": run.pp, "dp": run.dp}
+    spans = {BY_NAME[net].field: math.prod(degrees[factor] for factor in GROUP_SPAN[name])
+             for name, net in NETWORK_GROUPS}
     fields = {
         "num_procs": run.num_gpus, "tensor_par": run.tp, "context_par": run.cp, "expert_par": ep,
+        "expert_tensor_par": etp,
         "pipeline_par": run.pp, "data_par": run.dp, "batch_size": run.global_batch,
         "microbatch_size": run.microbatch, "pipeline_interleaving": run.interleaving,
         "datatype": datatype_for(run.precision), "fused_activation": run.fused_activation,

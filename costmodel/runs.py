@@ -69,6 +69,9 @@ class Run(BaseModel):
     pp: Annotated[WholeNumber, within(limits.GPUS_SEARCH)] = Field(1, gt=0, description="Pipeline parallelism.")
     ep: Annotated[WholeNumber, within(limits.GPUS_SEARCH)] = Field(
         1, gt=0, description="Expert parallelism (mixture-of-experts models; 1 for dense).")
+    etp: Annotated[WholeNumber, within(limits.GPUS_SEARCH)] | None = Field(
+        None, gt=0, description="Expert tensor parallelism (Megatron's --expert-tensor-parallel-size; "
+                                "mixture-of-experts models). Default: tp, Megatron-LM's default.")
     interleaving: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] = Field(
         1, gt=0, description="Virtual pipeline stages per GPU (Megatron's VP); 1 without interleaving.")
     sequence_parallel: bool | None = Field(

@@ -55,8 +55,14 @@ def test_ep_divides_the_experts_and_dp_cp_and_a_dense_model_has_none():
     check_mapping_fits(MODEL, H100, _mapping(ep=4, dp=2, cp=2, context_par_net=0))
     with pytest.raises(InputError, match=r"expert_par\(3\) does not divide num_experts\(8\)"):
         check_mapping_fits(MODEL, H100, _mapping(ep=3, dp=3))
-    with pytest.raises(InputError, match=r"expert_par\(4\) does not divide data_par\(2\)·context_par\(1\)"):
+    # MoE parallel folding: ep·etp divides tp·cp·dp (etp defaults to tp for an MoE model)
+    with pytest.raises(InputError, match=r"expert_par\(4\)·expert_tensor_par\(1\)=4 does not divide "
+                                         r"tensor_par\(1\)·context_par\(1\)·data_par\(2\)=2"):
         check_mapping_fits(MODEL, H100, _mapping(ep=4, dp=2))
+    with pytest.raises(InputError, match=r"expert_par\(4\)·expert_tensor_par\(2\)=8 does not divide "
+                                         r"tensor_par\(2\)·context_par\(1\)·data_par\(2\)=4"):
+        check_mapping_fits(MODEL, H100, _mapping(tp=2, ep=4, dp=2))
+    check_mapping_fits(MODEL, H100, _mapping(tp=2, ep=4, dp=2, expert_tensor_par=1))   # folded: ep > dp·cp
     dense = MODEL.model_copy(update={"num_experts": 0, "experts_per_token": 0, "expert_feedforward": 0})
     with pytest.raises(InputError, match=r"expert_par\(2\) needs a mixture-of-experts model"):
         check_mapping_fits(dense, H100, _mapping(ep=2, dp=2))
@@ -77,7 +83,8 @@ def test_counts_agree_with_expert_parallelism(experts, gpus, cap, networks, offl
             assert counted.mappings == cp_sat_count(model, system, gpus, cap, space)
         assert sum(v for k, v in counted.by_dimension["ep"].items() if k != "1") > 0
         ep, dp, cp = arrays.ep.astype(int), arrays.dp.astype(int), arrays.cp.astype(int)
-        assert np.all(experts % ep == 0) and np.all((dp * cp) % ep == 0)
+        tp, etp = arrays.tp.astype(int), arrays.etp.astype(int)
+        assert np.all(experts % ep == 0) and np.all((tp * cp * dp) % (ep * etp) == 0)
         assert np.all((arrays.ep_net == 0) | (ep > 1))            # the EP network is free only when ep > 1
 
 
@@ -161,14 +168,14 @@ def test_block_floors_never_exceed_an_exact_time_in_their_block():
     index = {s.split: i for i, s in enumerate(skels)}
     checked = 0
     for key, floor in bounds.block_floors.items():
-        rows, _ = the_plan.block(index[key[:4]], *key[4:])
+        rows, _ = the_plan.block(index[key.split], key.interleaving, key.microbatch)
         ev = evaluate_arrays(model, system, rows, Datatype.bfloat16, Kernels())
         if ev.feasible.any():
             assert floor <= ev.iteration_time_s[ev.feasible].min(), key
             checked += 1
         else:
             assert floor >= 0
-    assert checked > 0 and any(k[2] > 1 for k in bounds.block_floors)
+    assert checked > 0 and any(k.ep > 1 for k in bounds.block_floors)
 
 
 CASES = [

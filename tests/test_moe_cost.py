@@ -63,8 +63,8 @@ def tiny():
 def test_one_layer_by_hand(tiny):
     # Each GPU routes T/tp = 64 tokens; E/ep = 2 local experts receive T·k·c·ep/E = 160 rows each.
     rows = T * 2 * CF * EP / 8
-    assert rows == 160 and expert_rows(tiny, T, EP) == rows
-    fw = moe_layer_forward(tiny, ScalarOps, T, TP, EP)
+    assert rows == 160 and expert_rows(tiny, T, TP, EP, TP) == rows
+    fw = moe_layer_forward(tiny, ScalarOps, T, TP, EP, TP)
     assert fw.local_experts == 2 and fw.rows_per_expert == rows
     assert fw.router_gemm_s == pytest.approx(gemm(64, 8 + 1, 64))           # E columns + the shared gate's
     # grouped, 2 experts: up h → 2·f_e/tp (gate and up), down f_e/tp → h
@@ -82,18 +82,18 @@ def test_one_layer_by_hand(tiny):
 def test_dispatch_and_combine_by_hand(tiny):
     # Message per GPU: (T/tp)·k·c rows of h bf16 elements; (ep-1)/ep of it leaves the GPU.
     message = (T / TP) * 2 * CF * 64 * E_BYTES
-    comm = moe_communication(tiny, ScalarOps, T, TP, EP, ep_net=1, tp_net=0)
+    comm = moe_communication(tiny, ScalarOps, T, TP, EP, TP, ep_net=1, etp_net=0)
     assert comm.all_to_all_bytes == message == 20480
     assert comm.dispatch_s == comm.combine_s == pytest.approx(20e-6 + message * 3 / 4 / 25e9)
     # tp all-gather and reduce-scatter of the T·k·c rows the tp group received: (tp-1)/tp of them move.
     assert comm.tp_gather_s == comm.tp_scatter_s == pytest.approx(10e-6 + message * TP / 2 / 100e9)
     assert comm.per_pass_s == pytest.approx(2 * comm.dispatch_s + 2 * comm.tp_gather_s)
-    alone = moe_communication(tiny, ScalarOps, T, 1, 1, ep_net=0, tp_net=0)
+    alone = moe_communication(tiny, ScalarOps, T, 1, 1, 1, ep_net=0, etp_net=0)
     assert alone.per_pass_s == 0.0                                          # nothing to exchange
 
 
 def test_memory_by_hand(tiny):
-    mem = moe_memory(tiny, ScalarOps, T, TP, EP)
+    mem = moe_memory(tiny, ScalarOps, T, TP, EP, TP)
     rows = 160
     assert mem.routed_params == 8 * 3 * 64 * 32 / (EP * TP)                # E/ep experts, each split tp ways
     assert mem.shared_params == 3 * 64 * 48 / TP
@@ -109,7 +109,7 @@ def test_memory_by_hand(tiny):
 
 
 def test_one_expert_per_gpu_runs_plain_gemms_and_skips_the_sort(tiny):
-    fw = moe_layer_forward(tiny, ScalarOps, T, 1, 8)
+    fw = moe_layer_forward(tiny, ScalarOps, T, 1, 8, 1)
     rows = T * 2 * CF                                                       # ep = E: every rank's tokens for it
     assert fw.local_experts == 1 and fw.rows_per_expert == rows
     assert fw.expert_gemm_s == pytest.approx(gemm(rows, 64, 64) + gemm(rows, 64, 32))
@@ -119,21 +119,45 @@ def test_dense_and_expert_free_parts_vanish():
     no_shared = TINY.model_copy(update={"shared_experts": 0, "shared_expert_feedforward": 0,
                                         "shared_expert_gate": False})
     c = Context.of(no_shared, FLAT, Datatype.bfloat16)
-    fw = moe_layer_forward(c, ScalarOps, T, TP, EP)
+    fw = moe_layer_forward(c, ScalarOps, T, TP, EP, TP)
     assert fw.shared_gemm_s == 0.0 and fw.router_gemm_s == pytest.approx(gemm(64, 8, 64))
-    assert moe_memory(c, ScalarOps, T, TP, EP).shared_params == 0.0
+    assert moe_memory(c, ScalarOps, T, TP, EP, TP).shared_params == 0.0
 
 
 def test_capacity_factor_and_ep_scale_the_terms_they_should(tiny):
     base = Context.of(TINY, FLAT, Datatype.bfloat16)
     for ep in (1, 2, 4, 8):
-        assert expert_rows(tiny, T, ep) == CF * expert_rows(base, T, ep)
-        assert moe_memory(tiny, ScalarOps, T, TP, ep).routed_params == TINY.routed_expert_params / (ep * TP)
-        assert moe_communication(tiny, ScalarOps, T, TP, ep, 0, 0).all_to_all_bytes == \
-            CF * moe_communication(base, ScalarOps, T, TP, ep, 0, 0).all_to_all_bytes
+        assert expert_rows(tiny, T, TP, ep, TP) == CF * expert_rows(base, T, TP, ep, TP)
+        assert moe_memory(tiny, ScalarOps, T, TP, ep, TP).routed_params == TINY.routed_expert_params / (ep * TP)
+        assert moe_communication(tiny, ScalarOps, T, TP, ep, TP, 0, 0).all_to_all_bytes == \
+            CF * moe_communication(base, ScalarOps, T, TP, ep, TP, 0, 0).all_to_all_bytes
     # Every GPU multiplies the same number of rows in all (E/ep · T·k·c·ep/E = T·k·c) whatever ep.
-    assert {moe_layer_forward(tiny, ScalarOps, T, TP, ep).local_experts * expert_rows(tiny, T, ep)
+    assert {moe_layer_forward(tiny, ScalarOps, T, TP, ep, TP).local_experts * expert_rows(tiny, T, TP, ep, TP)
             for ep in (1, 2, 4, 8)} == {T * 2 * CF}
+
+
+def test_expert_tensor_parallelism_by_hand(tiny):
+    """etp = 1 under tp = 2 (MoE parallel folding): each GPU routes T/tp = 64 tokens, its E/ep
+    = 2 experts are whole (f_e = 32 columns) and receive (T/tp)·k·c·ep·etp/E = 80 rows each
+    from the ep·etp = 4 sources; no expert all-gather or reduce-scatter (etp = 1); the
+    all-to-all message stays (T/tp)·k·c·h; the experts' weights split ep·etp = 4 ways."""
+    rows = (T / TP) * 2 * CF * EP * 1 / 8
+    assert rows == 80 and expert_rows(tiny, T, TP, EP, 1) == rows
+    fw = moe_layer_forward(tiny, ScalarOps, T, TP, EP, 1)
+    assert fw.rows_per_expert == rows
+    assert fw.expert_gemm_s == pytest.approx(gemm(rows, 64, 64, batch=2) + gemm(rows, 64, 32, batch=2))
+    assert fw.shared_gemm_s == pytest.approx(gemm(T, 48, 64) + gemm(T, 64, 24))      # shared experts stay on tp
+    comm = moe_communication(tiny, ScalarOps, T, TP, EP, 1, ep_net=1, etp_net=0)
+    assert comm.all_to_all_bytes == (T / TP) * 2 * CF * 64 * E_BYTES
+    assert comm.tp_gather_s == comm.tp_scatter_s == 0.0
+    mem = moe_memory(tiny, ScalarOps, T, TP, EP, 1)
+    assert mem.routed_params == 8 * 3 * 64 * 32 / EP
+    assert mem.expert_intermediate_bytes == 3 * E_BYTES * 2 * rows * 32
+    # etp = 4 > tp = 2: the gather runs over 4 GPUs on the etp network, (etp-1)/etp of 4 messages
+    wide = moe_communication(tiny, ScalarOps, T, TP, 2, 4, ep_net=1, etp_net=0)
+    message = (T / TP) * 2 * CF * 64 * E_BYTES
+    assert wide.tp_gather_s == pytest.approx(10e-6 + message * 4 * 3 / 4 / 100e9)
+    assert moe_layer_forward(tiny, ScalarOps, T, TP, 2, 4).rows_per_expert == (T / TP) * 2 * CF * 2 * 4 / 8
 
 
 # ---------------------------------------------------------------- scalar and array paths agree
@@ -154,11 +178,13 @@ def test_scalar_and_array_backends_agree(system):
     tokens = 4096.0 * rng.choice([1, 2, 4], n)
     tp = rng.choice([1.0, 2.0, 4.0, 8.0], n)
     ep = rng.choice([1.0, 2.0, 4.0, 6.0, 12.0, 60.0], n)                   # divisors of 60 experts
+    etp = rng.choice([1.0, 2.0, 4.0], n)
     ep_net, tp_net = rng.integers(0, 2, n), rng.integers(0, 2, n)
-    arrays = [moe_layer_forward(c, ArrayOps, tokens, tp, ep),
-              moe_communication(c, ArrayOps, tokens, tp, ep, ep_net, tp_net), moe_memory(c, ArrayOps, tokens, tp, ep)]
+    arrays = [moe_layer_forward(c, ArrayOps, tokens, tp, ep, etp),
+              moe_communication(c, ArrayOps, tokens, tp, ep, etp, ep_net, tp_net),
+              moe_memory(c, ArrayOps, tokens, tp, ep, etp)]
     for i in range(n):
-        args = (float(tokens[i]), float(tp[i]), float(ep[i]))
+        args = (float(tokens[i]), float(tp[i]), float(ep[i]), float(etp[i]))
         scalars = [moe_layer_forward(c, ScalarOps, *args), moe_communication(c, ScalarOps, *args, int(ep_net[i]),
                                                                              int(tp_net[i])),
                    moe_memory(c, ScalarOps, *args)]

@@ -1,7 +1,7 @@
 """What `mapsat plan` shares across GPU counts changes no answer: a plan over several counts
 equals one independent `solve` per count and phase (the same certified best time to 1e-12
 and the same mapping), with the shared tables cold, warm, and warmed by other counts; the
-shared (tp, cp, ep, microbatch) tables equal the ones a single count builds; and the CP-SAT
+shared (tp, cp, ep, etp, microbatch) tables equal the ones a single count builds; and the CP-SAT
 model, built only when the block floors cannot prove the answer, gives the same answer when
 it is built."""
 
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pytest
 from conftest import REPO
+from test_expert_parallel import moe
 
+from costmodel.dimensions import GROUP_DEGREES
 from costmodel.kernels import Kernels
 from costmodel.load import load_system
 from costmodel.model import Model
@@ -74,16 +76,25 @@ def test_plan_equals_independent_solves_with_tables_built_by_other_counts(alone)
                       share=share), alone)
 
 
-def _engine(n: int, share: CountShare | None = None) -> Engine:
-    return Engine(SMALL, H100, n, 64, Datatype.bfloat16, get_space("full"), Kernels(), one_question=True,
+def _engine(n: int, share: CountShare | None = None, model: Model = SMALL) -> Engine:
+    return Engine(model, H100, n, 64, Datatype.bfloat16, get_space("full"), Kernels(), one_question=True,
                   share=share)
 
 
-def test_shared_block_tables_equal_a_single_counts():
+# an MoE model (8 experts of 1024, top 2): its groups carry ep and etp, and each group's EP and
+# ETP networks are chosen from that group alone (tables.best_expert_networks)
+MOE = moe()
+
+
+@pytest.mark.parametrize("model", [SMALL, MOE], ids=["dense", "moe"])
+def test_shared_block_tables_equal_a_single_counts(model):
     share = CountShare()
     for n in (32, 4, 16):              # fill the cache from other counts first
-        _engine(n, share)
-    shared, fresh = _engine(8, share), _engine(8)
+        _engine(n, share, model)
+    shared, fresh = _engine(8, share, model), _engine(8, model=model)
+    if model is MOE:                   # groups with ep > 1 and etp other than tp are among them
+        groups = [dict(zip(GROUP_DEGREES, key)) for key in fresh.tables.tm_keys]
+        assert any(g["ep"] > 1 for g in groups) and any(g["etp"] != g["tp"] for g in groups)
     for name in ("block", "block_zb", "stored", "workspace"):
         for combo, table in getattr(fresh.tables, name).items():
             assert {k: getattr(shared.tables, name)[combo][k] for k in table} == table, (name, combo)

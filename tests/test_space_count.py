@@ -110,10 +110,10 @@ def test_closed_form_equals_enumeration(problem) -> None:
     counted = count_mappings(model, system, num_gpus, max_batch, space)
     arrays = enumerate_all(model, system, num_gpus, max_batch, space)
     assert counted.mappings == len(arrays)
-    # Enumeration order is strictly lexicographic in (tp, cp, ep, pp, interleaving, microbatch,
+    # Enumeration order is strictly lexicographic in (tp, cp, ep, etp, pp, interleaving, microbatch,
     # flags...): each row's key exceeds the one before, so no mapping comes twice. (Checked row
     # against row, not by np.unique(axis=0), which takes seconds on the million-row draws.)
-    key = ["tp", "cp", "ep", "pp", "interleaving", "microbatch"] + [d.name for d in space.flags]
+    key = ["tp", "cp", "ep", "etp", "pp", "interleaving", "microbatch"] + [d.name for d in space.flags]
     ordered = np.column_stack([arrays.columns[k].astype(np.int32) for k in key])   # codes are small
     step = np.diff(ordered, axis=0)
     changed = step != 0
@@ -154,10 +154,18 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
     m.Add(seq_mod == 0).OnlyEnforceIf(cp_is_1.Not())            # 2·cp divides seq when cp > 1
     dp_cp = m.NewIntVar(1, num_gpus, "dp_cp")
     m.AddMultiplicationEquality(dp_cp, [dp, cp])
-    # ep divides num_experts (1 for a dense model) and dp·cp (Megatron-LM's expert group)
+    # ep divides num_experts, etp expert_feedforward (both 1 for a dense model), and ep·etp
+    # divides tp·cp·dp (MoE parallel folding: Megatron-LM's expert rank generator)
     experts = [e for e in range(1, num_gpus + 1) if model.num_experts and model.num_experts % e == 0] or [1]
+    widths = [x for x in range(1, min(num_gpus, space.tp_max) + 1)
+              if model.num_experts and model.expert_feedforward % x == 0] or [1]
     ep = m.NewIntVarFromDomain(cp_model.Domain.FromValues(experts), "ep")
-    m.AddModuloEquality(0, dp_cp, ep)
+    etp = m.NewIntVarFromDomain(cp_model.Domain.FromValues(widths), "etp")
+    ep_etp = m.NewIntVar(1, num_gpus * num_gpus, "ep_etp")
+    m.AddMultiplicationEquality(ep_etp, [ep, etp])
+    stage = m.NewIntVar(1, num_gpus, "tp_cp_dp")
+    m.AddMultiplicationEquality(stage, [tp, dp_cp])
+    m.AddModuloEquality(0, stage, ep_etp)
     for size in (model.hidden, model.attn_heads, model.feedforward):
         m.AddModuloEquality(0, size, tp)                          # tp divides hidden, heads, feedforward
     # pp divides blocks: a stage's share is blocks/pp; or, where the space allows uneven
@@ -197,7 +205,8 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
     tp_cp = m.NewIntVar(1, num_gpus, "tp_cp")
     m.AddMultiplicationEquality(tp_cp, [tp, cp])
     m.AddModuloEquality(0, tokens, tp_cp)                         # microbatch·seq divisible by tp·cp
-    subjects = {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp, "dp_cp": dp_cp, "offload": int(system.offload is not None)}
+    subjects = {"tp": tp, "cp": cp, "ep": ep, "etp": etp, "pp": pp, "dp": dp, "dp_cp": dp_cp,
+                "offload": int(system.offload is not None)}
     for dim in space.flags:
         domain = dim.domain(len(system.networks))
         var = m.NewIntVarFromDomain(cp_model.Domain.FromValues(list(domain)), dim.name)
@@ -229,8 +238,8 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
     (8, 8, 8, 1, 4, 3, 2, False, 0),      # dp = 4 > cap 3: the two spaces differ
     (4, 4, 2, 8, 2, 4, 2, True, 0),       # offload and two networks
     (8, 8, 6, 4, 6, 4, 1, True, 0),       # dp 6 > cap 4 with offload
-    (8, 4, 4, 8, 4, 4, 1, False, 4),      # mixture of experts: ep in 1, 2, 4 dividing dp·cp
-    pytest.param(12, 6, 4, 4, 6, 3, 1, True, 6, marks=pytest.mark.slow),  # ep 1, 2, 3, 6 dividing dp·cp; offload
+    (8, 4, 4, 8, 4, 4, 1, False, 4),      # mixture of experts: ep·etp dividing tp·cp·dp
+    pytest.param(12, 6, 4, 4, 6, 3, 1, True, 6, marks=pytest.mark.slow),  # ep 1, 2, 3, 6 (ep·etp | tp·cp·dp); offload
 ])
 def test_closed_form_equals_cp_sat(hidden, heads, blocks, seq, gpus, cap, networks, offload, experts) -> None:
     moe = {"num_experts": experts, "experts_per_token": 2, "expert_feedforward": hidden} if experts else {}
@@ -303,7 +312,7 @@ def test_cli_spaces_lists_every_dimension() -> None:
     assert set(described) == set(SPACES)
     for space in described.values():
         names = [d["name"] for d in space["dimensions"]]
-        assert names[:8] == ["tp", "cp", "ep", "pp", "dp", "batch", "interleaving", "microbatch"]
+        assert names[:9] == ["tp", "cp", "ep", "etp", "pp", "dp", "batch", "interleaving", "microbatch"]
         assert {"recompute", "tp_overlap", "seq_par_ag_redo", "dp_net"} <= set(names)
     overlap = {n: next(d for d in s["dimensions"] if d["name"] == "tp_overlap")["domain"] for n, s in described.items()}
     assert overlap == {"full": "none | ring | pipe", "calculon-current": "none | ring | pipe",

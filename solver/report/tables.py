@@ -53,7 +53,12 @@ def console() -> Console:
 
 
 def _fields_by_name(mapping_fields: dict) -> dict:
-    return {dim.name: mapping_fields[dim.field] for dim in DIMENSIONS}
+    values = {dim.name: mapping_fields.get(dim.field) for dim in DIMENSIONS}
+    if values["etp"] is None:   # a record from before etp, or a file that left it to the model: as the cost model
+        values["etp"] = values["tp"] if values["ep"] > 1 else 1
+    if values["etp_net"] is None:
+        values["etp_net"] = 0
+    return values
 
 
 def mapping_summary(mapping_fields: dict) -> str:
@@ -63,8 +68,10 @@ def mapping_summary(mapping_fields: dict) -> str:
     and the network of each parallel group."""
     v = _fields_by_name(mapping_fields)
     splits = {d.name: v[d.name] for d in DIMENSIONS if d.kind == "split"}
-    # (ep only where there is expert parallelism: a dense model's is always 1)
-    parts = [" ".join(f"{name}{splits[name]}" for name, _ in NETWORK_GROUPS if name != "ep" or splits[name] > 1),
+    splits["etp"] = v["etp"]
+    # (ep and etp only where there are experts to split: a dense model's are always 1)
+    experts = splits["ep"] > 1 or splits["etp"] > 1
+    parts = [" ".join(f"{name}{splits[name]}" for name, _ in NETWORK_GROUPS if name not in ("ep", "etp") or experts),
              f"batch {v['batch']} {BY_NAME['microbatch'].header} {v['microbatch']}"]
     if v["pp"] > 1:
         parts.append(f"{BY_NAME['interleaving'].header} {v['interleaving']}")

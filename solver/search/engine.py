@@ -24,7 +24,7 @@ candidate capacity.
 CP-SAT (OR-Tools, whose import takes a good part of a second) is imported once the engine
 builds its model: only when the block floors (numpy over the exact model's tables) cannot
 prove an answer. Searches of one problem at several GPU counts (`mapsat plan`) share the
-exact model's context and the count-independent (tp, cp, ep, microbatch) tables (CountShare).
+exact model's context and the count-independent (tp, cp, ep, etp, microbatch) tables (CountShare).
 
 Because the surrogate never over-estimates an exact time and its constraints never exclude
 a feasible mapping, the end of the loop certifies the exact model's optimum — the same
@@ -185,7 +185,7 @@ class _Top:
 class CountShare:
     """What certified searches of one problem at several GPU counts share (`mapsat plan`):
     per (model, system, datatype, kernels), the exact model's context and the surrogate's
-    (tp, cp, ep, microbatch) tables, which read neither the GPU count nor the batch
+    (tp, cp, ep, etp, microbatch) tables, which read neither the GPU count nor the batch
     (solver.search.cpsat.tables.BlockTableCache). What does depend on the count — the splits
     (dp = N/(tp·cp·pp)), the local batch and the microbatches, the stage tables (DP
     reduction, optimizer, per-GPU state), the block floors and the exact scores — each
@@ -261,7 +261,7 @@ class Engine:
         if self._cpsat is None:
             from solver.search.cpsat.model import structure_model
             from solver.search.cpsat.surrogate import add_bounds
-            self.say(f"building the CP-SAT model ({len(self.plan.skeletons)} (tp, cp, ep, pp) splits)")
+            self.say(f"building the CP-SAT model ({len(self.plan.skeletons)} (tp, cp, ep, etp, pp) splits)")
             m, v = structure_model(self.problem, self.plan.skeletons, flags=SEARCHED_FLAGS)
             bounds = add_bounds(m, v, self.c, self.problem.num_gpus, self.local_batch,
                                 self.problem.space.tp_overlap_codes, self.c.hbm_capacity_bytes, tables=self.tables)

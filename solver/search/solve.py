@@ -13,12 +13,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 import costmodel.limits as limits
 from costmodel.context import Context
+from costmodel.dimensions import group_spans
 from costmodel.errors import InputError
 from costmodel.evaluate import Evaluation, evaluate_in_context
 from costmodel.kernels import Kernels
@@ -68,7 +70,7 @@ class SolveResult:
     gap: float | None                 # (best - bound) / best
     seconds: float
     candidates_scored: int            # mappings the exact model scored
-    blocks_scored: int                # (tp, cp, ep, pp, interleaving, microbatch) blocks scored
+    blocks_scored: int                # (tp, cp, ep, etp, pp, interleaving, microbatch) blocks scored
     rounds: int                       # CP-SAT solves
     space_size: int                   # mappings in the space
     binding: list[str] = field(default_factory=list)
@@ -116,7 +118,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
                            infeasible_reasons=["time limit reached before any feasible mapping was found"])
     problem, skels, total = engine.problem, engine.plan.skeletons, engine.plan.total
     if not skels:
-        return _infeasible(started, 0, [f"parallel split: no (tp, cp, ep, pp, dp) split of {num_gpus} GPUs meets the "
+        return _infeasible(started, 0, [f"parallel split: no (tp, cp, ep, etp, pp, dp) split of {num_gpus} GPUs meets the "
                                          f"divisibility rules (tp | hidden {model.hidden}, heads {model.attn_heads}, "
                                          f"kv_heads {model.kv_groups}; 2·cp | seq {model.seq_size}; "
                                          f"pp | blocks {model.num_blocks}) and "
@@ -178,10 +180,9 @@ def binding_constraints(problem: "Problem", ev: Evaluation) -> list[str]:
     elif mapping.batch_size + mapping.dp > problem.max_batch:
         out.append(f"batch cap: global batch {mapping.batch_size} is the largest multiple of dp {mapping.dp} "
                    f"<= {problem.max_batch}")
-    for name, degree, span, net in (("tp", mapping.tp, mapping.tp, mapping.tensor_par_net),
-                                    ("cp", mapping.cp, mapping.tp * mapping.cp, mapping.context_par_net),
-                                    ("ep", mapping.ep, mapping.tp * mapping.ep, mapping.expert_par_net),
-                                    ("pp", mapping.pp, mapping.tp * mapping.cp * mapping.pp, mapping.pipeline_par_net)):
+    for name, degree, span, net in group_spans(SimpleNamespace(**mapping.values())):
+        if name == "dp":
+            continue
         size = system.networks[net].size
         if degree > 1 and span == size:
             out.append(f"network size: the {name} group spans all {size} GPUs of {system.networks[net].name}")
@@ -213,7 +214,7 @@ def diagnose(problem: "Problem", skels, c: Context, time_limit_s: float = DIAGNO
     status = checked_solve(m, new_solver(deadline - time.perf_counter()))
     if status == cp_model.INFEASIBLE:
         sizes = ", ".join(f"{n.name} {n.size}" for n in system.networks)
-        reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts tp, tp·cp, tp·ep, tp·cp·pp and all GPUs on "
+        reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts tp, tp·cp, etp·ep, etp, tp·cp·pp and all GPUs on "
                        f"networks that span them ({sizes})")
         return reasons
     if status == cp_model.UNKNOWN or deadline <= time.perf_counter():

@@ -1,4 +1,4 @@
-"""How many mappings a space holds, in closed form over the (tp, cp, ep, pp) skeletons.
+"""How many mappings a space holds, in closed form over the (tp, cp, ep, etp, pp) skeletons.
 
 For one skeleton the count is
 
@@ -126,7 +126,7 @@ def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, 
         n_il, n_mb = len(sk.interleavings), len(sk.microbatches)
         here = n_il * n_mb * flags
         total += here
-        for name in ("tp", "cp", "ep", "pp", "dp", "batch"):
+        for name in ("tp", "cp", "ep", "etp", "pp", "dp", "batch"):
             breakdown[name][getattr(sk, name)] += here
         for il in sk.interleavings:
             breakdown["interleaving"][il] += n_mb * flags

@@ -4,7 +4,7 @@ read it.
 
 A mapping has two kinds of dimensions (costmodel.dimensions declares both):
 
-* the **skeleton** — tp, cp, ep, pp, dp and the global batch, fixed by the (tp, cp, ep, pp) split, and the
+* the **skeleton** — tp, cp, ep, etp, pp, dp and the global batch, fixed by the (tp, cp, ep, etp, pp) split, and the
   pipeline interleaving and microbatch, chosen given the split independently of each other
   (`skeletons` computes every valid split with its valid interleavings and microbatches,
   using each dimension's declared `fits` rule and the space's own rules below);
@@ -32,7 +32,8 @@ from typing import Iterator
 import numpy as np
 
 from costmodel.choices import PipelineSchedule, ShardingStage, TPOverlap
-from costmodel.dimensions import BY_NAME, DIMENSIONS, FLAGS, SKELETON_FACTS, SPLIT_DEGREES, Condition, Dimension
+from costmodel.dimensions import (BY_NAME, DIMENSIONS, FLAGS, GROUP_DEGREES, SKELETON_FACTS, SPLIT_DEGREES, Condition,
+                                  Dimension)
 from costmodel.errors import InputError
 from costmodel.model import Model
 from costmodel.pipeline import EMBEDDING_AND_LOSS_BLOCKS
@@ -193,12 +194,13 @@ def divisors(n: int) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Skeleton:
-    """One valid (tp, cp, ep, pp) split with its dp, global batch, and the valid
+    """One valid (tp, cp, ep, etp, pp) split with its dp, global batch, and the valid
     interleavings and microbatch sizes; every flag combination is allowed on top of it."""
 
     tp: int
     cp: int
     ep: int
+    etp: int
     pp: int
     dp: int
     batch: int
@@ -211,24 +213,42 @@ class Skeleton:
 
     @property
     def split(self) -> tuple[int, ...]:
-        """The split's degrees (tp, cp, ep, pp: costmodel.dimensions.SPLIT_DEGREES): what
+        """The split's degrees (tp, cp, ep, etp, pp: costmodel.dimensions.SPLIT_DEGREES): what
         identifies the skeleton (dp and batch follow)."""
         return tuple(getattr(self, name) for name in SPLIT_DEGREES)
 
     @property
-    def group(self) -> tuple[int, int, int]:
-        """(tp, cp, ep): the degrees one block's cost reads."""
-        return self.tp, self.cp, self.ep
+    def group(self) -> tuple[int, ...]:
+        """(tp, cp, ep, etp: costmodel.dimensions.GROUP_DEGREES): the degrees one block's cost reads."""
+        return tuple(getattr(self, name) for name in GROUP_DEGREES)
 
 
-_TP, _CP, _EP, _PP, _IL = BY_NAME["tp"], BY_NAME["cp"], BY_NAME["ep"], BY_NAME["pp"], BY_NAME["interleaving"]
+_TP, _CP, _EP, _ETP, _PP, _IL = (BY_NAME[name] for name in ("tp", "cp", "ep", "etp", "pp", "interleaving"))
+
+
+def expert_degrees(model: Model, num_gpus: int, space: Space) -> list[tuple[int, int]]:
+    """The (ep, etp) pairs any mapping of `model` on N GPUs may take, by their own rules (ep
+    divides num_experts, etp divides expert_feedforward, etp <= tp_max) and ep·etp dividing N
+    (it divides a stage's tp·cp·dp); (1, 1) for a dense model."""
+    if not model.num_experts:
+        return [(1, 1)]
+    pairs = []
+    for ep in divisors(model.num_experts):
+        if num_gpus % ep or not space.admits("ep", ep):
+            continue
+        for etp in divisors(num_gpus // ep):
+            if (etp <= space.tp_max and space.admits("etp", etp)
+                    and not _ETP.fits(model, None, {"tp": 1, "ep": ep, "etp": etp})):
+                pairs.append((ep, etp))
+    return pairs
 
 
 def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list[Skeleton]:
-    """Every valid (tp, cp, ep, pp) skeleton, in enumeration order (tp ascending, then cp,
-    ep, pp). tp, cp, ep and pp obey their declared `fits` rules, tp <= the space's tp_max,
-    cp <= its cp_max and divides N/tp, ep divides num_experts (1 for a dense model) and
-    dp·cp, pp divides N/(tp·cp) and lays the blocks out by the layout rule
+    """Every valid (tp, cp, ep, etp, pp) skeleton, in enumeration order (tp ascending, then
+    cp, ep, etp, pp). tp, cp, ep, etp and pp obey their declared `fits` rules, tp <= the space's
+    tp_max, cp <= its cp_max and divides N/tp, ep divides num_experts and etp
+    expert_feedforward (both 1 for a dense model), ep·etp divides tp·cp·dp (MoE parallel
+    folding), etp <= tp_max, pp divides N/(tp·cp) and lays the blocks out by the layout rule
     (`stage_interleavings`, with the interleavings valid on it); microbatches divide the local batch and, a
     rule of the space for every TP communication (Calculon's), split a GPU's
     microbatch·seq_size/cp tokens evenly over tp. Skeletons with no valid microbatch or
@@ -246,23 +266,22 @@ def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list
         for cp in divisors(min(num_gpus // tp, space.cp_max)):
             if _CP.fits(model, None, {"cp": cp}) or (num_gpus // tp) % cp or not space.admits("cp", cp):
                 continue
-            for ep in divisors(model.num_experts) if model.num_experts else (1,):
-                if (num_gpus // tp) % ep or not space.admits("ep", ep):
-                    continue
+            for ep, etp in expert_degrees(model, num_gpus, space):
                 for pp in divisors(num_gpus // (tp * cp)):
                     interleavings = stage_interleavings(model, pp, space)
                     if not interleavings or not space.admits("pp", pp):
                         continue
                     dp = num_gpus // (tp * cp * pp)
                     batch = space.batch_for(dp, max_batch)
-                    if (batch is None or _EP.fits(model, None, {"ep": ep, "cp": cp, "dp": dp})
+                    if (batch is None or _EP.fits(model, None, {"ep": ep})
+                            or _ETP.fits(model, None, {"tp": tp, "cp": cp, "dp": dp, "ep": ep, "etp": etp})
                             or not (space.admits("dp", dp) and space.admits("batch", batch))):
                         continue
                     interleavings = tuple(v for v in interleavings if space.admits("interleaving", v))
                     microbatches = tuple(m for m in divisors(batch // dp)
                                          if (m * model.seq_size) % (tp * cp) == 0 and space.admits("microbatch", m))
                     if interleavings and microbatches:
-                        result.append(Skeleton(tp, cp, ep, pp, dp, batch, interleavings, microbatches))
+                        result.append(Skeleton(tp, cp, ep, etp, pp, dp, batch, interleavings, microbatches))
     return result
 
 
@@ -281,8 +300,8 @@ def stage_interleavings(model: Model, pp: int, space: Space) -> tuple[int, ...]:
 
 def facts(skeleton: Skeleton, system: System) -> dict[str, int]:
     """The skeleton facts conditions may test."""
-    return {"tp": skeleton.tp, "cp": skeleton.cp, "ep": skeleton.ep, "pp": skeleton.pp, "dp": skeleton.dp,
-            "dp_cp": skeleton.dp * skeleton.cp, "offload": int(system.offload is not None)}
+    return {"tp": skeleton.tp, "cp": skeleton.cp, "ep": skeleton.ep, "etp": skeleton.etp, "pp": skeleton.pp,
+            "dp": skeleton.dp, "dp_cp": skeleton.dp * skeleton.cp, "offload": int(system.offload is not None)}
 
 
 def iter_flag_combinations(space: Space, known: dict[str, int], num_networks: int) -> Iterator[tuple[int, ...]]:
@@ -349,7 +368,7 @@ def _flag_table_cached(space: Space, known: tuple[tuple[str, int], ...], num_net
 
 def flag_table(space: Space, skeleton: Skeleton, system: System) -> np.ndarray:
     """All valid flag combinations on a skeleton, one row of codes each (columns in
-    `space.flags` order; read-only). Conditions only test tp, cp, ep, pp, dp and dp·cp
+    `space.flags` order; read-only). Conditions only test tp, cp, ep, etp, pp, dp and dp·cp
     against 1, so a few tables per (space, system) exist; they are cached."""
     return _flag_table_cached(space, coarse_facts(facts(skeleton, system)), len(system.networks))
 

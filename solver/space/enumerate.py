@@ -5,8 +5,8 @@ ascending, then cp, ep and pp ascending; inside a skeleton, interleaving ascendi
 ascending, then the flag combinations in lexicographic order of their codes in
 `Space.flags` order (recompute, tp_comm, tp_overlap, zero, seq_par_ag_redo,
 dp_overlap, weight_offload, activations_offload, optimizer_offload, tp_net, pp_net,
-dp_net). Since dp and batch follow from (tp, cp, ep, pp), this is the lexicographic order of
-the tuple (tp, cp, ep, pp, interleaving, microbatch, recompute, tp_comm, ..., dp_net).
+dp_net). Since dp and batch follow from (tp, cp, ep, etp, pp), this is the lexicographic order of
+the tuple (tp, cp, ep, etp, pp, interleaving, microbatch, recompute, tp_comm, ..., dp_net).
 
 The position of a mapping in that order is its **ordinal**. A chunk is a contiguous range
 of ordinals inside one skeleton: row r of skeleton s has interleaving index

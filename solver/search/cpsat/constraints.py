@@ -8,10 +8,17 @@ memory relaxation (HbmCapacity) lives with the objective in solver.search.cpsat.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from costmodel.dimensions import NETWORK_GROUPS
+from costmodel.dimensions import (
+    DEGREES,
+    GROUP_DEGREES,
+    GROUP_SPAN,
+    NETWORK_GROUPS,
+    SPLIT_DEGREES,
+)
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import Evaluation
 from costmodel.mapping import Mapping
@@ -99,33 +106,41 @@ class ContextDivisibility(Constraint):
 
 
 class ExpertDivisibility(Constraint):
-    """Megatron-LM without MoE parallel folding: the expert-parallel group is carved from the
-    data- and context-parallel GPUs (megatron/core/parallel_state.py initialize_model_parallel
-    asserts that ep divides the data-parallel size with context parallelism), and each GPU of
-    it holds num_experts/ep whole experts."""
+    """MoE parallel folding (Megatron-LM megatron/core/parallel_state.py
+    initialize_model_parallel, its expert rank generator; Liu et al. 2025): each GPU of an
+    expert-parallel group holds num_experts/ep whole experts, each split etp ways
+    (expert_feedforward/etp columns), and the expert groups tile the tp·cp·dp GPUs of a
+    pipeline stage, so ep·etp divides tp·cp·dp."""
 
     name = "expert divisibility"
 
     def describe(self, p):
         if not p.model.num_experts:
-            return "ep = 1 (a dense model has no experts)"
-        return f"ep divides num_experts ({p.model.num_experts}) and dp·cp"
+            return "ep = etp = 1 (a dense model has no experts)"
+        return (f"ep divides num_experts ({p.model.num_experts}); etp divides expert_feedforward "
+                f"({p.model.expert_feedforward}), etp <= {p.space.tp_max}; ep·etp divides tp·cp·dp")
 
     def add(self, m, v, p):
-        # On the literals, not as a product of variables: an ep value that does not divide
-        # num_experts is ruled out, and so is every (tp, cp, ep, pp) split whose dp·cp =
-        # N/(tp·pp) ep does not divide.
+        # On the literals, not as a product of variables: an ep or etp value its own rule
+        # refuses is ruled out, and so is every (tp, cp, ep, etp, pp) split whose tp·cp·dp =
+        # N/pp ep·etp does not divide.
+        experts, width = p.model.num_experts, p.model.expert_feedforward
         for ep, lit in v.ep.is_.items():
-            if ep > 1 and (not p.model.num_experts or p.model.num_experts % ep):
+            if ep > 1 and (not experts or experts % ep):
                 m.AddBoolOr([lit.Not()])
-        for (t, c, e, q), lit in v.split.items():
-            if (p.num_gpus // (t * q)) % e:
+        for etp, lit in v.etp.is_.items():
+            if etp > 1 and (not experts or width % etp or etp > p.space.tp_max):
+                m.AddBoolOr([lit.Not()])
+        for (t, c, e, x, q), lit in v.split.items():
+            if (p.num_gpus // q) % (e * x):
                 m.AddBoolOr([lit.Not()])
 
     def violation(self, mapping, evaluation, p):
-        ep = mapping.ep
-        experts = p.model.num_experts
-        return float((mapping.dp * mapping.cp) % ep + (experts % ep if experts else ep - 1))
+        ep, etp = mapping.ep, mapping.etp
+        experts, width = p.model.num_experts, p.model.expert_feedforward
+        fold = (mapping.tp * mapping.cp * mapping.dp) % (ep * etp)
+        return float(fold + (experts % ep if experts else ep - 1) + (width % etp if experts else etp - 1)
+                     + max(0, etp - p.space.tp_max))
 
 
 class PipelineDivisibility(Constraint):
@@ -221,7 +236,7 @@ def _fact_literal(m: cp_model.CpModel, v: Variables, p: Problem, subject: str):
         for part in parts:
             m.AddImplication(part, either)
         return either
-    dim = {"tp": v.tp, "cp": v.cp, "ep": v.ep, "pp": v.pp, "dp": v.dp}[subject]
+    dim = getattr(v, subject)                   # a degree's one-hot (costmodel.dimensions.DEGREES)
     return dim.is_[1].Not() if 1 in dim.is_ else m.NewConstant(1)
 
 
@@ -256,7 +271,7 @@ class FlagRules(Constraint):
     def violation(self, mapping, evaluation, p):
         """How many flags take a value their rule forbids (pinned but moved, or outside the domain)."""
         codes = MappingArrays.from_mappings([mapping])
-        values = {"tp": mapping.tp, "cp": mapping.cp, "ep": mapping.ep, "pp": mapping.pp, "dp": mapping.dp,
+        values = {**{d.name: mapping.value(d.name) for d in DEGREES},
                   "dp_cp": mapping.dp * mapping.cp, "offload": int(p.system.offload is not None)}
         wrong = 0
         for dim in p.space.flags:
@@ -270,23 +285,34 @@ class FlagRules(Constraint):
 
 def group_span_expressions(v: Variables, num_gpus: int) -> tuple:
     """The GPUs each group of costmodel.dimensions.NETWORK_GROUPS spans (GROUP_SPAN), as
-    CP-SAT expressions: tp; tp·cp (one literal per pair); tp·ep (one per (tp, cp, ep)
-    group); tp·cp·pp (one per split); every GPU."""
-    return (v.tp.var, sum(t * c * lit for (t, c), lit in v.tp_cp.items()),
-            sum(t * e * lit for (t, _, e), lit in v.group.items()),
-            sum(t * c * q * lit for (t, c, _, q), lit in v.split.items()), num_gpus)
+    CP-SAT expressions over the smallest combination literals that know its degrees: tp's
+    one-hot, the (tp, cp) pairs, the (ep, etp) pairs, the (tp, cp, ep, etp) groups, the
+    splits; a group spanning dp spans every GPU (tp·cp·pp·dp = N)."""
+    keyed = ((("tp",), {(t,): lit for t, lit in v.tp.is_.items()}), (("tp", "cp"), v.tp_cp),
+             (("ep", "etp"), v.ep_etp), (GROUP_DEGREES, v.group), (SPLIT_DEGREES, v.split))
+    out = []
+    for degree, _ in NETWORK_GROUPS:
+        span = GROUP_SPAN[degree]
+        if "dp" in span:
+            out.append(num_gpus)
+            continue
+        names, literals = next((names, lits) for names, lits in keyed if set(span) <= set(names))
+        at = [names.index(factor) for factor in span]
+        out.append(sum(math.prod(key[i] for i in at) * lit for key, lit in literals.items()))
+    return tuple(out)
 
 
 class NetworkFit(Constraint):
-    """The network carrying a dimension spans at least its group (tp, tp·cp, tp·ep,
-    tp·cp·pp, N GPUs); a must-be-filled network is spanned whole by its widest group."""
+    """The network carrying a dimension spans at least its group (tp, tp·cp, etp·ep, etp,
+    tp·cp·pp, N GPUs: GROUP_SPAN); a must-be-filled network is spanned whole by its widest group."""
 
     name = "network size"
 
     def describe(self, p):
         sizes = ", ".join(f"{n.name} {n.size}" for n in p.system.networks)
-        return (f"tp, tp·cp, tp·ep, tp·cp·pp and all {p.num_gpus} GPUs fit the networks carrying tp, cp, ep, pp, "
-                f"dp ({sizes})")
+        spans = ", ".join("·".join(GROUP_SPAN[name]) if "dp" not in GROUP_SPAN[name] else f"all {p.num_gpus} GPUs"
+                          for name, _ in NETWORK_GROUPS)
+        return (f"{spans} fit the networks carrying {', '.join(name for name, _ in NETWORK_GROUPS)} ({sizes})")
 
     def add(self, m, v, p):
         span_of = group_span_expressions(v, p.num_gpus)

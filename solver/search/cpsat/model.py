@@ -35,5 +35,5 @@ def structure_model(problem: Problem, skels, flags=None) -> tuple[cp_model.CpMod
 
 
 def local_batches(problem: Problem, v: Variables) -> dict:
-    """batch/dp of every (tp, cp, ep, pp) split the variables allow (1 where no batch exists)."""
+    """batch/dp of every (tp, cp, ep, etp, pp) split the variables allow (1 where no batch exists)."""
     return local_batches_of(v.split, problem.num_gpus, problem.space, problem.max_batch)

@@ -13,7 +13,7 @@ How: the exact iteration time is bounded below by a sum of products,
 communication, recompute and unhidden offload traffic; H the output layer; P2P one
 pipeline send; DP the data-parallel reduction, of which overlap hides at most all but the
 compute it steals; OPT the optimizer step), each factor an exact table of the model over
-a few dimensions ((tp, cp, ep, microbatch), the (tp, cp, ep, pp) split) minimised over the flags it does not
+a few dimensions ((tp, cp, ep, etp, microbatch), the (tp, cp, ep, etp, pp) split) minimised over the flags it does not
 read (solver.search.cpsat.tables); B has one table per combination of the flags it reads. Expanded, each product term is exp(y) with y a sum of
 logarithms — linear in the one-hot Booleans — and exp(y) is bounded below by tangent lines
 (exp is convex). Memory is the same with one product term (stored activations × blocks in
@@ -76,7 +76,7 @@ class Bounds:
     objective_terms: list
     memory_terms: list
     quantization: Quantization
-    block_floors: dict      # (tp, cp, ep, pp, interleaving, microbatch) -> surrogate lower bound, s
+    block_floors: dict      # (tp, cp, ep, etp, pp, interleaving, microbatch) -> surrogate lower bound, s
 
     def objective(self):
         return sum(self.objective_terms)
@@ -86,8 +86,8 @@ class Bounds:
 
     def add_floor_cuts(self, m: cp_model.CpModel, v: Variables, exclude=()) -> None:
         """Cuts from the block floors of the blocks not in `exclude` (those already scored and
-        cut): objective >= the smallest floor of the (tp, cp, ep, pp) split, and of the (tp, cp,
-        ep, microbatch) group, that a solution picks; a split or triple with nothing left is
+        cut): objective >= the smallest floor of the (tp, cp, ep, etp, pp) split, and of the (tp, cp,
+        ep, etp, microbatch) group, that a solution picks; a split or triple with nothing left is
         forbidden. Valid inequalities: they never exclude an unscored mapping.
 
         Exactly one split and one pair literal is true, so each family is one linear
@@ -122,16 +122,16 @@ class Bounds:
 
 
 def floor_families(block_floors: dict, v: Variables, skip) -> tuple:
-    """The smallest block floor of each (tp, cp, ep, pp) split and of each (tp, cp, ep,
+    """The smallest block floor of each (tp, cp, ep, etp, pp) split and of each (tp, cp, ep, etp,
     microbatch) group over the blocks not in `skip`, each with the literals it is keyed by."""
     by_split: dict = {}
     by_group_mb: dict = {}
     for key, floor in block_floors.items():
         if key in skip:
             continue
-        t, c, e, p, _, mb = key
-        by_split[(t, c, e, p)] = min(by_split.get((t, c, e, p), math.inf), floor)
-        by_group_mb[(t, c, e, mb)] = min(by_group_mb.get((t, c, e, mb), math.inf), floor)
+        split, group_mb = key.split, (*key.split[:-1], key.microbatch)     # the split less pp, and the microbatch
+        by_split[split] = min(by_split.get(split, math.inf), floor)
+        by_group_mb[group_mb] = min(by_group_mb.get(group_mb, math.inf), floor)
     return (by_split, v.split), (by_group_mb, v.group_mb)
 
 
@@ -144,7 +144,7 @@ def _units(value: float, divisor: float) -> int:
 class SplitLogs:
     """The logarithms every product term is built from, over the model's literals."""
 
-    local: dict               # (tp, cp, ep, pp) -> batch/dp
+    local: dict               # (tp, cp, ep, etp, pp) -> batch/dp
     pp_values: dict
     pp_minus_1: dict
     mb_values: dict
@@ -193,10 +193,10 @@ def add_time_terms(m: cp_model.CpModel, v: Variables, tables: Tables, logs: Spli
         pp_gt1 = None
     else:
         pp_gt1 = [v.pp.is_[1].Not()]
-    t_ref = min(logs.local[(t, c, e, p)] * logs.time_blocks[p]
-                * min(tables.compute[(t2, c2, e2, mb)] / mb for (t2, c2, e2, mb) in tables.tm_keys
-                      if (t2, c2, e2) == (t, c, e))
-                for (t, c, e, p) in v.split)
+    t_ref = min(logs.local[split] * logs.time_blocks[split[-1]]
+                * min(tables.compute[group_mb] / group_mb[-1] for group_mb in tables.tm_keys
+                      if group_mb[:-1] == split[:-1])
+                for split in v.split)
     unit = t_ref / UNITS_PER_REFERENCE
     ceiling = t_ref * CEILING_REFERENCES
 
@@ -310,7 +310,7 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
                skeletons=None, tables: Tables | None = None) -> Bounds:
     """Add the time objective terms and, unless `hbm_capacity_bytes` is None, the HBM lower
     bound (constrained to the capacity when `enforce_hbm`) and the offload capacity.
-    `local_batch[(tp, cp, ep, pp)]` is batch/dp of that split; `tables`: the exact model's
+    `local_batch[(tp, cp, ep, etp, pp)]` is batch/dp of that split; `tables`: the exact model's
     tables over these variables' keys when already built (Tables of the same arguments)."""
     tables = tables or Tables(c, v, num_gpus, tp_overlaps, len(c.net_size))
     # Blocks per stage, bounded below for uneven layouts (costmodel.pipeline): in time, the

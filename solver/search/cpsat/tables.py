@@ -17,8 +17,9 @@ import numpy as np
 from costmodel.comm import collective_s
 from costmodel.context import Context
 from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm
-from costmodel.dimensions import DIMENSIONS, BlockKey
+from costmodel.dimensions import DIMENSIONS, GROUP_DEGREES, NETWORK_GROUPS, SPLIT_DEGREES, BlockKey, group_spans
 from costmodel.encoding import MappingArrays, code
+from costmodel.moe import moe_communication
 from costmodel.iteration import RESIDENT_BLOCKS, block_terms, bubble_microbatches, iteration_terms, output_layer_s
 from costmodel.pipeline import stage_blocks, stage_blocks_in_flight
 from costmodel.evaluate import array_fields
@@ -30,6 +31,10 @@ if TYPE_CHECKING:          # OR-Tools is imported only where a CP-SAT model is b
     from ortools.sat.python import cp_model
 
     from solver.search.cpsat.variables import Variables
+
+TABLE_CHUNK_ROWS = 1 << 18
+"""Rows of the block grid evaluated at once (a whole number of keys): bounds the memory the
+block's intermediate terms take while the tables are built."""
 
 FIT_SLACK = 1 + 1e-9
 """Block floors test exact footprints against capacities with this relative slack, so that
@@ -119,9 +124,9 @@ class Named:
 
 
 class SplitKeys:
-    """The (tp, cp, ep, microbatch) groups and (tp, cp, ep, pp) splits some skeleton has, in
-    the order the CP-SAT variables list them (solver.search.cpsat.variables: sorted): what
-    the tables are keyed by, known without building a CP-SAT model."""
+    """The (tp, cp, ep, etp, microbatch) groups and (tp, cp, ep, etp, pp) splits some skeleton
+    has, in the order the CP-SAT variables list them (solver.search.cpsat.variables: sorted):
+    what the tables are keyed by, known without building a CP-SAT model."""
 
     def __init__(self, skeletons):
         self.group_mb = sorted({(*s.group, mb) for s in skeletons for mb in s.microbatches})
@@ -129,39 +134,43 @@ class SplitKeys:
 
 
 def local_batches_of(splits, num_gpus: int, space: Space, max_batch: int) -> dict:
-    """batch/dp of every (tp, cp, ep, pp) split of `splits` (1 where no batch exists)."""
+    """batch/dp of every (tp, cp, ep, etp, pp) split of `splits` (SPLIT_DEGREES; 1 where no
+    batch exists)."""
     out = {}
-    for (t, c, e, p) in splits:
-        dp = num_gpus // (t * c * p)
+    for split in splits:
+        degrees = dict(zip(SPLIT_DEGREES, split))
+        dp = num_gpus // (degrees["tp"] * degrees["cp"] * degrees["pp"])
         batch = space.batch_for(dp, max_batch)
-        out[(t, c, e, p)] = max(1, (batch or 1) // dp)
+        out[split] = max(1, (batch or 1) // dp)
     return out
 
 
 BLOCK_TABLES = ("block", "block_zb", "compute", "head", "p2p", "stored", "workspace")
-"""The tables over (tp, cp, ep, microbatch): they read neither the GPU count nor the batch
-(dp, pp and the batch stay at their defaults), so searches of one problem at several GPU
-counts share them (BlockTableCache)."""
+"""The tables over (tp, cp, ep, etp, microbatch): they read neither the GPU count nor the
+batch (dp, pp and the batch stay at their defaults), so searches of one problem at several
+GPU counts share them (BlockTableCache)."""
 
 
 class BlockTableCache:
-    """The (tp, cp, ep, microbatch) tables of one exact-model context, each group computed
-    once: Tables of that context at any GPU count take the cached tables (which may hold more
-    groups than theirs) and compute only the groups missing. Keyed also by the TP overlaps,
-    the networks and the CP and EP network axes the grid minimises over, so each group's
-    entry is what Tables would compute itself."""
+    """The (tp, cp, ep, etp, microbatch) tables of one exact-model context, each group
+    computed once: Tables of that context at any GPU count take the cached tables (which may
+    hold more groups than theirs) and compute only the groups missing. Keyed also by the TP
+    overlaps, the networks and the TP and CP network axes the grid minimises over (the CP
+    axis has every network only when some group has cp > 1), so each group's entry is what
+    Tables would compute itself; the EP and ETP networks are chosen per group
+    (best_expert_networks), from that group alone."""
 
     def __init__(self):
         self._stores: dict[tuple, dict] = {}
 
     def lookup(self, c: Context, tm_keys: list, tp_overlaps: tuple, networks: int) -> dict:
         """Each BLOCK_TABLES table, holding at least the groups `tm_keys`."""
-        cp_nets, ep_nets = _net_axes(tm_keys, networks)
-        key = (tuple(tp_overlaps), networks, cp_nets, ep_nets)
+        block_nets = _block_net_axes(tm_keys, networks)
+        key = (tuple(tp_overlaps), networks, tuple(block_nets.items()))
         store = self._stores.get(key)
         missing = tm_keys if store is None else [k for k in tm_keys if k not in store["compute"]]
         if missing:
-            fresh = _block_tables(c, missing, tp_overlaps, networks, cp_nets, ep_nets)
+            fresh = _block_tables(c, missing, tp_overlaps, networks, block_nets)
             if store is None:
                 store = self._stores[key] = fresh
             else:
@@ -179,39 +188,74 @@ def _merge(into: dict, more: dict) -> None:
         into.update(more)
 
 
-def _net_axes(tm_keys, networks: int) -> tuple[tuple, tuple]:
-    """The CP and EP network axes of the block grid: every network when some group has that
-    degree above 1, else the first only (a group of one fits any)."""
+def _block_net_axes(tm_keys, networks: int) -> dict[str, tuple]:
+    """The TP and CP network axes of the block grid (NETWORK_GROUPS): every network for tp,
+    and for cp when some group has cp > 1, else the first only (a group of one fits any)."""
     nets = tuple(range(networks))
-    return (nets if any(k[1] > 1 for k in tm_keys) else (0,)), (nets if any(k[2] > 1 for k in tm_keys) else (0,))
+    at = GROUP_DEGREES.index("cp")
+    return {net: (nets if name == "tp" or any(k[at] > 1 for k in tm_keys) else (0,))
+            for name, net in NETWORK_GROUPS if name in ("tp", "cp")}
 
 
-def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, cp_nets, ep_nets) -> dict:
-    """The BLOCK_TABLES over the (tp, cp, ep, microbatch) groups `tm_keys` (see Tables)."""
+def best_expert_networks(c: Context, keys, networks: int) -> dict[str, np.ndarray]:
+    """For each (tp, cp, ep, etp, microbatch) key, the network of the ep group and of the etp
+    group whose own collectives take least time (costmodel.moe.moe_communication: the
+    all-to-alls on ep's, the routed rows' gather and scatter on etp's), among the networks
+    each group fits (all of them when it fits none: a lower bound still). Nothing else in a
+    block reads these two networks, and a block's time (its forward, backward, recompute
+    and the offload they leave exposed) never falls as either collective grows, so these
+    choices give exactly the minimum over both network axes, without a grid axis each."""
+    size = np.asarray(c.net_size)
+    tokens = keys.microbatch * c.seq / keys.cp
+    spans = {name: span for name, _, span, _ in group_spans(keys)}
+    out = {}
+    for name, net in (("ep", "ep_net"), ("etp", "etp_net")):
+        if not c.moe_blocks:
+            out[net] = np.zeros(len(tokens), dtype=np.intp)
+            continue
+        times = []
+        for k in range(networks):
+            comm = moe_communication(c, ArrayOps, tokens, keys.tp, keys.ep, keys.etp, np.full(len(tokens), k),
+                                     np.full(len(tokens), k))
+            times.append(comm.dispatch_s + comm.combine_s if name == "ep" else comm.tp_gather_s + comm.tp_scatter_s)
+        times = np.stack(np.broadcast_arrays(*times))                                   # [networks, keys]
+        fit = (getattr(keys, name) == 1)[None, :] | (spans[name][None, :] <= size[:, None])
+        masked = np.where(fit, times, np.inf)
+        out[net] = np.where(np.isfinite(masked).any(axis=0), masked.argmin(axis=0), times.argmin(axis=0)).astype(np.intp)
+    return out
+
+
+def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, block_nets: dict) -> dict:
+    """The BLOCK_TABLES over the (tp, cp, ep, etp, microbatch) groups `tm_keys` (see Tables),
+    the grid's TP and CP network axes `block_nets` (_block_net_axes)."""
     nets = list(range(networks))
     tm = np.array(tm_keys, dtype=float)
 
     def by_tm(values: np.ndarray) -> dict:
         return {k: float(x) for k, x in zip(tm_keys, values)}
 
-    # ---- block tables over (tp, cp, ep, microbatch) × comm × overlap × redo × recompute ×
-    # offloads × TP network × CP network × EP network ----
+    # ---- block tables over (tp, cp, ep, etp, microbatch) × comm × overlap × redo ×
+    # recompute × offloads × the TP and CP networks; the EP and ETP networks per key ----
+    group_at = {name: i for i, name in enumerate(GROUP_DEGREES)}
+    keys = _namespace(**{name: tm[:, i] for name, i in group_at.items()}, microbatch=tm[:, len(group_at)])
+    expert_nets = best_expert_networks(c, keys, networks)
     cols, grid = Named.grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2],
                             seq_par_ag_redo=[False, True], recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE],
-                            weight_offload=[False, True], activations_offload=[False, True], tp_net=nets,
-                            cp_net=list(cp_nets), ep_net=list(ep_nets))
-    ns = _namespace(tp=tm[cols["key"], 0], cp=tm[cols["key"], 1], ep=tm[cols["key"], 2], microbatch=tm[cols["key"], 3],
-                    **{k: v_ for k, v_ in cols.items() if k != "key"})
-    blk = block_terms(c, ns, ArrayOps)
-    act = blk.activations
-
-    # The TP, CP and EP networks a group fits (evaluate.network_checks; a group of one fits
-    # any): a mapping putting a group on a network too small for it is infeasible, so the
-    # minimum over the networks only needs to run over those that fit.
+                            weight_offload=[False, True], activations_offload=[False, True],
+                            **{net: list(axis) for net, axis in block_nets.items()})
+    # (evaluated a few keys at a time: the block's intermediate terms over the whole grid
+    # would take gigabytes; only the sums the tables keep stay whole)
     size = np.asarray(c.net_size)
-    fits = grid.of(((ns.tp == 1) | (ns.tp <= size[ns.tp_net])) & ((ns.cp == 1) | (ns.tp * ns.cp <= size[ns.cp_net]))
-                   & ((ns.ep == 1) | (ns.tp * ns.ep <= size[ns.ep_net])))
-    networks_axes = ("tp_net", "cp_net", "ep_net")
+    rows_per_key = len(cols["key"]) // len(tm)
+    keys_per_chunk = max(1, TABLE_CHUNK_ROWS // rows_per_key)
+    parts: dict[str, list] = {}
+    for first_key in range(0, len(tm), keys_per_chunk):
+        rows = slice(first_key * rows_per_key, min(len(tm), first_key + keys_per_chunk) * rows_per_key)
+        for name, values in _block_rows(c, tm, cols, rows, group_at, expert_nets, size, nets).items():
+            parts.setdefault(name, []).append(values)
+    whole = {name: np.concatenate(chunks) for name, chunks in parts.items()}
+    fits = grid.of(whole["fits"])
+    networks_axes = tuple(block_nets)
 
     def by_block_flags(values) -> dict:
         """One table per combination of the flags a block reads (BLOCK_FLAGS), minimised
@@ -225,22 +269,18 @@ def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
     out = {}
     # one block, one microbatch, forward + backward + recompute + exposed TP and offload:
     # exact for every flag combination the block reads
-    out["block"] = by_block_flags(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
-                                  + blk.offload_bwd_s)
+    out["block"] = by_block_flags(whole["block"])
     # the same block in a ZB-H1 bubble: less twice its weight-gradient GEMMs (costmodel.iteration)
-    out["block_zb"] = by_block_flags(blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s
-                                     + blk.offload_bwd_s - 2 * blk.weight_grad_gemm_s)
-    out["compute"] = by_tm(grid.of(blk.compute_fwd_s + blk.compute_bwd_s).min().values)
-    out["head"] = by_tm(3 * grid.of(output_layer_s(c, ns, ArrayOps)).min().values)
-    p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
-                                 np.full(len(ns.tp), k)) for k in nets]).min(axis=0)
+    out["block_zb"] = by_block_flags(whole["block_zb"])
+    out["compute"] = by_tm(grid.of(whole["compute"]).min().values)
+    out["head"] = by_tm(3 * grid.of(whole["head"]).min().values)
     # With overlapped sends (costmodel.pipeline_time) the exposed part can be 0: a lower bound.
-    out["p2p"] = by_tm(grid.of(p2p * (0.0 if c.pp_comm_overlap else 1.0)).min().values)
+    out["p2p"] = by_tm(grid.of(whole["p2p"] * (0.0 if c.pp_comm_overlap else 1.0)).min().values)
     # activation classes: the (TP communication, AG redo) that realise each class, with
     # no offload, TP overlap and networks at their first values (memory reads none of them)
     cls_rows = {"no_sp": (0, False), "sp": (TP_COMM_RS_AG, False), "sp_redo": (TP_COMM_RS_AG, True)}
-    first = dict(tp_overlap=0, weight_offload=False, activations_offload=False, tp_net=0, cp_net=0, ep_net=0)
-    stored, workspace = grid.of(act.stored), grid.of(act.workspace)
+    first = dict(tp_overlap=0, weight_offload=False, activations_offload=False, **{net: 0 for net in block_nets})
+    stored, workspace = grid.of(whole["stored"]), grid.of(whole["workspace"])
     out["stored"] = {(rc, cls): by_tm(stored.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc, **first).values)
                      for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
     out["workspace"] = {(rc, cls): by_tm(workspace.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc,
@@ -249,11 +289,37 @@ def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
     return out
 
 
+def _block_rows(c: Context, tm: np.ndarray, cols: dict, rows: slice, group_at: dict, expert_nets: dict,
+                size: np.ndarray, nets: list) -> dict[str, np.ndarray]:
+    """The block grid's rows `rows`: what the block tables keep of one block's terms (its
+    time, in a ZB-H1 bubble too, compute, output layer, sends, stored activations and
+    workspace) and whether its TP and CP groups fit their networks (evaluate.network_checks;
+    a group of one fits any: a mapping putting a group on a network too small for it is
+    infeasible, so the minimum over the networks only needs to run over those that fit)."""
+    key = cols["key"][rows]
+    ns = _namespace(**{name: tm[key, i] for name, i in group_at.items()}, microbatch=tm[key, len(group_at)],
+                    **{k: v_[rows] for k, v_ in cols.items() if k != "key"},
+                    **{net: best[key] for net, best in expert_nets.items()})
+    n = len(key)
+    blk = block_terms(c, ns, ArrayOps)
+    total = blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s + blk.offload_bwd_s
+    fits = np.ones(n, dtype=bool)
+    for name, degree, span, net in group_spans(ns):
+        if name in ("tp", "cp"):
+            fits &= (degree == 1) | (span <= size[net])
+    p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
+                                 np.full(n, k)) for k in nets]).min(axis=0)
+    out = {"block": total, "block_zb": total - 2 * blk.weight_grad_gemm_s,
+           "compute": blk.compute_fwd_s + blk.compute_bwd_s, "head": output_layer_s(c, ns, ArrayOps),
+           "p2p": p2p, "stored": blk.activations.stored, "workspace": blk.activations.workspace, "fits": fits}
+    return {name: np.broadcast_to(values, (n,)) for name, values in out.items()}
+
+
 class Tables:
-    """Exact-model tables over (tp, cp, ep, microbatch) and the (tp, cp, ep, pp) split,
-    minimised over the flags they do not read. `v`: anything listing the keys (`group_mb`,
-    `split`): the CP-SAT Variables or SplitKeys. `cache`: the (tp, cp, ep, microbatch)
-    tables shared with other GPU counts of the same context (BlockTableCache)."""
+    """Exact-model tables over (tp, cp, ep, etp, microbatch) and the (tp, cp, ep, etp, pp)
+    split, minimised over the flags they do not read. `v`: anything listing the keys
+    (`group_mb`, `split`): the CP-SAT Variables or SplitKeys. `cache`: the (tp, cp, ep, etp,
+    microbatch) tables shared with other GPU counts of the same context (BlockTableCache)."""
 
     def __init__(self, c: Context, v: Variables | SplitKeys, num_gpus: int, tp_overlaps: tuple[int, ...],
                  networks: int, cache: BlockTableCache | None = None):
@@ -264,22 +330,24 @@ class Tables:
         if cache is not None:
             block = cache.lookup(c, self.tm_keys, tp_overlaps, networks)
         else:
-            block = _block_tables(c, self.tm_keys, tp_overlaps, networks, *_net_axes(self.tm_keys, networks))
+            block = _block_tables(c, self.tm_keys, tp_overlaps, networks, _block_net_axes(self.tm_keys, networks))
         self.block, self.block_zb, self.compute, self.head, self.p2p, self.stored, self.workspace = (
             block[name] for name in BLOCK_TABLES)
 
-        # ---- stage tables over (tp, cp, ep, pp) × sharding stage × offload flags × net ----
+        # ---- stage tables over (tp, cp, ep, etp, pp) × sharding stage × offload flags × net ----
         # (with one microbatch per replica: ZeRO-2/3 traffic grows with the microbatches, so
         # the DP table, minimised over every stage, stays a lower bound for any count)
         tpp = np.array(self.tp_keys, dtype=float)
         stages = list(range(len(ShardingStage)))
         cols, grid = Named.grid(key=np.arange(len(tpp)), zero=stages, weight_offload=[False, True],
                                 optimizer_offload=[False, True], dp_net=nets)
-        t_, c_, e_, p_ = (tpp[cols["key"], i] for i in range(4))
+        split = {name: tpp[cols["key"], i] for i, name in enumerate(SPLIT_DEGREES)}
+        t_, c_, p_ = split["tp"], split["cp"], split["pp"]
         dp = num_gpus // (t_ * c_ * p_).astype(np.int64)
-        # (the gradient group's network is dp's when dp > 1, else cp's: the same grid axis)
-        ns = _namespace(tp=t_, cp=c_, ep=e_, pp=p_, dp=dp, batch=dp, microbatch=np.ones(len(t_)),
-                        cp_net=cols["dp_net"], **{k: v_ for k, v_ in cols.items() if k != "key"})
+        # (the gradient group's network is dp's when dp > 1, else cp's, else tp's — with dp =
+        # cp = 1 only an MoE's expert group reduces —: the same grid axis)
+        ns = _namespace(**split, dp=dp, batch=dp, microbatch=np.ones(len(t_)),
+                        cp_net=cols["dp_net"], tp_net=cols["dp_net"], **{k: v_ for k, v_ in cols.items() if k != "key"})
         terms = iteration_terms(c, ns, ArrayOps)
 
         # Exposed + stolen DP time is at least usage × the reduction time (overlap hides at
@@ -287,7 +355,8 @@ class Tables:
         # over the networks the gradient group's carrier fits: dp's spans every GPU, cp's
         # (carrying it when dp = 1) tp·cp.
         usage = np.minimum(1.0, np.asarray(c.net_usage)[ns.dp_net])
-        grad_fits = grid.of(((dp == 1) | (num_gpus <= size[ns.dp_net])) & ((c_ == 1) | (t_ * c_ <= size[ns.dp_net])))
+        grad_fits = grid.of(((dp == 1) | (num_gpus <= size[ns.dp_net])) & ((c_ == 1) | (t_ * c_ <= size[ns.dp_net]))
+                            & ((dp > 1) | (c_ > 1) | (t_ == 1) | (t_ <= size[ns.dp_net])))
         self.dp_comm = self._by_tp(grid.of(terms.dp_comm_s * usage).min(where=grad_fits).values)
         # keyed by the sharding stage (code z) and the offload switches they read
         optimizer = grid.of(terms.optimizer_s)
@@ -312,13 +381,13 @@ class Tables:
 
 def offers_zero_bubble(space: Space, num_networks: int) -> bool:
     """Whether some mapping of the space (with pp > 1) may run ZB-H1."""
-    known = {"tp": 2, "cp": 2, "ep": 2, "pp": 2, "dp": 2, "dp_cp": 2, "offload": 1}
+    known = {**{name: 2 for name, _ in NETWORK_GROUPS}, "dp_cp": 2, "offload": 1}
     return (SCHED_ZB_H1,) in flag_projection(space, ("sched",), known, num_networks)
 
 
 def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, local_batch: dict, has_offload: bool,
                        num_networks: int, hbm_capacity_bytes: float) -> dict:
-    """For each (tp, cp, ep, pp, interleaving, microbatch) block, the smallest value the surrogate
+    """For each (tp, cp, ep, etp, pp, interleaving, microbatch) block, the smallest value the surrogate
     time takes over the memory-relevant flags whose HBM and offload footprints fit (inf when
     none does). Computed with numpy from the surrogate's own tables, with the pipeline
     bubble and the blocks in flight exactly as the model counts them for this interleaving
@@ -329,7 +398,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
     cannot."""
     blocks = c.blocks
     # every valid assignment of the flags a block reads (the space's own rules, tp, pp, dp > 1)
-    known = {"tp": 2, "cp": 2, "ep": 2, "pp": 2, "dp": 2, "dp_cp": 2, "offload": int(has_offload)}
+    known = {**{name: 2 for name, _ in NETWORK_GROUPS}, "dp_cp": 2, "offload": int(has_offload)}
     combos = sorted(flag_projection(space, BLOCK_FLAGS, known, num_networks))
     zero_codes = tuple(code for (code,) in flag_projection(space, ("zero",), known, num_networks))
     zero_bubble = offers_zero_bubble(space, num_networks)

@@ -1,10 +1,11 @@
 """The CP-SAT variables of a mapping, built from the space declaration, and their decoding.
 
-Skeleton dimensions are integer variables (tp, cp, ep, pp, dp, batch, interleaving,
+Skeleton dimensions are integer variables (tp, cp, ep, etp, pp, dp, batch, interleaving,
 microbatch) with one Boolean per value (`tp[8]`, `pp[16]`, ...), linked both ways; flags get
 one Boolean per code (`recompute[full]`, `tp_net[1]`). Combinations of skeleton values that
-the objective and memory tables need — the (tp, cp) pair, the (tp, cp, ep) group, the (tp,
-cp, ep, pp) split and the (tp, cp, ep, microbatch) group_mb — get a Boolean each that is the
+the objective and memory tables need — the (tp, cp) pair, the (ep, etp) pair, the (tp, cp,
+ep, etp) group, the (tp, cp, ep, etp, pp) split and the (tp, cp, ep, etp, microbatch)
+group_mb — get a Boolean each that is the
 AND of its parts' Booleans. The
 domains are the values any valid mapping can take (read off the space's skeletons); which
 combinations are valid is left to the constraints.
@@ -74,6 +75,7 @@ class Variables:
         self.tp = one_hot(model, "tp", {s.tp for s in skeletons})
         self.cp = one_hot(model, "cp", {s.cp for s in skeletons})
         self.ep = one_hot(model, "ep", {s.ep for s in skeletons})
+        self.etp = one_hot(model, "etp", {s.etp for s in skeletons})
         self.pp = one_hot(model, "pp", {s.pp for s in skeletons})
         self.dp = one_hot(model, "dp", {s.dp for s in skeletons})
         self.batch = model.NewIntVarFromDomain(cp_model.Domain.FromValues(sorted({s.batch for s in skeletons})), "batch")
@@ -89,7 +91,9 @@ class Variables:
         splits = {s.split for s in skeletons}
         group_mbs = {(*s.group, mb) for s in skeletons for mb in s.microbatches}
         self.tp_cp = and_pairs(model, "tp_cp", self.tp.is_, self.cp.is_, lambda t, c: (t, c) in pairs)
-        self.group = and_pairs(model, "group", self.tp_cp, self.ep.is_, lambda tc, e: (*tc, e) in groups)
+        experts = {(s.ep, s.etp) for s in skeletons}
+        self.ep_etp = and_pairs(model, "ep_etp", self.ep.is_, self.etp.is_, lambda e, x: (e, x) in experts)
+        self.group = and_pairs(model, "group", self.tp_cp, self.ep_etp, lambda tc, ex: (*tc, *ex) in groups)
         self.split = and_pairs(model, "split", self.group, self.pp.is_, lambda g, p: (*g, p) in splits)
         self.group_mb = and_pairs(model, "group_mb", self.group, self.microbatch.is_,
                                   lambda g, mb: (*g, mb) in group_mbs)
