@@ -33,7 +33,7 @@ from typing import Callable, Literal, NamedTuple
 import numpy as np
 
 import costmodel.limits as limits
-from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
+from costmodel.choices import CPComm, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.degree_rules import cp_fits, ep_fits, etp_fits, tp_fits
 from costmodel.limits import Bound
 from costmodel.pipeline import layout_problem
@@ -219,6 +219,19 @@ def _seq_par_fits(model, system, v) -> str | None:
     return None
 
 
+def _cp_comm_fits(model, system, v) -> str | None:
+    # Ulysses re-shards the sequence into heads: each of the cp ranks takes whole heads of the
+    # tp rank's share, keys and values too (TE AttnFuncWithCPAndQKVOA2A: "The number of heads
+    # needs to be divisible by CP size"); latent attention keeps one K and V per head.
+    if v["cp_comm"] is not CPComm.a2a or v["cp"] == 1:
+        return None
+    kv_heads, tp, cp = model.kv_groups, v["tp"], v["cp"]
+    if kv_heads % (tp * cp):
+        return (f"context_par_comm(a2a) needs the kv_heads per tensor-parallel rank, kv_heads({kv_heads})/"
+                f"tensor_par({tp}), divisible by context_par({cp}): all-to-all gives each cp rank whole heads")
+    return None
+
+
 def _network_exists(dim_name: str) -> FitRule:
     def fits(model, system, v) -> str | None:
         index = v[dim_name]
@@ -281,6 +294,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
               "all-gather, or rs_ag = sequence parallelism", choices=TPComm),
     Dimension("tp_overlap", "tensor_par_overlap", "choice", label="tp-overlap", meaning="overlap TP communication with the neighbouring matrix "
               "multiply", choices=TPOverlap, free_when=(Condition("tp", ">", 1),)),
+    Dimension("cp_comm", "context_par_comm", "choice", label="cp-comm", meaning="context-parallel communication "
+              "(Megatron-Core's --cp-comm-type): p2p K/V ring overlapped with the core, all_gather of K/V before "
+              "the core (Llama 3), or a2a re-sharding sequence to heads (DeepSpeed-Ulysses)",
+              choices=CPComm, free_when=(Condition("cp", ">", 1),), fits=_cp_comm_fits),
     Dimension("zero", "sharding_stage", "choice", label="zero", meaning="ZeRO sharding stage over the dp group: 0 "
               "replicated, 1 optimizer state (distributed optimizer), 2 + gradients, 3 + parameters (FSDP)",
               choices=ShardingStage, free_when=(Condition("dp_cp", ">", 1),)),
