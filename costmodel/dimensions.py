@@ -219,19 +219,6 @@ def _seq_par_fits(model, system, v) -> str | None:
     return None
 
 
-def _cp_comm_fits(model, system, v) -> str | None:
-    # Ulysses re-shards the sequence into heads: each of the cp ranks takes whole heads of the
-    # tp rank's share, keys and values too (TE AttnFuncWithCPAndQKVOA2A: "The number of heads
-    # needs to be divisible by CP size"); latent attention keeps one K and V per head.
-    if v["cp_comm"] is not CPComm.a2a or v["cp"] == 1:
-        return None
-    kv_heads, tp, cp = model.kv_groups, v["tp"], v["cp"]
-    if kv_heads % (tp * cp):
-        return (f"context_par_comm(a2a) needs the kv_heads per tensor-parallel rank, kv_heads({kv_heads})/"
-                f"tensor_par({tp}), divisible by context_par({cp}): all-to-all gives each cp rank whole heads")
-    return None
-
-
 def _network_exists(dim_name: str) -> FitRule:
     def fits(model, system, v) -> str | None:
         index = v[dim_name]
@@ -297,7 +284,10 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("cp_comm", "context_par_comm", "choice", label="cp-comm", meaning="context-parallel communication "
               "(Megatron-Core's --cp-comm-type): p2p K/V ring overlapped with the core, all_gather of K/V before "
               "the core (Llama 3), or a2a re-sharding sequence to heads (DeepSpeed-Ulysses)",
-              choices=CPComm, free_when=(Condition("cp", ">", 1),), fits=_cp_comm_fits),
+              choices=CPComm, free_when=(Condition("cp", ">", 1),)),
+    # (a2a's rule, cp divides kv_heads/tp, is a feasibility check of the exact model,
+    # costmodel.evaluate.cp_comm_heads_fit, as a network's span is: a flag's freedom reads
+    # skeleton facts only as `> 1`, so a `fits` rule here would break the product count)
     Dimension("zero", "sharding_stage", "choice", label="zero", meaning="ZeRO sharding stage over the dp group: 0 "
               "replicated, 1 optimizer state (distributed optimizer), 2 + gradients, 3 + parameters (FSDP)",
               choices=ShardingStage, free_when=(Condition("dp_cp", ">", 1),)),

@@ -48,7 +48,9 @@ def network_checks(c: Context, m, xp) -> dict:
 
 def cp_comm_heads_fit(c: Context, m):
     """Ulysses (cp_comm = a2a) gives each cp rank whole key/value heads of its tp rank's share:
-    cp divides kv_heads/tp (costmodel.dimensions `_cp_comm_fits`, the same rule for a file)."""
+    cp divides kv_heads/tp (TE AttnFuncWithCPAndQKVOA2A: "The number of heads needs to be
+    divisible by CP size"). A feasibility check, as a network's span is, not a `fits` rule: the
+    space offers a2a wherever cp > 1 and the exact model refuses the mappings it cannot run."""
     return ~m.cp_comm_a2a | (m.cp == 1) | (c.kv_heads % (m.tp * m.cp) == 0)
 
 
@@ -164,7 +166,7 @@ def _reasons(checks: dict, terms: IterationTerms, c: Context, m) -> tuple[str, .
             reasons.append(f"network: network {k} must be filled ({c.net_size[k]:g} GPUs) by the group using it")
     if not checks["cp_comm_heads"]:
         reasons.append(f"cp_comm: a2a needs kv_heads({c.kv_heads:g})/tensor_par({m.tp:g}) divisible by "
-                       f"context_par({m.cp:g})")
+                       f"context_par({m.cp:g}): all-to-all gives each cp rank whole heads")
     if not checks["hbm_capacity"]:
         reasons.append(f"hbm: needs {terms.hbm_bytes / GiB:.1f} GiB > {c.hbm_capacity_bytes / GiB:.1f} GiB")
     if not checks["offload_capacity"]:
