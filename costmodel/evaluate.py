@@ -51,7 +51,7 @@ def cp_comm_heads_fit(c: Context, m):
     cp divides kv_heads/tp (TE AttnFuncWithCPAndQKVOA2A: "The number of heads needs to be
     divisible by CP size"). A feasibility check, as a network's span is, not a `fits` rule: the
     space offers a2a wherever cp > 1 and the exact model refuses the mappings it cannot run."""
-    return ~m.cp_comm_a2a | (m.cp == 1) | (c.kv_heads % (m.tp * m.cp) == 0)
+    return np.logical_not(m.cp_comm_a2a) | (m.cp == 1) | (c.kv_heads % (m.tp * m.cp) == 0)
 
 
 def _feasibility(c: Context, m, terms: IterationTerms, xp) -> dict:
