@@ -385,6 +385,7 @@ def finish(path: Path, out: Path) -> subprocess.CompletedProcess:
                           cwd=Path(__file__).resolve().parents[1])
 
 
+@pytest.mark.slow   # 24 s: two batches interrupted by a signal and resumed
 @pytest.mark.skipif(sys.platform != "linux", reason="the delayed solve reaches the workers through fork")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_interrupted_batch_resumes_and_solves_everything_once(batch_file, tmp_path, sig):

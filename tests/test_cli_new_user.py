@@ -142,6 +142,7 @@ def test_eval_of_a_mapping_that_does_not_fit_exits_1_with_the_reason():
 
 
 # ---- 5. the top-k tables fit 120 columns, nothing cut
+@pytest.mark.slow   # 22 s: solves two problems through the command line to render their tables
 @pytest.mark.parametrize("args", [
     ["--model", MODELS / "gpt3-175b.yaml", "--system", H100, "--gpus", "1024", "--top-k", "5"],
     ["--model", MODELS / "mixtral-8x7b/config.json", "--seq-size", "4096", "--system", H100, "--gpus", "64",

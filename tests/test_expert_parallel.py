@@ -154,6 +154,7 @@ def test_a_dense_model_pays_no_expert_terms():
 
 
 # ---------------------------------------------------------------- bounds and the solver
+@pytest.mark.slow   # 19 s: every block of two MoE spaces evaluated exactly
 def test_block_floors_never_exceed_an_exact_time_in_their_block():
     model, gpus, cap = moe(every=2, shared_ff=512), 16, 32
     system = H100.with_overrides(hbm_gib=12)

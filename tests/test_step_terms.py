@@ -207,6 +207,7 @@ def test_every_system_but_the_a100_and_paper_files_takes_the_shared_terms():
     assert len(steps) == 1 and None not in steps
 
 
+@pytest.mark.slow   # 35 s: refits the terms on every run file and writes eight system files
 def test_calibrate_runs_regenerates_the_shipped_step_blocks(tmp_path):
     copies = []
     for path in STEP_FILES:

@@ -11,11 +11,12 @@ member, with the settings its members take (`equivalents`).
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
 
-from costmodel.dimensions import BY_NAME, DIMENSIONS
+from costmodel.dimensions import BY_NAME, DIMENSIONS, BlockKey
 from costmodel.encoding import MappingArrays
 
 SKELETON = tuple(dim.name for dim in DIMENSIONS if not dim.is_flag)
@@ -70,3 +71,49 @@ def equivalents(columns: Mapping[str, np.ndarray], members: np.ndarray) -> dict[
 def equivalents_text(settings: dict[str, list[str]]) -> str:
     """"tp-comm ar|p2p_rs_ag|rs_ag; ag-redo off|on" (table labels), or "" when none."""
     return "; ".join(f"{BY_NAME[name].header} {'|'.join(values)}" for name, values in settings.items())
+
+
+class TopGroups:
+    """The K best groups of equivalent qualifying mappings, by (time, smallest ordinal)."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.time_s = np.zeros(0)
+        self.ordinal = np.zeros(0, dtype=np.int64)
+        self.keys = np.zeros((0, len(SKELETON) + 3), dtype=np.int64)
+        self.block = np.zeros(0, dtype=np.int64)      # index into self.blocks
+        self.row = np.zeros(0, dtype=np.int64)        # the mapping's j in its scored block
+        self.blocks: list[BlockKey] = []
+        self.groups: list[np.ndarray] = []
+
+    @property
+    def target_s(self) -> float:
+        """The time a new mapping must beat (or tie) to enter the top K groups."""
+        return float(self.time_s[self.groups[-1][0]]) if len(self.groups) == self.k else math.inf
+
+    def offer(self, key: BlockKey, skeleton_values: tuple, block, mask: np.ndarray | None) -> None:
+        ok = block.time_s <= self.target_s       # a slower mapping cannot enter a full top K
+        if mask is not None:
+            ok &= mask
+        js = np.flatnonzero(ok)
+        if not len(js):
+            return
+        exact = [np.ascontiguousarray(x[js], dtype=np.float64).view(np.int64) >> ROUNDING_BITS
+                 for x in (block.time_s, block.hbm_bytes, block.offload_bytes)]
+        keys = np.column_stack([np.full(len(js), value, dtype=np.int64) for value in skeleton_values] + exact)
+        self.blocks.append(key)
+        time_all = np.concatenate([self.time_s, block.time_s[js]])
+        ord_all = np.concatenate([self.ordinal, block.ordinal[js]])
+        keys_all = np.concatenate([self.keys, keys])
+        block_all = np.concatenate([self.block, np.full(len(js), len(self.blocks) - 1, dtype=np.int64)])
+        row_all = np.concatenate([self.row, js])
+        groups = top_groups(time_all, ord_all, keys_all, self.k)
+        keep = np.concatenate(groups)
+        self.time_s, self.ordinal, self.keys = time_all[keep], ord_all[keep], keys_all[keep]
+        self.block, self.row = block_all[keep], row_all[keep]
+        sizes = np.cumsum([0] + [len(g) for g in groups])
+        self.groups = [np.arange(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
+
+    def members(self) -> list[list[tuple[BlockKey, int]]]:
+        """Each group as (block, row j) pairs, its first-enumerated member first."""
+        return [[(self.blocks[self.block[i]], int(self.row[i])) for i in g] for g in self.groups]

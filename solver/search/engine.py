@@ -37,23 +37,20 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
-from costmodel.context import Context
 from costmodel.dimensions import FLAGS, BlockKey
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import evaluate_arrays_in_context
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.search.distinct import ROUNDING_BITS, SKELETON, top_groups
+from solver.search.count_share import CountShare
+from solver.search.distinct import SKELETON, TopGroups as _Top
 from solver.space.declaration import Space
 from solver.space.enumerate import plan
-
-if TYPE_CHECKING:
-    from solver.search.cpsat.tables import BlockTableCache
 
 WARM_START_BLOCKS = 1024
 """At most this many blocks are scored before the first CP-SAT round, best surrogate bound
@@ -134,80 +131,6 @@ class Found:
     cpsat_status: str | None
     bound_s: float | None
     """a proven lower bound on the best time (= the best time when certified)"""
-
-
-class _Top:
-    """The K best groups of equivalent qualifying mappings, by (time, smallest ordinal)."""
-
-    def __init__(self, k: int):
-        self.k = k
-        self.time_s = np.zeros(0)
-        self.ordinal = np.zeros(0, dtype=np.int64)
-        self.keys = np.zeros((0, len(SKELETON) + 3), dtype=np.int64)
-        self.block = np.zeros(0, dtype=np.int64)      # index into self.blocks
-        self.row = np.zeros(0, dtype=np.int64)        # the mapping's j in its scored block
-        self.blocks: list[Key] = []
-        self.groups: list[np.ndarray] = []
-
-    @property
-    def target_s(self) -> float:
-        """The time a new mapping must beat (or tie) to enter the top K groups."""
-        return float(self.time_s[self.groups[-1][0]]) if len(self.groups) == self.k else math.inf
-
-    def offer(self, key: Key, skeleton_values: tuple, block: ScoredBlock, mask: np.ndarray | None) -> None:
-        ok = block.time_s <= self.target_s       # a slower mapping cannot enter a full top K
-        if mask is not None:
-            ok &= mask
-        js = np.flatnonzero(ok)
-        if not len(js):
-            return
-        exact = [np.ascontiguousarray(x[js], dtype=np.float64).view(np.int64) >> ROUNDING_BITS
-                 for x in (block.time_s, block.hbm_bytes, block.offload_bytes)]
-        keys = np.column_stack([np.full(len(js), value, dtype=np.int64) for value in skeleton_values] + exact)
-        self.blocks.append(key)
-        time_all = np.concatenate([self.time_s, block.time_s[js]])
-        ord_all = np.concatenate([self.ordinal, block.ordinal[js]])
-        keys_all = np.concatenate([self.keys, keys])
-        block_all = np.concatenate([self.block, np.full(len(js), len(self.blocks) - 1, dtype=np.int64)])
-        row_all = np.concatenate([self.row, js])
-        groups = top_groups(time_all, ord_all, keys_all, self.k)
-        keep = np.concatenate(groups)
-        self.time_s, self.ordinal, self.keys = time_all[keep], ord_all[keep], keys_all[keep]
-        self.block, self.row = block_all[keep], row_all[keep]
-        sizes = np.cumsum([0] + [len(g) for g in groups])
-        self.groups = [np.arange(a, b) for a, b in zip(sizes[:-1], sizes[1:])]
-
-    def members(self) -> list[list[tuple[Key, int]]]:
-        """Each group as (block, row j) pairs, its first-enumerated member first."""
-        return [[(self.blocks[self.block[i]], int(self.row[i])) for i in g] for g in self.groups]
-
-
-class CountShare:
-    """What certified searches of one problem at several GPU counts share (`mapsat plan`):
-    per (model, system, datatype, kernels), the exact model's context and the surrogate's
-    (tp, cp, ep, etp, microbatch) tables, which read neither the GPU count nor the batch
-    (solver.search.cpsat.tables.BlockTableCache). What does depend on the count — the splits
-    (dp = N/(tp·cp·pp)), the local batch and the microbatches, the stage tables (DP
-    reduction, optimizer, per-GPU state), the block floors and the exact scores — each
-    engine computes itself. The last `MAX_PROBLEMS` problems are kept."""
-
-    MAX_PROBLEMS = 8
-
-    def __init__(self):
-        self._problems: list[tuple[tuple, Context, BlockTableCache]] = []
-
-    def context(self, model: Model, system: System, datatype: Datatype,
-                kernels: Kernels) -> tuple[Context, BlockTableCache]:
-        from solver.search.cpsat.tables import BlockTableCache
-
-        inputs = (model, system, datatype, kernels)
-        for i, (known, c, cache) in enumerate(self._problems):
-            if known == inputs:
-                self._problems.append(self._problems.pop(i))      # most recently used last
-                return c, cache
-        entry = (inputs, Context.build(model, system, datatype, kernels), BlockTableCache())
-        self._problems = self._problems[-(self.MAX_PROBLEMS - 1):] + [entry]
-        return entry[1], entry[2]
 
 
 class Engine:
