@@ -48,7 +48,7 @@ from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from solver.search.count_share import CountShare
-from solver.search.distinct import SKELETON, TopGroups as _Top
+from solver.search.distinct import SKELETON, TopGroups
 from solver.space.declaration import Space
 from solver.space.enumerate import plan
 
@@ -249,7 +249,7 @@ class Engine:
         started = time.perf_counter()
         deadline = started + q.time_limit_s
         ranked = self.ranked if q.ranked is None else q.ranked
-        top = _Top(q.top_k)
+        top = TopGroups(q.top_k)
 
         def offer(key: Key) -> None:
             block = self.scored[key]
