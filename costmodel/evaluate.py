@@ -8,7 +8,7 @@ Both run the same formulas (costmodel.iteration) on different backends (costmode
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,6 +17,7 @@ from costmodel.context import Context
 from costmodel.dimensions import DIMENSIONS, group_spans
 from costmodel.encoding import MappingArrays
 from costmodel.kernels import Kernels
+from costmodel.block_terms import BlockTerms, block_terms
 from costmodel.iteration import MEMORY_TERMS, TIME_TERMS, IterationTerms, iteration_terms
 from costmodel.mapping import Mapping, check_mapping_fits, model_with_attention_type
 from costmodel.model import Model, ModelFlops
@@ -93,12 +94,22 @@ class Evaluation:
         }
 
 
+BLOCK_DIMENSIONS = ("tp", "cp", "ep", "etp", "pp", "microbatch", "recompute", "tp_comm", "tp_overlap",
+                    "seq_par_ag_redo", "weight_offload", "activations_offload", "tp_net", "cp_net", "ep_net",
+                    "etp_net")
+"""The dimensions a block's terms (costmodel.block_terms) read: mappings equal in these share
+one block. The view block_terms gets holds nothing else, so a formula that came to read
+another dimension fails loudly instead of being shared wrongly."""
+
+
 # How each dimension appears in the formulas' view, worked out once from the declaration.
 _VIEW = tuple((dim.name, dim.field, dim.kind,
                tuple(f"{dim.name}_{member.value}".replace("-", "_") for member in dim.choices)
                if dim.kind == "choice" else ())
               for dim in DIMENSIONS)
 _CODE_OF = {dim.name: dim.code_of for dim in DIMENSIONS}
+_BLOCK_VIEW_NAMES = frozenset(view_name for name, _, kind, predicates in _VIEW if name in BLOCK_DIMENSIONS
+                              for view_name in (predicates if kind == "choice" else (name,)))
 
 
 def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
@@ -240,9 +251,66 @@ def evaluate_arrays(model: Model, system: System, arrays: MappingArrays, datatyp
     return evaluate_arrays_in_context(c, arrays)
 
 
-def evaluate_arrays_in_context(c: Context, arrays: MappingArrays) -> ArrayEvaluation:
+
+
+def distinct_block_terms(c: Context, arrays: MappingArrays, memo: dict | None = None) -> BlockTerms:
+    """block_terms of every mapping in `arrays`, computed once per distinct combination of
+    BLOCK_DIMENSIONS and spread back: a block of the search holds thousands of mappings
+    (every ZeRO stage, schedule, DP network...) and a few dozen distinct blocks. `memo`:
+    terms already computed in context `c`, by their distinct combinations (searches of one
+    problem at several GPU counts meet the same blocks)."""
+    first, inverse, identity = _distinct_rows([arrays.columns[name] for name in BLOCK_DIMENSIONS])
+    terms = None if memo is None else memo.get(identity)
+    if terms is None:
+        view = vars(array_fields(arrays.take(first)))
+        kept = {*_BLOCK_VIEW_NAMES, "seq_par", "offload_blocks", "recompute_blocks", "recompute_modules",
+                "first_stage_blocks", "last_stage_blocks"}
+        terms = block_terms(c, SimpleNamespace(**{name: value for name, value in view.items() if name in kept}),
+                            ArrayOps)
+        if memo is not None:
+            memo[identity] = terms
+    return _spread(terms, inverse, len(first))
+
+
+def _distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, bytes]:
+    """(a row of each distinct combination of `columns`, each row's combination, the
+    distinct combinations as bytes): the columns (non-negative integers) packed into one
+    int64 key, mixed radix."""
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    radices = []
+    for column in columns:
+        radices.append(int(column.max()) + 1 if len(column) else 1)
+        if np.prod(radices, dtype=float) >= 2.0 ** 62:
+            rows, first, inverse = np.unique(np.column_stack(columns), axis=0, return_index=True, return_inverse=True)
+            return first, inverse.ravel(), rows.astype(np.int64).tobytes()
+        key = key * radices[-1] + column.astype(np.int64)
+    span = int(np.prod(radices))
+    if span > 4 * len(key) + 1024:
+        keys, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    else:                                   # a dense key range: counting, without sorting
+        row_of = np.full(span, -1, dtype=np.int64)
+        row_of[key] = np.arange(len(key))   # a row of each combination (any one serves)
+        keys = np.flatnonzero(row_of >= 0)
+        first = row_of[keys]
+        rank = np.zeros(span, dtype=np.int64)
+        rank[keys] = np.arange(len(keys))
+        inverse = rank[key]
+    return first, inverse, np.array(radices, dtype=np.int64).tobytes() + keys.tobytes()
+
+
+def _spread(terms, inverse: np.ndarray, distinct: int):
+    """`terms` (a dataclass of per-distinct-row arrays, nested ones too) at every row."""
+    if is_dataclass(terms):
+        return type(terms)(**{f.name: _spread(getattr(terms, f.name), inverse, distinct) for f in fields(terms)})
+    if isinstance(terms, np.ndarray) and terms.shape[:1] == (distinct,):
+        return terms[inverse]
+    return terms
+
+
+def evaluate_arrays_in_context(c: Context, arrays: MappingArrays, block_memo: dict | None = None) -> ArrayEvaluation:
+    """evaluate_arrays in a built context; `block_memo`: see distinct_block_terms."""
     m = array_fields(arrays)
-    terms = iteration_terms(c, m, ArrayOps)
+    terms = iteration_terms(c, m, ArrayOps, distinct_block_terms(c, arrays, block_memo))
     checks = _feasibility(c, m, terms, ArrayOps)
     feasible = np.logical_and.reduce(list(checks.values()))
     return ArrayEvaluation(

@@ -149,13 +149,15 @@ def mtp_terms(c: Context, m, xp) -> MtpTerms:
                     stored_bytes=n * blk.activations.stored)
 
 
-def iteration_terms(c: Context, m, xp) -> IterationTerms:
+def iteration_terms(c: Context, m, xp, blk: BlockTerms | None = None) -> IterationTerms:
     """All named time (s), memory (bytes) and rate terms of one iteration: the block's
     terms, the pipeline at its slowest stage, the gradient reduction and the optimizer step,
-    and the memory of the stages."""
+    and the memory of the stages. `blk`: the block's terms of these mappings when the
+    caller has them (costmodel.evaluate computes them once per distinct block)."""
     stages = Stages.of(c, m, xp)
     microbatches = stages.microbatches
-    blk = block_terms(c, m, xp)                         # one block, one microbatch
+    if blk is None:
+        blk = block_terms(c, m, xp)                     # one block, one microbatch
     # one block's parameters on this GPU: reduced over dp·cp, and (MoE experts) over
     # edp = tp·cp·dp/(ep·etp)
     dense_params, expert_params = block_param_shares(c, m)

@@ -154,7 +154,7 @@ class Engine:
         self.one_question = one_question
         _check(deadline)
         say("building the exact model's tables and the space")
-        self.c, block_tables = (share or CountShare()).context(model, system, datatype, kernels)
+        self.c, block_tables, self.block_memo = (share or CountShare()).context(model, system, datatype, kernels)
         self.plan = plan(model, system, num_gpus, max_batch, space, chunk_rows=1 << 62)
         _check(deadline)
         from solver.search.cpsat.constraints import Problem
@@ -226,7 +226,7 @@ class Engine:
         """Score every mapping of one block exactly, keep its feasible ones, and cut the block
         from the CP-SAT model."""
         rows, ordinals = self.block_rows(key)
-        ev = evaluate_arrays_in_context(self.c, rows)
+        ev = evaluate_arrays_in_context(self.c, rows, self.block_memo)
         keep = np.flatnonzero(ev.feasible)
         block = ScoredBlock({name: rows.columns[name][keep] for name in FLAG_NAMES}, ev.iteration_time_s[keep],
                             ev.hbm_bytes[keep], ev.offload_bytes[keep], ordinals[keep], keep.astype(np.int32))

@@ -350,8 +350,9 @@ def _projection_cached(space: Space, names: tuple[str, ...], known: tuple[tuple[
                        num_networks: int) -> tuple[tuple[int, ...], ...]:
     position = {dim.name: i for i, dim in enumerate(space.flags)}
     index = [position[name] for name in names]
-    combos = iter_flag_combinations(space, dict(known), num_networks)
-    return tuple(dict.fromkeys(tuple(combo[i] for i in index) for combo in combos))
+    projected = flag_combinations(space, dict(known), num_networks)[:, index]
+    rows, first = np.unique(projected, axis=0, return_index=True)      # distinct, kept in order of first sight
+    return tuple(map(tuple, rows[np.argsort(first)].tolist()))
 
 
 def coarse_facts(f: dict[str, int]) -> tuple[tuple[str, int], ...]:

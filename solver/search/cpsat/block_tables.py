@@ -152,11 +152,14 @@ class BlockTableCache:
 
     def __init__(self):
         self._stores: dict[tuple, dict] = {}
+        self._row_memos: dict[tuple, dict] = {}
 
-    def lookup(self, c: Context, tm_keys: list, tp_overlaps: tuple, networks: int) -> dict:
-        """Each BLOCK_TABLES table, holding at least the groups `tm_keys`."""
+    def lookup(self, c: Context, tm_keys: list, tp_overlaps: tuple, networks: int) -> tuple[dict, dict]:
+        """Each BLOCK_TABLES table, holding at least the groups `tm_keys`; and the memo of
+        their rows as arrays (solver.search.cpsat.tables.GroupRows) kept with them."""
         block_nets = _block_net_axes(tm_keys, networks)
         key = (tuple(tp_overlaps), networks, tuple(block_nets.items()))
+        memo = self._row_memos.setdefault(key, {})
         store = self._stores.get(key)
         missing = tm_keys if store is None else [k for k in tm_keys if k not in store["compute"]]
         if missing:
@@ -166,7 +169,7 @@ class BlockTableCache:
             else:
                 for name, table in fresh.items():
                     _merge(store[name], table)
-        return store
+        return store, memo
 
 
 def _merge(into: dict, more: dict) -> None:

@@ -49,9 +49,10 @@ class Tables:
         nets = list(range(networks))
         size = np.asarray(c.net_size)
         if cache is not None:
-            block = cache.lookup(c, self.tm_keys, tp_overlaps, networks)
+            block, self.row_memo = cache.lookup(c, self.tm_keys, tp_overlaps, networks)
         else:
             block = _block_tables(c, self.tm_keys, tp_overlaps, networks, _block_net_axes(self.tm_keys, networks))
+            self.row_memo = {}
         self.block, self.block_zb, self.compute, self.head, self.p2p, self.stored, self.workspace = (
             block[name] for name in BLOCK_TABLES)
 
@@ -100,6 +101,33 @@ class Tables:
         return {k: float(x) for k, x in zip(self.tp_keys, values)}
 
 
+class GroupRows:
+    """The block tables' values of one (tp, cp, ep, etp) group and microbatch over the flag
+    combinations `combos` (block_lower_bounds' K axis), as arrays built once per group and
+    kept in the Tables' row memo (shared by the GPU counts of one BlockTableCache)."""
+
+    def __init__(self, tables: Tables, combos: list[tuple[int, ...]]):
+        self.tables, self.combos = tables, combos
+        self.classes = ["sp_redo" if (comm == TP_COMM_RS_AG and redo) else ("sp" if comm == TP_COMM_RS_AG else "no_sp")
+                        for comm, redo, rc, w, a in combos]
+        self.memo = tables.row_memo.setdefault(tuple(combos), {})
+
+    def of(self, group: tuple, mb: int) -> tuple[np.ndarray, ...]:
+        """(block time, ZB-H1 block time, stored activations, workspace) over the combinations,
+        and (output layer time, pipeline send time) of this group and microbatch."""
+        key = (*group, mb)
+        rows = self.memo.get(key)
+        if rows is None:
+            t, combos = self.tables, self.combos
+            rows = self.memo[key] = (
+                np.array([t.block[cb][key] for cb in combos]),
+                np.array([t.block_zb[cb][key] for cb in combos]),
+                np.array([t.stored[(cb[2], cl)][key] for cb, cl in zip(combos, self.classes)]),
+                np.array([t.workspace[(cb[2], cl)][key] for cb, cl in zip(combos, self.classes)]),
+                t.head[key], t.p2p.get(key))
+        return rows
+
+
 def offers_zero_bubble(space: Space, num_networks: int) -> bool:
     """Whether some mapping of the space (with pp > 1) may run ZB-H1."""
     known = {**{name: 2 for name, _ in NETWORK_GROUPS}, "dp_cp": 2, "offload": 1}
@@ -123,6 +151,9 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
     combos = sorted(flag_projection(space, BLOCK_FLAGS, known, num_networks))
     zero_codes = tuple(code for (code,) in flag_projection(space, ("zero",), known, num_networks))
     zero_bubble = offers_zero_bubble(space, num_networks)
+    rows = GroupRows(tables, combos)
+    a_off = np.array([cb[4] for cb in combos], dtype=bool)
+    w_off = np.array([cb[3] for cb in combos])
     out = {}
     for sk in skeletons:
         g, p = sk.group, sk.pp
@@ -132,9 +163,10 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         n = local_batch[key] / mbs                                           # [M]
         il = ils[:, None]                                                    # [V, 1]
         bubble = bubble_microbatches(ArrayOps, p, il, n[None, :])           # [V, M]
-        block = np.array([[tables.block[cb][(*g, int(mb))] for cb in combos] for mb in mbs])  # [M, K]
-        head = np.array([tables.head[(*g, int(mb))] for mb in mbs])           # [M]
-        sends = np.array([tables.p2p[(*g, int(mb))] for mb in mbs]) if p > 1 else np.zeros(len(mbs))
+        per_mb = [rows.of(g, mb) for mb in sk.microbatches]
+        block = np.array([r[0] for r in per_mb])                             # [M, K]
+        head = np.array([r[4] for r in per_mb])                              # [M]
+        sends = np.array([r[5] for r in per_mb]) if p > 1 else np.zeros(len(mbs))
         # time[V, M, K] without the optimizer and DP terms (added per sharding below); with
         # uneven stages (costmodel.pipeline) the slowest of the middle and the last stage
         first, middle, last = stage_blocks(ScalarOps, blocks, p)
@@ -142,20 +174,15 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         time = (n[None, :] + bubble)[:, :, None] * (per_micro[None] + (2 * il * sends[None, :])[:, :, None])
         if zero_bubble and p > 1 and 1 in sk.interleavings:
             # ZB-H1 on the non-interleaved row: n microbatches + (p-1) bubble ones without W
-            block_zb = np.array([[tables.block_zb[cb][(*g, int(mb))] for cb in combos] for mb in mbs])
+            block_zb = np.array([r[1] for r in per_mb])
             row = sk.interleavings.index(1)
             sends_1 = (2 * sends)[:, None]
             # (uneven, a middle stage may set the pace, with no output layer in its bubble)
             zb_head = head[:, None] if middle == last else 0.0
             zb = n[:, None] * (per_micro + sends_1) + (p - 1) * (last * block_zb + zb_head + sends_1)
             time[row] = np.minimum(time[row], zb)
-        cls = ["sp_redo" if (comm == TP_COMM_RS_AG and redo) else ("sp" if comm == TP_COMM_RS_AG else "no_sp")
-               for comm, redo, rc, w, a in combos]
-        stored = np.array([[tables.stored[(cb[2], cl)][(*g, int(mb))] for cb, cl in zip(combos, cls)] for mb in mbs])
-        workspace = np.array([[tables.workspace[(cb[2], cl)][(*g, int(mb))] for cb, cl in zip(combos, cls)]
-                              for mb in mbs])
-        a_off = np.array([cb[4] for cb in combos], dtype=bool)
-        w_off = np.array([cb[3] for cb in combos])
+        stored = np.array([r[2] for r in per_mb])
+        workspace = np.array([r[3] for r in per_mb])
         # a first-stage GPU's (the tables' memory terms are the first stage's too)
         inflight = stage_blocks_in_flight(ArrayOps, first, middle, last, p, il, n[None, :])[0][:, :, None]  # [V, M, 1]
         all_activations = stored[None] * inflight                                                  # [V, M, K]
