@@ -21,6 +21,15 @@ AMAX_BYTES = 4.0
 """One fp32 amax per quantized tensor (per-tensor current scaling; NVFP4's per-tensor scale)."""
 
 
+FORWARD_READS = ("tp", "cp", "ep", "etp", "microbatch", "seq_par", "recompute_modules")
+"""What block_forward_times reads of a mapping (its compute does not depend on the networks,
+overlaps, offloads or recompute setting: a grid of those computes it once per distinct
+combination of these, ArrayOps.per_distinct)."""
+STORED_READS = ("tp", "cp", "ep", "etp", "microbatch", "seq_par", "seq_par_ag_redo", "recompute_full",
+                "recompute_attn_only", "recompute_modules")
+"""What block_stored_activation_bytes reads of a mapping."""
+
+
 @dataclass(frozen=True)
 class BlockTerms:
     """One block, one microbatch, one GPU (seconds, bytes; each a scalar or an array)."""
@@ -87,7 +96,7 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
     one GPU: compute, exposed TP, CP and EP communication (with the compute they steal),
     recomputation and the offload traffic compute cannot hide, in seconds; and the block's
     stored activations. Reads tp, cp, ep, microbatch and the flags."""
-    fw = block_forward_times(c, m, xp, moe)
+    fw = xp.per_distinct(lambda v: block_forward_times(c, v, xp, moe), m, FORWARD_READS)
     # Backward does twice forward's GEMMs and element-wise layers; a precision recipe's
     # quantization passes differ by direction (inputs forward, output gradients backward).
     compute_fwd = fw.gemm_s + fw.eltwise_s + fw.quantize_fwd_s
@@ -131,7 +140,7 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
 
     # ---- offload traffic per block and microbatch (tier 2 <-> HBM, per direction) ----
     e = c.elem_bytes
-    act = block_stored_activation_bytes(c, m, xp, moe)
+    act = xp.per_distinct(lambda v: block_stored_activation_bytes(c, v, xp, moe), m, STORED_READS)
     block_params = sum(moe_block_param_shares(c, m) if moe else (c.block_params / m.tp,))
     off_rate = offload_rate(c.offload_bytes_per_s)
     fwd_read = xp.where(m.weight_offload, e * block_params, 0.0)

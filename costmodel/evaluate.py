@@ -8,7 +8,7 @@ Both run the same formulas (costmodel.iteration) on different backends (costmode
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,7 +21,7 @@ from costmodel.block_terms import BlockTerms, block_terms
 from costmodel.iteration import MEMORY_TERMS, TIME_TERMS, IterationTerms, iteration_terms
 from costmodel.mapping import Mapping, check_mapping_fits, model_with_attention_type
 from costmodel.model import Model, ModelFlops
-from costmodel.ops import ArrayOps, ScalarOps
+from costmodel.ops import ArrayOps, ScalarOps, distinct_rows, spread
 from costmodel.published_flops import Throughput, throughput
 from costmodel.system import Datatype, System
 from costmodel.units import GiB
@@ -259,7 +259,7 @@ def distinct_block_terms(c: Context, arrays: MappingArrays, memo: dict | None = 
     (every ZeRO stage, schedule, DP network...) and a few dozen distinct blocks. `memo`:
     terms already computed in context `c`, by their distinct combinations (searches of one
     problem at several GPU counts meet the same blocks)."""
-    first, inverse, identity = _distinct_rows([arrays.columns[name] for name in BLOCK_DIMENSIONS])
+    first, inverse, identity = distinct_rows([arrays.columns[name] for name in BLOCK_DIMENSIONS])
     terms = None if memo is None else memo.get(identity)
     if terms is None:
         view = vars(array_fields(arrays.take(first)))
@@ -269,42 +269,7 @@ def distinct_block_terms(c: Context, arrays: MappingArrays, memo: dict | None = 
                             ArrayOps)
         if memo is not None:
             memo[identity] = terms
-    return _spread(terms, inverse, len(first))
-
-
-def _distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, bytes]:
-    """(a row of each distinct combination of `columns`, each row's combination, the
-    distinct combinations as bytes): the columns (non-negative integers) packed into one
-    int64 key, mixed radix."""
-    key = np.zeros(len(columns[0]), dtype=np.int64)
-    radices = []
-    for column in columns:
-        radices.append(int(column.max()) + 1 if len(column) else 1)
-        if np.prod(radices, dtype=float) >= 2.0 ** 62:
-            rows, first, inverse = np.unique(np.column_stack(columns), axis=0, return_index=True, return_inverse=True)
-            return first, inverse.ravel(), rows.astype(np.int64).tobytes()
-        key = key * radices[-1] + column.astype(np.int64)
-    span = int(np.prod(radices))
-    if span > 4 * len(key) + 1024:
-        keys, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    else:                                   # a dense key range: counting, without sorting
-        row_of = np.full(span, -1, dtype=np.int64)
-        row_of[key] = np.arange(len(key))   # a row of each combination (any one serves)
-        keys = np.flatnonzero(row_of >= 0)
-        first = row_of[keys]
-        rank = np.zeros(span, dtype=np.int64)
-        rank[keys] = np.arange(len(keys))
-        inverse = rank[key]
-    return first, inverse, np.array(radices, dtype=np.int64).tobytes() + keys.tobytes()
-
-
-def _spread(terms, inverse: np.ndarray, distinct: int):
-    """`terms` (a dataclass of per-distinct-row arrays, nested ones too) at every row."""
-    if is_dataclass(terms):
-        return type(terms)(**{f.name: _spread(getattr(terms, f.name), inverse, distinct) for f in fields(terms)})
-    if isinstance(terms, np.ndarray) and terms.shape[:1] == (distinct,):
-        return terms[inverse]
-    return terms
+    return spread(terms, inverse, len(first))
 
 
 def evaluate_arrays_in_context(c: Context, arrays: MappingArrays, block_memo: dict | None = None) -> ArrayEvaluation:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -56,6 +57,11 @@ class ScalarOps:
     def logical_not(value):
         return not value
 
+    @staticmethod
+    def per_distinct(formula, m, names: tuple[str, ...]):
+        """formula(m) (see ArrayOps.per_distinct)."""
+        return formula(m)
+
 
 class ArrayOps:
     """Backend for many mappings at once: every quantity is a numpy array."""
@@ -78,6 +84,24 @@ class ArrayOps:
         return out
 
     @staticmethod
+    def per_distinct(formula, m, names: tuple[str, ...]):
+        """formula(view) where `view` holds only m's attributes `names`, evaluated once per
+        distinct combination of them and spread back over m's rows (a dataclass result field
+        by field, nested ones too). `names` are the ones the formula reads: the view holds
+        nothing else, so a formula that came to read another fails loudly rather than being
+        shared wrongly. Scalar attributes pass as they are; array ones are non-negative
+        integers, Booleans or whole-number floats (degrees, codes)."""
+        values = {name: getattr(m, name) for name in names}
+        arrays = {name: v for name, v in values.items() if isinstance(v, np.ndarray) and v.ndim == 1}
+        if not arrays or not all(_whole(v) for v in arrays.values()):
+            return formula(SimpleNamespace(**values))
+        rows, inverse, _ = distinct_rows(list(arrays.values()))
+        if len(rows) == len(inverse):
+            return formula(SimpleNamespace(**values))
+        view = SimpleNamespace(**{name: (v[rows] if name in arrays else v) for name, v in values.items()})
+        return spread(formula(view), inverse, len(rows))
+
+    @staticmethod
     def pick(table: tuple, index):
         # When every network has the same value (usual for some parameters), a scalar
         # broadcasts for free where a gather would copy a whole column.
@@ -85,3 +109,46 @@ class ArrayOps:
         if all(x == first for x in table):
             return first
         return np.asarray(table)[index]
+
+
+def _whole(column: np.ndarray) -> bool:
+    """Whether a column holds only non-negative whole numbers (what distinct_rows packs)."""
+    if column.dtype == bool or len(column) == 0:
+        return True
+    return bool(column.min() >= 0) and (column.dtype.kind in "iu" or bool(np.all(column == np.floor(column))))
+
+
+def distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, bytes]:
+    """(a row of each distinct combination of `columns`, each row's combination, the distinct
+    combinations as bytes — an identity for memos): the columns (non-negative whole numbers)
+    packed into one int64 key, mixed radix; by counting when the key range is small."""
+    columns = [np.asarray(column).astype(np.int64) for column in columns]
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    radices = []
+    for column in columns:
+        radices.append(int(column.max()) + 1 if len(column) else 1)
+        if np.prod(radices, dtype=float) >= 2.0 ** 62:
+            rows, first, inverse = np.unique(np.column_stack(columns), axis=0, return_index=True, return_inverse=True)
+            return first, inverse.ravel(), rows.tobytes()
+        key = key * radices[-1] + column
+    span = int(np.prod(radices))
+    if span > 4 * len(key) + 1024:
+        keys, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    else:
+        row_of = np.full(span, -1, dtype=np.int64)
+        row_of[key] = np.arange(len(key))       # a row of each combination (any one serves)
+        keys = np.flatnonzero(row_of >= 0)
+        first = row_of[keys]
+        rank = np.zeros(span, dtype=np.int64)
+        rank[keys] = np.arange(len(keys))
+        inverse = rank[key]
+    return first, inverse, np.array(radices, dtype=np.int64).tobytes() + keys.tobytes()
+
+
+def spread(result, inverse: np.ndarray, distinct: int):
+    """`result` (per-distinct-row arrays; a dataclass of them, nested ones too) at every row."""
+    if is_dataclass(result):
+        return type(result)(**{f.name: spread(getattr(result, f.name), inverse, distinct) for f in fields(result)})
+    if isinstance(result, np.ndarray) and result.shape[:1] == (distinct,):
+        return result[inverse]
+    return result

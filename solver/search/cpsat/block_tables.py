@@ -232,29 +232,49 @@ def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
     group_at = {name: i for i, name in enumerate(GROUP_DEGREES)}
     keys = _namespace(**{name: tm[:, i] for name, i in group_at.items()}, microbatch=tm[:, len(group_at)])
     expert_nets = best_expert_networks(c, keys, networks)
-    cols, grid = Named.grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2],
-                            seq_par_ag_redo=[False, True], recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE],
-                            weight_offload=[False, True], activations_offload=[False, True],
-                            **{net: list(axis) for net, axis in block_nets.items()})
-    # (evaluated a few keys at a time: the block's intermediate terms over the whole grid
-    # would take gigabytes; only the sums the tables keep stay whole)
+    axes = dict(tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2], seq_par_ag_redo=[False, True],
+                recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE], weight_offload=[False, True],
+                activations_offload=[False, True], **{net: list(axis) for net, axis in block_nets.items()})
+    # (evaluated a few keys at a time and reduced to what the tables keep per key: the
+    # block's terms over the whole grid would take gigabytes)
     size = np.asarray(c.net_size)
-    rows_per_key = len(cols["key"]) // len(tm)
+    rows_per_key = math.prod(len(axis) for axis in axes.values())
     keys_per_chunk = max(1, TABLE_CHUNK_ROWS // rows_per_key)
+    networks_axes = tuple(block_nets)
+    # activation classes: the (TP communication, AG redo) that realise each class, with
+    # no offload, TP overlap and networks at their first values (memory reads none of them)
+    cls_rows = {"no_sp": (0, False), "sp": (TP_COMM_RS_AG, False), "sp_redo": (TP_COMM_RS_AG, True)}
+    first = dict(tp_overlap=0, weight_offload=False, activations_offload=False, **{net: 0 for net in block_nets})
+
+    def reduced(chunk: Named, rows: dict) -> dict[str, np.ndarray]:
+        """A chunk of keys' grid rows reduced to what each table keeps per key (key axis first)."""
+        fits = chunk.of(rows["fits"])
+
+        def by_flags(values) -> np.ndarray:
+            # minimised over the networks that fit and (TP overlap only changes time: the best
+            # the space offers bounds every one) the TP overlaps offered
+            return chunk.of(values).min(*networks_axes, where=fits).sel(tp_overlap=list(tp_overlaps)).min(
+                "tp_overlap").values
+
+        return {"block": by_flags(rows["block"]), "block_zb": by_flags(rows["block_zb"]),
+                "compute": chunk.of(rows["compute"]).min().values,
+                "head": chunk.of(rows["head"]).min().values,
+                "p2p": chunk.of(rows["p2p"]).min().values,
+                "stored": chunk.of(rows["stored"]).sel(**first).values,
+                "workspace": chunk.of(rows["workspace"]).sel(**first).values}
+
     parts: dict[str, list] = {}
     for first_key in range(0, len(tm), keys_per_chunk):
-        rows = slice(first_key * rows_per_key, min(len(tm), first_key + keys_per_chunk) * rows_per_key)
-        for name, values in _block_rows(c, tm, cols, rows, group_at, expert_nets, size, nets).items():
+        cols, chunk = Named.grid(key=np.arange(first_key, min(len(tm), first_key + keys_per_chunk)), **axes)
+        for name, values in reduced(chunk, _block_rows(c, tm, cols, group_at, expert_nets, size, nets)).items():
             parts.setdefault(name, []).append(values)
+    flag_axes = {k: v for k, v in chunk.axes.items() if k not in (*networks_axes, "tp_overlap")}
+    memory_axes = {k: v for k, v in chunk.axes.items() if k not in first}
     whole = {name: np.concatenate(chunks) for name, chunks in parts.items()}
-    fits = grid.of(whole["fits"])
-    networks_axes = tuple(block_nets)
 
-    def by_block_flags(values) -> dict:
-        """One table per combination of the flags a block reads (BLOCK_FLAGS), minimised
-        over the networks that fit and (TP overlap only changes time: the best the space
-        offers bounds every one) the TP overlaps offered."""
-        table = grid.of(values).min(*networks_axes, where=fits).sel(tp_overlap=list(tp_overlaps)).min("tp_overlap")
+    def by_block_flags(values: np.ndarray) -> dict:
+        """One table per combination of the flags a block reads (BLOCK_FLAGS)."""
+        table = Named(values, flag_axes)
         return {(comm, redo, rc, w, a): by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=bool(redo), recompute=rc,
                                                         weight_offload=bool(w), activations_offload=bool(a)).values)
                 for comm in range(3) for redo in (0, 1) for rc in RECOMPUTES for w in (0, 1) for a in (0, 1)}
@@ -265,33 +285,28 @@ def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
     out["block"] = by_block_flags(whole["block"])
     # the same block in a ZB-H1 bubble: less twice its weight-gradient GEMMs (costmodel.iteration)
     out["block_zb"] = by_block_flags(whole["block_zb"])
-    out["compute"] = by_tm(grid.of(whole["compute"]).min().values)
-    out["head"] = by_tm(3 * grid.of(whole["head"]).min().values)
+    out["compute"] = by_tm(whole["compute"])
+    out["head"] = by_tm(3 * whole["head"])
     # With overlapped sends (costmodel.pipeline_time) the exposed part can be 0: a lower bound.
-    out["p2p"] = by_tm(grid.of(whole["p2p"] * (0.0 if c.pp_comm_overlap else 1.0)).min().values)
-    # activation classes: the (TP communication, AG redo) that realise each class, with
-    # no offload, TP overlap and networks at their first values (memory reads none of them)
-    cls_rows = {"no_sp": (0, False), "sp": (TP_COMM_RS_AG, False), "sp_redo": (TP_COMM_RS_AG, True)}
-    first = dict(tp_overlap=0, weight_offload=False, activations_offload=False, **{net: 0 for net in block_nets})
-    stored, workspace = grid.of(whole["stored"]), grid.of(whole["workspace"])
-    out["stored"] = {(rc, cls): by_tm(stored.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc, **first).values)
+    out["p2p"] = by_tm(whole["p2p"] * (0.0 if c.pp_comm_overlap else 1.0))
+    stored, workspace = Named(whole["stored"], memory_axes), Named(whole["workspace"], memory_axes)
+    out["stored"] = {(rc, cls): by_tm(stored.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc).values)
                      for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
-    out["workspace"] = {(rc, cls): by_tm(workspace.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc,
-                                                       **first).values)
+    out["workspace"] = {(rc, cls): by_tm(workspace.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc).values)
                         for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
     return out
 
 
-def _block_rows(c: Context, tm: np.ndarray, cols: dict, rows: slice, group_at: dict, expert_nets: dict,
+def _block_rows(c: Context, tm: np.ndarray, cols: dict, group_at: dict, expert_nets: dict,
                 size: np.ndarray, nets: list) -> dict[str, np.ndarray]:
-    """The block grid's rows `rows`: what the block tables keep of one block's terms (its
+    """A chunk of the block grid (`cols`, its rows): what the block tables keep of one block's terms (its
     time, in a ZB-H1 bubble too, compute, output layer, sends, stored activations and
     workspace) and whether its TP and CP groups fit their networks (evaluate.network_checks;
     a group of one fits any: a mapping putting a group on a network too small for it is
     infeasible, so the minimum over the networks only needs to run over those that fit)."""
-    key = cols["key"][rows]
+    key = cols["key"]
     ns = _namespace(**{name: tm[key, i] for name, i in group_at.items()}, microbatch=tm[key, len(group_at)],
-                    **{k: v_[rows] for k, v_ in cols.items() if k != "key"},
+                    **{k: v_ for k, v_ in cols.items() if k != "key"},
                     **{net: best[key] for net, best in expert_nets.items()})
     n = len(key)
     blk = block_terms(c, ns, ArrayOps)
