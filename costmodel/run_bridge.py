@@ -110,6 +110,9 @@ class WorkloadSettings(BaseModel):
     low_precision_param_gather: bool = Field(description="fp8_param_gather (fp4_param_gather for NVFP4).")
     bf16_first_last_blocks: int = Field(ge=0)
     overlap_param_gather: bool
+    microbatch: int | None = Field(None, gt=0, description="The row's micro-batch where its MBS cell contradicts its "
+                                   "own GA cell (GA = GBS / (MBS · DP)) and the preset agrees with GA; none: the "
+                                   "table's MBS.")
     notes: str = ""
 
 
@@ -212,10 +215,11 @@ def bridge_run(row: BridgeRow, settings: WorkloadSettings | None, source: str) -
     else:
         notes.append("no throughput published")
     fsdp = bool(row.fsdp)
+    microbatch = settings.microbatch if settings is not None and settings.microbatch is not None else row.mbs
     data = {
         "name": row.id, "model": BRIDGE_MODELS.get(row.model_key, row.model_key.replace("_", "-")),
         "system": BRIDGE_SYSTEMS.get(row.system, row.system), "num_gpus": row.num_gpus, "seq_size": row.seq,
-        "global_batch": row.gbs, "microbatch": row.mbs, "tp": row.tp, "cp": row.cp, "pp": row.pp,
+        "global_batch": row.gbs, "microbatch": microbatch, "tp": row.tp, "cp": row.cp, "pp": row.pp,
         "ep": row.ep or 1, "etp": row.etp, "interleaving": row.vp or 1, "megatron_fsdp": fsdp, "sharding_stage": 3 if fsdp else 1,
         "precision": precision, "precision_stated": row.precision_norm is not None, "step_time_s": step_s,
         "published_tflops_per_gpu": row.tflops_per_gpu, "software": row.container,

@@ -19,7 +19,7 @@ from costmodel.data_parallel import Sharding, StageParams
 from costmodel.memory_features import stage_offload_share
 from costmodel.pipeline import stage_blocks_in_flight
 from costmodel.pipeline_time import Stages
-from costmodel.stage_state import RESIDENT_BLOCKS, StageState, blocks_state, offloaded_bytes
+from costmodel.stage_state import RESIDENT_BLOCKS, TRANSIT_BLOCKS, StageState, blocks_state, offloaded_bytes
 from costmodel.step_terms import allocator_bytes
 
 # Megatron-LM's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py)
@@ -71,11 +71,15 @@ def stage_memory(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardin
 
     def activations_in_hbm(blocks, blocks_alive, activations):
         # offloaded: the share o of the stage's blocks that offload (all of them unless
-        # activation_offload_blocks says N: o = N/blocks) leave two blocks' worth in HBM (the
-        # one computing and the one in transit), the others keep theirs
+        # activation_offload_blocks says N: o = N/blocks); the others keep theirs. Every block
+        # offloading leaves two blocks' worth in HBM (the one computing and the one in transit);
+        # some kept, the one computing is among them and one offloaded block is in transit
         share = stage_offload_share(m, xp, blocks)
-        return xp.where(m.activations_offload, activations - share * activations
-                        + xp.minimum(RESIDENT_BLOCKS, share * blocks_alive) * act.stored, activations)
+        offloaded = share * blocks_alive
+        in_flight = xp.where(share < 1.0, xp.minimum(TRANSIT_BLOCKS, offloaded),
+                             xp.minimum(RESIDENT_BLOCKS, offloaded))
+        return xp.where(m.activations_offload, activations - share * activations + in_flight * act.stored,
+                        activations)
 
     def stage_hbm(state, activations_hbm):
         # on every stage: its blocks' state, one block's recompute workspace, the runtime

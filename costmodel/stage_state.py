@@ -16,6 +16,15 @@ from costmodel.context import Context
 # (the paper's reason why 128T needs 120 GiB of HBM).
 RESIDENT_BLOCKS = 2.0
 
+# When only some of a stage's blocks offload their activations, the block computing is one of
+# those kept, and at most one offloaded block is in transit beside them: Transformer Engine's
+# default schedule frees offloaded layer i when layer 2i+1 (for N = L/2) commits, so the last
+# offloaded layer waits beside the L − N kept ones until the forward's last layer commits, and
+# is reloaded as the first kept layer's backward starts (TE v2.8 cpu_offload.py,
+# AsyncDoubleBufferGroupOffloadHandler: layer_window_map); TE ≥ 2.10's schedule keeps at most
+# L − N layers' activations on the GPU (cpu_offload.py, DefaultOffloadSynchronizer).
+TRANSIT_BLOCKS = 1.0
+
 
 class StageState(NamedTuple):
     """One GPU's share of one stage's blocks (bytes; each a scalar or an array)."""

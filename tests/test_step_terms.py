@@ -10,9 +10,11 @@ import shutil
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from costmodel.calibration.measurements import load_gemm
 from costmodel.calibration.step_fit import FOLDS, fit_step, held_out, scores_with_step
 from costmodel.calibration.step_render import render_step
 from costmodel.comm import collective_s
@@ -24,12 +26,12 @@ from costmodel.kernel_time import gemm_time_s
 from costmodel.layer_time import eltwise_s, gemm_s
 from costmodel.load import load_model, load_system
 from costmodel.mapping import Mapping
-from costmodel.ops import ScalarOps
+from costmodel.ops import ArrayOps, ScalarOps
 from costmodel.published_flops import bridge_flops_per_token, padded_vocab
 from costmodel.run_files import read_runs
 from costmodel.run_mapping import map_run
 from costmodel.run_scoring import RunInputs, newest_per_configuration, split_dense
-from costmodel.step_terms import WholeStep
+from costmodel.step_terms import WholeStep, gemm_in_step
 from costmodel.system import Collective, Datatype
 from costmodel.units import MICRO
 from solver.cli.app import cli
@@ -117,6 +119,26 @@ def test_a_long_window_approaches_the_clock_of_an_endless_gemm_loop():
     isolated = gemm_time_s(p, ScalarOps, size, size, size, 0.0, c.matrix_flops_per_s, c.hbm_bytes_per_s)
     endless = (1 + p.power_drop) / (1 + p.power_drop * flops / (flops + p.power_flops))
     assert (step - p.launch_s) / (isolated - p.launch_s) == pytest.approx(endless, rel=1e-3)
+
+
+def test_the_window_charges_the_h100s_longest_fp8_gemms_beyond_their_measured_speed():
+    # What the H100 rows say (docs/training-runs.md, "What no shared term fits"): the FP8 GEMMs
+    # measured back to back up to 3e13 FLOP (kind: block; each ~25 ms, repeated for 60 ms: the
+    # limiter's steady clock) run within 3 % of the 1e11.5-1e12.5 ones, while the fit with the
+    # shipped window makes the longest of them more than 10 % slower than measured. Independent
+    # arithmetic: the measured times of problems/measurements/h100-sxm-80g/gemm.json.
+    data = load_gemm(ROOT / "problems/measurements/h100-sxm-80g/gemm.json", "fp8", "block")
+    flops = 2.0 * data.rows * data.cols * data.depth
+    fp8 = H100.compute_for(Datatype.float8)
+    fraction = flops / data.time_s / fp8.matrix_flops_per_s
+    longest = flops >= 10 ** 13.25
+    middle = (flops >= 10 ** 11.25) & (flops < 10 ** 12.75)
+    assert longest.sum() >= 10 and np.median(fraction[longest]) > 0.97 * np.median(fraction[middle])
+    step = gemm_in_step(fp8.gemm.timing(), 0.0, H100.step.power_window_s, fp8.matrix_flops_per_s)
+    num_bytes = data.rows * data.depth + data.depth * data.cols + data.rows * data.cols
+    modelled = gemm_time_s(step, ArrayOps, data.rows, data.cols, data.depth, num_bytes, fp8.matrix_flops_per_s,
+                           H100.hbm.bandwidth_bytes_per_s)
+    assert np.median(modelled[longest] / data.time_s[longest]) > 1.10
 
 
 def test_the_power_window_is_not_negative():
