@@ -4,6 +4,7 @@ across counts through BlockTableCache), and the named-axis grids they are built 
 
 from __future__ import annotations
 
+import functools
 import math
 from types import SimpleNamespace
 
@@ -78,9 +79,22 @@ class Named:
         return ({k: g.ravel() for k, g in zip(names, mesh)},
                 Named(np.empty(mesh[0].shape), {k: tuple(np.asarray(axes[k]).tolist()) for k in names}))
 
+    @staticmethod
+    def open_grid(**axes) -> tuple[dict[str, np.ndarray], "Named"]:
+        """As `grid`, with each column shaped to broadcast along its own axis only (a term
+        that reads a few axes is computed over those alone), and results given `.of` in any
+        shape that broadcasts to the grid's."""
+        names = list(axes)
+        mesh = np.meshgrid(*[np.asarray(axes[k]) for k in names], indexing="ij", sparse=True)
+        shape = tuple(len(axes[k]) for k in names)
+        return dict(zip(names, mesh)), Named(np.empty(shape), {k: tuple(np.asarray(axes[k]).tolist()) for k in names})
+
     def of(self, flat) -> "Named":
-        """Flat results over the grid's rows (or one broadcast value) as a Named of its shape."""
+        """Flat results over the grid's rows (or one broadcast value, or results shaped to
+        broadcast to the grid's shape) as a Named of its shape."""
         shape = self.values.shape
+        if np.ndim(flat) > 1:
+            return Named(np.broadcast_to(flat, shape), self.axes)
         return Named(np.broadcast_to(flat, (math.prod(shape),)).reshape(shape), self.axes)
 
     def _axis(self, name: str) -> int:
@@ -265,7 +279,7 @@ def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
 
     parts: dict[str, list] = {}
     for first_key in range(0, len(tm), keys_per_chunk):
-        cols, chunk = Named.grid(key=np.arange(first_key, min(len(tm), first_key + keys_per_chunk)), **axes)
+        cols, chunk = Named.open_grid(key=np.arange(first_key, min(len(tm), first_key + keys_per_chunk)), **axes)
         for name, values in reduced(chunk, _block_rows(c, tm, cols, group_at, expert_nets, size, nets)).items():
             parts.setdefault(name, []).append(values)
     flag_axes = {k: v for k, v in chunk.axes.items() if k not in (*networks_axes, "tp_overlap")}
@@ -305,19 +319,19 @@ def _block_rows(c: Context, tm: np.ndarray, cols: dict, group_at: dict, expert_n
     a group of one fits any: a mapping putting a group on a network too small for it is
     infeasible, so the minimum over the networks only needs to run over those that fit)."""
     key = cols["key"]
-    ns = _namespace(**{name: tm[key, i] for name, i in group_at.items()}, microbatch=tm[key, len(group_at)],
-                    **{k: v_ for k, v_ in cols.items() if k != "key"},
-                    **{net: best[key] for net, best in expert_nets.items()})
-    n = len(key)
+    ns = array_fields(MappingArrays.of(**{**_DEFAULT_COLUMNS, **{k: v_ for k, v_ in cols.items() if k != "key"},
+                                          **{name: tm[key, i] for name, i in group_at.items()},
+                                          "microbatch": tm[key, len(group_at)],
+                                          **{net: best[key] for net, best in expert_nets.items()}}))
     blk = block_terms(c, ns, ArrayOps)
     total = blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s + blk.offload_bwd_s
-    fits = np.ones(n, dtype=bool)
+    fits = np.ones((), dtype=bool)
     for name, degree, span, net in group_spans(ns):
         if name in ("tp", "cp"):
-            fits &= (degree == 1) | (span <= size[net])
-    p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
-                                 np.full(n, k)) for k in nets]).min(axis=0)
+            fits = fits & ((degree == 1) | (span <= size[net]))
+    p2p = functools.reduce(np.minimum, [collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
+                                                     np.intp(k)) for k in nets])
     out = {"block": total, "block_zb": total - 2 * blk.weight_grad_gemm_s,
            "compute": blk.compute_fwd_s + blk.compute_bwd_s, "head": output_layer_s(c, ns, ArrayOps),
            "p2p": p2p, "stored": blk.activations.stored, "workspace": blk.activations.workspace, "fits": fits}
-    return {name: np.broadcast_to(values, (n,)) for name, values in out.items()}
+    return out
