@@ -124,14 +124,16 @@ def distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, by
     packed into one int64 key, mixed radix; by counting when the key range is small."""
     columns = [np.asarray(column).astype(np.int64) for column in columns]
     key = np.zeros(len(columns[0]), dtype=np.int64)
-    radices = []
+    radices = []                            # (least value, values spanned) per column
     for column in columns:
-        radices.append(int(column.max()) + 1 if len(column) else 1)
-        if np.prod(radices, dtype=float) >= 2.0 ** 62:
+        low = int(column.min()) if len(column) else 0
+        radices.append((low, int(column.max()) - low + 1 if len(column) else 1))
+        if np.prod([r for _, r in radices], dtype=float) >= 2.0 ** 62:
             rows, first, inverse = np.unique(np.column_stack(columns), axis=0, return_index=True, return_inverse=True)
             return first, inverse.ravel(), rows.tobytes()
-        key = key * radices[-1] + column
-    span = int(np.prod(radices))
+        if radices[-1][1] > 1:
+            key = key * radices[-1][1] + (column - low)
+    span = math.prod(r for _, r in radices)
     if span > 4 * len(key) + 1024:
         keys, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     else:

@@ -58,7 +58,8 @@ class Tables:
 
         # ---- stage tables over (tp, cp, ep, etp, pp) × sharding stage × offload flags × net ----
         # (with one microbatch per replica: ZeRO-2/3 traffic grows with the microbatches, so
-        # the DP table, minimised over every stage, stays a lower bound for any count)
+        # the DP table, minimised over every stage, stays a lower bound for any count; the
+        # block floors take each stage's at the block's microbatches, dp_per_microbatch)
         tpp = np.array(self.tp_keys, dtype=float)
         stages = list(range(len(ShardingStage)))
         cols, grid = Named.grid(key=np.arange(len(tpp)), zero=stages, weight_offload=[False, True],
@@ -80,6 +81,17 @@ class Tables:
         grad_fits = grid.of(((dp == 1) | (num_gpus <= size[ns.dp_net])) & ((c_ == 1) | (t_ * c_ <= size[ns.dp_net]))
                             & ((dp > 1) | (c_ > 1) | (t_ == 1) | (t_ <= size[ns.dp_net])))
         self.dp_comm = self._by_tp(grid.of(terms.dp_comm_s * usage).min(where=grad_fits).values)
+        # Per sharding stage, that bound's once-a-step part and its part per microbatch (ZeRO-2
+        # reduce-scatters and ZeRO-3 also gathers every microbatch: the traffic is linear in
+        # the microbatches), from the reduction at one and at two microbatches; the block
+        # floors take it at each block's microbatch count.
+        twice = iteration_terms(c, _namespace(**split, dp=dp, batch=2 * dp, microbatch=np.ones(len(t_)),
+                                              cp_net=cols["dp_net"], tp_net=cols["dp_net"],
+                                              **{k: v_ for k, v_ in cols.items() if k != "key"}), ArrayOps).dp_comm_s
+        per_micro = twice - terms.dp_comm_s
+        self.dp_once, self.dp_per_microbatch = (
+            {z: self._by_tp(grid.of(values * usage).sel(zero=z).min(where=grad_fits.sel(zero=z)).values)
+             for z in stages} for values in (terms.dp_comm_s - per_micro, per_micro))
         # keyed by the sharding stage (code z) and the offload switches they read
         optimizer = grid.of(terms.optimizer_s)
         self.optimizer = {z: self._by_tp(optimizer.sel(zero=z).min().values) for z in stages}
@@ -200,7 +212,8 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
                      + _on_s([o * tables.optimizer_state[z][key] for z, o in zo]) + activations_offloaded[None])
         # (a hair of slack: these sums round differently from the evaluator's)
         fits = (memory <= hbm_capacity_bytes * FIT_SLACK) & (offloaded <= c.offload_capacity_bytes * FIT_SLACK)
-        extra = _on_s([tables.optimizer[z][key] + tables.dp_comm[key] for z, _ in zo])[:, :, :, 0]   # [S, 1, 1]
+        extra = (_on_s([tables.optimizer[z][key] + tables.dp_once[z][key] for z, _ in zo])[:, :, :, 0]
+                 + _on_s([tables.dp_per_microbatch[z][key] for z, _ in zo])[:, :, :, 0] * n)    # [S, 1, M]
         best = (np.where(fits, time[None], np.inf).min(axis=3) + extra).min(axis=0)                 # [V, M]
         for i, il in enumerate(sk.interleavings):
             for j, mb in enumerate(sk.microbatches):
