@@ -159,6 +159,26 @@ def test_top_table_fits_120_columns(args):
     assert "…" not in "\n".join(table)                                 # nothing cut
 
 
+def test_shape_counts_with_the_default_batch_of_its_space():
+    def mappings(*extra):
+        result = run("shape", "--params", "1e11", "--rule-only", "--gpus", "512", *extra, "--json")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["shapes"][0]["mappings"]
+
+    assert mappings("--space", "full") == mappings("--space", "full", "--max-batch", "2048")   # 2^24 tokens at 8K
+    assert mappings("--space", "full") != mappings("--space", "full", "--max-batch", "3072")
+    assert mappings() == mappings("--max-batch", "3072")                # the paper space keeps 3,072
+
+
+def test_eval_breakdown_fits_120_columns():
+    result = run("eval", "--model", MODELS / "gpt3-175b.yaml", "--system", H100,
+                 "--mapping", MAPPINGS / "gpt3-175b-h100-fp8-512gpu.json")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 120 for line in lines), max(lines, key=len)
+    assert "tp8 cp1 pp8 dp8" in result.stdout and "…" not in result.stdout     # the mapping, wrapped, not cut
+
+
 # ---- 6. slips
 @pytest.mark.parametrize("word, hint", [
     ("fp8", "use --datatype float8 (Calculon's all-FP8) or --precision fp8-tensorwise (Transformer Engine's)"),
@@ -167,6 +187,17 @@ def test_top_table_fits_120_columns(args):
 def test_short_datatype_names_get_a_hint(word, hint):
     result = run("solve", *GPT3, "--gpus", "64", "--datatype", word)
     assert result.exit_code == 2 and f"unknown datatype '{word}': {hint}" in result.output
+
+
+@pytest.mark.parametrize("word, hint", [
+    ("fp8", "use datatype: float8 (Calculon's all-FP8) or precision: fp8-tensorwise (Transformer Engine's)"),
+    ("bf16", "use datatype: bfloat16"),
+])
+def test_short_datatype_names_in_a_batch_file_get_a_hint(tmp_path, word, hint):
+    path = tmp_path / "b.yaml"
+    path.write_text(f"models: {MODELS / 'gpt3-13b.yaml'}\nsystems: {SELENE}\ngpus: 64\ndatatype: {word}\n")
+    result = run("batch", path, "--out", tmp_path / "out")
+    assert result.exit_code == 1 and f"unknown datatype '{word}': {hint}" in result.output
 
 
 @pytest.mark.parametrize("path, kind", [

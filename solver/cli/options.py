@@ -25,7 +25,7 @@ from costmodel.limits import Bound
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.precision import OPTIMIZER_STATES, Precision
-from costmodel.system import Datatype, System
+from costmodel.system import Datatype, System, datatype_hint
 from costmodel.units import GiB
 from solver.cli.errors import debugging, one_line_errors
 from solver.space.declaration import DEFAULT_SPACE, SPACES, Space, get_space
@@ -383,19 +383,11 @@ def batch_header(space: Space, cap: int, model: Model) -> str:
     return batch_text(cap, model.seq_size, space, ctx.meta.get("mapsat.batch_source", "given"))
 
 
-DATATYPE_HINTS = {
-    "fp8": "use --datatype float8 (Calculon's all-FP8) or --precision fp8-tensorwise (Transformer Engine's)",
-    "bf16": "use --datatype bfloat16", "fp16": "use --datatype float16", "fp32": "use --datatype float32",
-}
-"""The short names problem ids and Megatron-LM use (DATATYPE_TAGS of solver.study.batch), each with the
-option that means it."""
-
-
 class DatatypeChoice(click.Choice):
     """--datatype's choice: a short name (fp8, bf16) is refused with the option that means it."""
 
     def convert(self, value, param, ctx):
-        hint = DATATYPE_HINTS.get(str(value).strip().lower())
+        hint = datatype_hint(value, "--datatype", "--precision")
         if hint is not None and value not in self.choices:
             self.fail(f"unknown datatype {value!r}: {hint}", param, ctx)
         return super().convert(value, param, ctx)

@@ -19,6 +19,7 @@ from solver.report.tables import mapping_summary
 from solver.study.shape import (ASPECT_INTERCEPT, ASPECT_POINTS, ASPECT_SLOPE, BLOCKS_STEP, SEQ_SIZE, VOCAB_SIZE,
                           ShapeAssessment, aspect_ratio, assess_shapes, candidate_shapes, rule_shape, write_shapes)
 from solver.space.declaration import SPACES
+from solver.space.pins import default_batch_cap
 
 SPREAD = Bound(0, 1024, "block counts listed either side of the rule's")
 
@@ -62,7 +63,9 @@ def _positive_params(ctx, param, values: tuple[float, ...]) -> tuple[float, ...]
 @click.option("--system", "system_path", type=click.Path(dir_okay=False), default=None,
               help="System file: solve each shape on --gpus GPUs and show its MFU.")
 @system_override_options
-@click.option("--max-batch", type=BoundedInt(limits.MAX_BATCH_COUNT), default=3072, show_default=True, help="Global batch cap.")
+@click.option("--max-batch", type=BoundedInt(limits.MAX_BATCH_COUNT), default=None,
+              help="Global batch cap, sequences (default: 3,072 in the paper spaces; else the largest power of two "
+                   "within 2^24 tokens, at most 3,072, as every searching command).")
 @click.option("--space", "space_name", type=click.Choice(list(SPACES)), default="calculon-2023", show_default=True,
               help="Mapping space for counts and solves (calculon-2023 reproduces the paper's counts).")
 @kernel_options
@@ -76,7 +79,7 @@ def _positive_params(ctx, param, values: tuple[float, ...]) -> tuple[float, ...]
 def command(targets: tuple[float, ...], blocks: list[int] | None, heads: int | None, spread: int, blocks_step: int,
             rule_only: bool, seq_size: int, vocab_size: int, num_gpus: int | None, system_path: str | None,
             hbm_gib: float | None, offload_gib: float | None, offload_gbps: float | None, nvlink_size: int | None,
-            max_batch: int, space_name: str, kernels: Kernels, datatype: str, time_limit_s: float, write_dir: str | None,
+            max_batch: int | None, space_name: str, kernels: Kernels, datatype: str, time_limit_s: float, write_dir: str | None,
             as_json: bool) -> None:
     """List model shapes near a parameter count by the paper's rule, with mapping counts.
 
@@ -101,6 +104,8 @@ def command(targets: tuple[float, ...], blocks: list[int] | None, heads: int | N
         if system_path is not None and value is not None and bound.problem(value):
             raise click.BadParameter(f"{value} is {bound.problem(value)} (--system solves each shape)",
                                      param_hint=f"'{option}'")
+    if max_batch is None:
+        max_batch = default_batch_cap(seq_size, space_name)
     system = None
     if system_path is not None:
         system = load_system(system_path).with_overrides(hbm_gib=hbm_gib, offload_gib=offload_gib,

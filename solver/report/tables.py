@@ -148,7 +148,8 @@ def mfu_text(ev: Evaluation) -> str:
 
 def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
     """The time and memory breakdown of one evaluation."""
-    head = Table(title=f"{title}: {mapping_summary(ev.mapping.model_dump(mode='json'))}", show_header=False)
+    head = Table(title=title, show_header=False)
+    head.add_row("mapping", mapping_summary(ev.mapping.model_dump(mode='json')))
     head.add_row("feasible", "yes" if ev.feasible else "NO: " + "; ".join(ev.reasons))
     if ev.flops is not None:
         batch = ev.mapping.batch_size

@@ -22,7 +22,7 @@ from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES, PRECISION_DEFAU
 from costmodel.load import describe_validation_error, load_model, load_system, other_file_kind, parse, read_document
 from costmodel.model import Boolean, Model, RealNumber, within
 from costmodel.precision import OPTIMIZER_STATES, Precision
-from costmodel.system import Datatype, System
+from costmodel.system import Datatype, System, datatype_hint
 from costmodel.units import GiB
 from solver.space.declaration import SPACES
 from solver.space.pins import BATCH_CAP, default_batch_cap, parse_pins
@@ -46,6 +46,14 @@ def _as_list(value: Any) -> Any:
 
 def Grid(item: Any) -> Any:  # noqa: N802 - reads like a type in the schema below
     return Annotated[list[item], BeforeValidator(_as_list), Field(min_length=1)]
+
+
+def _named_datatype(value: Any) -> Any:
+    """A short datatype name (fp8, bf16) is refused with the field values that mean it."""
+    hint = datatype_hint(value, "datatype:", "precision:") if value not in tuple(Datatype) else None
+    if hint is not None:
+        raise ValueError(f"unknown datatype {value!r}: {hint}")
+    return value
 
 
 _OFFLOAD_GIB = limits.Bound(0, limits.CAPACITY_GIB.high, limits.CAPACITY_GIB.reason + "; 0 removes it")
@@ -89,7 +97,8 @@ class GridSpec(BaseModel):
         None, description="Fixed global batches, in sequences (instead of a cap): only splits whose dp divides it.")
     fix: dict[str, int | str | bool | list[int | str | bool]] | None = Field(
         None, description="Dimensions to fix, as on the command line: {tp: 8, recompute: [full, none]}.")
-    datatype: Grid(Datatype) | None = Field(None, description="Compute datatypes (default bfloat16).")
+    datatype: Grid(Annotated[Datatype, BeforeValidator(_named_datatype)]) | None = Field(
+        None, description="Compute datatypes (default bfloat16).")
     space: Grid(Literal[tuple(SPACES)]) | None = Field(None, description=f"Mapping spaces (default {DEFAULT_SPACE}).")
     attention: Grid(Literal[ATTENTION_KERNELS]) | None = Field(
         None, description="Attention kernels: fused (FlashAttention, the default) or unfused.")
@@ -196,9 +205,9 @@ def load_batch(path: str | Path, *, time_limit_s: float | None = None) -> list[P
     problems: dict[str, Problem] = {}
     for number, grid in enumerate(grids):
         where = f"{path}: grids.{number}" if batch.grids else str(path)
-        for field in ("models", "systems", "gpus"):
-            if field not in grid:
-                raise InputError(f"{where}: missing field '{field}'")
+        for required in ("models", "systems", "gpus"):
+            if required not in grid:
+                raise InputError(f"{where}: missing field '{required}'")
         if "batch" in grid and "max_batch" in grid:
             raise InputError(f"{where}: 'batch' fixes the global batch and 'max_batch' caps it: give one")
     sizes = [grid_size(grid) for grid in grids]
