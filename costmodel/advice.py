@@ -30,3 +30,22 @@ def override_warnings(offload_gib: float | None, offload_gbps: float | None) -> 
     if offload_gib == 0 and offload_gbps is not None:
         return [f"--offload-gbps {offload_gbps:g} is ignored: --offload-gib 0 removes the offload memory"]
     return []
+
+
+DATATYPE_SHORT_NAMES = {"fp8": ("float8", "fp8-tensorwise"), "bf16": ("bfloat16", None),
+                        "fp16": ("float16", None), "fp32": ("float32", None)}
+"""The short names problem ids and Megatron-LM use, each with the datatype that means it (and,
+for fp8, the precision recipe that means Transformer Engine's FP8)."""
+
+
+def datatype_hint(value, datatype_option: str, precision_option: str) -> str | None:
+    """What to write instead of a short datatype name (`fp8`), in a surface's own option names
+    (`--datatype`/`--precision`, or a batch file's `datatype:`/`precision:`); None otherwise."""
+    short = DATATYPE_SHORT_NAMES.get(str(value).strip().lower())
+    if short is None:
+        return None
+    datatype, recipe = short
+    if recipe is None:
+        return f"use {datatype_option} {datatype}"
+    return (f"use {datatype_option} {datatype} (Calculon's all-FP8) or {precision_option} {recipe} "
+            f"(Transformer Engine's)")

@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 
 import costmodel.limits as limits
-from costmodel.advice import model_warnings, override_warnings
+from costmodel.advice import datatype_hint, model_warnings, override_warnings
 from costmodel.errors import MapsatError
 from costmodel.headroom import Headroom
 from costmodel.hf import UnmodelledFieldWarning
@@ -25,7 +25,7 @@ from costmodel.limits import Bound
 from costmodel.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.precision import OPTIMIZER_STATES, Precision
-from costmodel.system import Datatype, System, datatype_hint
+from costmodel.system import Datatype, System
 from costmodel.units import GiB
 from solver.cli.errors import debugging, one_line_errors
 from solver.space.declaration import DEFAULT_SPACE, SPACES, Space, get_space

@@ -22,7 +22,8 @@ from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES, PRECISION_DEFAU
 from costmodel.load import describe_validation_error, load_model, load_system, other_file_kind, parse, read_document
 from costmodel.model import Boolean, Model, RealNumber, within
 from costmodel.precision import OPTIMIZER_STATES, Precision
-from costmodel.system import Datatype, System, datatype_hint
+from costmodel.advice import datatype_hint
+from costmodel.system import Datatype, System
 from costmodel.units import GiB
 from solver.space.declaration import SPACES
 from solver.space.pins import BATCH_CAP, default_batch_cap, parse_pins
