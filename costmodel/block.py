@@ -399,7 +399,7 @@ def _selective_stored(c: Context, m, xp, moe: bool, full, attention_core, gemm_i
     dropped = {"core_attn": 0.0 if c.fused_attention else attention_core, "layernorm": gemm_inputs,
                "mlp": 0.0 if moe else mlp_intermediates, "moe_act": 0.0}
     if moe:
-        layer = moe_memory(c, xp, tokens, m.tp, m.ep)
+        layer = moe_memory(c, xp, tokens, m.tp, m.ep, m.etp)
         dropped["moe_act"] = layer.expert_intermediate_bytes / (3 if c.gated_mlp else 2)
     gone = [dropped[name] for name in modules]
     workspace = 0.0
