@@ -274,3 +274,85 @@ def test_whole_iterations_of_moe_models_are_evaluated_with_the_all_to_all_in_the
     assert result.exit_code == 0, result.output
     assert "EP all-to-all" in result.output and "active (k of" in result.output
     assert "Traceback" not in result.output
+
+
+# ---------------------------------------------------------------- flex dispatcher and EP overlap
+
+@pytest.fixture(scope="module")
+def tiny_flex():
+    return Context.of(TINY, FLAT, Datatype.bfloat16, Kernels(capacity_factor=CF, moe_dispatcher="flex"))
+
+
+def test_flex_dispatch_within_one_domain_by_hand(tiny_flex):
+    # ep 4 on one 8-GPU NVLink domain: a token's k = 2 experts land on 4·(1 − (3/4)²) = 1.75
+    # distinct GPUs on average (uniform routing), 3/4 of them another GPU; nothing crosses InfiniBand.
+    row = (T / TP) * 64 * E_BYTES * CF
+    nvlink = row * 4 * (1 - (3 / 4) ** 2) * 3 / 4
+    comm = moe_communication(tiny_flex, ScalarOps, T, TP, EP, 1, ep_net=0, etp_net=0)
+    assert comm.dispatch_s == comm.combine_s == pytest.approx(10e-6 + nvlink / 100e9)
+    # the same dispatch as an all-to-all moves k = 2 rows per token, 3/4 of them away: more bytes
+    alltoall = moe_communication(Context.of(TINY, FLAT, Datatype.bfloat16, Kernels(capacity_factor=CF)),
+                                 ScalarOps, T, TP, EP, 1, ep_net=0, etp_net=0)
+    assert alltoall.dispatch_s == pytest.approx(10e-6 + row * 2 * 3 / 4 / 100e9)
+    assert comm.dispatch_s < alltoall.dispatch_s
+
+
+def test_flex_dispatch_across_domains_by_hand(tiny_flex):
+    # ep 32 over four 8-GPU domains: NVLink carries D(32, 2) rows, InfiniBand D(4, 2)·3/4 (one per
+    # remote node the token's experts live on); the slower stage sets the time.
+    def distinct(n, k):
+        return n * (1 - (1 - 1 / n) ** k)
+    row = (T / TP) * 64 * E_BYTES * CF
+    nvlink = row * distinct(32, 2) * 31 / 32 / 100e9
+    rdma = row * distinct(4, 2) * 3 / 4 / 25e9
+    comm = moe_communication(tiny_flex, ScalarOps, T, TP, 32, 1, ep_net=1, etp_net=0)
+    assert comm.dispatch_s == pytest.approx(20e-6 + max(nvlink, rdma))
+    assert rdma > nvlink
+
+
+def test_flex_dispatch_fuses_the_source_side_permutations(tiny, tiny_flex):
+    rows = expert_rows(tiny, T, TP, EP, TP)
+    alltoall = moe_layer_forward(tiny, ScalarOps, T, TP, EP, TP)
+    flex = moe_layer_forward(tiny_flex, ScalarOps, T, TP, EP, TP)
+    permute = eltwise(64 * 2 * 64, 0, 2 * E_BYTES)
+    unpermute = eltwise(64 * 2 * 64, 2, E_BYTES * 3 / 2)
+    # alltoall: permute and unpermute at the source, then the received rows sorted and back;
+    # flex: only the received rows' permutation and its inverse.
+    assert alltoall.eltwise_s - flex.eltwise_s == pytest.approx(permute + unpermute)
+    one_local = moe_layer_forward(tiny_flex, ScalarOps, T, TP, 8, TP)     # E/ep = 1: still permuted locally
+    received = 2 * eltwise(expert_rows(tiny, T, TP, 8, TP) * 64, 0, 2 * E_BYTES)
+    plain = moe_layer_forward(tiny, ScalarOps, T, TP, 8, TP)
+    assert one_local.eltwise_s - plain.eltwise_s == pytest.approx(received - permute - unpermute)
+    assert rows == 160
+
+
+def test_ep_overlap_hides_at_most_the_compute_beside_it():
+    from costmodel.block_terms import ep_overlap_terms
+    flat = Context.of(TINY, FLAT, Datatype.bfloat16, Kernels(moe_comm_overlap=True))
+    plain = Context.of(TINY, FLAT, Datatype.bfloat16, Kernels())
+    m = type("M", (), {"ep_net": 0})()
+    # without overlap each pass pays its dispatch and combine
+    assert ep_overlap_terms(plain, m, ScalarOps, 3e-3, 1e-3, 2e-3) == (3e-3, 3e-3)
+    # 6 ms of EP traffic beside 3 ms of compute: 3 ms hide (taking 10 % of the cores), 3 ms stay
+    fwd, bwd = ep_overlap_terms(flat, m, ScalarOps, 3e-3, 1e-3, 2e-3)
+    assert fwd == bwd == pytest.approx((3e-3 + 0.1 * 3e-3) / 2)
+    # all of it hides behind more compute, costing only the cores it takes
+    fwd, bwd = ep_overlap_terms(flat, m, ScalarOps, 1e-3, 4e-3, 8e-3)
+    assert fwd + bwd == pytest.approx(0.1 * 2e-3)
+
+
+def test_flex_and_overlap_backends_agree():
+    model = load_model(ROOT / "problems/models/qwen1.5-moe-a2.7b/config.json", seq_size=4096)
+    c = Context.of(model, load_system(SYSTEMS / "b200-180g-nvl8.yaml"), Datatype.bfloat16,
+                   Kernels(moe_dispatcher="flex", moe_comm_overlap=True))
+    ep = np.array([1.0, 2.0, 4.0, 12.0, 60.0])
+    net = np.array([0, 0, 0, 1, 1])
+    arrays = moe_communication(c, ArrayOps, 4096.0, 1.0, ep, 1.0, net, 0)
+    for i in range(len(ep)):
+        scalar = moe_communication(c, ScalarOps, 4096.0, 1.0, float(ep[i]), 1.0, int(net[i]), 0)
+        assert arrays.dispatch_s[i] == pytest.approx(scalar.dispatch_s, rel=1e-12)
+
+
+def test_moe_dispatcher_is_a_checked_setting():
+    with pytest.raises(InputError, match="moe_dispatcher 'deepep' does not exist"):
+        Kernels(moe_dispatcher="deepep")
