@@ -35,7 +35,7 @@ __all__ = ["AttentionType", "Mapping", "Recompute", "ShardingStage", "TPComm", "
 # a mapping's JSON leaves them out at these defaults.
 _MEMORY_FEATURE_DEFAULTS: dict[str, Any] = {"activation_offload_blocks": None, "recompute_blocks": None,
                                             "recompute_modules": None, "megatron_fsdp": False}
-RecomputeModule = Literal["core_attn", "layernorm", "mlp", "moe_act"]
+RecomputeModule = Literal["core_attn", "layernorm", "mlp", "moe_act", "mla_up_proj"]
 """Megatron-LM's recompute_modules this model costs (transformer_config.py)."""
 
 _FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm.ar, "tp_overlap": TPOverlap.none,
@@ -128,7 +128,7 @@ class _MappingBase(BaseModel):
     recompute_modules: tuple[RecomputeModule, ...] | None = Field(
         None, description="With activation_recompute attn_only (Megatron-LM's selective granularity): the modules "
                           "whose stored activations are dropped and whose forward is rerun in backward "
-                          "(recompute_modules: core_attn, layernorm, mlp, moe_act). Default: core_attn alone.")
+                          "(recompute_modules: core_attn, layernorm, mlp, moe_act, mla_up_proj). Default: core_attn alone.")
     megatron_fsdp: Boolean = Field(
         False, description="Megatron-FSDP (data_parallel_sharding_strategy optim_grads_params): sharding_stage 3 "
                            "with its gradient reduce-scatter double buffer.")
@@ -349,7 +349,7 @@ def check_mapping_fits(model: Model, system: System, mapping: Mapping) -> None:
             reason = dim.fits(model, system, values) if dim.fits is not None else None
         if reason is not None:
             raise InputError(reason)
-    reason = feature_problem(model.num_blocks, model.num_experts, mapping)
+    reason = feature_problem(model.num_blocks, model.num_experts, mapping, model.latent_attention is not None)
     if reason is not None:
         raise InputError(reason)
     system.compute_for(mapping.datatype)

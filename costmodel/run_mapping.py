@@ -11,7 +11,7 @@ one to one is mapped to the nearest expressible setting, and the gap is listed p
 | Megatron-FSDP | ZeRO stage 3 with its gradient double buffer (`megatron_fsdp`) | — |
 | activation offload of N blocks | N of each stage's blocks offloaded (`activation_offload_blocks`) when the system has offload memory, else none | only without offload memory, or with full recompute |
 | full recompute of N blocks per chunk | full, the first N of each chunk (`recompute_blocks`) | — |
-| selective recompute | attn_only with the modules (`recompute_modules`: core_attn, layernorm, mlp, moe_act) | yes, for other modules |
+| selective recompute | attn_only with the modules (`recompute_modules`: core_attn, layernorm, mlp, moe_act, mla_up_proj) | yes, for other modules |
 | CUDA graphs | the problem's `cuda_graphs` (launch gaps removed where graphed) | — |
 | the loss (fused or eager cross-entropy) | the problem's `fused_cross_entropy` | — |
 | a pipeline layout (Megatron-LM's layout string) | first and last stage blocks (`pipeline_first/last_stage_blocks`) when the middle stages are equal and only the first stage's first and the last stage's last chunk are shorter (costmodel.pipeline_layout); else the layout rule | only when not expressed |
@@ -84,6 +84,8 @@ def _recompute(run: Run, model: Model, gaps: list[str]) -> tuple[Recompute, dict
                         f"are)")
         if "moe_act" in known and not model.num_experts:
             known = tuple(module for module in known if module != "moe_act")
+        if "mla_up_proj" in known and model.latent_attention is None:
+            known = tuple(module for module in known if module != "mla_up_proj")
         if not known:
             return Recompute.none, {}
         # core_attn alone is attn_only as the searched spaces cost it

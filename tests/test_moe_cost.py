@@ -356,3 +356,45 @@ def test_flex_and_overlap_backends_agree():
 def test_moe_dispatcher_is_a_checked_setting():
     with pytest.raises(InputError, match="moe_dispatcher 'deepep' does not exist"):
         Kernels(moe_dispatcher="deepep")
+
+
+# ---------------------------------------------------------------- latent attention's up-projection recompute
+
+def _deepseek_block(recompute_modules):
+    from costmodel.block import block_forward_times, block_stored_activation_bytes
+    from costmodel.evaluate import _context_for, _scalar_fields
+    from costmodel.mapping import Mapping
+    model = load_model(ROOT / "problems/models/deepseek-v3/config.json", seq_size=4096)
+    system = load_system(SYSTEMS / "b200-180g-nvl8.yaml")
+    mapping = Mapping.model_validate({
+        "num_procs": 64, "tensor_par": 1, "pipeline_par": 8, "data_par": 8, "expert_par": 8, "batch_size": 64,
+        "microbatch_size": 1, "tensor_par_net": 0, "pipeline_par_net": 1, "data_par_net": 1, "expert_par_net": 0,
+        "activation_recompute": "attn_only", "recompute_modules": recompute_modules,
+        "pipeline_first_stage_blocks": 8, "pipeline_last_stage_blocks": 5})
+    mapping = mapping.with_expert_tensor_par(True)
+    c = _context_for(model, system, mapping)
+    m = _scalar_fields(mapping)
+    return model, block_stored_activation_bytes(c, m, ScalarOps, True), block_forward_times(c, m, ScalarOps, True)
+
+
+def test_mla_up_proj_drops_q_k_v_and_reruns_the_up_projections():
+    model, plain_mem, plain_fw = _deepseek_block(["core_attn"])
+    _, up_mem, up_fw = _deepseek_block(["core_attn", "mla_up_proj"])
+    # DeepSeek-V3 (config.json): 128 heads, d_qk = 128 + 64 = 192, d_v = 128; tp 1, 4096 tokens, bf16.
+    # Q and K of 192 and V of 128 columns per head go: 4096 · 128 · (2·192 + 128) · 2 bytes.
+    assert plain_mem.stored - up_mem.stored == pytest.approx(4096 * 128 * (2 * 192 + 128) * 2, rel=1e-12)
+    # the rerun: the up projections r_q = 1536 → 128·192 and r_kv = 512 → 128·(128 + 128), and RoPE
+    assert up_fw.selective_recompute_s > plain_fw.selective_recompute_s
+    assert up_fw.selective_recompute_flops - plain_fw.selective_recompute_flops == pytest.approx(
+        2 * 4096 * (1536 * 128 * 192 + 512 * 128 * 256), rel=1e-12)
+
+
+def test_mla_up_proj_needs_latent_attention():
+    from costmodel.mapping import Mapping, check_mapping_fits
+    model = load_model(ROOT / "problems/models/qwen1.5-moe-a2.7b/config.json", seq_size=4096)
+    mapping = Mapping.model_validate({
+        "num_procs": 8, "tensor_par": 1, "pipeline_par": 1, "data_par": 8, "expert_par": 4, "batch_size": 8,
+        "microbatch_size": 1, "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0, "expert_par_net": 0,
+        "activation_recompute": "attn_only", "recompute_modules": ["mla_up_proj"]})
+    with pytest.raises(InputError, match="mla_up_proj needs a model with latent attention"):
+        check_mapping_fits(model, load_system(SYSTEMS / "b200-180g-nvl8.yaml"), mapping)
