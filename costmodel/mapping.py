@@ -20,7 +20,8 @@ import costmodel.limits as limits
 from costmodel.choices import AttentionType, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
-from costmodel.kernels import PRECISION_DEFAULTS, CudaGraphs, GradDatatype, Kernels, MoeDispatcher
+from costmodel.kernels import (PRECISION_DEFAULTS, CudaGraphs, GradDatatype, Kernels,
+                               MoeDispatcher)
 from costmodel.memory_features import feature_problem
 from costmodel.model import INPUT_CONFIG, Boolean, Model, RealNumber, WholeNumber, _whole_number, within
 from costmodel.pipeline import FIRST_FIELD, LAST_FIELD, layout_problem
