@@ -122,6 +122,9 @@ class WorkloadSettings(BaseModel):
                                                       "delay_wgrad_compute.")
     pipeline_layout: str | None = Field(
         None, description="pipeline_model_parallel_layout as set (a layout list written as Megatron's string).")
+    grad_reduce_in_fp32: bool | None = Field(
+        None, description="grad_reduce_in_fp32 as set (False: gradients kept and reduced in BF16); None: not "
+                          "recorded, costed as float32.")
     notes: str = ""
 
 
@@ -215,6 +218,8 @@ def _settings_fields(row: BridgeRow, settings: WorkloadSettings | None) -> tuple
             fields.update(etp=settings.expert_tensor_parallel)
     if settings.pipeline_layout is not None:
         fields.update(pipeline_layout=settings.pipeline_layout)
+    if settings.grad_reduce_in_fp32 is not None:
+        fields.update(grad_datatype="float32" if settings.grad_reduce_in_fp32 else "16bit")
     return fields, [cited] + ([settings.notes] if settings.notes else [])
 
 
