@@ -39,13 +39,16 @@ def layout_chunks(layout: str, pp: int, interleaving: int) -> list[list[int]]:
     """Blocks (`t`) per chunk of each rank, `[rank][chunk]`, of a layout on pp ranks of
     `interleaving` chunks; an InputError names the layout when it does not parse or has not
     pp · interleaving virtual stages."""
+    unknown = set(layout) - set("EtmL|()*0123456789 ,")
+    if unknown:
+        raise InputError(f"pipeline_layout {layout!r}: unknown layer(s) {''.join(sorted(unknown))} (E, t, m, L)")
     text = _expand(layout)
     stages = text.split("|")
     if text.endswith("|"):
         stages = stages[:-1]
-    bad = set("".join(stages)) - set("EtmL")
-    if bad:
-        raise InputError(f"pipeline_layout {layout!r}: unknown layer(s) {''.join(sorted(bad))} (E, t, m, L)")
+    if set("".join(stages)) - set("EtmL"):
+        raise InputError(f"pipeline_layout {layout!r}: a repetition that does not parse (x*n repeats a layer, "
+                         f"(...)*n a group)")
     if len(stages) != pp * interleaving:
         raise InputError(f"pipeline_layout {layout!r}: {len(stages)} virtual stages, not pp({pp}) × "
                          f"vp({interleaving}) = {pp * interleaving}")
