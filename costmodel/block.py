@@ -81,6 +81,9 @@ class AttentionProjections:
     rope_elems: object
     """elements RoPE rotates: the query and key columns that carry positions"""
     gemms: tuple
+    up_s: object = 0.0
+    """latent attention's up projections (part of in_s): what recompute_modules mla_up_proj reruns"""
+    up_flops: object = 0.0
     """their quantized operands (costmodel.quantize)"""
 
 
@@ -105,8 +108,8 @@ def attention_projections(c: Context, xp, tokens, ln_tokens, t, gathered, norm_o
     q_in = r_q if r_q else h                          # no query compression: h → a·d_qk directly
     q_cols, kv_up_cols, out_cols = heads * d, heads * (d - d_r + d_v), heads * d_v
     down_cols = r_q + r_kv + d_r
-    in_s = (matmul_s(c, xp, ln_tokens, down_cols, h) + matmul_s(c, xp, tokens, q_cols, q_in)
-            + matmul_s(c, xp, tokens, kv_up_cols, r_kv))
+    up_s = matmul_s(c, xp, tokens, q_cols, q_in) + matmul_s(c, xp, tokens, kv_up_cols, r_kv)
+    in_s = matmul_s(c, xp, ln_tokens, down_cols, h) + up_s
     flops = 2 * (ln_tokens * h * down_cols + tokens * (q_in * q_cols + r_kv * kv_up_cols + out_cols * h))
     # the RMSNorms over the gathered compressed query and K/V (read, write)
     latent_norms = eltwise_s(c, xp, tokens * (r_q + r_kv), norm_flops, e + norm_out)
@@ -114,7 +117,8 @@ def attention_projections(c: Context, xp, tokens, ln_tokens, t, gathered, norm_o
              GemmOperands(tokens * (r_q + r_kv), tokens * (q_cols + kv_up_cols), r_q * q_cols + r_kv * kv_up_cols),
              GemmOperands(tokens * out_cols, ln_tokens * h, out_cols * h, False, gathered, t, projection=True))
     return AttentionProjections(in_s=in_s, out_s=matmul_s(c, xp, tokens, h, out_cols), matrix_flops=flops, eltwise_s=latent_norms,
-                                rope_elems=tokens * (heads * d_r + d_r), gemms=gemms)
+                                rope_elems=tokens * (heads * d_r + d_r), gemms=gemms, up_s=up_s,
+                                up_flops=2 * tokens * (q_in * q_cols + r_kv * kv_up_cols))
 
 
 @dataclass(frozen=True)
@@ -269,9 +273,13 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
         # attn_only (the unfused core's four kernels; nothing outside a fused kernel)
         modules = m.recompute_modules
         moe_act_s = layer.expert_activation_s if moe else 0.0
+        # mla_up_proj: latent attention's up projections and the RoPE applied to their output
+        # (Megatron-LM multi_latent_attention.py, recompute_up_proj)
         module_s = {"core_attn": selective_recompute, "layernorm": layernorms,
-                    "mlp": 0.0 if moe else mlp + activation, "moe_act": moe_act_s}
-        module_flops = {"core_attn": selective_recompute_flops, "mlp": 0.0 if moe else mlp_flops}
+                    "mlp": 0.0 if moe else mlp + activation, "moe_act": moe_act_s,
+                    "mla_up_proj": att.up_s + rope if c.latent else 0.0}
+        module_flops = {"core_attn": selective_recompute_flops, "mlp": 0.0 if moe else mlp_flops,
+                        "mla_up_proj": att.up_flops}
         selective_recompute = sum(module_s[name] for name in modules)
         selective_recompute_flops = sum(module_flops.get(name, 0.0) for name in modules)
 
@@ -370,8 +378,9 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     full = everything + attention_core
     stored = xp.where(core_recomputed, everything, full)
     if m.recompute_modules is not None:
+        up_outputs = e * tokens * (2 * q_cols + c.value_head_size * heads) if c.latent else 0.0
         stored, dropped_workspace = _selective_stored(c, m, xp, moe, full, attention_core, gemm_inputs,
-                                                      mlp_intermediates, tokens)
+                                                      mlp_intermediates, tokens, up_outputs)
         core_recomputed = False          # (its bytes are in dropped_workspace)
         dispatch_buffers = dispatch_buffers + dropped_workspace
     block_input = e * tokens * h / sp_split
@@ -387,19 +396,23 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     )
 
 
-def _selective_stored(c: Context, m, xp, moe: bool, full, attention_core, gemm_inputs, mlp_intermediates, tokens):
+def _selective_stored(c: Context, m, xp, moe: bool, full, attention_core, gemm_inputs, mlp_intermediates, tokens,
+                      up_outputs=0.0):
     """Stored bytes and recompute workspace of one block under recompute_modules (Megatron-LM
     transformer_config.py `recompute_modules`, transformer_layer.py / mlp.py / experts.py):
     core_attn drops the attention core's stored tensors (unfused; a fused kernel keeps only its
     statistics, as attn_only); layernorm the two norms' outputs, the QKV and up projections'
     inputs (`gemm_inputs`); mlp a dense MLP's intermediates; moe_act the routed experts'
-    activation output (one f_e-wide tensor of the MoE layer's 2, gated 3). The workspace is the
+    activation output (one f_e-wide tensor of the MoE layer's 2, gated 3); mla_up_proj latent
+    attention's Q, K and V, the up projections' outputs (`up_outputs`: a·d_qk twice and a·d_v
+    per token over tp; Megatron-LM discards them after the core's forward and reruns the up
+    projections before its backward). The workspace is the
     largest module's dropped bytes, alive while its backward recomputes it."""
     modules = m.recompute_modules
     dropped = {"core_attn": 0.0 if c.fused_attention else attention_core, "layernorm": gemm_inputs,
-               "mlp": 0.0 if moe else mlp_intermediates, "moe_act": 0.0}
+               "mlp": 0.0 if moe else mlp_intermediates, "moe_act": 0.0, "mla_up_proj": up_outputs}
     if moe:
-        layer = moe_memory(c, xp, tokens, m.tp, m.ep)
+        layer = moe_memory(c, xp, tokens, m.tp, m.ep, m.etp)
         dropped["moe_act"] = layer.expert_intermediate_bytes / (3 if c.gated_mlp else 2)
     gone = [dropped[name] for name in modules]
     workspace = 0.0

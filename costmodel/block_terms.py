@@ -91,6 +91,23 @@ def cp_ring_terms(c: Context, m, xp, fw: BlockForward):
     return fwd_exposed + fwd_stolen, bwd_exposed + bwd_stolen
 
 
+def ep_overlap_terms(c: Context, m, xp, ep_pass_s, compute_fwd_s, compute_bwd_s):
+    """(forward, backward) expert-parallel time of one MoE block, exposed plus the compute
+    it steals. Without overlap each pass runs its dispatch and combine on the compute stream:
+    `ep_pass_s` each. With Megatron-LM's overlap_moe_expert_parallel_comm (and
+    delay_wgrad_compute; megatron/core/pipeline_parallel/combined_1f1b.py) one microbatch's
+    forward runs beside another's backward, each one's dispatch and combine on the
+    communication stream while the other computes: the 2·ep_pass_s of a forward-backward pair
+    hide behind at most the pair's compute (comm.overlapped, hidden fraction 1), taking the
+    network's processor usage while hidden; the exposed rest is split by pass."""
+    if not c.moe_comm_overlap:
+        return ep_pass_s, ep_pass_s
+    usage = xp.pick(c.net_usage, m.ep_net)
+    exposed, stolen = overlapped(2 * ep_pass_s, compute_fwd_s + compute_bwd_s, 1.0, usage, xp)
+    per_pass = (exposed + stolen) / 2
+    return per_pass, per_pass
+
+
 def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
     """One block of one kind (dense, or `moe`: its MLP is the MoE layer), one microbatch,
     one GPU: compute, exposed TP, CP and EP communication (with the compute they steal),
@@ -117,7 +134,7 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
     tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw.gemm_s, hidden_fraction, tp_usage, xp)
     tp_bwd_exposed, tp_bwd_stolen = overlapped(tp_bwd, 2 * fw.gemm_s, hidden_fraction, tp_usage, xp)
     cp_fwd, cp_bwd = cp_ring_terms(c, m, xp, fw)
-    exposed_tp, ep_pass = 0.0, 0.0
+    exposed_tp = 0.0
     if c.quantized and c.recipe.format.amax_pass:
         # A sequence-parallel operand under current scaling reduces its amax over the tp group
         # before its cast, a blocking all-reduce of one fp32 (TE csrc/quantizer.cpp,
@@ -125,14 +142,17 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
         # column-parallel input and a row-parallel output gradient): one per region each way.
         amax = collective_s(c, xp, Collective.all_reduce, m.tp, AMAX_BYTES, m.tp_net)
         exposed_tp = xp.where(m.seq_par, regions * amax, 0.0)
+    ep_fwd, ep_bwd = 0.0, 0.0
     if moe:
-        # Megatron-LM's all-to-all dispatcher runs on the compute stream between the router
-        # and the experts (token_dispatcher.py): nothing hides it. Backward repeats each
-        # collective once (a dispatch's gradient is a combine).
+        # Megatron-LM's dispatchers run on the compute stream between the router and the
+        # experts (token_dispatcher.py): nothing hides them unless the run overlaps them with
+        # another microbatch (ep_overlap_terms). Backward repeats each collective once (a
+        # dispatch's gradient is a combine).
         comm = moe_communication(c, xp, m.microbatch * c.seq / m.cp, m.tp, m.ep, m.etp, m.ep_net, m.etp_net)
-        exposed_tp, ep_pass = exposed_tp + comm.tp_gather_s + comm.tp_scatter_s, comm.dispatch_s + comm.combine_s
-    block_fwd = compute_fwd + tp_fwd_exposed + tp_fwd_stolen + exposed_tp + cp_fwd + ep_pass
-    block_bwd = compute_bwd + tp_bwd_exposed + tp_bwd_stolen + exposed_tp + cp_bwd + ep_pass
+        exposed_tp = exposed_tp + comm.tp_gather_s + comm.tp_scatter_s
+        ep_fwd, ep_bwd = ep_overlap_terms(c, m, xp, comm.dispatch_s + comm.combine_s, compute_fwd, compute_bwd)
+    block_fwd = compute_fwd + tp_fwd_exposed + tp_fwd_stolen + exposed_tp + cp_fwd + ep_fwd
+    block_bwd = compute_bwd + tp_bwd_exposed + tp_bwd_stolen + exposed_tp + cp_bwd + ep_bwd
     # Full: the whole block forward again; attn_only: the (unfused) attention core; and a fused
     # attention kernel's backward redoes its scores whatever the setting.
     recompute = fw.kernel_recompute_s + xp.where(m.recompute_full, block_fwd,
@@ -160,8 +180,8 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
         tp_bwd_s=tp_bwd_exposed + tp_bwd_stolen + exposed_tp,
         cp_fwd_s=cp_fwd,
         cp_bwd_s=cp_bwd,
-        ep_fwd_s=ep_pass,
-        ep_bwd_s=ep_pass,
+        ep_fwd_s=ep_fwd,
+        ep_bwd_s=ep_bwd,
         block_fwd_s=block_fwd,
         block_bwd_s=block_bwd,
         recompute_s=recompute,

@@ -15,6 +15,8 @@ ATTENTION_KERNELS = ("fused", "unfused")
 """How the attention core runs: one FlashAttention kernel, or four kernels through HBM."""
 
 CudaGraphs = Literal["none", "per-layer", "full-iteration"]
+MoeDispatcher = Literal["alltoall", "flex"]
+MOE_DISPATCHERS = ("alltoall", "flex")
 CUDA_GRAPHS: tuple[str, ...] = ("none", "per-layer", "full-iteration")
 """How CUDA graphs were captured: none; each block's forward and backward (Transformer Engine's
 `make_graphed_callables`, Megatron-Core's per-layer graphs); the whole forward and backward
@@ -79,6 +81,15 @@ class Kernels:
     and receives run asynchronously beside the chunks' compute instead of between them
     (costmodel.pipeline_time). Megatron-Bridge turns it on whenever vp > 1; False keeps the sends
     exposed (Calculon's costing). A setting of the problem, not searched."""
+    moe_dispatcher: MoeDispatcher = "alltoall"
+    """Megatron-LM's token dispatcher (`moe_token_dispatcher_type`): alltoall (NCCL all-to-all
+    between separate permute and unpermute passes) or flex (DeepEP / HybridEP: permutation fused
+    into the dispatch and combine kernels, each token sent once per destination GPU:
+    costmodel.moe). A setting of the problem, not searched."""
+    moe_comm_overlap: bool = False
+    """Megatron-LM's overlap_moe_expert_parallel_comm (with delay_wgrad_compute): the dispatch and
+    combine of one microbatch run beside another microbatch's forward and backward compute
+    (costmodel.block_terms). A setting of the problem, not searched."""
     fused_cross_entropy: bool = True
     """The loss as Megatron-LM computes it: a vocab-parallel cross-entropy that keeps the fp32
     softmax and forms the gradient in place (6 bytes per logit); False: eager PyTorch's
@@ -87,6 +98,9 @@ class Kernels:
     def __post_init__(self) -> None:
         if self.cuda_graphs not in CUDA_GRAPHS:
             raise InputError(f"cuda_graphs {self.cuda_graphs!r} does not exist (choose from {', '.join(CUDA_GRAPHS)})")
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise InputError(f"moe_dispatcher {self.moe_dispatcher!r} does not exist (choose from "
+                             f"{', '.join(MOE_DISPATCHERS)})")
         if self.grad_datatype not in GRAD_DATATYPES:
             raise InputError(f"grad_datatype {self.grad_datatype!r} does not exist (choose from "
                              f"{', '.join(GRAD_DATATYPES)})")

@@ -20,7 +20,8 @@ import costmodel.limits as limits
 from costmodel.choices import AttentionType, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
-from costmodel.kernels import PRECISION_DEFAULTS, CudaGraphs, GradDatatype, Kernels
+from costmodel.kernels import (PRECISION_DEFAULTS, CudaGraphs, GradDatatype, Kernels,
+                               MoeDispatcher)
 from costmodel.memory_features import feature_problem
 from costmodel.model import INPUT_CONFIG, Boolean, Model, RealNumber, WholeNumber, _whole_number, within
 from costmodel.pipeline import FIRST_FIELD, LAST_FIELD, layout_problem
@@ -35,7 +36,7 @@ __all__ = ["AttentionType", "Mapping", "Recompute", "ShardingStage", "TPComm", "
 # a mapping's JSON leaves them out at these defaults.
 _MEMORY_FEATURE_DEFAULTS: dict[str, Any] = {"activation_offload_blocks": None, "recompute_blocks": None,
                                             "recompute_modules": None, "megatron_fsdp": False}
-RecomputeModule = Literal["core_attn", "layernorm", "mlp", "moe_act"]
+RecomputeModule = Literal["core_attn", "layernorm", "mlp", "moe_act", "mla_up_proj"]
 """Megatron-LM's recompute_modules this model costs (transformer_config.py)."""
 
 _FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm.ar, "tp_overlap": TPOverlap.none,
@@ -108,6 +109,12 @@ class _MappingBase(BaseModel):
         False, description="With an interleaved schedule (pipeline_interleaving > 1): the stage-boundary sends run "
                            "beside the chunks' compute (Megatron-LM's overlap_p2p_comm, which Megatron-Bridge turns "
                            "on whenever vp > 1); false: exposed between them, as Calculon costs them.")
+    moe_dispatcher: MoeDispatcher = Field(
+        "alltoall", description="Mixture-of-experts token dispatcher (Megatron-LM's moe_token_dispatcher_type): "
+                                "alltoall, or flex (DeepEP / HybridEP); a setting of the problem, not searched.")
+    moe_comm_overlap: Boolean = Field(
+        False, description="Expert-parallel dispatch and combine beside another microbatch's compute (Megatron-LM's "
+                           "overlap_moe_expert_parallel_comm); a setting of the problem, not searched.")
     fused_cross_entropy: Boolean = Field(
         True, description="The loss as Megatron-LM's fused vocab-parallel cross-entropy (6 bytes per logit); false: "
                           "eager PyTorch's log-softmax and NLL on fp32 logits (12 bytes per logit).")
@@ -122,7 +129,7 @@ class _MappingBase(BaseModel):
     recompute_modules: tuple[RecomputeModule, ...] | None = Field(
         None, description="With activation_recompute attn_only (Megatron-LM's selective granularity): the modules "
                           "whose stored activations are dropped and whose forward is rerun in backward "
-                          "(recompute_modules: core_attn, layernorm, mlp, moe_act). Default: core_attn alone.")
+                          "(recompute_modules: core_attn, layernorm, mlp, moe_act, mla_up_proj). Default: core_attn alone.")
     megatron_fsdp: Boolean = Field(
         False, description="Megatron-FSDP (data_parallel_sharding_strategy optim_grads_params): sharding_stage 3 "
                            "with its gradient reduce-scatter double buffer.")
@@ -188,7 +195,8 @@ class _MappingBase(BaseModel):
                 del data[name]
         # ... and without the precision, CUDA-graph and loss settings left at their defaults.
         for name, default in (*PRECISION_DEFAULTS.items(), ("cuda_graphs", "none"), ("fused_cross_entropy", True),
-                              ("pipeline_comm_overlap", False)):
+                              ("pipeline_comm_overlap", False), ("moe_dispatcher", "alltoall"),
+                              ("moe_comm_overlap", False)):
             if name in data and data[name] == default:
                 del data[name]
         return data
@@ -308,7 +316,8 @@ class _MappingBase(BaseModel):
                        low_precision_param_gather=self.low_precision_param_gather,
                        bf16_first_last_blocks=self.bf16_first_last_blocks,
                        cuda_graphs=self.cuda_graphs, fused_cross_entropy=self.fused_cross_entropy,
-                       pp_comm_overlap=self.pipeline_comm_overlap)
+                       pp_comm_overlap=self.pipeline_comm_overlap, moe_dispatcher=self.moe_dispatcher,
+                       moe_comm_overlap=self.moe_comm_overlap)
 
     @property
     def optimizer_sharding(self) -> bool:
@@ -341,7 +350,7 @@ def check_mapping_fits(model: Model, system: System, mapping: Mapping) -> None:
             reason = dim.fits(model, system, values) if dim.fits is not None else None
         if reason is not None:
             raise InputError(reason)
-    reason = feature_problem(model.num_blocks, model.num_experts, mapping)
+    reason = feature_problem(model.num_blocks, model.num_experts, mapping, model.latent_attention is not None)
     if reason is not None:
         raise InputError(reason)
     system.compute_for(mapping.datatype)

@@ -26,7 +26,7 @@ from costmodel.pipeline import stage_blocks
 __all__ = ["FEATURE_MODULES", "feature_problem", "offload_share", "recompute_share", "stage_offload_share",
            "with_switches"]
 
-FEATURE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act")
+FEATURE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "mla_up_proj")
 """The recompute_modules costed (Megatron-LM transformer_config.py names them)."""
 
 
@@ -60,7 +60,7 @@ def stage_offload_share(m, xp, blocks):
     return xp.minimum(m.offload_blocks, blocks) / blocks
 
 
-def feature_problem(num_blocks: int, num_experts: int, mapping) -> str | None:
+def feature_problem(num_blocks: int, num_experts: int, mapping, latent: bool = False) -> str | None:
     """Why a mapping's memory features cannot apply to a model of `num_blocks` blocks laid
     out by the mapping (one line naming the field and both numbers); None when they can."""
     first, middle, last = stage_blocks(ScalarOps, num_blocks, mapping.pp, mapping.pipeline_first_stage_blocks,
@@ -77,5 +77,7 @@ def feature_problem(num_blocks: int, num_experts: int, mapping) -> str | None:
                 f"pipeline_par {mapping.pp}, pipeline_interleaving {mapping.pipeline_interleaving})")
     if mapping.recompute_modules is not None and "moe_act" in mapping.recompute_modules and not num_experts:
         return "recompute_modules: moe_act needs a mixture-of-experts model (num_experts > 0)"
+    if mapping.recompute_modules is not None and "mla_up_proj" in mapping.recompute_modules and not latent:
+        return "recompute_modules: mla_up_proj needs a model with latent attention (latent_attention)"
     return None
 

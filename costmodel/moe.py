@@ -44,13 +44,18 @@ moves, exactly that many rows; for dropless training it stands for the busiest e
 over the mean, which sets when the all-to-all and the layer finish (an upper bound when a GPU
 holds several experts, as not all of them are the busiest).
 
+The flex dispatcher (DeepEP / HybridEP, Kernels.moe_dispatcher) sends a token once per
+destination GPU and fuses the source-side permutations into its kernels (`flex_dispatch_s`,
+`permutation_s`); with Megatron-LM's overlap_moe_expert_parallel_comm the dispatch and combine
+run beside another microbatch's compute (costmodel.block_terms, `ep_overlap_terms`).
+
 Times are forward; backward does twice each compute term (block.py's rule: two GEMMs per
 forward GEMM, element-wise backward twice the traffic) and repeats each collective once (the
 gradient of a dispatch is a combine and vice versa: `MoeCommunication.per_pass_s`).
 Written against costmodel.ops: `tokens`, `tp`, `ep`, `etp` and the network indices may be numpy
 arrays. Not modelled: token dropping's effect on training, expert-choice routing, routing
-limited to a few devices or nodes, DeepEP-style fused dispatch, communication hidden behind
-computation (shared experts beside the all-to-all), and Qwen2-MoE's sigmoid gate multiply on
+limited to a few devices or nodes, the shared experts run beside the all-to-all
+(moe_shared_expert_overlap), and Qwen2-MoE's sigmoid gate multiply on
 the shared output (its h × 1 GEMM is in the router's).
 
 The kernel helpers (gemm_s, matmul_s, eltwise_s) live in costmodel.layer_time, below both this
@@ -94,6 +99,28 @@ def grouped_gemm_s(c: Context, xp, experts, rows, cols, depth):
         return gemm_time_s(c.grouped_gemm, xp, rows, cols, depth, num_bytes, c.matrix_flops_per_s,
                            c.hbm_bytes_per_s, experts)
     return gemm_s(c, xp, rows, cols, depth, num_bytes, batch=experts)
+
+
+def permutation_s(c: Context, xp, routed_elems, gathered_elems, local):
+    """The layer's permute and unpermute passes, memory-bound, one microbatch forward.
+
+    alltoall (Megatron-LM's MoEAlltoAllTokenDispatcher, moe_utils.permute / unpermute): the
+    source GPU copies each of its routed rows, k per token, into expert order (read + write),
+    and after the combine reads the k expert outputs of a token and writes their weighted sum;
+    with several local experts the received rows are sorted by expert before the GEMMs and back
+    after them (sort_chunks_by_idxs), two more copies of the received rows.
+    flex (MoEFlexTokenDispatcher with DeepEP / HybridEP): the dispatch kernel reads each token
+    once from its unpermuted buffer and the combine kernel sums the weighted expert outputs
+    (DeepEP's dispatch/combine with topk_weights), so the source-side passes are gone; the
+    received rows are permuted into expert order and back (dispatch_postprocess,
+    combine_preprocess), two copies of the received rows whatever the local expert count."""
+    e, k = c.elem_bytes, c.experts_per_token
+    received = 2 * eltwise_s(c, xp, gathered_elems, 0.0, 2 * e)
+    if c.moe_flex_dispatcher:
+        return received
+    return (eltwise_s(c, xp, routed_elems, 0.0, 2 * e)
+            + eltwise_s(c, xp, routed_elems, UNPERMUTE_FLOPS_PER_ELEM, e * (k + 1) / k)
+            + xp.where(local > 1, received, 0.0))
 
 
 @dataclass(frozen=True)
@@ -161,9 +188,7 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep, etp) -> MoeLayerForward:
     # expert before the GEMMs and back after them (Megatron's sort_chunks_by_idxs).
     routed_elems = routed_tokens * k * h
     gathered_elems = local * rows * h
-    permutations = (eltwise_s(c, xp, routed_elems, 0.0, 2 * e)
-                    + eltwise_s(c, xp, routed_elems, UNPERMUTE_FLOPS_PER_ELEM, e * (k + 1) / k)
-                    + xp.where(local > 1, 2 * eltwise_s(c, xp, gathered_elems, 0.0, 2 * e), 0.0))
+    permutations = permutation_s(c, xp, routed_elems, gathered_elems, local)
 
     if c.shared_feedforward:
         s_cols = c.shared_feedforward / tp
@@ -224,8 +249,38 @@ class MoeCommunication:
         return self.dispatch_s + self.combine_s + self.tp_gather_s + self.tp_scatter_s
 
 
+def distinct_destinations(xp, group, k):
+    """Expected distinct members of a group of `group` equal parts that a token's k experts
+    land in, routed uniformly (force-balanced routing): group·(1 − (1 − 1/group)^k)."""
+    return group * (1.0 - (1.0 - 1.0 / group) ** k)
+
+
+def flex_dispatch_s(c: Context, xp, tokens, tp, ep, etp, ep_net):
+    """One dispatch (or combine) of the flex dispatcher (DeepEP / HybridEP), one GPU.
+
+    DeepEP sends a token once to each GPU that holds one of its k experts, not once per expert
+    (deepseek-ai/DeepEP README: intranode dispatch over NVLink; internode, once to each node
+    over RDMA, then forwarded over NVLink inside it), the RDMA and NVLink stages pipelined.
+    With the ep·etp GPUs of the expert group over `nodes` domains of the innermost network
+    (nodes = ep·etp / the domain's size, at least 1) and uniform routing:
+        NVLink: e·(T/t)·h·c · D(ep, k)·(ep-1)/ep      D(n, k) = n·(1 − (1 − 1/n)^k)
+        RDMA:   e·(T/t)·h·c · D(nodes, k)·(nodes-1)/nodes
+        time  = latency + max(NVLink bytes / inner rate, RDMA bytes / rate of `ep_net`)
+    (c the capacity factor, as the all-to-all's). HybridEP on an NVL72 rack keeps the whole
+    group on NVLink (nodes = 1): only the deduplication counts there."""
+    e, h, k = c.elem_bytes, c.hidden, c.experts_per_token
+    row = e * tokens / tp * h * c.capacity_factor
+    domain = c.net_size[0]
+    nodes = xp.maximum(1.0, ep * etp / domain)
+    nvlink = row * distinct_destinations(xp, ep, k) * (ep - 1) / ep
+    rdma = row * distinct_destinations(xp, nodes, k) * (nodes - 1) / nodes
+    wire = xp.maximum(nvlink / c.net_bytes_per_s[0], rdma / xp.pick(c.net_bytes_per_s, ep_net))
+    return xp.where(ep > 1, xp.pick(c.net_latency_s, ep_net) + wire, 0.0)
+
+
 def moe_communication(c: Context, xp, tokens, tp, ep, etp, ep_net, etp_net) -> MoeCommunication:
-    """Token dispatch and combine (Megatron-LM's all-to-all dispatcher): each GPU sends its
+    """Token dispatch and combine (Megatron-LM's all-to-all dispatcher, or the flex dispatcher:
+    `flex_dispatch_s`): each GPU sends its
     (T/t)·k routed rows of h elements — c times as many at the busiest receiver — to the ep
     GPUs holding their experts, ep-1 of ep parts over the network carrying ep (its group
     spans etp·ep GPUs: Collective.all_to_all, [1, -1]); with etp > 1 the rows received by an
@@ -233,7 +288,10 @@ def moe_communication(c: Context, xp, tokens, tp, ep, etp, ep_net, etp_net) -> M
     sums reduce-scattered after (message (T/t)·k·c·h·x per GPU, on the network carrying etp)."""
     e, h, k = c.elem_bytes, c.hidden, c.experts_per_token
     message = e * tokens / tp * k * c.capacity_factor * h
-    all_to_all = collective_s(c, xp, Collective.all_to_all, ep, message, ep_net)
+    if c.moe_flex_dispatcher:
+        all_to_all = flex_dispatch_s(c, xp, tokens, tp, ep, etp, ep_net)
+    else:
+        all_to_all = collective_s(c, xp, Collective.all_to_all, ep, message, ep_net)
     gathered = message * etp
     return MoeCommunication(
         dispatch_s=all_to_all, combine_s=all_to_all,

@@ -103,13 +103,31 @@ def layout_problem(num_blocks: int, pp: int, interleaving: int, first: int | Non
     if others > 0 and rest % others:
         return f"{share}: not the same whole number each ({rest}/{others})"
     if v > 1:
-        for name, blocks in given:
-            if blocks % v:
-                return (f"pipeline_interleaving({v}) does not divide {name}({blocks}): a stage's blocks split into "
-                        f"{v} equal chunks (Megatron-LM's num_layers_in_first/last_pipeline_stage)")
         if others > 0 and (rest // others) % v:
             return f"pipeline_interleaving({v}) does not divide the {rest // others} blocks of each stage: {share}"
+        chunk = rest // others // v if others > 0 else None
+        for name, blocks in given:
+            problem = _stage_chunks_problem(name, blocks, v, chunk)
+            if problem is not None:
+                return problem
     return None
+
+
+def _stage_chunks_problem(name: str, blocks: int, v: int, chunk: int | None) -> str | None:
+    """Why an explicit first (last) stage of `blocks` cannot be split into v chunks: v equal
+    chunks, or — as a Megatron-LM pipeline_model_parallel_layout places the embedding in the
+    first chunk and the MTP modules and the loss in the last — v - 1 chunks of a middle
+    stage's `chunk` blocks and one shorter chunk (the first stage's first, the last stage's
+    last; `chunk` None: no middle stage, only equal chunks)."""
+    if blocks % v == 0:
+        return None
+    short = blocks - (v - 1) * chunk if chunk is not None else 0
+    if chunk is not None and 0 <= short < chunk:
+        return None
+    full = f"{v - 1} chunks of a middle stage's {chunk} blocks and a shorter one" if chunk else "nothing else"
+    return (f"pipeline_interleaving({v}) does not divide {name}({blocks}), nor is it {full}: a stage's blocks "
+            f"split into {v} chunks (Megatron-LM's num_layers_in_first/last_pipeline_stage, or a layout whose "
+            f"first chunk holds the embedding and last the loss)")
 
 
 def _derived_layout_problem(num_blocks: int, pp: int, v: int) -> str | None:

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from costmodel.errors import InputError
+from costmodel.kernels import MoeDispatcher
 from costmodel.load import describe_validation_error, read_document
 from costmodel.runs import PROBLEMS_DIR, CudaGraphs, Precision, Run
 
@@ -79,6 +80,7 @@ class BridgeRow(BaseModel):
     tflops_per_gpu: float | None = Field(gt=0)
     source: str
     notes: str = ""
+    mtp: bool | None = None
 
     @property
     def precision_label(self) -> str:
@@ -113,6 +115,19 @@ class WorkloadSettings(BaseModel):
     microbatch: int | None = Field(None, gt=0, description="The row's micro-batch where its MBS cell contradicts its "
                                    "own GA cell (GA = GBS / (MBS · DP)) and the preset agrees with GA; none: the "
                                    "table's MBS.")
+    expert_tensor_parallel: int | None = Field(
+        None, gt=0, description="expert_tensor_parallel_size (mixture-of-experts rows; the row's etp cell wins).")
+    moe_dispatcher: MoeDispatcher | None = Field(
+        None, description="moe_token_dispatcher_type as the run set it: flex where the preset names a flex backend "
+                          "the GPU takes (apply_flex_dispatcher_backend), else alltoall; None for dense rows.")
+    moe_flex_backend: str | None = Field(None, description="moe_flex_dispatcher_backend (deepep, hybridep).")
+    moe_comm_overlap: bool = Field(False, description="moe_a2a_overlap: overlap_moe_expert_parallel_comm and "
+                                                      "delay_wgrad_compute.")
+    pipeline_layout: str | None = Field(
+        None, description="pipeline_model_parallel_layout as set (a layout list written as Megatron's string).")
+    grad_reduce_in_fp32: bool | None = Field(
+        None, description="grad_reduce_in_fp32 as set (False: gradients kept and reduced in BF16); None: not "
+                          "recorded, costed as float32.")
     notes: str = ""
 
 
@@ -200,6 +215,14 @@ def _settings_fields(row: BridgeRow, settings: WorkloadSettings | None) -> tuple
         fields.update(recompute="full", recompute_blocks=settings.recompute_blocks)
     elif settings.recompute_modules:
         fields.update(recompute="selective", recompute_modules=settings.recompute_modules)
+    if settings.moe_dispatcher is not None:
+        fields.update(moe_dispatcher=settings.moe_dispatcher, moe_comm_overlap=settings.moe_comm_overlap)
+        if row.etp is None and settings.expert_tensor_parallel is not None:
+            fields.update(etp=settings.expert_tensor_parallel)
+    if settings.pipeline_layout is not None:
+        fields.update(pipeline_layout=settings.pipeline_layout)
+    if settings.grad_reduce_in_fp32 is not None:
+        fields.update(grad_datatype="float32" if settings.grad_reduce_in_fp32 else "16bit")
     return fields, [cited] + ([settings.notes] if settings.notes else [])
 
 
@@ -224,7 +247,8 @@ def bridge_run(row: BridgeRow, settings: WorkloadSettings | None, source: str) -
         "precision": precision, "precision_stated": row.precision_norm is not None, "step_time_s": step_s,
         "published_tflops_per_gpu": row.tflops_per_gpu, "software": row.container,
         "configuration": bridge_configuration(row), "source": row.source,
-        "notes": "; ".join(part for part in [row.notes, *notes] if part), **fields}
+        "notes": "; ".join(part for part in [row.notes, *notes] if part),
+        **({"mtp_blocks": 0} if row.mtp is False else {}), **fields}
     try:
         return Run.model_validate(data)
     except ValidationError as err:

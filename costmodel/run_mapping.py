@@ -11,10 +11,11 @@ one to one is mapped to the nearest expressible setting, and the gap is listed p
 | Megatron-FSDP | ZeRO stage 3 with its gradient double buffer (`megatron_fsdp`) | — |
 | activation offload of N blocks | N of each stage's blocks offloaded (`activation_offload_blocks`) when the system has offload memory, else none | only without offload memory, or with full recompute |
 | full recompute of N blocks per chunk | full, the first N of each chunk (`recompute_blocks`) | — |
-| selective recompute | attn_only with the modules (`recompute_modules`: core_attn, layernorm, mlp, moe_act) | yes, for other modules |
+| selective recompute | attn_only with the modules (`recompute_modules`: core_attn, layernorm, mlp, moe_act, mla_up_proj) | yes, for other modules |
 | CUDA graphs | the problem's `cuda_graphs` (launch gaps removed where graphed) | — |
 | the loss (fused or eager cross-entropy) | the problem's `fused_cross_entropy` | — |
-| a pipeline layout, an unoverlapped parameter all-gather | not modelled | yes |
+| a pipeline layout (Megatron-LM's layout string) | first and last stage blocks (`pipeline_first/last_stage_blocks`) when the middle stages are equal and only the first stage's first and the last stage's last chunk are shorter (costmodel.pipeline_layout); else the layout rule | only when not expressed |
+| an unoverlapped parameter all-gather | not modelled | yes |
 | sequence parallelism | tp_comm rs_ag (else ar); the all-gather redone in backward (Megatron-LM keeps the sharded input) | — |
 | TP communication overlap | tp_overlap ring (tp > 1) | — |
 | pipeline send overlap (`overlap_p2p_comm`) | `pipeline_comm_overlap`: as stated, else on when interleaving > 1 (Megatron-Bridge's rule) | — |
@@ -40,6 +41,7 @@ from costmodel.memory_features import FEATURE_MODULES
 from costmodel.model import Model
 from costmodel.ops import ScalarOps
 from costmodel.pipeline import layout_problem, stage_blocks
+from costmodel.pipeline_layout import layout_chunks, stage_layout
 from costmodel.runs import Precision, Run
 from costmodel.system import Datatype, System
 
@@ -82,6 +84,8 @@ def _recompute(run: Run, model: Model, gaps: list[str]) -> tuple[Recompute, dict
                         f"are)")
         if "moe_act" in known and not model.num_experts:
             known = tuple(module for module in known if module != "moe_act")
+        if "mla_up_proj" in known and model.latent_attention is None:
+            known = tuple(module for module in known if module != "mla_up_proj")
         if not known:
             return Recompute.none, {}
         # core_attn alone is attn_only as the searched spaces cost it
@@ -111,8 +115,6 @@ def _activation_offload(run: Run, model: Model, system: System, recompute: Recom
 
 
 def _other_gaps(run: Run, gaps: list[str]) -> None:
-    if run.pipeline_layout is not None:
-        gaps.append(f"pipeline layout {run.pipeline_layout!r}: costed with the layout rule")
     if not run.param_gather_overlap and run.dp * run.cp > 1:
         gaps.append("parameter all-gather not overlapped: costed as overlapped with the gradient reduction")
 
@@ -129,6 +131,21 @@ def mtp_layout(model: Model, pp: int, interleaving: int) -> tuple[int, int] | No
     if remainder or last < 1 or layout_problem(model.num_blocks, pp, interleaving, first, last) is not None:
         return None
     return first, last
+
+
+def _stated_layout(run: Run, model: Model, gaps: list[str]) -> tuple[int, int] | None:
+    """(first, last) stage blocks of the run's explicit pipeline layout when the cost model
+    expresses it (costmodel.pipeline_layout.stage_layout) and its blocks are the model's; else
+    None, the layout rule, and a gap."""
+    layout = stage_layout(run.pipeline_layout, run.pp, run.interleaving)
+    if layout is not None:
+        first, last = layout
+        middle = (model.num_blocks - first - last) / (run.pp - 2)
+        if middle == int(sum(layout_chunks(run.pipeline_layout, run.pp, run.interleaving)[1])) and \
+                layout_problem(model.num_blocks, run.pp, run.interleaving, first, last) is None:
+            return layout
+    gaps.append(f"pipeline layout {run.pipeline_layout!r}: costed with the layout rule")
+    return None
 
 
 def _expert_degrees(run: Run, model: Model, gaps: list[str]) -> tuple[int, int]:
@@ -152,7 +169,9 @@ def map_run(run: Run, model: Model, system: System) -> MappedRun:
     offload_fields = _activation_offload(run, model, system, recompute, gaps)
     _other_gaps(run, gaps)
     layout = mtp_layout(model, run.pp, run.interleaving) if run.pipeline_layout is None else None
-    if layout is not None:
+    if run.pipeline_layout is not None:
+        layout = _stated_layout(run, model, gaps)
+    elif layout is not None:
         gaps.append(f"{model.num_blocks} blocks and {model.mtp_blocks} MTP module(s) on pp {run.pp}: first stage "
                     f"{layout[0]} blocks, last {layout[1]} (embedding, MTP and loss counted as blocks; the MTP "
                     f"modules are costed on the last stage)")
@@ -172,6 +191,8 @@ def map_run(run: Run, model: Model, system: System) -> MappedRun:
         "low_precision_param_gather": run.low_precision_param_gather if run.precision is not Precision.bf16 else None,
         "bf16_first_last_blocks": run.bf16_first_last_blocks,
         "cuda_graphs": run.cuda_graphs, "fused_cross_entropy": run.fused_cross_entropy,
+        "moe_dispatcher": run.moe_dispatcher, "moe_comm_overlap": run.moe_comm_overlap,
+        "grad_datatype": run.grad_datatype,
         # Megatron-Bridge's CommOverlapConfig turns overlap_p2p_comm on whenever vp > 1
         "pipeline_comm_overlap": run.interleaving > 1 if run.pp_comm_overlap is None else run.pp_comm_overlap,
         "activation_recompute": recompute,

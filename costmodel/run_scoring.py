@@ -81,7 +81,10 @@ class RunInputs:
         key = (run.model, run.seq_size)
         if key not in self._models:
             self._models[key] = load_model(self._model_path(run.model), seq_size=run.seq_size)
-        return self._models[key]
+        model = self._models[key]
+        if run.mtp_blocks is not None and run.mtp_blocks != model.mtp_blocks:
+            model = model.model_copy(update={"mtp_blocks": run.mtp_blocks})
+        return model
 
     def system(self, run: Run) -> System:
         if self._system_for_all is not None:

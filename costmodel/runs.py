@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, model_validator
 
 import costmodel.limits as limits
-from costmodel.kernels import CudaGraphs
+from costmodel.kernels import CudaGraphs, GradDatatype, MoeDispatcher
 from costmodel.limits import Bound
 from costmodel.model import INPUT_CONFIG, Model, RealNumber, WholeNumber, within
 from costmodel.precision import Precision   # the recipes (costmodel.precision), read by runs
@@ -103,6 +103,15 @@ class Run(BaseModel):
         0, ge=0, description="Blocks whose activations are offloaded to host memory (Megatron's "
                              "cpu_offloading_num_layers); 0: none.")
     cuda_graphs: CudaGraphs = Field("none", description="CUDA graphs: none | per-layer | full-iteration.")
+    grad_datatype: GradDatatype = Field(
+        "float32", description="Gradients kept and reduced in float32 (Megatron's grad_reduce_in_fp32) or 16bit.")
+    moe_dispatcher: MoeDispatcher = Field(
+        "alltoall", description="Megatron-LM's moe_token_dispatcher_type: alltoall, or flex (DeepEP / HybridEP).")
+    moe_comm_overlap: bool = Field(
+        False, description="Megatron-LM's overlap_moe_expert_parallel_comm (Megatron-Bridge's moe_a2a_overlap).")
+    mtp_blocks: Annotated[WholeNumber, within(_BLOCKS_OR_NONE)] | None = Field(
+        None, ge=0, description="Multi-token prediction modules the run trained (replaces the model file's); "
+                                "default: the model's.")
     pipeline_layout: str | None = Field(
         None, description="An explicit pipeline layout (Megatron's pipeline_model_parallel_layout, e.g. "
                           "'Et*2|(t*2|)*34,t*3|(t*2|)*3,tL'); default: the layout rule.")

@@ -202,3 +202,23 @@ def test_solve_equals_brute_force_on_moe_models(case):
                                                                      rel=1e-9)
     if ep_wins:
         assert reference.best.mapping.ep > 1
+
+
+def test_solve_equals_brute_force_with_the_flex_dispatcher():
+    # DeepEP / HybridEP dispatch (a problem setting): the search's per-key choice of the ep
+    # network stays exact, as the dispatch only grows the block's time.
+    model, system, gpus, max_batch = moe(), H100.with_overrides(hbm_gib=8), 16, 32
+    kernels = Kernels(moe_dispatcher="flex")
+    space = get_space("full")
+    result = solve(model, system, gpus, max_batch=max_batch, datatype=Datatype.bfloat16, space=space,
+                   kernels=kernels, config=SolverConfig(top_k=2, time_limit_s=300, workers=1))
+    reference = scan(model, system, gpus, max_batch, space, Datatype.bfloat16, kernels, top_k=2, workers=1)
+    assert result.certified_optimal and result.status == "optimal"
+    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
+    assert result.best.mapping == reference.best.mapping
+
+
+def test_the_search_refuses_the_ep_overlap():
+    with pytest.raises(InputError, match="moe_comm_overlap: the search does not take"):
+        solve(moe(), H100, 8, max_batch=16, datatype=Datatype.bfloat16, space=get_space("full"),
+              kernels=Kernels(moe_comm_overlap=True), config=SolverConfig(top_k=1, time_limit_s=60, workers=1))

@@ -274,3 +274,127 @@ def test_whole_iterations_of_moe_models_are_evaluated_with_the_all_to_all_in_the
     assert result.exit_code == 0, result.output
     assert "EP all-to-all" in result.output and "active (k of" in result.output
     assert "Traceback" not in result.output
+
+
+# ---------------------------------------------------------------- flex dispatcher and EP overlap
+
+@pytest.fixture(scope="module")
+def tiny_flex():
+    return Context.of(TINY, FLAT, Datatype.bfloat16, Kernels(capacity_factor=CF, moe_dispatcher="flex"))
+
+
+def test_flex_dispatch_within_one_domain_by_hand(tiny_flex):
+    # ep 4 on one 8-GPU NVLink domain: a token's k = 2 experts land on 4·(1 − (3/4)²) = 1.75
+    # distinct GPUs on average (uniform routing), 3/4 of them another GPU; nothing crosses InfiniBand.
+    row = (T / TP) * 64 * E_BYTES * CF
+    nvlink = row * 4 * (1 - (3 / 4) ** 2) * 3 / 4
+    comm = moe_communication(tiny_flex, ScalarOps, T, TP, EP, 1, ep_net=0, etp_net=0)
+    assert comm.dispatch_s == comm.combine_s == pytest.approx(10e-6 + nvlink / 100e9)
+    # the same dispatch as an all-to-all moves k = 2 rows per token, 3/4 of them away: more bytes
+    alltoall = moe_communication(Context.of(TINY, FLAT, Datatype.bfloat16, Kernels(capacity_factor=CF)),
+                                 ScalarOps, T, TP, EP, 1, ep_net=0, etp_net=0)
+    assert alltoall.dispatch_s == pytest.approx(10e-6 + row * 2 * 3 / 4 / 100e9)
+    assert comm.dispatch_s < alltoall.dispatch_s
+
+
+def test_flex_dispatch_across_domains_by_hand(tiny_flex):
+    # ep 32 over four 8-GPU domains: NVLink carries D(32, 2) rows, InfiniBand D(4, 2)·3/4 (one per
+    # remote node the token's experts live on); the slower stage sets the time.
+    def distinct(n, k):
+        return n * (1 - (1 - 1 / n) ** k)
+    row = (T / TP) * 64 * E_BYTES * CF
+    nvlink = row * distinct(32, 2) * 31 / 32 / 100e9
+    rdma = row * distinct(4, 2) * 3 / 4 / 25e9
+    comm = moe_communication(tiny_flex, ScalarOps, T, TP, 32, 1, ep_net=1, etp_net=0)
+    assert comm.dispatch_s == pytest.approx(20e-6 + max(nvlink, rdma))
+    assert rdma > nvlink
+
+
+def test_flex_dispatch_fuses_the_source_side_permutations(tiny, tiny_flex):
+    rows = expert_rows(tiny, T, TP, EP, TP)
+    alltoall = moe_layer_forward(tiny, ScalarOps, T, TP, EP, TP)
+    flex = moe_layer_forward(tiny_flex, ScalarOps, T, TP, EP, TP)
+    permute = eltwise(64 * 2 * 64, 0, 2 * E_BYTES)
+    unpermute = eltwise(64 * 2 * 64, 2, E_BYTES * 3 / 2)
+    # alltoall: permute and unpermute at the source, then the received rows sorted and back;
+    # flex: only the received rows' permutation and its inverse.
+    assert alltoall.eltwise_s - flex.eltwise_s == pytest.approx(permute + unpermute)
+    one_local = moe_layer_forward(tiny_flex, ScalarOps, T, TP, 8, TP)     # E/ep = 1: still permuted locally
+    received = 2 * eltwise(expert_rows(tiny, T, TP, 8, TP) * 64, 0, 2 * E_BYTES)
+    plain = moe_layer_forward(tiny, ScalarOps, T, TP, 8, TP)
+    assert one_local.eltwise_s - plain.eltwise_s == pytest.approx(received - permute - unpermute)
+    assert rows == 160
+
+
+def test_ep_overlap_hides_at_most_the_compute_beside_it():
+    from costmodel.block_terms import ep_overlap_terms
+    flat = Context.of(TINY, FLAT, Datatype.bfloat16, Kernels(moe_comm_overlap=True))
+    plain = Context.of(TINY, FLAT, Datatype.bfloat16, Kernels())
+    m = type("M", (), {"ep_net": 0})()
+    # without overlap each pass pays its dispatch and combine
+    assert ep_overlap_terms(plain, m, ScalarOps, 3e-3, 1e-3, 2e-3) == (3e-3, 3e-3)
+    # 6 ms of EP traffic beside 3 ms of compute: 3 ms hide (taking 10 % of the cores), 3 ms stay
+    fwd, bwd = ep_overlap_terms(flat, m, ScalarOps, 3e-3, 1e-3, 2e-3)
+    assert fwd == bwd == pytest.approx((3e-3 + 0.1 * 3e-3) / 2)
+    # all of it hides behind more compute, costing only the cores it takes
+    fwd, bwd = ep_overlap_terms(flat, m, ScalarOps, 1e-3, 4e-3, 8e-3)
+    assert fwd + bwd == pytest.approx(0.1 * 2e-3)
+
+
+def test_flex_and_overlap_backends_agree():
+    model = load_model(ROOT / "problems/models/qwen1.5-moe-a2.7b/config.json", seq_size=4096)
+    c = Context.of(model, load_system(SYSTEMS / "b200-180g-nvl8.yaml"), Datatype.bfloat16,
+                   Kernels(moe_dispatcher="flex", moe_comm_overlap=True))
+    ep = np.array([1.0, 2.0, 4.0, 12.0, 60.0])
+    net = np.array([0, 0, 0, 1, 1])
+    arrays = moe_communication(c, ArrayOps, 4096.0, 1.0, ep, 1.0, net, 0)
+    for i in range(len(ep)):
+        scalar = moe_communication(c, ScalarOps, 4096.0, 1.0, float(ep[i]), 1.0, int(net[i]), 0)
+        assert arrays.dispatch_s[i] == pytest.approx(scalar.dispatch_s, rel=1e-12)
+
+
+def test_moe_dispatcher_is_a_checked_setting():
+    with pytest.raises(InputError, match="moe_dispatcher 'deepep' does not exist"):
+        Kernels(moe_dispatcher="deepep")
+
+
+# ---------------------------------------------------------------- latent attention's up-projection recompute
+
+def _deepseek_block(recompute_modules):
+    from costmodel.block import block_forward_times, block_stored_activation_bytes
+    from costmodel.evaluate import _context_for, _scalar_fields
+    from costmodel.mapping import Mapping
+    model = load_model(ROOT / "problems/models/deepseek-v3/config.json", seq_size=4096)
+    system = load_system(SYSTEMS / "b200-180g-nvl8.yaml")
+    mapping = Mapping.model_validate({
+        "num_procs": 64, "tensor_par": 1, "pipeline_par": 8, "data_par": 8, "expert_par": 8, "batch_size": 64,
+        "microbatch_size": 1, "tensor_par_net": 0, "pipeline_par_net": 1, "data_par_net": 1, "expert_par_net": 0,
+        "activation_recompute": "attn_only", "recompute_modules": recompute_modules,
+        "pipeline_first_stage_blocks": 8, "pipeline_last_stage_blocks": 5})
+    mapping = mapping.with_expert_tensor_par(True)
+    c = _context_for(model, system, mapping)
+    m = _scalar_fields(mapping)
+    return model, block_stored_activation_bytes(c, m, ScalarOps, True), block_forward_times(c, m, ScalarOps, True)
+
+
+def test_mla_up_proj_drops_q_k_v_and_reruns_the_up_projections():
+    model, plain_mem, plain_fw = _deepseek_block(["core_attn"])
+    _, up_mem, up_fw = _deepseek_block(["core_attn", "mla_up_proj"])
+    # DeepSeek-V3 (config.json): 128 heads, d_qk = 128 + 64 = 192, d_v = 128; tp 1, 4096 tokens, bf16.
+    # Q and K of 192 and V of 128 columns per head go: 4096 · 128 · (2·192 + 128) · 2 bytes.
+    assert plain_mem.stored - up_mem.stored == pytest.approx(4096 * 128 * (2 * 192 + 128) * 2, rel=1e-12)
+    # the rerun: the up projections r_q = 1536 → 128·192 and r_kv = 512 → 128·(128 + 128), and RoPE
+    assert up_fw.selective_recompute_s > plain_fw.selective_recompute_s
+    assert up_fw.selective_recompute_flops - plain_fw.selective_recompute_flops == pytest.approx(
+        2 * 4096 * (1536 * 128 * 192 + 512 * 128 * 256), rel=1e-12)
+
+
+def test_mla_up_proj_needs_latent_attention():
+    from costmodel.mapping import Mapping, check_mapping_fits
+    model = load_model(ROOT / "problems/models/qwen1.5-moe-a2.7b/config.json", seq_size=4096)
+    mapping = Mapping.model_validate({
+        "num_procs": 8, "tensor_par": 1, "pipeline_par": 1, "data_par": 8, "expert_par": 4, "batch_size": 8,
+        "microbatch_size": 1, "tensor_par_net": 0, "pipeline_par_net": 0, "data_par_net": 0, "expert_par_net": 0,
+        "activation_recompute": "attn_only", "recompute_modules": ["mla_up_proj"]})
+    with pytest.raises(InputError, match="mla_up_proj needs a model with latent attention"):
+        check_mapping_fits(model, load_system(SYSTEMS / "b200-180g-nvl8.yaml"), mapping)

@@ -24,7 +24,7 @@ from costmodel.mapping import Mapping
 from costmodel.ops import ScalarOps
 from costmodel.param_counts import ParameterCounts
 from costmodel.run_files import read_runs
-from costmodel.run_mapping import map_run
+from costmodel.run_mapping import map_run, mtp_layout
 from costmodel.system import Datatype
 from solver.cli.app import cli
 
@@ -217,9 +217,14 @@ def _bridge_mapping():
 
 def test_bridge_deepseek_row_maps_with_the_mtp_layout():
     run, model, _, mapped = _bridge_mapping()
-    # 61 blocks, the embedding, the MTP module and the loss: 64 on 16 stages of 4
-    assert (run.pp, mapped.mapping.pipeline_first_stage_blocks, mapped.mapping.pipeline_last_stage_blocks) == (16, 3, 2)
-    assert any("MTP" in gap for gap in mapped.not_expressible)
+    # The row states its layout (Megatron-Bridge's set_deepseek_v3_pipeline_model_parallel_layout
+    # for pp 16: the embedding and 4 blocks, 14 stages of 4, one block, the MTP module and the loss).
+    assert run.pipeline_layout == "Et*4|(t*4|)*14tmL"
+    assert (run.pp, mapped.mapping.pipeline_first_stage_blocks, mapped.mapping.pipeline_last_stage_blocks) == (16, 4, 1)
+    assert not any("layout" in gap for gap in mapped.not_expressible)
+    # Without a stated layout, the MTP rule: 61 blocks, the embedding, the MTP module and the
+    # loss, 64 on 16 stages of 4.
+    assert mtp_layout(model, 16, 1) == (3, 2)
 
 
 def test_mtp_module_costs_time_and_last_stage_memory():

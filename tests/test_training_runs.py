@@ -273,3 +273,48 @@ def test_held_out_splits_leave_out_whole_configurations(bridge_runs):
         assert all(run.configuration_key != group for run in train) and len(train) + len(test) == 58
     assert [group for group, _, _ in held_out_splits(dense, lambda run: run.system)] == [
         "gb200-186g-nvl72", "h100-80g-nvl8", "b200-180g-nvl8"]
+
+
+# ---- mixture-of-experts rows as they ran (megatron-bridge-workload-settings.yaml, cited per row)
+
+def _bridge_run(name: str) -> Run:
+    return {run.name: run for run in read_runs(BRIDGE)}[name]
+
+
+def test_moe_rows_read_what_the_presets_set():
+    # v0.6.0 perf_recipes/deepseek/gb200/deepseek_v3.py deepseek_v3_pretrain_256gpu_gb200_fp8mx_config with
+    # common.py _enable_deepseek_full_iteration_mxfp8: HybridEP flex dispatch, EP overlap, full-iteration
+    # graphs, mla_up_proj recompute, expert_tensor_parallel_size 1 (the table's etp cell is empty),
+    # grad_reduce_in_fp32 False (perf_recipes/_common.py); the layout_map entry for pp 4 × vp 4.
+    run = _bridge_run("bridge2608_deepseek_v3_gb200_mxfp8_256")
+    assert (run.etp, run.moe_dispatcher, run.moe_comm_overlap, run.cuda_graphs) == (1, "flex", True, "full-iteration")
+    assert (run.recompute, run.recompute_modules, run.grad_datatype) == ("selective", ("mla_up_proj",), "16bit")
+    assert run.pipeline_layout == "Et*4|(t*4|)*14tmL"
+    model = load_model(MODELS_DIR / "deepseek-v3" / "config.json", seq_size=run.seq_size)
+    mapped = map_run(run, model, load_system(SYSTEMS_DIR / "gb200-186g-nvl72.yaml"))
+    # 16 chunks of 4 blocks round 4 ranks; the last chunk holds 1 block, the MTP module and the loss
+    assert (mapped.mapping.pipeline_first_stage_blocks, mapped.mapping.pipeline_last_stage_blocks) == (16, 13)
+    assert mapped.mapping.expert_tensor_par == 1 and mapped.mapping.moe_dispatcher == "flex"
+    # GPT-OSS on GB200 in BF16 at v0.4.2: no flex backend, alltoall, the EP overlap on (moe_a2a_overlap)
+    oss = _bridge_run("bridge260401_gpt_oss_120b_gb200_bf16_64")
+    assert (oss.moe_dispatcher, oss.moe_comm_overlap, oss.recompute_modules) == ("alltoall", True,
+                                                                                 ("layernorm", "moe_act"))
+
+
+def test_rows_without_mtp_cost_the_model_without_it():
+    run = _bridge_run("bridge2511_deepseek_v3_gb200_bf16_256_nomtp")     # the table's "DeepSeekV3 (w/o MTP)"
+    assert run.mtp_blocks == 0 and RunInputs().model(run).mtp_blocks == 0
+    with_mtp = _bridge_run("bridge2511_deepseek_v3_b200_mxfp8_256_mtp")
+    assert with_mtp.mtp_blocks is None and RunInputs().model(with_mtp).mtp_blocks == 1
+
+
+def test_moe_section_leaves_out_token_dropping_and_flags_the_unlayable_row():
+    import sys
+    sys.path.insert(0, str(PROBLEMS.parent / "benchmarks"))
+    from bench_training_runs import moe_bridge_report
+    report, left_out = moe_bridge_report(RunInputs())
+    names = {s.run.name for s in report.newest + report.older}
+    dropping = {r["id"] for r in json.loads(BRIDGE.read_text()) if r.get("moe_token_dropping")}
+    assert len(dropping) == 4 and not dropping & names and dropping <= set(left_out)
+    assert "flagged" in left_out["bridge2509_deepseek_v3_gb200_256_altquant"]
+    assert {s.run.model for s in report.newest} == {"deepseek-v3", "gpt-oss-120b"}

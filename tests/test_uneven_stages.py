@@ -406,14 +406,26 @@ def test_even_stages_never_size_by_the_second_stage():
     assert memory["second_stage_hbm_bytes"] < memory["first_stage_hbm_bytes"] == ev.hbm_bytes
 
 
+def test_explicit_stages_with_a_short_chunk_cost_as_the_derived_layout():
+    # 126 blocks on 16 stages of 2 chunks: the rule gives 7, 8, ..., 8, 7 (a first and a last
+    # chunk of 3 beside chunks of 4); stated explicitly, as a Megatron-LM layout string would
+    # place them, the same stages must cost the same to the last bit.
+    derived = evaluate(LLAMA_405B, H100, _405b(pipeline_interleaving=2))
+    stated = evaluate(LLAMA_405B, H100, _405b(pipeline_interleaving=2, pipeline_first_stage_blocks=7,
+                                              pipeline_last_stage_blocks=7))
+    assert stated.iteration_time_s == derived.iteration_time_s
+    assert stated.memory_bytes == derived.memory_bytes
+
+
 @pytest.mark.parametrize("fields, fragments", [
     ({"pipeline_first_stage_blocks": 6, "pipeline_last_stage_blocks": 6},
      ["pipeline_first_stage_blocks(6) + pipeline_last_stage_blocks(6) = 12", "114 blocks for the other 14 stages",
       "pipeline_par(16)"]),
     ({"pipeline_first_stage_blocks": 5}, ["pipeline_first_stage_blocks(5) leaves num_blocks(126) - 5 = 121"]),
     ({"pipeline_first_stage_blocks": 100, "pipeline_last_stage_blocks": 20}, ["fewer than one each"]),
-    ({"pipeline_first_stage_blocks": 7, "pipeline_last_stage_blocks": 7, "pipeline_interleaving": 2},
-     ["pipeline_interleaving(2) does not divide pipeline_first_stage_blocks(7)"]),
+    ({"pipeline_first_stage_blocks": 3, "pipeline_last_stage_blocks": 11, "pipeline_interleaving": 2},
+     ["pipeline_interleaving(2) does not divide pipeline_first_stage_blocks(3)",
+      "nor is it 1 chunks of a middle stage's 4 blocks"]),
     ({"pipeline_first_stage_blocks": 6, "pipeline_interleaving": 3},
      ["pipeline_interleaving(3) does not divide the 8 blocks of each stage"]),
     ({"pipeline_par": 12, "num_procs": 96}, ["pipeline_par(12) does not divide num_blocks(126), nor"]),
