@@ -80,6 +80,10 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         raise MapsatError(f"infeasible: {'; '.join(result.infeasible_reasons)}")
 
 
+TABLE_COLUMNS = 120
+"""The widest a breakdown table is printed (its cells' words wrap to fit)."""
+
+
 def print_result(result: SolveResult, title: str) -> None:
     out = wide_console()
     if result.status == "infeasible":
@@ -98,7 +102,7 @@ def print_result(result: SolveResult, title: str) -> None:
     if result.best is None:
         return
     for table in evaluation_tables(result.best, title="Best mapping"):
-        out.print(table)
+        out.print(table, width=min(out.width, TABLE_COLUMNS))         # long cells wrap their words
     same = result.equivalents or [{}] * len(result.top)
     out.print(top_table([(ev.iteration_time_s, ev.mfu, ev.hbm_bytes, ev.offload_bytes, ev.mapping.model_dump(mode="json"),
                           settings) for ev, settings in zip(result.top, same)],
