@@ -137,26 +137,38 @@ def _print_summary(title: str, summaries: tuple[ErrorSummary, ...]) -> None:
 def print_report(report: RunsReport, left_out: int, single_gpu: RunsReport) -> None:
     print(f"{report.source}: {len(report.newest) + len(report.older)} dense rows "
           f"({left_out} mixture-of-experts rows left out), {len(report.newest)} configurations")
-    _print_rows("newest release of each configuration", report.newest)
-    print("\nsummary, newest release of each configuration (NVFP4 only in its precision's line):")
+    _print_sections(report, "", "newest release of each configuration (NVFP4 only in its precision's line)")
+    print(f"\n{single_gpu.source}: {len(single_gpu.newest)} single-GPU iterations")
+    _print_summary("step time", single_gpu.overall)
+    _print_summary("peak mem", single_gpu.memory)
+
+
+def _print_sections(report: RunsReport, prefix: str, summary_title: str, left_out: dict[str, str] | None = None) -> None:
+    """The rows of one report, newest then older, with their summaries and the settings not
+    expressible yet; `prefix` names the section ("MoE, "), `left_out` the rows it leaves out."""
+    _print_rows(f"{prefix}newest release of each configuration", report.newest)
+    print(f"\nsummary, {prefix}{summary_title}:")
     _print_summary("all", report.overall)
+    if left_out is not None:
+        _print_summary("+infeas.", predicted_summary(report.newest))
     _print_summary("system", report.by_system)
     _print_summary("precision", report.by_precision)
     unscored = [s for s in report.newest if s.status != "scored"]
-    print(f"\nnot scored among the newest: {len(unscored) or 'none'}")
+    print(f"\n{prefix}not scored among the newest: {len(unscored) or 'none'}")
     for s in unscored:
         print(f"  {s.run.name}: {s.status}: {'; '.join(s.reasons) or 'no measured step time'}")
-    _print_rows("older releases of the same configurations", report.older)
-    print("\nsummary, older releases:")
+    _print_rows(f"{prefix}older releases of the same configurations", report.older)
+    print(f"\nsummary, {prefix}older releases:")
     _print_summary("all", report.older_overall)
-    print("\nnot expressible yet, by row family:")
+    if left_out is not None:
+        print(f"\n{prefix}rows left out:")
+        for name, why in left_out.items():
+            print(f"  {name}: {why}")
+    print(f"\n{prefix}not expressible yet, by row family:")
     for family, gaps in gaps_by_family(report.newest + report.older).items():
         print(f"  {family}:")
         for gap in gaps or ["— (everything expressible)"]:
             print(f"    - {gap}")
-    print(f"\n{single_gpu.source}: {len(single_gpu.newest)} single-GPU iterations")
-    _print_summary("step time", single_gpu.overall)
-    _print_summary("peak mem", single_gpu.memory)
 
 
 def moe_targets(report: RunsReport) -> list[dict]:
@@ -185,27 +197,7 @@ def moe_beyond(report: RunsReport) -> list[RunScore]:
 def print_moe_report(report: RunsReport, left_out: dict[str, str]) -> None:
     print(f"\n{report.source}: {len(report.newest) + len(report.older)} mixture-of-experts rows scored against the "
           f"shipped system files (nothing fitted on them), {len(report.newest)} configurations")
-    _print_rows("MoE, newest release of each configuration", report.newest)
-    print("\nsummary, MoE, newest release of each configuration:")
-    _print_summary("all", report.overall)
-    _print_summary("+infeas.", predicted_summary(report.newest))
-    _print_summary("system", report.by_system)
-    _print_summary("precision", report.by_precision)
-    unscored = [s for s in report.newest if s.status != "scored"]
-    print(f"\nMoE, not scored among the newest: {len(unscored) or 'none'}")
-    for s in unscored:
-        print(f"  {s.run.name}: {s.status}: {'; '.join(s.reasons) or 'no measured step time'}")
-    _print_rows("MoE, older releases of the same configurations", report.older)
-    print("\nsummary, MoE, older releases:")
-    _print_summary("all", report.older_overall)
-    print("\nMoE rows left out:")
-    for name, why in left_out.items():
-        print(f"  {name}: {why}")
-    print("\nMoE, not expressible yet, by row family:")
-    for family, gaps in gaps_by_family(report.newest + report.older).items():
-        print(f"  {family}:")
-        for gap in gaps or ["— (everything expressible)"]:
-            print(f"    - {gap}")
+    _print_sections(report, "MoE, ", "newest release of each configuration", left_out)
     print("\nMoE targets:")
     for t in moe_targets(report):
         figure = "—" if t["figure"] is None else f"{100 * t['figure']:.1f} %"

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass, replace
 
-from costmodel.block import BlockForward, StoredActivations, block_forward_times, block_stored_activation_bytes
+from costmodel.block import BlockForward, block_forward_times
+from costmodel.block_memory import StoredActivations, block_stored_activation_bytes
 from costmodel.comm import collective_s, overlapped, tp_overlap_terms
 from costmodel.context import Context
 from costmodel.memory_features import offload_share, recompute_share, with_switches

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from costmodel.block import block_stored_activation_bytes
+from costmodel.block_memory import block_stored_activation_bytes
 from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate

@@ -361,7 +361,8 @@ def test_moe_dispatcher_is_a_checked_setting():
 # ---------------------------------------------------------------- latent attention's up-projection recompute
 
 def _deepseek_block(recompute_modules):
-    from costmodel.block import block_forward_times, block_stored_activation_bytes
+    from costmodel.block import block_forward_times
+    from costmodel.block_memory import block_stored_activation_bytes
     from costmodel.evaluate import _context_for, _scalar_fields
     from costmodel.mapping import Mapping
     model = load_model(ROOT / "problems/models/deepseek-v3/config.json", seq_size=4096)

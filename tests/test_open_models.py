@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from costmodel.block import block_forward_times, block_stored_activation_bytes
+from costmodel.block import block_forward_times
+from costmodel.block_memory import block_stored_activation_bytes
 from costmodel.context import MASK_BYTES, Context
 from costmodel.errors import InputError
 from costmodel.evaluate import _scalar_fields, evaluate

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.block import block_forward_times, block_stored_activation_bytes
+from costmodel.block import block_forward_times
+from costmodel.block_memory import block_stored_activation_bytes
 from costmodel.block_terms import block_terms
 from costmodel.context import Context
 from costmodel.encoding import MappingArrays

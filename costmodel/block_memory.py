@@ -1,0 +1,166 @@
+"""The activations one transformer block keeps for backward on one GPU for one microbatch,
+and the transient workspace its backward needs (Korthikanti et al. 2022, §4): what each
+recompute setting, sequence parallelism, the context-parallel ring, fused attention,
+dropout, an MoE layer and a precision recipe store. costmodel.block times the same layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.context import MASK_BYTES, Context
+from costmodel.kernel_time import attention_time_s
+from costmodel.moe import moe_memory
+from costmodel.layer_time import (SOFTMAX_STATS_BYTES, gemm_s)
+
+def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_bytes, steps=1.0, head_size=None):
+    """Time of a fused attention kernel doing `pairs` s×s×d products per (batch, head) over
+    `batch_heads` of them; with context parallelism, of the `steps` = cp ring-step kernels
+    that each do `pairs` (s/cp)×(s/cp)×d products (1/cp of the whole core, in cp launches
+    of shorter sequences). With a fitted attention model, that model
+    (costmodel.kernel_time.attention_time_s). Otherwise a roofline: its tensor-core work (a batched
+    GEMM), its element-wise softmax work on the vector units (overlapped with the matrix work,
+    as FlashAttention pipelines them) and its HBM traffic, whichever is slowest."""
+    chunk = c.seq / steps
+    d = c.head_size if head_size is None else head_size
+    if c.attention is not None:
+        return steps * attention_time_s(c.attention, pairs, batch_heads, chunk, d)
+    vector = vector_flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, vector_flops))
+    return xp.maximum(gemm_s(c, xp, chunk, chunk, d, num_bytes, batch=pairs * batch_heads * steps,
+                             high_precision=True), vector)
+
+
+@dataclass(frozen=True)
+class StoredActivations:
+    """Bytes one block keeps for backward, one microbatch, one GPU."""
+
+    stored: object
+    """kept from forward to backward under the mapping's recompute setting"""
+    full: object
+    """what storing everything would keep"""
+    workspace: object
+    """transient bytes recomputation needs while one block's backward runs"""
+
+
+def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> StoredActivations:
+    """Bytes one block keeps from forward to backward for one microbatch on one GPU
+    (Korthikanti et al. 2022, §4: 34·s·b·h + 5·a·s²·b with no parallelism, 16-bit).
+
+    Split by tp always: Q, K, V (K and V with g·d columns), the projection input, the MLP
+    intermediates (two f-wide tensors; three when gated), and the
+    attention core (softmax output, its dropout mask and output). Split by tp only with
+    sequence parallelism: the two layer-norm inputs and the two dropout masks. The inputs
+    of the QKV and h→f GEMMs are gathered tensors under SP: stored whole unless the
+    all-gather is redone in backward (seq_par_ag_redo), in which case the shard suffices.
+    Full recomputation keeps only the block input. A fused attention kernel stores no score
+    matrix, only its softmax statistics, and keeps them under attn_only too (its backward
+    recomputes the scores itself). A model trained without dropout keeps no mask.
+
+    Also returns the transient workspace: the context-parallel ring's K/V buffers, and what
+    recomputation needs while one block's backward
+    runs: the whole block's activations under full recompute, the attention core's under
+    attn_only (unfused), nothing otherwise. With `moe`, the MoE layer's stored bytes
+    (costmodel.moe.moe_memory) replace the MLP intermediates, and its all-to-all send and
+    receive buffers join the workspace.
+    """
+    e, h, f, s, d = c.elem_bytes, c.hidden, c.feedforward, c.seq, c.head_size
+    mask = MASK_BYTES if c.dropout else 0.0             # a dropout mask's bytes per element
+    t = m.tp
+    b = m.microbatch
+    q_len = s / m.cp                                     # this GPU's share of the sequence
+    tokens = b * q_len
+    heads = c.heads / t
+    q_cols = heads * d
+    kv_cols = c.kv_heads / t * d
+    sp_split = xp.where(m.seq_par, t, 1.0)
+    gemm_inputs_split = xp.where(m.seq_par & m.seq_par_ag_redo, t, 1.0)
+
+    # A GEMM's input is kept for its weight gradient: under a precision recipe as one quantized
+    # copy (the columnwise one, or the rowwise shard a per-tensor FP8 gather re-gathers; TE
+    # module/linear.py, "Discard unneeded data in input tensor"), else in the datatype.
+    q = c.recipe.copy_bytes if c.quantized else e
+    layernorm_inputs = 2 * e * tokens * h / sp_split
+    dropout_masks = 2 * mask * tokens * h / sp_split
+    gemm_inputs = 2 * q * tokens * h / gemm_inputs_split
+    # Q, K, V (the attention's BF16 inputs) and the projection's input, the attention output.
+    # Quantized, a fused kernel's backward keeps that output in BF16, and the projection keeps
+    # either the same tensor (costmodel.precision: projection_keeps_bf16_input) or its own copy.
+    projection_input = e * tokens * q_cols
+    if c.quantized:
+        keeps_bf16 = c.recipe.format.projection_keeps_bf16_input
+        projection_input = (e * tokens * q_cols if keeps_bf16 or c.fused_attention else 0.0) + (
+            0.0 if keeps_bf16 else q * tokens * q_cols)
+    qkv_and_proj = e * tokens * (q_cols + 2 * kv_cols) + projection_input
+    if c.latent:
+        # Megatron-LM's MLASelfAttention keeps Q and K (d_qk per head), V and the output (d_v;
+        # the output is the projection's input), the compressed query and K/V twice each (the
+        # RMSNorms' inputs and the up projections' inputs, gathered); its down projections read
+        # the norm's output on the sequence-parallel shard, kept as that shard.
+        d_v = c.value_head_size
+        out_cols = heads * d_v
+        projection_input = projection_input / q_cols * out_cols
+        qkv_and_proj = (e * tokens * (2 * q_cols + out_cols) + projection_input
+                        + 2 * e * tokens * (c.q_lora_rank + c.kv_lora_rank))
+        gemm_inputs = q * tokens * h / gemm_inputs_split + q * tokens * h / sp_split
+    # GeLU / squared ReLU: the activation's input and output (2·f); gated: the h→2f output
+    # (both operands of the gate) and the gate's output (3·f). The output, the down
+    # projection's input, is kept as its quantized copy under a recipe.
+    mlp_intermediates = ((2 if c.gated_mlp else 1) * e + q) * tokens * f / t
+    if c.gated_mlp and not c.fused_activation:      # eager: the activation's output, an operand of the product
+        mlp_intermediates = mlp_intermediates + e * tokens * f / t
+    dispatch_buffers = 0.0
+    if moe:
+        layer = moe_memory(c, xp, tokens, t, m.ep, m.etp)
+        mlp_intermediates, dispatch_buffers = layer.stored_bytes, layer.all_to_all_buffer_bytes
+    if c.fused_attention:
+        attention_core = SOFTMAX_STATS_BYTES * b * heads * q_len
+        core_recomputed = False
+    else:
+        attention_core = (2 * e + mask) * b * heads * q_len * s  # softmax out, dropout mask and out
+        core_recomputed = m.recompute_attn_only                       # attn_only drops it
+
+    everything = layernorm_inputs + dropout_masks + gemm_inputs + qkv_and_proj + mlp_intermediates
+    full = everything + attention_core
+    stored = xp.where(core_recomputed, everything, full)
+    if m.recompute_modules is not None:
+        up_outputs = e * tokens * (2 * q_cols + c.value_head_size * heads) if c.latent else 0.0
+        stored, dropped_workspace = _selective_stored(c, m, xp, moe, full, attention_core, gemm_inputs,
+                                                      mlp_intermediates, tokens, up_outputs)
+        core_recomputed = False          # (its bytes are in dropped_workspace)
+        dispatch_buffers = dispatch_buffers + dropped_workspace
+    block_input = e * tokens * h / sp_split
+    # The K/V ring keeps two chunks in flight beside the local one (receive and send
+    # buffers, TransformerEngine's double buffering), in forward and again in backward.
+    ring_buffers = xp.where(m.cp > 1, 2 * e * tokens * 2 * kv_cols, 0.0)
+    if c.latent:
+        ring_buffers = xp.where(m.cp > 1, 2 * e * tokens * heads * (d + c.value_head_size), 0.0)
+    return StoredActivations(
+        stored=xp.where(m.recompute_full, block_input, stored),
+        full=full,
+        workspace=ring_buffers + dispatch_buffers + xp.where(m.recompute_full, full, xp.where(core_recomputed, attention_core, 0.0)),
+    )
+
+
+def _selective_stored(c: Context, m, xp, moe: bool, full, attention_core, gemm_inputs, mlp_intermediates, tokens,
+                      up_outputs=0.0):
+    """Stored bytes and recompute workspace of one block under recompute_modules (Megatron-LM
+    transformer_config.py `recompute_modules`, transformer_layer.py / mlp.py / experts.py):
+    core_attn drops the attention core's stored tensors (unfused; a fused kernel keeps only its
+    statistics, as attn_only); layernorm the two norms' outputs, the QKV and up projections'
+    inputs (`gemm_inputs`); mlp a dense MLP's intermediates; moe_act the routed experts'
+    activation output (one f_e-wide tensor of the MoE layer's 2, gated 3); mla_up_proj latent
+    attention's Q, K and V, the up projections' outputs (`up_outputs`: a·d_qk twice and a·d_v
+    per token over tp; Megatron-LM discards them after the core's forward and reruns the up
+    projections before its backward). The workspace is the
+    largest module's dropped bytes, alive while its backward recomputes it."""
+    modules = m.recompute_modules
+    dropped = {"core_attn": 0.0 if c.fused_attention else attention_core, "layernorm": gemm_inputs,
+               "mlp": 0.0 if moe else mlp_intermediates, "moe_act": 0.0, "mla_up_proj": up_outputs}
+    if moe:
+        layer = moe_memory(c, xp, tokens, m.tp, m.ep, m.etp)
+        dropped["moe_act"] = layer.expert_intermediate_bytes / (3 if c.gated_mlp else 2)
+    gone = [dropped[name] for name in modules]
+    workspace = 0.0
+    for bytes_ in gone:
+        workspace = xp.maximum(workspace, bytes_)
+    return full - sum(gone), workspace
