@@ -47,6 +47,10 @@ class BlockTerms:
     ep_fwd_s: object
     """an MoE block's token dispatch and combine all-to-alls in forward, exposed (0 when dense)"""
     ep_bwd_s: object
+    ep_unpaired_s: object
+    """with moe_comm_overlap: what one forward and one backward of this block without a partner
+    microbatch add over their overlapped cost (their dispatch and combine run exposed:
+    2·(ep_pass_s − the overlapped per-pass time); 0 without overlap or when dense)"""
     block_fwd_s: object
     """compute + TP, CP and EP communication, forward"""
     block_bwd_s: object
@@ -100,10 +104,15 @@ def ep_overlap_terms(c: Context, m, xp, ep_pass_s, compute_fwd_s, compute_bwd_s)
     forward runs beside another's backward, each one's dispatch and combine on the
     communication stream while the other computes: the 2·ep_pass_s of a forward-backward pair
     hide behind at most the pair's compute (comm.overlapped, hidden fraction 1), taking the
-    network's processor usage while hidden; the exposed rest is split by pass."""
+    GPU's SMs the communication kernels hold while hidden; the exposed rest is split by pass.
+    With the flex dispatcher that is the SMs DeepEP / HybridEP were given over the GPU's
+    (Context.moe_dispatcher_sm_share: DeepEP's and HybridEP's kernels run on a fixed number of
+    SMs whatever the network, NVLink or RDMA), else the network's processor_usage (NCCL's).
+    The passes without a partner (the schedule's warm-up forwards and cool-down backwards)
+    run ep_pass_s each: `ep_unpaired_s` and costmodel.iteration."""
     if not c.moe_comm_overlap:
         return ep_pass_s, ep_pass_s
-    usage = xp.pick(c.net_usage, m.ep_net)
+    usage = xp.pick(c.net_usage, m.ep_net) if c.moe_dispatcher_sm_share is None else c.moe_dispatcher_sm_share
     exposed, stolen = overlapped(2 * ep_pass_s, compute_fwd_s + compute_bwd_s, 1.0, usage, xp)
     per_pass = (exposed + stolen) / 2
     return per_pass, per_pass
@@ -143,7 +152,7 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
         # column-parallel input and a row-parallel output gradient): one per region each way.
         amax = collective_s(c, xp, Collective.all_reduce, m.tp, AMAX_BYTES, m.tp_net)
         exposed_tp = xp.where(m.seq_par, regions * amax, 0.0)
-    ep_fwd, ep_bwd = 0.0, 0.0
+    ep_fwd, ep_bwd, ep_unpaired = 0.0, 0.0, 0.0
     if moe:
         # Megatron-LM's dispatchers run on the compute stream between the router and the
         # experts (token_dispatcher.py): nothing hides them unless the run overlaps them with
@@ -151,7 +160,9 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
         # dispatch's gradient is a combine).
         comm = moe_communication(c, xp, m.microbatch * c.seq / m.cp, m.tp, m.ep, m.etp, m.ep_net, m.etp_net)
         exposed_tp = exposed_tp + comm.tp_gather_s + comm.tp_scatter_s
-        ep_fwd, ep_bwd = ep_overlap_terms(c, m, xp, comm.dispatch_s + comm.combine_s, compute_fwd, compute_bwd)
+        ep_pass = comm.dispatch_s + comm.combine_s
+        ep_fwd, ep_bwd = ep_overlap_terms(c, m, xp, ep_pass, compute_fwd, compute_bwd)
+        ep_unpaired = 2 * ep_pass - ep_fwd - ep_bwd
     block_fwd = compute_fwd + tp_fwd_exposed + tp_fwd_stolen + exposed_tp + cp_fwd + ep_fwd
     block_bwd = compute_bwd + tp_bwd_exposed + tp_bwd_stolen + exposed_tp + cp_bwd + ep_bwd
     # Full: the whole block forward again; attn_only: the (unfused) attention core; and a fused
@@ -183,6 +194,7 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
         cp_bwd_s=cp_bwd,
         ep_fwd_s=ep_fwd,
         ep_bwd_s=ep_bwd,
+        ep_unpaired_s=ep_unpaired,
         block_fwd_s=block_fwd,
         block_bwd_s=block_bwd,
         recompute_s=recompute,

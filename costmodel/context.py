@@ -115,6 +115,7 @@ class Context:
     pp_comm_overlap: bool = False      # interleaved schedules' sends beside compute (Megatron's overlap_p2p_comm)
     moe_flex_dispatcher: bool = False  # DeepEP/HybridEP dispatch (Kernels.moe_dispatcher == "flex")
     moe_comm_overlap: bool = False     # EP dispatch/combine beside another microbatch's compute
+    moe_dispatcher_sm_share: float | None = None   # SMs the flex dispatcher holds while hidden (Kernels)
     fused_cross_entropy: bool = True   # Megatron's fused loss (6 bytes per logit) or eager PyTorch's (12)
     # attention variants (costmodel.block): latent attention's widths, and the sliding window's
     # share of the attention core's work
@@ -249,6 +250,7 @@ class Context:
             allocator_fraction=step.allocator_fragmentation if step else 0.0,
             fused_cross_entropy=kernels.fused_cross_entropy, pp_comm_overlap=kernels.pp_comm_overlap,
             moe_flex_dispatcher=kernels.moe_dispatcher == "flex", moe_comm_overlap=kernels.moe_comm_overlap,
+            moe_dispatcher_sm_share=kernels.moe_dispatcher_sm_share if kernels.moe_dispatcher == "flex" else None,
             **_attention_fields(model), mtp_blocks=float(model.mtp_blocks), mtp_block_is_moe=model.mtp_block_is_moe,
             mtp_extra_params=float(model.mtp_module_params - (model.moe_block_params if model.mtp_block_is_moe
                                                               else model.block_params)),

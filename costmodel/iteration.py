@@ -149,6 +149,24 @@ def mtp_terms(c: Context, m, xp) -> MtpTerms:
                     stored_bytes=n * blk.activations.stored)
 
 
+def unpaired_ep_s(c: Context, m, xp, blk: BlockTerms, pace_blocks, microbatches):
+    """With moe_comm_overlap, the expert-parallel time of the passes no other microbatch's pass
+    hides: Megatron-LM's combined 1F1B pairs each forward chunk with another microbatch's
+    backward chunk, after (v−1)·g + 2·(p−1−rank) warm-up forward chunks plus one ("we schedule
+    one extra micro-batch forward step before the 1f1b stages", megatron/core/pipeline_parallel/
+    schedules.py, get_pp_rank_microbatches; g = p by default), and as many backward chunks in the
+    cool-down; with p = 1 (combined_1f1b_schedule_for_no_pipelining) the first forward and the
+    last backward. On the pacing stage (the last: rank p − 1) that is (v−1)·p + 1 chunks each
+    way, at most every chunk, each of pace_blocks/v blocks: their dispatch and combine run
+    exposed (BlockTerms.ep_unpaired_s; the fill itself is the pipeline's bubble). 0 without
+    overlap."""
+    if not c.moe_comm_overlap or not c.moe_blocks:
+        return 0.0
+    v = m.interleaving
+    chunks = xp.minimum((v - 1) * m.pp + 1, microbatches * v)
+    return chunks * pace_blocks / v * blk.ep_unpaired_s
+
+
 def iteration_terms(c: Context, m, xp, blk: BlockTerms | None = None) -> IterationTerms:
     """All named time (s), memory (bytes) and rate terms of one iteration: the block's
     terms, the pipeline at its slowest stage, the gradient reduction and the optimizer step,
@@ -173,7 +191,8 @@ def iteration_terms(c: Context, m, xp, blk: BlockTerms | None = None) -> Iterati
     # the optimizer step, and a precision recipe's once-a-step quantization of the weights
     optimizer_s = optimizer_step_s(c, m, xp, sharding, params) + params.blocks * blk.forward.weight_quantize_s
     mem = stage_memory(c, m, xp, blk, stages, sharding, params, dense_params, expert_params, mtp)
-    iteration_s = pipe.pipeline_s + dp.exposed_s + dp.stolen_s + optimizer_s
+    ep_unpaired_s = unpaired_ep_s(c, m, xp, blk, pipe.pace_blocks, microbatches)
+    iteration_s = pipe.pipeline_s + ep_unpaired_s + dp.exposed_s + dp.stolen_s + optimizer_s
 
     fw = blk.forward
     t, b = m.tp, m.microbatch
@@ -193,7 +212,7 @@ def iteration_terms(c: Context, m, xp, blk: BlockTerms | None = None) -> Iterati
         recompute_s=per_pace_block * blk.recompute_s,
         tp_comm_s=per_pace_block * (blk.tp_fwd_s + blk.tp_bwd_s),
         cp_comm_s=per_pace_block * (blk.cp_fwd_s + blk.cp_bwd_s),
-        ep_comm_s=per_pace_block * (blk.ep_fwd_s + blk.ep_bwd_s),
+        ep_comm_s=per_pace_block * (blk.ep_fwd_s + blk.ep_bwd_s) + ep_unpaired_s,
         offload_s=per_pace_block * (blk.offload_fwd_s + blk.offload_bwd_s),
         pp_comm_s=microbatches * pipe.pp_comm_micro_s,
         bubble_s=pipe.bubble_s,

@@ -90,6 +90,12 @@ class Kernels:
     """Megatron-LM's overlap_moe_expert_parallel_comm (with delay_wgrad_compute): the dispatch and
     combine of one microbatch run beside another microbatch's forward and backward compute
     (costmodel.block_terms). A setting of the problem, not searched."""
+    moe_dispatcher_sm_share: float | None = None
+    """With the flex dispatcher and moe_comm_overlap: the share of the GPU's SMs the DeepEP /
+    HybridEP kernels hold while they run beside another microbatch's compute (their SM count
+    over the GPU's: costmodel.run_bridge); the compute they overlap is slowed by that share.
+    None: the expert-parallel network's processor_usage (an NCCL all-to-all's). A setting of the
+    problem, not searched."""
     fused_cross_entropy: bool = True
     """The loss as Megatron-LM computes it: a vocab-parallel cross-entropy that keeps the fp32
     softmax and forms the gradient in place (6 bytes per logit); False: eager PyTorch's
@@ -104,6 +110,9 @@ class Kernels:
         if self.grad_datatype not in GRAD_DATATYPES:
             raise InputError(f"grad_datatype {self.grad_datatype!r} does not exist (choose from "
                              f"{', '.join(GRAD_DATATYPES)})")
+        share = self.moe_dispatcher_sm_share
+        if share is not None and (isinstance(share, bool) or not isinstance(share, Real) or not 0 < share < 1):
+            raise InputError(f"moe_dispatcher_sm_share {share!r} is not a share of the GPU's SMs in (0, 1)")
         factor = self.capacity_factor
         if isinstance(factor, bool) or not isinstance(factor, Real) or factor != factor:
             raise InputError(f"capacity_factor {factor!r} is not a number")

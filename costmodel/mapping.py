@@ -115,6 +115,11 @@ class _MappingBase(BaseModel):
     moe_comm_overlap: Boolean = Field(
         False, description="Expert-parallel dispatch and combine beside another microbatch's compute (Megatron-LM's "
                            "overlap_moe_expert_parallel_comm); a setting of the problem, not searched.")
+    moe_dispatcher_sm_share: float | None = Field(
+        None, gt=0, lt=1, description="With moe_dispatcher flex and moe_comm_overlap: the share of the GPU's SMs the "
+                                      "DeepEP / HybridEP kernels hold while hidden behind compute (their SM count over "
+                                      "the GPU's); default: the expert-parallel network's processor_usage. A setting of "
+                                      "the problem, not searched.")
     fused_cross_entropy: Boolean = Field(
         True, description="The loss as Megatron-LM's fused vocab-parallel cross-entropy (6 bytes per logit); false: "
                           "eager PyTorch's log-softmax and NLL on fp32 logits (12 bytes per logit).")
@@ -196,7 +201,7 @@ class _MappingBase(BaseModel):
         # ... and without the precision, CUDA-graph and loss settings left at their defaults.
         for name, default in (*PRECISION_DEFAULTS.items(), ("cuda_graphs", "none"), ("fused_cross_entropy", True),
                               ("pipeline_comm_overlap", False), ("moe_dispatcher", "alltoall"),
-                              ("moe_comm_overlap", False)):
+                              ("moe_comm_overlap", False), ("moe_dispatcher_sm_share", None)):
             if name in data and data[name] == default:
                 del data[name]
         return data
@@ -317,7 +322,7 @@ class _MappingBase(BaseModel):
                        bf16_first_last_blocks=self.bf16_first_last_blocks,
                        cuda_graphs=self.cuda_graphs, fused_cross_entropy=self.fused_cross_entropy,
                        pp_comm_overlap=self.pipeline_comm_overlap, moe_dispatcher=self.moe_dispatcher,
-                       moe_comm_overlap=self.moe_comm_overlap)
+                       moe_comm_overlap=self.moe_comm_overlap, moe_dispatcher_sm_share=self.moe_dispatcher_sm_share)
 
     @property
     def optimizer_sharding(self) -> bool:

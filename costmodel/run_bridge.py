@@ -45,6 +45,19 @@ rows only (costmodel.run_scoring.split_dense)."""
 
 BRIDGE_SYSTEMS = {"DGX-H100": "h100-80g-nvl8", "DGX-B200": "b200-180g-nvl8", "DGX-GB200": "gb200-186g-nvl72"}
 
+FLEX_BACKEND_SMS = {"deepep": 20, "hybridep": 32}
+"""SMs the flex dispatcher's kernels hold, by backend, as the rows ran them: DeepEP at
+Megatron-LM's default (megatron/core/transformer/moe/fused_a2a.py sets DeepEP's Buffer.set_num_sms
+from moe_deepep_num_sms, "historical default 20", transformer_config.py; no DeepSeek-V3 preset
+overrides it), HybridEP at 32 (Megatron-Bridge scripts/performance/utils/overrides.py sets
+moe_hybridep_num_sms = 32 whenever the backend is hybridep, v0.4.2; the 26.08 GPT-OSS full-iteration
+settings likewise, perf_recipes/gpt_oss/common.py)."""
+
+SYSTEM_SMS = {"DGX-H100": 132, "DGX-B200": 148, "DGX-GB200": 148}
+"""Streaming multiprocessors per GPU: H100 SXM5 132 (NVIDIA H100 Tensor Core GPU
+Architecture whitepaper, 2022); B200 148, two dies of 74 enabled (Chips and Cheese, "Nvidia's
+B200: Keeping the CUDA Juggernaut Rolling", 2025), the same GPU in GB200."""
+
 _PRECISIONS = {"BF16": Precision.bf16, "FP8-CS": Precision.fp8_tensorwise, "MXFP8": Precision.mxfp8,
                "NVFP4": Precision.nvfp4}
 # 25.09's table states no precision; the rows' `precision_inferred` reads its footnote.
@@ -199,6 +212,17 @@ def _precision(row: BridgeRow, source: str) -> Precision:
                      f"recognised inferred precision")
 
 
+def dispatcher_sm_share(system: str, settings: WorkloadSettings) -> float | None:
+    """The share of the GPU's SMs the flex dispatcher held while it overlapped compute
+    (FLEX_BACKEND_SMS over SYSTEM_SMS); None unless the row ran the flex dispatcher with
+    moe_a2a_overlap on a system of known SM count."""
+    if settings.moe_dispatcher != "flex" or not settings.moe_comm_overlap:
+        return None
+    sms = FLEX_BACKEND_SMS.get(settings.moe_flex_backend or "")
+    total = SYSTEM_SMS.get(system)
+    return None if sms is None or total is None else sms / total
+
+
 def _settings_fields(row: BridgeRow, settings: WorkloadSettings | None) -> tuple[dict, list[str]]:
     """The run fields the workload settings give this row, and notes."""
     if settings is None:
@@ -217,6 +241,9 @@ def _settings_fields(row: BridgeRow, settings: WorkloadSettings | None) -> tuple
         fields.update(recompute="selective", recompute_modules=settings.recompute_modules)
     if settings.moe_dispatcher is not None:
         fields.update(moe_dispatcher=settings.moe_dispatcher, moe_comm_overlap=settings.moe_comm_overlap)
+        share = dispatcher_sm_share(row.system, settings)
+        if share is not None:
+            fields.update(moe_dispatcher_sm_share=share)
         if row.etp is None and settings.expert_tensor_parallel is not None:
             fields.update(etp=settings.expert_tensor_parallel)
     if settings.pipeline_layout is not None:

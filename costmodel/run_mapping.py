@@ -192,6 +192,7 @@ def map_run(run: Run, model: Model, system: System) -> MappedRun:
         "bf16_first_last_blocks": run.bf16_first_last_blocks,
         "cuda_graphs": run.cuda_graphs, "fused_cross_entropy": run.fused_cross_entropy,
         "moe_dispatcher": run.moe_dispatcher, "moe_comm_overlap": run.moe_comm_overlap,
+        "moe_dispatcher_sm_share": run.moe_dispatcher_sm_share,
         "grad_datatype": run.grad_datatype,
         # Megatron-Bridge's CommOverlapConfig turns overlap_p2p_comm on whenever vp > 1
         "pipeline_comm_overlap": run.interleaving > 1 if run.pp_comm_overlap is None else run.pp_comm_overlap,

@@ -109,6 +109,9 @@ class Run(BaseModel):
         "alltoall", description="Megatron-LM's moe_token_dispatcher_type: alltoall, or flex (DeepEP / HybridEP).")
     moe_comm_overlap: bool = Field(
         False, description="Megatron-LM's overlap_moe_expert_parallel_comm (Megatron-Bridge's moe_a2a_overlap).")
+    moe_dispatcher_sm_share: float | None = Field(
+        None, gt=0, lt=1, description="The share of the GPU's SMs the flex dispatcher's kernels hold (DeepEP / "
+                                      "HybridEP num_sms over the GPU's SMs); default: the network's processor_usage.")
     mtp_blocks: Annotated[WholeNumber, within(_BLOCKS_OR_NONE)] | None = Field(
         None, ge=0, description="Multi-token prediction modules the run trained (replaces the model file's); "
                                 "default: the model's.")

@@ -341,6 +341,60 @@ def test_ep_overlap_hides_at_most_the_compute_beside_it():
     assert fwd + bwd == pytest.approx(0.1 * 2e-3)
 
 
+def test_flex_dispatcher_steals_its_sm_share_while_hidden():
+    # DeepEP / HybridEP hold a fixed number of SMs whatever the network: with 20 of 148 SMs
+    # (Megatron-LM's DeepEP default on a B200) the hidden 2 ms of traffic cost 20/148 of it in
+    # compute, not the network's 10 % (FLAT's processor_usage).
+    from costmodel.block_terms import ep_overlap_terms
+    flex = Context.of(TINY, FLAT, Datatype.bfloat16,
+                      Kernels(moe_dispatcher="flex", moe_comm_overlap=True, moe_dispatcher_sm_share=20 / 148))
+    m = type("M", (), {"ep_net": 0})()
+    fwd, bwd = ep_overlap_terms(flex, m, ScalarOps, 1e-3, 4e-3, 8e-3)
+    assert fwd + bwd == pytest.approx(20 / 148 * 2e-3)
+    # the share is the flex dispatcher's: the all-to-all keeps NCCL's usage
+    a2a = Context.of(TINY, FLAT, Datatype.bfloat16, Kernels(moe_comm_overlap=True, moe_dispatcher_sm_share=0.5))
+    fwd, bwd = ep_overlap_terms(a2a, m, ScalarOps, 1e-3, 4e-3, 8e-3)
+    assert fwd + bwd == pytest.approx(0.1 * 2e-3)
+
+
+def test_moe_dispatcher_sm_share_is_checked():
+    with pytest.raises(InputError, match="moe_dispatcher_sm_share 1.5"):
+        Kernels(moe_dispatcher_sm_share=1.5)
+
+
+def test_unpaired_passes_pay_their_dispatch_exposed(monkeypatch):
+    # Megatron-LM's combined 1F1B leaves (v-1)·p + 1 forward chunks (and as many backward
+    # chunks) of the last stage without a partner (schedules.py get_pp_rank_microbatches: the
+    # interleaved warm-up plus one; with p = 1 the first forward and the last backward): each
+    # runs its dispatch and combine exposed. Checked against the iteration with every pass
+    # overlapped, and the block's dispatch from moe_communication.
+    import costmodel.iteration as iteration
+    from costmodel.block_terms import block_terms
+    from costmodel.evaluate import _context_for, _scalar_fields
+    from costmodel.mapping import Mapping
+    system = load_system(SYSTEMS / "b200-180g-nvl8.yaml")
+    cases = (("gpt-oss-120b", 64, 1, 1, 8, 36, 1), ("deepseek-v3", 256, 8, 2, 32, 8, 9))
+    for name, gpus, pp, vp, ep, stage_blocks, chunks in cases:
+        model = load_model(ROOT / f"problems/models/{name}/config.json", seq_size=4096)
+        mapping = Mapping.model_validate({
+            "num_procs": gpus, "tensor_par": 1, "pipeline_par": pp, "pipeline_interleaving": vp,
+            "data_par": gpus // pp, "expert_par": ep, "expert_tensor_par": 1, "batch_size": 1280,
+            "microbatch_size": 1, "datatype": "bfloat16", "moe_dispatcher": "flex", "moe_comm_overlap": True,
+            **({"pipeline_first_stage_blocks": 4, "pipeline_last_stage_blocks": 8} if pp > 1 else {})})
+        c = _context_for(model, system, mapping)
+        m = _scalar_fields(mapping.with_expert_tensor_par(True))
+        blk = block_terms(c, m, ScalarOps)
+        comm = moe_communication(c, ScalarOps, 4096.0, 1, ep, 1, m.ep_net, m.etp_net)
+        share = c.moe_blocks / c.blocks
+        assert blk.ep_unpaired_s == pytest.approx(share * 2 * (comm.dispatch_s + comm.combine_s)
+                                                  - blk.ep_fwd_s - blk.ep_bwd_s)
+        with_unpaired = iteration.iteration_terms(c, m, ScalarOps).iteration_s
+        monkeypatch.setattr(iteration, "unpaired_ep_s", lambda *args: 0.0)
+        all_paired = iteration.iteration_terms(c, m, ScalarOps).iteration_s
+        monkeypatch.undo()
+        assert with_unpaired - all_paired == pytest.approx(chunks * stage_blocks / vp * blk.ep_unpaired_s)
+
+
 def test_flex_and_overlap_backends_agree():
     model = load_model(ROOT / "problems/models/qwen1.5-moe-a2.7b/config.json", seq_size=4096)
     c = Context.of(model, load_system(SYSTEMS / "b200-180g-nvl8.yaml"), Datatype.bfloat16,

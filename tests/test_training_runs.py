@@ -301,6 +301,18 @@ def test_moe_rows_read_what_the_presets_set():
                                                                                  ("layernorm", "moe_act"))
 
 
+def test_flex_rows_carry_their_dispatchers_sm_share():
+    # HybridEP at 32 SMs (Megatron-Bridge overrides.py; the 26.08 GPT-OSS settings) of a GB200's
+    # 148; DeepEP at Megatron-LM's default 20 of a B200's 148 and an H100's 132; the all-to-all
+    # dispatcher and runs without the EP overlap keep the network's usage (None).
+    expected = {"bridge2608_deepseek_v3_gb200_mxfp8_256": 32 / 148, "bridge2608_gpt_oss_120b_gb200_mxfp8_64": 32 / 148,
+                "bridge260401_deepseek_v3_b200_mxfp8_256": 20 / 148, "bridge2509_deepseek_v3_h100_1024": 20 / 132,
+                "bridge260401_gpt_oss_120b_gb200_bf16_64": None, "bridge2604_deepseek_v3_b200_mxfp8_256": None}
+    for name, share in expected.items():
+        run = _bridge_run(name)
+        assert run.moe_dispatcher_sm_share == (None if share is None else pytest.approx(share)), name
+
+
 def test_rows_without_mtp_cost_the_model_without_it():
     run = _bridge_run("bridge2511_deepseek_v3_gb200_bf16_256_nomtp")     # the table's "DeepSeekV3 (w/o MTP)"
     assert run.mtp_blocks == 0 and RunInputs().model(run).mtp_blocks == 0
