@@ -360,7 +360,12 @@ def coarse_facts(f: dict[str, int]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted({**{k: min(v, 2) for k, v in f.items() if k != "offload"}, "offload": f["offload"]}.items()))
 
 
-@lru_cache(maxsize=256)
+FLAG_TABLES_KEPT = 32
+"""Flag tables kept (one per space, skeleton facts and network count: a search asks a few;
+each can hold a few megabytes)."""
+
+
+@lru_cache(maxsize=FLAG_TABLES_KEPT)
 def _flag_table_cached(space: Space, known: tuple[tuple[str, int], ...], num_networks: int) -> np.ndarray:
     table = flag_combinations(space, dict(known), num_networks).astype(np.int16)
     table.flags.writeable = False          # shared by every skeleton with these facts
