@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from costmodel.load import load_model, load_system
+from costmodel.inputs.load import load_model, load_system
 from costmodel.system import Datatype
 from solver.search.brute import default_workers, scan
 from solver.space.count import count_mappings

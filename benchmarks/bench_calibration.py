@@ -29,7 +29,7 @@ import numpy as np
 from costmodel.calibration import calibrate_system
 from costmodel.calibration.fit import Errors, grouped_gemm_predict, layer_errors
 from costmodel.calibration.measurements import load_gemm, load_grouped_gemm
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from costmodel.ops import ArrayOps, Curve
 from costmodel.system import Datatype
 

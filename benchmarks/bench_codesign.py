@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from costmodel.load import load_model, load_system
+from costmodel.inputs.load import load_model, load_system
 from costmodel.system import Datatype
 from solver.search.codesign import Grid, Target, codesign, least_in_sweep, sweep
 from solver.search.solve import SolverConfig

@@ -17,7 +17,7 @@ import argparse
 import time
 from pathlib import Path
 
-from costmodel.load import load_model, load_system
+from costmodel.inputs.load import load_model, load_system
 from costmodel.system import Datatype
 from solver.search.explain import explain
 from solver.space.declaration import get_space

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from costmodel.evaluate import evaluate
-from costmodel.load import load_model, load_system
+from costmodel.inputs.load import load_model, load_system
 from costmodel.system import Datatype
 from solver.search.brute import scan
 from solver.search.solve import SolverConfig, solve

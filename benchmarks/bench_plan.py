@@ -52,7 +52,7 @@ def main() -> int:
         solve_times += seconds
         doc = json.loads(out) if out.strip() else {}
         solve_best[n] = doc["best"]["iteration_time_s"] if doc.get("best") else None
-    from costmodel.load import load_model, load_system
+    from costmodel.inputs.load import load_model, load_system
     from solver.search.engine import CountShare
     from solver.search.solve import SolverConfig, solve
     from solver.space.declaration import get_space

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_sustained_clocks.py
 
-The power window (costmodel.step_terms, `step.power_window_ms`) makes every GEMM of a step pay
+The power window (costmodel.terms.step_terms, `step.power_window_ms`) makes every GEMM of a step pay
 at least the drop of a GEMM lasting the window at full rate, F' = max(F, window · peak ·
 efficiency), under the GEMM fit's `power_drop` and `power_flops`. The fit is made on the
 `kind: grid` GEMMs (up to 2^42 FLOP); the `kind: block` GEMMs reach 3·10^13 FLOP, each running
@@ -13,7 +13,7 @@ over measured and the fit as a step runs it (the system file's window) over meas
 window charges beyond the microbenchmark (docs/training-runs.md, "What no shared term fits").
 
 Uses the shipped measurements (problems/measurements/) and system files (problems/systems/);
-the arithmetic is costmodel.kernel_time.gemm_time_s, as the cost model and the fit call it.
+the arithmetic is costmodel.terms.kernel_time.gemm_time_s, as the cost model and the fit call it.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import numpy as np
 
 from costmodel.calibration.fit import gemm_predict
 from costmodel.calibration.measurements import load_gemm
-from costmodel.kernel_time import gemm_time_s
-from costmodel.load import load_system
+from costmodel.terms.kernel_time import gemm_time_s
+from costmodel.inputs.load import load_system
 from costmodel.ops import ArrayOps
-from costmodel.step_terms import gemm_in_step
+from costmodel.terms.step_terms import gemm_in_step
 from costmodel.system import Datatype, GemmFit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def decade_rows(system_name: str, dtype: str) -> list[tuple[str, float, int, flo
 
 
 def _in_step(fit: dict, data, peak: float, hbm: float, elem_bytes: float, window_s: float) -> np.ndarray:
-    """The fit as a step runs it (costmodel.step_terms.gemm_in_step, without the launch gap: the
+    """The fit as a step runs it (costmodel.terms.step_terms.gemm_in_step, without the launch gap: the
     sustained clocks alone)."""
     timing = gemm_in_step(GemmFit(**fit).timing(), 0.0, window_s, peak)
     num_bytes = elem_bytes * (data.rows * data.depth + data.depth * data.cols + data.rows * data.cols)

@@ -10,7 +10,7 @@ time and the signed error (negative: the model is too fast), then a summary — 
 precision line), not targeted: its FP4 GEMMs are not measured. Rows the model calls infeasible
 or cannot take are listed with the reason; older releases of the same configurations are
 reported separately. Each row family (model, system, precision) lists what the model cannot
-express yet (costmodel.run_mapping). Then the single-H200 iterations
+express yet (costmodel.measured.run_mapping). Then the single-H200 iterations
 (problems/runs/h200-single-gpu-pytorch.json): step time and peak memory.
 
 Then the mixture-of-experts rows (DeepSeek-V3, GPT-OSS 120B) in their own section, the same
@@ -26,7 +26,7 @@ files as `mapsat calibrate --runs` fits them, every run scored in sample, leavin
 configuration out (a single-GPU iteration is its own), leaving its system out, and leaving its
 generation out (Hopper, Blackwell), each against the targets of the accuracy work.
 
-The computation is costmodel.run_scoring / costmodel.run_report and
+The computation is costmodel.measured.run_scoring / costmodel.measured.run_report and
 costmodel.calibration.step_report; this script only selects and prints.
 """
 
@@ -41,9 +41,9 @@ from pathlib import Path
 from costmodel.calibration.step_fit import STEP_PARAMETERS
 from costmodel.calibration.step_report import StepCheck, step_check
 from costmodel.errors import InputError
-from costmodel.run_files import read_runs
-from costmodel.run_report import RunsReport, gap_tags, validate_runs
-from costmodel.run_scoring import (
+from costmodel.measured.run_files import read_runs
+from costmodel.measured.run_report import RunsReport, gap_tags, validate_runs
+from costmodel.measured.run_scoring import (
     ErrorSummary,
     RunInputs,
     RunScore,

@@ -21,7 +21,7 @@ import yaml
 from costmodel.evaluate import evaluate
 from costmodel.model import Model
 from costmodel.system import System
-from costmodel.validation import load_selene_data, selene_mapping
+from costmodel.measured.validation import load_selene_data, selene_mapping
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = {

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from costmodel.errors import InputError
-from costmodel.kernel_time import AttentionTiming, GemmTiming
+from costmodel.terms.kernel_time import AttentionTiming, GemmTiming
 from costmodel.kernels import Kernels
 from costmodel.model import Model, ModelFlops
 from costmodel.ops import Curve
 from costmodel.precision import RecipeCosts, bf16_costs, recipe_costs, system_recipe
-from costmodel.step_terms import attention_in_step, gemm_in_step, step_gaps
+from costmodel.terms.step_terms import attention_in_step, gemm_in_step, step_gaps
 from costmodel.system import Collective, Compute, Datatype, System
 
 # Passes over a 16-bit mask or bias are negligible; masks are 1 byte per element (Megatron
@@ -65,7 +65,7 @@ class Context:
     matrix_flops_per_s: float
     vector_flops_per_s: float
     matrix_curve: Curve | None          # the step curve by FLOP, or None with a fitted GEMM model
-    gemm: GemmTiming | None             # the fitted shape-aware GEMM model (costmodel.kernel_time)
+    gemm: GemmTiming | None             # the fitted shape-aware GEMM model (costmodel.terms.kernel_time)
     attention: AttentionTiming | None   # the fitted fused-attention model, if the system has one
     vector_curve: Curve
     # memory tiers
@@ -83,10 +83,10 @@ class Context:
     net_latency_s: tuple[float, ...]
     net_usage: tuple[float, ...]         # share of compute stolen while overlapping
     net_must_fill: tuple[bool, ...]
-    net_port_per_gpu: tuple[bool, ...]  # a port per GPU: groups cross domains on all their ports (costmodel.comm)
+    net_port_per_gpu: tuple[bool, ...]  # a port per GPU: groups cross domains on all their ports (costmodel.terms.comm)
     net_factor: dict[Collective, tuple[float, ...]]
     net_offset: dict[Collective, tuple[float, ...]]
-    # mixture of experts (all 0 for a dense model; costmodel/moe.py reads them)
+    # mixture of experts (all 0 for a dense model; costmodel/terms/moe.py reads them)
     experts: float = 0.0               # E: routed experts per MoE block
     experts_per_token: float = 0.0     # k
     expert_feedforward: float = 0.0    # f_e: one routed expert's intermediate width
@@ -107,7 +107,7 @@ class Context:
     hp_matrix_curve: Curve | None = None
     hp_gemm: GemmTiming | None = None
     hp_grouped_gemm: GemmTiming | None = None
-    # whole-step terms (costmodel.step_terms; all 0 without the system's `step:` section)
+    # whole-step terms (costmodel.terms.step_terms; all 0 without the system's `step:` section)
     kernel_gap_s: float = 0.0          # launch gap of a block's kernel, in the timings above (step curves: added)
     outer_gap_extra_s: float = 0.0     # what a kernel outside the blocks pays beyond that (per-layer CUDA graphs)
     allocator_fraction: float = 0.0    # allocator fragmentation, a share of the bytes freed every microbatch
@@ -117,14 +117,14 @@ class Context:
     moe_comm_overlap: bool = False     # EP dispatch/combine beside another microbatch's compute
     moe_dispatcher_sm_share: float | None = None   # SMs the flex dispatcher holds while hidden (Kernels)
     fused_cross_entropy: bool = True   # Megatron's fused loss (6 bytes per logit) or eager PyTorch's (12)
-    # attention variants (costmodel.block): latent attention's widths, and the sliding window's
+    # attention variants (costmodel.terms.block): latent attention's widths, and the sliding window's
     # share of the attention core's work
     v_head_size: float = 0.0           # d_v: a value head's width (0: head_size, d_qk = d_v)
     q_lora_rank: float = 0.0           # latent attention's r_q (0: no query compression)
     kv_lora_rank: float = 0.0          # r_kv (0: not latent attention)
     rope_head_size: float = 0.0        # d_r: the RoPE part of a latent-attention query/key head
     attention_core_scale: float = 1.0  # the attention core's work over a full causal core's, averaged over blocks
-    # multi-token prediction modules on the last stage (costmodel.iteration)
+    # multi-token prediction modules on the last stage (costmodel.terms.iteration)
     mtp_blocks: float = 0.0
     mtp_block_is_moe: bool = False
     mtp_extra_params: float = 0.0      # one module's norms and 2h → h projection (beside its block)
@@ -156,7 +156,7 @@ class Context:
         return self.recipe is not None and self.recipe.format.quantized
 
     def bf16_blocks(self) -> "Context":
-        """The same problem for the blocks a recipe keeps in BF16 (costmodel.block_terms mixes
+        """The same problem for the blocks a recipe keeps in BF16 (costmodel.terms.block_terms mixes
         them in by their share): the BF16 GEMMs and no quantization."""
         return replace(self, recipe=bf16_costs(), matrix_flops_per_s=self.hp_matrix_flops_per_s,
                        matrix_curve=self.hp_matrix_curve, gemm=self.hp_gemm, grouped_gemm=self.hp_grouped_gemm)

@@ -32,11 +32,11 @@ from typing import Callable, Literal, NamedTuple
 
 import numpy as np
 
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.degree_rules import cp_fits, ep_fits, etp_fits, tp_fits
-from costmodel.limits import Bound
-from costmodel.pipeline import layout_problem
+from costmodel.inputs.limits import Bound
+from costmodel.terms.pipeline import layout_problem
 
 Kind = Literal["split", "per_split", "choice", "switch", "network"]
 FLAG_KINDS = ("choice", "switch", "network")
@@ -129,7 +129,7 @@ class Dimension:
     rule: str = ""
     fits: FitRule | None = None
     bound: Bound | None = None
-    """For numbers (and network indices): the range a file may give (costmodel.limits)."""
+    """For numbers (and network indices): the range a file may give (costmodel.inputs.limits)."""
 
     @property
     def is_flag(self) -> bool:
@@ -203,7 +203,7 @@ def _choice_codes(choices: type[Enum]) -> dict:
 # ---- the rules any mapping must satisfy (costmodel.mapping.check_mapping_fits reads them) ----
 def _pp_fits(model, system, v) -> str | None:
     # pp divides the blocks, or the blocks + 2 with lighter first and last stages (the
-    # layout rule of costmodel.pipeline); a preset may ask for even stages (Space.uneven_stages)
+    # layout rule of costmodel.terms.pipeline); a preset may ask for even stages (Space.uneven_stages)
     return layout_problem(model.num_blocks, v["pp"], 1)
 
 

@@ -3,7 +3,7 @@
     evaluate(model, system, mapping)                  -> Evaluation (every term named)
     evaluate_arrays(model, system, arrays, datatype)  -> ArrayEvaluation (numpy columns)
 
-Both run the same formulas (costmodel.iteration) on different backends (costmodel.ops).
+Both run the same formulas (costmodel.terms.iteration) on different backends (costmodel.ops).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from costmodel.context import Context
 from costmodel.dimensions import DIMENSIONS, group_spans
 from costmodel.encoding import MappingArrays
 from costmodel.kernels import Kernels
-from costmodel.block_terms import BlockTerms, block_terms
-from costmodel.iteration import MEMORY_TERMS, TIME_TERMS, IterationTerms, iteration_terms
+from costmodel.terms.block_terms import BlockTerms, block_terms
+from costmodel.terms.iteration import MEMORY_TERMS, TIME_TERMS, IterationTerms, iteration_terms
 from costmodel.mapping import Mapping, check_mapping_fits, model_with_attention_type
 from costmodel.model import Model, ModelFlops
 from costmodel.ops import ArrayOps, ScalarOps, distinct_rows, spread
-from costmodel.published_flops import Throughput, throughput
+from costmodel.terms.published_flops import Throughput, throughput
 from costmodel.system import Datatype, System
-from costmodel.units import GiB
+from costmodel.inputs.units import GiB
 
 
 def network_checks(c: Context, m, xp) -> dict:
@@ -97,7 +97,7 @@ class Evaluation:
 BLOCK_DIMENSIONS = ("tp", "cp", "ep", "etp", "pp", "microbatch", "recompute", "tp_comm", "tp_overlap",
                     "seq_par_ag_redo", "weight_offload", "activations_offload", "tp_net", "cp_net", "ep_net",
                     "etp_net")
-"""The dimensions a block's terms (costmodel.block_terms) read: mappings equal in these share
+"""The dimensions a block's terms (costmodel.terms.block_terms) read: mappings equal in these share
 one block. The view block_terms gets holds nothing else, so a formula that came to read
 another dimension fails loudly instead of being shared wrongly."""
 
@@ -118,7 +118,7 @@ def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
     for each choice one Boolean per member, `<dimension>_<member>` (`recompute_full`,
     `tp_comm_rs_ag`, `tp_overlap_ring`, `zero_3`, `sched_zb_h1`: a '-' in a value reads '_'). Two derived names: `num_procs` = tp·cp·pp·dp and
     `seq_par` = tp_comm_rs_ag (sequence parallelism). `first_stage_blocks` and `last_stage_blocks`
-    are None: the stages' blocks follow pp by the layout rule (costmodel.pipeline); one
+    are None: the stages' blocks follow pp by the layout rule (costmodel.terms.pipeline); one
     mapping's view may state them (`_scalar_fields`)."""
     view = {}
     for name, _, kind, predicates in _VIEW:
@@ -135,7 +135,7 @@ def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
     view["num_procs"] = view["tp"] * view["cp"] * view["pp"] * view["dp"]
     view["seq_par"] = view["tp_comm_rs_ag"]
     view["first_stage_blocks"] = view["last_stage_blocks"] = None
-    # The memory features one mapping file may state (costmodel.memory_features); None and
+    # The memory features one mapping file may state (costmodel.terms.memory_features); None and
     # False are the searched spaces' costing.
     view["offload_blocks"] = view["recompute_blocks"] = view["recompute_modules"] = None
     view["megatron_fsdp"] = False

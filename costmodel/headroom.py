@@ -8,7 +8,7 @@ import math
 
 from pydantic import BaseModel, Field
 
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from costmodel.errors import InputError
 from costmodel.model import INPUT_CONFIG
 

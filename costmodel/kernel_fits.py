@@ -1,6 +1,6 @@
 """The fitted kernel models as a system file states them (costmodel.calibration writes them):
 a shape-aware GEMM model and a fused-attention model, in file units (µs, TFLOP/s), each
-turned into the SI timing the formulas read (costmodel.kernel_time)."""
+turned into the SI timing the formulas read (costmodel.terms.kernel_time)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-import costmodel.limits as limits
-from costmodel.kernel_time import AttentionTiming, GemmTiming
+import costmodel.inputs.limits as limits
+from costmodel.terms.kernel_time import AttentionTiming, GemmTiming
 from costmodel.model import INPUT_CONFIG, RealNumber, WholeNumber, within
-from costmodel.units import MICRO, tflops_to_flops_per_s
+from costmodel.inputs.units import MICRO, tflops_to_flops_per_s
 
 
 class GemmFit(BaseModel):
     """A GEMM's time from its shape, fitted to measurements (`mapsat calibrate`); the formula is
-    costmodel.kernel_time.gemm_time_s and docs/cost-model.md."""
+    costmodel.terms.kernel_time.gemm_time_s and docs/cost-model.md."""
 
     model_config = INPUT_CONFIG
 
@@ -44,7 +44,7 @@ class GemmFit(BaseModel):
 
 class AttentionFit(BaseModel):
     """A fused attention kernel's time from its shape, fitted to measurements (`mapsat
-    calibrate`); the formula is costmodel.kernel_time.attention_time_s and docs/cost-model.md."""
+    calibrate`); the formula is costmodel.terms.kernel_time.attention_time_s and docs/cost-model.md."""
 
     model_config = INPUT_CONFIG
 

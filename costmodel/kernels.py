@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from numbers import Real
 from typing import Literal
 
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from costmodel.errors import InputError
 from costmodel.precision import FORMATS, OPTIMIZER_STATES, OptimizerState, Precision
 
@@ -21,7 +21,7 @@ CUDA_GRAPHS: tuple[str, ...] = ("none", "per-layer", "full-iteration")
 """How CUDA graphs were captured: none; each block's forward and backward (Transformer Engine's
 `make_graphed_callables`, Megatron-Core's per-layer graphs); the whole forward and backward
 (Megatron's `cuda_graph_scope` full_iteration). A graph replays its kernels without a launch
-gap between them (the whole-step `kernel_gap_us`, costmodel.step_terms)."""
+gap between them (the whole-step `kernel_gap_us`, costmodel.terms.step_terms)."""
 
 GradDatatype = Literal["float32", "16bit"]
 GRAD_DATATYPES: tuple[str, ...] = ("float32", "16bit")
@@ -79,21 +79,21 @@ class Kernels:
     pp_comm_overlap: bool = False
     """Megatron's overlap_p2p_comm: with an interleaved schedule (v > 1) the stage-boundary sends
     and receives run asynchronously beside the chunks' compute instead of between them
-    (costmodel.pipeline_time). Megatron-Bridge turns it on whenever vp > 1; False keeps the sends
+    (costmodel.terms.pipeline_time). Megatron-Bridge turns it on whenever vp > 1; False keeps the sends
     exposed (Calculon's costing). A setting of the problem, not searched."""
     moe_dispatcher: MoeDispatcher = "alltoall"
     """Megatron-LM's token dispatcher (`moe_token_dispatcher_type`): alltoall (NCCL all-to-all
     between separate permute and unpermute passes) or flex (DeepEP / HybridEP: permutation fused
     into the dispatch and combine kernels, each token sent once per destination GPU:
-    costmodel.moe). A setting of the problem, not searched."""
+    costmodel.terms.moe). A setting of the problem, not searched."""
     moe_comm_overlap: bool = False
     """Megatron-LM's overlap_moe_expert_parallel_comm (with delay_wgrad_compute): the dispatch and
     combine of one microbatch run beside another microbatch's forward and backward compute
-    (costmodel.block_terms). A setting of the problem, not searched."""
+    (costmodel.terms.block_terms). A setting of the problem, not searched."""
     moe_dispatcher_sm_share: float | None = None
     """With the flex dispatcher and moe_comm_overlap: the share of the GPU's SMs the DeepEP /
     HybridEP kernels hold while they run beside another microbatch's compute (their SM count
-    over the GPU's: costmodel.run_bridge); the compute they overlap is slowed by that share.
+    over the GPU's: costmodel.measured.run_bridge); the compute they overlap is slowed by that share.
     None: the expert-parallel network's processor_usage (an NCCL all-to-all's). A setting of the
     problem, not searched."""
     fused_cross_entropy: bool = True

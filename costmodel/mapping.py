@@ -6,7 +6,7 @@ kind, meaning), so a new dimension needs no edit here; code reads the short name
 `pp`, `dp`, ... through `Mapping.value(name)` or the properties below. Beyond Calculon, a
 file may state the blocks of the first and the last pipeline stage (Megatron-LM's uneven
 stages); they are not searched dimensions: left out, the layout follows pp by the rule of
-costmodel.pipeline, and a mapping's JSON leaves them out too.
+costmodel.terms.pipeline, and a mapping's JSON leaves them out too.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, Field, create_model, field_serializer, field_validator, model_serializer,
                       model_validator)
 
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from costmodel.choices import AttentionType, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
 from costmodel.errors import InputError
 from costmodel.kernels import (PRECISION_DEFAULTS, CudaGraphs, GradDatatype, Kernels,
                                MoeDispatcher)
-from costmodel.memory_features import feature_problem
+from costmodel.terms.memory_features import feature_problem
 from costmodel.model import INPUT_CONFIG, Boolean, Model, RealNumber, WholeNumber, _whole_number, within
-from costmodel.pipeline import FIRST_FIELD, LAST_FIELD, layout_problem
+from costmodel.terms.pipeline import FIRST_FIELD, LAST_FIELD, layout_problem
 from costmodel.precision import OptimizerState, Precision
 from costmodel.system import Datatype, System
 
@@ -346,7 +346,7 @@ def check_mapping_fits(model: Model, system: System, mapping: Mapping) -> None:
     for dim in DIMENSIONS:
         if dim.name == "pp":
             # pp's and interleaving's `fits` is the even split the search spaces enumerate; a
-            # file may lay its blocks out by any rule costmodel.pipeline accepts.
+            # file may lay its blocks out by any rule costmodel.terms.pipeline accepts.
             reason = layout_problem(model.num_blocks, mapping.pp, mapping.pipeline_interleaving,
                                     mapping.pipeline_first_stage_blocks, mapping.pipeline_last_stage_blocks)
         elif dim.name == "interleaving":

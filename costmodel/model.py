@@ -4,7 +4,7 @@ Field names follow Calculon's model files (`hidden`, `feedforward`, `seq_size`,
 `attn_heads`, `attn_size`, `num_blocks`) so its users can bring theirs unchanged; the fields
 of today's dense models (`kv_heads`, `mlp`, `norm`, `position`, `tied_embeddings`, `bias`)
 default to the GPT family. A Hugging Face config.json reads into this class too
-(costmodel.hf).
+(costmodel.inputs.hf).
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-import costmodel.limits as limits
-from costmodel.limits import Bound
-from costmodel.latent_attention import LatentAttention
-from costmodel.model_flops import ModelFlops
+import costmodel.inputs.limits as limits
+from costmodel.inputs.limits import Bound
+from costmodel.terms.latent_attention import LatentAttention
+from costmodel.terms.model_flops import ModelFlops
 
-# The field types shared by the three inputs (model, system, mapping) live in costmodel.fields;
+# The field types shared by the three inputs (model, system, mapping) live in costmodel.inputs.fields;
 # they are re-exported here, where the other modules have always imported them.
-from costmodel.fields import (INPUT_CONFIG, Boolean, RealNumber, WholeNumber, _boolean, _real_number,  # noqa: F401
+from costmodel.inputs.fields import (INPUT_CONFIG, Boolean, RealNumber, WholeNumber, _boolean, _real_number,  # noqa: F401
                               _whole_number, _yaml_exponent_text, within)
 
 
@@ -220,7 +220,7 @@ class Model(BaseModel):
     def attention_weight_params(self) -> int:
         """Matrix parameters of one block's attention: Q (h·a·d), K and V (2·h·g·d), output
         projection (a·d·h); under latent attention its five projections
-        (costmodel.latent_attention)."""
+        (costmodel.terms.latent_attention)."""
         if self.latent_attention is not None:
             return self.latent_attention.weight_params(self.hidden, self.attn_heads)
         return 2 * self.hidden * self.attn_width + 2 * self.hidden * self.kv_width

@@ -7,9 +7,9 @@ message in one datatype (float8: one byte each). A precision recipe (`--precisio
 only the operands of the blocks' GEMMs are quantized — an amax where the scale needs one, a cast,
 and a second (transposed or columnwise) copy for the backward GEMMs — while norms, activation
 functions, attention, softmax, residuals, the output layer and every stored activation that is
-not a GEMM operand stay BF16. The formulas that use these constants are in costmodel.quantize
-(passes), costmodel.block (stored activations), costmodel.comm (sequence-parallel messages),
-costmodel.stage_state and costmodel.data_parallel (weights); docs/cost-model.md, "Precision
+not a GEMM operand stay BF16. The formulas that use these constants are in costmodel.terms.quantize
+(passes), costmodel.terms.block (stored activations), costmodel.terms.comm (sequence-parallel messages),
+costmodel.terms.stage_state and costmodel.terms.data_parallel (weights); docs/cost-model.md, "Precision
 recipes", gives each term and its source.
 
 Sources, read at these commits (no code copied):
@@ -26,7 +26,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from costmodel.errors import InputError
 from costmodel.model import INPUT_CONFIG, RealNumber, within
 
@@ -235,7 +235,7 @@ the amax of the weights it casts: TE pytorch/tensor/utils.py
 @dataclass(frozen=True)
 class RecipeCosts:
     """One recipe on one GPU with one setting of its options: bytes per element and the passes
-    of its quantization, as the formulas read them (costmodel.quantize, block, stage_state,
+    of its quantization, as the formulas read them (costmodel.terms.quantize, block, stage_state,
     data_parallel). Built once per problem by `recipe_costs`."""
 
     format: RecipeFormat
@@ -267,7 +267,7 @@ class RecipeCosts:
     reads for its amax"""
     weight_step_passes: tuple[float, ...]
     """bytes per weight element of each once-per-step quantization pass (cast, transpose) of a
-    quantized block (the BF16 blocks' share is mixed in by costmodel.block_terms)"""
+    quantized block (the BF16 blocks' share is mixed in by costmodel.terms.block_terms)"""
     bf16_block_share: float
     """the share of blocks kept in BF16 (first and last N)"""
 
@@ -277,7 +277,7 @@ def recipe_costs(precision: Precision, fp8_gemm_layouts: str, low_precision_para
     """The per-element constants of `precision` on a GPU whose FP8 GEMMs take `fp8_gemm_layouts`
     ("tn" or "any"), weights kept and gathered in the recipe's format or not, with
     `bf16_block_share` of the blocks in BF16 (those blocks' weights count at BF16 here; their
-    compute is mixed in by costmodel.block_terms)."""
+    compute is mixed in by costmodel.terms.block_terms)."""
     fmt = FORMATS[precision]
     hp = BF16_BYTES
     copy = fmt.element_bytes + fmt.scale_bytes

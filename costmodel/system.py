@@ -15,14 +15,14 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from costmodel.errors import InputError
 from costmodel.headroom import Headroom
 from costmodel.kernel_fits import AttentionFit, GemmFit  # noqa: F401 (read from here by calibration and tests)
 from costmodel.model import INPUT_CONFIG, Boolean, RealNumber, WholeNumber, within
 from costmodel.precision import PrecisionSupport, check_support
-from costmodel.step_terms import WholeStep
-from costmodel.units import MICRO, GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s
+from costmodel.terms.step_terms import WholeStep
+from costmodel.inputs.units import MICRO, GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 
 class Datatype(str, Enum):

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from costmodel.mapping import Mapping, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.model import Model
-from costmodel.step_terms import WholeStep
+from costmodel.terms.step_terms import WholeStep
 from costmodel.system import AttentionFit, Compute, Datatype, GemmFit, Memory, Network, System
 
 
@@ -34,7 +34,7 @@ def models(draw) -> Model:
 @st.composite
 def systems(draw, offload: bool | None = None) -> System:
     curve = [(0, draw(st.floats(0.2, 0.5))), (1e9, draw(st.floats(0.5, 0.7))), (1e11, draw(st.floats(0.7, 0.9)))]
-    # Half the systems use the fitted shape-aware kernels (costmodel.kernel_time) instead of the curve.
+    # Half the systems use the fitted shape-aware kernels (costmodel.terms.kernel_time) instead of the curve.
     fitted = draw(st.booleans())
     gemm = GemmFit(launch_us=draw(st.floats(0, 10)), efficiency=draw(st.floats(0.6, 0.95)),
                    depth_overhead=draw(st.floats(0, 500)), fill_outputs=draw(st.floats(0, 1e6)),
@@ -57,7 +57,7 @@ def systems(draw, offload: bool | None = None) -> System:
                           latency_us=5.0, processor_usage=0.15),
                   Network(name="ib", size=4096, bandwidth_gbps=25.0, efficiency=0.8, latency_us=20.0,
                           processor_usage=0.05, port_per_gpu=draw(st.booleans()))],
-        # whole-step terms (costmodel.step_terms) on a third of the systems
+        # whole-step terms (costmodel.terms.step_terms) on a third of the systems
         step=draw(st.sampled_from([None, None, WholeStep(kernel_gap_us=draw(st.floats(0, 20)),
                                                          power_window_ms=draw(st.floats(0, 20)),
                                                          allocator_fragmentation=draw(st.floats(0, 0.2)))])),

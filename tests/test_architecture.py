@@ -95,6 +95,18 @@ def test_imports_point_down_the_flow():
     assert not wrong, "imports against the flow: " + "; ".join(sorted(wrong))
 
 
+def test_costmodel_readers_import_no_formulas_and_formulas_no_measured_runs():
+    """costmodel/ by role: inputs/ (readers) never import terms/ (formulas) or measured/, and
+    terms/ never imports measured/ (the runs are scored against the formulas, not the reverse)."""
+    forbidden = {"costmodel.inputs": ("costmodel.terms", "costmodel.measured"),
+                 "costmodel.terms": ("costmodel.measured",)}
+    wrong = [f"{module} imports {name}" for module, imported in _graph().items()
+             for group, banned in forbidden.items() if module.startswith(group + ".")
+             for name in imported if name.startswith(banned)]
+    assert not wrong, "; ".join(sorted(wrong))
+    assert {"costmodel.inputs.load", "costmodel.terms.iteration", "costmodel.measured.runs"} <= set(_graph())
+
+
 def test_no_module_is_too_long():
     long = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
     assert not {n: k for n, k in long.items() if k > MAX_MODULE_LINES}

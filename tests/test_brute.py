@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.evaluate import evaluate, evaluate_arrays
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.search.brute import scan

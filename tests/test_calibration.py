@@ -1,4 +1,4 @@
-"""`mapsat calibrate` and the kernel-time models it fits (costmodel/kernel_time.py,
+"""`mapsat calibrate` and the kernel-time models it fits (costmodel/terms/kernel_time.py,
 costmodel/calibration/): the shipped H100 and H200 files are what the command writes from the
 shipped measurements, and the fitted models predict measurements they were not fitted on.
 
@@ -18,7 +18,7 @@ from conftest import PROBLEMS, SYSTEMS_DIR
 from costmodel.calibration import calibrate_system
 from costmodel.calibration.fit import fit_network
 from costmodel.calibration.measurements import load_nccl
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from solver.cli.app import cli
 
 MEASUREMENTS = PROBLEMS / "measurements"
@@ -64,7 +64,7 @@ def test_calibrated_files_load_and_measured_h100_gemms_run_below_the_paper_assum
     # The issue's numbers: the measured FP8 plateau is ~0.64 of peak, not the 0.75-0.78 the
     # paper-era file assumed; so a big FP8 GEMM takes longer on the measured H100.
     from costmodel.context import Context
-    from costmodel.block import gemm_s
+    from costmodel.terms.block import gemm_s
     from costmodel.model import Model
     from costmodel.ops import ScalarOps
     from costmodel.system import Datatype

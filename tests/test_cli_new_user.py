@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 import solver.search.solve as solve_module
 from costmodel.headroom import Headroom
-from costmodel.load import load_system
-from costmodel.units import GiB
+from costmodel.inputs.load import load_system
+from costmodel.inputs.units import GiB
 from solver.cli.app import cli
 from solver.space.pins import default_batch_cap
 from solver.study.batch import load_batch

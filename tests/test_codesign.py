@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from conftest import cases
 from costmodel.evaluate import Evaluation, evaluate
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from solver.cli.app import cli

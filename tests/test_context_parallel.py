@@ -8,14 +8,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from costmodel.block_memory import block_stored_activation_bytes
+from costmodel.terms.block_memory import block_stored_activation_bytes
 from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate
-from costmodel.block_terms import cp_ring_terms
-from costmodel.block import block_forward_times
+from costmodel.terms.block_terms import cp_ring_terms
+from costmodel.terms.block import block_forward_times
 from costmodel.kernels import Kernels
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from costmodel.mapping import Mapping, check_mapping_fits
 from costmodel.model import Model
 from costmodel.ops import ScalarOps

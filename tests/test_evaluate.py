@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import evaluate, evaluate_arrays
-from costmodel.iteration import TIME_TERMS
-from costmodel.load import load_system
+from costmodel.terms.iteration import TIME_TERMS
+from costmodel.inputs.load import load_system
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from tests.strategies import mappings, models, systems
@@ -80,7 +80,7 @@ def test_memory_never_grows_when_tp_or_pp_grows(data):
 def test_parameter_memory_is_18_bytes_per_parameter_with_16_bit_weights():
     # Korthikanti et al. 2022 Fig. 1: 2 (fp16 weight) + 4 (fp32 grad) + 12 (fp32 master + Adam).
     model = Model(hidden=4096, feedforward=16384, seq_size=2048, attn_heads=32, attn_size=128, num_blocks=32)
-    from costmodel.load import load_system
+    from costmodel.inputs.load import load_system
     from pathlib import Path
     system = load_system(Path(__file__).resolve().parents[1] / "problems/systems/a100-80g-selene.yaml")
     mapping = Mapping(num_procs=8, tensor_par=2, pipeline_par=4, data_par=1, batch_size=8, microbatch_size=1,
@@ -106,7 +106,7 @@ def test_model_flops_match_megatron_formula():
 
 def test_offload_moves_state_out_of_hbm():
     from pathlib import Path
-    from costmodel.load import load_system
+    from costmodel.inputs.load import load_system
     system = load_system(Path(__file__).resolve().parents[1] / "problems/systems/a100-80g-selene.yaml")
     system = system.with_overrides(offload_gib=512, offload_gbps=100)
     model = Model(hidden=4096, feedforward=16384, seq_size=2048, attn_heads=32, attn_size=128, num_blocks=32)

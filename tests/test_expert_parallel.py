@@ -13,7 +13,7 @@ from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate, evaluate_arrays
 from costmodel.kernels import Kernels
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from costmodel.mapping import Mapping, check_mapping_fits
 from costmodel.model import Model
 from costmodel.system import Collective, Datatype

@@ -19,7 +19,7 @@ from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate
 from costmodel.kernels import Kernels
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from costmodel.mapping import Mapping, check_mapping_fits
 from costmodel.model import Model
 from costmodel.system import Datatype
@@ -115,7 +115,7 @@ def test_closed_form_equals_enumeration_and_cp_sat_with_etp(experts, gpus, cap, 
 
 def test_dense_spaces_keep_etp_1_and_their_counts():
     # the brief's 1T model on 4,096 GPUs: the published count (docs/mapping-space.md)
-    from costmodel.load import load_model
+    from costmodel.inputs.load import load_model
     model = load_model(ROOT / "problems/models/gpt-1t-256b.yaml")
     system = H100.with_overrides(offload_gib=1024)
     assert count_mappings(model, system, 4096, 3072, get_space("calculon-2023")).mappings == 15_612_832
@@ -278,7 +278,7 @@ def test_a_dense_model_keeps_its_count_and_answers():
 
 # ---------------------------------------------------------------- measured runs
 def _run(**more):
-    from costmodel.runs import Run
+    from costmodel.measured.runs import Run
     return Run.model_validate({"name": "moe-run", "model": moe(experts=64).model_dump(mode="json"),
                                "system": "h100-80g-nvl8", "num_gpus": 64, "seq_size": 2048, "global_batch": 64,
                                "tp": 2, "pp": 2, "ep": 32, **more})
@@ -288,8 +288,8 @@ def test_a_run_s_etp_reaches_its_mapping_and_an_unstated_one_is_a_named_gap():
     """A Run (and a Megatron-Bridge row) states etp; the mapping takes it, its networks from
     the folded groups' spans (ep spans etp·ep = 32 GPUs: the inter-node network on 8-GPU
     nodes). Unstated, etp is Megatron-LM's default tp, named among the run's gaps."""
-    from costmodel.run_bridge import BridgeRow
-    from costmodel.run_mapping import map_run
+    from costmodel.measured.run_bridge import BridgeRow
+    from costmodel.measured.run_mapping import map_run
     folded = map_run(_run(etp=1), moe(experts=64), H100)
     assert folded.mapping.etp == 1 and folded.mapping.ep > folded.mapping.dp      # ep 32 on dp 16
     assert folded.mapping.expert_par_net == 1 and folded.mapping.expert_tensor_par_net == 0

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from conftest import cases
 from costmodel.kernels import Kernels
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.cli.app import cli

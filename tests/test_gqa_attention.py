@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.block import block_forward_times
+from costmodel.terms.block import block_forward_times
 from costmodel.context import Context
 from costmodel.evaluate import _scalar_fields
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.ops import ScalarOps

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from costmodel.errors import InputError
-from costmodel.hf import UnmodelledFieldWarning
-from costmodel.load import load_model
+from costmodel.inputs.hf import UnmodelledFieldWarning
+from costmodel.inputs.load import load_model
 from solver.cli.app import cli
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from ortools.sat.python import cp_model
 
 from conftest import H100_SYSTEM, MODEL_DATA, MODELS_DIR, SYSTEM_DATA, assert_block_floors_below_exact
 from costmodel.errors import InputError, InternalError
-from costmodel.load import load_model, load_system
+from costmodel.inputs.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from solver.cli.app import cli

@@ -36,8 +36,8 @@ from pydantic import BaseModel
 
 from conftest import H100_SYSTEM, MAPPING_DATA, MODEL_DATA, MODELS_DIR, SYSTEM_DATA
 from costmodel.errors import InputError
-from costmodel.hf import READERS
-from costmodel.load import load_mapping, load_model, load_system
+from costmodel.inputs.hf import READERS
+from costmodel.inputs.load import load_mapping, load_model, load_system
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import Datatype, System

@@ -16,7 +16,7 @@ from ortools.sat.python import cp_model
 import solver.search.brute as brute_module
 import solver.search.cpsat.run as run_module
 import solver.search.engine as engine_module
-from costmodel.load import load_model, load_system
+from costmodel.inputs.load import load_model, load_system
 from solver.cli.app import cli
 from solver.search.cpsat.run import interruptible_solve
 from solver.search.solve import SolverConfig, solve

@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 
 from costmodel.evaluate import evaluate
-from costmodel.load import load_model, load_system
+from costmodel.inputs.load import load_model, load_system
 from costmodel.mapping import Mapping
 
 ROOT = Path(__file__).resolve().parents[1]

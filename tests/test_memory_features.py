@@ -1,4 +1,4 @@
-"""The memory features a mapping file may state (costmodel.memory_features): activation offload
+"""The memory features a mapping file may state (costmodel.terms.memory_features): activation offload
 of N blocks, full recompute of N blocks per chunk, per-module selective recompute and
 Megatron-FSDP, each checked against a hand computation from the terms it refines."""
 
@@ -11,12 +11,12 @@ from pydantic import ValidationError
 
 from costmodel.errors import InputError
 from costmodel.evaluate import _context_for, _scalar_fields, evaluate
-from costmodel.iteration import RESIDENT_BLOCKS, iteration_terms
-from costmodel.load import load_model, load_system
+from costmodel.terms.iteration import RESIDENT_BLOCKS, iteration_terms
+from costmodel.inputs.load import load_model, load_system
 from costmodel.mapping import Mapping
 from costmodel.ops import ScalarOps
-from costmodel.run_files import read_runs
-from costmodel.run_scoring import (
+from costmodel.measured.run_files import read_runs
+from costmodel.measured.run_scoring import (
     RunInputs,
     newest_per_configuration,
     score_runs,

@@ -1,4 +1,4 @@
-"""One mixture-of-experts layer (costmodel/moe.py) against hand computation on small numbers,
+"""One mixture-of-experts layer (costmodel/terms/moe.py) against hand computation on small numbers,
 scalar and array backends agreeing, the grouped-GEMM model against H100 measurements it was
 not fitted on, and the inputs around it (all-to-all costs, the capacity factor), and a whole MoE iteration
 through `mapsat eval`."""
@@ -15,9 +15,9 @@ from costmodel.calibration.fit import GROUPED_GEMM_TEST_SHAPES
 from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.kernels import Kernels
-from costmodel.load import load_model, load_system
+from costmodel.inputs.load import load_model, load_system
 from costmodel.model import Model
-from costmodel.moe import expert_rows, grouped_gemm_s, moe_communication, moe_layer_forward, moe_memory
+from costmodel.terms.moe import expert_rows, grouped_gemm_s, moe_communication, moe_layer_forward, moe_memory
 from costmodel.ops import ArrayOps, ScalarOps
 from costmodel.system import Collective, Datatype, System
 from solver.cli.app import cli
@@ -327,7 +327,7 @@ def test_flex_dispatch_fuses_the_source_side_permutations(tiny, tiny_flex):
 
 
 def test_ep_overlap_hides_at_most_the_compute_beside_it():
-    from costmodel.block_terms import ep_overlap_terms
+    from costmodel.terms.block_terms import ep_overlap_terms
     flat = Context.of(TINY, FLAT, Datatype.bfloat16, Kernels(moe_comm_overlap=True))
     plain = Context.of(TINY, FLAT, Datatype.bfloat16, Kernels())
     m = type("M", (), {"ep_net": 0})()
@@ -345,7 +345,7 @@ def test_flex_dispatcher_steals_its_sm_share_while_hidden():
     # DeepEP / HybridEP hold a fixed number of SMs whatever the network: with 20 of 148 SMs
     # (Megatron-LM's DeepEP default on a B200) the hidden 2 ms of traffic cost 20/148 of it in
     # compute, not the network's 10 % (FLAT's processor_usage).
-    from costmodel.block_terms import ep_overlap_terms
+    from costmodel.terms.block_terms import ep_overlap_terms
     flex = Context.of(TINY, FLAT, Datatype.bfloat16,
                       Kernels(moe_dispatcher="flex", moe_comm_overlap=True, moe_dispatcher_sm_share=20 / 148))
     m = type("M", (), {"ep_net": 0})()
@@ -368,8 +368,8 @@ def test_unpaired_passes_pay_their_dispatch_exposed(monkeypatch):
     # interleaved warm-up plus one; with p = 1 the first forward and the last backward): each
     # runs its dispatch and combine exposed. Checked against the iteration with every pass
     # overlapped, and the block's dispatch from moe_communication.
-    import costmodel.iteration as iteration
-    from costmodel.block_terms import block_terms
+    import costmodel.terms.iteration as iteration
+    from costmodel.terms.block_terms import block_terms
     from costmodel.evaluate import _context_for, _scalar_fields
     from costmodel.mapping import Mapping
     system = load_system(SYSTEMS / "b200-180g-nvl8.yaml")
@@ -415,8 +415,8 @@ def test_moe_dispatcher_is_a_checked_setting():
 # ---------------------------------------------------------------- latent attention's up-projection recompute
 
 def _deepseek_block(recompute_modules):
-    from costmodel.block import block_forward_times
-    from costmodel.block_memory import block_stored_activation_bytes
+    from costmodel.terms.block import block_forward_times
+    from costmodel.terms.block_memory import block_stored_activation_bytes
     from costmodel.evaluate import _context_for, _scalar_fields
     from costmodel.mapping import Mapping
     model = load_model(ROOT / "problems/models/deepseek-v3/config.json", seq_size=4096)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from costmodel.errors import InputError
-from costmodel.hf import UnmodelledFieldWarning
-from costmodel.load import load_model
+from costmodel.inputs.hf import UnmodelledFieldWarning
+from costmodel.inputs.load import load_model
 from costmodel.model import Model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,18 +14,18 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from costmodel.block import block_forward_times
-from costmodel.block_memory import block_stored_activation_bytes
+from costmodel.terms.block import block_forward_times
+from costmodel.terms.block_memory import block_stored_activation_bytes
 from costmodel.context import MASK_BYTES, Context
 from costmodel.errors import InputError
 from costmodel.evaluate import _scalar_fields, evaluate
-from costmodel.layer_time import SOFTMAX_STATS_BYTES
-from costmodel.load import load_model, load_system
+from costmodel.terms.layer_time import SOFTMAX_STATS_BYTES
+from costmodel.inputs.load import load_model, load_system
 from costmodel.mapping import Mapping
 from costmodel.ops import ScalarOps
-from costmodel.param_counts import ParameterCounts
-from costmodel.run_files import read_runs
-from costmodel.run_mapping import map_run, mtp_layout
+from costmodel.terms.param_counts import ParameterCounts
+from costmodel.measured.run_files import read_runs
+from costmodel.measured.run_mapping import map_run, mtp_layout
 from costmodel.system import Datatype
 from solver.cli.app import cli
 
@@ -295,7 +295,7 @@ def test_bridge_flops_with_latent_attention_reproduce_deepseek_v3s_published_tfl
     """Every DeepSeek-V3 row with both figures: tokens/s per GPU × Bridge's FLOP per token
     (latent-attention branch, one MTP module unless the row says "w/o MTP") against the row's
     TFLOP/s per GPU, both as published (4 significant digits). Measured: within 0.25 %."""
-    from costmodel.published_flops import bridge_flops_per_token
+    from costmodel.terms.published_flops import bridge_flops_per_token
 
     path = ROOT / "problems/runs/megatron-bridge-pretraining.json"
     rows = {row["id"]: row for row in json.loads(path.read_text())}

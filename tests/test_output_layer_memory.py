@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from costmodel.evaluate import evaluate
-from costmodel.load import load_model, load_system
+from costmodel.inputs.load import load_model, load_system
 from costmodel.mapping import Mapping
 from costmodel.system import RUNTIME_RESERVE_GIB
-from costmodel.units import GiB
+from costmodel.inputs.units import GiB
 from solver.study.batch import load_batch
 
 ROOT = Path(__file__).resolve().parents[1]

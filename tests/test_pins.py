@@ -18,7 +18,7 @@ from conftest import cp_sat_solution_count
 from costmodel.dimensions import BY_NAME
 from costmodel.errors import InputError
 from costmodel.kernels import Kernels
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.cli.app import cli

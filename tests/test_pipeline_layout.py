@@ -1,12 +1,12 @@
-"""Megatron-LM pipeline layout strings (costmodel/pipeline_layout.py) against the layouts
+"""Megatron-LM pipeline layout strings (costmodel/terms/pipeline_layout.py) against the layouts
 Megatron-Bridge writes out as lists (recipes/deepseek/h100/deepseek_v3.py,
 set_deepseek_v3_pipeline_model_parallel_layout), counted by hand."""
 
 import pytest
 
 from costmodel.errors import InputError
-from costmodel.pipeline import layout_problem
-from costmodel.pipeline_layout import layout_chunks, stage_layout
+from costmodel.terms.pipeline import layout_problem
+from costmodel.terms.pipeline_layout import layout_chunks, stage_layout
 
 
 def test_deepseek_v3_layouts_by_hand():

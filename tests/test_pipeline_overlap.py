@@ -12,12 +12,12 @@ import pytest
 
 from costmodel.evaluate import evaluate
 from costmodel.kernels import Kernels
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from costmodel.mapping import Mapping
 from costmodel.model import Model
-from costmodel.run_files import read_runs
-from costmodel.run_mapping import map_run
-from costmodel.run_scoring import RunInputs
+from costmodel.measured.run_files import read_runs
+from costmodel.measured.run_mapping import map_run
+from costmodel.measured.run_scoring import RunInputs
 from costmodel.system import Datatype
 from solver.search.brute import scan
 from solver.search.solve import SolverConfig, solve

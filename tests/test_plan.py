@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import REPO
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
-from costmodel.training_cost import LLAMA3_FAILURE_RATE_PER_GPU_HOUR, Failures, failures, run_cost
+from costmodel.terms.training_cost import LLAMA3_FAILURE_RATE_PER_GPU_HOUR, Failures, failures, run_cost
 from solver.cli.app import cli
 from solver.search.brute import scan
 from solver.search.plan import CountPlan, Phase, Settings, Target, choose, parse_counts, plan

@@ -1,4 +1,4 @@
-"""Precision recipes (costmodel.precision, costmodel.quantize): each recipe's bytes and passes
+"""Precision recipes (costmodel.precision, costmodel.terms.quantize): each recipe's bytes and passes
 against a hand computation, stored activations, messages and weights by hand, scalar = array for
 every recipe, the datatype's costing unchanged (--datatype float8 is Calculon's all-FP8 still),
 and one-line errors for recipes a GPU does not run."""
@@ -13,16 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.block import block_forward_times
-from costmodel.block_memory import block_stored_activation_bytes
-from costmodel.block_terms import block_terms
+from costmodel.terms.block import block_forward_times
+from costmodel.terms.block_memory import block_stored_activation_bytes
+from costmodel.terms.block_terms import block_terms
 from costmodel.context import Context
 from costmodel.encoding import MappingArrays
 from costmodel.errors import InputError
 from costmodel.evaluate import _scalar_fields, evaluate, evaluate_arrays
-from costmodel.iteration import MEMORY_TERMS, TIME_TERMS
+from costmodel.terms.iteration import MEMORY_TERMS, TIME_TERMS
 from costmodel.kernels import Kernels
-from costmodel.load import load_model, load_system
+from costmodel.inputs.load import load_model, load_system
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.ops import ScalarOps

@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 
 from costmodel.kernels import Kernels
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from costmodel.model import Model
 from costmodel.precision import Precision
 from costmodel.system import Datatype

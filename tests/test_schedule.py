@@ -10,7 +10,7 @@ import pytest
 from costmodel.choices import PipelineSchedule
 from costmodel.evaluate import evaluate
 from costmodel.kernels import Kernels
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import Datatype

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import H100_SYSTEM
 from costmodel.errors import InputError
-from costmodel.load import load_model
+from costmodel.inputs.load import load_model
 from solver.cli.app import cli
 from solver.study.shape import (ASPECT_INTERCEPT, ASPECT_POINTS, ASPECT_SLOPE, aspect_ratio, assess_shapes,
                           candidate_blocks, candidate_shapes, ideal_blocks, rule_shape, size_label)

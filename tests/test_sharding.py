@@ -12,7 +12,7 @@ from costmodel.choices import ShardingStage
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate, evaluate_arrays
 from costmodel.kernels import Kernels
-from costmodel.load import load_mapping, load_model, load_system
+from costmodel.inputs.load import load_mapping, load_model, load_system
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import Datatype

@@ -16,7 +16,7 @@ from ortools.sat.python import cp_model
 from conftest import cases, cp_sat_solution_count, examples
 from costmodel.evaluate import evaluate_arrays
 from costmodel.kernels import Kernels
-from costmodel.load import load_model, load_system
+from costmodel.inputs.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.search.brute import scan

@@ -65,7 +65,7 @@ def test_published_counts_without_batch_quirk(blocks: int, expected: int) -> Non
 
 
 def test_model_files_match_the_brief() -> None:
-    from costmodel.load import load_model
+    from costmodel.inputs.load import load_model
 
     for blocks in (256, 254):
         model = load_model(MODELS / f"gpt-1t-{blocks}b.yaml")

@@ -14,13 +14,13 @@ from click.testing import CliRunner
 
 from costmodel.choices import Recompute, TPComm, TPOverlap
 from costmodel.errors import InputError
-from costmodel.load import load_model, load_system, read_document
-from costmodel.run_bridge import (BridgeRow, bridge_configuration, bridge_step_time_s, load_workload_settings,
+from costmodel.inputs.load import load_model, load_system, read_document
+from costmodel.measured.run_bridge import (BridgeRow, bridge_configuration, bridge_step_time_s, load_workload_settings,
                                   published_configuration)
-from costmodel.run_files import read_runs, run_file_format
-from costmodel.run_mapping import map_run
-from costmodel.run_scoring import RunInputs, held_out_splits, newest_per_configuration, score_runs, split_dense
-from costmodel.runs import Precision, Run, software_order
+from costmodel.measured.run_files import read_runs, run_file_format
+from costmodel.measured.run_mapping import map_run
+from costmodel.measured.run_scoring import RunInputs, held_out_splits, newest_per_configuration, score_runs, split_dense
+from costmodel.measured.runs import Precision, Run, software_order
 from costmodel.system import Datatype
 from solver.cli.app import cli
 from tests.conftest import MODELS_DIR, PROBLEMS, SYSTEMS_DIR
@@ -105,7 +105,7 @@ def test_newest_release_of_each_configuration(bridge_runs):
 
 # Dense rows the model calls infeasible on memory: none. Llama 3 70B on 64 GB200 (Megatron-FSDP, 40 of
 # 80 blocks' activations offloaded) keeps the 40 kept blocks and one offloaded block in transit, 183.1
-# GiB of 186 (costmodel.stage_state.TRANSIT_BLOCKS); 25.09's Llama 3 70B MXFP8 on 64 GB200 ran its
+# GiB of 186 (costmodel.terms.stage_state.TRANSIT_BLOCKS); 25.09's Llama 3 70B MXFP8 on 64 GB200 ran its
 # preset at mbs 1, as its own GA cell says (problems/runs/megatron-bridge-workload-settings.yaml).
 MEMORY_BOUND_ROWS: dict[str, str] = {}
 

@@ -13,7 +13,7 @@ import pytest
 
 import solver.search.engine as engine_module
 from costmodel.kernels import Kernels
-from costmodel.load import load_system
+from costmodel.inputs.load import load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.search.brute import scan

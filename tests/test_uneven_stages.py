@@ -1,4 +1,4 @@
-"""Uneven pipeline stages (costmodel.pipeline): the layout rule against Megatron-LM's, the
+"""Uneven pipeline stages (costmodel.terms.pipeline): the layout rule against Megatron-LM's, the
 blocks in flight against a replay of Megatron-LM's schedule, Llama 3.1 405B on 16 stages
 against a hand computation of the stage formulas, scalar = array, a mapping file's explicit
 layout, and one-line errors for layouts that cannot be."""
@@ -16,18 +16,18 @@ from click.testing import CliRunner
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from costmodel.block import eltwise_s
-from costmodel.comm import collective_s
+from costmodel.terms.block import eltwise_s
+from costmodel.terms.comm import collective_s
 from costmodel.context import Context
 from costmodel.encoding import MappingArrays
 from costmodel.errors import InputError
 from costmodel.evaluate import _scalar_fields, evaluate, evaluate_arrays
-from costmodel.iteration import (ADAM_FLOPS_PER_PARAM, MEMORY_TERMS, TIME_TERMS, IterationTerms, block_terms,
+from costmodel.terms.iteration import (ADAM_FLOPS_PER_PARAM, MEMORY_TERMS, TIME_TERMS, IterationTerms, block_terms,
                                  output_layer_s)
-from costmodel.load import load_mapping, load_model, load_system
+from costmodel.inputs.load import load_mapping, load_model, load_system
 from costmodel.mapping import Mapping
 from costmodel.ops import ArrayOps, ScalarOps
-from costmodel.pipeline import layout_problem, stage_blocks, stage_blocks_in_flight
+from costmodel.terms.pipeline import layout_problem, stage_blocks, stage_blocks_in_flight
 from costmodel.system import Collective
 from solver.cli.app import cli
 from tests.strategies import divisors, mappings, models, systems
@@ -196,7 +196,7 @@ def test_an_explicit_layout_is_megatrons_first_and_last_pipeline_num_layers(firs
 @pytest.mark.parametrize("p", [3, 4, 5, 8, 16])
 @pytest.mark.parametrize("v", [1, 2, 3, 4])
 def test_blocks_in_flight_per_stage_replay_megatrons_schedule(p, v):
-    """The closed forms of costmodel.pipeline against a replay of Megatron-LM's schedule, for
+    """The closed forms of costmodel.terms.pipeline against a replay of Megatron-LM's schedule, for
     the rule's uneven chunks (first and last stage one block short) and equal chunks, with as
     many microbatches as 1 .. 3p + 2 (not multiples of p included)."""
     counts = range(1, 3 * p + 3) if p <= 5 else sorted({1, 2, p - 1, p, p + 1, 2 * p - 1, 2 * p, 2 * p + 1,
@@ -359,7 +359,7 @@ def test_scalar_and_array_evaluators_agree_on_uneven_stages(problem):
 @settings(max_examples=40, deadline=None)
 @given(uneven_problems())
 def test_even_mappings_score_bit_for_bit_the_same_beside_uneven_ones(problem):
-    """Equal stages take shorter formulas (costmodel.iteration); beside uneven mappings in one
+    """Equal stages take shorter formulas (costmodel.terms.iteration); beside uneven mappings in one
     array they take the general ones, which must give exactly the same numbers."""
     model, system, batch = problem
     even = [m for m in batch if model.num_blocks % m.pp == 0]

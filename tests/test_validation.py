@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.load import load_system
-from costmodel.validation import validate_selene
+from costmodel.inputs.load import load_system
+from costmodel.measured.validation import validate_selene
 
 SELENE = Path(__file__).resolve().parents[1] / "problems" / "systems" / "a100-80g-selene.yaml"
 

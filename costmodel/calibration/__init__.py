@@ -1,4 +1,4 @@
-"""Hardware from measurements: fit the kernel-time models of costmodel/kernel_time.py to
+"""Hardware from measurements: fit the kernel-time models of costmodel/terms/kernel_time.py to
 microbenchmarks (and network levels to nccl-tests) and write them into a system file.
 `mapsat calibrate` is the command line over `calibrate_system`."""
 

@@ -1,4 +1,4 @@
-"""Fitting the kernel-time models of costmodel/kernel_time.py to measurements, and testing them on
+"""Fitting the kernel-time models of costmodel/terms/kernel_time.py to measurements, and testing them on
 points the fit did not see.
 
 Each family is fitted on one split and tested on the other (never the same points):
@@ -27,10 +27,10 @@ import numpy as np
 
 from costmodel.calibration.measurements import AttentionData, EltwiseData, GemmData, GroupedGemmData, NcclData
 from costmodel.errors import InputError
-from costmodel.kernel_time import GemmTiming, attention_time_s, gemm_time_s, hbm_pass_s
+from costmodel.terms.kernel_time import GemmTiming, attention_time_s, gemm_time_s, hbm_pass_s
 from costmodel.ops import ArrayOps
 from costmodel.system import AttentionFit, GemmFit
-from costmodel.units import MICRO, TERA
+from costmodel.inputs.units import MICRO, TERA
 
 SIGNIFICANT_DIGITS = 3
 GROUPED_GEMM_TEST_SHAPES = ((8, 6144, 16384), (128, 2048, 768))
@@ -120,7 +120,7 @@ def fit_log_least_squares(model: Callable[[np.ndarray], np.ndarray], start: np.n
 # ---------------------------------------------------------------- GEMM
 
 def _gemm_bytes(d: GemmData, elem_bytes: float) -> np.ndarray:
-    """Operands and result in the compute datatype, as costmodel/block.py counts a GEMM's bytes."""
+    """Operands and result in the compute datatype, as costmodel/terms/block.py counts a GEMM's bytes."""
     return elem_bytes * (d.rows * d.depth + d.depth * d.cols + d.rows * d.cols)
 
 
@@ -178,7 +178,7 @@ def grouped_gemm_bytes(d: GroupedGemmData, elem_bytes: float) -> np.ndarray:
 
 def grouped_gemm_predict(timing: GemmTiming, d: GroupedGemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
                          elem_bytes: float) -> np.ndarray:
-    """The GEMM formula with batch = experts: one launch for the whole group (costmodel/moe.py)."""
+    """The GEMM formula with batch = experts: one launch for the whole group (costmodel/terms/moe.py)."""
     return gemm_time_s(timing, ArrayOps, d.rows, d.cols, d.depth, grouped_gemm_bytes(d, elem_bytes),
                        peak_flops_per_s, hbm_bytes_per_s, d.experts)
 
@@ -218,7 +218,7 @@ def block_layer_shapes():
 
 def layer_errors(fields: dict, data: GemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
                  elem_bytes: float) -> Errors:
-    """How well costmodel/block.py's rule — a layer's backward GEMMs take twice its forward
+    """How well costmodel/terms/block.py's rule — a layer's backward GEMMs take twice its forward
     GEMM — predicts the measured forward + activation-gradient + weight-gradient time of each
     layer whose three GEMMs are in `data` (the `kind: block` points: held out from the fit)."""
     measured = {(m, n, k): t for m, n, k, t in zip(data.rows, data.cols, data.depth, data.time_s)}
@@ -236,7 +236,7 @@ def layer_errors(fields: dict, data: GemmData, peak_flops_per_s: float, hbm_byte
 # ---------------------------------------------------------------- fused attention
 
 def attention_fwd_bwd_s(fields: dict, d: AttentionData) -> np.ndarray:
-    """Forward + backward of one fused attention layer as costmodel/block.py adds it up: the
+    """Forward + backward of one fused attention layer as costmodel/terms/block.py adds it up: the
     forward kernel (2 s×s×d products per head), backward twice the forward, and the
     recomputed Q·Kᵀ (1 product)."""
     p = AttentionFit(**fields).timing()
@@ -295,7 +295,7 @@ def fit_hbm(data: EltwiseData, hbm_bytes_per_s: float) -> FamilyFit:
 # ---------------------------------------------------------------- a network level
 
 def fit_network(data: NcclData, bandwidth_gbps: float, label: str) -> FamilyFit:
-    """latency + bus bytes / (bandwidth · efficiency) (costmodel/comm.py), linear least squares
+    """latency + bus bytes / (bandwidth · efficiency) (costmodel/terms/comm.py), linear least squares
     on relative errors; a negative latency is refitted as 0."""
     weights = 1.0 / data.time_s
     design = np.stack([np.ones_like(data.time_s), data.bus_bytes], axis=1) * weights[:, None]

@@ -14,7 +14,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InputError
-from costmodel.load import parse, read_document
+from costmodel.inputs.load import parse, read_document
 from costmodel.model import RealNumber, WholeNumber
 
 # Points carry derived fields (tflops, gbps, ...) beside the measured ones: ignored, not errors.

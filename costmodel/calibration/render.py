@@ -32,9 +32,9 @@ from costmodel.calibration import fit as fitting
 from costmodel.calibration.measurements import (load_adam, load_attention, load_eltwise, load_gemm, load_grouped_gemm,
                                                 load_nccl)
 from costmodel.errors import InputError
-from costmodel.load import parse, read_document
+from costmodel.inputs.load import parse, read_document
 from costmodel.system import System
-from costmodel.units import gbps_to_bytes_per_s, tflops_to_flops_per_s
+from costmodel.inputs.units import gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 MARKER = re.compile(r"^(?P<indent>\s*)# mapsat-calibrate:\s*(?P<what>.*?)\s*$")
 GEMM_DATATYPES = {"fp8": ("float8", 1.0), "bf16": ("bfloat16", 2.0)}

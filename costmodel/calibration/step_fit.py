@@ -1,5 +1,5 @@
 """Whole-step terms fitted to measured iterations, and checked on iterations the fit did not
-see: `mapsat calibrate --runs`'s library side (the terms: costmodel.step_terms).
+see: `mapsat calibrate --runs`'s library side (the terms: costmodel.terms.step_terms).
 
 What is fitted, on what:
 
@@ -35,10 +35,10 @@ import numpy as np
 
 from costmodel.calibration.fit import rounded
 from costmodel.errors import InputError
-from costmodel.run_scoring import (RunInputs, RunScore, newest_per_configuration, score_runs,
+from costmodel.measured.run_scoring import (RunInputs, RunScore, newest_per_configuration, score_runs,
                                    split_dense)
-from costmodel.runs import Precision, Run
-from costmodel.step_terms import WholeStep
+from costmodel.measured.runs import Precision, Run
+from costmodel.terms.step_terms import WholeStep
 
 __all__ = ["FOLDS", "FittedStep", "HeldOut", "STEP_PARAMETERS", "StepParameter", "blackwell_or_hopper", "fit_pool",
            "fit_step", "held_out", "held_out_scores", "scores_with_step"]

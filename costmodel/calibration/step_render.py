@@ -24,9 +24,9 @@ import yaml
 from costmodel.calibration.render import MARKER, _number
 from costmodel.calibration.step_fit import FOLDS, FittedStep, HeldOut, fit_step, held_out, held_out_scores
 from costmodel.errors import InputError
-from costmodel.load import parse
-from costmodel.run_scoring import RunInputs, RunScore
-from costmodel.step_terms import WholeStep
+from costmodel.inputs.load import parse
+from costmodel.measured.run_scoring import RunInputs, RunScore
+from costmodel.terms.step_terms import WholeStep
 
 __all__ = ["RunsCalibration", "StepSummary", "calibrate_runs", "render_step", "step_comment", "summary_of"]
 

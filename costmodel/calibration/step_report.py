@@ -18,8 +18,8 @@ from typing import Callable, Iterable
 
 from costmodel.calibration.step_fit import (FOLDS, STEP_PARAMETERS, FittedStep, HeldOut, fit_step, held_out,
                                            held_out_scores)
-from costmodel.run_scoring import ErrorSummary, RunInputs, RunScore, summarize
-from costmodel.runs import Run
+from costmodel.measured.run_scoring import ErrorSummary, RunInputs, RunScore, summarize
+from costmodel.measured.runs import Run
 
 __all__ = ["SCHEMES", "StepCheck", "step_check"]
 

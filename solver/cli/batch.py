@@ -10,8 +10,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from solver.study.batch import load_batch
 from solver.study.runner import Reporter, run_batch
-import costmodel.limits as limits
-from costmodel.advice import model_warnings
+import costmodel.inputs.limits as limits
+from costmodel.inputs.advice import model_warnings
 from solver.cli.options import BoundedFloat, BoundedInt, model_warnings_on_stderr, user_errors, warn
 from solver.study.store import RESULTS_CSV, RESULTS_JSONL
 

@@ -7,10 +7,10 @@ import sys
 
 import click
 
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from costmodel.errors import MapsatError
 from costmodel.evaluate import evaluate
-from costmodel.load import ensure_parent
+from costmodel.inputs.load import ensure_parent
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from solver.cli.options import (BoundedInt, batch_header, datatype_option, load_problem, problem_options,

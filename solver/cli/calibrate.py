@@ -9,8 +9,8 @@ import click
 from costmodel.calibration import calibrate_system
 from costmodel.calibration.step_render import calibrate_runs, summary_of
 from costmodel.errors import InputError
-from costmodel.load import ensure_parent
-from costmodel.run_files import read_runs
+from costmodel.inputs.load import ensure_parent
+from costmodel.measured.run_files import read_runs
 from solver.cli.options import user_errors, wide_console
 
 

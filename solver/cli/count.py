@@ -12,7 +12,7 @@ from rich.table import Table
 from costmodel.context import Context
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from solver.cli.options import (BoundedInt, batch_header, datatype_option, load_problem, problem_options,
                                 space_and_cap, space_options, system_label, user_errors, wide_console)
 from solver.search.brute import scan

@@ -6,8 +6,8 @@ import click
 
 from costmodel.errors import MapsatError
 from costmodel.evaluate import evaluate
-from costmodel.load import load_mapping
-from costmodel.param_counts import ParameterCounts
+from costmodel.inputs.load import load_mapping
+from costmodel.terms.param_counts import ParameterCounts
 from solver.cli.options import (
     given_once,
     load_problem,

@@ -15,18 +15,18 @@ from typing import Callable, Iterator
 import click
 from rich.console import Console
 
-import costmodel.limits as limits
-from costmodel.advice import datatype_hint, model_warnings, override_warnings
+import costmodel.inputs.limits as limits
+from costmodel.inputs.advice import datatype_hint, model_warnings, override_warnings
 from costmodel.errors import MapsatError
 from costmodel.headroom import Headroom
-from costmodel.hf import UnmodelledFieldWarning
+from costmodel.inputs.hf import UnmodelledFieldWarning
 from costmodel.kernels import ATTENTION_KERNELS, CUDA_GRAPHS, GRAD_DATATYPES, Kernels
-from costmodel.limits import Bound
-from costmodel.load import load_model, load_system
+from costmodel.inputs.limits import Bound
+from costmodel.inputs.load import load_model, load_system
 from costmodel.model import Model
 from costmodel.precision import OPTIMIZER_STATES, Precision
 from costmodel.system import Datatype, System
-from costmodel.units import GiB
+from costmodel.inputs.units import GiB
 from solver.cli.errors import debugging, one_line_errors
 from solver.space.declaration import DEFAULT_SPACE, SPACES, Space, get_space
 from solver.space.pins import batch_cap, batch_text, check_pins, default_batch_cap, parse_pins, pinned

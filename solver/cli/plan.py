@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from costmodel.errors import InputError, MapsatError
 from costmodel.system import Datatype
-from costmodel.training_cost import (DEFAULT_CHECKPOINT_GBPS, DEFAULT_PUE, DEFAULT_RESTART_MINUTES,
+from costmodel.terms.training_cost import (DEFAULT_CHECKPOINT_GBPS, DEFAULT_PUE, DEFAULT_RESTART_MINUTES,
                                      DEFAULT_SNAPSHOT_GBPS, LLAMA3_FAILURE_RATE_PER_GPU_HOUR)
 from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, kernel_options, load_problem,
                                 problem_options, progress_line, system_label, user_errors, wide_console)

@@ -10,9 +10,9 @@ from rich.table import Table
 
 from costmodel.errors import InputError
 from costmodel.kernels import Kernels
-from costmodel.load import load_system
-import costmodel.limits as limits
-from costmodel.limits import Bound
+from costmodel.inputs.load import load_system
+import costmodel.inputs.limits as limits
+from costmodel.inputs.limits import Bound
 from solver.cli.options import (given_headroom, BoundedFloat, BoundedInt, datatype_option, kernel_options, system_override_options,
                                 user_errors, wide_console)
 from solver.report.tables import mapping_summary

@@ -6,9 +6,9 @@ import sys
 
 import click
 
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from costmodel.errors import MapsatError
-from costmodel.param_counts import ParameterCounts
+from costmodel.terms.param_counts import ParameterCounts
 from costmodel.system import Datatype
 from solver.cli.errors import debugging
 from solver.cli.options import (BoundedFloat, BoundedInt, batch_header, datatype_option, load_problem, problem_options,

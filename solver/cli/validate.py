@@ -10,11 +10,11 @@ from rich.table import Table
 
 from costmodel.calibration.step_report import StepCheck, step_check
 from costmodel.errors import InputError
-from costmodel.load import load_system
-from costmodel.run_files import read_runs
-from costmodel.run_report import RunsReport, gap_tags, validate_runs
-from costmodel.run_scoring import ErrorSummary, RunInputs
-from costmodel.validation import validate_selene
+from costmodel.inputs.load import load_system
+from costmodel.measured.run_files import read_runs
+from costmodel.measured.run_report import RunsReport, gap_tags, validate_runs
+from costmodel.measured.run_scoring import ErrorSummary, RunInputs
+from costmodel.measured.validation import validate_selene
 from solver.cli.options import user_errors, wide_console
 from solver.report.tables import console, dumps
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from costmodel.iteration import TIME_TERMS
+from costmodel.terms.iteration import TIME_TERMS
 from solver.report.figure import pyplot, save
 
 TERM_LABELS = {"forward_s": "forward", "backward_s": "backward", "recompute_s": "recompute",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from costmodel.load import ensure_parent
+from costmodel.inputs.load import ensure_parent
 from solver.report.figure import pyplot
 from solver.search.codesign import CodesignResult, Grid
 

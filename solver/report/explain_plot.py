@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from costmodel.load import ensure_parent
+from costmodel.inputs.load import ensure_parent
 from solver.report.figure import pyplot
 from solver.search.explain import Explanation
 

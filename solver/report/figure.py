@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from costmodel.errors import InputError
-from costmodel.load import ensure_parent
+from costmodel.inputs.load import ensure_parent
 
 
 def pyplot():

@@ -10,7 +10,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.training_cost import SECONDS_PER_DAY, SECONDS_PER_HOUR
+from costmodel.terms.training_cost import SECONDS_PER_DAY, SECONDS_PER_HOUR
 from solver.report.tables import mapping_summary
 from solver.search.plan import CountPlan, PlanResult
 

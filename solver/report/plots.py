@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from costmodel.errors import InputError
-from costmodel.load import ensure_directory
+from costmodel.inputs.load import ensure_directory
 from solver.report.breakdown_plot import plot_breakdown
 from solver.report.figure import params_text, pyplot, save
 

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from costmodel.dimensions import BY_NAME, DIMENSIONS, NETWORK_GROUPS
 from costmodel.evaluate import Evaluation
-from costmodel.units import GB, GiB
+from costmodel.inputs.units import GB, GiB
 from solver.search.distinct import equivalents_text
 
 TIME_LABELS = {

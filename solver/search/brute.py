@@ -36,7 +36,7 @@ from costmodel.kernels import Kernels
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from costmodel.units import GiB
+from costmodel.inputs.units import GiB
 from solver.search.distinct import equivalents, group_keys, top_groups
 from solver.space.enumerate import ChunkSpec, Plan, plan
 from solver.space.declaration import Space, label_breakdown

@@ -49,7 +49,7 @@ from costmodel.evaluate import Evaluation, evaluate
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from costmodel.units import GiB
+from costmodel.inputs.units import GiB
 from solver.search.codesign_grid import (CAPACITY_KNOBS, ENUMERATED_KNOBS, KNOBS, MONOTONE_KNOBS, OUTER_KNOBS,
                                          Grid, System_, Target, Verdict, as_json, check_values, least_reaching, reaches,
                                          system_at)

@@ -1,7 +1,7 @@
 """A whole training run planned over GPU counts: for each count and each training phase the
 certified best mapping (solver.search.solve, the search `mapsat solve` runs), its iteration
 time turned into steps, days, GPU-hours, energy and money with failures and checkpoints
-(costmodel.training_cost), and the count chosen by a deadline or a budget.
+(costmodel.terms.training_cost), and the count chosen by a deadline or a budget.
 
 The GPU count is searched by solving every count of the list: time against GPUs is jagged
 (a count whose factors split the model badly is slower than a smaller one), so no count is
@@ -22,15 +22,15 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field, model_validator
 
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.kernels import Kernels
-from costmodel.limits import Bound
-from costmodel.load import parse, read_document
+from costmodel.inputs.limits import Bound
+from costmodel.inputs.load import parse, read_document
 from costmodel.model import INPUT_CONFIG, Model, RealNumber, WholeNumber, within
 from costmodel.system import Datatype, System
-from costmodel.training_cost import Failures, RunCost, failures, run_cost, steps
+from costmodel.terms.training_cost import Failures, RunCost, failures, run_cost, steps
 from solver.search.engine import CountShare
 from solver.search.solve import SolverConfig, SolveResult, solve
 from solver.space.declaration import Space
@@ -81,7 +81,7 @@ def load_phases(path: str | Path) -> list[Phase]:
 
 @dataclass(frozen=True)
 class Settings:
-    """Failures, checkpoints, energy and price (costmodel.training_cost's inputs)."""
+    """Failures, checkpoints, energy and price (costmodel.terms.training_cost's inputs)."""
 
     failure_rate_per_gpu_hour: float
     checkpoint_gbps: float
@@ -189,7 +189,7 @@ def checkpoint_state_bytes(model: Model, c: Context) -> float:
     """What a checkpoint writes: every parameter's weights as training keeps them (the
     datatype's bytes, or the precision recipe's stored weight) and its optimizer state (fp32
     master copy and Adam's two moments: costmodel.context's optimizer_bytes_per_param), the
-    same terms costmodel.stage_state sizes per GPU. Gradients are not checkpointed."""
+    same terms costmodel.terms.stage_state sizes per GPU. Gradients are not checkpointed."""
     weight = c.elem_bytes if c.recipe is None else c.recipe.weight_storage_bytes
     return model.total_params * (weight + c.optimizer_bytes_per_param)
 

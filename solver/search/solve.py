@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from costmodel.context import Context
 from costmodel.dimensions import group_spans
 from costmodel.errors import InputError
@@ -26,7 +26,7 @@ from costmodel.evaluate import Evaluation, evaluate_in_context
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from costmodel.units import GiB
+from costmodel.inputs.units import GiB
 from solver.search.distinct import equivalents
 from solver.search.engine import SEARCHED_FLAGS, CountShare, Engine, OutOfTime, Question
 from solver.space.declaration import Space, get_space

@@ -36,7 +36,7 @@ from costmodel.dimensions import (BY_NAME, DIMENSIONS, FLAGS, GROUP_DEGREES, SKE
                                   Dimension)
 from costmodel.errors import InputError
 from costmodel.model import Model
-from costmodel.pipeline import EMBEDDING_AND_LOSS_BLOCKS
+from costmodel.terms.pipeline import EMBEDDING_AND_LOSS_BLOCKS
 from costmodel.system import System
 from solver.space.factor import divisors as factor_divisors
 
@@ -104,7 +104,7 @@ class Space:
     """Largest context parallelism considered (1: none, as in Calculon's spaces)."""
     uneven_stages: bool
     """Whether pp may leave the blocks uneven (pp > 2 dividing num_blocks + 2, the first and
-    last stages one block lighter: costmodel.pipeline); the Calculon presets ask pp to divide
+    last stages one block lighter: costmodel.terms.pipeline); the Calculon presets ask pp to divide
     the blocks."""
     offered: tuple[tuple[str, tuple[int, ...]], ...]
     """Flags that offer fewer codes than they declare: (name, codes offered)."""
@@ -287,7 +287,7 @@ def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list
 
 def stage_interleavings(model: Model, pp: int, space: Space) -> tuple[int, ...]:
     """The interleavings valid with pp stages (none when pp itself is not): pp's and
-    interleaving's declared rules (costmodel.pipeline's layout), and even stages only where
+    interleaving's declared rules (costmodel.terms.pipeline's layout), and even stages only where
     the space asks for them."""
     blocks = model.num_blocks
     if pp > blocks or _PP.fits(model, None, {"pp": pp}) or (blocks % pp and not space.uneven_stages):

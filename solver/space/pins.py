@@ -19,10 +19,10 @@ import math
 from dataclasses import replace
 from typing import Iterable
 
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from costmodel.dimensions import BY_NAME, DIMENSIONS, Dimension
 from costmodel.errors import InputError, shown
-from costmodel.limits import Bound
+from costmodel.inputs.limits import Bound
 from costmodel.model import Model
 from costmodel.system import System
 from solver.space.declaration import Space

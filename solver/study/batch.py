@@ -14,17 +14,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.headroom import Headroom
 from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES, PRECISION_DEFAULTS, Kernels
-from costmodel.load import describe_validation_error, load_model, load_system, other_file_kind, parse, read_document
+from costmodel.inputs.load import describe_validation_error, load_model, load_system, other_file_kind, parse, read_document
 from costmodel.model import Boolean, Model, RealNumber, within
 from costmodel.precision import OPTIMIZER_STATES, Precision
-from costmodel.advice import datatype_hint
+from costmodel.inputs.advice import datatype_hint
 from costmodel.system import Datatype, System
-from costmodel.units import GiB
+from costmodel.inputs.units import GiB
 from solver.space.declaration import SPACES
 from solver.space.pins import BATCH_CAP, default_batch_cap, parse_pins
 

@@ -38,7 +38,7 @@ import yaml
 
 from costmodel.errors import InputError
 from costmodel.kernels import Kernels
-from costmodel.load import ensure_directory, parse
+from costmodel.inputs.load import ensure_directory, parse
 from costmodel.model import Model
 from costmodel.system import System
 

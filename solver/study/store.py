@@ -21,7 +21,7 @@ from typing import Iterable
 
 from costmodel.dimensions import DIMENSIONS
 from costmodel.errors import InputError
-from costmodel.units import GiB
+from costmodel.inputs.units import GiB
 
 RESULTS_JSONL = "results.jsonl"
 RESULTS_CSV = "results.csv"

@@ -10,14 +10,14 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from costmodel.comm import collective_s
+from costmodel.terms.comm import collective_s
 from costmodel.context import Context
 from costmodel.choices import PipelineSchedule, Recompute, TPComm
 from costmodel.dimensions import DIMENSIONS, GROUP_DEGREES, NETWORK_GROUPS, SPLIT_DEGREES, group_spans
 from costmodel.encoding import MappingArrays, code
 from costmodel.errors import InputError
-from costmodel.moe import moe_communication
-from costmodel.iteration import block_terms, output_layer_s
+from costmodel.terms.moe import moe_communication
+from costmodel.terms.iteration import block_terms, output_layer_s
 from costmodel.evaluate import array_fields
 from costmodel.ops import ArrayOps
 from costmodel.system import Collective
@@ -207,7 +207,7 @@ def _block_net_axes(tm_keys, networks: int) -> dict[str, tuple]:
 
 def best_expert_networks(c: Context, keys, networks: int) -> dict[str, np.ndarray]:
     """For each (tp, cp, ep, etp, microbatch) key, the network of the ep group and of the etp
-    group whose own collectives take least time (costmodel.moe.moe_communication: the
+    group whose own collectives take least time (costmodel.terms.moe.moe_communication: the
     all-to-alls on ep's, the routed rows' gather and scatter on etp's), among the networks
     each group fits (all of them when it fits none: a lower bound still). Nothing else in a
     block reads these two networks, and a block's time (its forward, backward, recompute
@@ -304,11 +304,11 @@ def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
     # one block, one microbatch, forward + backward + recompute + exposed TP and offload:
     # exact for every flag combination the block reads
     out["block"] = by_block_flags(whole["block"])
-    # the same block in a ZB-H1 bubble: less twice its weight-gradient GEMMs (costmodel.iteration)
+    # the same block in a ZB-H1 bubble: less twice its weight-gradient GEMMs (costmodel.terms.iteration)
     out["block_zb"] = by_block_flags(whole["block_zb"])
     out["compute"] = by_tm(whole["compute"])
     out["head"] = by_tm(3 * whole["head"])
-    # With overlapped sends (costmodel.pipeline_time) the exposed part can be 0: a lower bound.
+    # With overlapped sends (costmodel.terms.pipeline_time) the exposed part can be 0: a lower bound.
     out["p2p"] = by_tm(whole["p2p"] * (0.0 if c.pp_comm_overlap else 1.0))
     stored, workspace = Named(whole["stored"], memory_axes), Named(whole["workspace"], memory_axes)
     out["stored"] = {(rc, cls): by_tm(stored.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc).values)

@@ -25,7 +25,7 @@ def new_solver(time_limit_s: float, workers: int = 1, seed: int = 0) -> cp_model
 
 def checked_solve(m: cp_model.CpModel, solver: cp_model.CpSolver, callback=None) -> int:
     """Solve, and turn MODEL_INVALID into an InternalError with CP-SAT's own reason: the input
-    boundary (costmodel.limits) keeps every number in range, so an invalid model is a bug,
+    boundary (costmodel.inputs.limits) keeps every number in range, so an invalid model is a bug,
     never a time-out or an infeasible problem."""
     status = interruptible_solve(m, solver, callback)
     if status == cp_model.MODEL_INVALID:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from costmodel.context import Context
-from costmodel.units import MiB
+from costmodel.inputs.units import MiB
 from solver.search.cpsat.loglinear import LogLinear, add_exp_term, add_log_var
 from solver.search.cpsat.tables import (ACT_CLASSES, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG,
                                         Tables, block_lower_bounds, even_layout_literals, offers_zero_bubble,
@@ -313,7 +313,7 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
     `local_batch[(tp, cp, ep, etp, pp)]` is batch/dp of that split; `tables`: the exact model's
     tables over these variables' keys when already built (Tables of the same arguments)."""
     tables = tables or Tables(c, v, num_gpus, tp_overlaps, len(c.net_size))
-    # Blocks per stage, bounded below for uneven layouts (costmodel.pipeline): in time, the
+    # Blocks per stage, bounded below for uneven layouts (costmodel.terms.pipeline): in time, the
     # last stage's (its blocks and the output layer never outlast the slowest stage); in
     # memory, what the first stage keeps alive per microbatch in flight (see stage_floors).
     time_blocks, memory_blocks = stage_floors(c.blocks, v.pp.is_, v)

@@ -1,7 +1,7 @@
 """Tables of the exact model that the surrogate is built from, and the per-block lower
 bounds computed from them with numpy.
 
-Every table is the exact model (costmodel.iteration's own functions) evaluated on a grid
+Every table is the exact model (costmodel.terms.iteration's own functions) evaluated on a grid
 of the few dimensions it depends on, minimised over the flags it is not keyed by; so
 each is a lower bound of the corresponding exact term for every mapping.
 """
@@ -15,8 +15,8 @@ import numpy as np
 from costmodel.context import Context
 from costmodel.choices import ShardingStage
 from costmodel.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, BlockKey
-from costmodel.iteration import RESIDENT_BLOCKS, bubble_microbatches, iteration_terms
-from costmodel.pipeline import stage_blocks, stage_blocks_in_flight
+from costmodel.terms.iteration import RESIDENT_BLOCKS, bubble_microbatches, iteration_terms
+from costmodel.terms.pipeline import stage_blocks, stage_blocks_in_flight
 from costmodel.ops import ArrayOps, ScalarOps
 from solver.space.declaration import Space, flag_projection
 
@@ -180,7 +180,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         head = np.array([r[4] for r in per_mb])                              # [M]
         sends = np.array([r[5] for r in per_mb]) if p > 1 else np.zeros(len(mbs))
         # time[V, M, K] without the optimizer and DP terms (added per sharding below); with
-        # uneven stages (costmodel.pipeline) the slowest of the middle and the last stage
+        # uneven stages (costmodel.terms.pipeline) the slowest of the middle and the last stage
         first, middle, last = stage_blocks(ScalarOps, blocks, p)
         per_micro = np.maximum(middle * block, last * block + head[:, None])  # [M, K]
         time = (n[None, :] + bubble)[:, :, None] * (per_micro[None] + (2 * il * sends[None, :])[:, :, None])
@@ -231,7 +231,7 @@ def stage_floors(blocks: int, pp_values, v: Variables) -> tuple[dict, dict]:
     flight a first-stage GPU keeps at least). Even: L/pp both. Uneven (m = (L+2)/pp): the
     last stage's m - 1 blocks in time; in memory m - 1 with 1F1B, m - 2 when the space lets
     that pp interleave (the first chunk of each microbatch one block short: at most
-    2·min(n, pp) chunks short, costmodel.pipeline.short_first_chunks_in_flight)."""
+    2·min(n, pp) chunks short, costmodel.terms.pipeline.short_first_chunks_in_flight)."""
     time_blocks, memory_blocks = {}, {}
     for p in pp_values:
         first, _, last = stage_blocks(ScalarOps, blocks, p)

@@ -14,7 +14,7 @@ one to one is mapped to the nearest expressible setting, and the gap is listed p
 | selective recompute | attn_only with the modules (`recompute_modules`: core_attn, layernorm, mlp, moe_act, mla_up_proj) | yes, for other modules |
 | CUDA graphs | the problem's `cuda_graphs` (launch gaps removed where graphed) | — |
 | the loss (fused or eager cross-entropy) | the problem's `fused_cross_entropy` | — |
-| a pipeline layout (Megatron-LM's layout string) | first and last stage blocks (`pipeline_first/last_stage_blocks`) when the middle stages are equal and only the first stage's first and the last stage's last chunk are shorter (costmodel.pipeline_layout); else the layout rule | only when not expressed |
+| a pipeline layout (Megatron-LM's layout string) | first and last stage blocks (`pipeline_first/last_stage_blocks`) when the middle stages are equal and only the first stage's first and the last stage's last chunk are shorter (costmodel.terms.pipeline_layout); else the layout rule | only when not expressed |
 | an unoverlapped parameter all-gather | not modelled | yes |
 | sequence parallelism | tp_comm rs_ag (else ar); the all-gather redone in backward (Megatron-LM keeps the sharded input) | — |
 | TP communication overlap | tp_overlap ring (tp > 1) | — |
@@ -35,14 +35,14 @@ from pydantic import ValidationError
 from costmodel.choices import Recompute, TPComm, TPOverlap
 from costmodel.dimensions import BY_NAME, GROUP_SPAN, NETWORK_GROUPS
 from costmodel.errors import InputError
-from costmodel.load import describe_validation_error
+from costmodel.inputs.load import describe_validation_error
 from costmodel.mapping import Mapping
-from costmodel.memory_features import FEATURE_MODULES
+from costmodel.terms.memory_features import FEATURE_MODULES
 from costmodel.model import Model
 from costmodel.ops import ScalarOps
-from costmodel.pipeline import layout_problem, stage_blocks
-from costmodel.pipeline_layout import layout_chunks, stage_layout
-from costmodel.runs import Precision, Run
+from costmodel.terms.pipeline import layout_problem, stage_blocks
+from costmodel.terms.pipeline_layout import layout_chunks, stage_layout
+from costmodel.measured.runs import Precision, Run
 from costmodel.system import Datatype, System
 
 __all__ = ["MappedRun", "datatype_for", "map_run", "network_for_span"]
@@ -135,7 +135,7 @@ def mtp_layout(model: Model, pp: int, interleaving: int) -> tuple[int, int] | No
 
 def _stated_layout(run: Run, model: Model, gaps: list[str]) -> tuple[int, int] | None:
     """(first, last) stage blocks of the run's explicit pipeline layout when the cost model
-    expresses it (costmodel.pipeline_layout.stage_layout) and its blocks are the model's; else
+    expresses it (costmodel.terms.pipeline_layout.stage_layout) and its blocks are the model's; else
     None, the layout rule, and a gap."""
     layout = stage_layout(run.pipeline_layout, run.pp, run.interleaving)
     if layout is not None:

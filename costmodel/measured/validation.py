@@ -13,7 +13,7 @@ from costmodel.evaluate import evaluate
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import System
-from costmodel.units import GiB
+from costmodel.inputs.units import GiB
 
 
 @dataclass(frozen=True)

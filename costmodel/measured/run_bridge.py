@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from costmodel.errors import InputError
 from costmodel.kernels import MoeDispatcher
-from costmodel.load import describe_validation_error, read_document
-from costmodel.runs import PROBLEMS_DIR, CudaGraphs, Precision, Run
+from costmodel.inputs.load import describe_validation_error, read_document
+from costmodel.measured.runs import PROBLEMS_DIR, CudaGraphs, Precision, Run
 
 __all__ = ["BRIDGE_MODELS", "BRIDGE_SYSTEMS", "WORKLOAD_SETTINGS", "BridgeRow", "WorkloadSettings",
            "bridge_configuration", "bridge_runs", "bridge_step_time_s", "is_bridge_rows", "load_workload_settings",
@@ -41,7 +41,7 @@ heads, key/value heads, feed-forward, vocabulary 128,256, untied embeddings); Ll
 only RoPE scaling for a 128k context, which costs nothing more at sequence 8,192. The
 mixture-of-experts models read problems/models/deepseek-v3 and gpt-oss-120b (their Hugging
 Face config.json); `mapsat validate` and the training-runs benchmark still score the dense
-rows only (costmodel.run_scoring.split_dense)."""
+rows only (costmodel.measured.run_scoring.split_dense)."""
 
 BRIDGE_SYSTEMS = {"DGX-H100": "h100-80g-nvl8", "DGX-B200": "b200-180g-nvl8", "DGX-GB200": "gb200-186g-nvl72"}
 

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from costmodel.errors import InputError, shown
-from costmodel.hf import config_schema, is_hf_config, model_fields_from_hf
+from costmodel.inputs.hf import config_schema, is_hf_config, model_fields_from_hf
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import System
@@ -266,7 +266,7 @@ def _check_kind(data: Any, expected: str, source: str) -> None:
 
 def load_model(path: str | Path, *, seq_size: int | None = None) -> Model:
     """A model file: this project's (Calculon's field names) or a Hugging Face config.json
-    (costmodel.hf), named after its folder (`llama-3.1-70b/config.json`: llama-3.1-70b).
+    (costmodel.inputs.hf), named after its folder (`llama-3.1-70b/config.json`: llama-3.1-70b).
     `seq_size`, when given, is the training sequence length: it replaces a model file's and
     is required with a config.json, which does not state one."""
     path = Path(path)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.context import Context
-from costmodel.layer_time import eltwise_s
+from costmodel.terms.layer_time import eltwise_s
 from costmodel.precision import STOCHASTIC_ROUNDING_FLOPS_PER_ELEM
 
 __all__ = ["GemmOperands", "QuantizePasses", "quantize_passes"]

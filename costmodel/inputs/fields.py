@@ -13,7 +13,7 @@ from typing import Annotated
 import numpy as np
 from pydantic import AfterValidator, BeforeValidator, ConfigDict
 
-from costmodel.limits import Bound
+from costmodel.inputs.limits import Bound
 
 # ---- field types shared by the three inputs (model, system, mapping) ----
 # pydantic's lax mode would read `true` (and YAML 1.1's yes/on) as 1 and the string "12" as

@@ -4,7 +4,7 @@ pp = 1), and what it keeps in offload memory.
 The first holds the embeddings and the most microbatches in flight, the last the output
 layer and the logits; the second, the fullest middle stage, can top the first when stages
 are uneven (p - 1 microbatches of m blocks against p of m - 1). MoE experts are sharded over
-the expert data-parallel group, the rest over dp·cp (costmodel.data_parallel.Sharding).
+the expert data-parallel group, the rest over dp·cp (costmodel.terms.data_parallel.Sharding).
 
 Written against the backend interface of costmodel.ops, as the other formulas.
 """
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.block_terms import BlockTerms
+from costmodel.terms.block_terms import BlockTerms
 from costmodel.context import Context
-from costmodel.data_parallel import Sharding, StageParams
-from costmodel.memory_features import stage_offload_share
-from costmodel.pipeline import stage_blocks_in_flight
-from costmodel.pipeline_time import Stages
-from costmodel.stage_state import RESIDENT_BLOCKS, TRANSIT_BLOCKS, StageState, blocks_state, offloaded_bytes
-from costmodel.step_terms import allocator_bytes
+from costmodel.terms.data_parallel import Sharding, StageParams
+from costmodel.terms.memory_features import stage_offload_share
+from costmodel.terms.pipeline import stage_blocks_in_flight
+from costmodel.terms.pipeline_time import Stages
+from costmodel.terms.stage_state import RESIDENT_BLOCKS, TRANSIT_BLOCKS, StageState, blocks_state, offloaded_bytes
+from costmodel.terms.step_terms import allocator_bytes
 
 # Megatron-LM's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py)
 # turns each GPU's b·s·V/tp logits into fp32 and keeps the fp32 softmax for backward, where
@@ -95,7 +95,7 @@ def stage_memory(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardin
     logits = (tokens * c.vocab / t * logit_bytes
               + e * tokens * c.hidden / xp.where(m.seq_par, t, 1.0))      # and the output GEMM's input
     if mtp is not None:
-        # Multi-token prediction on the last stage (costmodel.iteration.mtp_terms): the modules'
+        # Multi-token prediction on the last stage (costmodel.terms.iteration.mtp_terms): the modules'
         # state (experts over the expert data-parallel group) and the embedding copy it reads
         # when pp > 1, with the output layer's; their logits beside the model's; one
         # microbatch's activations of their blocks with the last stage's.

@@ -27,7 +27,7 @@ import warnings
 from typing import Any, Callable
 
 from costmodel.errors import InputError, shown
-from costmodel.hf_schemas import (_QK_NORM_TYPES, DeepseekV3Config, GPT2Config, GPTNeoXConfig, GptOssConfig, HFConfig,
+from costmodel.inputs.hf_schemas import (_QK_NORM_TYPES, DeepseekV3Config, GPT2Config, GPTNeoXConfig, GptOssConfig, HFConfig,
                                   LlamaConfig, MistralConfig, MixtralConfig, NemotronConfig, Qwen2Config, Qwen2MoeConfig,
                                   Qwen3Config, Qwen3MoeConfig, _Attention)
 

@@ -77,7 +77,7 @@ N_OFFSET = Bound(-2.0, 0.0, "n + n_offset must stay >= 0 for every group of n >=
 NETWORK_INDEX = Bound(0, 1023, "an index into the system's networks; systems have two or three")
 NETWORKS = Bound(1, 16, "network levels; real systems have two or three (NVLink, InfiniBand)")
 CURVE_POINTS = Bound(1, 1024, "[size, efficiency] pairs in one curve; calibrated curves have a handful")
-SHAPE_OVERHEAD = Bound(0.0, 1e30, "a fitted kernel-time shape term (costmodel.kernel_time); 1e30 is past any "
+SHAPE_OVERHEAD = Bound(0.0, 1e30, "a fitted kernel-time shape term (costmodel.terms.kernel_time); 1e30 is past any "
                                    "operation")
 FRACTION = Bound(0.0, 1.0, "a share of a quantity, from none to all of it")
 POWER_WINDOW_MS = Bound(0.0, 1e5, "up to 100 s; power limiters act within milliseconds")

@@ -1,12 +1,12 @@
-"""Kernel time helpers and per-element FLOP constants shared by the block (costmodel.block)
-and the mixture-of-experts layer (costmodel.moe): a GEMM on the system's fitted model or
+"""Kernel time helpers and per-element FLOP constants shared by the block (costmodel.terms.block)
+and the mixture-of-experts layer (costmodel.terms.moe): a GEMM on the system's fitted model or
 roofline, a GEMM with its operands moved once, and an element-wise layer's roofline.
 Both modules import them from here, so neither imports the other's helpers (no cycle)."""
 
 from __future__ import annotations
 
 from costmodel.context import Context
-from costmodel.kernel_time import gemm_time_s
+from costmodel.terms.kernel_time import gemm_time_s
 
 # FLOP per element of the element-wise layers (forward): layer norm = mean, variance,
 # normalize, scale, shift (~8); softmax with scale and causal mask (~6: scale, mask, max,
@@ -37,8 +37,8 @@ SOFTMAX_STATS_BYTES = 4.0
 def gemm_s(c: Context, xp, rows, cols, depth, num_bytes, batch=1.0, high_precision=False):
     """Time of `batch` matrix multiplies C[rows, cols] = A[rows, depth] · B[depth, cols] moving
     `num_bytes`: the system's fitted shape-aware model when it has one
-    (costmodel.kernel_time.gemm_time_s), else the roofline on the step curves by FLOP; either
-    pays the whole-step launch gap (in the fitted model's launch, costmodel.step_terms). Under a
+    (costmodel.terms.kernel_time.gemm_time_s), else the roofline on the step curves by FLOP; either
+    pays the whole-step launch gap (in the fitted model's launch, costmodel.terms.step_terms). Under a
     precision recipe the blocks' GEMMs run at its rate, and `high_precision` ones (attention,
     the output layer, the router) at BF16's (costmodel.context)."""
     peak, curve, fit = c.matrix_flops_per_s, c.matrix_curve, c.gemm

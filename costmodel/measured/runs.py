@@ -5,13 +5,13 @@ mapping as the framework ran it (in the framework's words: Megatron-LM's
 `recompute_num_layers`, Megatron-FSDP, `cpu_offloading_num_layers`, CUDA graphs, a pipeline
 layout), the precision recipe, and what was measured — the step time and, where known, the
 peak memory — with its source. Many of these settings are more than a `Mapping` can say
-today; costmodel.run_mapping maps each run onto the nearest mapping and names every gap.
+today; costmodel.measured.run_mapping maps each run onto the nearest mapping and names every gap.
 
-    costmodel.runs         the schema (this module)
-    costmodel.run_files    reading run files: this project's, Megatron-Bridge's published rows,
+    costmodel.measured.runs         the schema (this module)
+    costmodel.measured.run_files    reading run files: this project's, Megatron-Bridge's published rows,
                            single-GPU iterations
-    costmodel.run_mapping  a run as this tool's inputs (model, system, Mapping), gaps named
-    costmodel.run_scoring  predicted against measured, by row and summarised
+    costmodel.measured.run_mapping  a run as this tool's inputs (model, system, Mapping), gaps named
+    costmodel.measured.run_scoring  predicted against measured, by row and summarised
 
 docs/training-runs.md documents the file format field by field.
 """
@@ -23,15 +23,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-import costmodel.limits as limits
+import costmodel.inputs.limits as limits
 from costmodel.kernels import CudaGraphs, GradDatatype, MoeDispatcher
-from costmodel.limits import Bound
+from costmodel.inputs.limits import Bound
 from costmodel.model import INPUT_CONFIG, Model, RealNumber, WholeNumber, within
 from costmodel.precision import Precision   # the recipes (costmodel.precision), read by runs
 
 __all__ = ["PROBLEMS_DIR", "CudaGraphs", "Precision", "RecomputeGranularity", "Run", "software_order"]
 
-PROBLEMS_DIR = Path(__file__).resolve().parents[1] / "problems"
+PROBLEMS_DIR = Path(__file__).resolve().parents[2] / "problems"
 """The project's problems/ folder: a run's model or system given by name resolves there
 (problems/models/<name>.yaml or <name>/config.json, problems/systems/<name>.yaml), and
 Megatron-Bridge rows take their workload settings from problems/runs/."""

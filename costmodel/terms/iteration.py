@@ -1,6 +1,6 @@
-"""One training iteration: the block costs assembled into pipeline (costmodel.pipeline_time),
-data-parallel and optimizer time (costmodel.data_parallel), and the memory a GPU of the
-first, the second and the last pipeline stage holds (costmodel.stage_memory).
+"""One training iteration: the block costs assembled into pipeline (costmodel.terms.pipeline_time),
+data-parallel and optimizer time (costmodel.terms.data_parallel), and the memory a GPU of the
+first, the second and the last pipeline stage holds (costmodel.terms.stage_memory).
 
 Written once against the backend interface of costmodel.ops, so `m` may hold scalars (one
 mapping) or numpy arrays (many). Every returned name is a term a person can trace.
@@ -10,19 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.block_terms import BlockTerms, block_param_shares, block_terms, kind_terms, moe_block_param_shares
+from costmodel.terms.block_terms import BlockTerms, block_param_shares, block_terms, kind_terms, moe_block_param_shares
 from costmodel.context import Context
-from costmodel.data_parallel import ADAM_FLOPS_PER_PARAM, Sharding, gradient_sync, optimizer_step_s, stage_params
-from costmodel.layer_time import RMSNORM_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
-from costmodel.memory_features import recompute_share
-from costmodel.pipeline import blocks_in_flight, blocks_in_flight_last_stage, bubble_microbatches
-from costmodel.pipeline_time import Stages, pipeline_time
-from costmodel.stage_memory import stage_memory
-from costmodel.stage_state import RESIDENT_BLOCKS
-from costmodel.step_terms import HEAD_KERNELS_FORWARD
+from costmodel.terms.data_parallel import ADAM_FLOPS_PER_PARAM, Sharding, gradient_sync, optimizer_step_s, stage_params
+from costmodel.terms.layer_time import RMSNORM_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
+from costmodel.terms.memory_features import recompute_share
+from costmodel.terms.pipeline import blocks_in_flight, blocks_in_flight_last_stage, bubble_microbatches
+from costmodel.terms.pipeline_time import Stages, pipeline_time
+from costmodel.terms.stage_memory import stage_memory
+from costmodel.terms.stage_state import RESIDENT_BLOCKS
+from costmodel.terms.step_terms import HEAD_KERNELS_FORWARD
 
-# blocks_in_flight*, bubble_microbatches (costmodel.pipeline), ADAM_FLOPS_PER_PARAM
-# (costmodel.data_parallel) and RESIDENT_BLOCKS (costmodel.stage_state) are read from here too.
+# blocks_in_flight*, bubble_microbatches (costmodel.terms.pipeline), ADAM_FLOPS_PER_PARAM
+# (costmodel.terms.data_parallel) and RESIDENT_BLOCKS (costmodel.terms.stage_state) are read from here too.
 __all__ = ["ADAM_FLOPS_PER_PARAM", "MEMORY_TERMS", "RESIDENT_BLOCKS", "TIME_TERMS", "BlockTerms", "IterationTerms",
            "block_terms", "blocks_in_flight", "blocks_in_flight_last_stage", "bubble_microbatches", "iteration_terms",
            "output_layer_s"]
@@ -197,7 +197,7 @@ def iteration_terms(c: Context, m, xp, blk: BlockTerms | None = None) -> Iterati
     fw = blk.forward
     t, b = m.tp, m.microbatch
     model_flops = c.model_flops_per_sample * m.batch
-    # (recompute_blocks: N/K of the blocks recompute in full, costmodel.memory_features)
+    # (recompute_blocks: N/K of the blocks recompute in full, costmodel.terms.memory_features)
     full_share = recompute_share(c, m)
     full_flops = fw.matrix_flops if full_share is None else full_share * fw.matrix_flops
     recompute_flops = c.blocks * t * m.cp / b * (fw.kernel_recompute_flops + xp.where(

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.block_terms import BlockTerms
-from costmodel.comm import collective_s
+from costmodel.terms.block_terms import BlockTerms
+from costmodel.terms.comm import collective_s
 from costmodel.context import Context
-from costmodel.pipeline import bubble_microbatches, stage_blocks
+from costmodel.terms.pipeline import bubble_microbatches, stage_blocks
 from costmodel.system import Collective
 
 
 @dataclass(frozen=True)
 class Stages:
-    """The blocks of a first, a middle and a last stage (costmodel.pipeline.stage_blocks),
+    """The blocks of a first, a middle and a last stage (costmodel.terms.pipeline.stage_blocks),
     and the microbatches of one iteration on each."""
 
     first: object
@@ -62,7 +62,7 @@ def pipeline_time(c: Context, m, xp, blk: BlockTerms, stages: Stages, head_fwd_s
     at tp 8, while the first stage holds a block fewer than the middle ones or, when even,
     no output layer), a middle stage its blocks, the last its blocks and the output layer
     (`head_fwd_s` forward, twice that backward unless `head_bwd_s` says: the multi-token
-    prediction modules of costmodel.iteration.mtp_terms join the head). The slowest sets the
+    prediction modules of costmodel.terms.iteration.mtp_terms join the head). The slowest sets the
     pace (the last on a tie, and always with equal stages)."""
     p, v = m.pp, m.interleaving
     if head_bwd_s is None:

@@ -1,7 +1,7 @@
 """Whole-step terms: what a training step costs beyond the sum of its kernels timed one at a
 time (docs/cost-model.md, "Whole-step terms").
 
-The kernel models (costmodel.kernel_time) are fitted to microbenchmarks that time one kernel
+The kernel models (costmodel.terms.kernel_time) are fitted to microbenchmarks that time one kernel
 at a time, back to back, each shape for a fraction of a second. A training step differs in
 three ways, each a term with a physical meaning, the same for every system (a system file's
 `step:` section, written by `mapsat calibrate --runs`; systems differ only through their specs
@@ -41,19 +41,19 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-import costmodel.limits as limits
-from costmodel.kernel_time import AttentionTiming, GemmTiming
+import costmodel.inputs.limits as limits
+from costmodel.terms.kernel_time import AttentionTiming, GemmTiming
 from costmodel.model import INPUT_CONFIG, RealNumber, within
-from costmodel.units import MICRO, MILLI
+from costmodel.inputs.units import MICRO, MILLI
 
 __all__ = ["HEAD_KERNELS_FORWARD", "OPTIMIZER_KERNELS", "StepGaps", "WholeStep", "allocator_bytes",
            "attention_in_step", "gemm_in_step", "step_gaps"]
 
 HEAD_KERNELS_FORWARD = 2.0
 """Kernels of the output side's forward, one microbatch: the logits GEMM and the
-softmax-cross-entropy (costmodel.iteration.output_layer_s times them)."""
+softmax-cross-entropy (costmodel.terms.iteration.output_layer_s times them)."""
 OPTIMIZER_KERNELS = 1.0
-"""Kernels of the optimizer step as costmodel.data_parallel times it: one fused (multi-tensor)
+"""Kernels of the optimizer step as costmodel.terms.data_parallel times it: one fused (multi-tensor)
 Adam pass over this GPU's share of the parameters."""
 
 

@@ -1,7 +1,7 @@
-"""The typed schemas of the Hugging Face config.json fields costmodel.hf reads, one per
-model_type (`costmodel.hf.READERS` pairs each with its reader): the field names and defaults
+"""The typed schemas of the Hugging Face config.json fields costmodel.inputs.hf reads, one per
+model_type (`costmodel.inputs.hf.READERS` pairs each with its reader): the field names and defaults
 of Transformers' configuration classes, every field a whole number within a bound of
-costmodel.limits, a JSON boolean, or null (absent).
+costmodel.inputs.limits, a JSON boolean, or null (absent).
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-import costmodel.limits as limits
-from costmodel.limits import Bound
+import costmodel.inputs.limits as limits
+from costmodel.inputs.limits import Bound
 from costmodel.model import Boolean, RealNumber, WholeNumber, within
 
-# ---- the field types: a whole number within a bound of costmodel.limits, or null (absent)
+# ---- the field types: a whole number within a bound of costmodel.inputs.limits, or null (absent)
 Hidden = Annotated[WholeNumber, within(limits.HIDDEN)] | None
 Feedforward = Annotated[WholeNumber, within(limits.FEEDFORWARD)] | None
 Heads = Annotated[WholeNumber, within(limits.ATTN_HEADS)] | None

@@ -1,7 +1,7 @@
 """One transformer block in one iteration: compute, the exposed tensor-, context- and
 expert-parallel communication, recomputation and offload traffic of one block and one
-microbatch on one GPU, for a dense block and a mixture-of-experts block (costmodel.moe), and
-the average block that costmodel.iteration multiplies by the blocks of a stage.
+microbatch on one GPU, for a dense block and a mixture-of-experts block (costmodel.terms.moe), and
+the average block that costmodel.terms.iteration multiplies by the blocks of a stage.
 
 Written against costmodel.ops: `m` may hold scalars (one mapping) or numpy arrays (many).
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass, replace
 
-from costmodel.block import BlockForward, block_forward_times
-from costmodel.block_memory import StoredActivations, block_stored_activation_bytes
-from costmodel.comm import collective_s, overlapped, tp_overlap_terms
+from costmodel.terms.block import BlockForward, block_forward_times
+from costmodel.terms.block_memory import StoredActivations, block_stored_activation_bytes
+from costmodel.terms.comm import collective_s, overlapped, tp_overlap_terms
 from costmodel.context import Context
-from costmodel.memory_features import offload_share, recompute_share, with_switches
-from costmodel.moe import moe_communication
+from costmodel.terms.memory_features import offload_share, recompute_share, with_switches
+from costmodel.terms.moe import moe_communication
 from costmodel.system import Collective
 
 AMAX_BYTES = 4.0
@@ -109,7 +109,7 @@ def ep_overlap_terms(c: Context, m, xp, ep_pass_s, compute_fwd_s, compute_bwd_s)
     (Context.moe_dispatcher_sm_share: DeepEP's and HybridEP's kernels run on a fixed number of
     SMs whatever the network, NVLink or RDMA), else the network's processor_usage (NCCL's).
     The passes without a partner (the schedule's warm-up forwards and cool-down backwards)
-    run ep_pass_s each: `ep_unpaired_s` and costmodel.iteration."""
+    run ep_pass_s each: `ep_unpaired_s` and costmodel.terms.iteration."""
     if not c.moe_comm_overlap:
         return ep_pass_s, ep_pass_s
     usage = xp.pick(c.net_usage, m.ep_net) if c.moe_dispatcher_sm_share is None else c.moe_dispatcher_sm_share
@@ -244,7 +244,7 @@ def block_terms(c: Context, m, xp) -> BlockTerms:
     recompute_method block) mixes the block recomputed in full and the block storing
     everything by N/K; one that offloads N of a stage's blocks' activations
     (activation_offload_blocks) mixes the offloading and the keeping block by N/(L/pp)
-    (costmodel.memory_features). The recompute workspace is the recomputed block's, and the
+    (costmodel.terms.memory_features). The recompute workspace is the recomputed block's, and the
     offload bandwidth needed the offloading block's (peaks, not means)."""
     share = recompute_share(c, m)
     if share is None:

@@ -1,6 +1,6 @@
 """Fitted kernel-time models: one GEMM from its shape, one fused attention kernel, one pass
 over HBM. Pure functions of SI parameters that broadcast over numpy arrays and plain
-scalars alike (only + − × ÷ and `xp.maximum`), so the cost model (costmodel/block.py) and
+scalars alike (only + − × ÷ and `xp.maximum`), so the cost model (costmodel/terms/block.py) and
 the fit (costmodel/calibration/) call the very same formula. The forms and the meaning of
 each parameter: docs/cost-model.md, "Kernel times from measurements".
 """
@@ -46,7 +46,7 @@ def gemm_time_s(p: GemmTiming, xp, rows, cols, depth, num_bytes, peak_flops_per_
 
     `sustained_flops` is 0 for one GEMM timed alone; in a training step the power limiter has
     already seen the GEMMs before, so each pays at least the drop of a GEMM that size
-    (costmodel.step_terms, sustained clocks).
+    (costmodel.terms.step_terms, sustained clocks).
     """
     flops = 2.0 * batch * rows * cols * depth
     compute = (flops / (peak_flops_per_s * p.efficiency)

@@ -1,8 +1,8 @@
 """What a GPU keeps for the blocks of its pipeline stage (bytes): its share of their weights,
 gradients and optimizer state, the ZeRO buffer, and what of these HBM holds.
 
-Stages hold different numbers of blocks when they are uneven (costmodel.pipeline), so
-costmodel.iteration asks for each stage it sizes: the first, the second and the last.
+Stages hold different numbers of blocks when they are uneven (costmodel.terms.pipeline), so
+costmodel.terms.iteration asks for each stage it sizes: the first, the second and the last.
 Written against the backend interface of costmodel.ops, as the other formulas.
 """
 
@@ -42,7 +42,7 @@ class StageState(NamedTuple):
 
 def blocks_state(c: Context, m, xp, blocks, dense_params, expert_params, shards, expert_shards) -> StageState:
     """The state of `blocks` blocks on one GPU, each holding `dense_params` and
-    `expert_params` of its parameters (costmodel.block_terms.block_param_shares: tp splits
+    `expert_params` of its parameters (costmodel.terms.block_terms.block_param_shares: tp splits
     a block, ep its experts): the ZeRO stage shards weights, gradients and optimizer state
     over `shards` GPUs (weights, gradients, optimizer; the dp·cp group), the experts' over
     `expert_shards` (the expert data-parallel group)."""

@@ -1,6 +1,6 @@
 """Inputs that are legal but probably a mistake: one line each, which the command line prints
 as a warning on stderr (silenced by --quiet). Inputs that make no sense are errors instead
-(costmodel.limits and the input schemas)."""
+(costmodel.inputs.limits and the input schemas)."""
 
 from __future__ import annotations
 

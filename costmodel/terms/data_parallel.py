@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.block_terms import BlockTerms, offload_rate
-from costmodel.comm import collective_s, overlapped
+from costmodel.terms.block_terms import BlockTerms, offload_rate
+from costmodel.terms.comm import collective_s, overlapped
 from costmodel.context import Context
-from costmodel.layer_time import eltwise_s
-from costmodel.pipeline_time import Stages
-from costmodel.step_terms import OPTIMIZER_KERNELS
+from costmodel.terms.layer_time import eltwise_s
+from costmodel.terms.pipeline_time import Stages
+from costmodel.terms.step_terms import OPTIMIZER_KERNELS
 from costmodel.system import Collective
 
 # FLOP per parameter of an Adam step (moment updates, bias correction, square root, divide,
@@ -98,7 +98,7 @@ def stage_params(c: Context, m, xp, stages: Stages, dense_params, expert_params,
     first_extra = c.embedding_params + xp.where(p == 1, output_matrix, 0.0)
     last_extra = output_matrix + xp.where(p == 1, c.embedding_params, 0.0)
     if mtp is not None:
-        # Multi-token prediction (costmodel.iteration.mtp_terms): the modules' parameters, all
+        # Multi-token prediction (costmodel.terms.iteration.mtp_terms): the modules' parameters, all
         # reduced with the dense ones (their experts' smaller expert-data-parallel group is not
         # modelled), and a copy of the embedding on the last stage when it is not the first.
         last_extra = (last_extra + (mtp.dense_params + mtp.expert_params) * t
@@ -153,7 +153,7 @@ def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardi
         dense_weight_bytes = c.elem_bytes * (params.dense - params.blocks_dense) + gathered * params.blocks_dense
     # The group's GPUs are tp·cp·pp apart (costmodel.dimensions' nesting): a window of the
     # innermost domain's size (NVLink) that starts at one of them holds floor((size - 1)/(tp·cp·pp))
-    # + 1 of them (costmodel.comm.collective_s).
+    # + 1 of them (costmodel.terms.comm.collective_s).
     members = xp.minimum(sh.group, xp.floor((c.net_size[0] - 1) / (m.tp * m.cp * m.pp)) + 1)
     dp_comm = traffic(sh.group, params.dense, dense_weight_bytes, members)
     if c.moe_blocks:       # the experts' own reduction, on the gradient network, which spans their group

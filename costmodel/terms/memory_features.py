@@ -11,7 +11,7 @@ Megatron-LM runs set them (docs/cost-model.md, "Memory features"):
 A mapping's formula view carries them as `offload_blocks`, `recompute_blocks`,
 `recompute_modules` and `megatron_fsdp` (costmodel.evaluate.formula_view): None (False) in the
 searched spaces' array views, so the search costs what it always did; one mapping's view
-states what its file says. The block's terms are mixed by share as costmodel.block_terms
+states what its file says. The block's terms are mixed by share as costmodel.terms.block_terms
 mixes dense and MoE blocks: a stage of L blocks in v chunks of K = L/v, N of each chunk
 recomputed, runs N·K⁻¹ of its blocks recomputed and the rest storing everything.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from costmodel.ops import ScalarOps
-from costmodel.pipeline import stage_blocks
+from costmodel.terms.pipeline import stage_blocks
 
 __all__ = ["FEATURE_MODULES", "feature_problem", "offload_share", "recompute_share", "stage_offload_share",
            "with_switches"]

@@ -9,7 +9,7 @@ beside the measured one, and summaries by group.
 
 The pieces are separate so that a fit of whole-step terms (`calibrate --runs`) and
 out-of-sample reports (leave one configuration out, leave a system out) can score any subset
-against any system files; `validate_runs` (costmodel.run_report) puts them together for
+against any system files; `validate_runs` (costmodel.measured.run_report) puts them together for
 `mapsat validate --runs`.
 
 Error is signed: (predicted − measured) / measured; negative means the model is too fast.
@@ -27,10 +27,10 @@ from typing import Callable, Iterable, Iterator, Literal
 
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate
-from costmodel.load import load_model, load_system
+from costmodel.inputs.load import load_model, load_system
 from costmodel.model import Model
-from costmodel.run_mapping import map_run
-from costmodel.runs import PROBLEMS_DIR, Precision, Run, software_order
+from costmodel.measured.run_mapping import map_run
+from costmodel.measured.runs import PROBLEMS_DIR, Precision, Run, software_order
 from costmodel.system import Datatype, System
 
 __all__ = ["ErrorSummary", "RunInputs", "RunScore", "RunStatus", "by_configuration", "by_precision", "by_system",

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from costmodel.run_scoring import (ErrorSummary, RunInputs, RunScore, by_precision, by_system, is_targeted,
+from costmodel.measured.run_scoring import (ErrorSummary, RunInputs, RunScore, by_precision, by_system, is_targeted,
                                    newest_per_configuration, score_runs, summarize)
-from costmodel.runs import Run
+from costmodel.measured.runs import Run
 
 __all__ = ["RunsReport", "gap_tags", "validate_runs"]
 

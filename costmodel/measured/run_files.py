@@ -1,9 +1,9 @@
 """Reading run files: three formats, told apart by their content.
 
 - **This project's** (docs/training-runs.md): YAML or JSON, a list of runs or a mapping with
-  `runs:` (and an optional `description`), each run the fields of costmodel.runs.Run.
+  `runs:` (and an optional `description`), each run the fields of costmodel.measured.runs.Run.
   Model and system files are relative to the run file; a bare name resolves in problems/.
-- **Megatron-Bridge's published rows** as they are (costmodel.run_bridge).
+- **Megatron-Bridge's published rows** as they are (costmodel.measured.run_bridge).
 - **Single-GPU iterations** as measured (problems/runs/h200-single-gpu-pytorch.json): one
   record per iteration with the model's shape inline, `iteration_s` and `peak_mem_bytes`.
 
@@ -18,10 +18,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from costmodel.errors import InputError
-from costmodel.load import describe_validation_error, read_document
+from costmodel.inputs.load import describe_validation_error, read_document
 from costmodel.model import Model
-from costmodel.run_bridge import bridge_runs, is_bridge_rows
-from costmodel.runs import Precision, Run
+from costmodel.measured.run_bridge import bridge_runs, is_bridge_rows
+from costmodel.measured.runs import Precision, Run
 
 __all__ = ["RunFormat", "SingleGpuRow", "read_runs", "run_file_format", "single_gpu_run"]
 

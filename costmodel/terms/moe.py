@@ -47,7 +47,7 @@ holds several experts, as not all of them are the busiest).
 The flex dispatcher (DeepEP / HybridEP, Kernels.moe_dispatcher) sends a token once per
 destination GPU and fuses the source-side permutations into its kernels (`flex_dispatch_s`,
 `permutation_s`); with Megatron-LM's overlap_moe_expert_parallel_comm the dispatch and combine
-run beside another microbatch's compute (costmodel.block_terms, `ep_overlap_terms`).
+run beside another microbatch's compute (costmodel.terms.block_terms, `ep_overlap_terms`).
 
 Times are forward; backward does twice each compute term (block.py's rule: two GEMMs per
 forward GEMM, element-wise backward twice the traffic) and repeats each collective once (the
@@ -58,7 +58,7 @@ limited to a few devices or nodes, the shared experts run beside the all-to-all
 (moe_shared_expert_overlap), and Qwen2-MoE's sigmoid gate multiply on
 the shared output (its h × 1 GEMM is in the router's).
 
-The kernel helpers (gemm_s, matmul_s, eltwise_s) live in costmodel.layer_time, below both this
+The kernel helpers (gemm_s, matmul_s, eltwise_s) live in costmodel.terms.layer_time, below both this
 module and block.py, which calls into this one.
 """
 
@@ -66,11 +66,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.comm import collective_s
+from costmodel.terms.comm import collective_s
 from costmodel.context import Context
-from costmodel.kernel_time import gemm_time_s
-from costmodel.layer_time import ACTIVATION_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
-from costmodel.quantize import GemmOperands
+from costmodel.terms.kernel_time import gemm_time_s
+from costmodel.terms.layer_time import ACTIVATION_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
+from costmodel.terms.quantize import GemmOperands
 from costmodel.system import Collective
 
 # Top-k selection over a token's E router scores: about one compare and one select per score
@@ -212,7 +212,7 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep, etp) -> MoeLayerForward:
 
 
 def moe_quantized_gemms(c: Context, tokens, tp, ep, etp) -> tuple[GemmOperands, ...]:
-    """The operands of one MoE layer a precision recipe quantizes (costmodel.quantize): the
+    """The operands of one MoE layer a precision recipe quantizes (costmodel.terms.quantize): the
     experts' grouped GEMMs on the rows they receive (after the BF16 dispatch and gather), and
     the shared experts as a dense MLP whose input is gathered under sequence parallelism (the
     router stays BF16)."""

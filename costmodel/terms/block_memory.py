@@ -1,7 +1,7 @@
 """The activations one transformer block keeps for backward on one GPU for one microbatch,
 and the transient workspace its backward needs (Korthikanti et al. 2022, §4): what each
 recompute setting, sequence parallelism, the context-parallel ring, fused attention,
-dropout, an MoE layer and a precision recipe store. costmodel.block times the same layers.
+dropout, an MoE layer and a precision recipe store. costmodel.terms.block times the same layers.
 """
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.context import MASK_BYTES, Context
-from costmodel.kernel_time import attention_time_s
-from costmodel.moe import moe_memory
-from costmodel.layer_time import (SOFTMAX_STATS_BYTES, gemm_s)
+from costmodel.terms.kernel_time import attention_time_s
+from costmodel.terms.moe import moe_memory
+from costmodel.terms.layer_time import (SOFTMAX_STATS_BYTES, gemm_s)
 
 def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_bytes, steps=1.0, head_size=None):
     """Time of a fused attention kernel doing `pairs` s×s×d products per (batch, head) over
     `batch_heads` of them; with context parallelism, of the `steps` = cp ring-step kernels
     that each do `pairs` (s/cp)×(s/cp)×d products (1/cp of the whole core, in cp launches
     of shorter sequences). With a fitted attention model, that model
-    (costmodel.kernel_time.attention_time_s). Otherwise a roofline: its tensor-core work (a batched
+    (costmodel.terms.kernel_time.attention_time_s). Otherwise a roofline: its tensor-core work (a batched
     GEMM), its element-wise softmax work on the vector units (overlapped with the matrix work,
     as FlashAttention pipelines them) and its HBM traffic, whichever is slowest."""
     chunk = c.seq / steps
@@ -60,7 +60,7 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     recomputation needs while one block's backward
     runs: the whole block's activations under full recompute, the attention core's under
     attn_only (unfused), nothing otherwise. With `moe`, the MoE layer's stored bytes
-    (costmodel.moe.moe_memory) replace the MLP intermediates, and its all-to-all send and
+    (costmodel.terms.moe.moe_memory) replace the MLP intermediates, and its all-to-all send and
     receive buffers join the workspace.
     """
     e, h, f, s, d = c.elem_bytes, c.hidden, c.feedforward, c.seq, c.head_size

@@ -16,7 +16,7 @@ then RoPE on the d_r parts, and the attention core with queries and keys of d_qk
 of d_v per head. No biases (DeepSeek's attention_bias is false). Under tensor parallelism
 Megatron-LM keeps the two down projections whole on every rank (duplicated, run on the
 sequence-parallel shard when sequence parallelism is on) and splits q_b, kv_b and o by
-heads; costmodel.block times them so.
+heads; costmodel.terms.block times them so.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-import costmodel.limits as limits
-from costmodel.fields import INPUT_CONFIG, WholeNumber, within
-from costmodel.limits import Bound
+import costmodel.inputs.limits as limits
+from costmodel.inputs.fields import INPUT_CONFIG, WholeNumber, within
+from costmodel.inputs.limits import Bound
 
 _RANK = Bound(0, limits.ATTN_SIZE.high, "a latent rank or RoPE width; 0 = none")
 

@@ -34,7 +34,7 @@ arrive around a ring of c GPUs, one chunk of K and V per step (Megatron-LM's def
 attn_forward_func_with_cp; Liu et al. 2023, Ring Attention). The 2·c chunks of Megatron's
 causal load balancing (megatron/training/utils.py get_batch_on_this_cp_rank) give every
 GPU the same share, 1/c, of the attention core's work. The ring itself is timed in
-costmodel.block_terms (`cp_ring_terms`).
+costmodel.terms.block_terms (`cp_ring_terms`).
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.context import MASK_BYTES, Context
-from costmodel.kernel_time import attention_time_s
+from costmodel.terms.kernel_time import attention_time_s
 from costmodel.model import CAUSAL_ATTENTION_SHARE
-from costmodel.moe import moe_layer_forward, moe_quantized_gemms
-from costmodel.quantize import GemmOperands, quantize_passes
-from costmodel.layer_time import (ACTIVATION_FLOPS_PER_ELEM, DROPOUT_FLOPS_PER_ELEM, LAYERNORM_FLOPS_PER_ELEM,
+from costmodel.terms.moe import moe_layer_forward, moe_quantized_gemms
+from costmodel.terms.quantize import GemmOperands, quantize_passes
+from costmodel.terms.layer_time import (ACTIVATION_FLOPS_PER_ELEM, DROPOUT_FLOPS_PER_ELEM, LAYERNORM_FLOPS_PER_ELEM,
                                   RESIDUAL_FLOPS_PER_ELEM, RMSNORM_FLOPS_PER_ELEM, ROPE_FLOPS_PER_ELEM,
                                   SOFTMAX_FLOPS_PER_ELEM, SOFTMAX_STATS_BYTES, eltwise_s, gemm_s, matmul_s)
 
@@ -55,7 +55,7 @@ def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_byte
     `batch_heads` of them; with context parallelism, of the `steps` = cp ring-step kernels
     that each do `pairs` (s/cp)×(s/cp)×d products (1/cp of the whole core, in cp launches
     of shorter sequences). With a fitted attention model, that model
-    (costmodel.kernel_time.attention_time_s). Otherwise a roofline: its tensor-core work (a batched
+    (costmodel.terms.kernel_time.attention_time_s). Otherwise a roofline: its tensor-core work (a batched
     GEMM), its element-wise softmax work on the vector units (overlapped with the matrix work,
     as FlashAttention pipelines them) and its HBM traffic, whichever is slowest."""
     chunk = c.seq / steps
@@ -84,12 +84,12 @@ class AttentionProjections:
     up_s: object = 0.0
     """latent attention's up projections (part of in_s): what recompute_modules mla_up_proj reruns"""
     up_flops: object = 0.0
-    """their quantized operands (costmodel.quantize)"""
+    """their quantized operands (costmodel.terms.quantize)"""
 
 
 def attention_projections(c: Context, xp, tokens, ln_tokens, t, gathered, norm_out, norm_flops) -> AttentionProjections:
     """QKV and the output projection (grouped-query attention: h → (a + 2g)·d/t and a·d/t → h),
-    or latent attention's five projections (costmodel.latent_attention): the down projections
+    or latent attention's five projections (costmodel.terms.latent_attention): the down projections
     h → r_q and h → r_kv + d_r whole on every tp rank, on the sequence-parallel shard
     (`ln_tokens`) as Megatron-LM's MLASelfAttention runs them, the up projections r_q → a·d_qk/t
     and r_kv → a·(d_n + d_v)/t and the output a·d_v/t → h on the gathered tokens."""
@@ -140,7 +140,7 @@ class BlockForward:
     """what a fused attention kernel redoes in its backward whatever the recompute setting"""
     kernel_recompute_flops: object
     quantize_fwd_s: object = 0.0
-    """a precision recipe's amax and cast passes of the GEMM inputs (costmodel.quantize)"""
+    """a precision recipe's amax and cast passes of the GEMM inputs (costmodel.terms.quantize)"""
     quantize_bwd_s: object = 0.0
     """its passes over the output gradients in backward (not twice the forward's)"""
     weight_quantize_s: object = 0.0
@@ -151,8 +151,8 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
     """Forward time of each layer group of one block, one microbatch, one GPU (seconds),
     and the forward matrix FLOP. `m` has tp, cp, ep, microbatch, seq_par (arrays or
     scalars). With `moe`, the block of a mixture-of-experts model whose MLP is the MoE layer
-    (costmodel.moe.moe_layer_forward on this GPU's tokens: router, grouped expert GEMMs,
-    shared experts); its collectives are timed in costmodel.iteration."""
+    (costmodel.terms.moe.moe_layer_forward on this GPU's tokens: router, grouped expert GEMMs,
+    shared experts); its collectives are timed in costmodel.terms.iteration."""
     e, h, f, s, d = c.elem_bytes, c.hidden, c.feedforward, c.seq, c.head_size
     mask = MASK_BYTES if c.dropout else 0.0             # a dropout mask's bytes per element
     dropout_flops = DROPOUT_FLOPS_PER_ELEM if c.dropout else 0.0
