@@ -202,13 +202,25 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
             kernel_bytes = (e * (tokens + b * s) * heads * (d + d_v)
                             + SOFTMAX_STATS_BYTES * b * heads * q_len)
             core_head = (d + d_v) / 2                     # two products of d_qk and d_v: their mean, twice
-        # Two s×s×d products per head forward (Q·Kᵀ, ·V), 1/cp of them on this GPU.
+        # Two s×s×d products per head forward (Q·Kᵀ, ·V), 1/cp of them on this GPU: the ring
+        # (p2p) and all_gather run them as cp kernels of s/cp queries and keys each.
         core_gemm = fused_attention_s(c, xp, 2, b * heads, score_elems * (SOFTMAX_FLOPS_PER_ELEM + dropout_flops),
                                       kernel_bytes, steps=m.cp, head_size=core_head)
         core_eltwise = 0.0
         # Backward recomputes Q·Kᵀ and the softmax (statistics in hand) on chip.
         kernel_recompute = fused_attention_s(c, xp, 1, b * heads, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0,
                                              steps=m.cp)
+        # Ulysses (a2a): one kernel over the whole sequence with heads/cp of the tp rank's
+        # heads — the same FLOP — reading only those heads' K and V.
+        a2a_bytes = kernel_bytes - e * b * s * 2 * kv_cols * (1 - 1 / m.cp)
+        if c.latent:
+            a2a_bytes = kernel_bytes - e * b * s * heads * (d + d_v) * (1 - 1 / m.cp)
+        a2a_gemm = fused_attention_s(c, xp, 2, b * heads / m.cp,
+                                     score_elems * (SOFTMAX_FLOPS_PER_ELEM + dropout_flops), a2a_bytes,
+                                     head_size=core_head)
+        a2a_recompute = fused_attention_s(c, xp, 1, b * heads / m.cp, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0)
+        core_gemm = xp.where(m.cp_comm_a2a, a2a_gemm, core_gemm)
+        kernel_recompute = xp.where(m.cp_comm_a2a, a2a_recompute, kernel_recompute)
         kernel_recompute_flops = causal_score_flops
         selective_recompute, selective_recompute_flops = 0.0, 0.0   # nothing outside the kernel to redo
         if c.attention_core_scale != 1.0:
@@ -303,7 +315,8 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     matrix, only its softmax statistics, and keeps them under attn_only too (its backward
     recomputes the scores itself). A model trained without dropout keeps no mask.
 
-    Also returns the transient workspace: the context-parallel ring's K/V buffers, and what
+    Also returns the transient workspace: the context-parallel buffers (cp_comm: the ring's
+    K/V chunks, all_gather's gathered K/V, a2a's re-sharded Q/K/V/O), and what
     recomputation needs while one block's backward
     runs: the whole block's activations under full recompute, the attention core's under
     attn_only (unfused), nothing otherwise. With `moe`, the MoE layer's stored bytes
@@ -377,9 +390,15 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     block_input = e * tokens * h / sp_split
     # The K/V ring keeps two chunks in flight beside the local one (receive and send
     # buffers, TransformerEngine's double buffering), in forward and again in backward.
-    ring_buffers = xp.where(m.cp > 1, 2 * e * tokens * 2 * kv_cols, 0.0)
-    if c.latent:
-        ring_buffers = xp.where(m.cp > 1, 2 * e * tokens * heads * (d + c.value_head_size), 0.0)
+    # all_gather keeps the gathered K and V and, in backward, their full-sequence gradients
+    # (TE AttnFuncWithCPAndKVAllGather.backward: k_ag, v_ag and dk = zeros(k.shape[0]·cp_size)):
+    # 2·cp chunks; a2a keeps the re-sharded Q, K, V and output beside the originals (the
+    # all-to-alls' outputs: the same bytes, whole sequence and heads/cp).
+    kv_local = e * tokens * (heads * (d + c.value_head_size) if c.latent else 2 * kv_cols)
+    q_and_out = e * tokens * (heads * (d + c.value_head_size) if c.latent else 2 * q_cols)
+    cp_buffers = xp.where(m.cp_comm_all_gather, 2 * m.cp * kv_local,
+                          xp.where(m.cp_comm_a2a, q_and_out + kv_local, 2 * kv_local))
+    ring_buffers = xp.where(m.cp > 1, cp_buffers, 0.0)
     return StoredActivations(
         stored=xp.where(m.recompute_full, block_input, stored),
         full=full,

@@ -33,7 +33,7 @@ from typing import Callable, Literal, NamedTuple
 import numpy as np
 
 import costmodel.limits as limits
-from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
+from costmodel.choices import CPComm, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.degree_rules import cp_fits, ep_fits, etp_fits, tp_fits
 from costmodel.limits import Bound
 from costmodel.pipeline import layout_problem
@@ -281,6 +281,13 @@ DIMENSIONS: tuple[Dimension, ...] = (
               "all-gather, or rs_ag = sequence parallelism", choices=TPComm),
     Dimension("tp_overlap", "tensor_par_overlap", "choice", label="tp-overlap", meaning="overlap TP communication with the neighbouring matrix "
               "multiply", choices=TPOverlap, free_when=(Condition("tp", ">", 1),)),
+    Dimension("cp_comm", "context_par_comm", "choice", label="cp-comm", meaning="context-parallel communication "
+              "(Megatron-Core's --cp-comm-type): p2p K/V ring overlapped with the core, all_gather of K/V before "
+              "the core (Llama 3), or a2a re-sharding sequence to heads (DeepSpeed-Ulysses)",
+              choices=CPComm, free_when=(Condition("cp", ">", 1),)),
+    # (a2a's rule, cp divides kv_heads/tp, is a feasibility check of the exact model,
+    # costmodel.evaluate.cp_comm_heads_fit, as a network's span is: a flag's freedom reads
+    # skeleton facts only as `> 1`, so a `fits` rule here would break the product count)
     Dimension("zero", "sharding_stage", "choice", label="zero", meaning="ZeRO sharding stage over the dp group: 0 "
               "replicated, 1 optimizer state (distributed optimizer), 2 + gradients, 3 + parameters (FSDP)",
               choices=ShardingStage, free_when=(Condition("dp_cp", ">", 1),)),

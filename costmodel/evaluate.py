@@ -47,8 +47,17 @@ def network_checks(c: Context, m, xp) -> dict:
     return checks
 
 
+def cp_comm_heads_fit(c: Context, m):
+    """Ulysses (cp_comm = a2a) gives each cp rank whole key/value heads of its tp rank's share:
+    cp divides kv_heads/tp (TE AttnFuncWithCPAndQKVOA2A: "The number of heads needs to be
+    divisible by CP size"). A feasibility check, as a network's span is, not a `fits` rule: the
+    space offers a2a wherever cp > 1 and the exact model refuses the mappings it cannot run."""
+    return np.logical_not(m.cp_comm_a2a) | (m.cp == 1) | (c.kv_heads % (m.tp * m.cp) == 0)
+
+
 def _feasibility(c: Context, m, terms: IterationTerms, xp) -> dict:
     checks = network_checks(c, m, xp)
+    checks["cp_comm_heads"] = cp_comm_heads_fit(c, m)
     checks["hbm_capacity"] = terms.hbm_bytes <= c.hbm_capacity_bytes
     checks["offload_capacity"] = terms.offload_bytes <= c.offload_capacity_bytes
     return checks
@@ -94,7 +103,7 @@ class Evaluation:
         }
 
 
-BLOCK_DIMENSIONS = ("tp", "cp", "ep", "etp", "pp", "microbatch", "recompute", "tp_comm", "tp_overlap",
+BLOCK_DIMENSIONS = ("tp", "cp", "ep", "etp", "pp", "microbatch", "recompute", "tp_comm", "tp_overlap", "cp_comm",
                     "seq_par_ag_redo", "weight_offload", "activations_offload", "tp_net", "cp_net", "ep_net",
                     "etp_net")
 """The dimensions a block's terms (costmodel.block_terms) read: mappings equal in these share
@@ -166,6 +175,9 @@ def _reasons(checks: dict, terms: IterationTerms, c: Context, m) -> tuple[str, .
         if key.endswith("_filled") and not ok:
             k = int(key.removeprefix("network").removesuffix("_filled"))
             reasons.append(f"network: network {k} must be filled ({c.net_size[k]:g} GPUs) by the group using it")
+    if not checks["cp_comm_heads"]:
+        reasons.append(f"cp_comm: a2a needs kv_heads({c.kv_heads:g})/tensor_par({m.tp:g}) divisible by "
+                       f"context_par({m.cp:g}): all-to-all gives each cp rank whole heads")
     if not checks["hbm_capacity"]:
         reasons.append(f"hbm: needs {terms.hbm_bytes / GiB:.1f} GiB > {c.hbm_capacity_bytes / GiB:.1f} GiB")
     if not checks["offload_capacity"]:

@@ -57,7 +57,9 @@ def _field(dim: Dimension) -> tuple[Any, Any]:
     if dim.kind == "switch":
         return Boolean, Field(False, description=dim.meaning)
     labels = " | ".join(c.value for c in dim.choices)
-    return dim.choices, Field(_FLAG_DEFAULTS[dim.name], description=f"{dim.meaning} ({labels})")
+    # a choice left out is its first member (a flag's pinned value) unless stated above
+    default = _FLAG_DEFAULTS.get(dim.name, next(iter(dim.choices)))
+    return dim.choices, Field(default, description=f"{dim.meaning} ({labels})")
 
 
 class _MappingBase(BaseModel):

@@ -48,7 +48,7 @@ def _mapping(tp=1, cp=1, pp=1, dp=1, mb=1, batch=None, zero=1, **more) -> Mappin
 def _view(tp, cp, mb, net=0, recompute_full=False):
     return SimpleNamespace(tp=float(tp), cp=float(cp), microbatch=float(mb), seq_par=False, seq_par_ag_redo=False,
                            recompute_full=recompute_full, recompute_attn_only=False, cp_net=net,
-                           offload_blocks=None, recompute_blocks=None, recompute_modules=None)
+                           cp_comm_p2p=True, cp_comm_all_gather=False, cp_comm_a2a=False, offload_blocks=None, recompute_blocks=None, recompute_modules=None)
 
 
 def test_a_gpu_of_cp_2_stores_what_a_gpu_of_half_the_microbatch_stores():

@@ -47,7 +47,10 @@ def gpt_1t(blocks: int) -> Model:
 # ---------------------------------------------------------------- the published counts
 @pytest.mark.parametrize("blocks, space, expected", [
     (256, "calculon-2023", 15_612_832), (254, "calculon-2023", 842_080),
-    (256, "full", 1_050_058_560), (254, "full", 827_023_488),
+    # `full` with cp_comm (p2p | all_gather | a2a where cp > 1): the p2p share is the count before
+    # cp_comm joined (1,050,058,560 / 827,023,488), and each of all_gather and a2a adds every
+    # mapping with cp > 1 again (that count less the cp = 1 ones: 92,227,520 / 77,906,688)
+    (256, "full", 2_965_720_640), (254, "full", 2_325_257_088),
     # Calculon's current enumeration: what `full` counted before ZeRO-2/3 and ZB-H1
     (256, "calculon-current", 23_311_328), (254, "calculon-current", 1_260_992),
 ])
@@ -74,7 +77,7 @@ def test_model_files_match_the_brief() -> None:
 
 def test_full_space_enumerates_exactly_its_count() -> None:
     p = plan(gpt_1t(254), make_system(), 4096, 3072, SPACES["full"], chunk_rows=100_000)
-    assert p.total == 827_023_488
+    assert p.total == 2_325_257_088
     assert max(c.rows for c in p.chunks) <= 100_000
     ordinals = [c.ordinal for c in p.chunks]
     assert ordinals == sorted(ordinals) and ordinals[0] == 0
@@ -286,8 +289,8 @@ def test_cli_count_json_reproduces_published_count(tmp_path: Path) -> None:
 def test_cli_count_table(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["count", "--model", str(MODELS / "gpt-1t-256b.yaml"), "--system",
                                       str(write_system(tmp_path)), "--gpus", "4096", "--max-batch", "3072"])
-    assert result.exit_code == 0, result.output   # the cap pinned: 1.05 billion is the README's count at 3,072
-    assert "1,050,058,560" in result.output and "microbatch" in result.output
+    assert result.exit_code == 0, result.output   # the cap pinned: 2.97 billion at 3,072 (with cp_comm)
+    assert "2,965,720,640" in result.output and "microbatch" in result.output
 
 
 @pytest.mark.parametrize("gpus", ["0", "-4", "many"])

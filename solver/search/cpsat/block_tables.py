@@ -11,12 +11,12 @@ import numpy as np
 
 from costmodel.comm import collective_s
 from costmodel.context import Context
-from costmodel.choices import PipelineSchedule, Recompute, TPComm
+from costmodel.choices import CPComm, PipelineSchedule, Recompute, TPComm
 from costmodel.dimensions import DIMENSIONS, GROUP_DEGREES, NETWORK_GROUPS, SPLIT_DEGREES, group_spans
 from costmodel.encoding import MappingArrays, code
 from costmodel.moe import moe_communication
 from costmodel.iteration import block_terms, output_layer_s
-from costmodel.evaluate import array_fields
+from costmodel.evaluate import array_fields, cp_comm_heads_fit
 from costmodel.ops import ArrayOps
 from costmodel.system import Collective
 from solver.space.declaration import Space
@@ -232,7 +232,10 @@ def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
     group_at = {name: i for i, name in enumerate(GROUP_DEGREES)}
     keys = _namespace(**{name: tm[:, i] for name, i in group_at.items()}, microbatch=tm[:, len(group_at)])
     expert_nets = best_expert_networks(c, keys, networks)
-    cols, grid = Named.grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2],
+    # the CP communication only where some key has cp > 1 (paper spaces: one value, as before;
+    # the same condition as the CP network axis, so the cache's key covers it)
+    cp_comms = list(range(len(CPComm))) if any(k[group_at["cp"]] > 1 for k in tm_keys) else [0]
+    cols, grid = Named.grid(key=np.arange(len(tm)), tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2], cp_comm=cp_comms,
                             seq_par_ag_redo=[False, True], recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE],
                             weight_offload=[False, True], activations_offload=[False, True],
                             **{net: list(axis) for net, axis in block_nets.items()})
@@ -253,8 +256,10 @@ def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
     def by_block_flags(values) -> dict:
         """One table per combination of the flags a block reads (BLOCK_FLAGS), minimised
         over the networks that fit and (TP overlap only changes time: the best the space
-        offers bounds every one) the TP overlaps offered."""
-        table = grid.of(values).min(*networks_axes, where=fits).sel(tp_overlap=list(tp_overlaps)).min("tp_overlap")
+        offers bounds every one) the TP overlaps offered; and the CP communications (which
+        change time and the workspace only: their minimum bounds every one)."""
+        table = grid.of(values).min(*networks_axes, "cp_comm", where=fits).sel(
+            tp_overlap=list(tp_overlaps)).min("tp_overlap")
         return {(comm, redo, rc, w, a): by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=bool(redo), recompute=rc,
                                                         weight_offload=bool(w), activations_offload=bool(a)).values)
                 for comm in range(3) for redo in (0, 1) for rc in RECOMPUTES for w in (0, 1) for a in (0, 1)}
@@ -273,7 +278,7 @@ def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
     # no offload, TP overlap and networks at their first values (memory reads none of them)
     cls_rows = {"no_sp": (0, False), "sp": (TP_COMM_RS_AG, False), "sp_redo": (TP_COMM_RS_AG, True)}
     first = dict(tp_overlap=0, weight_offload=False, activations_offload=False, **{net: 0 for net in block_nets})
-    stored, workspace = grid.of(whole["stored"]), grid.of(whole["workspace"])
+    stored, workspace = grid.of(whole["stored"]).min("cp_comm"), grid.of(whole["workspace"]).min("cp_comm")
     out["stored"] = {(rc, cls): by_tm(stored.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc, **first).values)
                      for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
     out["workspace"] = {(rc, cls): by_tm(workspace.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc,
@@ -300,6 +305,7 @@ def _block_rows(c: Context, tm: np.ndarray, cols: dict, rows: slice, group_at: d
     for name, degree, span, net in group_spans(ns):
         if name in ("tp", "cp"):
             fits &= (degree == 1) | (span <= size[net])
+    fits &= cp_comm_heads_fit(c, ns)
     p2p = np.stack([collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
                                  np.full(n, k)) for k in nets]).min(axis=0)
     out = {"block": total, "block_zb": total - 2 * blk.weight_grad_gemm_s,
