@@ -131,6 +131,13 @@ class Space:
         """TP-overlap codes the space offers (the CP-SAT tables take the best of them)."""
         return next(f.domain(1) for f in self.flags if f.name == "tp_overlap")
 
+    @property
+    def cp_comm_codes(self) -> tuple[int, ...]:
+        """CP-communication codes the space offers and its pins admit (the CP-SAT tables take
+        the best of them where cp > 1: `--fix cp_comm=p2p` bounds with the ring alone)."""
+        domain = next(f.domain(1) for f in self.flags if f.name == "cp_comm")
+        return tuple(code for code in domain if self.admits("cp_comm", code))
+
     def skeleton_dimensions(self) -> tuple[SkeletonDimension, ...]:
         quirk = ("; if dp > cap, batch = dp (calculon-2023 quirk)" if self.batch_is_dp_above_cap
                  else "; if dp > cap there is no batch and no mapping")

@@ -20,9 +20,9 @@ from costmodel.pipeline import stage_blocks, stage_blocks_in_flight
 from costmodel.ops import ArrayOps, ScalarOps
 from solver.space.declaration import Space, flag_projection
 
-from solver.search.cpsat.block_tables import (ACT_CLASSES, BLOCK_FLAGS, BLOCK_TABLES, FIT_SLACK, RECOMPUTE_ATTN_ONLY,
-                                              RECOMPUTE_FULL, RECOMPUTE_NONE, SCHED_ZB_H1, TIME_FLOOR_SLACK,
-                                              TP_COMM_RS_AG, BlockTableCache, Named, SplitKeys, _block_net_axes,
+from solver.search.cpsat.block_tables import (ACT_CLASSES, ALL_CP_COMMS, BLOCK_FLAGS, BLOCK_TABLES, FIT_SLACK,
+                                              RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, SCHED_ZB_H1,
+                                              TIME_FLOOR_SLACK, TP_COMM_RS_AG, BlockTableCache, Named, SplitKeys,
                                               _block_tables, _namespace, local_batches_of)
 
 if TYPE_CHECKING:          # OR-Tools is imported only where a CP-SAT model is built
@@ -40,18 +40,19 @@ class Tables:
     """Exact-model tables over (tp, cp, ep, etp, microbatch) and the (tp, cp, ep, etp, pp)
     split, minimised over the flags they do not read. `v`: anything listing the keys
     (`group_mb`, `split`): the CP-SAT Variables or SplitKeys. `cache`: the (tp, cp, ep, etp,
-    microbatch) tables shared with other GPU counts of the same context (BlockTableCache)."""
+    microbatch) tables shared with other GPU counts of the same context (BlockTableCache).
+    `cp_comms`: the CP communication codes the space admits (Space.cp_comm_codes)."""
 
     def __init__(self, c: Context, v: Variables | SplitKeys, num_gpus: int, tp_overlaps: tuple[int, ...],
-                 networks: int, cache: BlockTableCache | None = None):
+                 networks: int, cache: BlockTableCache | None = None, cp_comms: tuple[int, ...] = ALL_CP_COMMS):
         self.tm_keys = list(v.group_mb)
         self.tp_keys = list(v.split)
         nets = list(range(networks))
         size = np.asarray(c.net_size)
         if cache is not None:
-            block, self.row_memo = cache.lookup(c, self.tm_keys, tp_overlaps, networks)
+            block, self.row_memo = cache.lookup(c, self.tm_keys, tp_overlaps, networks, cp_comms)
         else:
-            block = _block_tables(c, self.tm_keys, tp_overlaps, networks, _block_net_axes(self.tm_keys, networks))
+            block = _block_tables(c, self.tm_keys, tp_overlaps, networks, cp_comms)
             self.row_memo = {}
         self.block, self.block_zb, self.compute, self.head, self.p2p, self.stored, self.workspace = (
             block[name] for name in BLOCK_TABLES)
