@@ -1,7 +1,8 @@
 """cp_comm, the context-parallel communication type (p2p ring | all_gather | a2a): the count
 grows by exactly the new mappings, the terms match a hand computation from the alpha-beta
 collective model, a2a's heads rule, a file's default and `--fix`, and solve == brute force
-where a2a wins (test_context_parallel's CASES also compare solve and brute force)."""
+where a2a wins and, with all three free, on more of test_context_parallel's problems (which
+that file solves with the K/V ring only)."""
 
 import json
 import math
@@ -14,11 +15,13 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent))
 from test_context_parallel import CASES, H100, MODEL, _mapping, gqa
 from test_space_count import make_system
+from conftest import assert_block_floors_below_exact
 
 from costmodel.choices import CPComm
 from costmodel.evaluate import evaluate
 from costmodel.kernels import Kernels
 from costmodel.mapping import Mapping
+from costmodel.system import Datatype
 from solver.cli.app import cli
 from solver.search.brute import scan
 from solver.search.solve import SolverConfig, solve
@@ -129,3 +132,46 @@ def test_solve_equals_brute_force_where_a2a_wins(case):
     assert reference.best.mapping.context_par_comm is CPComm.a2a
     assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
     assert result.best.mapping == reference.best.mapping
+
+
+CP_COMM_FREE = [c for c in CASES if c[0] in ("cp-with-tp-kv2", "131k-h100", "a100-unfused-core")]
+
+
+@pytest.mark.parametrize("case", CP_COMM_FREE, ids=[c[0] for c in CP_COMM_FREE])
+def test_solve_equals_brute_force_with_cp_comm_free(case):
+    """The top three, certified, with every CP communication offered (kv2: a2a's heads rule
+    binds at tp·cp > 2), as brute force ranks them."""
+    _, model, system, gpus, max_batch, datatype, attention = case
+    space, kernels = get_space("full"), Kernels.with_attention(attention)
+    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
+                   config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
+    reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=3, workers=1)
+    assert result.certified_optimal and result.status == "optimal"
+    assert reference.best.mapping.cp > 1
+    assert result.best.mapping == reference.best.mapping
+    assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],
+                                                                     rel=1e-9)
+
+
+def test_block_floors_never_exceed_an_exact_time_with_every_cp_comm():
+    """The floors (minimised over cp_comm where cp > 1) sit at or below every feasible exact
+    time of their blocks, a2a's heads rule and all_gather's buffers included (14 blocks, uneven
+    stages and cp up to 16 on 16 GPUs)."""
+    checked = assert_block_floors_below_exact(gqa(14, 2048, 16, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=24),
+                                              16, 16, Datatype.bfloat16)
+    assert any(sk.cp > 1 for sk in checked)
+
+
+def test_pinned_cp_comm_solves_as_brute_force_on_the_same_pins():
+    """`--fix cp_comm=all_gather`: the tables take all_gather alone where cp > 1 (and the K/V
+    ring's mappings are out), and the certified answer is brute force's over the pinned space."""
+    _, model, system, gpus, max_batch, datatype, attention = next(c for c in CASES if c[0] == "131k-small-hbm-8gpu")
+    space, kernels = pinned(get_space("full"), (("cp_comm", (1,)),)), Kernels.with_attention(attention)
+    assert space.cp_comm_codes == (1,)
+    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
+                   config=SolverConfig(top_k=2, time_limit_s=120, workers=1))
+    reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=2, workers=1)
+    assert result.certified_optimal and reference.best.mapping.context_par_comm is CPComm.all_gather
+    assert result.best.mapping == reference.best.mapping
+    assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],
+                                                                     rel=1e-9)

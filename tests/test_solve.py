@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import numpy as np
 from ortools.sat.python import cp_model
 
-from conftest import cases, cp_sat_solution_count, examples
+from conftest import cases, cp_sat_solution_count, examples, ring_only
 from costmodel.evaluate import evaluate_arrays
 from costmodel.kernels import Kernels
 from costmodel.load import load_model, load_system
@@ -94,7 +94,8 @@ CASES = [
                                                     "zero2-wins-a100-fp16": "~3 s; zero2-wins-h100 stays"}))
 def test_solve_equals_brute_force(case):
     _, model, system, gpus, max_batch, datatype, space_name, attention, *grads = case
-    space, kernels = get_space(space_name), Kernels.with_attention(attention, *grads)
+    # the K/V ring only: solve = brute force with cp_comm free is tests/test_cp_comm.py's
+    space, kernels = ring_only(get_space(space_name)), Kernels.with_attention(attention, *grads)
     result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
                    config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
     reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=3, workers=1)
@@ -144,7 +145,7 @@ def test_solver_constraints_admit_exactly_the_space(space_name, offload, gpus, m
     closed-form count (network sizes are a feasibility check, not part of the count)."""
     model = small_model(8, hidden=1024, heads=16, seq=1024)
     system = A100.with_overrides(offload_gib=64, offload_gbps=50) if offload else A100
-    space = get_space(space_name)
+    space = ring_only(get_space(space_name))     # cp_comm's own count: test_space_count's declaration walk
     m = cp_model.CpModel()
     v = Variables(m, space, skeletons(model, gpus, max_batch, space), gpus, len(system.networks))
     problem = Problem(model, system, gpus, max_batch, space)
@@ -253,7 +254,7 @@ def small_problems(draw):
     gpus = draw(st.sampled_from([1, 2, 4, 8, 16]))
     max_batch = draw(st.sampled_from([4, 16, 64]))
     datatype = draw(st.sampled_from([Datatype.float16, Datatype.float8]))
-    space = get_space(draw(st.sampled_from(["full", "calculon-2023"])))
+    space = ring_only(get_space(draw(st.sampled_from(["full", "calculon-2023"]))))   # cp_comm: test_cp_comm.py
     kernels = Kernels.with_attention(draw(st.sampled_from(["fused", "unfused"])))
     return model, system, gpus, max_batch, datatype, space, kernels
 

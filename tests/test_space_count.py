@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import cp_sat_solution_count
+from conftest import cp_sat_solution_count, ring_only
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ortools.sat.python import cp_model
@@ -103,7 +103,9 @@ def small_problems(draw):
         space = dataclasses.replace(space, tp_max=draw(st.sampled_from([1, 2, 4])))
     if draw(st.booleans()):
         space = dataclasses.replace(space, cp_max=draw(st.sampled_from([1, 2, 4])))
-    return model, system, num_gpus, max_batch, space
+    # the K/V ring only (cp > 1 mappings would come three times over): cp_comm's count is the
+    # declaration walk's below and tests/test_cp_comm.py's
+    return model, system, num_gpus, max_batch, ring_only(space)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -235,21 +237,24 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
     return cp_sat_solution_count(m)
 
 
-@pytest.mark.parametrize("hidden, heads, blocks, seq, gpus, cap, networks, offload, experts", [
-    pytest.param(8, 4, 6, 8, 8, 8, 1, False, 0, marks=pytest.mark.slow),   # 30 s: CP-SAT lists every mapping
-    (12, 6, 4, 3, 6, 5, 1, False, 0),     # seq 3: microbatch·3 must be divisible by tp
-    (8, 8, 8, 1, 4, 3, 2, False, 0),      # dp = 4 > cap 3: the two spaces differ
-    (4, 4, 2, 8, 2, 4, 2, True, 0),       # offload and two networks
-    (8, 8, 6, 4, 6, 4, 1, True, 0),       # dp 6 > cap 4 with offload
-    (8, 4, 4, 8, 4, 4, 1, False, 4),      # mixture of experts: ep·etp dividing tp·cp·dp
-    pytest.param(12, 6, 4, 4, 6, 3, 1, True, 6, marks=pytest.mark.slow),  # ep 1, 2, 3, 6 (ep·etp | tp·cp·dp); offload
+# cp_comm: "all" offers every CP communication; "ring" the K/V ring only (cp > 1 mappings would
+# come three times over, and CP-SAT lists every mapping)
+@pytest.mark.parametrize("hidden, heads, blocks, seq, gpus, cap, networks, offload, experts, cp_comm", [
+    pytest.param(8, 4, 6, 8, 8, 8, 1, False, 0, "all", marks=pytest.mark.slow),   # 30 s: CP-SAT lists every mapping
+    (12, 6, 4, 3, 6, 5, 1, False, 0, "all"),     # seq 3: microbatch·3 must be divisible by tp
+    (8, 8, 8, 1, 4, 3, 2, False, 0, "all"),      # dp = 4 > cap 3: the two spaces differ
+    (4, 4, 2, 8, 2, 4, 2, True, 0, "all"),       # offload and two networks
+    (8, 8, 6, 4, 6, 4, 1, True, 0, "ring"),      # dp 6 > cap 4 with offload
+    (8, 4, 4, 8, 4, 4, 1, False, 4, "ring"),     # mixture of experts: ep·etp dividing tp·cp·dp
+    pytest.param(12, 6, 4, 4, 6, 3, 1, True, 6, "all", marks=pytest.mark.slow),  # ep 1, 2, 3, 6; offload
 ])
-def test_closed_form_equals_cp_sat(hidden, heads, blocks, seq, gpus, cap, networks, offload, experts) -> None:
+def test_closed_form_equals_cp_sat(hidden, heads, blocks, seq, gpus, cap, networks, offload, experts, cp_comm) -> None:
     moe = {"num_experts": experts, "experts_per_token": 2, "expert_feedforward": hidden} if experts else {}
     model = Model(hidden=hidden, feedforward=4 * hidden, seq_size=seq, attn_heads=heads, attn_size=1,
                   num_blocks=blocks, **moe)
     system = make_system(networks, offload)
     for space in SPACES.values():
+        space = ring_only(space) if cp_comm == "ring" else space
         expected = cp_sat_count(model, system, gpus, cap, space)
         assert count_mappings(model, system, gpus, cap, space).mappings == expected
 
@@ -353,9 +358,12 @@ def test_every_declared_dimension_agrees_in_count_enumeration_and_cp_sat():
     system = make_system()
     # tp, pp, dp up to 2 on 2 networks with offload; the second has dp 2 > cap 1 (batch = dp
     # quirk); the third, a mixture-of-experts model, takes ep (and its network) up to 2 (without
-    # offload, which the first covers: 1,892 mappings instead of 13,072, each counted ~50 times)
-    problems = ((model, system, get_space("full"), 2, 2), (model, system, get_space("calculon-2023"), 2, 1),
-                (moe, make_system(offload=False), get_space("full"), 2, 2))
+    # offload, which the first covers: 3,476 mappings instead of 5,776, each counted ~50 times);
+    # the first and third with the K/V ring only (cp > 1 mappings would come three times over):
+    # a fourth, one block on one network without offload (682 mappings), walks every cp_comm
+    problems = ((model, system, ring_only(get_space("full")), 2, 2), (model, system, get_space("calculon-2023"), 2, 1),
+                (moe, make_system(offload=False), ring_only(get_space("full")), 2, 2),
+                (model.model_copy(update={"num_blocks": 1}), make_system(1, False), get_space("full"), 2, 2))
     for model, system, space, gpus, cap in problems:
         counted = count_mappings(model, system, gpus, cap, space)
         arrays = enumerate_all(model, system, gpus, cap, space)
