@@ -86,7 +86,7 @@ def count_flag_combinations(space: Space, known: tuple[tuple[str, int], ...], nu
 
     def options(name: str, values: dict[str, int]) -> tuple[int, ...]:
         dim = by_name[name]
-        domain = dim.domain(num_networks)
+        domain = dim.domain(num_networks, values)
         domain = domain if dim.is_free(values) else domain[:1]
         domain = tuple(c for c in domain if space.admits(name, c))
         if fixed is not None and fixed[0] == name:
@@ -133,7 +133,7 @@ def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, 
         for mb in sk.microbatches:
             breakdown["microbatch"][mb] += n_il * flags
         for dim in space.flags:
-            for code in dim.domain(n_net):
+            for code in dim.domain(n_net, dict(known)):
                 part = count_flag_combinations(space, known, n_net, (dim.name, code))
                 if part:
                     breakdown[dim.name][code] += n_il * n_mb * part

@@ -33,7 +33,7 @@ import numpy as np
 
 from costmodel.choices import PipelineSchedule, ShardingStage, TPOverlap
 from costmodel.dimensions import (BY_NAME, DIMENSIONS, FLAGS, GROUP_DEGREES, SKELETON_FACTS, SPLIT_DEGREES, Condition,
-                                  Dimension)
+                                  Dimension, subgroup_limit)
 from costmodel.errors import InputError
 from costmodel.model import Model
 from costmodel.pipeline import EMBEDDING_AND_LOSS_BLOCKS
@@ -64,8 +64,10 @@ class FlagDimension:
     def meaning(self) -> str:
         return self.dim.meaning
 
-    def domain(self, num_networks: int) -> tuple[int, ...]:
-        return self.offered if self.offered is not None else self.dim.codes(num_networks)
+    def domain(self, num_networks: int, facts: dict | None = None) -> tuple[int, ...]:
+        """The codes offered; on a skeleton with `facts`, those it can take."""
+        domain = self.offered if self.offered is not None else self.dim.codes(num_networks)
+        return domain if facts is None else self.dim.codes_at(domain, facts)
 
     def is_free(self, values: dict[str, int]) -> bool:
         return self.dim.is_free(values)
@@ -156,6 +158,7 @@ with cp = 16 (Dubey et al. 2024, Table 4), and Megatron-LM's long-context recipe
 a larger ring spends more on its steps' kernel launches and transfers than it saves."""
 _CODE = BY_NAME["tp_overlap"].code_of
 _ZERO = BY_NAME["zero"].code_of
+_WHOLE_GROUP = ("shard", (0,))          # no hybrid sharding in the Calculon presets
 SPACES: dict[str, Space] = {
     "full": Space(
         name="full", summary="Calculon's current enumeration: TP overlap none | ring | pipe, strict batch cap; "
@@ -166,14 +169,14 @@ SPACES: dict[str, Space] = {
         name="calculon-current", summary="Calculon's current enumeration, as `full` was before ZeRO-2/3 and ZB-H1 joined it: "
                                  "TP overlap none | ring | pipe, ZeRO stages 0/1, 1F1B, strict batch cap.",
         tp_max=256, cp_max=1, uneven_stages=False, offered=(("zero", (_ZERO(ShardingStage.none), _ZERO(ShardingStage.optimizer))),
-                             ("sched", (BY_NAME["sched"].code_of(PipelineSchedule.one_f_one_b),))),
+                             ("sched", (BY_NAME["sched"].code_of(PipelineSchedule.one_f_one_b),)), _WHOLE_GROUP),
         batch_is_dp_above_cap=False),
     "calculon-2023": Space(
         name="calculon-2023",
         summary="The space of the 2023 papers (reproduces 15,612,832 / 842,080): TP overlap on/off, batch = dp when dp > cap.",
         tp_max=256, cp_max=1, uneven_stages=False, offered=(("tp_overlap", (_CODE(TPOverlap.none), _CODE(TPOverlap.ring))),
                              ("zero", (_ZERO(ShardingStage.none), _ZERO(ShardingStage.optimizer))),
-                             ("sched", (BY_NAME["sched"].code_of(PipelineSchedule.one_f_one_b),))),
+                             ("sched", (BY_NAME["sched"].code_of(PipelineSchedule.one_f_one_b),)), _WHOLE_GROUP),
         batch_is_dp_above_cap=True),
 }
 DEFAULT_SPACE = "full"
@@ -301,7 +304,8 @@ def stage_interleavings(model: Model, pp: int, space: Space) -> tuple[int, ...]:
 def facts(skeleton: Skeleton, system: System) -> dict[str, int]:
     """The skeleton facts conditions may test."""
     return {"tp": skeleton.tp, "cp": skeleton.cp, "ep": skeleton.ep, "etp": skeleton.etp, "pp": skeleton.pp,
-            "dp": skeleton.dp, "dp_cp": skeleton.dp * skeleton.cp, "offload": int(system.offload is not None)}
+            "dp": skeleton.dp, "dp_cp": skeleton.dp * skeleton.cp, "offload": int(system.offload is not None),
+            "dp_cp_pow2": subgroup_limit(skeleton.dp * skeleton.cp)}
 
 
 def iter_flag_combinations(space: Space, known: dict[str, int], num_networks: int) -> Iterator[tuple[int, ...]]:
@@ -317,7 +321,7 @@ def flag_combinations(space: Space, known: dict[str, int], num_networks: int) ->
     position = {dim.name: i for i, dim in enumerate(dims)}
     combos = np.zeros((1, 0), dtype=np.int64)
     for dim in dims:
-        domain = dim.domain(num_networks)
+        domain = dim.domain(num_networks, known)
         free = tuple(code for code in domain if space.admits(dim.name, code))
         pinned = free[:1] if free[:1] == domain[:1] else ()
         if not all(c.holds(known) for c in dim.free_when if c.subject in known):
@@ -356,12 +360,14 @@ def _projection_cached(space: Space, names: tuple[str, ...], known: tuple[tuple[
 
 def coarse_facts(f: dict[str, int]) -> tuple[tuple[str, int], ...]:
     """Skeleton facts reduced to what conditions can tell apart (each degree compared with 1)."""
-    return tuple(sorted({**{k: min(v, 2) for k, v in f.items() if k != "offload"}, "offload": f["offload"]}.items()))
+    exact = ("offload", "dp_cp_pow2")          # (dp_cp_pow2 bounds a subgroup's codes)
+    return tuple(sorted({**{k: min(v, 2) for k, v in f.items() if k not in exact},
+                         **{k: f[k] for k in exact if k in f}}.items()))
 
 
 @lru_cache(maxsize=256)
 def _flag_table_cached(space: Space, known: tuple[tuple[str, int], ...], num_networks: int) -> np.ndarray:
-    table = flag_combinations(space, dict(known), num_networks).astype(np.int16)
+    table = flag_combinations(space, dict(known), num_networks).astype(np.int32)
     table.flags.writeable = False          # shared by every skeleton with these facts
     return table
 
