@@ -17,7 +17,8 @@ from ortools.sat.python import cp_model
 from costmodel.comm import collective_s
 from costmodel.context import Context
 from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm
-from costmodel.dimensions import DIMENSIONS, GROUP_DEGREES, NETWORK_GROUPS, SPLIT_DEGREES, BlockKey, group_spans
+from costmodel.dimensions import (DIMENSIONS, GROUP_DEGREES, NETWORK_GROUPS, SPLIT_DEGREES, SUBGROUP_CODES, BlockKey,
+                                  group_spans, subgroup_limit)
 from costmodel.encoding import MappingArrays, code
 from costmodel.moe import moe_communication
 from costmodel.iteration import RESIDENT_BLOCKS, block_terms, bubble_microbatches, iteration_terms, output_layer_s
@@ -233,7 +234,16 @@ class Tables:
         usage = np.minimum(1.0, np.asarray(c.net_usage)[ns.dp_net])
         grad_fits = grid.of(((dp == 1) | (num_gpus <= size[ns.dp_net])) & ((c_ == 1) | (t_ * c_ <= size[ns.dp_net]))
                             & ((dp > 1) | (c_ > 1) | (t_ == 1) | (t_ <= size[ns.dp_net])))
-        self.dp_comm = self._by_tp(grid.of(terms.dp_comm_s * usage).min(where=grad_fits).values)
+        # (hybrid sharding, `shard`, may reduce faster: the least over every sub-group a split takes)
+        dp_comm = terms.dp_comm_s
+        dp_cp = (dp * c_).astype(np.int64)
+        limit = np.array([subgroup_limit(g) for g in dp_cp])
+        for code in (code for code in SUBGROUP_CODES if 0 < code <= limit.max(initial=1)):
+            sub = _namespace(**split, dp=dp, batch=dp, microbatch=np.ones(len(t_)), cp_net=cols["dp_net"],
+                             tp_net=cols["dp_net"], shard=np.where(code <= limit, code, 0),
+                             **{k: v_ for k, v_ in cols.items() if k != "key"})
+            dp_comm = np.minimum(dp_comm, iteration_terms(c, sub, ArrayOps).dp_comm_s)
+        self.dp_comm = self._by_tp(grid.of(dp_comm * usage).min(where=grad_fits).values)
         # keyed by the sharding stage (code z) and the offload switches they read
         optimizer = grid.of(terms.optimizer_s)
         self.optimizer = {z: self._by_tp(optimizer.sel(zero=z).min().values) for z in stages}
