@@ -4,11 +4,13 @@ Megatron-LM's num_distributed_optimizer_instances). Hand-computed memory and tra
 the count's growth by exactly the new mappings, --fix, and solve = brute force where a
 shard group smaller than dp·cp wins."""
 
+import json
 import math
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from test_solve import H100, small_model
 
 from costmodel.evaluate import evaluate
 from costmodel.kernels import Kernels
@@ -22,7 +24,6 @@ from solver.space.count import count_mappings
 from solver.space.declaration import get_space
 from solver.space.enumerate import enumerate_all
 from solver.space.pins import pinned
-from test_solve import H100, small_model
 
 NET0_GBPS, NET1_GBPS, EFFICIENCY, LATENCY_S = 100.0, 10.0, 0.8, 1e-6
 
@@ -116,7 +117,7 @@ def test_fix_shard_on_the_command_line(tmp_path):
     every = runner.invoke(cli, args)
     fixed = [runner.invoke(cli, [*args, "--fix", f"shard={value}"]) for value in ("all", "2", "4", "8", "16", "32")]
     assert every.exit_code == 0 and all(r.exit_code == 0 for r in fixed), every.output
-    import json
+
     total = json.loads(every.output)["mappings"]
     assert sum(json.loads(r.output)["mappings"] for r in fixed) == total
     bad = runner.invoke(cli, [*args, "--fix", "shard=3"])
