@@ -139,9 +139,11 @@ def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
             view[name] = as_index(value)
         elif kind == "switch":
             view[name] = value
-        else:
+        else:                               # numbers and a subgroup's size (0: the whole group)
             view[name] = as_float(value)
     view["num_procs"] = view["tp"] * view["cp"] * view["pp"] * view["dp"]
+    # a subgroup's code 0 is its whole group (costmodel.dimensions.SUBGROUP_CODES): dp·cp
+    view["shard"] = view["shard"] + (view["shard"] == 0) * view["dp"] * view["cp"]
     view["seq_par"] = view["tp_comm_rs_ag"]
     view["first_stage_blocks"] = view["last_stage_blocks"] = None
     # The memory features one mapping file may state (costmodel.memory_features); None and

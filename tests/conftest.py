@@ -108,6 +108,18 @@ def ring_only(space):
     return dataclasses.replace(space, offered=space.offered + (("cp_comm", (code("cp_comm", CPComm.p2p),)),))
 
 
+def whole_group(space):
+    """`space` offering shard = all only (ZeRO over the whole dp·cp group), as it was before
+    hybrid sharding: for tests about something else, whose ZeRO >= 1 mappings would otherwise
+    come once per shard group; tests/test_hybrid_sharding.py and the declaration walk cover it."""
+    return dataclasses.replace(space, offered=space.offered + (("shard", (0,)),))
+
+
+def plain(space):
+    """`space` as it was before cp_comm and hybrid sharding: the K/V ring and the whole group."""
+    return whole_group(ring_only(space))
+
+
 def cp_sat_solution_count(model) -> int:
     """How many solutions a CP-SAT model has (enumerated by one worker, to the end)."""
     from ortools.sat.python import cp_model

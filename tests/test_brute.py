@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ring_only
+from conftest import plain
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,7 +31,7 @@ SMALL = Model(name="small", hidden=2048, feedforward=8192, seq_size=2048, attn_h
               num_blocks=6)
 SMALL_YAML = "name: small\nhidden: 2048\nfeedforward: 8192\nseq_size: 2048\nattn_heads: 16\nattn_size: 128\nnum_blocks: 6\n"
 GPUS, CAP = 4, 8    # 152,608 mappings in FULL (13,045 feasible): small enough to score all at once in ~200 MB
-FULL = ring_only(SPACES["full"])   # the K/V ring only (cp > 1 mappings would come three times: test_cp_comm.py)
+FULL = plain(SPACES["full"])   # the K/V ring and the whole group, as before cp_comm and hybrid sharding
 HBM_GIB = 4         # 2 GiB usable beside the system's 2 GiB runtime reserve (costmodel.system.RUNTIME_RESERVE_GIB)
 NVLINK_SIZE = 2     # 4 GPUs span two NVLink domains: with 2 GiB of usable HBM both network and HBM checks bind
 
@@ -142,7 +142,7 @@ def small_model_file(tmp_path: Path) -> Path:
 def test_cli_brute_json(tmp_path: Path) -> None:
     problem = ["--model", str(small_model_file(tmp_path)), "--system", str(H100), "--offload-gib", "64",
                "--hbm-gib", str(HBM_GIB), "--nvlink-size", str(NVLINK_SIZE), "--gpus", str(GPUS), "--max-batch",
-               str(CAP), "--datatype", "float8", "--fix", "cp_comm=p2p"]
+               str(CAP), "--datatype", "float8", "--fix", "cp_comm=p2p", "--fix", "shard=all"]
     result = CliRunner().invoke(cli, ["brute", *problem, "--top-k", "3", "--workers", "1", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
@@ -158,7 +158,7 @@ def test_cli_brute_json(tmp_path: Path) -> None:
 def test_cli_brute_table(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["brute", "--model", str(small_model_file(tmp_path)), "--system", str(H100),
                                       "--gpus", "8", "--max-batch", "32", "--top-k", "2", "--workers", "1",
-                                      "--fix", "cp_comm=p2p"])
+                                      "--fix", "cp_comm=p2p", "--fix", "shard=all"])
     assert result.exit_code == 0, result.output
     assert "Best mapping" in result.output and "Top 2" in result.output
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import ring_only
+from conftest import plain
 
 from costmodel.block import block_stored_activation_bytes
 from costmodel.context import Context
@@ -146,8 +146,8 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_solve_equals_brute_force_where_context_parallelism_wins(case):
     _, model, system, gpus, max_batch, datatype, attention = case
-    # the K/V ring only; tests/test_cp_comm.py solves these problems with cp_comm free
-    space, kernels = ring_only(get_space("full")), Kernels.with_attention(attention)
+    # the K/V ring and the whole group only; tests/test_cp_comm.py solves these with cp_comm free
+    space, kernels = plain(get_space("full")), Kernels.with_attention(attention)
     result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
                    config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
     reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=3, workers=1)

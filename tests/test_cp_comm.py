@@ -2,7 +2,8 @@
 grows by exactly the new mappings, the terms match a hand computation from the alpha-beta
 collective model, a2a's heads rule, a file's default and `--fix`, and solve == brute force
 where a2a wins and, with all three free, on more of test_context_parallel's problems (which
-that file solves with the K/V ring only)."""
+that file solves with the K/V ring only). Every space here shards over the whole group (hybrid
+sharding is tests/test_hybrid_sharding.py's)."""
 
 import json
 import math
@@ -15,7 +16,7 @@ from click.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent))
 from test_context_parallel import CASES, H100, MODEL, _mapping, gqa
 from test_space_count import make_system
-from conftest import assert_block_floors_below_exact
+from conftest import assert_block_floors_below_exact, whole_group
 
 from costmodel.choices import CPComm
 from costmodel.evaluate import evaluate
@@ -40,7 +41,7 @@ def _count(model, gpus, space):
 def test_count_grows_by_exactly_two_copies_of_the_mappings_with_cp(gpus):
     """p2p keeps every mapping there was; all_gather and a2a each add one per mapping with cp > 1."""
     model = gqa(4, 1024, 16, 8, 8192)
-    full = get_space("full")
+    full = whole_group(get_space("full"))
     total = _count(model, gpus, full)
     ring = _count(model, gpus, pinned(full, (("cp_comm", (0,)),)))
     without_cp = _count(model, gpus, pinned(full, (("cp", (1,)),)))
@@ -124,7 +125,7 @@ A2A_WINS = [c for c in CASES if c[0] in ("long-seq-tight-hbm", "131k-small-hbm-8
 @pytest.mark.parametrize("case", A2A_WINS, ids=[c[0] for c in A2A_WINS])
 def test_solve_equals_brute_force_where_a2a_wins(case):
     _, model, system, gpus, max_batch, datatype, attention = case
-    space, kernels = get_space("full"), Kernels.with_attention(attention)
+    space, kernels = whole_group(get_space("full")), Kernels.with_attention(attention)
     result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
                    config=SolverConfig(top_k=1, time_limit_s=120, workers=1))
     reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=1, workers=1)
@@ -142,7 +143,7 @@ def test_solve_equals_brute_force_with_cp_comm_free(case):
     """The top three, certified, with every CP communication offered (kv2: a2a's heads rule
     binds at tp·cp > 2), as brute force ranks them."""
     _, model, system, gpus, max_batch, datatype, attention = case
-    space, kernels = get_space("full"), Kernels.with_attention(attention)
+    space, kernels = whole_group(get_space("full")), Kernels.with_attention(attention)
     result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
                    config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
     reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=3, workers=1)
@@ -158,7 +159,7 @@ def test_block_floors_never_exceed_an_exact_time_with_every_cp_comm():
     time of their blocks, a2a's heads rule and all_gather's buffers included (14 blocks, uneven
     stages and cp up to 16 on 16 GPUs)."""
     checked = assert_block_floors_below_exact(gqa(14, 2048, 16, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=24),
-                                              16, 16, Datatype.bfloat16)
+                                              16, 16, Datatype.bfloat16, whole_group(get_space("full")))
     assert any(sk.cp > 1 for sk in checked)
 
 
@@ -166,7 +167,7 @@ def test_pinned_cp_comm_solves_as_brute_force_on_the_same_pins():
     """`--fix cp_comm=all_gather`: the tables take all_gather alone where cp > 1 (and the K/V
     ring's mappings are out), and the certified answer is brute force's over the pinned space."""
     _, model, system, gpus, max_batch, datatype, attention = next(c for c in CASES if c[0] == "131k-small-hbm-8gpu")
-    space, kernels = pinned(get_space("full"), (("cp_comm", (1,)),)), Kernels.with_attention(attention)
+    space, kernels = pinned(whole_group(get_space("full")), (("cp_comm", (1,)),)), Kernels.with_attention(attention)
     assert space.cp_comm_codes == (1,)
     result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
                    config=SolverConfig(top_k=2, time_limit_s=120, workers=1))

@@ -14,7 +14,7 @@ import numpy as np
 
 from costmodel.context import Context
 from costmodel.choices import ShardingStage
-from costmodel.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, BlockKey
+from costmodel.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, SUBGROUP_CODES, BlockKey, subgroup_limit
 from costmodel.iteration import RESIDENT_BLOCKS, bubble_microbatches, iteration_terms
 from costmodel.pipeline import stage_blocks, stage_blocks_in_flight
 from costmodel.ops import ArrayOps, ScalarOps
@@ -41,10 +41,12 @@ class Tables:
     split, minimised over the flags they do not read. `v`: anything listing the keys
     (`group_mb`, `split`): the CP-SAT Variables or SplitKeys. `cache`: the (tp, cp, ep, etp,
     microbatch) tables shared with other GPU counts of the same context (BlockTableCache).
-    `cp_comms`: the CP communication codes the space admits (Space.cp_comm_codes)."""
+    `cp_comms`, `shards`: the CP communication and shard-group codes the space admits
+    (Space.cp_comm_codes, Space.shard_codes)."""
 
     def __init__(self, c: Context, v: Variables | SplitKeys, num_gpus: int, tp_overlaps: tuple[int, ...],
-                 networks: int, cache: BlockTableCache | None = None, cp_comms: tuple[int, ...] = ALL_CP_COMMS):
+                 networks: int, cache: BlockTableCache | None = None, cp_comms: tuple[int, ...] = ALL_CP_COMMS,
+                 shards: tuple[int, ...] = SUBGROUP_CODES):
         self.tm_keys = list(v.group_mb)
         self.tp_keys = list(v.split)
         nets = list(range(networks))
@@ -80,7 +82,17 @@ class Tables:
         usage = np.minimum(1.0, np.asarray(c.net_usage)[ns.dp_net])
         grad_fits = grid.of(((dp == 1) | (num_gpus <= size[ns.dp_net])) & ((c_ == 1) | (t_ * c_ <= size[ns.dp_net]))
                             & ((dp > 1) | (c_ > 1) | (t_ == 1) | (t_ <= size[ns.dp_net])))
-        self.dp_comm = self._by_tp(grid.of(terms.dp_comm_s * usage).min(where=grad_fits).values)
+        # (hybrid sharding, `shard`, may reduce faster: the least over every sub-group a split
+        # takes that the space offers)
+        dp_comm = terms.dp_comm_s
+        dp_cp = (dp * c_).astype(np.int64)
+        limit = np.array([subgroup_limit(g) for g in dp_cp])
+        for code in (code for code in shards if 0 < code <= limit.max(initial=1)):
+            sub = _namespace(**split, dp=dp, batch=dp, microbatch=np.ones(len(t_)), cp_net=cols["dp_net"],
+                             tp_net=cols["dp_net"], shard=np.where(code <= limit, code, 0),
+                             **{k: v_ for k, v_ in cols.items() if k != "key"})
+            dp_comm = np.minimum(dp_comm, iteration_terms(c, sub, ArrayOps).dp_comm_s)
+        self.dp_comm = self._by_tp(grid.of(dp_comm * usage).min(where=grad_fits).values)
         # keyed by the sharding stage (code z) and the offload switches they read
         optimizer = grid.of(terms.optimizer_s)
         self.optimizer = {z: self._by_tp(optimizer.sel(zero=z).min().values) for z in stages}
