@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import assert_block_floors_below_exact, whole_group
 from test_context_parallel import CASES, H100, MODEL, _mapping, gqa
 from test_space_count import make_system
-from conftest import assert_block_floors_below_exact, whole_group
 
 from costmodel.choices import CPComm
 from costmodel.evaluate import evaluate

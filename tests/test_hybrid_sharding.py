@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 import pytest
-from conftest import ring_only
 from click.testing import CliRunner
+from conftest import assert_block_floors_below_exact, ring_only
 from test_solve import H100, small_model
 
 from costmodel.evaluate import evaluate
@@ -146,3 +146,11 @@ def test_solve_equals_brute_force_where_a_shard_group_wins(case):
     assert result.best.mapping == reference.best.mapping
     best = result.best.mapping
     assert best.sharding_group is not None and best.sharding_group < best.dp * best.cp
+
+
+def test_block_floors_never_exceed_an_exact_time_with_shard_groups():
+    """The floors (the DP table the least over the shard groups) sit at or below every feasible
+    exact time of their blocks, shard groups of 2 to 8 of 16 GPUs on the slow outer network."""
+    checked = assert_block_floors_below_exact(small_model(8, hidden=2048, heads=16), SLOW_OUTER.with_overrides(hbm_gib=4),
+                                              16, 32, Datatype.bfloat16, ring_only(get_space("full")))
+    assert any(sk.dp * sk.cp >= 4 for sk in checked)
