@@ -42,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.context import MASK_BYTES, Context
+from costmodel.cp_buffers import cp_buffer_bytes
 from costmodel.kernel_time import attention_time_s
 from costmodel.model import CAUSAL_ATTENTION_SHARE
 from costmodel.moe import moe_layer_forward, moe_memory, moe_quantized_gemms
@@ -388,17 +389,7 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
         core_recomputed = False          # (its bytes are in dropped_workspace)
         dispatch_buffers = dispatch_buffers + dropped_workspace
     block_input = e * tokens * h / sp_split
-    # The K/V ring keeps two chunks in flight beside the local one (receive and send
-    # buffers, TransformerEngine's double buffering), in forward and again in backward.
-    # all_gather keeps the gathered K and V and, in backward, their full-sequence gradients
-    # (TE AttnFuncWithCPAndKVAllGather.backward: k_ag, v_ag and dk = zeros(k.shape[0]·cp_size)):
-    # 2·cp chunks; a2a keeps the re-sharded Q, K, V and output beside the originals (the
-    # all-to-alls' outputs: the same bytes, whole sequence and heads/cp).
-    kv_local = e * tokens * (heads * (d + c.value_head_size) if c.latent else 2 * kv_cols)
-    q_and_out = e * tokens * (heads * (d + c.value_head_size) if c.latent else 2 * q_cols)
-    cp_buffers = xp.where(m.cp_comm_all_gather, 2 * m.cp * kv_local,
-                          xp.where(m.cp_comm_a2a, q_and_out + kv_local, 2 * kv_local))
-    ring_buffers = xp.where(m.cp > 1, cp_buffers, 0.0)
+    ring_buffers = cp_buffer_bytes(c, m, xp, tokens, kv_cols, q_cols)     # by cp_comm (costmodel.cp_buffers)
     return StoredActivations(
         stored=xp.where(m.recompute_full, block_input, stored),
         full=full,
