@@ -30,12 +30,15 @@ COUNTS = [4, 8, 16, 32]
 # two sequence lengths (two contexts in one share), a fixed and a capped batch
 PHASES = [Phase(name="short", tokens=1e9, seq_size=2048, batch=64), Phase(name="long", tokens=1e9, seq_size=4096)]
 MAX_BATCH = 48
+PLAIN = plain(get_space("full"))
+"""The plans and solves compared: `full` as before cp_comm and hybrid sharding (the shared
+tables with both are test_shared_block_tables_equal_a_single_counts[dense]'s)."""
 
 
 def _alone(n: int, phase: Phase):
     """`solve` at one count and phase, nothing shared: what a user gets from `mapsat solve`."""
     batch = phase.batch_sequences
-    space = get_space("full") if batch is None else pinned(get_space("full"), (("batch", (batch,)),))
+    space = PLAIN if batch is None else pinned(PLAIN, (("batch", (batch,)),))
     return solve(phase_model(SMALL, phase), H100, n, max_batch=batch or MAX_BATCH, space=space,
                  config=SolverConfig(top_k=1))
 
@@ -58,10 +61,10 @@ def _check_equal(result, alone: dict) -> None:
 
 def test_plan_equals_independent_solves_cold_and_warm(alone):
     share = CountShare()
-    cold = plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"), share=share)
+    cold = plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=PLAIN, share=share)
     _check_equal(cold, alone)
     # warm: every context and table already built by the cold plan
-    warm = plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"), share=share)
+    warm = plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=PLAIN, share=share)
     _check_equal(warm, alone)
 
 
@@ -69,10 +72,10 @@ def test_plan_equals_independent_solves_with_tables_built_by_other_counts(alone)
     """The share warmed by counts in another order (and a count not in the list), so each
     count finds its groups computed alongside others' in another grid."""
     share = CountShare()
-    plan(SMALL, H100, [64, 2], PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"), share=share)
+    plan(SMALL, H100, [64, 2], PHASES, SETTINGS, max_batch=MAX_BATCH, space=PLAIN, share=share)
     for n in reversed(COUNTS):
-        plan(SMALL, H100, [n], PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"), share=share)
-    _check_equal(plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"),
+        plan(SMALL, H100, [n], PHASES, SETTINGS, max_batch=MAX_BATCH, space=PLAIN, share=share)
+    _check_equal(plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=PLAIN,
                       share=share), alone)
 
 
