@@ -5,8 +5,8 @@
 Problem (issue 3): problems/models/gpt-1t-256b.yaml, problems/systems/h100-80g-nvl8.yaml
 with 1 TiB of offload memory per GPU at 100 GB/s, float8, max batch 3072, by default in the
 space the target was set for, `calculon-current` (23,311,328 mappings; what `full` was
-then). Target: <= 120 s on a 2-core machine. `--space full` (1,050,058,560 mappings since
-ZeRO-2/3, ZB-H1, context parallelism and uneven stages joined it) took 320 s with two other
+then). Target: <= 120 s on a 2-core machine. `--space full` (1,050,058,560 mappings before cp_comm and hybrid sharding, 13,192,277,600 with
+both; since ZeRO-2/3, ZB-H1, context parallelism and uneven stages joined it) took 320 s with two other
 sessions on the cores (bench_solve.py). Prints the closed-form count
 and its time, then evaluated / feasible / seconds / mappings per second and the best
 mapping; exits 1 if the target is missed.

@@ -3,8 +3,10 @@
     python benchmarks/bench_solve.py [--skip-brute] [--exactness]
 
 Main problem (issue 4): the brief's 256-block ~1.1T model on 4,096 H100s, float8, 1 TiB of
-offload per GPU at 100 GB/s, space `full` (1.05 billion mappings with ZeRO stages 0-3,
-1F1B/ZB-H1, context parallelism and uneven stages; 92.2 million before cp). Prints the
+offload per GPU at 100 GB/s, space `full` with the K/V ring and the whole group fixed
+(`--fix cp_comm=p2p --fix shard=all`: today's full space with the later switches off, so the
+figures stay comparable; 1.05 billion mappings with ZeRO stages 0-3, 1F1B/ZB-H1, context
+parallelism and uneven stages; 92.2 million before cp). Prints the
 solver's time, rounds and the number of mappings it scored exactly, then brute force's time
 on the same problem and the speed-up, and checks both found the same optimum (1e-9 relative).
 Targets: certified in <= 30 s, >= 20x faster than brute force (issue 13: <= 10 s, aim >= 50x;
@@ -31,11 +33,15 @@ from costmodel.system import Datatype
 from solver.search.brute import scan
 from solver.search.solve import SolverConfig, solve
 from solver.space.declaration import get_space
+from solver.space.pins import parse_pins, pinned
 
 ROOT = Path(__file__).resolve().parents[1]
+FIXED = ("cp_comm=p2p", "shard=all")
+"""The switches that joined `full` after the benchmark's figures, held at the values it had then."""
 
 
 def run(label, model, system, gpus, datatype, space="full", brute=True, max_batch=3072):
+    space = pinned(get_space(space), parse_pins(FIXED))
     started = time.perf_counter()
     result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space,
                    config=SolverConfig(time_limit_s=600, top_k=5))
@@ -49,7 +55,7 @@ def run(label, model, system, gpus, datatype, space="full", brute=True, max_batc
     if not brute:
         return True
     started = time.perf_counter()
-    reference = scan(model, system, gpus, max_batch, get_space(space), datatype, top_k=5)
+    reference = scan(model, system, gpus, max_batch, space, datatype, top_k=5)
     brute_s = time.perf_counter() - started
     same = (reference.best is None and result.best is None) or (
         reference.best is not None and result.best is not None

@@ -36,6 +36,21 @@ class TPOverlap(str, Enum):
     pipe = "pipe"
 
 
+class CPComm(str, Enum):
+    """Context-parallel communication, Megatron-Core's `--cp-comm-type` (TransformerEngine
+    transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py): p2p, the
+    K/V ring overlapped with the attention core's steps (AttnFuncWithCPAndKVP2P; Liu et al.
+    2023); all_gather, K and V all-gathered over the cp group before the core and dK, dV
+    reduce-scattered after it, not overlapped (AttnFuncWithCPAndKVAllGather; Llama 3, Dubey
+    et al. 2024 §3.3.2); a2a, DeepSpeed-Ulysses: all-to-alls re-shard Q, K, V from the
+    sequence to the heads before the core and the output back after it
+    (AttnFuncWithCPAndQKVOA2A; Jacobs et al. 2023)."""
+
+    p2p = "p2p"
+    all_gather = "all_gather"
+    a2a = "a2a"
+
+
 class ShardingStage(str, Enum):
     """How much of the training state is sharded over the data-parallel group (ZeRO,
     Rajbhandari et al. 2020 §5; PyTorch FSDP's SHARD_GRAD_OP is stage 2, FULL_SHARD stage 3):

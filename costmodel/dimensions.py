@@ -33,13 +33,25 @@ from typing import Callable, Literal, NamedTuple
 import numpy as np
 
 import costmodel.inputs.limits as limits
-from costmodel.choices import PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
+from costmodel.choices import CPComm, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.degree_rules import cp_fits, ep_fits, etp_fits, tp_fits
 from costmodel.inputs.limits import Bound
 from costmodel.terms.pipeline import layout_problem
 
-Kind = Literal["split", "per_split", "choice", "switch", "network"]
-FLAG_KINDS = ("choice", "switch", "network")
+Kind = Literal["split", "per_split", "choice", "switch", "network", "subgroup"]
+FLAG_KINDS = ("choice", "switch", "network", "subgroup")
+SUBGROUP_CODES: tuple[int, ...] = (0, *(1 << k for k in range(1, 24)))
+"""A `subgroup` flag's codes: 0 is the whole group (dp·cp), any other code the size of the
+sub-group itself; a space offers the powers of two that divide the group and are smaller
+(`subgroup_limit`), a mapping file any divisor."""
+
+
+def subgroup_limit(group) -> int:
+    """The largest power of two smaller than `group` that divides it (1 when none): the
+    largest sub-group a space offers (the skeleton fact `dp_cp_pow2`)."""
+    group = int(group)
+    low = group & -group
+    return max(1, low // 2 if low == group else low)
 @dataclass(frozen=True)
 class Degree:
     """One parallel degree of the ordered chain of groups: its name, the flag naming the
@@ -77,10 +89,11 @@ SPLIT_DEGREES: tuple[str, ...] = tuple(d.name for d in DEGREES if d.in_split)
 """The degrees a split chooses, in order: the (tp, cp, ep, etp, pp) of a skeleton and a block."""
 GROUP_DEGREES: tuple[str, ...] = tuple(name for name in SPLIT_DEGREES if name != "pp")
 """The degrees one block's cost reads (a split's degrees but pp): (tp, cp, ep, etp)."""
-SKELETON_FACTS = (*(d.name for d in DEGREES), "dp_cp", "offload")
+SKELETON_FACTS = (*(d.name for d in DEGREES), "dp_cp", "offload", "dp_cp_pow2")
 """What a flag's condition may test besides earlier flags: the split's degrees (tp, cp, ep,
 etp, pp, dp, and dp_cp = dp·cp, the group gradients are reduced over; compared with 1) and
-`offload` (1 when the system has an offload memory tier)."""
+`offload` (1 when the system has an offload memory tier). `dp_cp_pow2` (subgroup_limit of
+dp·cp) is read by no condition: it bounds a `subgroup` flag's codes."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +161,8 @@ class Dimension:
             return (0, 1)
         if self.kind == "network":
             return tuple(range(num_networks))
+        if self.kind == "subgroup":
+            return SUBGROUP_CODES
         raise ValueError(f"{self.name} is not a flag")
 
     def label_of(self, code: int) -> str:
@@ -156,27 +171,41 @@ class Dimension:
             return list(self.choices)[code].value
         if self.kind == "switch":
             return "on" if code else "off"
+        if self.kind == "subgroup" and not code:
+            return "all"
         return str(code)
 
     def value_of(self, code):
-        """The Mapping field's value for a code (an Enum member, a bool or an int)."""
+        """The Mapping field's value for a code (an Enum member, a bool, an int, None for a
+        subgroup's whole group)."""
         if self.kind == "choice":
             return list(self.choices)[int(code)]
         if self.kind == "switch":
             return bool(code)
+        if self.kind == "subgroup":
+            return int(code) or None
         return int(code)
 
     def code_of(self, value) -> int:
         """The integer code of a Mapping field's value (a choice by member or by its text)."""
         if self.kind == "choice":
             return _choice_codes(self.choices)[value]
+        if self.kind == "subgroup" and value is None:
+            return 0
         return int(value)
+
+    def codes_at(self, domain: tuple[int, ...], facts: dict) -> tuple[int, ...]:
+        """`domain` less the codes a skeleton with `facts` cannot take (a subgroup's sizes
+        above `dp_cp_pow2`; all when the facts do not say)."""
+        if self.kind != "subgroup" or "dp_cp_pow2" not in facts:
+            return domain
+        return tuple(code for code in domain if code <= facts["dp_cp_pow2"])
 
     @property
     def dtype(self) -> type:
         """numpy dtype of the column in MappingArrays."""
         return {"split": np.int64, "per_split": np.int64, "choice": np.int8, "switch": np.bool_,
-                "network": np.int8}[self.kind]
+                "network": np.int8, "subgroup": np.int32}[self.kind]
 
     def is_free(self, values: dict[str, int]) -> bool:
         return all(c.holds(values) for c in self.free_when)
@@ -184,6 +213,8 @@ class Dimension:
     def domain_text(self) -> str:
         if self.kind == "network":
             return "0 .. networks-1"
+        if self.kind == "subgroup":
+            return "all | powers of two 2 .. below dp·cp dividing it"
         if self.kind in ("choice", "switch"):
             return " | ".join(self.label_of(c) for c in self.codes(0))
         return self.rule.split(";")[0]
@@ -237,6 +268,14 @@ def _needs_offload(dim_name: str) -> FitRule:
     return fits
 
 
+def _shard_fits(model, system, v) -> str | None:
+    group = v["dp"] * v.get("cp", 1)
+    shard = v.get("shard")
+    if shard is not None and (shard < 1 or group % shard):
+        return f"sharding_group({shard}) does not divide data_par({v['dp']})·context_par({v.get('cp', 1)})={group}"
+    return None
+
+
 _FULL = list(Recompute).index(Recompute.full)
 _RS_AG = list(TPComm).index(TPComm.rs_ag)
 _HAS_OFFLOAD = Condition("offload", ">", 0)
@@ -281,9 +320,19 @@ DIMENSIONS: tuple[Dimension, ...] = (
               "all-gather, or rs_ag = sequence parallelism", choices=TPComm),
     Dimension("tp_overlap", "tensor_par_overlap", "choice", label="tp-overlap", meaning="overlap TP communication with the neighbouring matrix "
               "multiply", choices=TPOverlap, free_when=(Condition("tp", ">", 1),)),
+    Dimension("cp_comm", "context_par_comm", "choice", label="cp-comm", meaning="context-parallel communication "
+              "(Megatron-Core's --cp-comm-type): p2p K/V ring overlapped with the core, all_gather of K/V before "
+              "the core (Llama 3), or a2a re-sharding sequence to heads (DeepSpeed-Ulysses)",
+              choices=CPComm, free_when=(Condition("cp", ">", 1),)),
+    # (a2a's rule, cp divides kv_heads/tp, is a feasibility check of the exact model,
+    # costmodel.evaluate.cp_comm_heads_fit, as a network's span is: a flag's freedom reads
+    # skeleton facts only as `> 1`, so a `fits` rule here would break the product count)
     Dimension("zero", "sharding_stage", "choice", label="zero", meaning="ZeRO sharding stage over the dp group: 0 "
               "replicated, 1 optimizer state (distributed optimizer), 2 + gradients, 3 + parameters (FSDP)",
               choices=ShardingStage, free_when=(Condition("dp_cp", ">", 1),)),
+    Dimension("shard", "sharding_group", "subgroup", label="shard", meaning="hybrid sharding (HSDP): ZeRO shards "
+              "over groups of this many inner GPUs of dp·cp and replicates across them; all = dp·cp (file default)",
+              free_when=(Condition("zero", "!=", 0),), fits=_shard_fits, bound=limits.GPUS_SEARCH),
     Dimension("seq_par_ag_redo", "seq_par_ag_redo", "switch", label="ag-redo", meaning="redo the sequence-parallel all-gather in backward "
               "instead of storing its output", free_when=(Condition("tp_comm", "==", _RS_AG), Condition("recompute", "!=", _FULL))),
     Dimension("dp_overlap", "data_par_overlap", "switch", label="dp-overlap", meaning="overlap the DP gradient reduction "

@@ -47,8 +47,17 @@ def network_checks(c: Context, m, xp) -> dict:
     return checks
 
 
+def cp_comm_heads_fit(c: Context, m):
+    """Ulysses (cp_comm = a2a) gives each cp rank whole key/value heads of its tp rank's share:
+    cp divides kv_heads/tp (TE AttnFuncWithCPAndQKVOA2A: "The number of heads needs to be
+    divisible by CP size"). A feasibility check, as a network's span is, not a `fits` rule: the
+    space offers a2a wherever cp > 1 and the exact model refuses the mappings it cannot run."""
+    return np.logical_not(m.cp_comm_a2a) | (m.cp == 1) | (c.kv_heads % (m.tp * m.cp) == 0)
+
+
 def _feasibility(c: Context, m, terms: IterationTerms, xp) -> dict:
     checks = network_checks(c, m, xp)
+    checks["cp_comm_heads"] = cp_comm_heads_fit(c, m)
     checks["hbm_capacity"] = terms.hbm_bytes <= c.hbm_capacity_bytes
     checks["offload_capacity"] = terms.offload_bytes <= c.offload_capacity_bytes
     return checks
@@ -94,7 +103,7 @@ class Evaluation:
         }
 
 
-BLOCK_DIMENSIONS = ("tp", "cp", "ep", "etp", "pp", "microbatch", "recompute", "tp_comm", "tp_overlap",
+BLOCK_DIMENSIONS = ("tp", "cp", "ep", "etp", "pp", "microbatch", "recompute", "tp_comm", "tp_overlap", "cp_comm",
                     "seq_par_ag_redo", "weight_offload", "activations_offload", "tp_net", "cp_net", "ep_net",
                     "etp_net")
 """The dimensions a block's terms (costmodel.terms.block_terms) read: mappings equal in these share
@@ -130,9 +139,11 @@ def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
             view[name] = as_index(value)
         elif kind == "switch":
             view[name] = value
-        else:
+        else:                               # numbers and a subgroup's size (0: the whole group)
             view[name] = as_float(value)
     view["num_procs"] = view["tp"] * view["cp"] * view["pp"] * view["dp"]
+    # a subgroup's code 0 is its whole group (costmodel.dimensions.SUBGROUP_CODES): dp·cp
+    view["shard"] = view["shard"] + (view["shard"] == 0) * view["dp"] * view["cp"]
     view["seq_par"] = view["tp_comm_rs_ag"]
     view["first_stage_blocks"] = view["last_stage_blocks"] = None
     # The memory features one mapping file may state (costmodel.terms.memory_features); None and
@@ -166,6 +177,9 @@ def _reasons(checks: dict, terms: IterationTerms, c: Context, m) -> tuple[str, .
         if key.endswith("_filled") and not ok:
             k = int(key.removeprefix("network").removesuffix("_filled"))
             reasons.append(f"network: network {k} must be filled ({c.net_size[k]:g} GPUs) by the group using it")
+    if not checks["cp_comm_heads"]:
+        reasons.append(f"cp_comm: a2a needs kv_heads({c.kv_heads:g})/tensor_par({m.tp:g}) divisible by "
+                       f"context_par({m.cp:g}): all-to-all gives each cp rank whole heads")
     if not checks["hbm_capacity"]:
         reasons.append(f"hbm: needs {terms.hbm_bytes / GiB:.1f} GiB > {c.hbm_capacity_bytes / GiB:.1f} GiB")
     if not checks["offload_capacity"]:

@@ -55,10 +55,15 @@ def _field(dim: Dimension) -> tuple[Any, Any]:
         return Annotated[WholeNumber, within(dim.bound)], Field(default, gt=0, description=dim.meaning)
     if dim.kind == "network":
         return Annotated[WholeNumber, within(dim.bound)], Field(0, ge=0, description=dim.meaning)
+    if dim.kind == "subgroup":
+        return (Annotated[WholeNumber, within(dim.bound)] | None,
+                Field(None, gt=0, description=dim.meaning + "; default (or dp·cp itself): the whole group"))
     if dim.kind == "switch":
         return Boolean, Field(False, description=dim.meaning)
     labels = " | ".join(c.value for c in dim.choices)
-    return dim.choices, Field(_FLAG_DEFAULTS[dim.name], description=f"{dim.meaning} ({labels})")
+    # a choice left out is its first member (a flag's pinned value) unless stated above
+    default = _FLAG_DEFAULTS.get(dim.name, next(iter(dim.choices)))
+    return dim.choices, Field(default, description=f"{dim.meaning} ({labels})")
 
 
 class _MappingBase(BaseModel):
@@ -156,6 +161,17 @@ class _MappingBase(BaseModel):
             data["sharding_stage"] = given
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _whole_sharding_group(cls, data: Any) -> Any:
+        # sharding_group = dp·cp is the whole group, as unstated (one code for one mapping)
+        if isinstance(data, dict) and data.get("sharding_group") is not None:
+            group = data.get("data_par"), data.get("context_par", 1)
+            if all(isinstance(x, int) and not isinstance(x, bool) for x in group) and \
+                    data["sharding_group"] == group[0] * group[1]:
+                data = {**data, "sharding_group": None}
+        return data
+
     @field_validator("sharding_stage", mode="before", check_fields=False)
     @classmethod
     def _stage_from_int(cls, value: object) -> object:
@@ -225,6 +241,9 @@ class _MappingBase(BaseModel):
             raise ValueError(
                 f"tensor_par({self.tp}){cp}·pipeline_par({self.pp})·data_par({self.dp})"
                 f"={self.tp * self.cp * self.pp * self.dp} ≠ num_procs({self.num_procs})")
+        if self.sharding_group is not None and (self.dp * self.cp) % self.sharding_group:
+            raise ValueError(f"sharding_group({self.sharding_group}) does not divide data_par({self.dp})·"
+                             f"context_par({self.cp}) = {self.dp * self.cp}")
         if self.batch_size % self.dp:
             raise ValueError(f"batch_size({self.batch_size}) is not divisible by data_par({self.dp})")
         if self.local_batch % self.microbatch_size:

@@ -4,12 +4,16 @@ purpose, and a helper that writes them to files."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import yaml
+
+from costmodel.choices import CPComm
+from costmodel.encoding import code
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEMS = REPO / "problems"
@@ -97,6 +101,25 @@ def write_file(tmp_path: Path) -> Callable[[str, Any], Path]:
     return write
 
 
+def ring_only(space):
+    """`space` offering cp_comm = p2p only (the K/V ring), as it was before cp_comm: for tests
+    about something else, whose cp > 1 mappings would otherwise come three times over;
+    tests/test_cp_comm.py and test_space_count's declaration walk cover the other two."""
+    return dataclasses.replace(space, offered=space.offered + (("cp_comm", (code("cp_comm", CPComm.p2p),)),))
+
+
+def whole_group(space):
+    """`space` offering shard = all only (ZeRO over the whole dp·cp group), as it was before
+    hybrid sharding: for tests about something else, whose ZeRO >= 1 mappings would otherwise
+    come once per shard group; tests/test_hybrid_sharding.py and the declaration walk cover it."""
+    return dataclasses.replace(space, offered=space.offered + (("shard", (0,)),))
+
+
+def plain(space):
+    """`space` as it was before cp_comm and hybrid sharding: the K/V ring and the whole group."""
+    return whole_group(ring_only(space))
+
+
 def cp_sat_solution_count(model) -> int:
     """How many solutions a CP-SAT model has (enumerated by one worker, to the end)."""
     from ortools.sat.python import cp_model
@@ -117,10 +140,11 @@ def cp_sat_solution_count(model) -> int:
     return counter.n
 
 
-def assert_block_floors_below_exact(model, system, gpus: int, max_batch: int, datatype) -> list:
+def assert_block_floors_below_exact(model, system, gpus: int, max_batch: int, datatype, space=None) -> list:
     """Every block floor (the solver's per-block lower bound, which certifies and cuts
     blocks) sits at or below every feasible exact time of its block, rounding included;
-    returns the skeletons of the blocks checked (one entry per block with a feasible mapping)."""
+    returns the skeletons of the blocks checked (one entry per block with a feasible mapping).
+    `space`: `full` unless given."""
     from costmodel.context import Context
     from costmodel.evaluate import evaluate_arrays_in_context
     from solver.search.cpsat.constraints import Problem
@@ -130,7 +154,7 @@ def assert_block_floors_below_exact(model, system, gpus: int, max_batch: int, da
     from solver.space.declaration import get_space
     from solver.space.enumerate import build_rows, plan
 
-    space = get_space("full")
+    space = space or get_space("full")
     c = Context.build(model, system, datatype)
     the_plan = plan(model, system, gpus, max_batch, space, chunk_rows=1 << 62)
     problem = Problem(model, system, gpus, max_batch, space)

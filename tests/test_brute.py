@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import plain
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,7 +30,8 @@ H100 = ROOT / "problems" / "systems" / "h100-80g-nvl8.yaml"
 SMALL = Model(name="small", hidden=2048, feedforward=8192, seq_size=2048, attn_heads=16, attn_size=128,
               num_blocks=6)
 SMALL_YAML = "name: small\nhidden: 2048\nfeedforward: 8192\nseq_size: 2048\nattn_heads: 16\nattn_size: 128\nnum_blocks: 6\n"
-GPUS, CAP = 4, 8    # 152,608 mappings in `full` (13,045 feasible): small enough to score all at once in ~200 MB
+GPUS, CAP = 4, 8    # 152,608 mappings in FULL (13,045 feasible): small enough to score all at once in ~200 MB
+FULL = plain(SPACES["full"])   # the K/V ring and the whole group, as before cp_comm and hybrid sharding
 HBM_GIB = 4         # 2 GiB usable beside the system's 2 GiB runtime reserve (costmodel.system.RUNTIME_RESERVE_GIB)
 NVLINK_SIZE = 2     # 4 GPUs span two NVLink domains: with 2 GiB of usable HBM both network and HBM checks bind
 
@@ -42,7 +44,7 @@ def h100():
 @pytest.fixture(scope="module")
 def reference(h100):
     """The whole space of a small problem scored in one call, sorted by (time, ordinal)."""
-    arrays = enumerate_all(SMALL, h100, GPUS, CAP, SPACES["full"])
+    arrays = enumerate_all(SMALL, h100, GPUS, CAP, FULL)
     result = evaluate_arrays(SMALL, h100, arrays, Datatype.float8)
     feasible = np.flatnonzero(result.feasible)
     order = feasible[np.lexsort((feasible, result.iteration_time_s[feasible]))]
@@ -51,8 +53,8 @@ def reference(h100):
 
 def test_brute_matches_scoring_everything_at_once(h100, reference) -> None:
     arrays, result, order = reference
-    found = scan(SMALL, h100, GPUS, CAP, SPACES["full"], Datatype.float8, top_k=7, workers=1)
-    assert found.evaluated == len(arrays) == count_mappings(SMALL, h100, GPUS, CAP, SPACES["full"]).mappings
+    found = scan(SMALL, h100, GPUS, CAP, FULL, Datatype.float8, top_k=7, workers=1)
+    assert found.evaluated == len(arrays) == count_mappings(SMALL, h100, GPUS, CAP, FULL).mappings
     assert found.feasible == int(result.feasible.sum())
     assert 0 < found.feasible < found.evaluated, "the test problem should have feasible and infeasible mappings"
     assert {"hbm_capacity", "dp_network"} <= set(found.blocked)
@@ -76,7 +78,7 @@ def test_brute_matches_scoring_everything_at_once(h100, reference) -> None:
 
 
 def test_best_agrees_with_the_scalar_evaluator(h100) -> None:
-    found = scan(SMALL, h100, GPUS, CAP, SPACES["full"], Datatype.float8, top_k=3, workers=1)
+    found = scan(SMALL, h100, GPUS, CAP, FULL, Datatype.float8, top_k=3, workers=1)
     scalar = evaluate(SMALL, h100, found.best.mapping)
     assert scalar.feasible
     assert scalar.iteration_time_s == pytest.approx(found.best.iteration_time_s, rel=1e-9)
@@ -106,7 +108,7 @@ def test_top_indices_break_ties_by_ordinal(times, k, rnd) -> None:
 def test_csv_holds_every_feasible_mapping(h100, reference, tmp_path: Path) -> None:
     arrays, result, _ = reference
     path = tmp_path / "all.csv"
-    found = scan(SMALL, h100, GPUS, CAP, SPACES["full"], Datatype.float8, top_k=1, workers=2, chunk_rows=7_000,
+    found = scan(SMALL, h100, GPUS, CAP, FULL, Datatype.float8, top_k=1, workers=2, chunk_rows=7_000,
                  csv_path=path)
     with path.open() as handle:
         rows = list(csv.DictReader(handle))
@@ -124,7 +126,7 @@ def test_nothing_fits_is_reported_with_the_checks() -> None:
     big = Model(name="big", hidden=12288, feedforward=49152, seq_size=2048, attn_heads=96, attn_size=128,
                 num_blocks=96)
     no_offload = load_system(H100)  # 80 GiB HBM, no offload tier
-    found = scan(big, no_offload, 2, 64, SPACES["full"], Datatype.bfloat16, workers=1)
+    found = scan(big, no_offload, 2, 64, FULL, Datatype.bfloat16, workers=1)
     assert found.best is None and found.feasible == 0 and found.evaluated > 0
     reason = found.infeasible_reason(no_offload.hbm.capacity_bytes)
     assert "hbm_capacity" in reason and "80.0 GiB" in reason
@@ -140,7 +142,7 @@ def small_model_file(tmp_path: Path) -> Path:
 def test_cli_brute_json(tmp_path: Path) -> None:
     problem = ["--model", str(small_model_file(tmp_path)), "--system", str(H100), "--offload-gib", "64",
                "--hbm-gib", str(HBM_GIB), "--nvlink-size", str(NVLINK_SIZE), "--gpus", str(GPUS), "--max-batch",
-               str(CAP), "--datatype", "float8"]
+               str(CAP), "--datatype", "float8", "--fix", "cp_comm=p2p", "--fix", "shard=all"]
     result = CliRunner().invoke(cli, ["brute", *problem, "--top-k", "3", "--workers", "1", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
@@ -155,7 +157,8 @@ def test_cli_brute_json(tmp_path: Path) -> None:
 
 def test_cli_brute_table(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["brute", "--model", str(small_model_file(tmp_path)), "--system", str(H100),
-                                      "--gpus", "8", "--max-batch", "32", "--top-k", "2", "--workers", "1"])
+                                      "--gpus", "8", "--max-batch", "32", "--top-k", "2", "--workers", "1",
+                                      "--fix", "cp_comm=p2p", "--fix", "shard=all"])
     assert result.exit_code == 0, result.output
     assert "Best mapping" in result.output and "Top 2" in result.output
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import plain
 
 from costmodel.terms.block_memory import block_stored_activation_bytes
 from costmodel.context import Context
@@ -48,7 +49,7 @@ def _mapping(tp=1, cp=1, pp=1, dp=1, mb=1, batch=None, zero=1, **more) -> Mappin
 def _view(tp, cp, mb, net=0, recompute_full=False):
     return SimpleNamespace(tp=float(tp), cp=float(cp), microbatch=float(mb), seq_par=False, seq_par_ag_redo=False,
                            recompute_full=recompute_full, recompute_attn_only=False, cp_net=net,
-                           offload_blocks=None, recompute_blocks=None, recompute_modules=None)
+                           cp_comm_p2p=True, cp_comm_all_gather=False, cp_comm_a2a=False, offload_blocks=None, recompute_blocks=None, recompute_modules=None)
 
 
 def test_a_gpu_of_cp_2_stores_what_a_gpu_of_half_the_microbatch_stores():
@@ -145,7 +146,8 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_solve_equals_brute_force_where_context_parallelism_wins(case):
     _, model, system, gpus, max_batch, datatype, attention = case
-    space, kernels = get_space("full"), Kernels.with_attention(attention)
+    # the K/V ring and the whole group only; tests/test_cp_comm.py solves these with cp_comm free
+    space, kernels = plain(get_space("full")), Kernels.with_attention(attention)
     result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
                    config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
     reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=3, workers=1)

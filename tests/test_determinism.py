@@ -23,9 +23,10 @@ from solver.cli.app import cli
 MODEL = str(MODELS_DIR / "gpt-1.3b.yaml")
 SYSTEM = str(H100_SYSTEM)
 PROBLEM = ["--model", MODEL, "--system", SYSTEM]
-# Small problems (1.3B on 8 GPUs, batch <= 32: ~53k mappings, many of them tied in time) so
-# the whole file takes a few seconds.
-SMALL_SPACE = ["--gpus", "8", "--max-batch", "32"]
+# Small problems (1.3B on 8 GPUs, batch <= 32: ~53k mappings, many of them tied in time, in
+# `full` as before cp_comm and hybrid sharding) so the whole file takes a few seconds; the
+# 4,096-GPU count and the offload solve keep every flag.
+SMALL_SPACE = ["--gpus", "8", "--max-batch", "32", "--fix", "cp_comm=p2p", "--fix", "shard=all"]
 
 CASES = {
     "eval": ["eval", *PROBLEM, "--mapping", str(MAPPINGS_DIR / "gpt-1.3b-bf16-8gpu.json"), "--json"],

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import cases
+from conftest import cases, plain
 from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate, evaluate_arrays
@@ -75,7 +75,7 @@ def test_counts_agree_with_expert_parallelism(experts, gpus, cap, networks, offl
     model = Model(hidden=24, feedforward=96, seq_size=8, attn_heads=4, attn_size=6, num_blocks=4,
                   num_experts=experts, experts_per_token=2, expert_feedforward=24, moe_every=every)
     system = make_system(networks, offload)
-    for space in (get_space("full"), get_space("calculon-2023")):
+    for space in (plain(get_space("full")), get_space("calculon-2023")):   # as before cp_comm, shard
         counted = count_mappings(model, system, gpus, cap, space)
         arrays = enumerate_all(model, system, gpus, cap, space)
         assert counted.mappings == len(arrays)
@@ -158,7 +158,7 @@ def test_a_dense_model_pays_no_expert_terms():
 def test_block_floors_never_exceed_an_exact_time_in_their_block():
     model, gpus, cap = moe(every=2, shared_ff=512), 16, 32
     system = H100.with_overrides(hbm_gib=12)
-    space = get_space("full")
+    space = plain(get_space("full"))             # as before cp_comm and shard
     problem = Problem(model, system, gpus, cap, space)
     skels = skeletons(model, gpus, cap, space)
     c = Context.build(model, system, Datatype.bfloat16, Kernels())
@@ -191,7 +191,7 @@ CASES = [
 @pytest.mark.parametrize("case", cases(CASES, slow={"8blocks-32gpu": "~10 s: brute force over 32 GPUs"}))
 def test_solve_equals_brute_force_on_moe_models(case):
     _, model, system, gpus, max_batch, ep_wins = case
-    space = get_space("full")
+    space = plain(get_space("full"))             # as before cp_comm and shard
     result = solve(model, system, gpus, max_batch=max_batch, datatype=Datatype.bfloat16, space=space,
                    config=SolverConfig(top_k=2, time_limit_s=300, workers=1))
     reference = scan(model, system, gpus, max_batch, space, Datatype.bfloat16, Kernels(), top_k=2, workers=1)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import assert_block_floors_below_exact
+from conftest import assert_block_floors_below_exact, plain
 from test_expert_parallel import moe
 from test_space_count import cp_sat_count, make_system
 
@@ -77,7 +77,8 @@ def test_an_unstated_etp_is_tp_for_an_moe_model_and_1_for_a_dense_one():
 MODEL_SHAPE = {"hidden": 24, "feedforward": 96, "seq_size": 8, "attn_heads": 4, "attn_size": 6, "num_blocks": 4,
                "experts_per_token": 2, "expert_feedforward": 24}
 BEFORE_FOLDING = [
-    # (experts, gpus, cap, offload, space, count before)
+    # (experts, gpus, cap, offload, space, count before); `full` with the K/V ring and the whole
+    # group only, as it was then (cp_comm and hybrid sharding came later)
     (8, 8, 8, False, "full", 40480), (8, 8, 8, False, "calculon-2023", 3344),
     (4, 4, 4, False, "full", 8305), (4, 4, 4, False, "calculon-2023", 1067),
     (6, 6, 3, True, "full", 27360), (6, 6, 3, True, "calculon-2023", 3648),
@@ -87,7 +88,7 @@ BEFORE_FOLDING = [
 @pytest.mark.parametrize("experts, gpus, cap, offload, space, before", BEFORE_FOLDING)
 def test_count_grows_by_exactly_the_folded_and_etp_mappings(experts, gpus, cap, offload, space, before):
     model = Model(**MODEL_SHAPE, num_experts=experts)
-    system, space = make_system(1, offload), get_space(space)
+    system, space = make_system(1, offload), plain(get_space(space))
     counted = count_mappings(model, system, gpus, cap, space)
     arrays = enumerate_all(model, system, gpus, cap, space)
     assert counted.mappings == len(arrays)
@@ -213,7 +214,7 @@ def _folding_wins(mapping) -> bool:
 
 
 def _solve_and_scan(model, system, gpus, max_batch):
-    space = get_space("full")
+    space = plain(get_space("full"))             # as before cp_comm and shard
     result = solve(model, system, gpus, max_batch=max_batch, datatype=Datatype.bfloat16, space=space,
                    config=SolverConfig(top_k=3, time_limit_s=300, workers=1))
     reference = scan(model, system, gpus, max_batch, space, Datatype.bfloat16, Kernels(), top_k=3, workers=1)
@@ -247,7 +248,8 @@ def test_the_cp_sat_path_alone_certifies_the_folded_answer(case, monkeypatch):
 
 def test_block_floors_never_exceed_an_exact_time_with_etp():
     model = _attention_heavy(8192, 32, 4, 768)
-    checked = assert_block_floors_below_exact(model, H100.with_overrides(hbm_gib=12), 8, 4, Datatype.bfloat16)
+    checked = assert_block_floors_below_exact(model, H100.with_overrides(hbm_gib=12), 8, 4, Datatype.bfloat16,
+                                              plain(get_space("full")))
     assert any(sk.etp != sk.tp for sk in checked) and any(sk.ep > sk.dp * sk.cp for sk in checked)
 
 
@@ -261,11 +263,13 @@ def test_a_dense_model_keeps_its_count_and_answers():
     """Golden figures from the code before etp (the commit before it was merged, 04cd912:
     `count_mappings`, `scan` and `evaluate` on the same inputs, the H100 file without its
     whole-step terms, which are refitted as the runs grow), unchanged to the last bit: a dense
-    model has ep = etp = 1."""
+    model has ep = etp = 1. The space is `full` with the K/V ring and the whole group only, as
+    it was then (cp_comm and hybrid sharding came later and add mappings)."""
     h100 = H100.model_copy(update={"step": None})
     system = h100.with_overrides(hbm_gib=16)
-    assert count_mappings(DENSE, system, 8, 16, get_space("full")).mappings == 138_952
-    reference = scan(DENSE, system, 8, 16, get_space("full"), Datatype.bfloat16, Kernels(), top_k=3, workers=1)
+    full = plain(get_space("full"))
+    assert count_mappings(DENSE, system, 8, 16, full).mappings == 138_952
+    reference = scan(DENSE, system, 8, 16, full, Datatype.bfloat16, Kernels(), top_k=3, workers=1)
     assert [e.iteration_time_s for e in reference.top] == [0.016231016460527964, 0.016231016460527964,
                                                            0.016331731304972407]
     assert {(e.mapping.ep, e.mapping.etp, e.mapping.expert_tensor_par_net) for e in reference.top} == {(1, 1, 0)}

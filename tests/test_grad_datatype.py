@@ -21,7 +21,8 @@ from solver.cli.app import cli
 TIGHT = {"name": "tight", "hidden": 2048, "feedforward": 8192, "seq_size": 2048, "attn_heads": 32, "attn_size": 64,
          "num_blocks": 4}
 SYSTEM = str(H100_SYSTEM)
-SPACE = ["--gpus", "4", "--max-batch", "8", "--fix", "cp=1"]   # without context parallelism, as measured
+# without context parallelism and hybrid sharding, as measured
+SPACE = ["--gpus", "4", "--max-batch", "8", "--fix", "cp=1", "--fix", "shard=all"]
 
 
 @pytest.fixture

@@ -153,7 +153,8 @@ def test_cli_solve_reads_a_config_json_with_seq_size_and_warns_on_one_line():
 
 def test_cli_solves_llama_3_1_70b_on_512_h100s_certified():
     args = ["solve", "--model", str(MODELS / "llama-3.1-70b" / "config.json"), "--seq-size", "8192",
-            "--system", H100, "--gpus", "512", "--json", "--workers", "1"]
+            "--system", H100, "--gpus", "512", "--json", "--workers", "1",
+            "--fix", "cp_comm=p2p", "--fix", "shard=all"]           # as before cp_comm and hybrid sharding
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from ortools.sat.python import cp_model
 
-from conftest import H100_SYSTEM, MODEL_DATA, MODELS_DIR, SYSTEM_DATA, assert_block_floors_below_exact
+from conftest import H100_SYSTEM, MODEL_DATA, MODELS_DIR, SYSTEM_DATA, assert_block_floors_below_exact, plain
 from costmodel.errors import InputError, InternalError
 from costmodel.inputs.load import load_model, load_system
 from costmodel.model import Model
@@ -358,5 +358,7 @@ def test_block_floors_never_exceed_an_exact_time_in_their_block(gpus, offload):
     # time of its block, rounding included (TIME_FLOOR_SLACK).
     model = load_model(MODELS_DIR / "gpt-1.3b.yaml")
     system = load_system(H100_SYSTEM).with_overrides(offload_gib=offload, offload_gbps=100 if offload else None)
-    checked = len(assert_block_floors_below_exact(model, system, gpus, 256, Datatype.bfloat16))
+    # as before cp_comm and hybrid sharding (their floors: test_cp_comm.py, test_hybrid_sharding.py)
+    checked = len(assert_block_floors_below_exact(model, system, gpus, 256, Datatype.bfloat16,
+                                                  plain(get_space("full"))))
     assert checked > 10

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import plain
 
 from costmodel.terms.block import block_forward_times
 from costmodel.terms.block_memory import block_stored_activation_bytes
@@ -279,7 +280,7 @@ def test_solve_equals_brute_force_on_the_new_architectures(fields):
     from solver.space.declaration import get_space
 
     model, system, gpus, max_batch = Model(**fields), H100.with_overrides(hbm_gib=8), 8, 16
-    space = get_space("full")
+    space = plain(get_space("full"))         # as before cp_comm and hybrid sharding
     result = solve(model, system, gpus, max_batch=max_batch, datatype=Datatype.bfloat16, space=space,
                    config=SolverConfig(top_k=2, time_limit_s=300, workers=1))
     reference = scan(model, system, gpus, max_batch, space, Datatype.bfloat16, Kernels(), top_k=2, workers=1)
@@ -317,7 +318,8 @@ def test_bridge_flops_with_latent_attention_reproduce_deepseek_v3s_published_tfl
 
 def test_mapsat_solve_states_the_parameter_counts():
     args = ["solve", "--model", str(MODELS / "gpt-oss-20b" / "config.json"), "--seq-size", "4096",
-            "--system", str(ROOT / "problems/systems/h100-80g-nvl8.yaml"), "--gpus", "8", "--max-batch", "16"]
+            "--system", str(ROOT / "problems/systems/h100-80g-nvl8.yaml"), "--gpus", "8", "--max-batch", "16",
+            "--fix", "cp_comm=p2p", "--fix", "shard=all"]          # as before cp_comm and hybrid sharding
     result = CliRunner().invoke(cli, [*args, "--json"])
     assert result.exit_code == 0, result.output
     counts = json.loads(result.output)["parameters"]

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from ortools.sat.python import cp_model
 
-from conftest import cp_sat_solution_count
+from conftest import cp_sat_solution_count, plain
 from costmodel.dimensions import BY_NAME
 from costmodel.errors import InputError
 from costmodel.kernels import Kernels
@@ -84,7 +84,7 @@ PIN_SETS = [
 @pytest.mark.parametrize("fix", PIN_SETS, ids=lambda fix: "+".join(fix))
 def test_pinned_count_equals_filtered_enumeration_and_cp_sat(fix):
     system = A100.with_overrides(offload_gib=64, offload_gbps=50)
-    space = get_space("full")
+    space = plain(get_space("full"))     # as before cp_comm and shard (their --fix: their own tests)
     gpus, cap = 4, 8
     pins = parse_pins(fix)
     fixed = pinned(space, pins)
@@ -115,7 +115,7 @@ def test_pinned_solve_equals_brute_force_on_the_same_pins(case):
     _, system, gpus, cap, datatype, fix = case
     model = Model(name="m", hidden=2048, feedforward=8192, seq_size=2048, attn_heads=16, attn_size=128,
                   num_blocks=16)
-    space = pinned(get_space("full"), parse_pins(fix))
+    space = pinned(plain(get_space("full")), parse_pins(fix))     # as before cp_comm and shard, as below
     result = solve(model, system, gpus, max_batch=cap, datatype=datatype, space=space,
                    config=SolverConfig(top_k=2, time_limit_s=120))
     reference = scan(model, system, gpus, cap, space, datatype, Kernels(), top_k=2, workers=1)
@@ -126,7 +126,7 @@ def test_pinned_solve_equals_brute_force_on_the_same_pins(case):
     for name, allowed in space.pins:
         dim = BY_NAME[name]
         assert (dim.code_of(values[name]) if dim.is_flag else values[name]) in allowed
-    unpinned = solve(model, system, gpus, max_batch=cap, datatype=datatype, space=get_space("full"),
+    unpinned = solve(model, system, gpus, max_batch=cap, datatype=datatype, space=plain(get_space("full")),
                      config=SolverConfig(top_k=1, time_limit_s=120))
     assert unpinned.best.iteration_time_s <= result.best.iteration_time_s * (1 + 1e-12)
 

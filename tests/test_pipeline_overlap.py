@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import plain
 
 from costmodel.evaluate import evaluate
 from costmodel.kernels import Kernels
@@ -64,7 +65,7 @@ def test_the_default_is_the_exposed_sends_and_a_file_states_it_only_when_on():
 
 def test_solve_equals_brute_force_with_overlapped_sends():
     kernels = Kernels(pp_comm_overlap=True)
-    space = get_space("full")
+    space = plain(get_space("full"))         # as before cp_comm and hybrid sharding
     result = solve(MODEL, H100, 16, max_batch=32, datatype=Datatype.bfloat16, space=space, kernels=kernels,
                    config=SolverConfig(top_k=2, time_limit_s=120, workers=1))
     reference = scan(MODEL, H100, 16, 32, space, Datatype.bfloat16, kernels, top_k=2, workers=1)

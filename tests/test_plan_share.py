@@ -8,7 +8,7 @@ it is built."""
 from __future__ import annotations
 
 import pytest
-from conftest import REPO
+from conftest import REPO, plain
 from test_expert_parallel import moe
 
 from costmodel.dimensions import GROUP_DEGREES
@@ -30,12 +30,15 @@ COUNTS = [4, 8, 16, 32]
 # two sequence lengths (two contexts in one share), a fixed and a capped batch
 PHASES = [Phase(name="short", tokens=1e9, seq_size=2048, batch=64), Phase(name="long", tokens=1e9, seq_size=4096)]
 MAX_BATCH = 48
+PLAIN = plain(get_space("full"))
+"""The plans and solves compared: `full` as before cp_comm and hybrid sharding (the shared
+tables with both are test_shared_block_tables_equal_a_single_counts[dense]'s)."""
 
 
 def _alone(n: int, phase: Phase):
     """`solve` at one count and phase, nothing shared: what a user gets from `mapsat solve`."""
     batch = phase.batch_sequences
-    space = get_space("full") if batch is None else pinned(get_space("full"), (("batch", (batch,)),))
+    space = PLAIN if batch is None else pinned(PLAIN, (("batch", (batch,)),))
     return solve(phase_model(SMALL, phase), H100, n, max_batch=batch or MAX_BATCH, space=space,
                  config=SolverConfig(top_k=1))
 
@@ -58,10 +61,10 @@ def _check_equal(result, alone: dict) -> None:
 
 def test_plan_equals_independent_solves_cold_and_warm(alone):
     share = CountShare()
-    cold = plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"), share=share)
+    cold = plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=PLAIN, share=share)
     _check_equal(cold, alone)
     # warm: every context and table already built by the cold plan
-    warm = plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"), share=share)
+    warm = plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=PLAIN, share=share)
     _check_equal(warm, alone)
 
 
@@ -69,15 +72,15 @@ def test_plan_equals_independent_solves_with_tables_built_by_other_counts(alone)
     """The share warmed by counts in another order (and a count not in the list), so each
     count finds its groups computed alongside others' in another grid."""
     share = CountShare()
-    plan(SMALL, H100, [64, 2], PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"), share=share)
+    plan(SMALL, H100, [64, 2], PHASES, SETTINGS, max_batch=MAX_BATCH, space=PLAIN, share=share)
     for n in reversed(COUNTS):
-        plan(SMALL, H100, [n], PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"), share=share)
-    _check_equal(plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=get_space("full"),
+        plan(SMALL, H100, [n], PHASES, SETTINGS, max_batch=MAX_BATCH, space=PLAIN, share=share)
+    _check_equal(plan(SMALL, H100, COUNTS, PHASES, SETTINGS, max_batch=MAX_BATCH, space=PLAIN,
                       share=share), alone)
 
 
-def _engine(n: int, share: CountShare | None = None, model: Model = SMALL) -> Engine:
-    return Engine(model, H100, n, 64, Datatype.bfloat16, get_space("full"), Kernels(), one_question=True,
+def _engine(n: int, share: CountShare | None = None, model: Model = SMALL, space=None) -> Engine:
+    return Engine(model, H100, n, 64, Datatype.bfloat16, space or get_space("full"), Kernels(), one_question=True,
                   share=share)
 
 
@@ -86,12 +89,15 @@ def _engine(n: int, share: CountShare | None = None, model: Model = SMALL) -> En
 MOE = moe()
 
 
-@pytest.mark.parametrize("model", [SMALL, MOE], ids=["dense", "moe"])
-def test_shared_block_tables_equal_a_single_counts(model):
+# the dense model in `full` (cp_comm's axis in the cp > 1 groups, shard groups in the DP table);
+# the MoE model as before cp_comm and hybrid sharding (its cp > 1 groups would come three times)
+@pytest.mark.parametrize("model, flags", [(SMALL, "all"), (MOE, "plain")], ids=["dense", "moe"])
+def test_shared_block_tables_equal_a_single_counts(model, flags):
     share = CountShare()
+    space = plain(get_space("full")) if flags == "plain" else get_space("full")
     for n in (32, 4, 16):              # fill the cache from other counts first
-        _engine(n, share, model)
-    shared, fresh = _engine(8, share, model), _engine(8, model=model)
+        _engine(n, share, model, space)
+    shared, fresh = _engine(8, share, model, space), _engine(8, model=model, space=space)
     if model is MOE:                   # groups with ep > 1 and etp other than tp are among them
         groups = [dict(zip(GROUP_DEGREES, key)) for key in fresh.tables.tm_keys]
         assert any(g["ep"] > 1 for g in groups) and any(g["etp"] != g["tp"] for g in groups)
@@ -107,10 +113,10 @@ def test_shared_block_tables_equal_a_single_counts(model):
 def test_the_cpsat_model_is_built_only_when_the_floors_cannot_prove():
     """With the default warm start the floors prove the answer (no CP-SAT model, no round);
     with no warm start they cannot, and the model built then finds the same answer."""
-    proven = _engine(16)
+    proven = _engine(16, space=plain(get_space("full")))      # as before cp_comm and shard
     by_floors = proven.search(Question(top_k=3))
     assert by_floors.certified and by_floors.rounds == 0 and proven._cpsat is None
-    lazy = _engine(16)
+    lazy = _engine(16, space=plain(get_space("full")))
     by_cpsat = lazy.search(Question(top_k=3, warm_start_blocks=0))
     assert lazy._cpsat is not None and by_cpsat.rounds >= 1 and by_cpsat.certified
     assert by_cpsat.times_s == by_floors.times_s

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import plain
 
 from costmodel.choices import PipelineSchedule
 from costmodel.evaluate import evaluate
@@ -76,7 +77,7 @@ ZB_CASES = [
 @pytest.mark.parametrize("case", ZB_CASES, ids=[c[0] for c in ZB_CASES])
 def test_solve_equals_brute_force_where_zero_bubble_is_offered(case):
     _, model, system, gpus, cap, datatype = case
-    space = dataclasses.replace(get_space("full"), pins=NO_INTERLEAVING)
+    space = dataclasses.replace(plain(get_space("full")), pins=NO_INTERLEAVING)   # as before cp_comm and shard
     result = solve(model, system, gpus, max_batch=cap, datatype=datatype, space=space,
                    config=SolverConfig(top_k=3, time_limit_s=120))
     reference = scan(model, system, gpus, cap, space, datatype, Kernels(), top_k=3, workers=1)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import numpy as np
 from ortools.sat.python import cp_model
 
-from conftest import cases, cp_sat_solution_count, examples
+from conftest import cases, cp_sat_solution_count, examples, plain
 from costmodel.evaluate import evaluate_arrays
 from costmodel.kernels import Kernels
 from costmodel.inputs.load import load_model, load_system
@@ -94,7 +94,8 @@ CASES = [
                                                     "zero2-wins-a100-fp16": "~3 s; zero2-wins-h100 stays"}))
 def test_solve_equals_brute_force(case):
     _, model, system, gpus, max_batch, datatype, space_name, attention, *grads = case
-    space, kernels = get_space(space_name), Kernels.with_attention(attention, *grads)
+    # as before cp_comm and shard (solve = brute force with them: test_cp_comm, test_hybrid_sharding)
+    space, kernels = plain(get_space(space_name)), Kernels.with_attention(attention, *grads)
     result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
                    config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
     reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=3, workers=1)
@@ -116,9 +117,10 @@ def test_tp_above_kv_heads_would_win_but_the_certified_answer_keeps_tp_within_th
     model over the space without the rule, the fastest mapping has tp > kv_heads; the solver's
     certified optimum, equal to brute force, keeps tp | kv_heads and is slower."""
     model, system, gpus, cap, datatype = problem
-    # ZeRO stages 0/1 only and no context parallelism: with ZeRO-3 or cp > 1 the multi-query
-    # problem fits at tp = 1 and the rule no longer binds (a premise of this test, not of the rule)
-    full = get_space("full")
+    # ZeRO stages 0/1 over the whole group only and no context parallelism: with ZeRO-3, hybrid
+    # sharding or cp > 1 the problems fit at tp = 1 and the rule no longer binds (a premise of this
+    # test, not of the rule)
+    full = plain(get_space("full"))
     space = dataclasses.replace(full, offered=full.offered + (("zero", (0, 1)),), cp_max=1)
     unruled = enumerate_all(model.model_copy(update={"kv_heads": None}), system, gpus, cap, space)
     scored = evaluate_arrays(model, system, unruled, datatype)
@@ -144,7 +146,7 @@ def test_solver_constraints_admit_exactly_the_space(space_name, offload, gpus, m
     closed-form count (network sizes are a feasibility check, not part of the count)."""
     model = small_model(8, hidden=1024, heads=16, seq=1024)
     system = A100.with_overrides(offload_gib=64, offload_gbps=50) if offload else A100
-    space = get_space(space_name)
+    space = plain(get_space(space_name))     # cp_comm's, shard's counts: the declaration walk
     m = cp_model.CpModel()
     v = Variables(m, space, skeletons(model, gpus, max_batch, space), gpus, len(system.networks))
     problem = Problem(model, system, gpus, max_batch, space)
@@ -253,7 +255,7 @@ def small_problems(draw):
     gpus = draw(st.sampled_from([1, 2, 4, 8, 16]))
     max_batch = draw(st.sampled_from([4, 16, 64]))
     datatype = draw(st.sampled_from([Datatype.float16, Datatype.float8]))
-    space = get_space(draw(st.sampled_from(["full", "calculon-2023"])))
+    space = plain(get_space(draw(st.sampled_from(["full", "calculon-2023"]))))   # as before cp_comm, shard
     kernels = Kernels.with_attention(draw(st.sampled_from(["fused", "unfused"])))
     return model, system, gpus, max_batch, datatype, space, kernels
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import cp_sat_solution_count
+from conftest import cp_sat_solution_count, plain
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ortools.sat.python import cp_model
@@ -47,7 +47,12 @@ def gpt_1t(blocks: int) -> Model:
 # ---------------------------------------------------------------- the published counts
 @pytest.mark.parametrize("blocks, space, expected", [
     (256, "calculon-2023", 15_612_832), (254, "calculon-2023", 842_080),
-    (256, "full", 1_050_058_560), (254, "full", 827_023_488),
+    # `full` with hybrid sharding and cp_comm (p2p | all_gather | a2a where cp > 1): the p2p share
+    # is the count before cp_comm joined (4,593,417,504 / 3,471,442,272 with hybrid sharding),
+    # and each of all_gather and a2a adds every mapping with cp > 1 again (that count less the
+    # cp = 1 ones, 293,987,456 / 237,225,792); the whole-group (shard = all) share is the count
+    # before hybrid sharding (2,965,720,640 / 2,325,257,088)
+    (256, "full", 13_192_277_600), (254, "full", 9_939_875_232),
     # Calculon's current enumeration: what `full` counted before ZeRO-2/3 and ZB-H1
     (256, "calculon-current", 23_311_328), (254, "calculon-current", 1_260_992),
 ])
@@ -74,7 +79,7 @@ def test_model_files_match_the_brief() -> None:
 
 def test_full_space_enumerates_exactly_its_count() -> None:
     p = plan(gpt_1t(254), make_system(), 4096, 3072, SPACES["full"], chunk_rows=100_000)
-    assert p.total == 827_023_488
+    assert p.total == 9_939_875_232
     assert max(c.rows for c in p.chunks) <= 100_000
     ordinals = [c.ordinal for c in p.chunks]
     assert ordinals == sorted(ordinals) and ordinals[0] == 0
@@ -100,7 +105,10 @@ def small_problems(draw):
         space = dataclasses.replace(space, tp_max=draw(st.sampled_from([1, 2, 4])))
     if draw(st.booleans()):
         space = dataclasses.replace(space, cp_max=draw(st.sampled_from([1, 2, 4])))
-    return model, system, num_gpus, max_batch, space
+    # the K/V ring and the whole group only (cp > 1 mappings would come three times over, ZeRO
+    # >= 1 ones once per shard group): their counts are the declaration walk's below and
+    # tests/test_cp_comm.py's, tests/test_hybrid_sharding.py's
+    return model, system, num_gpus, max_batch, plain(space)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -209,7 +217,16 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
                 "offload": int(system.offload is not None)}
     for dim in space.flags:
         domain = dim.domain(len(system.networks))
+        if dim.dim.kind == "subgroup":       # 0 (the whole dp·cp) or a smaller power of two dividing it
+            domain = tuple(c for c in domain if c < num_gpus)
         var = m.NewIntVarFromDomain(cp_model.Domain.FromValues(list(domain)), dim.name)
+        if dim.dim.kind == "subgroup":
+            for code in domain[1:]:
+                takes = m.NewBoolVar(f"{dim.name}_is_{code}")
+                m.Add(var == code).OnlyEnforceIf(takes)
+                m.Add(var != code).OnlyEnforceIf(takes.Not())
+                m.AddModuloEquality(0, dp_cp, code).OnlyEnforceIf(takes)
+                m.Add(dp_cp > code).OnlyEnforceIf(takes)
         holds = []
         for i, cond in enumerate(dim.free_when):
             b = m.NewBoolVar(f"{dim.name}_cond{i}")
@@ -232,21 +249,25 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
     return cp_sat_solution_count(m)
 
 
-@pytest.mark.parametrize("hidden, heads, blocks, seq, gpus, cap, networks, offload, experts", [
-    pytest.param(8, 4, 6, 8, 8, 8, 1, False, 0, marks=pytest.mark.slow),   # 30 s: CP-SAT lists every mapping
-    (12, 6, 4, 3, 6, 5, 1, False, 0),     # seq 3: microbatch·3 must be divisible by tp
-    (8, 8, 8, 1, 4, 3, 2, False, 0),      # dp = 4 > cap 3: the two spaces differ
-    (4, 4, 2, 8, 2, 4, 2, True, 0),       # offload and two networks
-    (8, 8, 6, 4, 6, 4, 1, True, 0),       # dp 6 > cap 4 with offload
-    (8, 4, 4, 8, 4, 4, 1, False, 4),      # mixture of experts: ep·etp dividing tp·cp·dp
-    pytest.param(12, 6, 4, 4, 6, 3, 1, True, 6, marks=pytest.mark.slow),  # ep 1, 2, 3, 6 (ep·etp | tp·cp·dp); offload
+# flags: "all" offers every CP communication and shard group; "plain" the K/V ring and the whole
+# group only, as before cp_comm and hybrid sharding (cp > 1 mappings would come three times
+# over, ZeRO >= 1 ones once per shard group, and CP-SAT lists every mapping)
+@pytest.mark.parametrize("hidden, heads, blocks, seq, gpus, cap, networks, offload, experts, flags", [
+    pytest.param(8, 4, 6, 8, 8, 8, 1, False, 0, "all", marks=pytest.mark.slow),   # 30 s: CP-SAT lists every mapping
+    (12, 6, 4, 3, 6, 5, 1, False, 0, "all"),     # seq 3: microbatch·3 must be divisible by tp
+    (8, 8, 8, 1, 4, 3, 2, False, 0, "all"),      # dp = 4 > cap 3: the two spaces differ
+    (4, 4, 2, 8, 2, 4, 2, True, 0, "all"),       # offload and two networks
+    (8, 8, 6, 4, 6, 4, 1, True, 0, "plain"),      # dp 6 > cap 4 with offload
+    (8, 4, 4, 8, 4, 4, 1, False, 4, "plain"),     # mixture of experts: ep·etp dividing tp·cp·dp
+    pytest.param(12, 6, 4, 4, 6, 3, 1, True, 6, "all", marks=pytest.mark.slow),  # ep 1, 2, 3, 6; offload
 ])
-def test_closed_form_equals_cp_sat(hidden, heads, blocks, seq, gpus, cap, networks, offload, experts) -> None:
+def test_closed_form_equals_cp_sat(hidden, heads, blocks, seq, gpus, cap, networks, offload, experts, flags) -> None:
     moe = {"num_experts": experts, "experts_per_token": 2, "expert_feedforward": hidden} if experts else {}
     model = Model(hidden=hidden, feedforward=4 * hidden, seq_size=seq, attn_heads=heads, attn_size=1,
                   num_blocks=blocks, **moe)
     system = make_system(networks, offload)
     for space in SPACES.values():
+        space = plain(space) if flags == "plain" else space
         expected = cp_sat_count(model, system, gpus, cap, space)
         assert count_mappings(model, system, gpus, cap, space).mappings == expected
 
@@ -286,8 +307,8 @@ def test_cli_count_json_reproduces_published_count(tmp_path: Path) -> None:
 def test_cli_count_table(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["count", "--model", str(MODELS / "gpt-1t-256b.yaml"), "--system",
                                       str(write_system(tmp_path)), "--gpus", "4096", "--max-batch", "3072"])
-    assert result.exit_code == 0, result.output   # the cap pinned: 1.05 billion is the README's count at 3,072
-    assert "1,050,058,560" in result.output and "microbatch" in result.output
+    assert result.exit_code == 0, result.output   # the cap pinned: 13.2 billion at 3,072 (cp_comm, shard)
+    assert "13,192,277,600" in result.output and "microbatch" in result.output
 
 
 @pytest.mark.parametrize("gpus", ["0", "-4", "many"])
@@ -350,9 +371,15 @@ def test_every_declared_dimension_agrees_in_count_enumeration_and_cp_sat():
     system = make_system()
     # tp, pp, dp up to 2 on 2 networks with offload; the second has dp 2 > cap 1 (batch = dp
     # quirk); the third, a mixture-of-experts model, takes ep (and its network) up to 2 (without
-    # offload, which the first covers: 1,892 mappings instead of 13,072, each counted ~50 times)
-    problems = ((model, system, get_space("full"), 2, 2), (model, system, get_space("calculon-2023"), 2, 1),
-                (moe, make_system(offload=False), get_space("full"), 2, 2))
+    # offload, which the first covers: 3,476 mappings instead of 5,776, each counted ~50 times);
+    # the first and third with the K/V ring and the whole group only (as before cp_comm and
+    # hybrid sharding: cp > 1 mappings would come three times over, ZeRO >= 1 ones once per
+    # shard group); a fourth, one single-head block on 4 GPUs, one network, no offload and cap 1
+    # (462 mappings: dp 1, cp up to 4), walks every cp_comm and shard = 2
+    one_head = Model(hidden=64, feedforward=256, seq_size=256, attn_heads=1, attn_size=64, num_blocks=1)
+    problems = ((model, system, plain(get_space("full")), 2, 2), (model, system, get_space("calculon-2023"), 2, 1),
+                (moe, make_system(offload=False), plain(get_space("full")), 2, 2),
+                (one_head, make_system(1, False), get_space("full"), 4, 1))
     for model, system, space, gpus, cap in problems:
         counted = count_mappings(model, system, gpus, cap, space)
         arrays = enumerate_all(model, system, gpus, cap, space)

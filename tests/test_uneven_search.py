@@ -21,7 +21,7 @@ from solver.search.solve import SolverConfig, solve
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space, skeletons
 from solver.space.pins import parse_pins, pinned
-from conftest import assert_block_floors_below_exact
+from conftest import assert_block_floors_below_exact, plain
 from tests.test_context_parallel import CASES as CP_CASES, gqa
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,16 +49,16 @@ def test_the_space_offers_uneven_pp_only_where_the_preset_allows():
 CASES = [
     # (id, model, system, gpus, max_batch, datatype, pins) — the best mapping has uneven stages
     ("30-blocks-pp4-interleaved", gqa(30, 4096, 32, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=24), 32, 64,
-     Datatype.bfloat16, ["zero=0,1", "cp=1", "tp=1"]),
+     Datatype.bfloat16, ["zero=0,1", "cp=1", "tp=1", "shard=all"]),
     ("22-blocks-a100-fp16", gpt(22, 4096, 32, 2048), A100.with_overrides(hbm_gib=16), 16, 64, Datatype.float16,
-     ["zero=0,1", "cp=1", "tp=1,2"]),
+     ["zero=0,1", "cp=1", "tp=1,2", "shard=all"]),
     ("6-blocks-zb-h1-one-block-ends", gqa(6, 8192, 64, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=40), 16, 32,
-     Datatype.float8, ["pp=4,8"]),
+     Datatype.float8, ["pp=4,8", "cp_comm=p2p", "shard=all"]),
     ("62-blocks-pp8", gqa(62, 2048, 16, 4, 4096, vocab=128256), H100.with_overrides(hbm_gib=16), 32, 64, Datatype.bfloat16,
      ["zero=0", "cp=1", "tp=1"]),
     ("14-blocks-offload-fp8", gqa(14, 4096, 32, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=30, offload_gib=128,
                                                                               offload_gbps=50),
-     16, 32, Datatype.float8, ["pp=4,8,16"]),
+     16, 32, Datatype.float8, ["pp=4,8,16", "cp_comm=p2p", "shard=all"]),
 ]
 
 
@@ -81,8 +81,10 @@ def test_solve_equals_brute_force_where_uneven_stages_win(case):
     assert model.num_blocks % reference.best.mapping.pp != 0          # the answer is an uneven layout
 
 
+# the whole group only (as before hybrid sharding); context parallelism's first three problems
+# with the K/V ring only, but for 131k-small-hbm-8gpu, where a2a wins with every cp_comm offered
 FORCED = [c for c in CASES if c[0] in ("30-blocks-pp4-interleaved", "6-blocks-zb-h1-one-block-ends")] + [
-    (c[0], c[1], c[2], c[3], c[4], c[5], []) for c in CP_CASES[:3]]
+    (c[0], c[1], c[2], c[3], c[4], c[5], ["shard=all"] if c[0] == "131k-small-hbm-8gpu" else ["cp_comm=p2p", "shard=all"]) for c in CP_CASES[:3]]
 
 
 @pytest.mark.parametrize("case", FORCED, ids=[c[0] for c in FORCED])
@@ -103,5 +105,6 @@ def test_the_cp_sat_path_alone_certifies_the_same_answer(case, monkeypatch):
 def test_block_floors_never_exceed_an_exact_time_in_their_block_with_uneven_stages(model, system, gpus):
     """The floors certify and cut blocks: each must sit at or below every feasible exact time
     of its block, uneven layouts (pp 4 and 8 of 14 blocks, pp 4 and 8 of 6) and cp included."""
-    checked = assert_block_floors_below_exact(model, system, gpus, 64, Datatype.bfloat16)
+    # as before cp_comm and shard: the floors with every cp_comm are tests/test_cp_comm.py's
+    checked = assert_block_floors_below_exact(model, system, gpus, 64, Datatype.bfloat16, plain(get_space("full")))
     assert len(checked) > 10 and any(model.num_blocks % sk.pp for sk in checked)

@@ -194,13 +194,25 @@ def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
             kernel_bytes = (e * (tokens + b * s) * heads * (d + d_v)
                             + SOFTMAX_STATS_BYTES * b * heads * q_len)
             core_head = (d + d_v) / 2                     # two products of d_qk and d_v: their mean, twice
-        # Two s×s×d products per head forward (Q·Kᵀ, ·V), 1/cp of them on this GPU.
+        # Two s×s×d products per head forward (Q·Kᵀ, ·V), 1/cp of them on this GPU: the ring
+        # (p2p) and all_gather run them as cp kernels of s/cp queries and keys each.
         core_gemm = fused_attention_s(c, xp, 2, b * heads, score_elems * (SOFTMAX_FLOPS_PER_ELEM + dropout_flops),
                                       kernel_bytes, steps=m.cp, head_size=core_head)
         core_eltwise = 0.0
         # Backward recomputes Q·Kᵀ and the softmax (statistics in hand) on chip.
         kernel_recompute = fused_attention_s(c, xp, 1, b * heads, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0,
                                              steps=m.cp)
+        # Ulysses (a2a): one kernel over the whole sequence with heads/cp of the tp rank's
+        # heads — the same FLOP — reading only those heads' K and V.
+        a2a_bytes = kernel_bytes - e * b * s * 2 * kv_cols * (1 - 1 / m.cp)
+        if c.latent:
+            a2a_bytes = kernel_bytes - e * b * s * heads * (d + d_v) * (1 - 1 / m.cp)
+        a2a_gemm = fused_attention_s(c, xp, 2, b * heads / m.cp,
+                                     score_elems * (SOFTMAX_FLOPS_PER_ELEM + dropout_flops), a2a_bytes,
+                                     head_size=core_head)
+        a2a_recompute = fused_attention_s(c, xp, 1, b * heads / m.cp, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0)
+        core_gemm = xp.where(m.cp_comm_a2a, a2a_gemm, core_gemm)
+        kernel_recompute = xp.where(m.cp_comm_a2a, a2a_recompute, kernel_recompute)
         kernel_recompute_flops = causal_score_flops
         selective_recompute, selective_recompute_flops = 0.0, 0.0   # nothing outside the kernel to redo
         if c.attention_core_scale != 1.0:

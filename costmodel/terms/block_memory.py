@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.context import MASK_BYTES, Context
+from costmodel.terms.cp_buffers import cp_buffer_bytes
 from costmodel.terms.kernel_time import attention_time_s
 from costmodel.terms.moe import moe_memory
 from costmodel.terms.layer_time import (SOFTMAX_STATS_BYTES, gemm_s)
@@ -56,7 +57,8 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     matrix, only its softmax statistics, and keeps them under attn_only too (its backward
     recomputes the scores itself). A model trained without dropout keeps no mask.
 
-    Also returns the transient workspace: the context-parallel ring's K/V buffers, and what
+    Also returns the transient workspace: the context-parallel buffers (cp_comm: the ring's
+    K/V chunks, all_gather's gathered K/V, a2a's re-sharded Q/K/V/O), and what
     recomputation needs while one block's backward
     runs: the whole block's activations under full recompute, the attention core's under
     attn_only (unfused), nothing otherwise. With `moe`, the MoE layer's stored bytes
@@ -129,11 +131,7 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
         core_recomputed = False          # (its bytes are in dropped_workspace)
         dispatch_buffers = dispatch_buffers + dropped_workspace
     block_input = e * tokens * h / sp_split
-    # The K/V ring keeps two chunks in flight beside the local one (receive and send
-    # buffers, TransformerEngine's double buffering), in forward and again in backward.
-    ring_buffers = xp.where(m.cp > 1, 2 * e * tokens * 2 * kv_cols, 0.0)
-    if c.latent:
-        ring_buffers = xp.where(m.cp > 1, 2 * e * tokens * heads * (d + c.value_head_size), 0.0)
+    ring_buffers = cp_buffer_bytes(c, m, xp, tokens, kv_cols, q_cols)     # by cp_comm (costmodel.terms.cp_buffers)
     return StoredActivations(
         stored=xp.where(m.recompute_full, block_input, stored),
         full=full,

@@ -22,12 +22,12 @@ AMAX_BYTES = 4.0
 """One fp32 amax per quantized tensor (per-tensor current scaling; NVFP4's per-tensor scale)."""
 
 
-FORWARD_READS = ("tp", "cp", "ep", "etp", "microbatch", "seq_par", "recompute_modules")
+FORWARD_READS = ("tp", "cp", "ep", "etp", "microbatch", "seq_par", "recompute_modules", "cp_comm_a2a")
 """What block_forward_times reads of a mapping (its compute does not depend on the networks,
 overlaps, offloads or recompute setting: a grid of those computes it once per distinct
 combination of these, ArrayOps.per_distinct)."""
 STORED_READS = ("tp", "cp", "ep", "etp", "microbatch", "seq_par", "seq_par_ag_redo", "recompute_full",
-                "recompute_attn_only", "recompute_modules")
+                "recompute_attn_only", "recompute_modules", "cp_comm_all_gather", "cp_comm_a2a")
 """What block_stored_activation_bytes reads of a mapping."""
 
 
@@ -42,7 +42,8 @@ class BlockTerms:
     """TP communication in forward, exposed plus the compute it steals while overlapping"""
     tp_bwd_s: object
     cp_fwd_s: object
-    """the context-parallel K/V ring in forward, exposed plus the compute it steals"""
+    """context-parallel communication in forward (cp_comm: the K/V ring, the K/V all-gather or
+    the all-to-alls), exposed plus the compute it steals"""
     cp_bwd_s: object
     ep_fwd_s: object
     """an MoE block's token dispatch and combine all-to-alls in forward, exposed (0 when dense)"""
@@ -85,10 +86,7 @@ def cp_ring_terms(c: Context, m, xp, fw: BlockForward):
     gradients back (twice the bytes). Each step's transfer overlaps the attention core of
     the step (Megatron-LM / TransformerEngine run them on separate streams), so only the
     excess over the core is exposed, and the hidden part takes the network's compute usage."""
-    kv_chunk = c.elem_bytes * m.microbatch * c.seq / m.cp * 2 * c.kv_heads / m.tp * c.head_size
-    if c.latent:                              # keys of d_qk and values of d_v, one per head
-        kv_chunk = c.elem_bytes * m.microbatch * c.seq / m.cp * c.kv_width / m.tp
-    step = collective_s(c, xp, Collective.p2p, m.cp, kv_chunk, m.cp_net)
+    step = collective_s(c, xp, Collective.p2p, m.cp, kv_chunk_bytes(c, m), m.cp_net)
     ring_fwd = (m.cp - 1) * step
     usage = xp.pick(c.net_usage, m.cp_net)
     fwd_exposed, fwd_stolen = overlapped(ring_fwd, fw.attention_core_s, 1.0, usage, xp)
@@ -118,6 +116,55 @@ def ep_overlap_terms(c: Context, m, xp, ep_pass_s, compute_fwd_s, compute_bwd_s)
     return per_pass, per_pass
 
 
+def kv_chunk_bytes(c: Context, m):
+    """This GPU's K and V: b·s/cp tokens × 2·g·d/tp columns (latent attention: keys of d_qk
+    and values of d_v, one per head)."""
+    if c.latent:
+        return c.elem_bytes * m.microbatch * c.seq / m.cp * c.kv_width / m.tp
+    return c.elem_bytes * m.microbatch * c.seq / m.cp * 2 * c.kv_heads / m.tp * c.head_size
+
+
+def cp_all_gather_terms(c: Context, m, xp):
+    """K and V all-gathered over the cp group before the core, exposed (TransformerEngine
+    AttnFuncWithCPAndKVAllGather, "KV all-gather between CP ranks is exposed"; Llama 3, Dubey
+    et al. 2024 §3.3.2), one collective each: forward gathers K and V; backward gathers them
+    again (only the local chunks are saved) and reduce-scatters dK and dV. Each message is the
+    gathered tensor, cp chunks."""
+    half = m.cp * kv_chunk_bytes(c, m) / 2                 # K or V of the whole sequence
+    gather = collective_s(c, xp, Collective.all_gather, m.cp, half, m.cp_net)
+    scatter = collective_s(c, xp, Collective.reduce_scatter, m.cp, half, m.cp_net)
+    return 2 * gather, 2 * gather + 2 * scatter
+
+
+def cp_a2a_terms(c: Context, m, xp):
+    """DeepSpeed-Ulysses (TransformerEngine AttnFuncWithCPAndQKVOA2A; Jacobs et al. 2023):
+    all-to-alls over the cp group re-shard Q, K and V from the sequence to the heads before the
+    core and the output back after it, on the compute stream: 4 forward (Q, K, V, O) and 4
+    backward (dO, dQ, dK, dV), each this GPU's tensor of b·s/cp tokens."""
+    tokens = m.microbatch * c.seq / m.cp
+    heads = c.heads / m.tp
+    q_cols = heads * c.head_size
+    out_cols = heads * c.value_head_size if c.latent else q_cols
+    kv = kv_chunk_bytes(c, m) / 2
+    pieces = (c.elem_bytes * tokens * q_cols, kv, kv, c.elem_bytes * tokens * out_cols)
+    total = 0.0
+    for message in pieces:
+        total = total + collective_s(c, xp, Collective.all_to_all, m.cp, message, m.cp_net)
+    return total, total
+
+
+def cp_comm_terms(c: Context, m, xp, fw: BlockForward):
+    """Context-parallel communication of one block, forward and backward, by `cp_comm`: the
+    p2p ring (cp_ring_terms), all_gather (cp_all_gather_terms) or a2a (cp_a2a_terms); 0 when
+    cp = 1 (collective_s of a group of one)."""
+    ring_fwd, ring_bwd = cp_ring_terms(c, m, xp, fw)
+    gather_fwd, gather_bwd = cp_all_gather_terms(c, m, xp)
+    a2a_fwd, a2a_bwd = cp_a2a_terms(c, m, xp)
+    fwd = xp.where(m.cp_comm_all_gather, gather_fwd, xp.where(m.cp_comm_a2a, a2a_fwd, ring_fwd))
+    bwd = xp.where(m.cp_comm_all_gather, gather_bwd, xp.where(m.cp_comm_a2a, a2a_bwd, ring_bwd))
+    return fwd, bwd
+
+
 def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
     """One block of one kind (dense, or `moe`: its MLP is the MoE layer), one microbatch,
     one GPU: compute, exposed TP, CP and EP communication (with the compute they steal),
@@ -143,7 +190,7 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
     tp_bwd = regions * region_s + xp.where(redo_gather, 2 * gather_s, 0.0)
     tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw.gemm_s, hidden_fraction, tp_usage, xp)
     tp_bwd_exposed, tp_bwd_stolen = overlapped(tp_bwd, 2 * fw.gemm_s, hidden_fraction, tp_usage, xp)
-    cp_fwd, cp_bwd = cp_ring_terms(c, m, xp, fw)
+    cp_fwd, cp_bwd = cp_comm_terms(c, m, xp, fw)
     exposed_tp = 0.0
     if c.quantized and c.recipe.format.amax_pass:
         # A sequence-parallel operand under current scaling reduces its amax over the tp group

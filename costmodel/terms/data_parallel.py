@@ -51,17 +51,21 @@ class Sharding:
     """edp = tp·cp·dp/(ep·etp): the same for the experts"""
     net: object
     """the network the gradient reduction travels on"""
+    shard: object = None
+    """the shard group (hybrid sharding, `shard`): the inner GPUs of dp·cp the dense state is
+    sharded over, replicated across group/shard of them; dp·cp without hybrid sharding"""
 
     @staticmethod
     def of(m, xp) -> "Sharding":
         group = m.dp * m.cp
         return Sharding(xp.logical_not(m.zero_0), m.zero_2 | m.zero_3, m.zero_3, group,
                         m.tp * group / (m.ep * m.etp),
-                        xp.where(m.dp > 1, m.dp_net, xp.where(m.cp > 1, m.cp_net, m.tp_net)))
+                        xp.where(m.dp > 1, m.dp_net, xp.where(m.cp > 1, m.cp_net, m.tp_net)), m.shard)
 
     def shards(self, xp) -> tuple:
-        """(weights, gradients, optimizer): the GPUs each is split over (1: not sharded)."""
-        return tuple(xp.where(sharded, self.group, 1.0) for sharded in (self.weights, self.grads, self.optimizer))
+        """(weights, gradients, optimizer): the GPUs each is split over (1: not sharded), the
+        shard group's under hybrid sharding."""
+        return tuple(xp.where(sharded, self.shard, 1.0) for sharded in (self.weights, self.grads, self.optimizer))
 
     def expert_shards(self, xp) -> tuple:
         """The same for the experts' state, over the expert data-parallel group."""
@@ -138,12 +142,26 @@ def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardi
     scatters = xp.where(sh.grads, microbatches, 1.0)
     gathers = xp.where(sh.weights, 2 * microbatches, 1.0)
 
-    def traffic(group, stage_params, weight_bytes, members=1.0):
+    def traffic(group, stage_params, weight_bytes, members=1.0, shard=None):
         grad_bytes = stage_params * c.grad_comm_bytes
-        reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, group, grad_bytes, sh.net, members)
-        gather_weights = collective_s(c, xp, Collective.all_gather, group, weight_bytes, sh.net, members)
         all_reduce = collective_s(c, xp, Collective.all_reduce, group, grad_bytes, sh.net, members)
-        return xp.where(sh.optimizer, scatters * reduce_scatter + gathers * gather_weights, all_reduce)
+        across = 0.0
+        net = sh.net
+        if shard is not None:
+            # hybrid sharding (costmodel/dimensions.py `shard`): reduce-scatter and all-gather
+            # within the shard group of `shard` neighbouring members — on network 0 when the
+            # group fits one of its domains —, then the shard's 1/shard of the gradients
+            # all-reduced once a step over the group/shard replicas on the group's network,
+            # their members shard·tp·cp·pp apart (Megatron-LM's num_distributed_optimizer_instances;
+            # PyTorch FSDP's HYBRID_SHARD, _HYBRID_SHARD_ZERO2)
+            replicas = group / shard
+            net = xp.where((replicas > 1) & (shard <= domain_members), 0, sh.net)
+            across = collective_s(c, xp, Collective.all_reduce, replicas, grad_bytes / shard, sh.net,
+                                  xp.minimum(replicas, xp.floor((c.net_size[0] - 1) / (stride * shard)) + 1))
+            group, members = shard, xp.minimum(shard, domain_members)
+        reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, group, grad_bytes, net, members)
+        gather_weights = collective_s(c, xp, Collective.all_gather, group, weight_bytes, net, members)
+        return xp.where(sh.optimizer, scatters * reduce_scatter + gathers * gather_weights + across, all_reduce)
 
     # Weights travel in the datatype; under a precision recipe the blocks' as the recipe gathers
     # them (BF16, or quantized with low-precision param gather), the embeddings in BF16.
@@ -154,8 +172,10 @@ def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardi
     # The group's GPUs are tp·cp·pp apart (costmodel.dimensions' nesting): a window of the
     # innermost domain's size (NVLink) that starts at one of them holds floor((size - 1)/(tp·cp·pp))
     # + 1 of them (costmodel.terms.comm.collective_s).
-    members = xp.minimum(sh.group, xp.floor((c.net_size[0] - 1) / (m.tp * m.cp * m.pp)) + 1)
-    dp_comm = traffic(sh.group, params.dense, dense_weight_bytes, members)
+    stride = m.tp * m.cp * m.pp
+    domain_members = xp.floor((c.net_size[0] - 1) / stride) + 1
+    members = xp.minimum(sh.group, domain_members)
+    dp_comm = traffic(sh.group, params.dense, dense_weight_bytes, members, sh.shard)
     if c.moe_blocks:       # the experts' own reduction, on the gradient network, which spans their group
         dp_comm = dp_comm + traffic(sh.expert_group, params.experts, gathered * params.experts)
     # Overlapped, each block's gradients reduce while the last microbatch's backward runs
@@ -171,7 +191,7 @@ def optimizer_step_s(c: Context, m, xp, sh: Sharding, params: StageParams):
     """The optimizer step over this GPU's share of the stage's parameters: it reads gradient
     and state and writes state and the new weights, in HBM or, offloaded, from and to the
     offload memory (the slower of the two sets the time)."""
-    opt_params = (params.dense / xp.where(sh.optimizer, sh.group, 1.0)
+    opt_params = (params.dense / xp.where(sh.optimizer, sh.shard, 1.0)
                   + params.experts / xp.where(sh.optimizer, sh.expert_group, 1.0))
     e, g = c.elem_bytes, c.grad_bytes_per_param
     # It writes each new weight in the datatype; under a precision recipe a block's as the

@@ -80,6 +80,8 @@ def mapping_summary(mapping_fields: dict) -> str:
         skeleton_rules = [c for c in dim.free_when if c.subject in facts]
         if dim.kind == "choice" and all(c.holds(facts) for c in skeleton_rules):
             parts.append(f"{dim.header} {v[dim.name]}")
+        if dim.kind == "subgroup" and v[dim.name] is not None:     # a sub-group (hybrid sharding)
+            parts.append(f"{dim.header} {v[dim.name]}")
     if not mapping_fields.get("fused_attention", True):
         parts.append("unfused attention")
     on = [dim.header for dim in DIMENSIONS if dim.kind == "switch" and v[dim.name]]
@@ -93,13 +95,13 @@ def mapping_cells(mapping_fields: dict) -> list[str]:
     """A mapping as table cells under `MAPPING_HEADERS`: every split and per-split number,
     every choice, the switches that are on, and the networks."""
     v = _fields_by_name(mapping_fields)
-    cells = [str(v[d.name]) for d in DIMENSIONS if d.kind in ("split", "per_split", "choice")]
+    cells = ["all" if v[d.name] is None else str(v[d.name]) for d in DIMENSIONS if d.kind in ("split", "per_split", "choice", "subgroup")]
     cells.append(" ".join(d.header for d in DIMENSIONS if d.kind == "switch" and v[d.name]) or "-")
     cells.append("/".join(str(v[net]) for _, net in NETWORK_GROUPS))
     return cells
 
 
-MAPPING_HEADERS = (*(d.header for d in DIMENSIONS if d.kind in ("split", "per_split", "choice")), "on",
+MAPPING_HEADERS = (*(d.header for d in DIMENSIONS if d.kind in ("split", "per_split", "choice", "subgroup")), "on",
                    "nets " + "/".join(name for name, _ in NETWORK_GROUPS))
 
 

@@ -15,6 +15,7 @@ How many of them the exact model accepts is a search, not a count: `mapsat count
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -79,14 +80,16 @@ def count_flag_combinations(space: Space, known: tuple[tuple[str, int], ...], nu
                             fixed: tuple[str, int] | None = None) -> int:
     """Number of valid flag combinations given the skeleton facts `known`, optionally with one
     flag fixed to one code (for the per-value breakdown). Closed form: a sum over the
-    assignments of the referenced flags of a product of the other flags' sizes."""
+    assignments of the referenced flags of a product of the other flags' sizes; the flags whose
+    freedom reads skeleton facts only give the same factor in every assignment, taken once."""
     dims = space.flags
     referenced = _referenced_flags(space)
     by_name = {dim.name: dim for dim in dims}
+    reads_flags = {dim.name for dim in dims if any(c.subject in by_name for c in dim.free_when)}
 
     def options(name: str, values: dict[str, int]) -> tuple[int, ...]:
         dim = by_name[name]
-        domain = dim.domain(num_networks)
+        domain = dim.domain(num_networks, values)
         domain = domain if dim.is_free(values) else domain[:1]
         domain = tuple(c for c in domain if space.admits(name, c))
         if fixed is not None and fixed[0] == name:
@@ -95,17 +98,56 @@ def count_flag_combinations(space: Space, known: tuple[tuple[str, int], ...], nu
 
     total = 0
     base = dict(known)
+    constant = 1
+    for dim in dims:
+        if dim.name not in referenced and dim.name not in reads_flags:
+            constant *= len(options(dim.name, base))
+    if not constant:
+        return 0
+    varying = [dim.name for dim in dims if dim.name not in referenced and dim.name in reads_flags]
     # Assign the referenced flags in declaration order (each may depend on earlier ones).
     stack: list[dict[str, int]] = [base]
     for name in referenced:
         stack = [{**values, name: code} for values in stack for code in options(name, values)]
     for values in stack:
-        product = 1
-        for dim in dims:
-            if dim.name not in values:
-                product *= len(options(dim.name, values))
+        product = constant
+        for name in varying:
+            product *= len(options(name, values))
         total += product
     return total
+
+
+@lru_cache(maxsize=4096)
+def flag_breakdown(space: Space, known: tuple[tuple[str, int], ...], num_networks: int) -> dict[str, dict[int, int]]:
+    """count_flag_combinations with each flag fixed to each of its codes, all in one pass: for
+    every flag, {code: combinations taking it} (codes no combination takes left out). In each
+    assignment of the referenced flags, a flag of n options takes each with the product of
+    the others' sizes (the assignment's product / n); a referenced flag takes its assigned code."""
+    dims = space.flags
+    referenced = _referenced_flags(space)
+    by_name = {dim.name: dim for dim in dims}
+
+    def options(name: str, values: dict[str, int]) -> tuple[int, ...]:
+        dim = by_name[name]
+        domain = dim.domain(num_networks, values)
+        domain = domain if dim.is_free(values) else domain[:1]
+        return tuple(c for c in domain if space.admits(name, c))
+
+    out: dict[str, dict[int, int]] = {dim.name: {} for dim in dims}
+    stack: list[dict[str, int]] = [dict(known)]
+    for name in referenced:
+        stack = [{**values, name: code} for values in stack for code in options(name, values)]
+    for values in stack:
+        sizes = {dim.name: options(dim.name, values) for dim in dims if dim.name not in values}
+        product = math.prod(len(codes) for codes in sizes.values())
+        if not product:
+            continue
+        for name in referenced:
+            out[name][values[name]] = out[name].get(values[name], 0) + product
+        for name, codes in sizes.items():
+            for code in codes:
+                out[name][code] = out[name].get(code, 0) + product // len(codes)
+    return out
 
 
 def _known(skeleton: Skeleton, system: System) -> tuple[tuple[str, int], ...]:
@@ -132,11 +174,9 @@ def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, 
             breakdown["interleaving"][il] += n_mb * flags
         for mb in sk.microbatches:
             breakdown["microbatch"][mb] += n_il * flags
-        for dim in space.flags:
-            for code in dim.domain(n_net):
-                part = count_flag_combinations(space, known, n_net, (dim.name, code))
-                if part:
-                    breakdown[dim.name][code] += n_il * n_mb * part
+        for name, parts in flag_breakdown(space, known, n_net).items():
+            for code, part in parts.items():
+                breakdown[name][code] += n_il * n_mb * part
     return CountResult(space=space.name, num_gpus=num_gpus, max_batch=max_batch, mappings=total,
                        skeletons=len(skels), by_dimension=label_breakdown(space, breakdown),
                        seconds=time.perf_counter() - start)

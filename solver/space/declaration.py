@@ -33,7 +33,7 @@ import numpy as np
 
 from costmodel.choices import PipelineSchedule, ShardingStage, TPOverlap
 from costmodel.dimensions import (BY_NAME, DIMENSIONS, FLAGS, GROUP_DEGREES, SKELETON_FACTS, SPLIT_DEGREES, Condition,
-                                  Dimension)
+                                  Dimension, subgroup_limit)
 from costmodel.errors import InputError
 from costmodel.model import Model
 from costmodel.terms.pipeline import EMBEDDING_AND_LOSS_BLOCKS
@@ -64,8 +64,10 @@ class FlagDimension:
     def meaning(self) -> str:
         return self.dim.meaning
 
-    def domain(self, num_networks: int) -> tuple[int, ...]:
-        return self.offered if self.offered is not None else self.dim.codes(num_networks)
+    def domain(self, num_networks: int, facts: dict | None = None) -> tuple[int, ...]:
+        """The codes offered; on a skeleton with `facts`, those it can take."""
+        domain = self.offered if self.offered is not None else self.dim.codes(num_networks)
+        return domain if facts is None else self.dim.codes_at(domain, facts)
 
     def is_free(self, values: dict[str, int]) -> bool:
         return self.dim.is_free(values)
@@ -131,6 +133,22 @@ class Space:
         """TP-overlap codes the space offers (the CP-SAT tables take the best of them)."""
         return next(f.domain(1) for f in self.flags if f.name == "tp_overlap")
 
+    @property
+    def cp_comm_codes(self) -> tuple[int, ...]:
+        """CP-communication codes the space offers and its pins admit (the CP-SAT tables take
+        the best of them where cp > 1: `--fix cp_comm=p2p` bounds with the ring alone)."""
+        return self._admitted("cp_comm")
+
+    @property
+    def shard_codes(self) -> tuple[int, ...]:
+        """Shard-group codes the space offers and its pins admit (0: the whole group; the DP
+        table takes the least over the others where a split has them)."""
+        return self._admitted("shard")
+
+    def _admitted(self, name: str) -> tuple[int, ...]:
+        domain = next(f.domain(1) for f in self.flags if f.name == name)
+        return tuple(code for code in domain if self.admits(name, code))
+
     def skeleton_dimensions(self) -> tuple[SkeletonDimension, ...]:
         quirk = ("; if dp > cap, batch = dp (calculon-2023 quirk)" if self.batch_is_dp_above_cap
                  else "; if dp > cap there is no batch and no mapping")
@@ -156,6 +174,7 @@ with cp = 16 (Dubey et al. 2024, Table 4), and Megatron-LM's long-context recipe
 a larger ring spends more on its steps' kernel launches and transfers than it saves."""
 _CODE = BY_NAME["tp_overlap"].code_of
 _ZERO = BY_NAME["zero"].code_of
+_WHOLE_GROUP = ("shard", (0,))          # no hybrid sharding in the Calculon presets
 SPACES: dict[str, Space] = {
     "full": Space(
         name="full", summary="Calculon's current enumeration: TP overlap none | ring | pipe, strict batch cap; "
@@ -166,14 +185,14 @@ SPACES: dict[str, Space] = {
         name="calculon-current", summary="Calculon's current enumeration, as `full` was before ZeRO-2/3 and ZB-H1 joined it: "
                                  "TP overlap none | ring | pipe, ZeRO stages 0/1, 1F1B, strict batch cap.",
         tp_max=256, cp_max=1, uneven_stages=False, offered=(("zero", (_ZERO(ShardingStage.none), _ZERO(ShardingStage.optimizer))),
-                             ("sched", (BY_NAME["sched"].code_of(PipelineSchedule.one_f_one_b),))),
+                             ("sched", (BY_NAME["sched"].code_of(PipelineSchedule.one_f_one_b),)), _WHOLE_GROUP),
         batch_is_dp_above_cap=False),
     "calculon-2023": Space(
         name="calculon-2023",
         summary="The space of the 2023 papers (reproduces 15,612,832 / 842,080): TP overlap on/off, batch = dp when dp > cap.",
         tp_max=256, cp_max=1, uneven_stages=False, offered=(("tp_overlap", (_CODE(TPOverlap.none), _CODE(TPOverlap.ring))),
                              ("zero", (_ZERO(ShardingStage.none), _ZERO(ShardingStage.optimizer))),
-                             ("sched", (BY_NAME["sched"].code_of(PipelineSchedule.one_f_one_b),))),
+                             ("sched", (BY_NAME["sched"].code_of(PipelineSchedule.one_f_one_b),)), _WHOLE_GROUP),
         batch_is_dp_above_cap=True),
 }
 DEFAULT_SPACE = "full"
@@ -301,7 +320,8 @@ def stage_interleavings(model: Model, pp: int, space: Space) -> tuple[int, ...]:
 def facts(skeleton: Skeleton, system: System) -> dict[str, int]:
     """The skeleton facts conditions may test."""
     return {"tp": skeleton.tp, "cp": skeleton.cp, "ep": skeleton.ep, "etp": skeleton.etp, "pp": skeleton.pp,
-            "dp": skeleton.dp, "dp_cp": skeleton.dp * skeleton.cp, "offload": int(system.offload is not None)}
+            "dp": skeleton.dp, "dp_cp": skeleton.dp * skeleton.cp, "offload": int(system.offload is not None),
+            "dp_cp_pow2": subgroup_limit(skeleton.dp * skeleton.cp)}
 
 
 def iter_flag_combinations(space: Space, known: dict[str, int], num_networks: int) -> Iterator[tuple[int, ...]]:
@@ -309,15 +329,17 @@ def iter_flag_combinations(space: Space, known: dict[str, int], num_networks: in
     return iter(map(tuple, flag_combinations(space, known, num_networks).tolist()))
 
 
-def flag_combinations(space: Space, known: dict[str, int], num_networks: int) -> np.ndarray:
+def flag_combinations(space: Space, known: dict[str, int], num_networks: int,
+                      names: frozenset[str] | None = None) -> np.ndarray:
     """Valid flag code rows (columns in `space.flags` order), lexicographic in that order:
     built one flag at a time, each partial row extended by the codes its flag may take (and
-    the space's pins admit), with numpy: row r's extensions follow one another where r stood."""
-    dims = space.flags
+    the space's pins admit), with numpy: row r's extensions follow one another where r stood.
+    `names`: only those flags' columns (a set closed under the flags their conditions read)."""
+    dims = tuple(dim for dim in space.flags if names is None or dim.name in names)
     position = {dim.name: i for i, dim in enumerate(dims)}
     combos = np.zeros((1, 0), dtype=np.int64)
     for dim in dims:
-        domain = dim.domain(num_networks)
+        domain = dim.domain(num_networks, known)
         free = tuple(code for code in domain if space.admits(dim.name, code))
         pinned = free[:1] if free[:1] == domain[:1] else ()
         if not all(c.holds(known) for c in dim.free_when if c.subject in known):
@@ -348,16 +370,29 @@ def flag_projection(space: Space, names: tuple[str, ...], known: dict[str, int],
 @lru_cache(maxsize=256)
 def _projection_cached(space: Space, names: tuple[str, ...], known: tuple[tuple[str, int], ...],
                        num_networks: int) -> tuple[tuple[int, ...], ...]:
-    position = {dim.name: i for i, dim in enumerate(space.flags)}
+    # only the flags projected and those their conditions read, in turn: the others multiply
+    # every assignment of these alike (hybrid sharding's codes, the networks), so the distinct
+    # assignments are the same without them
+    needed = set(names)
+    by_name = {dim.name: dim for dim in space.flags}
+    while True:
+        more = {c.subject for name in needed for c in by_name[name].free_when if c.subject in by_name} - needed
+        if not more:
+            break
+        needed |= more
+    kept = [dim.name for dim in space.flags if dim.name in needed]
+    position = {name: i for i, name in enumerate(kept)}
     index = [position[name] for name in names]
-    projected = flag_combinations(space, dict(known), num_networks)[:, index]
+    projected = flag_combinations(space, dict(known), num_networks, frozenset(needed))[:, index]
     rows, first = np.unique(projected, axis=0, return_index=True)      # distinct, kept in order of first sight
     return tuple(map(tuple, rows[np.argsort(first)].tolist()))
 
 
 def coarse_facts(f: dict[str, int]) -> tuple[tuple[str, int], ...]:
     """Skeleton facts reduced to what conditions can tell apart (each degree compared with 1)."""
-    return tuple(sorted({**{k: min(v, 2) for k, v in f.items() if k != "offload"}, "offload": f["offload"]}.items()))
+    exact = ("offload", "dp_cp_pow2")          # (dp_cp_pow2 bounds a subgroup's codes)
+    return tuple(sorted({**{k: min(v, 2) for k, v in f.items() if k not in exact},
+                         **{k: f[k] for k in exact if k in f}}.items()))
 
 
 FLAG_TABLES_KEPT = 32
@@ -367,7 +402,7 @@ each can hold a few megabytes)."""
 
 @lru_cache(maxsize=FLAG_TABLES_KEPT)
 def _flag_table_cached(space: Space, known: tuple[tuple[str, int], ...], num_networks: int) -> np.ndarray:
-    table = flag_combinations(space, dict(known), num_networks).astype(np.int16)
+    table = flag_combinations(space, dict(known), num_networks).astype(np.int32)
     table.flags.writeable = False          # shared by every skeleton with these facts
     return table
 

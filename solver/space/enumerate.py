@@ -26,7 +26,8 @@ from costmodel.dimensions import DIMENSIONS
 from costmodel.encoding import MappingArrays
 from costmodel.model import Model
 from costmodel.system import System
-from solver.space.declaration import Skeleton, Space, flag_table, skeletons
+from solver.space.count import count_flag_combinations
+from solver.space.declaration import Skeleton, Space, coarse_facts, facts, flag_table, skeletons
 
 DEFAULT_CHUNK_ROWS = 1 << 20
 """Rows per chunk: about 1M mappings, ~60 MB of columns before evaluation."""
@@ -46,6 +47,25 @@ class ChunkSpec:
         return self.stop - self.start
 
 
+class FlagTables:
+    """The flag tables of a plan's skeletons, each built when first read (flag_table caches
+    them by skeleton facts): a search reads the tables of the few blocks it scores, and
+    building every one up front (hybrid sharding's codes make them many and long) cost more
+    than the search."""
+
+    def __init__(self, space: Space, system: System, skels: tuple[Skeleton, ...]):
+        self._space, self._system, self._skeletons = space, system, skels
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return flag_table(self._space, self._skeletons[index], self._system)
+
+    def __len__(self) -> int:
+        return len(self._skeletons)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[i] for i in range(len(self)))
+
+
 @dataclass(frozen=True)
 class Plan:
     """Everything needed to build any chunk: the skeletons, their flag tables (rows of flag
@@ -53,7 +73,7 @@ class Plan:
 
     space: Space
     skeletons: tuple[Skeleton, ...]
-    flag_tables: tuple[np.ndarray, ...]
+    flag_tables: FlagTables
     chunks: tuple[ChunkSpec, ...]
 
     @property
@@ -75,9 +95,9 @@ class Plan:
         return rows, first + start + np.arange(len(table), dtype=np.int64)
 
 
-def skeleton_rows(skeleton: Skeleton, table: np.ndarray) -> int:
+def skeleton_rows(skeleton: Skeleton, flag_rows: int) -> int:
     """Mappings on one skeleton: interleavings × microbatches × flag combinations."""
-    return len(skeleton.interleavings) * len(skeleton.microbatches) * len(table)
+    return len(skeleton.interleavings) * len(skeleton.microbatches) * flag_rows
 
 
 def plan(model: Model, system: System, num_gpus: int, max_batch: int, space: Space,
@@ -85,23 +105,25 @@ def plan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
     """Split the space into chunks of at most `chunk_rows` mappings, in enumeration order."""
     if chunk_rows <= 0:
         raise ValueError(f"chunk_rows {chunk_rows} must be > 0")
-    kept, tables = [], []
+    kept, sizes = [], []
     for sk in skeletons(model, num_gpus, max_batch, space):
-        rows = flag_table(space, sk, system)     # shared (cached) between skeletons
-        if not len(rows):
+        # the flag table's length in closed form (solver.space.count; the table itself is
+        # built when a chunk or block of the skeleton is)
+        flag_rows = count_flag_combinations(space, coarse_facts(facts(sk, system)), len(system.networks))
+        if not flag_rows:
             continue            # pinned flags no mapping of this split can take: none of it is left
         kept.append(sk)
-        tables.append(rows)
-    skels, tables = tuple(kept), tuple(tables)
+        sizes.append(flag_rows)
+    skels = tuple(kept)
     chunks = []
     ordinal = 0
-    for index, (sk, table) in enumerate(zip(skels, tables)):
-        rows = skeleton_rows(sk, table)
+    for index, (sk, flag_rows) in enumerate(zip(skels, sizes)):
+        rows = skeleton_rows(sk, flag_rows)
         for start in range(0, rows, chunk_rows):
             stop = min(start + chunk_rows, rows)
             chunks.append(ChunkSpec(index, start, stop, ordinal + start))
         ordinal += rows
-    return Plan(space, skels, tables, tuple(chunks))
+    return Plan(space, skels, FlagTables(space, system, skels), tuple(chunks))
 
 
 def build_rows(space: Space, skeleton: Skeleton, table: np.ndarray, start: int, stop: int) -> MappingArrays:

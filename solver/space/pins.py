@@ -55,6 +55,8 @@ def _value(dim: Dimension, text: str, given: str, option: str) -> int:
         if word in _SWITCH_WORDS:
             return _SWITCH_WORDS[word]
         raise InputError(f"{option} {given}: {shown(text)} is not on or off")
+    if dim.kind == "subgroup" and word == "all":
+        return 0
     smallest = 0 if dim.kind == "network" else 1
     digits = word.lstrip("0") or "0"
     number = int(digits) if digits.isdigit() and len(digits) <= 19 else math.inf   # 19 digits: within int64

@@ -12,13 +12,13 @@ import numpy as np
 
 from costmodel.terms.comm import collective_s
 from costmodel.context import Context
-from costmodel.choices import PipelineSchedule, Recompute, TPComm
+from costmodel.errors import InputError
+from costmodel.choices import CPComm, PipelineSchedule, Recompute, TPComm
 from costmodel.dimensions import DIMENSIONS, GROUP_DEGREES, NETWORK_GROUPS, SPLIT_DEGREES, group_spans
 from costmodel.encoding import MappingArrays, code
-from costmodel.errors import InputError
 from costmodel.terms.moe import moe_communication
 from costmodel.terms.iteration import block_terms, output_layer_s
-from costmodel.evaluate import array_fields
+from costmodel.evaluate import array_fields, cp_comm_heads_fit
 from costmodel.ops import ArrayOps
 from costmodel.system import Collective
 from solver.space.declaration import Space
@@ -150,6 +150,10 @@ def local_batches_of(splits, num_gpus: int, space: Space, max_batch: int) -> dic
     return out
 
 
+ALL_CP_COMMS = tuple(code("cp_comm", member) for member in CPComm)
+"""Every CP communication's code: what the block tables minimise over where cp > 1 unless the
+space offers or its pins admit fewer (Space.cp_comm_codes)."""
+
 BLOCK_TABLES = ("block", "block_zb", "compute", "head", "p2p", "stored", "workspace")
 """The tables over (tp, cp, ep, etp, microbatch): they read neither the GPU count nor the
 batch (dp, pp and the batch stay at their defaults), so searches of one problem at several
@@ -160,25 +164,25 @@ class BlockTableCache:
     """The (tp, cp, ep, etp, microbatch) tables of one exact-model context, each group
     computed once: Tables of that context at any GPU count take the cached tables (which may
     hold more groups than theirs) and compute only the groups missing. Keyed also by the TP
-    overlaps, the networks and the TP and CP network axes the grid minimises over (the CP
-    axis has every network only when some group has cp > 1), so each group's entry is what
-    Tables would compute itself; the EP and ETP networks are chosen per group
-    (best_expert_networks), from that group alone."""
+    overlaps, the CP communications and the networks the grid minimises over; each group's
+    entry is what Tables would compute itself (_block_tables computes the groups with cp = 1
+    and those with cp > 1 apart, so a group's entry never depends on the others); the EP and
+    ETP networks are chosen per group (best_expert_networks), from that group alone."""
 
     def __init__(self):
         self._stores: dict[tuple, dict] = {}
         self._row_memos: dict[tuple, dict] = {}
 
-    def lookup(self, c: Context, tm_keys: list, tp_overlaps: tuple, networks: int) -> tuple[dict, dict]:
+    def lookup(self, c: Context, tm_keys: list, tp_overlaps: tuple, networks: int,
+               cp_comms: tuple = ALL_CP_COMMS) -> tuple[dict, dict]:
         """Each BLOCK_TABLES table, holding at least the groups `tm_keys`; and the memo of
         their rows as arrays (solver.search.cpsat.tables.GroupRows) kept with them."""
-        block_nets = _block_net_axes(tm_keys, networks)
-        key = (tuple(tp_overlaps), networks, tuple(block_nets.items()))
+        key = (tuple(tp_overlaps), networks, tuple(cp_comms))
         memo = self._row_memos.setdefault(key, {})
         store = self._stores.get(key)
         missing = tm_keys if store is None else [k for k in tm_keys if k not in store["compute"]]
         if missing:
-            fresh = _block_tables(c, missing, tp_overlaps, networks, block_nets)
+            fresh = _block_tables(c, missing, tp_overlaps, networks, cp_comms)
             if store is None:
                 store = self._stores[key] = fresh
             else:
@@ -239,9 +243,29 @@ def best_expert_networks(c: Context, keys, networks: int) -> dict[str, np.ndarra
     return out
 
 
-def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, block_nets: dict) -> dict:
+def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int,
+                  cp_comms: tuple = ALL_CP_COMMS) -> dict:
     """The BLOCK_TABLES over the (tp, cp, ep, etp, microbatch) groups `tm_keys` (see Tables),
-    the grid's TP and CP network axes `block_nets` (_block_net_axes)."""
+    minimised over the TP overlaps `tp_overlaps` and, where cp > 1, the CP communications
+    `cp_comms` (codes; all of them when none is given). The groups with cp = 1 and those with
+    cp > 1 are gridded apart: only the latter take the CP network and communication axes (a
+    group of one reads neither), so those axes never multiply the cp = 1 groups' rows."""
+    at = GROUP_DEGREES.index("cp")
+    parts = [[k for k in tm_keys if k[at] == 1], [k for k in tm_keys if k[at] > 1]]
+    tables = [_group_tables(c, keys, tp_overlaps, networks, _block_net_axes(keys, networks),
+                            list(cp_comms or ALL_CP_COMMS) if keys[0][at] > 1 else [0])
+              for keys in parts if keys]
+    out = tables[0]
+    for more in tables[1:]:
+        for name, table in more.items():
+            _merge(out[name], table)
+    return out
+
+
+def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, block_nets: dict,
+                  cp_comms: list) -> dict:
+    """_block_tables over groups `tm_keys` that all have cp = 1 or all cp > 1: the grid's TP and
+    CP network axes `block_nets` (_block_net_axes), its CP communication axis `cp_comms`."""
     nets = list(range(networks))
     tm = np.array(tm_keys, dtype=float)
 
@@ -253,7 +277,7 @@ def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
     group_at = {name: i for i, name in enumerate(GROUP_DEGREES)}
     keys = _namespace(**{name: tm[:, i] for name, i in group_at.items()}, microbatch=tm[:, len(group_at)])
     expert_nets = best_expert_networks(c, keys, networks)
-    axes = dict(tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2], seq_par_ag_redo=[False, True],
+    axes = dict(tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2], cp_comm=cp_comms, seq_par_ag_redo=[False, True],
                 recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE], weight_offload=[False, True],
                 activations_offload=[False, True], **{net: list(axis) for net, axis in block_nets.items()})
     # (evaluated a few keys at a time and reduced to what the tables keep per key: the
@@ -273,24 +297,26 @@ def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
 
         def by_flags(values) -> np.ndarray:
             # minimised over the networks that fit and (TP overlap only changes time: the best
-            # the space offers bounds every one) the TP overlaps offered
-            return chunk.of(values).min(*networks_axes, where=fits).sel(tp_overlap=list(tp_overlaps)).min(
-                "tp_overlap").values
+            # the space offers bounds every one) the TP overlaps offered; and the CP
+            # communications (which change time and the workspace only: their minimum bounds
+            # every one)
+            return chunk.of(values).min(*networks_axes, "cp_comm", where=fits).sel(
+                tp_overlap=list(tp_overlaps)).min("tp_overlap").values
 
         return {"block": by_flags(rows["block"]), "block_zb": by_flags(rows["block_zb"]),
                 "compute": chunk.of(rows["compute"]).min().values,
                 "head": chunk.of(rows["head"]).min().values,
                 "p2p": chunk.of(rows["p2p"]).min().values,
-                "stored": chunk.of(rows["stored"]).sel(**first).values,
-                "workspace": chunk.of(rows["workspace"]).sel(**first).values}
+                "stored": chunk.of(rows["stored"]).min("cp_comm").sel(**first).values,
+                "workspace": chunk.of(rows["workspace"]).min("cp_comm").sel(**first).values}
 
     parts: dict[str, list] = {}
     for first_key in range(0, len(tm), keys_per_chunk):
         cols, chunk = Named.open_grid(key=np.arange(first_key, min(len(tm), first_key + keys_per_chunk)), **axes)
         for name, values in reduced(chunk, _block_rows(c, tm, cols, group_at, expert_nets, size, nets)).items():
             parts.setdefault(name, []).append(values)
-    flag_axes = {k: v for k, v in chunk.axes.items() if k not in (*networks_axes, "tp_overlap")}
-    memory_axes = {k: v for k, v in chunk.axes.items() if k not in first}
+    flag_axes = {k: v for k, v in chunk.axes.items() if k not in (*networks_axes, "tp_overlap", "cp_comm")}
+    memory_axes = {k: v for k, v in chunk.axes.items() if k not in (*first, "cp_comm")}
     whole = {name: np.concatenate(chunks) for name, chunks in parts.items()}
 
     def by_block_flags(values: np.ndarray) -> dict:
@@ -336,6 +362,7 @@ def _block_rows(c: Context, tm: np.ndarray, cols: dict, group_at: dict, expert_n
     for name, degree, span, net in group_spans(ns):
         if name in ("tp", "cp"):
             fits = fits & ((degree == 1) | (span <= size[net]))
+    fits = fits & cp_comm_heads_fit(c, ns)
     p2p = functools.reduce(np.minimum, [collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
                                                      np.intp(k)) for k in nets])
     out = {"block": total, "block_zb": total - 2 * blk.weight_grad_gemm_s,

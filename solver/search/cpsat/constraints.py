@@ -18,6 +18,7 @@ from costmodel.dimensions import (
     GROUP_SPAN,
     NETWORK_GROUPS,
     SPLIT_DEGREES,
+    subgroup_limit,
 )
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import Evaluation
@@ -252,6 +253,11 @@ class FlagRules(Constraint):
         for dim in p.space.flags:
             if dim.name not in v.flags:
                 continue
+            if dim.dim.kind == "subgroup":       # a sub-group size needs a split whose dp·cp it divides
+                for code, lit in v.flags[dim.name].items():
+                    if code:
+                        m.AddBoolOr([split_lit for split, split_lit in v.split.items()
+                                     if code <= subgroup_limit(_dp_cp(split, p.num_gpus))]).OnlyEnforceIf(lit)
             conditions = []
             for cond in dim.free_when:
                 if cond.subject in SKELETON_FACTS:
@@ -272,15 +278,22 @@ class FlagRules(Constraint):
         """How many flags take a value their rule forbids (pinned but moved, or outside the domain)."""
         codes = MappingArrays.from_mappings([mapping])
         values = {**{d.name: mapping.value(d.name) for d in DEGREES},
-                  "dp_cp": mapping.dp * mapping.cp, "offload": int(p.system.offload is not None)}
+                  "dp_cp": mapping.dp * mapping.cp, "offload": int(p.system.offload is not None),
+                  "dp_cp_pow2": subgroup_limit(mapping.dp * mapping.cp)}
         wrong = 0
         for dim in p.space.flags:
             value = int(getattr(codes, dim.name)[0])
-            domain = dim.domain(len(p.system.networks))
+            domain = dim.domain(len(p.system.networks), values)
             allowed = domain if dim.is_free(values) else domain[:1]
             wrong += value not in allowed
             values[dim.name] = value
         return float(wrong)
+
+
+def _dp_cp(split: tuple[int, ...], num_gpus: int) -> int:
+    """dp·cp of a (tp, cp, ep, etp, pp) split on N GPUs: N/(tp·pp)."""
+    named = dict(zip(SPLIT_DEGREES, split))
+    return num_gpus // (named["tp"] * named["pp"])
 
 
 def group_span_expressions(v: Variables, num_gpus: int) -> tuple:

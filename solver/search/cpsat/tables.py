@@ -14,15 +14,15 @@ import numpy as np
 
 from costmodel.context import Context
 from costmodel.choices import ShardingStage
-from costmodel.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, BlockKey
+from costmodel.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, SUBGROUP_CODES, BlockKey, subgroup_limit
 from costmodel.terms.iteration import RESIDENT_BLOCKS, bubble_microbatches, iteration_terms
 from costmodel.terms.pipeline import stage_blocks, stage_blocks_in_flight
 from costmodel.ops import ArrayOps, ScalarOps
 from solver.space.declaration import Space, flag_projection
 
-from solver.search.cpsat.block_tables import (ACT_CLASSES, BLOCK_FLAGS, BLOCK_TABLES, FIT_SLACK, RECOMPUTE_ATTN_ONLY,
-                                              RECOMPUTE_FULL, RECOMPUTE_NONE, SCHED_ZB_H1, TIME_FLOOR_SLACK,
-                                              TP_COMM_RS_AG, BlockTableCache, Named, SplitKeys, _block_net_axes,
+from solver.search.cpsat.block_tables import (ACT_CLASSES, ALL_CP_COMMS, BLOCK_FLAGS, BLOCK_TABLES, FIT_SLACK,
+                                              RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, SCHED_ZB_H1,
+                                              TIME_FLOOR_SLACK, TP_COMM_RS_AG, BlockTableCache, Named, SplitKeys,
                                               _block_tables, _namespace, local_batches_of)
 
 if TYPE_CHECKING:          # OR-Tools is imported only where a CP-SAT model is built
@@ -40,18 +40,21 @@ class Tables:
     """Exact-model tables over (tp, cp, ep, etp, microbatch) and the (tp, cp, ep, etp, pp)
     split, minimised over the flags they do not read. `v`: anything listing the keys
     (`group_mb`, `split`): the CP-SAT Variables or SplitKeys. `cache`: the (tp, cp, ep, etp,
-    microbatch) tables shared with other GPU counts of the same context (BlockTableCache)."""
+    microbatch) tables shared with other GPU counts of the same context (BlockTableCache).
+    `cp_comms`, `shards`: the CP communication and shard-group codes the space admits
+    (Space.cp_comm_codes, Space.shard_codes)."""
 
     def __init__(self, c: Context, v: Variables | SplitKeys, num_gpus: int, tp_overlaps: tuple[int, ...],
-                 networks: int, cache: BlockTableCache | None = None):
+                 networks: int, cache: BlockTableCache | None = None, cp_comms: tuple[int, ...] = ALL_CP_COMMS,
+                 shards: tuple[int, ...] = SUBGROUP_CODES):
         self.tm_keys = list(v.group_mb)
         self.tp_keys = list(v.split)
         nets = list(range(networks))
         size = np.asarray(c.net_size)
         if cache is not None:
-            block, self.row_memo = cache.lookup(c, self.tm_keys, tp_overlaps, networks)
+            block, self.row_memo = cache.lookup(c, self.tm_keys, tp_overlaps, networks, cp_comms)
         else:
-            block = _block_tables(c, self.tm_keys, tp_overlaps, networks, _block_net_axes(self.tm_keys, networks))
+            block = _block_tables(c, self.tm_keys, tp_overlaps, networks, cp_comms)
             self.row_memo = {}
         self.block, self.block_zb, self.compute, self.head, self.p2p, self.stored, self.workspace = (
             block[name] for name in BLOCK_TABLES)
@@ -80,18 +83,29 @@ class Tables:
         usage = np.minimum(1.0, np.asarray(c.net_usage)[ns.dp_net])
         grad_fits = grid.of(((dp == 1) | (num_gpus <= size[ns.dp_net])) & ((c_ == 1) | (t_ * c_ <= size[ns.dp_net]))
                             & ((dp > 1) | (c_ > 1) | (t_ == 1) | (t_ <= size[ns.dp_net])))
-        self.dp_comm = self._by_tp(grid.of(terms.dp_comm_s * usage).min(where=grad_fits).values)
-        # Per sharding stage, that bound's once-a-step part and its part per microbatch (ZeRO-2
-        # reduce-scatters and ZeRO-3 also gathers every microbatch: the traffic is linear in
-        # the microbatches), from the reduction at one and at two microbatches; the block
-        # floors take it at each block's microbatch count.
-        twice = iteration_terms(c, _namespace(**split, dp=dp, batch=2 * dp, microbatch=np.ones(len(t_)),
-                                              cp_net=cols["dp_net"], tp_net=cols["dp_net"],
-                                              **{k: v_ for k, v_ in cols.items() if k != "key"}), ArrayOps).dp_comm_s
-        per_micro = twice - terms.dp_comm_s
+        # Hybrid sharding (`shard`) may reduce faster: the least over every sub-group a split
+        # takes that the space offers. Per sharding stage, that bound's once-a-step part and its
+        # part per microbatch (ZeRO-2 reduce-scatters and ZeRO-3 also gathers every microbatch:
+        # the traffic is linear in the microbatches), from the reduction at one and at two
+        # microbatches, each the least over the sub-groups; the block floors take them at each
+        # block's microbatch count.
+        dp_cp = (dp * c_).astype(np.int64)
+        limit = np.array([subgroup_limit(g) for g in dp_cp])
+        base = dict(**split, dp=dp, microbatch=np.ones(len(t_)), cp_net=cols["dp_net"], tp_net=cols["dp_net"],
+                    **{k: v_ for k, v_ in cols.items() if k != "key"})
+        variants = [{}] + [{"shard": np.where(code <= limit, code, 0)} for code in shards
+                           if 0 < code <= limit.max(initial=1)]
+        dp_comm = once = per_micro = np.inf
+        for variant in variants:
+            one = terms.dp_comm_s if not variant else iteration_terms(
+                c, _namespace(**base, batch=dp, **variant), ArrayOps).dp_comm_s
+            two = iteration_terms(c, _namespace(**base, batch=2 * dp, **variant), ArrayOps).dp_comm_s
+            dp_comm, once, per_micro = (np.minimum(dp_comm, one), np.minimum(once, 2 * one - two),
+                                        np.minimum(per_micro, two - one))
+        self.dp_comm = self._by_tp(grid.of(dp_comm * usage).min(where=grad_fits).values)
         self.dp_once, self.dp_per_microbatch = (
             {z: self._by_tp(grid.of(values * usage).sel(zero=z).min(where=grad_fits.sel(zero=z)).values)
-             for z in stages} for values in (terms.dp_comm_s - per_micro, per_micro))
+             for z in stages} for values in (once, per_micro))
         # keyed by the sharding stage (code z) and the offload switches they read
         optimizer = grid.of(terms.optimizer_s)
         self.optimizer = {z: self._by_tp(optimizer.sel(zero=z).min().values) for z in stages}

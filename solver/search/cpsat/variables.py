@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from costmodel.dimensions import SPLIT_DEGREES, BlockKey
+from costmodel.dimensions import SPLIT_DEGREES, BlockKey, subgroup_limit
 
 from solver.space.declaration import Skeleton, Space, divisors
 
@@ -101,8 +101,10 @@ class Variables:
         for dim in space.flags:
             if flags is not None and dim.name not in flags:
                 continue
+            # (a subgroup's codes up to the largest any skeleton takes)
+            widest = {"dp_cp_pow2": max((subgroup_limit(s.dp * s.cp) for s in skeletons), default=1)}
             self.flags[dim.name] = {code: model.NewBoolVar(f"{dim.name}[{dim.label_of(code)}]")
-                                    for code in dim.domain(num_networks)}
+                                    for code in dim.domain(num_networks, widest)}
             model.AddExactlyOne(self.flags[dim.name].values())
 
     def flag(self, name: str, code: int) -> cp_model.IntVar:
