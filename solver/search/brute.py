@@ -39,7 +39,8 @@ from costmodel.system import Datatype, System
 from costmodel.inputs.units import GiB
 from solver.search.distinct import equivalents, group_keys, top_groups
 from solver.space.enumerate import ChunkSpec, Plan, plan
-from solver.space.declaration import Space, label_breakdown
+from solver.space.count import label_breakdown
+from solver.space.declaration import Space
 
 BRUTE_CHUNK_ROWS = 1 << 18
 """Rows per chunk for the search: ~262k mappings (a few hundred MB of model terms at most),

@@ -21,10 +21,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
+from costmodel.dimensions import DIMENSIONS
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
-from solver.space.declaration import Skeleton, Space, coarse_facts, facts, label_breakdown, skeletons
+from solver.space.declaration import Skeleton, Space, coarse_facts, facts, skeletons
 
 
 @dataclass(frozen=True)
@@ -180,3 +181,14 @@ def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, 
     return CountResult(space=space.name, num_gpus=num_gpus, max_batch=max_batch, mappings=total,
                        skeletons=len(skels), by_dimension=label_breakdown(space, breakdown),
                        seconds=time.perf_counter() - start)
+
+
+def label_breakdown(space: Space, breakdown: dict[str, dict[int, int]]) -> dict[str, dict[str, int]]:
+    """A count per value of each dimension keyed by readable labels: dimensions in declaration
+    order, values ascending (numbers for the skeleton and networks, choice names, off/on)."""
+    out: dict[str, dict[str, int]] = {}
+    for dim in DIMENSIONS:
+        values = breakdown.get(dim.name, {})
+        label = dim.label_of if dim.is_flag else str
+        out[dim.name] = {label(v): values[v] for v in sorted(values)}
+    return out

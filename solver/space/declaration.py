@@ -41,7 +41,7 @@ from costmodel.system import System
 from solver.space.factor import divisors as factor_divisors
 
 __all__ = ["SKELETON_FACTS", "Condition", "FlagDimension", "Skeleton", "Space", "SPACES", "get_space", "skeletons",
-           "flag_table", "divisors", "label_breakdown"]
+           "flag_table", "divisors"]
 
 
 @dataclass(frozen=True)
@@ -412,14 +412,3 @@ def flag_table(space: Space, skeleton: Skeleton, system: System) -> np.ndarray:
     `space.flags` order; read-only). Conditions only test tp, cp, ep, etp, pp, dp and dp·cp
     against 1, so a few tables per (space, system) exist; they are cached."""
     return _flag_table_cached(space, coarse_facts(facts(skeleton, system)), len(system.networks))
-
-
-def label_breakdown(space: Space, breakdown: dict[str, dict[int, int]]) -> dict[str, dict[str, int]]:
-    """A count per value of each dimension keyed by readable labels: dimensions in declaration
-    order, values ascending (numbers for the skeleton and networks, choice names, off/on)."""
-    out: dict[str, dict[str, int]] = {}
-    for dim in DIMENSIONS:
-        values = breakdown.get(dim.name, {})
-        label = dim.label_of if dim.is_flag else str
-        out[dim.name] = {label(v): values[v] for v in sorted(values)}
-    return out
