@@ -209,7 +209,7 @@ def test_solve_equals_brute_force_with_the_flex_dispatcher():
     # network stays exact, as the dispatch only grows the block's time.
     model, system, gpus, max_batch = moe(), H100.with_overrides(hbm_gib=8), 16, 32
     kernels = Kernels(moe_dispatcher="flex")
-    space = get_space("full")
+    space = plain(get_space("full"))                  # the dispatcher's question, not cp_comm's or the shard's
     result = solve(model, system, gpus, max_batch=max_batch, datatype=Datatype.bfloat16, space=space,
                    kernels=kernels, config=SolverConfig(top_k=2, time_limit_s=300, workers=1))
     reference = scan(model, system, gpus, max_batch, space, Datatype.bfloat16, kernels, top_k=2, workers=1)
