@@ -172,7 +172,7 @@ class Engine:
             return
         keys = SplitKeys(self.plan.skeletons)
         self.tables = Tables(self.c, keys, num_gpus, space.tp_overlap_codes, len(self.c.net_size), cache=block_tables,
-                             cp_comms=space.cp_comm_codes, shards=space.shard_codes)
+                             cp_comms=space.cp_comm_codes, shards=space.shard_codes, block_memo=self.block_memo)
         self.local_batch = local_batches_of(keys.split, num_gpus, space, max_batch)
         self.block_floors = block_lower_bounds(self.tables, self.c, space, self.plan.skeletons, self.local_batch,
                                                self.c.offload_capacity_bytes > 0, len(system.networks),

@@ -17,8 +17,8 @@ from costmodel.choices import CPComm, PipelineSchedule, Recompute, TPComm
 from costmodel.dimensions import DIMENSIONS, GROUP_DEGREES, NETWORK_GROUPS, SPLIT_DEGREES, group_spans
 from costmodel.encoding import MappingArrays, code
 from costmodel.terms.moe import moe_communication
-from costmodel.terms.iteration import block_terms, output_layer_s
-from costmodel.evaluate import array_fields, cp_comm_heads_fit
+from costmodel.terms.iteration import block_terms, iteration_terms, output_layer_s
+from costmodel.evaluate import array_fields, cp_comm_heads_fit, distinct_block_terms
 from costmodel.ops import ArrayOps
 from costmodel.system import Collective
 from solver.space.declaration import Space
@@ -55,13 +55,23 @@ BLOCK_FLAGS = ("tp_comm", "seq_par_ag_redo", "recompute", "weight_offload", "act
 _DEFAULT_COLUMNS = {**{dim.name: 0 if dim.is_flag else 1 for dim in DIMENSIONS}, "recompute": RECOMPUTE_NONE}
 
 
-def _namespace(**columns) -> SimpleNamespace:
-    """The evaluator's mapping fields for a grid of partial mappings (MappingArrays columns;
-    those not given take the defaults above, which the tables built from them never read)."""
+def _arrays(**columns) -> MappingArrays:
+    """A grid of partial mappings as MappingArrays (the columns not given take the defaults
+    above, which the tables built from them never read)."""
     n = len(next(iter(columns.values())))
-    arrays = MappingArrays.of(**{k: np.broadcast_to(np.asarray(v), (n,))
-                                 for k, v in {**_DEFAULT_COLUMNS, **columns}.items()})
-    return array_fields(arrays)
+    return MappingArrays.of(**{k: np.broadcast_to(np.asarray(v), (n,)) for k, v in {**_DEFAULT_COLUMNS, **columns}.items()})
+
+
+def _namespace(**columns) -> SimpleNamespace:
+    """The evaluator's mapping fields for a grid of partial mappings (see _arrays)."""
+    return array_fields(_arrays(**columns))
+
+
+def _grid_terms(c: Context, block_memo: dict | None, **columns):
+    """iteration_terms over a grid of partial mappings, each distinct block's terms computed
+    once (costmodel.evaluate.distinct_block_terms, with `block_memo`)."""
+    arrays = _arrays(**columns)
+    return iteration_terms(c, array_fields(arrays), ArrayOps, distinct_block_terms(c, arrays, block_memo))
 
 
 class Named:

@@ -8,6 +8,7 @@ each is a lower bound of the corresponding exact term for every mapping.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from costmodel.context import Context
 from costmodel.choices import ShardingStage
 from costmodel.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, SUBGROUP_CODES, BlockKey, subgroup_limit
-from costmodel.terms.iteration import RESIDENT_BLOCKS, bubble_microbatches, iteration_terms
+from costmodel.terms.iteration import RESIDENT_BLOCKS, bubble_microbatches
 from costmodel.terms.pipeline import stage_blocks, stage_blocks_in_flight
 from costmodel.ops import ArrayOps, ScalarOps
 from solver.space.declaration import Space, flag_projection
@@ -23,7 +24,7 @@ from solver.space.declaration import Space, flag_projection
 from solver.search.cpsat.block_tables import (ACT_CLASSES, ALL_CP_COMMS, BLOCK_FLAGS, BLOCK_TABLES, FIT_SLACK,
                                               RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, SCHED_ZB_H1,
                                               TIME_FLOOR_SLACK, TP_COMM_RS_AG, BlockTableCache, Named, SplitKeys,
-                                              _block_tables, _namespace, local_batches_of)
+                                              _block_tables, _grid_terms, _namespace, local_batches_of)
 
 if TYPE_CHECKING:          # OR-Tools is imported only where a CP-SAT model is built
     from ortools.sat.python import cp_model
@@ -36,17 +37,37 @@ __all__ = ["ACT_CLASSES", "RECOMPUTE_ATTN_ONLY", "RECOMPUTE_FULL", "RECOMPUTE_NO
            "offers_zero_bubble", "stage_floors"]
 
 
+@dataclass(frozen=True)
+class StageTables:
+    """The stage tables of one shard-group size (Tables.by_shard), each keyed by the sharding stage
+    z (and the offload switch it reads), then by the (tp, cp, ep, etp, pp) split: the DP
+    reduction's once-a-step part and its part per microbatch (× the network's usage), the
+    optimizer step, and the first stage's per-GPU state."""
+
+    splits: set
+    """the splits that take this group (its size divides their dp·cp)"""
+    dp_once: dict
+    dp_per_microbatch: dict
+    optimizer: dict
+    weights_hbm: dict
+    optimizer_hbm: dict
+    weights_and_grads: dict
+    optimizer_state: dict
+    embedding: dict
+
+
 class Tables:
     """Exact-model tables over (tp, cp, ep, etp, microbatch) and the (tp, cp, ep, etp, pp)
     split, minimised over the flags they do not read. `v`: anything listing the keys
     (`group_mb`, `split`): the CP-SAT Variables or SplitKeys. `cache`: the (tp, cp, ep, etp,
     microbatch) tables shared with other GPU counts of the same context (BlockTableCache).
     `cp_comms`, `shards`: the CP communication and shard-group codes the space admits
-    (Space.cp_comm_codes, Space.shard_codes)."""
+    (Space.cp_comm_codes, Space.shard_codes). `block_memo`: exact block terms already computed
+    in this context (costmodel.evaluate.distinct_block_terms; CountShare keeps one)."""
 
     def __init__(self, c: Context, v: Variables | SplitKeys, num_gpus: int, tp_overlaps: tuple[int, ...],
                  networks: int, cache: BlockTableCache | None = None, cp_comms: tuple[int, ...] = ALL_CP_COMMS,
-                 shards: tuple[int, ...] = SUBGROUP_CODES):
+                 shards: tuple[int, ...] = SUBGROUP_CODES, block_memo: dict | None = None):
         self.tm_keys = list(v.group_mb)
         self.tp_keys = list(v.split)
         nets = list(range(networks))
@@ -72,9 +93,10 @@ class Tables:
         dp = num_gpus // (t_ * c_ * p_).astype(np.int64)
         # (the gradient group's network is dp's when dp > 1, else cp's, else tp's — with dp =
         # cp = 1 only an MoE's expert group reduces —: the same grid axis)
-        ns = _namespace(**split, dp=dp, batch=dp, microbatch=np.ones(len(t_)),
-                        cp_net=cols["dp_net"], tp_net=cols["dp_net"], **{k: v_ for k, v_ in cols.items() if k != "key"})
-        terms = iteration_terms(c, ns, ArrayOps)
+        base = dict(**split, dp=dp, microbatch=np.ones(len(t_)), cp_net=cols["dp_net"], tp_net=cols["dp_net"],
+                    **{k: v_ for k, v_ in cols.items() if k != "key"})
+        ns = _namespace(**base, batch=dp)
+        terms = _grid_terms(c, block_memo, **base, batch=dp)
 
         # Exposed + stolen DP time is at least usage × the reduction time (overlap hides at
         # most all of it, stealing `usage` of the compute meanwhile), and all of it unoverlapped;
@@ -91,37 +113,57 @@ class Tables:
         # block's microbatch count.
         dp_cp = (dp * c_).astype(np.int64)
         limit = np.array([subgroup_limit(g) for g in dp_cp])
-        base = dict(**split, dp=dp, microbatch=np.ones(len(t_)), cp_net=cols["dp_net"], tp_net=cols["dp_net"],
-                    **{k: v_ for k, v_ in cols.items() if k != "key"})
-        variants = [{}] + [{"shard": np.where(code <= limit, code, 0)} for code in shards
-                           if 0 < code <= limit.max(initial=1)]
-        dp_comm = once = per_micro = np.inf
-        for variant in variants:
-            one = terms.dp_comm_s if not variant else iteration_terms(
-                c, _namespace(**base, batch=dp, **variant), ArrayOps).dp_comm_s
-            two = iteration_terms(c, _namespace(**base, batch=2 * dp, **variant), ArrayOps).dp_comm_s
-            dp_comm, once, per_micro = (np.minimum(dp_comm, one), np.minimum(once, 2 * one - two),
-                                        np.minimum(per_micro, two - one))
-        self.dp_comm = self._by_tp(grid.of(dp_comm * usage).min(where=grad_fits).values)
-        self.dp_once, self.dp_per_microbatch = (
-            {z: self._by_tp(grid.of(values * usage).sel(zero=z).min(where=grad_fits.sel(zero=z)).values)
-             for z in stages} for values in (once, per_micro))
-        # keyed by the sharding stage (code z) and the offload switches they read
-        optimizer = grid.of(terms.optimizer_s)
-        self.optimizer = {z: self._by_tp(optimizer.sel(zero=z).min().values) for z in stages}
+        codes = [0] + [code for code in shards if 0 < code <= limit.max(initial=1)]
         none = dict(dp_net=0)
+        off = dict(weight_offload=False, optimizer_offload=False)
 
         def by_stage(values, **offloads) -> dict:
             return {z: self._by_tp(grid.of(values).sel(zero=z, **offloads, **none).values) for z in stages}
 
-        self.weights_hbm = {(z, w): table for w in (0, 1) for z, table in
-                            by_stage(terms.weights_hbm_bytes, weight_offload=bool(w), optimizer_offload=False).items()}
-        self.optimizer_hbm = {(z, o): table for o in (0, 1) for z, table in
-                              by_stage(terms.optimizer_hbm_bytes, weight_offload=False, optimizer_offload=bool(o)).items()}
-        off = dict(weight_offload=False, optimizer_offload=False)
-        self.weights_and_grads = by_stage(terms.weights_bytes + terms.weight_grads_bytes, **off)
-        self.optimizer_state = by_stage(terms.optimizer_bytes, **off)
-        self.embedding = by_stage(terms.embedding_bytes, **off)
+        # One StageTables per shard group the space offers (the whole dp·cp group first): the
+        # block floors pair each group's DP time with its own memory.
+        self.by_shard: list[StageTables] = []
+        dp_comm = np.inf
+        n = len(dp)
+        for code in codes:
+            # (a shard group is evaluated on the rows of the splits that take it; the others
+            # read inf, and the floors skip it for them)
+            rows = np.flatnonzero(code <= limit) if code else np.arange(n)
+            sub = {k: v_[rows] for k, v_ in base.items()}
+            variant = {"shard": code} if code else {}
+            one_terms = terms if not code else _grid_terms(c, block_memo, **sub, batch=dp[rows], **variant)
+            two = _grid_terms(c, block_memo, **sub, batch=2 * dp[rows], **variant).dp_comm_s
+
+            def spread(values, rows=rows):
+                out = np.full(n, np.inf)
+                out[rows] = np.broadcast_to(values, (len(rows),))
+                return out
+
+            one = spread(one_terms.dp_comm_s)
+            dp_comm = np.minimum(dp_comm, one)
+            dp_once, dp_per_microbatch = (
+                {z: self._by_tp(grid.of(spread(values) * usage).sel(zero=z).min(where=grad_fits.sel(zero=z)).values)
+                 for z in stages} for values in (2 * one_terms.dp_comm_s - two, two - one_terms.dp_comm_s))
+            optimizer = grid.of(spread(one_terms.optimizer_s))
+            self.by_shard.append(StageTables(
+                splits={k for k, ok in self._by_tp(grid.of(code <= limit).sel(zero=0, **off, **none).values).items()
+                        if ok},
+                dp_once=dp_once, dp_per_microbatch=dp_per_microbatch,
+                optimizer={z: self._by_tp(optimizer.sel(zero=z).min().values) for z in stages},
+                weights_hbm={(z, w): table for w in (0, 1) for z, table in by_stage(
+                    spread(one_terms.weights_hbm_bytes), weight_offload=bool(w), optimizer_offload=False).items()},
+                optimizer_hbm={(z, o): table for o in (0, 1) for z, table in by_stage(
+                    spread(one_terms.optimizer_hbm_bytes), weight_offload=False, optimizer_offload=bool(o)).items()},
+                weights_and_grads=by_stage(spread(one_terms.weights_bytes + one_terms.weight_grads_bytes), **off),
+                optimizer_state=by_stage(spread(one_terms.optimizer_bytes), **off),
+                embedding=by_stage(spread(one_terms.embedding_bytes), **off)))
+        self.dp_comm = self._by_tp(grid.of(dp_comm * usage).min(where=grad_fits).values)
+        # keyed by the sharding stage (code z) and the offload switches they read: the whole
+        # dp·cp group's, which holds the least state (the CP-SAT memory bounds)
+        whole = self.by_shard[0]
+        self.optimizer, self.weights_hbm, self.optimizer_hbm = whole.optimizer, whole.weights_hbm, whole.optimizer_hbm
+        self.weights_and_grads, self.optimizer_state, self.embedding = (whole.weights_and_grads, whole.optimizer_state,
+                                                                        whole.embedding)
 
     def _by_tp(self, values: np.ndarray) -> dict:
         return {k: float(x) for k, x in zip(self.tp_keys, values)}
@@ -216,18 +258,21 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         activations_offloaded = np.where(a_off, all_activations, 0.0)
         # every (sharding stage z, optimizer offload o) at once, on a leading axis S: the same
         # sums, in the same order, as one (z, o) at a time
+        # every (sharding stage z, optimizer offload o, shard group g) at once, on a leading
+        # axis S (a stage of no sharding takes the whole group only)
         stages = zero_codes if sk.dp * sk.cp > 1 else (0,)
-        zo = [(z, o) for z in stages for o in ((0, 1) if has_offload else (0,))]
-        weights = np.array([[tables.weights_hbm[(z, w)][key] for w in w_off] for z, _ in zo])[:, None, None, :]
+        zo = [(z, o, t) for z in stages for o in ((0, 1) if has_offload else (0,))
+              for t in (tables.by_shard if z > 0 else tables.by_shard[:1]) if key in t.splits]
+        weights = np.array([[t.weights_hbm[(z, w)][key] for w in w_off] for z, _, t in zo])[:, None, None, :]
         memory = (weights + activations_hbm[None] + workspace[None, None]
-                  + _on_s([tables.optimizer_hbm[(z, o)][key] for z, o in zo])
-                  + _on_s([tables.embedding[z][key] for z, _ in zo]))                        # [S, V, M, K]
-        offloaded = (w_off * _on_s([tables.weights_and_grads[z][key] for z, _ in zo])
-                     + _on_s([o * tables.optimizer_state[z][key] for z, o in zo]) + activations_offloaded[None])
+                  + _on_s([t.optimizer_hbm[(z, o)][key] for z, o, t in zo])
+                  + _on_s([t.embedding[z][key] for z, _, t in zo]))                          # [S, V, M, K]
+        offloaded = (w_off * _on_s([t.weights_and_grads[z][key] for z, _, t in zo])
+                     + _on_s([o * t.optimizer_state[z][key] for z, o, t in zo]) + activations_offloaded[None])
         # (a hair of slack: these sums round differently from the evaluator's)
         fits = (memory <= hbm_capacity_bytes * FIT_SLACK) & (offloaded <= c.offload_capacity_bytes * FIT_SLACK)
-        extra = (_on_s([tables.optimizer[z][key] + tables.dp_once[z][key] for z, _ in zo])[:, :, :, 0]
-                 + _on_s([tables.dp_per_microbatch[z][key] for z, _ in zo])[:, :, :, 0] * n)    # [S, 1, M]
+        extra = (_on_s([t.optimizer[z][key] + t.dp_once[z][key] for z, _, t in zo])[:, :, :, 0]
+                 + _on_s([t.dp_per_microbatch[z][key] for z, _, t in zo])[:, :, :, 0] * n)    # [S, 1, M]
         best = (np.where(fits, time[None], np.inf).min(axis=3) + extra).min(axis=0)                 # [V, M]
         for i, il in enumerate(sk.interleavings):
             for j, mb in enumerate(sk.microbatches):
