@@ -128,6 +128,9 @@ class GradientSync:
     """what compute does not hide"""
     stolen_s: object
     """compute slowed by the GPU cores the overlapped reduction takes"""
+    per_microbatch_s: object = 0.0
+    """the reduction's part that repeats every microbatch (ZeRO-2's reduce-scatters, ZeRO-3's
+    gathers too), before any overlap: the traffic is once-a-step part + microbatches × this"""
 
 
 def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Sharding,
@@ -161,7 +164,10 @@ def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardi
             group, members = shard, xp.minimum(shard, domain_members)
         reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, group, grad_bytes, net, members)
         gather_weights = collective_s(c, xp, Collective.all_gather, group, weight_bytes, net, members)
-        return xp.where(sh.optimizer, scatters * reduce_scatter + gathers * gather_weights + across, all_reduce)
+        total = xp.where(sh.optimizer, scatters * reduce_scatter + gathers * gather_weights + across, all_reduce)
+        repeated = xp.where(sh.optimizer, xp.where(sh.grads, reduce_scatter, 0.0)
+                            + xp.where(sh.weights, 2 * gather_weights, 0.0), 0.0)
+        return total, repeated
 
     # Weights travel in the datatype; under a precision recipe the blocks' as the recipe gathers
     # them (BF16, or quantized with low-precision param gather), the embeddings in BF16.
@@ -175,16 +181,17 @@ def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardi
     stride = m.tp * m.cp * m.pp
     domain_members = xp.floor((c.net_size[0] - 1) / stride) + 1
     members = xp.minimum(sh.group, domain_members)
-    dp_comm = traffic(sh.group, params.dense, dense_weight_bytes, members, sh.shard)
+    dp_comm, per_microbatch = traffic(sh.group, params.dense, dense_weight_bytes, members, sh.shard)
     if c.moe_blocks:       # the experts' own reduction, on the gradient network, which spans their group
-        dp_comm = dp_comm + traffic(sh.expert_group, params.experts, gathered * params.experts)
+        experts, experts_per_microbatch = traffic(sh.expert_group, params.experts, gathered * params.experts)
+        dp_comm, per_microbatch = dp_comm + experts, per_microbatch + experts_per_microbatch
     # Overlapped, each block's gradients reduce while the last microbatch's backward runs
     # through the blocks before it; the last block's reduction has nothing left to hide behind.
     # Stages 2 and 3 move data every microbatch, behind every microbatch's compute.
     window = xp.where(sh.grads, microbatches * params.blocks * (blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s),
                       (params.blocks - 1) * (blk.block_bwd_s + blk.recompute_s))
     exposed, stolen = overlapped(dp_comm, window, xp.where(m.dp_overlap, 1.0, 0.0), xp.pick(c.net_usage, sh.net), xp)
-    return GradientSync(exposed, stolen)
+    return GradientSync(exposed, stolen, per_microbatch)
 
 
 def optimizer_step_s(c: Context, m, xp, sh: Sharding, params: StageParams):

@@ -94,6 +94,9 @@ class IterationTerms:
     mfu: object
     hfu: object
     sample_rate: object
+    dp_per_microbatch_s: object = 0.0
+    """the DP reduction's part that repeats every microbatch, unoverlapped (GradientSync); the
+    search's block floors read it, no output does"""
 
     def named(self, names: tuple[str, ...]) -> dict:
         """The terms called `names` (e.g. TIME_TERMS), by name, for output."""
@@ -217,6 +220,7 @@ def iteration_terms(c: Context, m, xp, blk: BlockTerms | None = None) -> Iterati
         pp_comm_s=microbatches * pipe.pp_comm_micro_s,
         bubble_s=pipe.bubble_s,
         dp_comm_s=dp.exposed_s + dp.stolen_s,
+        dp_per_microbatch_s=dp.per_microbatch_s,
         optimizer_s=optimizer_s,
         weights_bytes=first_state.weights,
         weight_grads_bytes=first_state.grads,

@@ -40,7 +40,8 @@ __all__ = ["ACT_CLASSES", "RECOMPUTE_ATTN_ONLY", "RECOMPUTE_FULL", "RECOMPUTE_NO
 @dataclass(frozen=True)
 class StageTables:
     """The stage tables of one shard-group size (Tables.by_shard), each keyed by the sharding stage
-    z (and the offload switch it reads), then by the (tp, cp, ep, etp, pp) split: the DP
+    z (and the offload switch it reads), an array over the (tp, cp, ep, etp, pp) splits
+    (Tables.split_index): the DP
     reduction's once-a-step part and its part per microbatch (× the network's usage), the
     optimizer step, and the first stage's per-GPU state."""
 
@@ -108,9 +109,8 @@ class Tables:
         # Hybrid sharding (`shard`) may reduce faster: the least over every sub-group a split
         # takes that the space offers. Per sharding stage, that bound's once-a-step part and its
         # part per microbatch (ZeRO-2 reduce-scatters and ZeRO-3 also gathers every microbatch:
-        # the traffic is linear in the microbatches), from the reduction at one and at two
-        # microbatches, each the least over the sub-groups; the block floors take them at each
-        # block's microbatch count.
+        # the traffic is linear in the microbatches; costmodel.terms.data_parallel's
+        # per_microbatch_s); the block floors take them at each block's microbatch count.
         dp_cp = (dp * c_).astype(np.int64)
         limit = np.array([subgroup_limit(g) for g in dp_cp])
         codes = [0] + [code for code in shards if 0 < code <= limit.max(initial=1)]
@@ -118,10 +118,12 @@ class Tables:
         off = dict(weight_offload=False, optimizer_offload=False)
 
         def by_stage(values, **offloads) -> dict:
-            return {z: self._by_tp(grid.of(values).sel(zero=z, **offloads, **none).values) for z in stages}
+            return {z: grid.of(values).sel(zero=z, **offloads, **none).values for z in stages}
 
         # One StageTables per shard group the space offers (the whole dp·cp group first): the
-        # block floors pair each group's DP time with its own memory.
+        # block floors pair each group's DP time with its own memory. Their tables are arrays
+        # over the splits, in tp_keys order (split_index).
+        self.split_index = {k: i for i, k in enumerate(self.tp_keys)}
         self.by_shard: list[StageTables] = []
         dp_comm = np.inf
         n = len(dp)
@@ -132,7 +134,6 @@ class Tables:
             sub = {k: v_[rows] for k, v_ in base.items()}
             variant = {"shard": code} if code else {}
             one_terms = terms if not code else _grid_terms(c, block_memo, **sub, batch=dp[rows], **variant)
-            two = _grid_terms(c, block_memo, **sub, batch=2 * dp[rows], **variant).dp_comm_s
 
             def spread(values, rows=rows):
                 out = np.full(n, np.inf)
@@ -142,14 +143,15 @@ class Tables:
             one = spread(one_terms.dp_comm_s)
             dp_comm = np.minimum(dp_comm, one)
             dp_once, dp_per_microbatch = (
-                {z: self._by_tp(grid.of(spread(values) * usage).sel(zero=z).min(where=grad_fits.sel(zero=z)).values)
-                 for z in stages} for values in (2 * one_terms.dp_comm_s - two, two - one_terms.dp_comm_s))
+                {z: grid.of(spread(values) * usage).sel(zero=z).min(where=grad_fits.sel(zero=z)).values
+                 for z in stages} for values in (one_terms.dp_comm_s - one_terms.dp_per_microbatch_s,
+                                                 one_terms.dp_per_microbatch_s))
             optimizer = grid.of(spread(one_terms.optimizer_s))
+            takes = grid.of(code <= limit).sel(zero=0, **off, **none).values
             self.by_shard.append(StageTables(
-                splits={k for k, ok in self._by_tp(grid.of(code <= limit).sel(zero=0, **off, **none).values).items()
-                        if ok},
+                splits={k for k, ok in zip(self.tp_keys, takes) if ok},
                 dp_once=dp_once, dp_per_microbatch=dp_per_microbatch,
-                optimizer={z: self._by_tp(optimizer.sel(zero=z).min().values) for z in stages},
+                optimizer={z: optimizer.sel(zero=z).min().values for z in stages},
                 weights_hbm={(z, w): table for w in (0, 1) for z, table in by_stage(
                     spread(one_terms.weights_hbm_bytes), weight_offload=bool(w), optimizer_offload=False).items()},
                 optimizer_hbm={(z, o): table for o in (0, 1) for z, table in by_stage(
@@ -158,12 +160,17 @@ class Tables:
                 optimizer_state=by_stage(spread(one_terms.optimizer_bytes), **off),
                 embedding=by_stage(spread(one_terms.embedding_bytes), **off)))
         self.dp_comm = self._by_tp(grid.of(dp_comm * usage).min(where=grad_fits).values)
-        # keyed by the sharding stage (code z) and the offload switches they read: the whole
-        # dp·cp group's, which holds the least state (the CP-SAT memory bounds)
+        # keyed by the sharding stage (code z) and the offload switches they read, then by the
+        # split: the whole dp·cp group's, which holds the least state (the CP-SAT bounds)
         whole = self.by_shard[0]
-        self.optimizer, self.weights_hbm, self.optimizer_hbm = whole.optimizer, whole.weights_hbm, whole.optimizer_hbm
-        self.weights_and_grads, self.optimizer_state, self.embedding = (whole.weights_and_grads, whole.optimizer_state,
-                                                                        whole.embedding)
+
+        def by_split(tables: dict) -> dict:
+            return {k: self._by_tp(values) for k, values in tables.items()}
+
+        self.optimizer, self.weights_hbm, self.optimizer_hbm = (by_split(whole.optimizer), by_split(whole.weights_hbm),
+                                                                by_split(whole.optimizer_hbm))
+        self.weights_and_grads, self.optimizer_state, self.embedding = (
+            by_split(whole.weights_and_grads), by_split(whole.optimizer_state), by_split(whole.embedding))
 
     def _by_tp(self, values: np.ndarray) -> dict:
         return {k: float(x) for k, x in zip(self.tp_keys, values)}
@@ -222,6 +229,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
     rows = GroupRows(tables, combos)
     a_off = np.array([cb[4] for cb in combos], dtype=bool)
     w_off = np.array([cb[3] for cb in combos])
+    w_index = w_off.astype(np.intp)
     out = {}
     for sk in skeletons:
         g, p = sk.group, sk.pp
@@ -261,18 +269,20 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         # every (sharding stage z, optimizer offload o, shard group g) at once, on a leading
         # axis S (a stage of no sharding takes the whole group only)
         stages = zero_codes if sk.dp * sk.cp > 1 else (0,)
+        at = tables.split_index[key]
         zo = [(z, o, t) for z in stages for o in ((0, 1) if has_offload else (0,))
               for t in (tables.by_shard if z > 0 else tables.by_shard[:1]) if key in t.splits]
-        weights = np.array([[t.weights_hbm[(z, w)][key] for w in w_off] for z, _, t in zo])[:, None, None, :]
+        by_switch = np.array([[t.weights_hbm[(z, w)][at] for w in (0, 1)] for z, _, t in zo])   # [S, 2]
+        weights = by_switch[:, w_index][:, None, None, :]                                          # [S, 1, 1, K]
         memory = (weights + activations_hbm[None] + workspace[None, None]
-                  + _on_s([t.optimizer_hbm[(z, o)][key] for z, o, t in zo])
-                  + _on_s([t.embedding[z][key] for z, _, t in zo]))                          # [S, V, M, K]
-        offloaded = (w_off * _on_s([t.weights_and_grads[z][key] for z, _, t in zo])
-                     + _on_s([o * t.optimizer_state[z][key] for z, o, t in zo]) + activations_offloaded[None])
+                  + _on_s([t.optimizer_hbm[(z, o)][at] for z, o, t in zo])
+                  + _on_s([t.embedding[z][at] for z, _, t in zo]))                          # [S, V, M, K]
+        offloaded = (w_off * _on_s([t.weights_and_grads[z][at] for z, _, t in zo])
+                     + _on_s([o * t.optimizer_state[z][at] for z, o, t in zo]) + activations_offloaded[None])
         # (a hair of slack: these sums round differently from the evaluator's)
         fits = (memory <= hbm_capacity_bytes * FIT_SLACK) & (offloaded <= c.offload_capacity_bytes * FIT_SLACK)
-        extra = (_on_s([t.optimizer[z][key] + t.dp_once[z][key] for z, _, t in zo])[:, :, :, 0]
-                 + _on_s([t.dp_per_microbatch[z][key] for z, _, t in zo])[:, :, :, 0] * n)    # [S, 1, M]
+        extra = (_on_s([t.optimizer[z][at] + t.dp_once[z][at] for z, _, t in zo])[:, :, :, 0]
+                 + _on_s([t.dp_per_microbatch[z][at] for z, _, t in zo])[:, :, :, 0] * n)    # [S, 1, M]
         best = (np.where(fits, time[None], np.inf).min(axis=3) + extra).min(axis=0)                 # [V, M]
         for i, il in enumerate(sk.interleavings):
             for j, mb in enumerate(sk.microbatches):
