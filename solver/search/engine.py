@@ -370,8 +370,14 @@ class Engine:
 def floors_prove(ranked: list, left: Callable[[Key], bool], target_s: float) -> bool:
     """True when every block still `left` (unscored and qualifying) has a surrogate floor
     above `target_s` (blocks with no feasible mapping have none): nothing left can beat or
-    tie it, with no CP-SAT round needed. `ranked`: (floor, block) of the finite floors."""
-    return all(floor > target_s for floor, key in ranked if left(key))
+    tie it, with no CP-SAT round needed. `ranked`: (floor, block) of the finite floors,
+    ascending (so the scan stops at the first floor above the target)."""
+    for floor, key in ranked:
+        if floor > target_s:
+            return True
+        if left(key):
+            return False
+    return True
 
 
 def _check(deadline: float) -> None:
