@@ -50,6 +50,7 @@ from costmodel.terms.layer_time import (ACTIVATION_FLOPS_PER_ELEM, DROPOUT_FLOPS
                                   RESIDUAL_FLOPS_PER_ELEM, RMSNORM_FLOPS_PER_ELEM, ROPE_FLOPS_PER_ELEM,
                                   SOFTMAX_FLOPS_PER_ELEM, SOFTMAX_STATS_BYTES, eltwise_s, gemm_s, matmul_s)
 
+
 def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_bytes, steps=1.0, head_size=None):
     """Time of a fused attention kernel doing `pairs` s×s×d products per (batch, head) over
     `batch_heads` of them; with context parallelism, of the `steps` = cp ring-step kernels

@@ -10,25 +10,8 @@ from dataclasses import dataclass
 
 from costmodel.context import MASK_BYTES, Context
 from costmodel.terms.cp_buffers import cp_buffer_bytes
-from costmodel.terms.kernel_time import attention_time_s
 from costmodel.terms.moe import moe_memory
-from costmodel.terms.layer_time import (SOFTMAX_STATS_BYTES, gemm_s)
-
-def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_bytes, steps=1.0, head_size=None):
-    """Time of a fused attention kernel doing `pairs` s×s×d products per (batch, head) over
-    `batch_heads` of them; with context parallelism, of the `steps` = cp ring-step kernels
-    that each do `pairs` (s/cp)×(s/cp)×d products (1/cp of the whole core, in cp launches
-    of shorter sequences). With a fitted attention model, that model
-    (costmodel.terms.kernel_time.attention_time_s). Otherwise a roofline: its tensor-core work (a batched
-    GEMM), its element-wise softmax work on the vector units (overlapped with the matrix work,
-    as FlashAttention pipelines them) and its HBM traffic, whichever is slowest."""
-    chunk = c.seq / steps
-    d = c.head_size if head_size is None else head_size
-    if c.attention is not None:
-        return steps * attention_time_s(c.attention, pairs, batch_heads, chunk, d)
-    vector = vector_flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, vector_flops))
-    return xp.maximum(gemm_s(c, xp, chunk, chunk, d, num_bytes, batch=pairs * batch_heads * steps,
-                             high_precision=True), vector)
+from costmodel.terms.layer_time import SOFTMAX_STATS_BYTES
 
 
 @dataclass(frozen=True)

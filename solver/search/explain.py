@@ -32,6 +32,7 @@ from solver.search.engine import Engine, Key, Question
 from solver.search.solve import SolverConfig, binding_constraints
 from solver.space.count import count_mappings
 from solver.space.declaration import Space
+from solver.space.pins import pinned
 
 PINNED_WARM_START_BLOCKS = 4096
 """With a split dimension pinned, at most this many compatible blocks are scored before the
@@ -85,6 +86,11 @@ class Explanation:
                 "runner_up": None if self.runner_up is None else self.runner_up.to_dict(),
                 "runner_up_binding": self.runner_up_binding, "rows": [r.to_dict() for r in self.rows],
                 "certified": self.certified, "blocks_scored": self.blocks_scored, "seconds": self.seconds}
+
+
+FLOOR_FLAGS = ("zero", "sched", "recompute", "tp_comm", "seq_par_ag_redo", "weight_offload", "activations_offload")
+"""The flags the block floors read (solver.search.cpsat.tables.block_lower_bounds): a
+question pinning one gets floors of its own."""
 
 
 class Explorer(Engine):
@@ -174,7 +180,21 @@ class Explorer(Engine):
             blocks=lambda key: self._compatible(key, name, value),
             rows=(lambda block: block.flags[name] == value) if flag_pin else None,
             assumptions=tuple(self._assumption(name, value)),
+            ranked=self._pinned_ranking(name, value) if name in FLOOR_FLAGS else None,
             warm_start_blocks=PINNED_WARM_START_BLOCKS if split_pin else None))
+
+    def _pinned_ranking(self, name: str, value: int) -> list | None:
+        """The block floors with flag `name` pinned to `value`: the floors read these flags
+        (FLOOR_FLAGS), so with one fixed each is the least over the mappings the question
+        allows, a lower bound of theirs as the engine's floors are of all."""
+        from solver.search.cpsat.tables import block_lower_bounds
+        if any(pinned_name == name for pinned_name, _ in self.plan.space.pins):
+            return None                # (--fix already narrowed it: the engine's floors read that)
+        space = pinned(self.plan.space, ((name, (value,)),))
+        floors = block_lower_bounds(self.tables, self.c, space, self.plan.skeletons, self.local_batch,
+                                    self.c.offload_capacity_bytes > 0, len(self.problem.system.networks),
+                                    self.c.hbm_capacity_bytes)
+        return sorted((floor, key) for key, floor in floors.items() if math.isfinite(floor))
 
     def best_of(self, question: Question) -> tuple[Evaluation | None, bool]:
         """The certified best mapping a question allows (None: none is feasible), within the
