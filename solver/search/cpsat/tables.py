@@ -117,8 +117,14 @@ class Tables:
         none = dict(dp_net=0)
         off = dict(weight_offload=False, optimizer_offload=False)
 
+        def per_stage(table) -> dict:
+            """A (key, zero) table's columns by sharding stage."""
+            return {z: table.values[:, i] for i, z in enumerate(table.axes["zero"])}
+
         def by_stage(values, **offloads) -> dict:
-            return {z: grid.of(values).sel(zero=z, **offloads, **none).values for z in stages}
+            return per_stage(grid.of(values).sel(**offloads, **none))
+
+        rest = ("weight_offload", "optimizer_offload", "dp_net")
 
         # One StageTables per shard group the space offers (the whole dp·cp group first): the
         # block floors pair each group's DP time with its own memory. Their tables are arrays
@@ -143,15 +149,14 @@ class Tables:
             one = spread(one_terms.dp_comm_s)
             dp_comm = np.minimum(dp_comm, one)
             dp_once, dp_per_microbatch = (
-                {z: grid.of(spread(values) * usage).sel(zero=z).min(where=grad_fits.sel(zero=z)).values
-                 for z in stages} for values in (one_terms.dp_comm_s - one_terms.dp_per_microbatch_s,
-                                                 one_terms.dp_per_microbatch_s))
+                per_stage(grid.of(spread(values) * usage).min(*rest, where=grad_fits))
+                for values in (one_terms.dp_comm_s - one_terms.dp_per_microbatch_s, one_terms.dp_per_microbatch_s))
             optimizer = grid.of(spread(one_terms.optimizer_s))
             takes = grid.of(code <= limit).sel(zero=0, **off, **none).values
             self.by_shard.append(StageTables(
                 splits={k for k, ok in zip(self.tp_keys, takes) if ok},
                 dp_once=dp_once, dp_per_microbatch=dp_per_microbatch,
-                optimizer={z: optimizer.sel(zero=z).min().values for z in stages},
+                optimizer=per_stage(optimizer.min(*rest)),
                 weights_hbm={(z, w): table for w in (0, 1) for z, table in by_stage(
                     spread(one_terms.weights_hbm_bytes), weight_offload=bool(w), optimizer_offload=False).items()},
                 optimizer_hbm={(z, o): table for o in (0, 1) for z, table in by_stage(
