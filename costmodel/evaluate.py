@@ -117,8 +117,13 @@ _VIEW = tuple((dim.name, dim.field, dim.kind,
                if dim.kind == "choice" else ())
               for dim in DIMENSIONS)
 _CODE_OF = {dim.name: dim.code_of for dim in DIMENSIONS}
-_BLOCK_VIEW_NAMES = frozenset(view_name for name, _, kind, predicates in _VIEW if name in BLOCK_DIMENSIONS
-                              for view_name in (predicates if kind == "choice" else (name,)))
+_BLOCK_VIEW_NAMES = frozenset(
+    [view_name for name, _, kind, predicates in _VIEW if name in BLOCK_DIMENSIONS
+     for view_name in (predicates if kind == "choice" else (name,))]
+    + ["seq_par", "offload_blocks", "recompute_blocks", "recompute_modules", "first_stage_blocks",
+       "last_stage_blocks"])
+"""What block_terms sees of a mapping: BLOCK_DIMENSIONS as the formulas' view names them, and
+the derived and per-file names the view always holds (formula_view)."""
 
 
 def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
@@ -277,10 +282,8 @@ def distinct_block_terms(c: Context, arrays: MappingArrays, memo: dict | None = 
     terms = None if memo is None else memo.get(identity)
     if terms is None:
         view = vars(array_fields(arrays.take(first)))
-        kept = {*_BLOCK_VIEW_NAMES, "seq_par", "offload_blocks", "recompute_blocks", "recompute_modules",
-                "first_stage_blocks", "last_stage_blocks"}
-        terms = block_terms(c, SimpleNamespace(**{name: value for name, value in view.items() if name in kept}),
-                            ArrayOps)
+        terms = block_terms(c, SimpleNamespace(**{name: value for name, value in view.items()
+                                                  if name in _BLOCK_VIEW_NAMES}), ArrayOps)
         if memo is not None:
             memo[identity] = terms
     return spread(terms, inverse, len(first))

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterator
 
 import numpy as np
 
@@ -322,11 +321,6 @@ def facts(skeleton: Skeleton, system: System) -> dict[str, int]:
     return {"tp": skeleton.tp, "cp": skeleton.cp, "ep": skeleton.ep, "etp": skeleton.etp, "pp": skeleton.pp,
             "dp": skeleton.dp, "dp_cp": skeleton.dp * skeleton.cp, "offload": int(system.offload is not None),
             "dp_cp_pow2": subgroup_limit(skeleton.dp * skeleton.cp)}
-
-
-def iter_flag_combinations(space: Space, known: dict[str, int], num_networks: int) -> Iterator[tuple[int, ...]]:
-    """Valid flag code tuples (in `space.flags` order), lexicographic in that order."""
-    return iter(map(tuple, flag_combinations(space, known, num_networks).tolist()))
 
 
 def flag_combinations(space: Space, known: dict[str, int], num_networks: int,

@@ -24,7 +24,7 @@ from solver.space.declaration import Space, flag_projection
 from solver.search.cpsat.block_tables import (ACT_CLASSES, ALL_CP_COMMS, BLOCK_FLAGS, BLOCK_TABLES, FIT_SLACK,
                                               RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, SCHED_ZB_H1,
                                               TIME_FLOOR_SLACK, TP_COMM_RS_AG, BlockTableCache, Named, SplitKeys,
-                                              _block_tables, _grid_terms, _namespace, local_batches_of)
+                                              _block_tables, _grid_terms, local_batches_of)
 
 if TYPE_CHECKING:          # OR-Tools is imported only where a CP-SAT model is built
     from ortools.sat.python import cp_model
@@ -96,16 +96,16 @@ class Tables:
         # cp = 1 only an MoE's expert group reduces —: the same grid axis)
         base = dict(**split, dp=dp, microbatch=np.ones(len(t_)), cp_net=cols["dp_net"], tp_net=cols["dp_net"],
                     **{k: v_ for k, v_ in cols.items() if k != "key"})
-        ns = _namespace(**base, batch=dp)
+        dp_net = cols["dp_net"]
         terms = _grid_terms(c, block_memo, **base, batch=dp)
 
         # Exposed + stolen DP time is at least usage × the reduction time (overlap hides at
         # most all of it, stealing `usage` of the compute meanwhile), and all of it unoverlapped;
         # over the networks the gradient group's carrier fits: dp's spans every GPU, cp's
         # (carrying it when dp = 1) tp·cp.
-        usage = np.minimum(1.0, np.asarray(c.net_usage)[ns.dp_net])
-        grad_fits = grid.of(((dp == 1) | (num_gpus <= size[ns.dp_net])) & ((c_ == 1) | (t_ * c_ <= size[ns.dp_net]))
-                            & ((dp > 1) | (c_ > 1) | (t_ == 1) | (t_ <= size[ns.dp_net])))
+        usage = np.minimum(1.0, np.asarray(c.net_usage)[dp_net])
+        grad_fits = grid.of(((dp == 1) | (num_gpus <= size[dp_net])) & ((c_ == 1) | (t_ * c_ <= size[dp_net]))
+                            & ((dp > 1) | (c_ > 1) | (t_ == 1) | (t_ <= size[dp_net])))
         # Hybrid sharding (`shard`) may reduce faster: the least over every sub-group a split
         # takes that the space offers. Per sharding stage, that bound's once-a-step part and its
         # part per microbatch (ZeRO-2 reduce-scatters and ZeRO-3 also gathers every microbatch:
