@@ -55,9 +55,21 @@ def cp_comm_heads_fit(c: Context, m):
     return np.logical_not(m.cp_comm_a2a) | (m.cp == 1) | (c.kv_heads % (m.tp * m.cp) == 0)
 
 
-def _feasibility(c: Context, m, terms: IterationTerms, xp) -> dict:
+STRUCTURE_DIMENSIONS = ("tp", "cp", "ep", "etp", "pp", "dp", "cp_comm", "tp_net", "cp_net", "ep_net", "etp_net",
+                        "pp_net", "dp_net")
+"""The dimensions the structural checks (`structural_checks`) read."""
+
+
+def structural_checks(c: Context, m, xp) -> dict:
+    """The checks that read the mapping alone, no term of it: each group fits the network
+    that carries it, and Ulysses' heads split."""
     checks = network_checks(c, m, xp)
     checks["cp_comm_heads"] = cp_comm_heads_fit(c, m)
+    return checks
+
+
+def _feasibility(c: Context, m, terms: IterationTerms, xp) -> dict:
+    checks = structural_checks(c, m, xp)
     checks["hbm_capacity"] = terms.hbm_bytes <= c.hbm_capacity_bytes
     checks["offload_capacity"] = terms.offload_bytes <= c.offload_capacity_bytes
     return checks
@@ -109,6 +121,23 @@ BLOCK_DIMENSIONS = ("tp", "cp", "ep", "etp", "pp", "microbatch", "recompute", "t
 """The dimensions a block's terms (costmodel.terms.block_terms) read: mappings equal in these share
 one block. The view block_terms gets holds nothing else, so a formula that came to read
 another dimension fails loudly instead of being shared wrongly."""
+
+
+TIME_ONLY_DIMENSIONS = ("tp_overlap", "dp_overlap", "tp_net", "cp_net", "ep_net", "etp_net", "pp_net", "dp_net")
+"""Dimensions that change a mapping's time, never its HBM or offload bytes (what overlaps
+and which network a group's traffic takes): mappings equal in every other dimension hold
+the same memory, so the capacity checks are decided once for all of them (`capacity_fits`;
+tests/conftest.py assert_block_floors_below_exact checks it on every block of several spaces)."""
+
+
+def capacity_fits(ev: "ArrayEvaluation") -> np.ndarray:
+    """Whether each evaluated mapping's HBM and offload bytes fit (the exact model's checks)."""
+    return ev.checks["hbm_capacity"] & ev.checks["offload_capacity"]
+
+
+def structure_fits(c: Context, arrays: MappingArrays) -> np.ndarray:
+    """Whether each mapping passes every structural check (`structural_checks`)."""
+    return np.logical_and.reduce(list(structural_checks(c, array_fields(arrays), ArrayOps).values()))
 
 
 # How each dimension appears in the formulas' view, worked out once from the declaration.

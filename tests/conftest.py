@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pytest
 import yaml
 
@@ -142,11 +143,16 @@ def cp_sat_solution_count(model) -> int:
 
 def assert_block_floors_below_exact(model, system, gpus: int, max_batch: int, datatype, space=None) -> list:
     """Every block floor (the solver's per-block lower bound, which certifies and cuts
-    blocks) sits at or below every feasible exact time of its block, rounding included;
+    blocks) sits at or below every feasible exact time of its block, rounding included, and
+    no block's HBM or offload bytes vary with a time-only dimension (TIME_ONLY_DIMENSIONS:
+    the engine checks capacity once for them all), nor its structural checks with a dimension
+    they do not list (STRUCTURE_DIMENSIONS);
     returns the skeletons of the blocks checked (one entry per block with a feasible mapping).
     `space`: `full` unless given."""
     from costmodel.context import Context
-    from costmodel.evaluate import evaluate_arrays_in_context
+    from costmodel.evaluate import (STRUCTURE_DIMENSIONS, TIME_ONLY_DIMENSIONS, evaluate_arrays_in_context,
+                                    structure_fits)
+    from costmodel.ops import distinct_rows
     from solver.search.cpsat.constraints import Problem
     from solver.search.cpsat.surrogate import add_bounds
     from solver.search.cpsat.model import local_batches, structure_model
@@ -166,7 +172,17 @@ def assert_block_floors_below_exact(model, system, gpus: int, max_batch: int, da
         for i, il in enumerate(sk.interleavings):
             for j, mb in enumerate(sk.microbatches):
                 start = (i * len(sk.microbatches) + j) * len(table)
-                ev = evaluate_arrays_in_context(c, build_rows(space, sk, table, start, start + len(table)))
+                rows = build_rows(space, sk, table, start, start + len(table))
+                ev = evaluate_arrays_in_context(c, rows)
+                # the engine decides memory once per combination of the other dimensions
+                first, inverse, _ = distinct_rows([column for name, column in rows.columns.items()
+                                                   if name not in TIME_ONLY_DIMENSIONS])
+                for held in (ev.hbm_bytes, ev.offload_bytes):
+                    assert np.array_equal(held, held[first][inverse]), "memory read a time-only dimension"
+                # ... and the structural checks once per combination of what they read
+                first, inverse, _ = distinct_rows([rows.columns[name] for name in STRUCTURE_DIMENSIONS])
+                fits = structure_fits(c, rows)
+                assert np.array_equal(fits, fits[first][inverse]), "a structural check read another dimension"
                 if ev.feasible.any():
                     assert bounds.block_floors[(*sk.split, il, mb)] <= ev.iteration_time_s[ev.feasible].min()
                     checked.append(sk)

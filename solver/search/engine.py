@@ -42,10 +42,11 @@ from typing import Callable
 import numpy as np
 
 from costmodel.dimensions import FLAGS, BlockKey
-from costmodel.encoding import MappingArrays
-from costmodel.evaluate import evaluate_arrays_in_context
+from costmodel.evaluate import (STRUCTURE_DIMENSIONS, TIME_ONLY_DIMENSIONS, capacity_fits, evaluate_arrays_in_context,
+                                structure_fits)
 from costmodel.kernels import Kernels
 from costmodel.model import Model
+from costmodel.ops import distinct_rows
 from costmodel.system import Datatype, System
 from solver.search.count_share import CountShare
 from solver.search.distinct import SKELETON, TopGroups
@@ -65,6 +66,9 @@ SEARCHED_FLAGS = ("recompute", "tp_comm", "zero", "seq_par_ag_redo", "weight_off
 change only time, never memory: the surrogate takes their best case, and the exact scoring
 of a block tries every value."""
 FLAG_NAMES = tuple(dim.name for dim in FLAGS)
+CLASSES_KEPT = 16
+"""(flag table, columns) pairs whose row classes (Engine._classes_of) are kept: a few
+megabytes each."""
 
 Key = BlockKey
 """A block: the split's degrees, the interleaving and the microbatch."""
@@ -166,6 +170,9 @@ class Engine:
         )
         self.problem = Problem(model, system, num_gpus, max_batch, space)
         self.index = {s.split: i for i, s in enumerate(self.plan.skeletons)}
+        self._memory_columns = tuple(j for j, dim in enumerate(space.flags) if dim.name not in TIME_ONLY_DIMENSIONS)
+        self._structure_columns = tuple(j for j, dim in enumerate(space.flags) if dim.name in STRUCTURE_DIMENSIONS)
+        self._classes: dict[tuple, tuple] = {}
         self.scored: dict[Key, ScoredBlock] = {}
         self._cpsat: _CpSat | None = None
         if not self.plan.skeletons:
@@ -214,9 +221,6 @@ class Engine:
         return self._model().objective
 
     # ---- blocks, scored once each ----
-    def block_rows(self, key: Key) -> tuple[MappingArrays, np.ndarray]:
-        return self.plan.block(self.index[key.split], key.interleaving, key.microbatch)
-
     def skeleton_values(self, key: Key) -> tuple:
         """The block's value of each skeleton dimension, in solver.search.distinct.SKELETON order."""
         sk = self.plan.skeletons[self.index[key.split]]
@@ -225,21 +229,47 @@ class Engine:
 
     def score(self, key: Key) -> ScoredBlock:
         """Score every mapping of one block exactly, keep its feasible ones, and cut the block
-        from the CP-SAT model."""
-        rows, ordinals = self.block_rows(key)
+        from the CP-SAT model. Feasibility first: the capacity checks are decided on one
+        mapping per distinct combination of the flags that change memory (all but
+        TIME_ONLY_DIMENSIONS), the structural ones (networks, Ulysses' heads) on one per
+        combination of the flags they read (STRUCTURE_DIMENSIONS), and only the mappings
+        that pass both are scored whole: most of a large block (every shard group, network
+        and overlap) does not."""
+        index, il, mb = self.index[key.split], key.interleaving, key.microbatch
+        table = self.plan.flag_tables[index]
+        first, inverse = self._classes_of(table, self._memory_columns)
+        heads, _ = self.plan.block(index, il, mb, flag_rows=first)
+        fits = capacity_fits(evaluate_arrays_in_context(self.c, heads, self.block_memo))[inverse]
+        first, inverse = self._classes_of(table, self._structure_columns)
+        heads, _ = self.plan.block(index, il, mb, flag_rows=first)
+        fit = np.flatnonzero(fits & structure_fits(self.c, heads)[inverse])
+        rows, ordinals = self.plan.block(index, key.interleaving, key.microbatch, flag_rows=fit)
         ev = evaluate_arrays_in_context(self.c, rows, self.block_memo)
         keep = np.flatnonzero(ev.feasible)
         block = ScoredBlock({name: rows.columns[name][keep] for name in FLAG_NAMES}, ev.iteration_time_s[keep],
-                            ev.hbm_bytes[keep], ev.offload_bytes[keep], ordinals[keep], keep.astype(np.int32))
+                            ev.hbm_bytes[keep], ev.offload_bytes[keep], ordinals[keep], fit[keep].astype(np.int32))
         self.scored[key] = block
         if self._cpsat is not None:             # (else cut when the model is built)
             self._cpsat.v.exclude_block(key)
         return block
 
+    def _classes_of(self, table: np.ndarray, columns: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """(a row of each, each row's class) of a flag table's rows by its `columns`; kept for
+        the last CLASSES_KEPT (table, columns) pairs (a few tables serve every block)."""
+        held = self._classes.pop((id(table), columns), None)
+        if held is None or held[0] is not table:
+            first, inverse, _ = distinct_rows([table[:, j] for j in columns])
+            held = (table, first, inverse.astype(np.int32))
+        self._classes[(id(table), columns)] = held           # (most recently used last)
+        while len(self._classes) > CLASSES_KEPT:
+            del self._classes[next(iter(self._classes))]
+        return held[1], held[2]
+
     def mapping(self, key: Key, j: int):
         """The j-th kept mapping of a scored block, rebuilt from the plan."""
-        rows, _ = self.block_rows(key)
-        return rows.to_mapping(int(self.scored[key].row[j]), self.datatype, self.kernels)
+        rows, _ = self.plan.block(self.index[key.split], key.interleaving, key.microbatch,
+                                  flag_rows=self.scored[key].row[j:j + 1])
+        return rows.to_mapping(0, self.datatype, self.kernels)
 
     def mappings_scored(self) -> int:
         return sum(len(self.plan.flag_tables[self.index[key.split]]) for key in self.scored)
@@ -346,7 +376,7 @@ class Engine:
                 self._cpsat.m.ClearAssumptions()
         # Every block left unscored has a surrogate floor; when none can reach the K-th best
         # (or none is left), the top K is proven whether or not CP-SAT finished a round.
-        unscored = min((f for f, key in ranked if key not in self.scored and q.blocks(key)), default=math.inf)
+        unscored = next((f for f, key in ranked if key not in self.scored and q.blocks(key)), math.inf)  # (ascending)
         certified = not interrupted and (certified or math.isinf(unscored) or unscored > top.target_s)
         times = [float(top.time_s[g[0]]) for g in top.groups]
         if certified:

@@ -31,7 +31,7 @@ from solver.search.cpsat.constraints import group_span_expressions
 from solver.search.engine import Engine, Key, Question
 from solver.search.solve import SolverConfig, binding_constraints
 from solver.space.count import count_mappings
-from solver.space.declaration import Space
+from solver.space.declaration import Space, coarse_facts, facts, flag_projection
 from solver.space.pins import pinned
 
 PINNED_WARM_START_BLOCKS = 4096
@@ -88,7 +88,8 @@ class Explanation:
                 "certified": self.certified, "blocks_scored": self.blocks_scored, "seconds": self.seconds}
 
 
-FLOOR_FLAGS = ("zero", "sched", "recompute", "tp_comm", "seq_par_ag_redo", "weight_offload", "activations_offload")
+FLOOR_FLAGS = ("zero", "sched", "recompute", "tp_comm", "seq_par_ag_redo", "weight_offload", "activations_offload",
+               "shard")
 """The flags the block floors read (solver.search.cpsat.tables.block_lower_bounds): a
 question pinning one gets floors of its own."""
 
@@ -120,8 +121,8 @@ class Explorer(Engine):
     def _flag_offers(self, split: tuple, name: str, value: int) -> bool:
         if (split, name, value) not in self._offers:
             skeleton = self.plan.skeletons[self.index[split]]
-            column = [dim.name for dim in self.plan.space.flags].index(name)
-            offers = bool((self.plan.flag_tables[self.index[split]][:, column] == value).any())
+            known = dict(coarse_facts(facts(skeleton, self.problem.system)))
+            offers = (value,) in flag_projection(self.plan.space, (name,), known, len(self.problem.system.networks))
             for degree_name, net_name in NETWORK_GROUPS:
                 degree = getattr(skeleton, degree_name)
                 if net_name == name and degree > 1:

@@ -84,15 +84,17 @@ class Plan:
         return build_rows(self.space, self.skeletons[chunk.skeleton_index], self.flag_tables[chunk.skeleton_index],
                           chunk.start, chunk.stop)
 
-    def block(self, skeleton_index: int, interleaving: int, microbatch: int) -> tuple[MappingArrays, np.ndarray]:
+    def block(self, skeleton_index: int, interleaving: int, microbatch: int,
+              flag_rows: np.ndarray | None = None) -> tuple[MappingArrays, np.ndarray]:
         """Every mapping of one (tp, pp, interleaving, microbatch) block — the flag combinations
-        of skeleton `skeleton_index` at that interleaving and microbatch — and their ordinals."""
+        of skeleton `skeleton_index` at that interleaving and microbatch — and their ordinals;
+        `flag_rows`: only those rows of the block (indices into its flag table)."""
         sk, table = self.skeletons[skeleton_index], self.flag_tables[skeleton_index]
         start = (sk.interleavings.index(interleaving) * len(sk.microbatches)
                  + sk.microbatches.index(microbatch)) * len(table)
         first = next(c.ordinal - c.start for c in self.chunks if c.skeleton_index == skeleton_index)
-        rows = build_rows(self.space, sk, table, start, start + len(table))
-        return rows, first + start + np.arange(len(table), dtype=np.int64)
+        row = start + (np.arange(len(table), dtype=np.int64) if flag_rows is None else np.asarray(flag_rows, np.int64))
+        return rows_at(self.space, sk, table, row), first + row
 
 
 def skeleton_rows(skeleton: Skeleton, flag_rows: int) -> int:
@@ -128,9 +130,13 @@ def plan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
 
 def build_rows(space: Space, skeleton: Skeleton, table: np.ndarray, start: int, stop: int) -> MappingArrays:
     """Rows [start, stop) of one skeleton (see the module docstring for the layout)."""
-    n = stop - start
+    return rows_at(space, skeleton, table, np.arange(start, stop, dtype=np.int64))
+
+
+def rows_at(space: Space, skeleton: Skeleton, table: np.ndarray, row: np.ndarray) -> MappingArrays:
+    """The skeleton's rows at indices `row` (in its own enumeration order)."""
+    n = len(row)
     n_flags, n_mb = len(table), len(skeleton.microbatches)
-    row = np.arange(start, stop, dtype=np.int64)
     flag_row = row % n_flags
     mb_index = (row // n_flags) % n_mb
     il_index = row // (n_flags * n_mb)

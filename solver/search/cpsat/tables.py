@@ -8,6 +8,7 @@ each is a lower bound of the corresponding exact term for every mapping.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,8 @@ class StageTables:
     reduction's once-a-step part and its part per microbatch (× the network's usage), the
     optimizer step, and the first stage's per-GPU state."""
 
+    code: int
+    """the shard-group code (0: the whole dp·cp group)"""
     splits: set
     """the splits that take this group (its size divides their dp·cp)"""
     dp_once: dict
@@ -154,7 +157,7 @@ class Tables:
             optimizer = grid.of(spread(one_terms.optimizer_s))
             takes = grid.of(code <= limit).sel(zero=0, **off, **none).values
             self.by_shard.append(StageTables(
-                splits={k for k, ok in zip(self.tp_keys, takes) if ok},
+                code=code, splits={k for k, ok in zip(self.tp_keys, takes) if ok},
                 dp_once=dp_once, dp_per_microbatch=dp_per_microbatch,
                 optimizer=per_stage(optimizer.min(*rest)),
                 weights_hbm={(z, w): table for w in (0, 1) for z, table in by_stage(
@@ -231,6 +234,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
     combos = sorted(flag_projection(space, BLOCK_FLAGS, known, num_networks))
     zero_codes = tuple(code for (code,) in flag_projection(space, ("zero",), known, num_networks))
     zero_bubble = offers_zero_bubble(space, num_networks)
+    shard_codes = space.shard_codes
     rows = GroupRows(tables, combos)
     a_off = np.array([cb[4] for cb in combos], dtype=bool)
     w_off = np.array([cb[3] for cb in combos])
@@ -276,7 +280,11 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         stages = zero_codes if sk.dp * sk.cp > 1 else (0,)
         at = tables.split_index[key]
         zo = [(z, o, t) for z in stages for o in ((0, 1) if has_offload else (0,))
-              for t in (tables.by_shard if z > 0 else tables.by_shard[:1]) if key in t.splits]
+              for t in (tables.by_shard if z > 0 else tables.by_shard[:1])
+              if key in t.splits and (t.code in shard_codes or z == 0 and 0 in shard_codes)]
+        if not zo:                    # no shard group the space admits: nothing fits
+            out.update({BlockKey(*key, il, mb): math.inf for il in sk.interleavings for mb in sk.microbatches})
+            continue
         by_switch = np.array([[t.weights_hbm[(z, w)][at] for w in (0, 1)] for z, _, t in zo])   # [S, 2]
         weights = by_switch[:, w_index][:, None, None, :]                                          # [S, 1, 1, K]
         memory = (weights + activations_hbm[None] + workspace[None, None]
