@@ -49,7 +49,8 @@ LayerIndices = Annotated[list[Annotated[WholeNumber, within(_LAYER)]], BeforeVal
 class HFConfig(BaseModel):
     """The fields every supported model_type may read (and those named in warnings)."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False, defer_build=True)
+    # (defer_build: a run reads one model_type, so only its schema is built, when first used)
 
     model_type: str
     tie_word_embeddings: Boolean | None = Field(None, description="Output layer shares the embedding's weights.")

@@ -12,7 +12,8 @@ from costmodel.system import Datatype
 from solver.cli.options import (batch_header, headroom_text, datatype_option, load_problem, problem_options, space_and_cap, space_options,
                                 user_errors, wide_console)
 from solver.report.figure import image_path
-from solver.report.tables import dumps, mapping_summary, mfu_text
+from solver.report.documents import dumps
+from solver.report.tables import mapping_summary, mfu_text
 from solver.search.codesign import KNOBS, CodesignResult, Grid, Target, codesign
 from solver.search.solve import SolverConfig
 

@@ -15,7 +15,8 @@ from solver.cli.options import (
     system_label,
     user_errors,
 )
-from solver.report.tables import console, dumps, evaluation_tables
+from solver.report.documents import dumps
+from solver.report.tables import console, evaluation_tables
 
 
 @click.command("eval")

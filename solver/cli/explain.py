@@ -12,7 +12,8 @@ from solver.cli.options import (batch_header, datatype_option, load_problem, pro
                                 progress_line, space_and_cap, space_options, system_label, user_errors,
                                 wide_console)
 from solver.report.figure import image_path
-from solver.report.tables import dumps, mapping_summary, mfu_text
+from solver.report.documents import dumps
+from solver.report.tables import mapping_summary, mfu_text
 from solver.search.explain import Explanation, explain
 from solver.search.solve import SolverConfig
 from solver.space.pins import pins_text

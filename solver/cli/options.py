@@ -10,10 +10,9 @@ import functools
 import math
 import threading
 import warnings
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import click
-from rich.console import Console
 
 import costmodel.inputs.limits as limits
 from costmodel.inputs.advice import datatype_hint, model_warnings, override_warnings
@@ -30,6 +29,9 @@ from costmodel.inputs.units import GiB
 from solver.cli.errors import debugging, one_line_errors
 from solver.space.declaration import DEFAULT_SPACE, SPACES, Space, get_space
 from solver.space.pins import batch_cap, batch_text, check_pins, default_batch_cap, parse_pins, pinned
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def user_errors(func: Callable) -> Callable:
@@ -214,6 +216,11 @@ def headroom_text(system: System) -> str:
 def progress_line(enabled: bool = True) -> Iterator[Callable[[str], None]]:
     """Yields `say(text)`: what a long search is doing, as a transient spinner line on stderr
     that appears once the work has taken a second (and only on a terminal)."""
+    if not enabled:                   # (nor rich, which only a terminal's spinner needs)
+        yield lambda text: None
+        return
+    from rich.console import Console
+
     console = Console(stderr=True)
     state = {"text": "working", "status": None}
     lock = threading.Lock()
@@ -231,7 +238,7 @@ def progress_line(enabled: bool = True) -> Iterator[Callable[[str], None]]:
                 state["status"].update(text)
 
     timer = threading.Timer(1.0, show)
-    if enabled and console.is_terminal:
+    if console.is_terminal:
         timer.start()
     try:
         yield say
@@ -243,9 +250,11 @@ def progress_line(enabled: bool = True) -> Iterator[Callable[[str], None]]:
                 state["status"].stop()
 
 
-def wide_console() -> Console:
+def wide_console() -> "Console":
     """A console for tables: the terminal's width, or 200 columns when writing to a file or
     pipe (rich would otherwise squeeze tables into 80 and cut every cell)."""
+    from rich.console import Console
+
     console = Console(soft_wrap=False)
     return console if console.is_terminal else Console(soft_wrap=False, width=200)
 

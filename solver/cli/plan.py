@@ -11,7 +11,7 @@ from costmodel.terms.training_cost import (DEFAULT_CHECKPOINT_GBPS, DEFAULT_PUE,
                                      DEFAULT_SNAPSHOT_GBPS, LLAMA3_FAILURE_RATE_PER_GPU_HOUR)
 from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, kernel_options, load_problem,
                                 problem_options, progress_line, system_label, user_errors, wide_console)
-from solver.report.plan_tables import plan_document, print_plan
+from solver.report.documents import dumps, plan_document
 from solver.search.plan import (TOKENS, Phase, Settings, Target, check_buyable, load_phases, parse_counts, plan)
 from solver.search.solve import SolverConfig
 from solver.space.declaration import DEFAULT_SPACE, SPACES, get_space
@@ -151,10 +151,10 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
 
         plot_plan(result, plot_path, title)
     if as_json:
-        from solver.report.tables import dumps
-
         click.echo(dumps(plan_document(result)))
     else:
+        from solver.report.plan_tables import print_plan     # (rich: only for tables)
+
         print_plan(result, title, wide_console())
     if result.choice.plan is None:
         raise MapsatError(result.choice.message)

@@ -14,7 +14,8 @@ from solver.cli.errors import debugging
 from solver.cli.options import (BoundedFloat, BoundedInt, batch_header, datatype_option, load_problem, problem_options,
                                 progress_line, space_and_cap, space_options, system_label, user_errors,
                                 wide_console)
-from solver.report.tables import dumps, evaluation_tables, top_table
+from solver.report.documents import dumps
+from solver.report.tables import evaluation_tables, top_table
 from solver.search.solve import SolverConfig, SolveResult, solve
 from solver.space.pins import describe_pins, pins_text
 

@@ -16,7 +16,8 @@ from costmodel.measured.run_report import RunsReport, gap_tags, validate_runs
 from costmodel.measured.run_scoring import ErrorSummary, RunInputs
 from costmodel.measured.validation import validate_selene
 from solver.cli.options import user_errors, wide_console
-from solver.report.tables import console, dumps
+from solver.report.documents import dumps
+from solver.report.tables import console
 
 DEFAULT_SYSTEM = Path(__file__).resolve().parents[2] / "problems" / "systems" / "a100-80g-selene.yaml"
 

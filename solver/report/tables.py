@@ -3,10 +3,7 @@ Units convert here, at the output boundary: seconds, GiB, GB/s, percent."""
 
 from __future__ import annotations
 
-import json
-import math
 import sys
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -197,21 +194,3 @@ def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
     mem_table.add_row("in HBM (tier 1, the fullest stage)", f"{ev.hbm_bytes / GiB:.2f}", style="bold")
     mem_table.add_row("in offload memory (tier 2)", f"{ev.offload_bytes / GiB:.2f}", style="bold")
     return [head, time_table, mem_table]
-
-
-def json_safe(value: Any) -> Any:
-    """JSON-safe: numpy scalars to Python, non-finite floats to null."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def dumps(document: dict) -> str:
-    """Deterministic JSON: sorted keys, fixed indentation."""
-    return json.dumps(json_safe(document), indent=2, sort_keys=True)

@@ -15,7 +15,7 @@ from costmodel.kernels import PRECISION_DEFAULTS, Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from solver.study.batch import Problem
-from solver.report.tables import json_safe
+from solver.report.documents import json_safe
 
 # ---------------------------------------------------------------------- one problem
 def solve_payload(payload: dict, progress=None) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -136,13 +137,21 @@ class Tables:
         self.by_shard: list[StageTables] = []
         dp_comm = np.inf
         n = len(dp)
+        # (a shard group is evaluated on the rows of the splits that take it; the others read
+        # inf, and the floors skip it for them. Every group's rows in one evaluation: the
+        # terms are row by row, and one call costs far less than one per group.)
+        taken = {0: np.arange(n), **{code: np.flatnonzero(code <= limit) for code in codes if code}}
+        parts = {0: terms}
+        if len(taken) > 1:
+            at = np.concatenate(list(taken.values())[1:])
+            grouped = _grid_terms(c, block_memo, **{k: v_[at] for k, v_ in base.items()}, batch=dp[at],
+                                  shard=np.concatenate([np.full(len(rows), code) for code, rows in taken.items() if code]))
+            start = 0
+            for code, rows in list(taken.items())[1:]:
+                parts[code] = _rows_of(grouped, len(at), slice(start, start + len(rows)))
+                start += len(rows)
         for code in codes:
-            # (a shard group is evaluated on the rows of the splits that take it; the others
-            # read inf, and the floors skip it for them)
-            rows = np.flatnonzero(code <= limit) if code else np.arange(n)
-            sub = {k: v_[rows] for k, v_ in base.items()}
-            variant = {"shard": code} if code else {}
-            one_terms = terms if not code else _grid_terms(c, block_memo, **sub, batch=dp[rows], **variant)
+            rows, one_terms = taken[code], parts[code]
 
             def spread(values, rows=rows):
                 out = np.full(n, np.inf)
@@ -283,7 +292,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
               for t in (tables.by_shard if z > 0 else tables.by_shard[:1])
               if key in t.splits and (t.code in shard_codes or z == 0 and 0 in shard_codes)]
         if not zo:                    # no shard group the space admits: nothing fits
-            out.update({BlockKey(*key, il, mb): math.inf for il in sk.interleavings for mb in sk.microbatches})
+            out.update(dict.fromkeys(block_keys(key, sk.interleavings, sk.microbatches), math.inf))
             continue
         by_switch = np.array([[t.weights_hbm[(z, w)][at] for w in (0, 1)] for z, _, t in zo])   # [S, 2]
         weights = by_switch[:, w_index][:, None, None, :]                                          # [S, 1, 1, K]
@@ -297,10 +306,21 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         extra = (_on_s([t.optimizer[z][at] + t.dp_once[z][at] for z, _, t in zo])[:, :, :, 0]
                  + _on_s([t.dp_per_microbatch[z][at] for z, _, t in zo])[:, :, :, 0] * n)    # [S, 1, M]
         best = (np.where(fits, time[None], np.inf).min(axis=3) + extra).min(axis=0)                 # [V, M]
-        for i, il in enumerate(sk.interleavings):
-            for j, mb in enumerate(sk.microbatches):
-                out[BlockKey(*key, il, mb)] = float(best[i, j]) * TIME_FLOOR_SLACK
+        out.update(zip(block_keys(key, sk.interleavings, sk.microbatches), (best * TIME_FLOOR_SLACK).ravel().tolist()))
     return out
+
+
+def block_keys(split: tuple, interleavings: tuple, microbatches: tuple) -> list[BlockKey]:
+    """The blocks of a split, interleaving-major (a [V, M] table's order, raveled)."""
+    make = BlockKey._make
+    return [make((*split, il, mb)) for il in interleavings for mb in microbatches]
+
+
+def _rows_of(terms, total: int, part: slice) -> SimpleNamespace:
+    """The stage-table terms (StageTables' sources) of rows `part` of a `total`-row evaluation."""
+    return SimpleNamespace(**{name: np.broadcast_to(getattr(terms, name), (total,))[part] for name in (
+        "dp_comm_s", "dp_per_microbatch_s", "optimizer_s", "weights_hbm_bytes", "optimizer_hbm_bytes",
+        "weights_bytes", "weight_grads_bytes", "optimizer_bytes", "embedding_bytes")})
 
 
 def _on_s(values: list) -> np.ndarray:
