@@ -5,10 +5,10 @@ at 100 GB/s, full space).
     python benchmarks/bench_explain.py [--space calculon-current]
 
 Prints the total time, the number of (dimension, value) rows, whether every row is
-certified, the blocks scored, and the slowest rows. Target (issue 15): <= 30 s on the
-2-core development machine: met, 28.1 s for 102 rows, all certified, on the shipped H100
-file (255 s at the start of the one-engine work, the surrogate's network fit and the pinned
-flags' block filter since).
+certified, the blocks scored, and the slowest rows. Target (issue 23): <= 30 s on the
+2-core development machine: met, 22.9 s for 117 rows, all certified (270.5 s once the CP
+communication and hybrid sharding joined `full`, before the engine decided a block's memory
+and network checks once per combination of what they read).
 """
 
 from __future__ import annotations
