@@ -237,13 +237,18 @@ class Engine:
         and overlap) does not."""
         index, il, mb = self.index[key.split], key.interleaving, key.microbatch
         table = self.plan.flag_tables[index]
-        first, inverse = self._classes_of(table, self._memory_columns)
-        heads, _ = self.plan.block(index, il, mb, flag_rows=first)
-        fits = capacity_fits(evaluate_arrays_in_context(self.c, heads, self.block_memo))[inverse]
-        first, inverse = self._classes_of(table, self._structure_columns)
-        heads, _ = self.plan.block(index, il, mb, flag_rows=first)
-        fit = np.flatnonzero(fits & structure_fits(self.c, heads)[inverse])
-        rows, ordinals = self.plan.block(index, key.interleaving, key.microbatch, flag_rows=fit)
+
+        def passing(columns: tuple[int, ...], check: Callable) -> np.ndarray:
+            """`check` on one mapping of each class of the block by `columns`, at every row."""
+            first, inverse = self._classes_of(table, columns)
+            heads, _ = self.plan.block(index, il, mb, flag_rows=first)
+            return check(heads)[inverse]
+
+        fit = np.flatnonzero(
+            passing(self._memory_columns,
+                    lambda heads: capacity_fits(evaluate_arrays_in_context(self.c, heads, self.block_memo)))
+            & passing(self._structure_columns, lambda heads: structure_fits(self.c, heads)))
+        rows, ordinals = self.plan.block(index, il, mb, flag_rows=fit)
         ev = evaluate_arrays_in_context(self.c, rows, self.block_memo)
         keep = np.flatnonzero(ev.feasible)
         block = ScoredBlock({name: rows.columns[name][keep] for name in FLAG_NAMES}, ev.iteration_time_s[keep],

@@ -290,7 +290,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         at = tables.split_index[key]
         zo = [(z, o, t) for z in stages for o in ((0, 1) if has_offload else (0,))
               for t in (tables.by_shard if z > 0 else tables.by_shard[:1])
-              if key in t.splits and (t.code in shard_codes or z == 0 and 0 in shard_codes)]
+              if key in t.splits and t.code in shard_codes]
         if not zo:                    # no shard group the space admits: nothing fits
             out.update(dict.fromkeys(block_keys(key, sk.interleavings, sk.microbatches), math.inf))
             continue
