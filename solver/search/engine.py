@@ -67,8 +67,7 @@ change only time, never memory: the surrogate takes their best case, and the exa
 of a block tries every value."""
 FLAG_NAMES = tuple(dim.name for dim in FLAGS)
 CLASSES_KEPT = 16
-"""(flag table, columns) pairs whose row classes (Engine._classes_of) are kept: a few
-megabytes each."""
+"""(flag table, columns) pairs whose row classes are kept (Engine._classes_of): ~MB each."""
 
 Key = BlockKey
 """A block: the split's degrees, the interleaving and the microbatch."""
@@ -229,17 +228,14 @@ class Engine:
 
     def score(self, key: Key) -> ScoredBlock:
         """Score every mapping of one block exactly, keep its feasible ones, and cut the block
-        from the CP-SAT model. Feasibility first: the capacity checks are decided on one
-        mapping per distinct combination of the flags that change memory (all but
-        TIME_ONLY_DIMENSIONS), the structural ones (networks, Ulysses' heads) on one per
-        combination of the flags they read (STRUCTURE_DIMENSIONS), and only the mappings
-        that pass both are scored whole: most of a large block (every shard group, network
-        and overlap) does not."""
+        from the CP-SAT model. Feasibility first: capacity is decided on one mapping per
+        combination of the flags that change memory (all but TIME_ONLY_DIMENSIONS), the
+        structural checks on one per combination of STRUCTURE_DIMENSIONS; only mappings
+        passing both (few, in a block of every shard group and network) are scored whole."""
         index, il, mb = self.index[key.split], key.interleaving, key.microbatch
         table = self.plan.flag_tables[index]
 
-        def passing(columns: tuple[int, ...], check: Callable) -> np.ndarray:
-            """`check` on one mapping of each class of the block by `columns`, at every row."""
+        def passing(columns: tuple[int, ...], check: Callable) -> np.ndarray:   # (per class, at every row)
             first, inverse = self._classes_of(table, columns)
             heads, _ = self.plan.block(index, il, mb, flag_rows=first)
             return check(heads)[inverse]
