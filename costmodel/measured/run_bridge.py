@@ -231,6 +231,8 @@ def _settings_fields(row: BridgeRow, settings: WorkloadSettings | None) -> tuple
     fields: dict[str, Any] = {"tp_comm_overlap": settings.tp_comm_overlap and row.tp > 1,
                               "low_precision_param_gather": settings.low_precision_param_gather,
                               "bf16_first_last_blocks": settings.bf16_first_last_blocks}
+    if settings.grad_reduce_in_fp32 is not None:      # benchmark-wide: set whatever the preset
+        fields.update(grad_datatype="float32" if settings.grad_reduce_in_fp32 else "16bit")
     if not settings.applies:
         return fields, [f"{cited}, not applied: its {', '.join(settings.differs_from_table)} differ from the table"]
     fields.update(activation_offload_blocks=settings.activation_offload_blocks, cuda_graphs=settings.cuda_graphs,
@@ -248,8 +250,6 @@ def _settings_fields(row: BridgeRow, settings: WorkloadSettings | None) -> tuple
             fields.update(etp=settings.expert_tensor_parallel)
     if settings.pipeline_layout is not None:
         fields.update(pipeline_layout=settings.pipeline_layout)
-    if settings.grad_reduce_in_fp32 is not None:
-        fields.update(grad_datatype="float32" if settings.grad_reduce_in_fp32 else "16bit")
     return fields, [cited] + ([settings.notes] if settings.notes else [])
 
 
