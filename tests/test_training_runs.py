@@ -85,6 +85,10 @@ def test_workload_settings_reach_the_rows(bridge_runs):
     # 25.11's 405B GB200 preset is FSDP on 128 GPUs, the table's row tp 4, pp 16 on 256: not applied
     other = by_name(bridge_runs, "bridge2511_llama31_405b_gb200_fp8cs_256")
     assert other.activation_offload_blocks == 0 and not other.megatron_fsdp and "not applied" in other.notes
+    # every release's performance scripts set grad_reduce_in_fp32 false, whatever the preset: BF16
+    # gradients on every row with settings, a preset that does not apply included
+    assert all(run.grad_datatype == "16bit" for run in bridge_runs if run.name in settings)
+    assert other.grad_datatype == "16bit"
     # the table's MBS cell (2) contradicts the row's GA (16 = 128 / (MBS · 8)); the preset's mbs 1 agrees with GA
     altquant = by_name(bridge_runs, "bridge2509_llama3_70b_gb200_64_altquant")
     assert (altquant.microbatch, altquant.tp, altquant.pp, altquant.interleaving) == (1, 2, 4, 5)
