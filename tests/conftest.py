@@ -121,6 +121,24 @@ def plain(space):
     return whole_group(ring_only(space))
 
 
+def solve_equals_brute_force(model, system, gpus: int, max_batch: int, space, datatype, kernels, top_k: int = 1,
+                             time_limit_s: float = 120):
+    """Solve and brute-force one problem over `space` and assert they agree: the answer
+    certified optimal, the best mapping the same, the top `top_k` times equal to 1e-9.
+    Returns (the solve's result, brute force's) for the caller's own checks."""
+    from solver.search.brute import scan
+    from solver.search.solve import SolverConfig, solve
+
+    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
+                   config=SolverConfig(top_k=top_k, time_limit_s=time_limit_s, workers=1))
+    reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=top_k, workers=1)
+    assert result.certified_optimal and result.status == "optimal" and result.gap == 0.0
+    assert reference.best is not None and result.best.mapping == reference.best.mapping
+    assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],
+                                                                     rel=1e-9)
+    return result, reference
+
+
 def cp_sat_solution_count(model) -> int:
     """How many solutions a CP-SAT model has (enumerated by one worker, to the end)."""
     from ortools.sat.python import cp_model

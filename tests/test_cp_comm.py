@@ -6,7 +6,6 @@ that file solves with the K/V ring only). Every space here shards over the whole
 sharding is tests/test_hybrid_sharding.py's)."""
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import assert_block_floors_below_exact, whole_group
+from conftest import assert_block_floors_below_exact, solve_equals_brute_force, whole_group
 from test_context_parallel import CASES, H100, MODEL, _mapping, gqa
 from test_space_count import make_system
 
@@ -24,8 +23,6 @@ from costmodel.kernels import Kernels
 from costmodel.mapping import Mapping
 from costmodel.system import Datatype
 from solver.cli.app import cli
-from solver.search.brute import scan
-from solver.search.solve import SolverConfig, solve
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space
 from solver.space.pins import pinned
@@ -126,13 +123,8 @@ A2A_WINS = [c for c in CASES if c[0] in ("long-seq-tight-hbm", "131k-small-hbm-8
 def test_solve_equals_brute_force_where_a2a_wins(case):
     _, model, system, gpus, max_batch, datatype, attention = case
     space, kernels = whole_group(get_space("full")), Kernels.with_attention(attention)
-    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
-                   config=SolverConfig(top_k=1, time_limit_s=120, workers=1))
-    reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=1, workers=1)
-    assert result.certified_optimal
+    _, reference = solve_equals_brute_force(model, system, gpus, max_batch, space, datatype, kernels)
     assert reference.best.mapping.context_par_comm is CPComm.a2a
-    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
-    assert result.best.mapping == reference.best.mapping
 
 
 CP_COMM_FREE = [c for c in CASES if c[0] in ("cp-with-tp-kv2", "131k-h100", "a100-unfused-core")]
@@ -144,14 +136,8 @@ def test_solve_equals_brute_force_with_cp_comm_free(case):
     binds at tp·cp > 2), as brute force ranks them."""
     _, model, system, gpus, max_batch, datatype, attention = case
     space, kernels = whole_group(get_space("full")), Kernels.with_attention(attention)
-    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
-                   config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
-    reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=3, workers=1)
-    assert result.certified_optimal and result.status == "optimal"
+    _, reference = solve_equals_brute_force(model, system, gpus, max_batch, space, datatype, kernels, top_k=3)
     assert reference.best.mapping.cp > 1
-    assert result.best.mapping == reference.best.mapping
-    assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],
-                                                                     rel=1e-9)
 
 
 def test_block_floors_never_exceed_an_exact_time_with_every_cp_comm():
@@ -169,10 +155,5 @@ def test_pinned_cp_comm_solves_as_brute_force_on_the_same_pins():
     _, model, system, gpus, max_batch, datatype, attention = next(c for c in CASES if c[0] == "131k-small-hbm-8gpu")
     space, kernels = pinned(whole_group(get_space("full")), (("cp_comm", (1,)),)), Kernels.with_attention(attention)
     assert space.cp_comm_codes == (1,)
-    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
-                   config=SolverConfig(top_k=2, time_limit_s=120, workers=1))
-    reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=2, workers=1)
-    assert result.certified_optimal and reference.best.mapping.context_par_comm is CPComm.all_gather
-    assert result.best.mapping == reference.best.mapping
-    assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],
-                                                                     rel=1e-9)
+    _, reference = solve_equals_brute_force(model, system, gpus, max_batch, space, datatype, kernels, top_k=2)
+    assert reference.best.mapping.context_par_comm is CPComm.all_gather

@@ -5,12 +5,11 @@ the count's growth by exactly the new mappings, --fix, and solve = brute force w
 shard group smaller than dp·cp wins."""
 
 import json
-import math
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import assert_block_floors_below_exact, ring_only
+from conftest import assert_block_floors_below_exact, ring_only, solve_equals_brute_force
 from test_solve import H100, small_model
 
 from costmodel.evaluate import evaluate
@@ -19,8 +18,6 @@ from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import Datatype, System
 from solver.cli.app import cli
-from solver.search.brute import scan
-from solver.search.solve import SolverConfig, solve
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space
 from solver.space.enumerate import enumerate_all
@@ -138,12 +135,8 @@ def test_solve_equals_brute_force_where_a_shard_group_wins(case):
     _, model, system, gpus, cap = case
     # the K/V ring only (cp > 1 mappings would come three times over: cp_comm is test_cp_comm.py's)
     space, kernels = ring_only(get_space("full")), Kernels.with_attention("fused", "16bit")
-    result = solve(model, system, gpus, max_batch=cap, datatype=Datatype.bfloat16, space=space, kernels=kernels,
-                   config=SolverConfig(top_k=1, time_limit_s=300, workers=1))
-    reference = scan(model, system, gpus, cap, space, Datatype.bfloat16, kernels, top_k=1, workers=1)
-    assert result.certified_optimal and result.gap == 0.0
-    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
-    assert result.best.mapping == reference.best.mapping
+    result, _ = solve_equals_brute_force(model, system, gpus, cap, space, Datatype.bfloat16, kernels,
+                                         time_limit_s=300)
     best = result.best.mapping
     assert best.sharding_group is not None and best.sharding_group < best.dp * best.cp
 
