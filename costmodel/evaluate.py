@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from costmodel.context import Context
-from costmodel.dimensions import DIMENSIONS, group_spans
+from costmodel.dimensions import DEGREES, DIMENSIONS, GROUP_DEGREES, SPLIT_DEGREES, group_spans
 from costmodel.encoding import MappingArrays
 from costmodel.kernels import Kernels
 from costmodel.terms.block_terms import BlockTerms, block_terms
@@ -55,9 +55,9 @@ def cp_comm_heads_fit(c: Context, m):
     return np.logical_not(m.cp_comm_a2a) | (m.cp == 1) | (c.kv_heads % (m.tp * m.cp) == 0)
 
 
-STRUCTURE_DIMENSIONS = ("tp", "cp", "ep", "etp", "pp", "dp", "cp_comm", "tp_net", "cp_net", "ep_net", "etp_net",
-                        "pp_net", "dp_net")
-"""The dimensions the structural checks (`structural_checks`) read."""
+STRUCTURE_DIMENSIONS = (*(d.name for d in DEGREES), "cp_comm", *(d.net for d in DEGREES))
+"""The dimensions the structural checks (`structural_checks`) read: every degree, the network
+carrying it, and the CP communication (Ulysses' heads split)."""
 
 
 def structural_checks(c: Context, m, xp) -> dict:
@@ -115,15 +115,14 @@ class Evaluation:
         }
 
 
-BLOCK_DIMENSIONS = ("tp", "cp", "ep", "etp", "pp", "microbatch", "recompute", "tp_comm", "tp_overlap", "cp_comm",
-                    "seq_par_ag_redo", "weight_offload", "activations_offload", "tp_net", "cp_net", "ep_net",
-                    "etp_net")
+BLOCK_DIMENSIONS = (*SPLIT_DEGREES, "microbatch", "recompute", "tp_comm", "tp_overlap", "cp_comm", "seq_par_ag_redo",
+                    "weight_offload", "activations_offload", *(d.net for d in DEGREES if d.name in GROUP_DEGREES))
 """The dimensions a block's terms (costmodel.terms.block_terms) read: mappings equal in these share
 one block. The view block_terms gets holds nothing else, so a formula that came to read
 another dimension fails loudly instead of being shared wrongly."""
 
 
-TIME_ONLY_DIMENSIONS = ("tp_overlap", "dp_overlap", "tp_net", "cp_net", "ep_net", "etp_net", "pp_net", "dp_net")
+TIME_ONLY_DIMENSIONS = ("tp_overlap", "dp_overlap", *(d.net for d in DEGREES))
 """Dimensions that change a mapping's time, never its HBM or offload bytes (what overlaps
 and which network a group's traffic takes): mappings equal in every other dimension hold
 the same memory, so the capacity checks are decided once for all of them (`capacity_fits`;
