@@ -1,9 +1,12 @@
-"""The rules a mapping's parallel degrees must satisfy for a model (tp, cp, ep, etp and MoE
-parallel folding), as the `fits` functions of their declarations in costmodel.dimensions:
-each takes (model, system, values by short name) and returns why the value does not fit, or
-None."""
+"""The rules a mapping's numbers must satisfy for a model (tp, cp, ep, etp and MoE parallel
+folding, the pipeline layout, sequence parallelism's split, the shard group), as the `fits`
+functions of their declarations in costmodel.dimensions: each takes (model, system, values by
+short name) and returns why the value does not fit, or None."""
 
 from __future__ import annotations
+
+from costmodel.choices import TPComm
+from costmodel.terms.pipeline import layout_problem
 
 
 def tp_fits(model, system, v) -> str | None:
@@ -61,4 +64,30 @@ def fold_problem(tp: int, cp: int, dp: int, ep: int, etp: int) -> str | None:
         return (f"expert_par({ep})·expert_tensor_par({etp})={ep * etp} does not divide tensor_par({tp})·"
                 f"context_par({cp})·data_par({dp})={tp * cp * dp}: the expert groups fold into a pipeline "
                 f"stage's GPUs (Megatron-LM)")
+    return None
+
+
+def pp_fits(model, system, v) -> str | None:
+    # pp divides the blocks, or the blocks + 2 with lighter first and last stages (the
+    # layout rule of costmodel.terms.pipeline); a preset may ask for even stages (Space.uneven_stages)
+    return layout_problem(model.num_blocks, v["pp"], 1)
+
+
+def interleaving_fits(model, system, v) -> str | None:
+    return layout_problem(model.num_blocks, v["pp"], v["interleaving"])
+
+
+def seq_par_fits(model, system, v) -> str | None:
+    cp = v.get("cp", 1)
+    if v["tp_comm"] is TPComm.rs_ag and (v["microbatch"] * model.seq_size) % (v["tp"] * cp):
+        return (f"sequence parallelism splits microbatch_size·seq_size/context_par = {v['microbatch']}·"
+                f"{model.seq_size}/{cp} tokens, which tensor_par({v['tp']}) does not divide")
+    return None
+
+
+def shard_fits(model, system, v) -> str | None:
+    group = v["dp"] * v.get("cp", 1)
+    shard = v.get("shard")
+    if shard is not None and (shard < 1 or group % shard):
+        return f"sharding_group({shard}) does not divide data_par({v['dp']})·context_par({v.get('cp', 1)})={group}"
     return None

@@ -34,9 +34,9 @@ import numpy as np
 
 import costmodel.inputs.limits as limits
 from costmodel.choices import CPComm, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
-from costmodel.degree_rules import cp_fits, ep_fits, etp_fits, tp_fits
+from costmodel.degree_rules import (cp_fits, ep_fits, etp_fits, interleaving_fits, pp_fits, seq_par_fits, shard_fits,
+                                     tp_fits)
 from costmodel.inputs.limits import Bound
-from costmodel.terms.pipeline import layout_problem
 
 Kind = Literal["split", "per_split", "choice", "switch", "network", "subgroup"]
 FLAG_KINDS = ("choice", "switch", "network", "subgroup")
@@ -62,13 +62,15 @@ class Degree:
     span: tuple[str, ...]
     in_split: bool = True
     """chosen by the split (tp, cp, ep, etp, pp); dp follows from the others and the GPU count"""
+    limit: str | None = None
+    """the Space field bounding it (`tp_max`), or None: bounded by the GPUs alone"""
 
 
 DEGREES: tuple[Degree, ...] = (
-    Degree("tp", "tp_net", ("tp",)),
-    Degree("cp", "cp_net", ("tp", "cp")),
+    Degree("tp", "tp_net", ("tp",), limit="tp_max"),
+    Degree("cp", "cp_net", ("tp", "cp"), limit="cp_max"),
     Degree("ep", "ep_net", ("etp", "ep")),
-    Degree("etp", "etp_net", ("etp",)),
+    Degree("etp", "etp_net", ("etp",), limit="tp_max"),
     Degree("pp", "pp_net", ("tp", "cp", "pp")),
     Degree("dp", "dp_net", ("tp", "cp", "pp", "dp"), in_split=False),
 )
@@ -89,11 +91,23 @@ SPLIT_DEGREES: tuple[str, ...] = tuple(d.name for d in DEGREES if d.in_split)
 """The degrees a split chooses, in order: the (tp, cp, ep, etp, pp) of a skeleton and a block."""
 GROUP_DEGREES: tuple[str, ...] = tuple(name for name in SPLIT_DEGREES if name != "pp")
 """The degrees one block's cost reads (a split's degrees but pp): (tp, cp, ep, etp)."""
+DEGREE: dict[str, Degree] = {d.name: d for d in DEGREES}
+CHAIN: tuple[str, ...] = DEGREES[-1].span
+"""The degrees whose product is the GPU count (the outermost group's span: tp·cp·pp·dp = N);
+the others (ep, etp) fold into a stage's GPUs and divide N without being factors of it."""
 SKELETON_FACTS = (*(d.name for d in DEGREES), "dp_cp", "offload", "dp_cp_pow2")
 """What a flag's condition may test besides earlier flags: the split's degrees (tp, cp, ep,
 etp, pp, dp, and dp_cp = dp·cp, the group gradients are reduced over; compared with 1) and
 `offload` (1 when the system has an offload memory tier). `dp_cp_pow2` (subgroup_limit of
 dp·cp) is read by no condition: it bounds a `subgroup` flag's codes."""
+
+
+def skeleton_facts(degrees: dict, has_offload: bool) -> dict[str, int]:
+    """The SKELETON_FACTS of a split: each degree of `degrees` (every name of DEGREES), dp·cp,
+    offload, and dp·cp's largest offered sub-group."""
+    dp_cp = degrees["dp"] * degrees["cp"]
+    return {**{d.name: degrees[d.name] for d in DEGREES}, "dp_cp": dp_cp, "offload": int(has_offload),
+            "dp_cp_pow2": subgroup_limit(dp_cp)}
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,9 @@ class Dimension:
     fits: FitRule | None = None
     bound: Bound | None = None
     """For numbers (and network indices): the range a file may give (costmodel.inputs.limits)."""
+    default: object = ...
+    """For numbers: the value a mapping file may leave out (`...`: it must be given; None: the
+    model decides, as for etp: costmodel.mapping.Mapping.with_expert_tensor_par)."""
 
     @property
     def is_flag(self) -> bool:
@@ -232,24 +249,6 @@ def _choice_codes(choices: type[Enum]) -> dict:
 
 
 # ---- the rules any mapping must satisfy (costmodel.mapping.check_mapping_fits reads them) ----
-def _pp_fits(model, system, v) -> str | None:
-    # pp divides the blocks, or the blocks + 2 with lighter first and last stages (the
-    # layout rule of costmodel.terms.pipeline); a preset may ask for even stages (Space.uneven_stages)
-    return layout_problem(model.num_blocks, v["pp"], 1)
-
-
-def _interleaving_fits(model, system, v) -> str | None:
-    return layout_problem(model.num_blocks, v["pp"], v["interleaving"])
-
-
-def _seq_par_fits(model, system, v) -> str | None:
-    cp = v.get("cp", 1)
-    if v["tp_comm"] is TPComm.rs_ag and (v["microbatch"] * model.seq_size) % (v["tp"] * cp):
-        return (f"sequence parallelism splits microbatch_size·seq_size/context_par = {v['microbatch']}·"
-                f"{model.seq_size}/{cp} tokens, which tensor_par({v['tp']}) does not divide")
-    return None
-
-
 def _network_exists(dim_name: str) -> FitRule:
     def fits(model, system, v) -> str | None:
         index = v[dim_name]
@@ -268,14 +267,6 @@ def _needs_offload(dim_name: str) -> FitRule:
     return fits
 
 
-def _shard_fits(model, system, v) -> str | None:
-    group = v["dp"] * v.get("cp", 1)
-    shard = v.get("shard")
-    if shard is not None and (shard < 1 or group % shard):
-        return f"sharding_group({shard}) does not divide data_par({v['dp']})·context_par({v.get('cp', 1)})={group}"
-    return None
-
-
 _FULL = list(Recompute).index(Recompute.full)
 _RS_AG = list(TPComm).index(TPComm.rs_ag)
 _HAS_OFFLOAD = Condition("offload", ">", 0)
@@ -287,18 +278,19 @@ DIMENSIONS: tuple[Dimension, ...] = (
               bound=limits.GPUS_SEARCH),
     Dimension("cp", "context_par", "split", "context parallelism: the sequence is split over cp GPUs (ring "
               "attention, 2·cp load-balanced chunks)",
-              rule="1 .. cp_max; divides N/tp; 2·cp divides seq_size", fits=cp_fits, bound=limits.GPUS_SEARCH),
+              rule="1 .. cp_max; divides N/tp; 2·cp divides seq_size", fits=cp_fits, bound=limits.GPUS_SEARCH,
+              default=1),
     Dimension("ep", "expert_par", "split", "expert parallelism: each MoE block's experts are split over ep GPUs "
               "of a stage's tp·cp·dp ones (MoE parallel folding; token all-to-all)",
               rule="1 .. experts; divides num_experts; ep·etp divides tp·cp·dp (1 for a dense model)",
-              fits=ep_fits, bound=limits.GPUS_SEARCH),
+              fits=ep_fits, bound=limits.GPUS_SEARCH, default=1),
     Dimension("etp", "expert_tensor_par", "split", "expert tensor parallelism: each expert's width is split etp "
               "ways (Megatron-LM's --expert-tensor-parallel-size; a file's default is tp for an MoE model)",
               rule="1 .. tp_max; divides N and expert_feedforward; ep·etp divides tp·cp·dp (1 for a dense model)",
-              fits=etp_fits, bound=limits.GPUS_SEARCH),
+              fits=etp_fits, bound=limits.GPUS_SEARCH, default=None),
     Dimension("pp", "pipeline_par", "split", "pipeline parallelism: the blocks are split into pp stages",
               rule="1 .. blocks; divides N/(tp·cp) and num_blocks, or (full) pp > 2 divides num_blocks + 2: "
-                   "the first and last stages one block lighter", fits=_pp_fits,
+                   "the first and last stages one block lighter", fits=pp_fits,
               bound=limits.GPUS_SEARCH),
     Dimension("dp", "data_par", "split", "data parallelism: replicas of the pipeline",
               rule="N/(tp·cp·pp); tp·cp·pp·dp = N",
@@ -309,9 +301,9 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("interleaving", "pipeline_interleaving", "per_split", "model chunks per pipeline stage (interleaved 1F1B)",
               label="il", rule="divisors of a stage's share; 1 when pp = 1, else divides num_blocks/pp "
                                "(uneven stages: (num_blocks + 2)/pp)",
-              fits=_interleaving_fits, bound=limits.NUM_BLOCKS),
+              fits=interleaving_fits, bound=limits.NUM_BLOCKS, default=1),
     Dimension("microbatch", "microbatch_size", "per_split", "sequences per microbatch", label="mb",
-              rule="divisors of batch/dp; divides batch/dp; microbatch·seq_size divisible by tp·cp", fits=_seq_par_fits,
+              rule="divisors of batch/dp; divides batch/dp; microbatch·seq_size divisible by tp·cp", fits=seq_par_fits,
               bound=limits.MAX_BATCH_SEARCH),
     # ---- flags, in enumeration order; conditions read only skeleton facts and earlier flags ----
     Dimension("recompute", "activation_recompute", "choice", "activation recomputation: full (store block inputs "
@@ -332,7 +324,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
               choices=ShardingStage, free_when=(Condition("dp_cp", ">", 1),)),
     Dimension("shard", "sharding_group", "subgroup", label="shard", meaning="hybrid sharding (HSDP): ZeRO shards "
               "over groups of this many inner GPUs of dp·cp and replicates across them; all = dp·cp (file default)",
-              free_when=(Condition("zero", "!=", 0),), fits=_shard_fits, bound=limits.GPUS_SEARCH),
+              free_when=(Condition("zero", "!=", 0),), fits=shard_fits, bound=limits.GPUS_SEARCH),
     Dimension("seq_par_ag_redo", "seq_par_ag_redo", "switch", label="ag-redo", meaning="redo the sequence-parallel all-gather in backward "
               "instead of storing its output", free_when=(Condition("tp_comm", "==", _RS_AG), Condition("recompute", "!=", _FULL))),
     Dimension("dp_overlap", "data_par_overlap", "switch", label="dp-overlap", meaning="overlap the DP gradient reduction "
@@ -368,6 +360,10 @@ NETWORK_GROUPS: tuple[tuple[str, str], ...] = tuple((d.name, d.net) for d in DEG
 """Parallel groups, innermost first, each with the flag naming its network (DEGREES)."""
 GROUP_SPAN: dict[str, tuple[str, ...]] = {d.name: d.span for d in DEGREES}
 """Which degrees' product each group spans (DEGREES)."""
+SPLIT_TEXT = f"({', '.join(SPLIT_DEGREES)})"
+"""The split's degrees as people read them in messages: "(tp, cp, ep, etp, pp)"."""
+SPANS_TEXT = ", ".join("·".join(d.span) for d in DEGREES if "dp" not in d.span) + " and all GPUs"
+"""The GPUs each group spans, as people read them: "tp, tp·cp, etp·ep, etp, tp·cp·pp and all GPUs"."""
 
 
 class BlockKey(NamedTuple("BlockKeyFields", [*((name, int) for name in SPLIT_DEGREES), ("interleaving", int),

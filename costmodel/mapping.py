@@ -45,14 +45,13 @@ _FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm
 
 def _field(dim: Dimension) -> tuple[Any, Any]:
     """The pydantic (type, Field) of one dimension's file field."""
-    if dim.name == "etp":
-        # unstated: as Megatron-LM's --expert-tensor-parallel-size, tp for an MoE model (and 1 for
-        # a dense one); only the model tells which (Mapping.with_expert_tensor_par)
+    if dim.kind in ("split", "per_split") and dim.default is None:
+        # unstated: the model decides (etp: as Megatron-LM's --expert-tensor-parallel-size, tp
+        # for an MoE model and 1 for a dense one; Mapping.with_expert_tensor_par)
         return (Annotated[WholeNumber, within(dim.bound)] | None,
-                Field(None, gt=0, description=dim.meaning + "; default: tensor_par (1 for a dense model)"))
+                Field(None, gt=0, description=dim.meaning))
     if dim.kind in ("split", "per_split"):
-        default = 1 if dim.name in ("interleaving", "cp", "ep") else ...
-        return Annotated[WholeNumber, within(dim.bound)], Field(default, gt=0, description=dim.meaning)
+        return Annotated[WholeNumber, within(dim.bound)], Field(dim.default, gt=0, description=dim.meaning)
     if dim.kind == "network":
         return Annotated[WholeNumber, within(dim.bound)], Field(0, ge=0, description=dim.meaning)
     if dim.kind == "subgroup":
