@@ -10,6 +10,7 @@ import click
 from rich.table import Table
 
 from costmodel.context import Context
+from costmodel.dimensions import SPLIT_TEXT
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 import costmodel.inputs.limits as limits
@@ -80,13 +81,13 @@ def print_count(result: CountResult, model_name: str, system_name: str, batch: s
     """Human output: the total, then one row per dimension with the count per value."""
     console = wide_console()
     line = (f"[bold]{result.mappings:,}[/bold] mappings of {model_name} on {result.num_gpus:,} GPUs of {system_name} "
-            f"(space {result.space}, {result.skeletons} (tp, cp, ep, etp, pp) splits)")
+            f"(space {result.space}, {result.skeletons} {SPLIT_TEXT} splits)")
     if result.feasible is not None:
         line += f"; [bold]{result.feasible:,}[/bold] feasible in {result.datatype}, {result.kernels.label}"
     console.print(line)
     console.print(batch or f"global batch ≤ {result.max_batch:,} sequences")
     if not result.mappings:
-        console.print("No mapping: no (tp, cp, ep, etp, pp) split satisfies the divisibility and batch rules (see `mapsat spaces`).")
+        console.print(f"No mapping: no {SPLIT_TEXT} split satisfies the divisibility and batch rules (see `mapsat spaces`).")
         return
     table = Table(title="Mappings per value of each dimension", title_justify="left")
     table.add_column("dimension")

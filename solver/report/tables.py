@@ -8,7 +8,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.dimensions import BY_NAME, DIMENSIONS, NETWORK_GROUPS
+from costmodel.dimensions import BY_NAME, CHAIN, DIMENSIONS, NETWORK_GROUPS
 from costmodel.evaluate import Evaluation
 from costmodel.inputs.units import GB, GiB
 from solver.search.distinct import equivalents_text
@@ -51,10 +51,13 @@ def console() -> Console:
 
 def _fields_by_name(mapping_fields: dict) -> dict:
     values = {dim.name: mapping_fields.get(dim.field) for dim in DIMENSIONS}
+    for dim in DIMENSIONS:     # a record from before a dimension joined: its file default
+        if values[dim.name] is None and dim.kind == "network":
+            values[dim.name] = 0
+        elif values[dim.name] is None and dim.kind in ("split", "per_split") and dim.default is not None:
+            values[dim.name] = dim.default
     if values["etp"] is None:   # a record from before etp, or a file that left it to the model: as the cost model
         values["etp"] = values["tp"] if values["ep"] > 1 else 1
-    if values["etp_net"] is None:
-        values["etp_net"] = 0
     return values
 
 
@@ -65,10 +68,9 @@ def mapping_summary(mapping_fields: dict) -> str:
     and the network of each parallel group."""
     v = _fields_by_name(mapping_fields)
     splits = {d.name: v[d.name] for d in DIMENSIONS if d.kind == "split"}
-    splits["etp"] = v["etp"]
-    # (ep and etp only where there are experts to split: a dense model's are always 1)
-    experts = splits["ep"] > 1 or splits["etp"] > 1
-    parts = [" ".join(f"{name}{splits[name]}" for name, _ in NETWORK_GROUPS if name not in ("ep", "etp") or experts),
+    # (the degrees that fold into a stage, ep and etp, only where one is > 1: a dense model's are 1)
+    folded = any(splits[name] > 1 for name, _ in NETWORK_GROUPS if name not in CHAIN)
+    parts = [" ".join(f"{name}{splits[name]}" for name, _ in NETWORK_GROUPS if name in CHAIN or folded),
              f"batch {v['batch']} {BY_NAME['microbatch'].header} {v['microbatch']}"]
     if v["pp"] > 1:
         parts.append(f"{BY_NAME['interleaving'].header} {v['interleaving']}")

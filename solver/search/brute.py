@@ -28,7 +28,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from costmodel.dimensions import DIMENSIONS
+from costmodel.dimensions import DIMENSIONS, SPLIT_TEXT
 from costmodel.context import Context
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import evaluate, evaluate_arrays
@@ -120,7 +120,7 @@ class BruteResult:
         """One line: why nothing is feasible, naming the checks that rule mappings out."""
         if self.evaluated == 0:
             return (f"no mapping exists in space {self.space} for {self.num_gpus} GPUs with max batch "
-                    f"{self.max_batch} (no (tp, cp, ep, etp, pp) split passes the divisibility and batch rules)")
+                    f"{self.max_batch} (no {SPLIT_TEXT} split passes the divisibility and batch rules)")
         parts = [f"{name} rules out {count:,}" for name, count in sorted(self.blocked.items(), key=lambda kv: -kv[1])]
         hbm = ""
         if self.min_hbm_bytes is not None and self.min_hbm_bytes > hbm_capacity_bytes:

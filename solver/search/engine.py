@@ -41,7 +41,7 @@ from typing import Callable
 
 import numpy as np
 
-from costmodel.dimensions import FLAGS, BlockKey
+from costmodel.dimensions import FLAGS, SPLIT_TEXT, BlockKey
 from costmodel.evaluate import (STRUCTURE_DIMENSIONS, TIME_ONLY_DIMENSIONS, capacity_fits, evaluate_arrays_in_context,
                                 structure_fits)
 from costmodel.kernels import Kernels
@@ -191,7 +191,7 @@ class Engine:
         if self._cpsat is None:
             from solver.search.cpsat.model import structure_model
             from solver.search.cpsat.surrogate import add_bounds
-            self.say(f"building the CP-SAT model ({len(self.plan.skeletons)} (tp, cp, ep, etp, pp) splits)")
+            self.say(f"building the CP-SAT model ({len(self.plan.skeletons)} {SPLIT_TEXT} splits)")
             m, v = structure_model(self.problem, self.plan.skeletons, flags=SEARCHED_FLAGS)
             bounds = add_bounds(m, v, self.c, self.problem.num_gpus, self.local_batch,
                                 self.problem.space.tp_overlap_codes, self.c.hbm_capacity_bytes, tables=self.tables)

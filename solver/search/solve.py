@@ -20,7 +20,7 @@ import numpy as np
 
 import costmodel.inputs.limits as limits
 from costmodel.context import Context
-from costmodel.dimensions import group_spans
+from costmodel.dimensions import SPANS_TEXT, SPLIT_TEXT, group_spans
 from costmodel.errors import InputError
 from costmodel.evaluate import Evaluation, evaluate_in_context
 from costmodel.kernels import Kernels
@@ -118,10 +118,9 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
                            infeasible_reasons=["time limit reached before any feasible mapping was found"])
     problem, skels, total = engine.problem, engine.plan.skeletons, engine.plan.total
     if not skels:
-        return _infeasible(started, 0, [f"parallel split: no (tp, cp, ep, etp, pp, dp) split of {num_gpus} GPUs meets the "
-                                         f"divisibility rules (tp | hidden {model.hidden}, heads {model.attn_heads}, "
-                                         f"kv_heads {model.kv_groups}; 2·cp | seq {model.seq_size}; "
-                                         f"pp | blocks {model.num_blocks}) and "
+        from solver.search.cpsat.constraints import DegreeRules
+        return _infeasible(started, 0, [f"parallel split: no {SPLIT_TEXT} split of {num_gpus} GPUs meets the "
+                                         f"divisibility rules ({DegreeRules().describe(problem)}) and "
                                          + (f"the batch cap {max_batch}" if _given_batch(the_space) is None
                                             else f"the given batch {max_batch} (dp divides it)")])
     found = engine.search(Question(top_k=config.top_k, time_limit_s=config.time_limit_s
@@ -214,7 +213,7 @@ def diagnose(problem: "Problem", skels, c: Context, time_limit_s: float = DIAGNO
     status = checked_solve(m, new_solver(deadline - time.perf_counter()))
     if status == cp_model.INFEASIBLE:
         sizes = ", ".join(f"{n.name} {n.size}" for n in system.networks)
-        reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts tp, tp·cp, etp·ep, etp, tp·cp·pp and all GPUs on "
+        reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts {SPANS_TEXT} on "
                        f"networks that span them ({sizes})")
         return reasons
     if status == cp_model.UNKNOWN or deadline <= time.perf_counter():

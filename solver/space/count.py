@@ -169,8 +169,8 @@ def count_mappings(model: Model, system: System, num_gpus: int, max_batch: int, 
         n_il, n_mb = len(sk.interleavings), len(sk.microbatches)
         here = n_il * n_mb * flags
         total += here
-        for name in ("tp", "cp", "ep", "etp", "pp", "dp", "batch"):
-            breakdown[name][getattr(sk, name)] += here
+        for name, value in (*sk.degrees.items(), ("batch", sk.batch)):
+            breakdown[name][value] += here
         for il in sk.interleavings:
             breakdown["interleaving"][il] += n_mb * flags
         for mb in sk.microbatches:

@@ -25,14 +25,15 @@ reproduce Calculon's published counts exactly. Two named presets (`SPACES`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, make_dataclass
 from functools import lru_cache
 
 import numpy as np
 
 from costmodel.choices import PipelineSchedule, ShardingStage, TPOverlap
-from costmodel.dimensions import (BY_NAME, DIMENSIONS, FLAGS, GROUP_DEGREES, SKELETON_FACTS, SPLIT_DEGREES, Condition,
-                                  Dimension, subgroup_limit)
+from costmodel.dimensions import (BY_NAME, CHAIN, DEGREE, DEGREES, DIMENSIONS, FLAGS, GROUP_DEGREES, SKELETON_FACTS,
+                                  SPLIT_DEGREES, Condition, Dimension, skeleton_facts)
 from costmodel.errors import InputError
 from costmodel.model import Model
 from costmodel.terms.pipeline import EMBEDDING_AND_LOSS_BLOCKS
@@ -122,6 +123,13 @@ class Space:
             if pinned == name:
                 return value in allowed
         return True
+
+    def limit(self, degree: str) -> int | None:
+        """The largest value the space considers for `degree` (its declared Degree.limit field:
+        tp_max, cp_max), or None."""
+        field = DEGREE[degree].limit
+        return getattr(self, field) if field else None
+
     @property
     def flags(self) -> tuple[FlagDimension, ...]:
         offered = dict(self.offered)
@@ -210,20 +218,8 @@ def divisors(n: int) -> tuple[int, ...]:
     return factor_divisors(n) if n >= 1 else ()
 
 
-@dataclass(frozen=True)
-class Skeleton:
-    """One valid (tp, cp, ep, etp, pp) split with its dp, global batch, and the valid
-    interleavings and microbatch sizes; every flag combination is allowed on top of it."""
-
-    tp: int
-    cp: int
-    ep: int
-    etp: int
-    pp: int
-    dp: int
-    batch: int
-    interleavings: tuple[int, ...]
-    microbatches: tuple[int, ...]
+class _SkeletonParts:
+    """What every Skeleton has besides its degrees (the fields are made from DEGREES below)."""
 
     @property
     def local_batch(self) -> int:
@@ -231,75 +227,90 @@ class Skeleton:
 
     @property
     def split(self) -> tuple[int, ...]:
-        """The split's degrees (tp, cp, ep, etp, pp: costmodel.dimensions.SPLIT_DEGREES): what
-        identifies the skeleton (dp and batch follow)."""
+        """The split's degrees (costmodel.dimensions.SPLIT_DEGREES): what identifies the
+        skeleton (dp and batch follow)."""
         return tuple(getattr(self, name) for name in SPLIT_DEGREES)
 
     @property
     def group(self) -> tuple[int, ...]:
-        """(tp, cp, ep, etp: costmodel.dimensions.GROUP_DEGREES): the degrees one block's cost reads."""
+        """The degrees one block's cost reads (costmodel.dimensions.GROUP_DEGREES)."""
         return tuple(getattr(self, name) for name in GROUP_DEGREES)
 
+    @property
+    def degrees(self) -> dict[str, int]:
+        """Every degree by name (DEGREES: the split's and dp)."""
+        return {d.name: getattr(self, d.name) for d in DEGREES}
 
-_TP, _CP, _EP, _ETP, _PP, _IL = (BY_NAME[name] for name in ("tp", "cp", "ep", "etp", "pp", "interleaving"))
+
+Skeleton = make_dataclass(
+    "Skeleton", [*((d.name, int) for d in DEGREES), ("batch", int), ("interleavings", tuple[int, ...]),
+                 ("microbatches", tuple[int, ...])], bases=(_SkeletonParts,), frozen=True)
+Skeleton.__doc__ = """One valid split (SPLIT_DEGREES) with its dp, global batch, and the valid
+interleavings and microbatch sizes; every flag combination is allowed on top of it. Its fields
+are the degrees of costmodel.dimensions.DEGREES, in order, then batch, interleavings and
+microbatches."""
+Skeleton.__module__ = __name__
+
+_PP, _IL = BY_NAME["pp"], BY_NAME["interleaving"]
 
 
-def expert_degrees(model: Model, num_gpus: int, space: Space) -> list[tuple[int, int]]:
-    """The (ep, etp) pairs any mapping of `model` on N GPUs may take, by their own rules (ep
-    divides num_experts, etp divides expert_feedforward, etp <= tp_max) and ep·etp dividing N
-    (it divides a stage's tp·cp·dp); (1, 1) for a dense model."""
-    if not model.num_experts:
-        return [(1, 1)]
-    pairs = []
-    for ep in divisors(model.num_experts):
-        if num_gpus % ep or not space.admits("ep", ep):
-            continue
-        for etp in divisors(num_gpus // ep):
-            if (etp <= space.tp_max and space.admits("etp", etp)
-                    and not _ETP.fits(model, None, {"tp": 1, "ep": ep, "etp": etp})):
-                pairs.append((ep, etp))
-    return pairs
+def _degree_values(name: str, chosen: dict[str, int], model: Model, num_gpus: int, space: Space):
+    """The values degree `name` may take after the degrees `chosen` (earlier in SPLIT_DEGREES):
+    a divisor of the GPUs the chain leaves (CHAIN: tp·cp·pp·dp = N), or of N for a degree
+    that folds into a stage (ep, etp), up to its space limit, that its declared `fits` rule
+    (read on what is chosen so far) and the pins admit."""
+    room = num_gpus
+    if name in CHAIN:
+        room //= math.prod(value for degree, value in chosen.items() if degree in CHAIN)
+    limit = space.limit(name)
+    dim = BY_NAME[name]
+    for value in divisors(room):
+        if limit is not None and value > limit:
+            break
+        if space.admits(name, value) and not (dim.fits and dim.fits(model, None, {**chosen, name: value})):
+            yield value
 
 
 def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list[Skeleton]:
-    """Every valid (tp, cp, ep, etp, pp) skeleton, in enumeration order (tp ascending, then
-    cp, ep, etp, pp). tp, cp, ep, etp and pp obey their declared `fits` rules, tp <= the space's
-    tp_max, cp <= its cp_max and divides N/tp, ep divides num_experts and etp
-    expert_feedforward (both 1 for a dense model), ep·etp divides tp·cp·dp (MoE parallel
-    folding), etp <= tp_max, pp divides N/(tp·cp) and lays the blocks out by the layout rule
-    (`stage_interleavings`, with the interleavings valid on it); microbatches divide the local batch and, a
-    rule of the space for every TP communication (Calculon's), split a GPU's
-    microbatch·seq_size/cp tokens evenly over tp. Skeletons with no valid microbatch or
-    batch are left out."""
+    """Every valid skeleton, in enumeration order (SPLIT_DEGREES lexicographic: tp ascending,
+    then cp, ep, etp, pp). Each degree is a divisor of what the chain leaves (tp·cp·pp·dp = N;
+    ep and etp, which fold into a stage's GPUs, of N) within its space limit (tp, etp <=
+    tp_max, cp <= cp_max) and obeys its declared `fits` rule: tp divides the heads and widths,
+    2·cp divides seq_size, ep divides num_experts and etp expert_feedforward (both 1 for a dense
+    model), ep·etp divides tp·cp·dp (MoE parallel folding, checked once dp is known), pp lays the
+    blocks out by the layout rule (`stage_interleavings`, with the interleavings valid on it);
+    microbatches divide the local batch and, a rule of the space for every TP communication
+    (Calculon's), split a GPU's microbatch·seq_size/cp tokens evenly over tp. Skeletons with no
+    valid microbatch or batch are left out."""
     if num_gpus <= 0:
         raise InputError(f"gpus: {num_gpus} must be > 0")
     if max_batch <= 0:
         raise InputError(f"max batch: {max_batch} must be > 0")
     result = []
-    for tp in divisors(num_gpus):
-        # tp's declared rule includes kv_heads: each rank holds whole key/value heads (Megatron-LM's
-        # rule for query groups; multi-query attention, kv_heads = 1, allows only tp = 1).
-        if tp > space.tp_max or _TP.fits(model, None, {"tp": tp}) or not space.admits("tp", tp):
-            continue
-        for cp in divisors(min(num_gpus // tp, space.cp_max)):
-            if _CP.fits(model, None, {"cp": cp}) or (num_gpus // tp) % cp or not space.admits("cp", cp):
-                continue
-            for ep, etp in expert_degrees(model, num_gpus, space):
-                for pp in divisors(num_gpus // (tp * cp)):
-                    interleavings = stage_interleavings(model, pp, space)
-                    if not interleavings or not space.admits("pp", pp):
-                        continue
-                    dp = num_gpus // (tp * cp * pp)
-                    batch = space.batch_for(dp, max_batch)
-                    if (batch is None or _EP.fits(model, None, {"ep": ep})
-                            or _ETP.fits(model, None, {"tp": tp, "cp": cp, "dp": dp, "ep": ep, "etp": etp})
-                            or not (space.admits("dp", dp) and space.admits("batch", batch))):
-                        continue
-                    interleavings = tuple(v for v in interleavings if space.admits("interleaving", v))
-                    microbatches = tuple(m for m in divisors(batch // dp)
-                                         if (m * model.seq_size) % (tp * cp) == 0 and space.admits("microbatch", m))
-                    if interleavings and microbatches:
-                        result.append(Skeleton(tp, cp, ep, etp, pp, dp, batch, interleavings, microbatches))
+
+    def extend(chosen: dict[str, int]) -> None:
+        if len(chosen) < len(SPLIT_DEGREES):
+            name = SPLIT_DEGREES[len(chosen)]
+            for value in _degree_values(name, chosen, model, num_gpus, space):
+                extend({**chosen, name: value})
+            return
+        interleavings = stage_interleavings(model, chosen["pp"], space)
+        if not interleavings:
+            return
+        dp = num_gpus // math.prod(chosen[name] for name in CHAIN if name != "dp")
+        degrees = {**chosen, "dp": dp}
+        batch = space.batch_for(dp, max_batch)
+        if (batch is None or not (space.admits("dp", dp) and space.admits("batch", batch))
+                or any(BY_NAME[name].fits and BY_NAME[name].fits(model, None, degrees) for name in SPLIT_DEGREES)):
+            return
+        interleavings = tuple(v for v in interleavings if space.admits("interleaving", v))
+        microbatches = tuple(m for m in divisors(batch // dp)
+                             if (m * model.seq_size) % (degrees["tp"] * degrees["cp"]) == 0
+                             and space.admits("microbatch", m))
+        if interleavings and microbatches:
+            result.append(Skeleton(**degrees, batch=batch, interleavings=interleavings, microbatches=microbatches))
+
+    extend({})
     return result
 
 
@@ -317,10 +328,8 @@ def stage_interleavings(model: Model, pp: int, space: Space) -> tuple[int, ...]:
 
 
 def facts(skeleton: Skeleton, system: System) -> dict[str, int]:
-    """The skeleton facts conditions may test."""
-    return {"tp": skeleton.tp, "cp": skeleton.cp, "ep": skeleton.ep, "etp": skeleton.etp, "pp": skeleton.pp,
-            "dp": skeleton.dp, "dp_cp": skeleton.dp * skeleton.cp, "offload": int(system.offload is not None),
-            "dp_cp_pow2": subgroup_limit(skeleton.dp * skeleton.cp)}
+    """The skeleton facts conditions may test (costmodel.dimensions.skeleton_facts)."""
+    return skeleton_facts(skeleton.degrees, system.offload is not None)
 
 
 def flag_combinations(space: Space, known: dict[str, int], num_networks: int,

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Iterable
 
 import costmodel.inputs.limits as limits
-from costmodel.dimensions import BY_NAME, DIMENSIONS, Dimension
+from costmodel.dimensions import BY_NAME, DEGREE, DIMENSIONS, Dimension
 from costmodel.errors import InputError, shown
 from costmodel.inputs.limits import Bound
 from costmodel.model import Model
@@ -184,9 +184,9 @@ def check_pins(pins: tuple[tuple[str, tuple[int, ...]], ...], model: Model, syst
 def _pin_problem(dim: Dimension, value: int, model: Model, system: System, num_gpus: int, space: Space,
                  offered: dict[str, tuple[int, ...]]) -> str | None:
     """Why dimension `dim` can never take `value` in this problem, or None."""
-    if dim.name in ("tp", "cp", "ep", "etp", "pp", "dp") and num_gpus % value:
+    if dim.name in DEGREE and num_gpus % value:
         return f"{dim.name} {value} does not divide the {num_gpus:,} GPUs"
-    limit = {"tp": space.tp_max, "etp": space.tp_max, "cp": space.cp_max}.get(dim.name)
+    limit = space.limit(dim.name) if dim.name in DEGREE else None
     if limit is not None and value > limit:
         return f"{dim.name} {value} is above {limit}, the largest space {space.name} considers"
     if dim.fits is not None:

@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from costmodel.dimensions import (
+    BY_NAME,
+    CHAIN,
     DEGREES,
-    GROUP_DEGREES,
     GROUP_SPAN,
     NETWORK_GROUPS,
     SPLIT_DEGREES,
+    skeleton_facts,
     subgroup_limit,
 )
 from costmodel.encoding import MappingArrays
@@ -61,87 +63,47 @@ class ParallelSplit(Constraint):
     name = "parallel split"
 
     def describe(self, p):
-        return f"tp·cp·pp·dp = {p.num_gpus} GPUs"
+        return f"{'·'.join(CHAIN)} = {p.num_gpus} GPUs"
 
     def add(self, m, v, p):
-        m.AddMultiplicationEquality(p.num_gpus, [v.tp.var, v.cp.var, v.pp.var, v.dp.var])
+        m.AddMultiplicationEquality(p.num_gpus, [v.degrees[name].var for name in CHAIN])
 
     def violation(self, mapping, evaluation, p):
-        return abs(mapping.tp * mapping.cp * mapping.pp * mapping.dp - p.num_gpus)
+        return abs(math.prod(mapping.value(name) for name in CHAIN) - p.num_gpus)
 
 
-class TensorDivisibility(Constraint):
-    name = "tensor divisibility"
+class DegreeRules(Constraint):
+    """Each degree of the split obeys its declared `fits` rule (costmodel.dimensions: tp
+    divides the heads and widths, 2·cp divides seq_size, ep divides num_experts, etp
+    expert_feedforward, ep·etp divides tp·cp·dp by MoE parallel folding, pp lays the blocks
+    out) and its space limit (Degree.limit: tp_max, cp_max)."""
+
+    name = "degree rules"
 
     def describe(self, p):
-        return (f"tp divides hidden ({p.model.hidden}), attn_heads ({p.model.attn_heads}), kv_heads "
-                f"({p.model.kv_groups}) and feedforward ({p.model.feedforward}); tp <= {p.space.tp_max}")
+        return "; ".join(f"{name}: {BY_NAME[name].rule}".replace("tp_max", str(p.space.tp_max))
+                         .replace("cp_max", str(p.space.cp_max)) for name in SPLIT_DEGREES)
 
     def add(self, m, v, p):
-        for label, size in (("hidden", p.model.hidden), ("heads", p.model.attn_heads), ("kv_heads", p.model.kv_groups),
-                            ("ff", p.model.feedforward)):
-            quotient = m.NewIntVar(1, size, f"{label}_per_tp")
-            m.AddMultiplicationEquality(size, [v.tp.var, quotient])
-        m.Add(v.tp.var <= p.space.tp_max)
-
-    def violation(self, mapping, evaluation, p):
-        sizes = (p.model.hidden, p.model.attn_heads, p.model.kv_groups, p.model.feedforward)
-        return sum(size % mapping.tp for size in sizes) + max(0, mapping.tp - p.space.tp_max)
-
-
-class ContextDivisibility(Constraint):
-    name = "context divisibility"
-
-    def describe(self, p):
-        return f"cp <= {p.space.cp_max}; 2·cp divides seq_size ({p.model.seq_size}) when cp > 1"
-
-    def add(self, m, v, p):
-        m.Add(v.cp.var <= p.space.cp_max)
-        for cp, lit in v.cp.is_.items():
-            if cp > 1 and p.model.seq_size % (2 * cp):
+        # On the split literals (the only splits the variables allow are some skeleton's:
+        # this states the rules in the model, whatever built the domains)
+        for split, lit in v.split.items():
+            if self._broken(dict(zip(SPLIT_DEGREES, split)), p):
                 m.AddBoolOr([lit.Not()])
 
     def violation(self, mapping, evaluation, p):
-        cp = mapping.cp
-        return max(0, cp - p.space.cp_max) + (p.model.seq_size % (2 * cp) if cp > 1 else 0)
+        return float(self._broken({d.name: mapping.value(d.name) for d in DEGREES}, p))
 
-
-class ExpertDivisibility(Constraint):
-    """MoE parallel folding (Megatron-LM megatron/core/parallel_state.py
-    initialize_model_parallel, its expert rank generator; Liu et al. 2025): each GPU of an
-    expert-parallel group holds num_experts/ep whole experts, each split etp ways
-    (expert_feedforward/etp columns), and the expert groups tile the tp·cp·dp GPUs of a
-    pipeline stage, so ep·etp divides tp·cp·dp."""
-
-    name = "expert divisibility"
-
-    def describe(self, p):
-        if not p.model.num_experts:
-            return "ep = etp = 1 (a dense model has no experts)"
-        return (f"ep divides num_experts ({p.model.num_experts}); etp divides expert_feedforward "
-                f"({p.model.expert_feedforward}), etp <= {p.space.tp_max}; ep·etp divides tp·cp·dp")
-
-    def add(self, m, v, p):
-        # On the literals, not as a product of variables: an ep or etp value its own rule
-        # refuses is ruled out, and so is every (tp, cp, ep, etp, pp) split whose tp·cp·dp =
-        # N/pp ep·etp does not divide.
-        experts, width = p.model.num_experts, p.model.expert_feedforward
-        for ep, lit in v.ep.is_.items():
-            if ep > 1 and (not experts or experts % ep):
-                m.AddBoolOr([lit.Not()])
-        for etp, lit in v.etp.is_.items():
-            if etp > 1 and (not experts or width % etp or etp > p.space.tp_max):
-                m.AddBoolOr([lit.Not()])
-        for (t, c, e, x, q), lit in v.split.items():
-            if (p.num_gpus // q) % (e * x):
-                m.AddBoolOr([lit.Not()])
-
-    def violation(self, mapping, evaluation, p):
-        ep, etp = mapping.ep, mapping.etp
-        experts, width = p.model.num_experts, p.model.expert_feedforward
-        fold = (mapping.tp * mapping.cp * mapping.dp) % (ep * etp)
-        return float(fold + (experts % ep if experts else ep - 1) + (width % etp if experts else etp - 1)
-                     + max(0, etp - p.space.tp_max))
+    @staticmethod
+    def _broken(degrees: dict[str, int], p: Problem) -> int:
+        """How many of the split's degrees break their rule or limit (dp from the GPU count)."""
+        if "dp" not in degrees:
+            degrees = {**degrees, "dp": p.num_gpus // math.prod(degrees[name] for name in CHAIN if name != "dp")}
+        broken = 0
+        for name in SPLIT_DEGREES:
+            fits, limit = BY_NAME[name].fits, p.space.limit(name)
+            broken += bool((fits and fits(p.model, p.system, degrees)) or (limit is not None and degrees[name] > limit))
+        return broken
 
 
 class PipelineDivisibility(Constraint):
@@ -277,9 +239,7 @@ class FlagRules(Constraint):
     def violation(self, mapping, evaluation, p):
         """How many flags take a value their rule forbids (pinned but moved, or outside the domain)."""
         codes = MappingArrays.from_mappings([mapping])
-        values = {**{d.name: mapping.value(d.name) for d in DEGREES},
-                  "dp_cp": mapping.dp * mapping.cp, "offload": int(p.system.offload is not None),
-                  "dp_cp_pow2": subgroup_limit(mapping.dp * mapping.cp)}
+        values = skeleton_facts({d.name: mapping.value(d.name) for d in DEGREES}, p.system.offload is not None)
         wrong = 0
         for dim in p.space.flags:
             value = int(getattr(codes, dim.name)[0])
@@ -291,18 +251,18 @@ class FlagRules(Constraint):
 
 
 def _dp_cp(split: tuple[int, ...], num_gpus: int) -> int:
-    """dp·cp of a (tp, cp, ep, etp, pp) split on N GPUs: N/(tp·pp)."""
+    """dp·cp of a split (SPLIT_DEGREES) on N GPUs: N over the chain's other degrees (tp·pp)."""
     named = dict(zip(SPLIT_DEGREES, split))
-    return num_gpus // (named["tp"] * named["pp"])
+    return num_gpus // math.prod(named[name] for name in CHAIN if name not in ("dp", "cp"))
 
 
 def group_span_expressions(v: Variables, num_gpus: int) -> tuple:
     """The GPUs each group of costmodel.dimensions.NETWORK_GROUPS spans (GROUP_SPAN), as
-    CP-SAT expressions over the smallest combination literals that know its degrees: tp's
-    one-hot, the (tp, cp) pairs, the (ep, etp) pairs, the (tp, cp, ep, etp) groups, the
-    splits; a group spanning dp spans every GPU (tp·cp·pp·dp = N)."""
-    keyed = ((("tp",), {(t,): lit for t, lit in v.tp.is_.items()}), (("tp", "cp"), v.tp_cp),
-             (("ep", "etp"), v.ep_etp), (GROUP_DEGREES, v.group), (SPLIT_DEGREES, v.split))
+    CP-SAT expressions over the smallest literals that know its degrees: a degree's one-hot,
+    or a combination (Variables.combinations: the (tp, cp) and (ep, etp) pairs, the group, the
+    split); a group spanning dp spans every GPU (tp·cp·pp·dp = N)."""
+    keyed = [*(((d.name,), {(value,): lit for value, lit in v.degrees[d.name].is_.items()}) for d in DEGREES),
+             *sorted(v.combinations.items(), key=lambda item: len(item[0]))]
     out = []
     for degree, _ in NETWORK_GROUPS:
         span = GROUP_SPAN[degree]
@@ -375,6 +335,5 @@ def _add_at_least(m: cp_model.CpModel, expr, bound: int, enforce) -> None:
         m.Add(expr >= bound).OnlyEnforceIf(enforce)
 
 
-STRUCTURE: tuple[Constraint, ...] = (ParallelSplit(), TensorDivisibility(), ContextDivisibility(), PipelineDivisibility(),
-                                     BatchCap(), MicrobatchDivisibility(), FlagRules(), Pins(), NetworkFit(),
-                                     ExpertDivisibility())
+STRUCTURE: tuple[Constraint, ...] = (ParallelSplit(), DegreeRules(), PipelineDivisibility(), BatchCap(),
+                                     MicrobatchDivisibility(), FlagRules(), Pins(), NetworkFit())

@@ -1,12 +1,12 @@
 """The CP-SAT variables of a mapping, built from the space declaration, and their decoding.
 
-Skeleton dimensions are integer variables (tp, cp, ep, etp, pp, dp, batch, interleaving,
-microbatch) with one Boolean per value (`tp[8]`, `pp[16]`, ...), linked both ways; flags get
-one Boolean per code (`recompute[full]`, `tp_net[1]`). Combinations of skeleton values that
-the objective and memory tables need — the (tp, cp) pair, the (ep, etp) pair, the (tp, cp,
-ep, etp) group, the (tp, cp, ep, etp, pp) split and the (tp, cp, ep, etp, microbatch)
-group_mb — get a Boolean each that is the
-AND of its parts' Booleans. The
+Skeleton dimensions are integer variables (each degree of costmodel.dimensions.DEGREES, batch,
+interleaving, microbatch) with one Boolean per value (`tp[8]`, `pp[16]`, ...), linked both
+ways; flags get one Boolean per code (`recompute[full]`, `tp_net[1]`). Combinations of
+skeleton values that the objective and memory tables need — the group (GROUP_DEGREES, built
+from its halves: the (tp, cp) and (ep, etp) pairs), the split (the group and pp) and the
+group_mb (the group and the microbatch) — get a Boolean each that is the AND of its parts'
+Booleans. The
 domains are the values any valid mapping can take (read off the space's skeletons); which
 combinations are valid is left to the constraints.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from costmodel.dimensions import SPLIT_DEGREES, BlockKey, subgroup_limit
+from costmodel.dimensions import DEGREES, GROUP_DEGREES, SPLIT_DEGREES, BlockKey, subgroup_limit
 
 from solver.space.declaration import Skeleton, Space, divisors
 
@@ -72,12 +72,8 @@ class Variables:
         self.model = model
         self.space = space
         self.num_networks = num_networks
-        self.tp = one_hot(model, "tp", {s.tp for s in skeletons})
-        self.cp = one_hot(model, "cp", {s.cp for s in skeletons})
-        self.ep = one_hot(model, "ep", {s.ep for s in skeletons})
-        self.etp = one_hot(model, "etp", {s.etp for s in skeletons})
-        self.pp = one_hot(model, "pp", {s.pp for s in skeletons})
-        self.dp = one_hot(model, "dp", {s.dp for s in skeletons})
+        self.degrees: dict[str, OneHot] = {d.name: one_hot(model, d.name, {getattr(s, d.name) for s in skeletons})
+                                           for d in DEGREES}
         self.batch = model.NewIntVarFromDomain(cp_model.Domain.FromValues(sorted({s.batch for s in skeletons})), "batch")
         local_batches = {s.local_batch for s in skeletons}
         self.local_batch = model.NewIntVarFromDomain(cp_model.Domain.FromValues(sorted(local_batches)), "local_batch")
@@ -86,17 +82,15 @@ class Variables:
             cp_model.Domain.FromValues(sorted({d for q in local_batches for d in divisors(q)})), "microbatches")
         self.interleaving = one_hot(model, "interleaving", {v for s in skeletons for v in s.interleavings})
         # Only combinations some skeleton has (the others are invalid whatever the rest).
-        pairs = {(s.tp, s.cp) for s in skeletons}
-        groups = {s.group for s in skeletons}
+        self.combinations: dict[tuple[str, ...], dict[tuple[int, ...], cp_model.IntVar]] = {}
+        self.group = self._combine(GROUP_DEGREES, skeletons)
+        last = SPLIT_DEGREES[-1]              # (the split is the group and pp)
         splits = {s.split for s in skeletons}
+        self.split = and_pairs(model, "split", self.group, self.degrees[last].is_, lambda g, p: (*g, p) in splits)
         group_mbs = {(*s.group, mb) for s in skeletons for mb in s.microbatches}
-        self.tp_cp = and_pairs(model, "tp_cp", self.tp.is_, self.cp.is_, lambda t, c: (t, c) in pairs)
-        experts = {(s.ep, s.etp) for s in skeletons}
-        self.ep_etp = and_pairs(model, "ep_etp", self.ep.is_, self.etp.is_, lambda e, x: (e, x) in experts)
-        self.group = and_pairs(model, "group", self.tp_cp, self.ep_etp, lambda tc, ex: (*tc, *ex) in groups)
-        self.split = and_pairs(model, "split", self.group, self.pp.is_, lambda g, p: (*g, p) in splits)
         self.group_mb = and_pairs(model, "group_mb", self.group, self.microbatch.is_,
                                   lambda g, mb: (*g, mb) in group_mbs)
+        self.combinations[SPLIT_DEGREES] = self.split
         self.flags: dict[str, dict[int, cp_model.IntVar]] = {}
         for dim in space.flags:
             if flags is not None and dim.name not in flags:
@@ -106,6 +100,26 @@ class Variables:
             self.flags[dim.name] = {code: model.NewBoolVar(f"{dim.name}[{dim.label_of(code)}]")
                                     for code in dim.domain(num_networks, widest)}
             model.AddExactlyOne(self.flags[dim.name].values())
+
+    def __getattr__(self, name: str) -> OneHot:
+        """A degree's one-hot by its name (`v.tp`, `v.pp`: costmodel.dimensions.DEGREES)."""
+        degrees = self.__dict__.get("degrees", {})
+        if name in degrees:
+            return degrees[name]
+        raise AttributeError(name)
+
+    def _combine(self, names: tuple[str, ...], skeletons: list[Skeleton]) -> dict:
+        """The literals of the degrees `names` taken together, (value, ...) -> AND of its parts,
+        for the combinations some skeleton has; built as the AND of its two halves' (tp·cp and
+        ep·etp make the group), each kept in `combinations` for the network spans."""
+        if len(names) == 1:
+            return {(value,): lit for value, lit in self.degrees[names[0]].is_.items()}
+        half = len(names) // 2
+        first, second = self._combine(names[:half], skeletons), self._combine(names[half:], skeletons)
+        seen = {tuple(getattr(s, name) for name in names) for s in skeletons}
+        label = "group" if names == GROUP_DEGREES else "_".join(names)
+        self.combinations[names] = and_pairs(self.model, label, first, second, lambda a, b: a + b in seen)
+        return self.combinations[names]
 
     def flag(self, name: str, code: int) -> cp_model.IntVar:
         return self.flags[name][code]
