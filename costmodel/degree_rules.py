@@ -55,6 +55,14 @@ def etp_fits(model, system, v) -> str | None:
     return None
 
 
+def etp_default(v, moe: bool) -> int:
+    """etp left out of a file: as Megatron-LM's --expert-tensor-parallel-size, tp for a
+    mixture-of-experts model (parallel_state.initialize_model_parallel: `if
+    expert_tensor_parallel_size is None: expert_tensor_parallel_size =
+    tensor_model_parallel_size`), 1 for a dense one (which has no experts to split)."""
+    return v["tp"] if moe else 1
+
+
 def fold_problem(tp: int, cp: int, dp: int, ep: int, etp: int) -> str | None:
     """MoE parallel folding: the expert groups (etp innermost, then ep, then the expert data
     parallelism) tile the tp·cp·dp GPUs of a pipeline stage, so ep·etp divides tp·cp·dp

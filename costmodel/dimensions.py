@@ -34,7 +34,7 @@ import numpy as np
 
 import costmodel.inputs.limits as limits
 from costmodel.choices import CPComm, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
-from costmodel.degree_rules import (cp_fits, ep_fits, etp_fits, interleaving_fits, pp_fits, seq_par_fits, shard_fits,
+from costmodel.degree_rules import (cp_fits, ep_fits, etp_default, etp_fits, interleaving_fits, pp_fits, seq_par_fits, shard_fits,
                                      tp_fits)
 from costmodel.inputs.limits import Bound
 
@@ -158,8 +158,14 @@ class Dimension:
     bound: Bound | None = None
     """For numbers (and network indices): the range a file may give (costmodel.inputs.limits)."""
     default: object = ...
-    """For numbers: the value a mapping file may leave out (`...`: it must be given; None: the
-    model decides, as for etp: costmodel.mapping.Mapping.with_expert_tensor_par)."""
+    """For numbers: the value a mapping file may leave out (`...`: it must be given), or a
+    function (values by short name, whether the model has experts) -> the value, where the
+    model decides (etp; costmodel.mapping.Mapping.with_model_defaults)."""
+
+    @property
+    def model_decides(self) -> bool:
+        """Whether a file may leave this number to the model (its default is a function)."""
+        return callable(self.default)
 
     @property
     def is_flag(self) -> bool:
@@ -287,7 +293,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("etp", "expert_tensor_par", "split", "expert tensor parallelism: each expert's width is split etp "
               "ways (Megatron-LM's --expert-tensor-parallel-size; a file's default is tp for an MoE model)",
               rule="1 .. tp_max; divides N and expert_feedforward; ep·etp divides tp·cp·dp (1 for a dense model)",
-              fits=etp_fits, bound=limits.GPUS_SEARCH, default=None),
+              fits=etp_fits, bound=limits.GPUS_SEARCH, default=etp_default),
     Dimension("pp", "pipeline_par", "split", "pipeline parallelism: the blocks are split into pp stages",
               rule="1 .. blocks; divides N/(tp·cp) and num_blocks, or (full) pp > 2 divides num_blocks + 2: "
                    "the first and last stages one block lighter", fits=pp_fits,

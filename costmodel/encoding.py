@@ -75,7 +75,7 @@ class MappingArrays:
     @staticmethod
     def from_mappings(mappings: list[Mapping], moe: bool = False) -> "MappingArrays":
         """Typed mappings as columns; an unstated expert tensor parallelism reads as the
-        model's default (Mapping.with_expert_tensor_par: tp with `moe`, else 1)."""
-        mappings = [m.with_expert_tensor_par(moe) for m in mappings]
+        model's default (Mapping.with_model_defaults: tp with `moe`, else 1)."""
+        mappings = [m.with_model_defaults(moe) for m in mappings]
         return MappingArrays({dim.name: np.array([dim.code_of(getattr(m, dim.field)) for m in mappings],
                                                  dtype=dim.dtype) for dim in DIMENSIONS})

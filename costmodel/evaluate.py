@@ -190,7 +190,7 @@ def _scalar_fields(mapping: Mapping, moe: bool = False) -> SimpleNamespace:
     """One mapping's view, with the stages' blocks and the memory features its file states
     (None: pp's rule, and the dimensions' costing); an unstated expert tensor parallelism reads
     as the model's default (tp with `moe`, else 1)."""
-    mapping = mapping.with_expert_tensor_par(moe)
+    mapping = mapping.with_model_defaults(moe)
     view = formula_view({name: _CODE_OF[name](getattr(mapping, field)) for name, field, _, _ in _VIEW}, float, int)
     view.first_stage_blocks = mapping.pipeline_first_stage_blocks
     view.last_stage_blocks = mapping.pipeline_last_stage_blocks
@@ -243,14 +243,14 @@ def evaluate(model: Model, system: System, mapping: Mapping) -> Evaluation:
     mapping does not fit the model or system (divisibility, unknown network, datatype), or
     states an attention_type the model contradicts."""
     model = model_with_attention_type(model, mapping)
-    mapping = mapping.with_expert_tensor_par(bool(model.num_experts))
+    mapping = mapping.with_model_defaults(bool(model.num_experts))
     check_mapping_fits(model, system, mapping)
     return evaluate_in_context(_context_for(model, system, mapping), mapping)
 
 
 def evaluate_in_context(c: Context, mapping: Mapping) -> Evaluation:
     """`evaluate` with the problem constants already built (for repeated calls)."""
-    mapping = mapping.with_expert_tensor_par(c.experts > 0)
+    mapping = mapping.with_model_defaults(c.experts > 0)
     m = _scalar_fields(mapping)
     terms = iteration_terms(c, m, ScalarOps)
     checks = _feasibility(c, m, terms, ScalarOps)

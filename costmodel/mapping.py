@@ -39,15 +39,17 @@ _MEMORY_FEATURE_DEFAULTS: dict[str, Any] = {"activation_offload_blocks": None, "
 RecomputeModule = Literal["core_attn", "layernorm", "mlp", "moe_act", "mla_up_proj"]
 """Megatron-LM's recompute_modules this model costs (transformer_config.py)."""
 
+_MODEL_DECIDES: dict[str, str] = {dim.name: dim.field for dim in DIMENSIONS if dim.kind in ("split", "per_split")
+                                   and dim.model_decides}
+"""The numbers a file may leave to the model, name -> file field (etp: expert_tensor_par)."""
 _FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm.ar, "tp_overlap": TPOverlap.none,
                                   "zero": ShardingStage.none, "sched": PipelineSchedule.one_f_one_b}
 
 
 def _field(dim: Dimension) -> tuple[Any, Any]:
     """The pydantic (type, Field) of one dimension's file field."""
-    if dim.kind in ("split", "per_split") and dim.default is None:
-        # unstated: the model decides (etp: as Megatron-LM's --expert-tensor-parallel-size, tp
-        # for an MoE model and 1 for a dense one; Mapping.with_expert_tensor_par)
+    if dim.kind in ("split", "per_split") and dim.model_decides:
+        # unstated: the model decides (Mapping.with_model_defaults)
         return (Annotated[WholeNumber, within(dim.bound)] | None,
                 Field(None, gt=0, description=dim.meaning))
     if dim.kind in ("split", "per_split"):
@@ -207,7 +209,7 @@ class _MappingBase(BaseModel):
         # A mapping without an explicit stage layout (and with the default CUDA graphs and loss)
         # dumps as Calculon's format, as before.
         data = handler(self)
-        for name in (FIRST_FIELD, LAST_FIELD, "expert_tensor_par"):
+        for name in (FIRST_FIELD, LAST_FIELD, *_MODEL_DECIDES.values()):
             if data.get(name, 0) is None:
                 del data[name]
         for name in _MEMORY_FEATURE_DEFAULTS:
@@ -302,17 +304,18 @@ class _MappingBase(BaseModel):
 
     @property
     def etp(self) -> int | None:
-        """Expert tensor parallelism; None until `with_expert_tensor_par` has read the model."""
+        """Expert tensor parallelism; None until `with_model_defaults` has read the model."""
         return self.expert_tensor_par
 
-    def with_expert_tensor_par(self, moe: bool) -> Mapping:
-        """This mapping with its unstated expert tensor parallelism resolved: tp for a
-        mixture-of-experts model (Megatron-LM parallel_state.initialize_model_parallel: `if
-        expert_tensor_parallel_size is None: expert_tensor_parallel_size =
-        tensor_model_parallel_size`), 1 for a dense one (which has no experts to split)."""
-        if self.expert_tensor_par is not None:
+    def with_model_defaults(self, moe: bool) -> Mapping:
+        """This mapping with the numbers its file left to the model resolved, by their
+        declared defaults (costmodel.dimensions: etp is tp for a mixture-of-experts model,
+        `moe`, and 1 for a dense one)."""
+        missing = [name for name, field in _MODEL_DECIDES.items() if getattr(self, field) is None]
+        if not missing:
             return self
-        return self.model_copy(update={"expert_tensor_par": self.tensor_par if moe else 1})
+        values = self.values()
+        return self.model_copy(update={BY_NAME[name].field: BY_NAME[name].default(values, moe) for name in missing})
 
     @property
     def pp(self) -> int:
@@ -360,7 +363,7 @@ Mapping.__doc__ = _MappingBase.__doc__
 def check_mapping_fits(model: Model, system: System, mapping: Mapping) -> None:
     """Rules that tie a mapping to a model and a system (each dimension's `fits`, and the
     pipeline layout of its blocks); raises InputError naming every value."""
-    values = mapping.with_expert_tensor_par(bool(model.num_experts)).values()
+    values = mapping.with_model_defaults(bool(model.num_experts)).values()
     for dim in DIMENSIONS:
         if dim.name == "pp":
             # pp's and interleaving's `fits` is the even split the search spaces enumerate; a

@@ -128,7 +128,7 @@ def test_arrays_roundtrip_to_mappings():
                 activation_recompute="attn_only", tensor_par_overlap="pipe", optimizer_sharding=True)
     arrays = MappingArrays.from_mappings([m, m])
     assert len(arrays) == 2
-    assert arrays.to_mapping(1, m.datatype) == m.with_expert_tensor_par(False)   # a dense model's etp is 1
+    assert arrays.to_mapping(1, m.datatype) == m.with_model_defaults(False)   # a dense model's etp is 1
     assert np.all(arrays.take(np.array([True, False])).tp == 2)
     del model
 

@@ -382,7 +382,7 @@ def test_unpaired_passes_pay_their_dispatch_exposed(monkeypatch):
             "microbatch_size": 1, "datatype": "bfloat16", "moe_dispatcher": "flex", "moe_comm_overlap": True,
             **({"pipeline_first_stage_blocks": 4, "pipeline_last_stage_blocks": 8} if pp > 1 else {})})
         c = _context_for(model, system, mapping)
-        m = _scalar_fields(mapping.with_expert_tensor_par(True))
+        m = _scalar_fields(mapping.with_model_defaults(True))
         blk = block_terms(c, m, ScalarOps)
         comm = moe_communication(c, ScalarOps, 4096.0, 1, ep, 1, m.ep_net, m.etp_net)
         share = c.moe_blocks / c.blocks
@@ -426,7 +426,7 @@ def _deepseek_block(recompute_modules):
         "microbatch_size": 1, "tensor_par_net": 0, "pipeline_par_net": 1, "data_par_net": 1, "expert_par_net": 0,
         "activation_recompute": "attn_only", "recompute_modules": recompute_modules,
         "pipeline_first_stage_blocks": 8, "pipeline_last_stage_blocks": 5})
-    mapping = mapping.with_expert_tensor_par(True)
+    mapping = mapping.with_model_defaults(True)
     c = _context_for(model, system, mapping)
     m = _scalar_fields(mapping)
     return model, block_stored_activation_bytes(c, m, ScalarOps, True), block_forward_times(c, m, ScalarOps, True)

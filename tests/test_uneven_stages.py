@@ -386,7 +386,7 @@ def test_an_explicit_layout_equal_to_the_rule_evaluates_the_same():
     even = _405b(pp=14, pipeline_interleaving=3)
     assert evaluate(LLAMA_405B, H100, even).to_dict() == \
         {**evaluate(LLAMA_405B, H100, even.model_copy(update={"pipeline_first_stage_blocks": 9})).to_dict(),
-         "mapping": even.with_expert_tensor_par(False).model_dump(mode="json")}   # etp resolved: 1, dense
+         "mapping": even.with_model_defaults(False).model_dump(mode="json")}   # etp resolved: 1, dense
 
 
 def test_the_layout_fields_round_trip_and_are_left_out_when_not_stated():

@@ -54,10 +54,15 @@ def _fields_by_name(mapping_fields: dict) -> dict:
     for dim in DIMENSIONS:     # a record from before a dimension joined: its file default
         if values[dim.name] is None and dim.kind == "network":
             values[dim.name] = 0
-        elif values[dim.name] is None and dim.kind in ("split", "per_split") and dim.default is not None:
+        elif (values[dim.name] is None and dim.kind in ("split", "per_split") and dim.default is not ...
+              and not dim.model_decides):
             values[dim.name] = dim.default
-    if values["etp"] is None:   # a record from before etp, or a file that left it to the model: as the cost model
-        values["etp"] = values["tp"] if values["ep"] > 1 else 1
+    # a number a record left to the model (etp, or a record from before it): its declared
+    # default, for a mixture-of-experts model where a folded degree (ep) is > 1
+    moe = any((values[name] or 1) > 1 for name, _ in NETWORK_GROUPS if name not in CHAIN)
+    for dim in DIMENSIONS:
+        if values[dim.name] is None and dim.kind in ("split", "per_split") and dim.model_decides:
+            values[dim.name] = dim.default(values, moe)
     return values
 
 
