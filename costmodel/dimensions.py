@@ -385,18 +385,6 @@ class BlockKey(NamedTuple("BlockKeyFields", [*((name, int) for name in SPLIT_DEG
         return tuple(self[:len(SPLIT_DEGREES)])
 
 
-def group_spans(m) -> tuple[tuple[str, object, object, object], ...]:
-    """(name, degree, GPUs spanned, network index) of each parallel group of `m` (a mapping's
-    formula view: scalars or arrays)."""
-    out = []
-    for degree_name, net_name in NETWORK_GROUPS:
-        span = 1.0
-        for factor in GROUP_SPAN[degree_name]:
-            span = span * getattr(m, factor)
-        out.append((degree_name, getattr(m, degree_name), span, getattr(m, net_name)))
-    return tuple(out)
-
-
 def _check_declaration() -> None:
     """Conditions may only read skeleton facts (as `> 1`, or offload) and earlier flags, so
     flags can be chosen in declaration order and flag tables cached per (tp > 1, cp > 1,

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from costmodel.context import Context
-from costmodel.dimensions import DEGREES, DIMENSIONS, GROUP_DEGREES, SPLIT_DEGREES, group_spans
+from costmodel.dimensions import DEGREES, DIMENSIONS, GROUP_DEGREES, GROUP_SPAN, NETWORK_GROUPS, SPLIT_DEGREES
 from costmodel.encoding import MappingArrays
 from costmodel.kernels import Kernels
 from costmodel.terms.block_terms import BlockTerms, block_terms
@@ -25,6 +25,18 @@ from costmodel.ops import ArrayOps, ScalarOps, distinct_rows, spread
 from costmodel.terms.published_flops import Throughput, throughput
 from costmodel.system import Datatype, System
 from costmodel.inputs.units import GiB
+
+
+def group_spans(m) -> tuple[tuple[str, object, object, object], ...]:
+    """(name, degree, GPUs spanned, network index) of each parallel group of `m` (a mapping's
+    formula view: scalars or arrays)."""
+    out = []
+    for degree_name, net_name in NETWORK_GROUPS:
+        span = 1.0
+        for factor in GROUP_SPAN[degree_name]:
+            span = span * getattr(m, factor)
+        out.append((degree_name, getattr(m, degree_name), span, getattr(m, net_name)))
+    return tuple(out)
 
 
 def network_checks(c: Context, m, xp) -> dict:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from costmodel.choices import Recompute, TPComm, TPOverlap
-from costmodel.dimensions import BY_NAME, GROUP_SPAN, NETWORK_GROUPS
+from costmodel.dimensions import BY_NAME, DEGREES, GROUP_SPAN, NETWORK_GROUPS
 from costmodel.errors import InputError
 from costmodel.inputs.load import describe_validation_error
 from costmodel.mapping import Mapping
@@ -178,7 +178,9 @@ def map_run(run: Run, model: Model, system: System) -> MappedRun:
     seq_par = run.uses_sequence_parallel and run.tp > 1
     replicas = run.dp * run.cp
     ep, etp = _expert_degrees(run, model, gaps)
-    degrees = {"tp": run.tp, "cp": run.cp, "ep": ep, "etp": etp, "pp": run.pp, "dp": run.dp}
+    stated = {"tp": run.tp, "cp": run.cp, "ep": ep, "etp": etp, "pp": run.pp, "dp": run.dp}
+    # (a degree a run cannot state takes its file default)
+    degrees = {d.name: stated.get(d.name, BY_NAME[d.name].default) for d in DEGREES}
     spans = {BY_NAME[net].field: math.prod(degrees[factor] for factor in GROUP_SPAN[name])
              for name, net in NETWORK_GROUPS}
     fields = {

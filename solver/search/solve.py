@@ -20,9 +20,9 @@ import numpy as np
 
 import costmodel.inputs.limits as limits
 from costmodel.context import Context
-from costmodel.dimensions import SPANS_TEXT, SPLIT_TEXT, group_spans
+from costmodel.dimensions import SPANS_TEXT, SPLIT_TEXT
 from costmodel.errors import InputError
-from costmodel.evaluate import Evaluation, evaluate_in_context
+from costmodel.evaluate import Evaluation, evaluate_in_context, group_spans
 from costmodel.kernels import Kernels
 from costmodel.model import Model
 from costmodel.system import Datatype, System
