@@ -163,7 +163,7 @@ def test_block_floors_never_exceed_an_exact_time_in_their_block():
     skels = skeletons(model, gpus, cap, space)
     c = Context.build(model, system, Datatype.bfloat16, Kernels())
     m, v = structure_model(problem, skels, flags=None)
-    bounds = add_bounds(m, v, c, gpus, local_batches(problem, v), space.tp_overlap_codes, c.hbm_capacity_bytes,
+    bounds = add_bounds(m, v, c, gpus, local_batches(problem, v), space, c.hbm_capacity_bytes,
                         skeletons=skels)
     the_plan = plan(model, system, gpus, cap, space)
     index = {s.split: i for i, s in enumerate(skels)}

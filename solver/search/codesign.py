@@ -113,9 +113,7 @@ class CapacityExplorer(Explorer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.tables = Tables(self.c, self.v, self.problem.num_gpus, self.plan.space.tp_overlap_codes,
-                             len(self.c.net_size), cp_comms=self.plan.space.cp_comm_codes,
-                             shards=self.plan.space.shard_codes)
+        self.tables = Tables(self.c, self.v, self.problem.num_gpus, self.plan.space, len(self.c.net_size))
         self.floors: dict[tuple[float, float], dict] = {}
 
     def best_under(self, capacity: tuple[float, float]) -> tuple[Evaluation | None, bool]:

@@ -221,7 +221,7 @@ def diagnose(problem: "Problem", skels, c: Context, time_limit_s: float = DIAGNO
     # the smallest HBM footprint any mapping can have (a sound lower bound)
     m, v = structure_model(problem, skels, flags=SEARCHED_FLAGS)
     local_batch = local_batches(problem, v)
-    bounds = add_bounds(m, v, c, problem.num_gpus, local_batch, problem.space.tp_overlap_codes,
+    bounds = add_bounds(m, v, c, problem.num_gpus, local_batch, problem.space,
                         c.hbm_capacity_bytes, enforce_hbm=False)
     m.Minimize(bounds.memory())
     solver = new_solver(deadline - time.perf_counter())

@@ -45,6 +45,7 @@ from solver.search.cpsat.tables import (ACT_CLASSES, RECOMPUTE_ATTN_ONLY, RECOMP
                                         Tables, block_lower_bounds, even_layout_literals, offers_zero_bubble,
                                         stage_floors)
 from solver.search.cpsat.variables import Variables
+from solver.space.declaration import Space
 
 UNITS_PER_REFERENCE = 1e6
 """Time unit = reference time / 1e6, the reference being a lower bound on any mapping's
@@ -306,13 +307,13 @@ def add_offload_bound(m: cp_model.CpModel, v: Variables, tables: Tables, offload
 
 
 def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, local_batch: dict,
-               tp_overlaps: tuple[int, ...], hbm_capacity_bytes: float | None, enforce_hbm: bool = True,
+               space: Space, hbm_capacity_bytes: float | None, enforce_hbm: bool = True,
                skeletons=None, tables: Tables | None = None) -> Bounds:
     """Add the time objective terms and, unless `hbm_capacity_bytes` is None, the HBM lower
     bound (constrained to the capacity when `enforce_hbm`) and the offload capacity.
     `local_batch[(tp, cp, ep, etp, pp)]` is batch/dp of that split; `tables`: the exact model's
     tables over these variables' keys when already built (Tables of the same arguments)."""
-    tables = tables or Tables(c, v, num_gpus, tp_overlaps, len(c.net_size))
+    tables = tables or Tables(c, v, num_gpus, space, len(c.net_size))
     # Blocks per stage, bounded below for uneven layouts (costmodel.terms.pipeline): in time, the
     # last stage's (its blocks and the output layer never outlast the slowest stage); in
     # memory, what the first stage keeps alive per microbatch in flight (see stage_floors).

@@ -17,13 +17,13 @@ import numpy as np
 
 from costmodel.context import Context
 from costmodel.choices import ShardingStage
-from costmodel.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, SUBGROUP_CODES, BlockKey, subgroup_limit
+from costmodel.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, BlockKey, subgroup_limit
 from costmodel.terms.iteration import RESIDENT_BLOCKS, bubble_microbatches
 from costmodel.terms.pipeline import stage_blocks, stage_blocks_in_flight
 from costmodel.ops import ArrayOps, ScalarOps
 from solver.space.declaration import Space, flag_projection
 
-from solver.search.cpsat.block_tables import (ACT_CLASSES, ALL_CP_COMMS, BLOCK_FLAGS, BLOCK_TABLES, FIT_SLACK,
+from solver.search.cpsat.block_tables import (ACT_CLASSES, BLOCK_FLAGS, BLOCK_TABLES, FIT_SLACK,
                                               RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, SCHED_ZB_H1,
                                               TIME_FLOOR_SLACK, TP_COMM_RS_AG, BlockTableCache, Named, SplitKeys,
                                               _block_tables, _grid_terms, local_batches_of)
@@ -66,13 +66,13 @@ class Tables:
     split, minimised over the flags they do not read. `v`: anything listing the keys
     (`group_mb`, `split`): the CP-SAT Variables or SplitKeys. `cache`: the (tp, cp, ep, etp,
     microbatch) tables shared with other GPU counts of the same context (BlockTableCache).
-    `cp_comms`, `shards`: the CP communication and shard-group codes the space admits
-    (Space.cp_comm_codes, Space.shard_codes). `block_memo`: exact block terms already computed
+    `space`: the codes the flags the tables minimise over may take (Space.tp_overlap_codes,
+    Space.cp_comm_codes, Space.shard_codes). `block_memo`: exact block terms already computed
     in this context (costmodel.evaluate.distinct_block_terms; CountShare keeps one)."""
 
-    def __init__(self, c: Context, v: Variables | SplitKeys, num_gpus: int, tp_overlaps: tuple[int, ...],
-                 networks: int, cache: BlockTableCache | None = None, cp_comms: tuple[int, ...] = ALL_CP_COMMS,
-                 shards: tuple[int, ...] = SUBGROUP_CODES, block_memo: dict | None = None):
+    def __init__(self, c: Context, v: Variables | SplitKeys, num_gpus: int, space: Space, networks: int,
+                 cache: BlockTableCache | None = None, block_memo: dict | None = None):
+        tp_overlaps, cp_comms, shards = space.tp_overlap_codes, space.cp_comm_codes, space.shard_codes
         self.tm_keys = list(v.group_mb)
         self.tp_keys = list(v.split)
         nets = list(range(networks))
