@@ -18,7 +18,7 @@ from pydantic import (BaseModel, Field, create_model, field_serializer, field_va
 
 import costmodel.inputs.limits as limits
 from costmodel.choices import AttentionType, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
-from costmodel.dimensions import DIMENSIONS, BY_NAME, Dimension
+from costmodel.dimensions import BY_NAME, DEGREES, DIMENSIONS, Dimension
 from costmodel.errors import InputError
 from costmodel.kernels import (PRECISION_DEFAULTS, CudaGraphs, GradDatatype, Kernels,
                                MoeDispatcher)
@@ -290,23 +290,6 @@ class _MappingBase(BaseModel):
         """Every dimension's value by short name."""
         return {dim.name: getattr(self, dim.field) for dim in DIMENSIONS}
 
-    @property
-    def tp(self) -> int:
-        return self.tensor_par
-
-    @property
-    def cp(self) -> int:
-        return self.context_par
-
-    @property
-    def ep(self) -> int:
-        return self.expert_par
-
-    @property
-    def etp(self) -> int | None:
-        """Expert tensor parallelism; None until `with_model_defaults` has read the model."""
-        return self.expert_tensor_par
-
     def with_model_defaults(self, moe: bool) -> Mapping:
         """This mapping with the numbers its file left to the model resolved, by their
         declared defaults (costmodel.dimensions: etp is tp for a mixture-of-experts model,
@@ -316,14 +299,6 @@ class _MappingBase(BaseModel):
             return self
         values = self.values()
         return self.model_copy(update={BY_NAME[name].field: BY_NAME[name].default(values, moe) for name in missing})
-
-    @property
-    def pp(self) -> int:
-        return self.pipeline_par
-
-    @property
-    def dp(self) -> int:
-        return self.data_par
 
     @property
     def local_batch(self) -> int:
@@ -354,6 +329,15 @@ class _MappingBase(BaseModel):
     def seq_par(self) -> bool:
         return self.tensor_par_comm_type is TPComm.rs_ag
 
+
+def _degree_property(field: str) -> property:
+    return property(lambda self: getattr(self, field),
+                    doc=f"The degree by its short name: `{field}` (None where the model decides, until "
+                        f"`with_model_defaults` has read it).")
+
+
+for _degree in DEGREES:      # mapping.tp, .cp, .ep, .etp, .pp, .dp: each degree by its short name
+    setattr(_MappingBase, _degree.name, _degree_property(BY_NAME[_degree.name].field))
 
 Mapping = create_model("Mapping", __base__=_MappingBase, __module__=__name__,
                        **{dim.field: _field(dim) for dim in DIMENSIONS})
