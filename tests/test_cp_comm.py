@@ -154,6 +154,6 @@ def test_pinned_cp_comm_solves_as_brute_force_on_the_same_pins():
     ring's mappings are out), and the certified answer is brute force's over the pinned space."""
     _, model, system, gpus, max_batch, datatype, attention = next(c for c in CASES if c[0] == "131k-small-hbm-8gpu")
     space, kernels = pinned(whole_group(get_space("full")), (("cp_comm", (1,)),)), Kernels.with_attention(attention)
-    assert space.cp_comm_codes == (1,)
+    assert space.codes("cp_comm") == (1,)
     _, reference = solve_equals_brute_force(model, system, gpus, max_batch, space, datatype, kernels, top_k=2)
     assert reference.best.mapping.context_par_comm is CPComm.all_gather

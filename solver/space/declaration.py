@@ -135,26 +135,12 @@ class Space:
         offered = dict(self.offered)
         return tuple(FlagDimension(dim, offered.get(dim.name)) for dim in FLAGS)
 
-    @property
-    def tp_overlap_codes(self) -> tuple[int, ...]:
-        """TP-overlap codes the space offers (the CP-SAT tables take the best of them)."""
-        return next(f.domain(1) for f in self.flags if f.name == "tp_overlap")
-
-    @property
-    def cp_comm_codes(self) -> tuple[int, ...]:
-        """CP-communication codes the space offers and its pins admit (the CP-SAT tables take
-        the best of them where cp > 1: `--fix cp_comm=p2p` bounds with the ring alone)."""
-        return self._admitted("cp_comm")
-
-    @property
-    def shard_codes(self) -> tuple[int, ...]:
-        """Shard-group codes the space offers and its pins admit (0: the whole group; the DP
-        table takes the least over the others where a split has them)."""
-        return self._admitted("shard")
-
-    def _admitted(self, name: str) -> tuple[int, ...]:
+    def codes(self, name: str, *, pinned: bool = True) -> tuple[int, ...]:
+        """The codes flag `name` may take in this space: those it offers (a network flag's on
+        one network), less those its pins refuse unless `pinned` is False. The CP-SAT tables
+        take the best over them (`--fix cp_comm=p2p` bounds with the ring alone)."""
         domain = next(f.domain(1) for f in self.flags if f.name == name)
-        return tuple(code for code in domain if self.admits(name, code))
+        return tuple(code for code in domain if not pinned or self.admits(name, code))
 
     def skeleton_dimensions(self) -> tuple[SkeletonDimension, ...]:
         quirk = ("; if dp > cap, batch = dp (calculon-2023 quirk)" if self.batch_is_dp_above_cap

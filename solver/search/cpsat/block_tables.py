@@ -162,7 +162,7 @@ def local_batches_of(splits, num_gpus: int, space: Space, max_batch: int) -> dic
 
 ALL_CP_COMMS = tuple(code("cp_comm", member) for member in CPComm)
 """Every CP communication's code: what the block tables minimise over where cp > 1 unless the
-space offers or its pins admit fewer (Space.cp_comm_codes)."""
+space offers or its pins admit fewer (Space.codes)."""
 
 BLOCK_TABLES = ("block", "block_zb", "compute", "head", "p2p", "stored", "workspace")
 """The tables over (tp, cp, ep, etp, microbatch): they read neither the GPU count nor the

@@ -66,13 +66,14 @@ class Tables:
     split, minimised over the flags they do not read. `v`: anything listing the keys
     (`group_mb`, `split`): the CP-SAT Variables or SplitKeys. `cache`: the (tp, cp, ep, etp,
     microbatch) tables shared with other GPU counts of the same context (BlockTableCache).
-    `space`: the codes the flags the tables minimise over may take (Space.tp_overlap_codes,
-    Space.cp_comm_codes, Space.shard_codes). `block_memo`: exact block terms already computed
+    `space`: the codes the flags the tables minimise over may take (Space.codes: every TP
+    overlap offered, the CP communications and shard groups the pins admit). `block_memo`: exact block terms already computed
     in this context (costmodel.evaluate.distinct_block_terms; CountShare keeps one)."""
 
     def __init__(self, c: Context, v: Variables | SplitKeys, num_gpus: int, space: Space, networks: int,
                  cache: BlockTableCache | None = None, block_memo: dict | None = None):
-        tp_overlaps, cp_comms, shards = space.tp_overlap_codes, space.cp_comm_codes, space.shard_codes
+        tp_overlaps = space.codes("tp_overlap", pinned=False)
+        cp_comms, shards = space.codes("cp_comm"), space.codes("shard")
         self.tm_keys = list(v.group_mb)
         self.tp_keys = list(v.split)
         nets = list(range(networks))
@@ -243,7 +244,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
     combos = sorted(flag_projection(space, BLOCK_FLAGS, known, num_networks))
     zero_codes = tuple(code for (code,) in flag_projection(space, ("zero",), known, num_networks))
     zero_bubble = offers_zero_bubble(space, num_networks)
-    shard_codes = space.shard_codes
+    shard_codes = space.codes("shard")
     rows = GroupRows(tables, combos)
     a_off = np.array([cb[4] for cb in combos], dtype=bool)
     w_off = np.array([cb[3] for cb in combos])
