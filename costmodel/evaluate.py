@@ -8,13 +8,14 @@ Both run the same formulas (costmodel.terms.iteration) on different backends (co
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import numpy as np
 
 from costmodel.context import Context
-from costmodel.dimensions import DEGREES, DIMENSIONS, GROUP_DEGREES, GROUP_SPAN, NETWORK_GROUPS, SPLIT_DEGREES
+from costmodel.dimensions import CHAIN, DEGREES, DIMENSIONS, GROUP_DEGREES, GROUP_SPAN, NETWORK_GROUPS, SPLIT_DEGREES
 from costmodel.encoding import MappingArrays
 from costmodel.kernels import Kernels
 from costmodel.terms.block_terms import BlockTerms, block_terms
@@ -186,9 +187,10 @@ def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
             view[name] = value
         else:                               # numbers and a subgroup's size (0: the whole group)
             view[name] = as_float(value)
-    view["num_procs"] = view["tp"] * view["cp"] * view["pp"] * view["dp"]
-    # a subgroup's code 0 is its whole group (costmodel.dimensions.SUBGROUP_CODES): dp·cp
-    view["shard"] = view["shard"] + (view["shard"] == 0) * view["dp"] * view["cp"]
+    view["num_procs"] = math.prod(view[name] for name in CHAIN)
+    for dim in DIMENSIONS:       # a subgroup's code 0 is its whole group (SUBGROUP_CODES): dp·cp
+        if dim.kind == "subgroup":
+            view[dim.name] = view[dim.name] + (view[dim.name] == 0) * view["dp"] * view["cp"]
     view["seq_par"] = view["tp_comm_rs_ag"]
     view["first_stage_blocks"] = view["last_stage_blocks"] = None
     # The memory features one mapping file may state (costmodel.terms.memory_features); None and

@@ -11,6 +11,7 @@ costmodel.terms.pipeline, and a mapping's JSON leaves them out too.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, Field, create_model, field_serializer, field_validator, model_serializer,
@@ -18,7 +19,7 @@ from pydantic import (BaseModel, Field, create_model, field_serializer, field_va
 
 import costmodel.inputs.limits as limits
 from costmodel.choices import AttentionType, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
-from costmodel.dimensions import BY_NAME, DEGREES, DIMENSIONS, Dimension
+from costmodel.dimensions import BY_NAME, CHAIN, DEGREES, DIMENSIONS, Dimension
 from costmodel.errors import InputError
 from costmodel.kernels import (PRECISION_DEFAULTS, CudaGraphs, GradDatatype, Kernels,
                                MoeDispatcher)
@@ -42,6 +43,9 @@ RecomputeModule = Literal["core_attn", "layernorm", "mlp", "moe_act", "mla_up_pr
 _MODEL_DECIDES: dict[str, str] = {dim.name: dim.field for dim in DIMENSIONS if dim.kind in ("split", "per_split")
                                    and dim.model_decides}
 """The numbers a file may leave to the model, name -> file field (etp: expert_tensor_par)."""
+_SUBGROUP_FIELDS = tuple(dim.field for dim in DIMENSIONS if dim.kind == "subgroup")
+"""The sub-group sizes' file fields (sharding_group): dp·cp itself, or None, is the whole group."""
+_FIELD_NAME = {dim.field: dim.name for dim in DIMENSIONS}
 _FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm.ar, "tp_overlap": TPOverlap.none,
                                   "zero": ShardingStage.none, "sched": PipelineSchedule.one_f_one_b}
 
@@ -165,12 +169,13 @@ class _MappingBase(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _whole_sharding_group(cls, data: Any) -> Any:
-        # sharding_group = dp·cp is the whole group, as unstated (one code for one mapping)
-        if isinstance(data, dict) and data.get("sharding_group") is not None:
-            group = data.get("data_par"), data.get("context_par", 1)
-            if all(isinstance(x, int) and not isinstance(x, bool) for x in group) and \
-                    data["sharding_group"] == group[0] * group[1]:
-                data = {**data, "sharding_group": None}
+        # a subgroup (sharding_group) = dp·cp is the whole group, as unstated (one code for one mapping)
+        if not isinstance(data, dict):
+            return data
+        group = data.get("data_par"), data.get("context_par", 1)
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in group):
+            whole = [field for field in _SUBGROUP_FIELDS if data.get(field) == group[0] * group[1]]
+            data = {**data, **dict.fromkeys(whole)} if whole else data
         return data
 
     @field_validator("sharding_stage", mode="before", check_fields=False)
@@ -237,14 +242,17 @@ class _MappingBase(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "_MappingBase":
-        if self.tp * self.cp * self.pp * self.dp != self.num_procs:
-            cp = f"·context_par({self.cp})" if self.cp != 1 else ""
-            raise ValueError(
-                f"tensor_par({self.tp}){cp}·pipeline_par({self.pp})·data_par({self.dp})"
-                f"={self.tp * self.cp * self.pp * self.dp} ≠ num_procs({self.num_procs})")
-        if self.sharding_group is not None and (self.dp * self.cp) % self.sharding_group:
-            raise ValueError(f"sharding_group({self.sharding_group}) does not divide data_par({self.dp})·"
-                             f"context_par({self.cp}) = {self.dp * self.cp}")
+        chain = {BY_NAME[name].field: getattr(self, BY_NAME[name].field) for name in CHAIN}
+        if math.prod(chain.values()) != self.num_procs:
+            # (an optional degree at 1, cp, is left out of the message)
+            shown = [f"{field}({value})" for field, value in chain.items()
+                     if value != 1 or BY_NAME[_FIELD_NAME[field]].default is ...]
+            raise ValueError(f"{'·'.join(shown)}={math.prod(chain.values())} ≠ num_procs({self.num_procs})")
+        for field in _SUBGROUP_FIELDS:
+            size = getattr(self, field)
+            if size is not None and (self.dp * self.cp) % size:
+                raise ValueError(f"{field}({size}) does not divide data_par({self.dp})·context_par({self.cp}) = "
+                                 f"{self.dp * self.cp}")
         if self.batch_size % self.dp:
             raise ValueError(f"batch_size({self.batch_size}) is not divisible by data_par({self.dp})")
         if self.local_batch % self.microbatch_size:
