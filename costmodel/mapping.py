@@ -168,7 +168,7 @@ class _MappingBase(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _whole_sharding_group(cls, data: Any) -> Any:
+    def _whole_subgroups(cls, data: Any) -> Any:
         # a subgroup (sharding_group) = dp·cp is the whole group, as unstated (one code for one mapping)
         if not isinstance(data, dict):
             return data
