@@ -34,8 +34,8 @@ import numpy as np
 
 import costmodel.inputs.limits as limits
 from costmodel.choices import CPComm, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
-from costmodel.degree_rules import (cp_fits, ep_fits, etp_default, etp_fits, interleaving_fits, pp_fits, seq_par_fits, shard_fits,
-                                     tp_fits)
+from costmodel.degree_rules import (cp_fits, ep_fits, etp_default, etp_fits, interleaving_fits, pp_fits, seq_par_fits,
+                                     shard_fits, tp_fits)
 from costmodel.inputs.limits import Bound
 
 Kind = Literal["split", "per_split", "choice", "switch", "network", "subgroup"]

@@ -45,7 +45,6 @@ _MODEL_DECIDES: dict[str, str] = {dim.name: dim.field for dim in DIMENSIONS if d
 """The numbers a file may leave to the model, name -> file field (etp: expert_tensor_par)."""
 _SUBGROUP_FIELDS = tuple(dim.field for dim in DIMENSIONS if dim.kind == "subgroup")
 """The sub-group sizes' file fields (sharding_group): dp·cp itself, or None, is the whole group."""
-_FIELD_NAME = {dim.field: dim.name for dim in DIMENSIONS}
 _FLAG_DEFAULTS: dict[str, Any] = {"recompute": Recompute.none, "tp_comm": TPComm.ar, "tp_overlap": TPOverlap.none,
                                   "zero": ShardingStage.none, "sched": PipelineSchedule.one_f_one_b}
 
@@ -242,11 +241,11 @@ class _MappingBase(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "_MappingBase":
-        chain = {BY_NAME[name].field: getattr(self, BY_NAME[name].field) for name in CHAIN}
+        chain = {name: getattr(self, BY_NAME[name].field) for name in CHAIN}
         if math.prod(chain.values()) != self.num_procs:
             # (an optional degree at 1, cp, is left out of the message)
-            shown = [f"{field}({value})" for field, value in chain.items()
-                     if value != 1 or BY_NAME[_FIELD_NAME[field]].default is ...]
+            shown = [f"{BY_NAME[name].field}({value})" for name, value in chain.items()
+                     if value != 1 or BY_NAME[name].default is ...]
             raise ValueError(f"{'·'.join(shown)}={math.prod(chain.values())} ≠ num_procs({self.num_procs})")
         for field in _SUBGROUP_FIELDS:
             size = getattr(self, field)

@@ -92,6 +92,7 @@ class DegreeRules(Constraint):
                 m.AddBoolOr([lit.Not()])
 
     def violation(self, mapping, evaluation, p):
+        mapping = mapping.with_model_defaults(p.model.num_experts > 0)
         return float(self._broken({d.name: mapping.value(d.name) for d in DEGREES}, p))
 
     @staticmethod

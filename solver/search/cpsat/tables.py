@@ -67,8 +67,9 @@ class Tables:
     (`group_mb`, `split`): the CP-SAT Variables or SplitKeys. `cache`: the (tp, cp, ep, etp,
     microbatch) tables shared with other GPU counts of the same context (BlockTableCache).
     `space`: the codes the flags the tables minimise over may take (Space.codes: every TP
-    overlap offered, the CP communications and shard groups the pins admit). `block_memo`: exact block terms already computed
-    in this context (costmodel.evaluate.distinct_block_terms; CountShare keeps one)."""
+    overlap offered, the CP communications and shard groups the pins admit). `block_memo`:
+    exact block terms already computed in this context (costmodel.evaluate.distinct_block_terms;
+    CountShare keeps one)."""
 
     def __init__(self, c: Context, v: Variables | SplitKeys, num_gpus: int, space: Space, networks: int,
                  cache: BlockTableCache | None = None, block_memo: dict | None = None):

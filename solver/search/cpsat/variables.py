@@ -6,9 +6,8 @@ ways; flags get one Boolean per code (`recompute[full]`, `tp_net[1]`). Combinati
 skeleton values that the objective and memory tables need — the group (GROUP_DEGREES, built
 from its halves: the (tp, cp) and (ep, etp) pairs), the split (the group and pp) and the
 group_mb (the group and the microbatch) — get a Boolean each that is the AND of its parts'
-Booleans. The
-domains are the values any valid mapping can take (read off the space's skeletons); which
-combinations are valid is left to the constraints.
+Booleans, for the combinations some skeleton has. The domains are the values any valid
+mapping can take (read off the space's skeletons); the constraints state which are valid.
 """
 
 from __future__ import annotations
