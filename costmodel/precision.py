@@ -165,6 +165,19 @@ rounds of two 32-bit multiplies and four other operations give 4 random numbers,
 operations per rounded element, on the vector units of the cast kernel."""
 
 
+MIN_COMPUTE_CAPABILITY = {
+    Precision.bf16: 8.0, Precision.fp8_delayed: 8.9, Precision.fp8_tensorwise: 8.9, Precision.fp8_blockwise: 9.0,
+    Precision.mxfp8: 10.0, Precision.nvfp4: 10.0}
+"""The lowest CUDA compute capability each recipe runs on, as Transformer Engine checks it
+(TE pytorch/quantization.py: check_fp8_support 8.9, check_fp8_block_scaling_support 9.0,
+check_mxfp8_support and check_nvfp4_support 10.0; BF16 tensor cores from the A100's 8.0)."""
+
+
+def recipes_for_capability(capability: float) -> tuple[Precision, ...]:
+    """Every recipe a GPU of this compute capability runs."""
+    return tuple(p for p, lowest in MIN_COMPUTE_CAPABILITY.items() if capability >= lowest)
+
+
 class RecipeCompute(BaseModel):
     """How one recipe's GEMMs run on this GPU."""
 
@@ -189,6 +202,9 @@ class PrecisionSupport(BaseModel):
                           "is_non_tn_fp8_gemm_supported). Required with an FP8 or FP4 recipe.")
     recipes: dict[Precision, RecipeCompute] = Field(
         min_length=1, description="Each recipe the GPU runs, and the GEMM model and peak it runs at.")
+    compute_capability: Annotated[RealNumber, within(limits.COMPUTE_CAPABILITY)] | None = Field(
+        None, description="The GPU's CUDA compute capability (8.0 A100, 9.0 H100/H200/H800, 10.0 B200, 10.3 B300): "
+                          "a recipe it lists must run on it, and a refusal names the capability a recipe needs.")
 
 
 def check_support(support: PrecisionSupport | None, compute_datatypes: list[str]) -> None:
@@ -196,6 +212,11 @@ def check_support(support: PrecisionSupport | None, compute_datatypes: list[str]
     (ValueError, which the system's validator turns into a one-line file error)."""
     if support is None:
         return
+    for precision in support.recipes:
+        lowest = MIN_COMPUTE_CAPABILITY[precision]
+        if support.compute_capability is not None and support.compute_capability < lowest:
+            raise ValueError(f"precision.recipes.{precision.value}: needs compute capability {lowest:.1f} "
+                             f"(Transformer Engine), the GPU has {support.compute_capability:.1f}")
     quantized = [p.value for p in support.recipes if FORMATS[p].quantized]
     if quantized and support.fp8_gemm_layouts is None:
         raise ValueError(f"precision.fp8_gemm_layouts: required with {', '.join(quantized)} (tn or any)")
@@ -220,7 +241,12 @@ def system_recipe(system, precision: Precision) -> RecipeCompute:
     if precision not in have:
         gpu = f"{system.gpu} (system {system.name!r})" if system.gpu else f"system {system.name!r}"
         runs = ", ".join(p.value for p in have) or "none"
-        raise InputError(f"precision {precision.value}: {gpu} does not run it (its precisions: {runs})")
+        capability = None if system.precision is None else system.precision.compute_capability
+        why = ""
+        if capability is not None and capability < MIN_COMPUTE_CAPABILITY[precision]:
+            why = (f": Transformer Engine runs it from compute capability {MIN_COMPUTE_CAPABILITY[precision]:.1f}, "
+                   f"this GPU is {capability:.1f}")
+        raise InputError(f"precision {precision.value}: {gpu} does not run it{why} (its precisions: {runs})")
     if system.precision is None:
         return RecipeCompute(gemm="bfloat16")
     return system.precision.recipes[precision]

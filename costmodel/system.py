@@ -219,6 +219,34 @@ class Network(BaseModel):
         return self.latency_us * 1e-6
 
 
+class Clocks(BaseModel):
+    """The SM clock a GPU's datasheet peaks are stated at and the clock it holds under its power
+    cap through a training step (a physical input, from published readings named in `source`;
+    docs/cost-model.md, "Sustained clocks"). Kernel times measured in short runs at full clock
+    (a published GEMM table) slow by `drop` in a step: `mapsat calibrate` writes it as the GEMM
+    model's `power_drop` of such a file, so the loss is counted once."""
+
+    model_config = INPUT_CONFIG
+
+    peak_mhz: Annotated[RealNumber, within(limits.CLOCK_MHZ)] = Field(
+        gt=0, description="The clock the datasheet's peaks hold at (boost), MHz.")
+    sustained_mhz: Annotated[RealNumber, within(limits.CLOCK_MHZ)] = Field(
+        gt=0, description="The clock held under the power cap at training load, MHz.")
+    power_w: Annotated[RealNumber, within(limits.POWER_W)] = Field(gt=0, description="The power cap, W.")
+    source: str = Field(min_length=1, description="Where the readings come from (a measurement or a derivation).")
+
+    @model_validator(mode="after")
+    def _sustained_at_most_peak(self) -> "Clocks":
+        if self.sustained_mhz > self.peak_mhz:
+            raise ValueError(f"sustained_mhz({self.sustained_mhz:g}) exceeds peak_mhz({self.peak_mhz:g})")
+        return self
+
+    @property
+    def drop(self) -> float:
+        """How much longer a compute-bound kernel takes at the sustained clock: peak / sustained − 1."""
+        return self.peak_mhz / self.sustained_mhz - 1.0
+
+
 RUNTIME_RESERVE_GIB = 2.0
 """HBM per GPU that training cannot use for model state or activations, GiB: the sum of
   0.35 GiB the driver keeps out of an "80 GB" H100 (nvidia-smi reports 81,559 of 81,920 MiB:
@@ -252,6 +280,9 @@ class System(BaseModel):
         RUNTIME_RESERVE_GIB, ge=0,
         description="HBM per GPU kept by the runtime (CUDA context, NCCL buffers, allocator fragmentation), "
                     "GiB; counted against HBM capacity. Default: costmodel.system.RUNTIME_RESERVE_GIB.")
+    clocks: Clocks | None = Field(
+        None, description="Peak and sustained SM clocks under the power cap (published readings); where kernels were "
+                          "timed at full clock, the sustained clock's drop is their GEMM model's power_drop.")
     step: WholeStep | None = Field(
         None, description="Whole-step terms fitted to measured iterations (`mapsat calibrate --runs`); absent: none.")
     hbm_headroom_gib: Annotated[RealNumber, within(limits.CAPACITY_GIB_OR_ZERO)] = Field(

@@ -389,8 +389,8 @@ def test_scalar_and_array_agree_for_mixture_of_experts_under_a_recipe(name):
 
 def test_a_recipe_the_gpu_does_not_run_names_the_gpu_and_its_precisions():
     with pytest.raises(InputError, match=r"^precision mxfp8: NVIDIA H100 SXM5 80GB \(system 'h100-80g-nvl8'\) does "
-                                         r"not run it \(its precisions: bf16, fp8-delayed, fp8-tensorwise, "
-                                         r"fp8-blockwise\)$"):
+                                         r"not run it: Transformer Engine runs it from compute capability 10.0, this GPU is "
+                                         r"9.0 \(its precisions: bf16, fp8-delayed, fp8-tensorwise, fp8-blockwise\)$"):
         context(H100, Precision.mxfp8)
     with pytest.raises(InputError, match=r"NVIDIA A100 SXM4 80GB .* \(its precisions: bf16\)$"):
         context(A100, Precision.fp8_tensorwise)
