@@ -108,6 +108,11 @@ class RecipeFormat:
     kernel keeps anyway) instead of a quantized copy, and quantizes it again in backward: MLM
     core/transformer/attention.py calls set_save_original_input(linear_proj) for every FP8 recipe
     but delayed (TE refuses save_original_input with delayed scaling) and for FP4"""
+    swizzled_scales: bool = False
+    """each GEMM operand's block scales are rearranged into the GEMM's interleaved layout by a
+    kernel of their own before the GEMM (MXFP8 and NVFP4 on Blackwell: TE pytorch/csrc/util.h
+    `swizzle_scaling_factors`, called for both operands in extensions/gemm.cpp; the kernel is
+    common/swizzle/swizzle.cu `nvte_swizzle_scaling_factors`)"""
     param_gather_in_bf16: bool = False
     """the low-precision weights are all-gathered in BF16 and quantized after the gather (MXFP8:
     MLM core/distributed/param_and_grad_buffer.py, the param buffer is the gradient buffer viewed
@@ -145,14 +150,14 @@ FORMATS: dict[Precision, RecipeFormat] = {
     Precision.mxfp8: RecipeFormat(
         Precision.mxfp8, quantized=True, element_bytes=_FP8, scale_bytes=1.0 / 32, weight_scale_bytes=1.0 / 32,
         per_tensor=False, transposable_weights=False, param_gather=True, projection_keeps_bf16_input=True,
-        param_gather_in_bf16=True, **_OFF),
+        param_gather_in_bf16=True, swizzled_scales=True, **_OFF),
     # NVFP4BlockScaling: E2M1 values, one E4M3 (1-byte) scale per 16 elements (16×16 blocks for
     # weights) and an FP32 per-tensor scale from the tensor's amax; Hadamard transforms and
     # stochastic rounding as above (MB bf16_with_nvfp4_mixed: fp4_param_gather True).
     Precision.nvfp4: RecipeFormat(
         Precision.nvfp4, quantized=True, element_bytes=_FP4, scale_bytes=1.0 / 16, weight_scale_bytes=1.0 / 256,
         per_tensor=False, transposable_weights=True, param_gather=True, projection_keeps_bf16_input=True,
-        **{**_OFF, "amax_pass": True, "hadamard": True, "stochastic_rounding": True}),
+        swizzled_scales=True, **{**_OFF, "amax_pass": True, "hadamard": True, "stochastic_rounding": True}),
 }
 
 HADAMARD_FLOPS_PER_ELEM = 32.0

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 import costmodel.inputs.limits as limits
 from costmodel.errors import InputError
 from costmodel.headroom import Headroom
-from costmodel.kernel_fits import AttentionFit, GemmFit  # noqa: F401 (read from here by calibration and tests)
+from costmodel.kernel_fits import AttentionFit, Clocks, GemmFit, check_clock_drops  # noqa: F401 (read from here)
 from costmodel.model import INPUT_CONFIG, Boolean, RealNumber, WholeNumber, within
 from costmodel.precision import PrecisionSupport, check_support
 from costmodel.terms.step_terms import WholeStep
@@ -219,34 +219,6 @@ class Network(BaseModel):
         return self.latency_us * 1e-6
 
 
-class Clocks(BaseModel):
-    """The SM clock a GPU's datasheet peaks are stated at and the clock it holds under its power
-    cap through a training step (a physical input, from published readings named in `source`;
-    docs/cost-model.md, "Sustained clocks"). Kernel times measured in short runs at full clock
-    (a published GEMM table) slow by `drop` in a step: `mapsat calibrate` writes it as the GEMM
-    model's `power_drop` of such a file, so the loss is counted once."""
-
-    model_config = INPUT_CONFIG
-
-    peak_mhz: Annotated[RealNumber, within(limits.CLOCK_MHZ)] = Field(
-        gt=0, description="The clock the datasheet's peaks hold at (boost), MHz.")
-    sustained_mhz: Annotated[RealNumber, within(limits.CLOCK_MHZ)] = Field(
-        gt=0, description="The clock held under the power cap at training load, MHz.")
-    power_w: Annotated[RealNumber, within(limits.POWER_W)] = Field(gt=0, description="The power cap, W.")
-    source: str = Field(min_length=1, description="Where the readings come from (a measurement or a derivation).")
-
-    @model_validator(mode="after")
-    def _sustained_at_most_peak(self) -> "Clocks":
-        if self.sustained_mhz > self.peak_mhz:
-            raise ValueError(f"sustained_mhz({self.sustained_mhz:g}) exceeds peak_mhz({self.peak_mhz:g})")
-        return self
-
-    @property
-    def drop(self) -> float:
-        """How much longer a compute-bound kernel takes at the sustained clock: peak / sustained − 1."""
-        return self.peak_mhz / self.sustained_mhz - 1.0
-
-
 RUNTIME_RESERVE_GIB = 2.0
 """HBM per GPU that training cannot use for model state or activations, GiB: the sum of
   0.35 GiB the driver keeps out of an "80 GB" H100 (nvidia-smi reports 81,559 of 81,920 MiB:
@@ -332,6 +304,8 @@ class System(BaseModel):
         if not self.compute:
             raise ValueError("compute must list at least one datatype")
         check_support(self.precision, [d.value for d in self.compute])
+        if self.clocks is not None:
+            check_clock_drops(self.clocks, {d.value: (c.gemm, c.grouped_gemm) for d, c in self.compute.items()})
         if self.offload is not None and self.offload.latency_us != 0:
             raise ValueError(f"offload.latency_us: {self.offload.latency_us} must be 0 (a per-kernel latency is "
                              "modelled for HBM only)")

@@ -25,8 +25,9 @@ class GemmPoint(BaseModel):
     model_config = _POINT
     dtype: Literal["bf16", "fp8"]
     # grid / block: this project's microbenchmark (grid fitted, block held out); fit / held_out: a
-    # published table split in two halves (problems/measurements/README.md).
-    kind: Literal["grid", "block", "fit", "held_out"]
+    # published table split in two halves; long_run: a published GEMM timed long enough for the
+    # power limit to hold its clock down (problems/measurements/README.md).
+    kind: Literal["grid", "block", "fit", "held_out", "long_run"]
     batch: WholeNumber = Field(1, gt=0)
     M: WholeNumber = Field(gt=0)
     N: WholeNumber = Field(gt=0)

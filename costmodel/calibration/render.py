@@ -34,7 +34,7 @@ from costmodel.calibration.measurements import (gemm_split, load_adam, load_atte
                                                 load_grouped_gemm, load_nccl)
 from costmodel.errors import InputError
 from costmodel.inputs.load import parse, read_document
-from costmodel.system import Clocks, System
+from costmodel.system import Clocks, Datatype, System
 from costmodel.inputs.units import gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 MARKER = re.compile(r"^(?P<indent>\s*)# mapsat-calibrate:\s*(?P<what>.*?)\s*$")
@@ -135,7 +135,8 @@ def calibrate_system(base_path: Path, measurements: Path, nccl: dict[str, Path] 
             path = measurements / "gemm.json"
             split = gemm_split(path, what[1])
             f = fitting.fit_gemm(load_gemm(path, what[1], split[0]), load_gemm(path, what[1], split[1]), peak,
-                                 hbm_bytes_per_s, elem_bytes, what[1], split, _full_clock(doc, measurements, base_path))
+                                 hbm_bytes_per_s, elem_bytes, what[1], split,
+                                 _full_clock(doc, measurements, base_path, Datatype(datatype)))
             out += _comment(indent, f, f"{folder}/gemm.json ({what[1]})") + [f"{indent}gemm:"]
             out += _fields(indent + "  ", f.fields)
         elif len(what) == 2 and what[0] == "grouped_gemm" and what[1] in GEMM_DATATYPES:
@@ -194,9 +195,9 @@ class TableSource(BaseModel):
     launch_overhead_source: str
 
 
-def _full_clock(doc: dict, measurements: Path, base_path: Path) -> fitting.FullClock | None:
-    """How a table timed at full clock is fitted: the base file's clocks and the table's launch
-    overhead; None for a microbenchmark folder."""
+def _full_clock(doc: dict, measurements: Path, base_path: Path, datatype: Datatype) -> fitting.FullClock | None:
+    """How a table timed at full clock is fitted: the drop of the base file's sustained clock
+    for `datatype` and the table's launch overhead; None for a microbenchmark folder."""
     path = measurements / "source.json"
     if not path.exists():
         return None
@@ -204,7 +205,7 @@ def _full_clock(doc: dict, measurements: Path, base_path: Path) -> fitting.FullC
     if not table.at_full_clock:
         return None
     clocks = parse(Clocks, _get(doc, ("clocks",), base_path), f"{base_path}: clocks")
-    return fitting.FullClock(clocks.drop, table.launch_overhead_us)
+    return fitting.FullClock(clocks.drop(datatype), table.launch_overhead_us)
 
 
 def _after_generated(lines: list[str], start: int, indent: str, keys: tuple[str, ...]) -> int:
