@@ -19,8 +19,10 @@ __all__ = ["bridge_settings", "system_sms"]
 _CUDA_GRAPHS = {"none": "none", "transformer_engine": "per-layer", "local": "per-layer", "full_iteration": "full-iteration"}
 
 
-def system_sms(system: System) -> int | None:
+def system_sms(system: System | None) -> int | None:
     """The GPU's streaming multiprocessors where Megatron-Bridge's rows name the system."""
+    if system is None:
+        return None
     by_name = {name: SYSTEM_SMS[dgx] for dgx, name in BRIDGE_SYSTEMS.items() if dgx in SYSTEM_SMS}
     return by_name.get(system.name)
 
@@ -93,7 +95,7 @@ def _precision(o: dict, where: str) -> tuple[dict, dict]:
     return fields, extras
 
 
-def _kernels(o: dict, model: Model, system: System, where: str) -> dict:
+def _kernels(o: dict, model: Model, system: System | None, where: str) -> dict:
     graphs = o.get("model.cuda_graph_impl") or "none"
     if graphs == "local" and o.get("model.cuda_graph_scope") == "full_iteration":
         graphs = "full_iteration"
@@ -113,7 +115,7 @@ def _kernels(o: dict, model: Model, system: System, where: str) -> dict:
     return fields
 
 
-def bridge_settings(overrides: dict, model: Model, system: System, where: str) -> tuple[dict, dict]:
+def bridge_settings(overrides: dict, model: Model, system: System | None, where: str) -> tuple[dict, dict]:
     """(run fields, mapping extras) of parsed Megatron-Bridge overrides."""
     degrees, extras = _degrees(overrides, model, where)
     memory, memory_extras = _memory(overrides)

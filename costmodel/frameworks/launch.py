@@ -11,15 +11,16 @@ import re
 from pathlib import Path
 
 from costmodel.errors import InputError
-from costmodel.frameworks.bridge import export_bridge, import_bridge
+from costmodel.frameworks.bridge import export_bridge, import_bridge, parse_overrides
+from costmodel.frameworks.bridge_import import bridge_settings
 from costmodel.frameworks.common import Exported
-from costmodel.frameworks.megatron import export_megatron, import_megatron
-from costmodel.frameworks.torchtitan import export_torchtitan, import_torchtitan
+from costmodel.frameworks.megatron import export_megatron, import_megatron, megatron_run_fields
+from costmodel.frameworks.torchtitan import export_torchtitan, import_torchtitan, torchtitan_run_fields
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import System
 
-__all__ = ["EMIT_CHOICES", "emit", "framework_of_text", "load_launch_mapping"]
+__all__ = ["EMIT_CHOICES", "emit", "framework_of_text", "launch_settings", "load_launch_mapping"]
 
 EMIT_CHOICES = ("megatron", "bridge", "torchtitan")
 
@@ -68,3 +69,16 @@ def load_launch_mapping(path: str | Path, model: Model, system: System) -> Mappi
     if kind == "megatron":
         return import_megatron(text, model, system, str(path))
     return None
+
+
+def launch_settings(text: str, path: str, model: Model, where: str) -> dict:
+    """A launch file's settings as a measured run's fields (costmodel.measured.runs.Run); what a
+    run does not carry (the context-parallel exchange, offloads, a sharding sub-group) is left out."""
+    kind = framework_of_text(text, path)
+    if kind == "megatron":
+        return megatron_run_fields(text, model, where)[0]
+    if kind == "bridge":
+        return bridge_settings(parse_overrides(text, where), model, None, where)[0]
+    if kind == "torchtitan":
+        return torchtitan_run_fields(text, model, where)[0]
+    raise InputError(f"{where}: {path}: not Megatron-LM arguments, Megatron-Bridge overrides or a torchtitan TOML")

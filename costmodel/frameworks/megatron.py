@@ -23,7 +23,7 @@ from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import System
 
-__all__ = ["export_megatron", "import_megatron", "megatron_arguments"]
+__all__ = ["export_megatron", "import_megatron", "megatron_arguments", "megatron_run_fields"]
 
 GPUS_PER_NODE = 8
 """GPUs a launch line puts on each node (torchrun --nproc-per-node): eight, as in a DGX/HGX node."""
@@ -193,9 +193,9 @@ def _launch_tokens(text: str, where: str) -> tuple[list[str], int | None]:
     return tokens[script + 1:], world
 
 
-def import_megatron(text: str, model: Model, system: System, where: str) -> Mapping:
-    """The mapping a Megatron-LM launch line or argument file runs; an InputError names an
-    argument Megatron-LM (at the pinned commit) or this importer does not know."""
+def megatron_run_fields(text: str, model: Model, where: str) -> tuple[dict, dict]:
+    """(run fields, mapping extras) of a Megatron-LM launch line or argument file; an
+    InputError names an argument Megatron-LM (at the pinned commit) or this importer does not know."""
     tokens, world = _launch_tokens(text, where)
     args, unknown = megatron_parser().parse_known_args(tokens)
     if unknown:
@@ -204,6 +204,10 @@ def import_megatron(text: str, model: Model, system: System, where: str) -> Mapp
     if world is None:
         raise InputError(f"{where}: the GPU count is not stated: give the launch line (torchrun --nnodes N "
                          f"--nproc-per-node G ...) or WORLD_SIZE=N")
-    fields, extras = megatron_settings(args, model, world, where)
-    return mapping_from_run_fields(fields, extras, model, system, where)
+    return megatron_settings(args, model, world, where)
 
+
+def import_megatron(text: str, model: Model, system: System, where: str) -> Mapping:
+    """The mapping a Megatron-LM launch line or argument file runs."""
+    fields, extras = megatron_run_fields(text, model, where)
+    return mapping_from_run_fields(fields, extras, model, system, where)

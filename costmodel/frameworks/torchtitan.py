@@ -23,7 +23,7 @@ from costmodel.model import Model
 from costmodel.precision import Precision
 from costmodel.system import System
 
-__all__ = ["export_torchtitan", "import_torchtitan", "torchtitan_fields"]
+__all__ = ["export_torchtitan", "import_torchtitan", "torchtitan_fields", "torchtitan_run_fields"]
 
 ROTATE = {"p2p": "alltoall", "all_gather": "allgather"}
 """context_par_comm → context_parallel_rotate_method: the K/V ring (torchtitan passes the shards
@@ -196,12 +196,17 @@ def _flatten(table: dict, prefix: str = "") -> dict:
     return out
 
 
-def import_torchtitan(text: str, model: Model, system: System, where: str) -> Mapping:
-    """The mapping a torchtitan job TOML runs; an unknown field is an error naming it."""
+def torchtitan_run_fields(text: str, model: Model, where: str) -> tuple[dict, dict]:
+    """(run fields, mapping extras) of a torchtitan job TOML; an unknown field is an error naming it."""
     try:
         fields = _flatten(tomllib.loads(text))
     except tomllib.TOMLDecodeError as err:
         raise InputError(f"{where}: not a TOML file ({err})") from None
     used = {name: value for name, value in fields.items() if check_field(TORCHTITAN, name, value, where)}
-    run_fields, extras = torchtitan_settings(used, model, where)
+    return torchtitan_settings(used, model, where)
+
+
+def import_torchtitan(text: str, model: Model, system: System, where: str) -> Mapping:
+    """The mapping a torchtitan job TOML runs."""
+    run_fields, extras = torchtitan_run_fields(text, model, where)
     return mapping_from_run_fields(run_fields, extras, model, system, where)
