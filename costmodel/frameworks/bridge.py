@@ -14,7 +14,7 @@ import yaml
 
 from costmodel.errors import InputError, InternalError
 from costmodel.frameworks.bridge_import import bridge_settings, system_sms
-from costmodel.frameworks.common import (check_layout, FP8_FORMAT, RECIPE_OF_PRECISION, Exported, Refusals, cost_model_assumptions,
+from costmodel.frameworks.common import (REDO_WORDS, megatron_redoes_gather, check_layout, FP8_FORMAT, RECIPE_OF_PRECISION, Exported, Refusals, cost_model_assumptions,
                                          effective_param_gather, mapping_from_run_fields, recompute_of, sharding_of,
                                          stage_layout)
 from costmodel.frameworks.definitions import BRIDGE, check_field
@@ -139,7 +139,7 @@ def bridge_overrides(mapping: Mapping, model: Model, system: System, refusals: R
     _memory(mapping, model, out, refusals)
     _precision(mapping, out, refusals)
     _kernels(mapping, model, system, out, refusals)
-    cost_model_assumptions(mapping, model, refusals, redo_rule=True)
+    cost_model_assumptions(mapping, refusals, megatron_redoes_gather(mapping), REDO_WORDS)
     return out
 
 

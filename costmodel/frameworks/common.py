@@ -163,16 +163,21 @@ def moe_dispatcher_text(mapping: Mapping) -> str:
     return str(mapping.moe_dispatcher)
 
 
-def cost_model_assumptions(mapping: Mapping, model: Model, refusals: Refusals, redo_rule: bool) -> None:
-    """What no launch file states but a mapping may: a training run, and (redo_rule) the
-    sequence-parallel all-gather redone in backward exactly where Megatron-Core redoes it (tp > 1
-    with sequence parallelism and no full recompute: it keeps the sharded input)."""
+REDO_WORDS = ("Megatron-Core redoes the sequence-parallel all-gather in backward exactly when sequence "
+              "parallelism runs without full recompute")
+
+
+def megatron_redoes_gather(mapping: Mapping) -> bool:
+    """Whether Megatron-Core redoes the sequence-parallel all-gather in backward: with sequence
+    parallelism and no full recompute it keeps the sharded input (what run_mapping costs)."""
+    return (mapping.tensor_par > 1 and mapping.tensor_par_comm_type.value == "rs_ag"
+            and mapping.activation_recompute.value != "full")
+
+
+def cost_model_assumptions(mapping: Mapping, refusals: Refusals, redo: bool, framework_words: str) -> None:
+    """What no launch file states but a mapping may: a training run, and whether the
+    sequence-parallel all-gather is redone in backward (`redo`, the framework's behaviour)."""
     if not mapping.training:
         refusals.refuse("training", False, "the frameworks' launch files start training runs")
-    if redo_rule:
-        redo = (mapping.tensor_par > 1 and mapping.tensor_par_comm_type.value == "rs_ag"
-                and mapping.activation_recompute.value != "full")
-        if mapping.seq_par_ag_redo != redo:
-            refusals.refuse("seq_par_ag_redo", mapping.seq_par_ag_redo,
-                            "Megatron-Core redoes the sequence-parallel all-gather in backward exactly when "
-                            "sequence parallelism runs without full recompute")
+    if mapping.seq_par_ag_redo != redo:
+        refusals.refuse("seq_par_ag_redo", mapping.seq_par_ag_redo, framework_words)

@@ -14,7 +14,7 @@ import argparse
 import shlex
 
 from costmodel.errors import InputError, InternalError
-from costmodel.frameworks.common import (check_layout, FP8_FORMAT, RECIPE_OF_PRECISION, Exported, Refusals, cost_model_assumptions,
+from costmodel.frameworks.common import (REDO_WORDS, megatron_redoes_gather, check_layout, FP8_FORMAT, RECIPE_OF_PRECISION, Exported, Refusals, cost_model_assumptions,
                                          effective_param_gather, mapping_from_run_fields, recompute_of, sharding_of,
                                          stage_layout)
 from costmodel.frameworks.definitions import megatron_parser
@@ -153,7 +153,7 @@ def megatron_arguments(mapping: Mapping, model: Model, refusals: Refusals) -> li
     _sharding_and_overlaps(mapping, out, refusals)
     _precision(mapping, out, refusals)
     _kernels(mapping, model, out)
-    cost_model_assumptions(mapping, model, refusals, redo_rule=True)
+    cost_model_assumptions(mapping, refusals, megatron_redoes_gather(mapping), REDO_WORDS)
     return out
 
 

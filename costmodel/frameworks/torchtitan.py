@@ -157,7 +157,8 @@ def torchtitan_fields(mapping: Mapping, model: Model, refusals: Refusals) -> dic
     _batch_and_memory(mapping, model, out, refusals)
     _precision(mapping, out, refusals)
     _kernels(mapping, out, refusals)
-    cost_model_assumptions(mapping, model, refusals, redo_rule=True)
+    cost_model_assumptions(mapping, refusals, False, "torchtitan's sequence-parallel all-gather output is "
+                                                    "saved for backward by autograd (full checkpointing reruns it)")
     return out
 
 

@@ -94,7 +94,8 @@ def torchtitan_settings(f: dict, model: Model, where: str) -> tuple[dict, dict]:
               "fused_activation": "model" in components, "fused_cross_entropy": "loss" in components}
     precision, precision_extras = _precision(f, where)
     offload = bool(f.get("training.enable_cpu_offload"))
-    extras.update(weight_offload=offload, optimizer_offload=offload, **precision_extras)
+    # autograd keeps the sequence-parallel all-gather's output for backward: no redo
+    extras.update(weight_offload=offload, optimizer_offload=offload, seq_par_ag_redo=False, **precision_extras)
     if cp > 1:
         extras["context_par_comm"] = _ROTATE[f.get("parallelism.context_parallel_rotate_method", "allgather")]
     return {**fields, **precision}, extras
