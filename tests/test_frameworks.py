@@ -186,3 +186,13 @@ def test_eval_scores_a_launch_file_as_configured(llama):
     code, out = _invoke(["eval", "--model", MODEL, "--seq-size", "4096", "--system", SYSTEM,
                          "--mapping", str(DATA / "llama70b-megatron.sh")])
     assert code == 1 and "sequence length 8192 differs from the model's seq_size 4096" in out
+
+
+def test_plan_emits_the_chosen_counts_mapping():
+    code, out = _invoke(["plan", "--model", MODEL, "--seq-size", "8192", "--system", SYSTEM, "--tokens", "15e12",
+                         "--batch-tokens", "16777216", "--gpus", "1024", "--emit", "bridge", "--lossy"])
+    assert code == 0, out
+    overrides = parse_overrides(out, "emitted")
+    degrees = [overrides[f"model.{name}_parallel_size"] for name in ("tensor_model", "pipeline_model", "context")]
+    assert degrees[0] * degrees[1] * degrees[2] * overrides["comm_overlap.data_parallel_size"] == 1024
+    assert overrides["train.global_batch_size"] * overrides["model.seq_length"] == 16777216

@@ -11,8 +11,9 @@ from costmodel.frameworks.launch import EMIT_CHOICES, emit
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import System
+from solver.search.plan import PlanResult, phase_model
 
-__all__ = ["echo_emitted", "emit_options"]
+__all__ = ["echo_emitted", "echo_plan_emitted", "emit_options"]
 
 
 def emit_options(func: Callable) -> Callable:
@@ -30,3 +31,15 @@ def echo_emitted(mapping: Mapping, model: Model, system: System, framework: str,
     """Print `mapping` as `framework`'s launch text on stdout (what --lossy left out first, as
     comments); a refusal is a MapsatError, one line and exit 1."""
     click.echo(emit(mapping, model, system, framework, lossy).text, nl=False)
+
+
+def echo_plan_emitted(result: PlanResult, model: Model, system: System, framework: str, lossy: bool) -> None:
+    """The chosen count's mapping of each phase as `framework`'s launch text, each phase under a
+    `# phase NAME` comment line when there are several."""
+    chosen = result.choice.plan
+    if chosen is None:
+        return                           # no count chosen: the command says why, exit 1
+    for phase_plan in chosen.phases:
+        if len(chosen.phases) > 1:
+            click.echo(f"# phase {phase_plan.phase.name} ({phase_plan.phase.seq_size} tokens a sequence)")
+        echo_emitted(phase_plan.result.best.mapping, phase_model(model, phase_plan.phase), system, framework, lossy)
