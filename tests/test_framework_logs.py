@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from costmodel.errors import InputError
-from costmodel.frameworks.logs import megatron_iterations, torchtitan_iterations
+from costmodel.frameworks.logs import megatron_iterations, megatron_peak_memory_bytes, torchtitan_iterations
 from costmodel.inputs.units import GiB
 from costmodel.measured.run_files import read_runs
 from solver.cli.app import cli
@@ -83,3 +83,14 @@ def test_torchtitan_log_run_takes_its_step_time_from_tps(tmp_path):
     assert run.step_time_s == pytest.approx(8 * 4096 / (4000 * 8), rel=1e-12)
     assert run.peak_memory_bytes == pytest.approx(41.5 * GiB)
     assert (run.num_gpus, run.sharding_stage, run.recompute) == (8, 3, "full")
+
+
+def test_megatron_memory_reports_give_the_peak():
+    # the format of report_memory (Megatron-LM megatron/training/utils/common_utils.py:313 at d98e8a64);
+    # the numbers are made up for the test
+    text = ("[Rank 0] (after 10 iterations) memory (MB) | allocated: 1000.00 | max allocated: 60000.00 | "
+            "reserved: 70000.00 | max reserved: 71234.50\n"
+            "[Rank 8] (after 10 iterations) memory (MB) | allocated: 900.00 | max allocated: 50000.00 | "
+            "reserved: 60000.00 | max reserved: 64000.00\n")
+    assert megatron_peak_memory_bytes(text) == 71234.5 * 1024 ** 2
+    assert megatron_peak_memory_bytes("no report") is None

@@ -196,3 +196,22 @@ def test_plan_emits_the_chosen_counts_mapping():
     degrees = [overrides[f"model.{name}_parallel_size"] for name in ("tensor_model", "pipeline_model", "context")]
     assert degrees[0] * degrees[1] * degrees[2] * overrides["comm_overlap.data_parallel_size"] == 1024
     assert overrides["train.global_batch_size"] * overrides["model.seq_length"] == 16777216
+
+
+def test_megatron_reads_a_launch_scripts_arguments_or_an_argument_file(llama):
+    model, system = llama
+    launch = (DATA / "llama70b-megatron.sh").read_text()
+    expected = import_megatron(launch, model, system, "launch")
+    arguments = launch.split("pretrain_gpt.py", 1)[1]
+    script = ("#!/bin/bash\n# a comment\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n"
+              "python -m torch.distributed.run --nproc_per_node 8 --nnodes 8 pretrain_gpt.py" + arguments)
+    assert import_megatron(script, model, system, "script") == expected
+    assert import_megatron("WORLD_SIZE=64\n" + arguments.replace("\\\n", "\n"), model, system, "file") == expected
+    with pytest.raises(InputError, match="the GPU count is not stated"):
+        import_megatron(arguments, model, system, "args.txt")
+    with pytest.raises(InputError, match=r"'\$TP': a shell variable"):
+        import_megatron(launch.replace("--tensor-model-parallel-size 4", "--tensor-model-parallel-size $TP"), model,
+                        system, "f.sh")
+    with pytest.raises(InputError, match="recomputes block by block"):
+        import_megatron(launch + " --recompute-granularity full --recompute-method uniform --recompute-num-layers 5",
+                        model, system, "f.sh")

@@ -13,7 +13,8 @@ A log-runs file (YAML) lists, under `log_runs`, one entry per log:
         source: "where the log comes from"
 
 Megatron-LM's lines give `elapsed time per iteration (ms)` and `throughput per GPU
-(TFLOP/s/GPU)` (megatron/training/training.py training_log); torchtitan's give `tps` (tokens per
+(TFLOP/s/GPU)` (megatron/training/training.py training_log) and, where it reports memory, the
+largest `max reserved` (MiB) as the peak; torchtitan's give `tps` (tokens per
 second per GPU), `tflops`, `mfu` and `memory` (GiB, the allocator's peak reserved). After the
 warm-up, the step time is the median of the iterations' (torchtitan: global batch · sequence /
 (tps · GPUs), the tokens of a step over the whole job's rate); the spread (min to max over the
@@ -35,10 +36,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from costmodel.errors import InputError
 from costmodel.frameworks.launch import launch_settings
 from costmodel.inputs.load import describe_validation_error, load_model
-from costmodel.inputs.units import GiB
+from costmodel.inputs.units import GiB, MiB
 from costmodel.measured.runs import PROBLEMS_DIR, Run
 
-__all__ = ["IterationRecord", "LogRunEntry", "is_log_runs", "log_runs", "megatron_iterations",
+__all__ = ["IterationRecord", "LogRunEntry", "is_log_runs", "log_runs", "megatron_iterations", "megatron_peak_memory_bytes",
            "torchtitan_iterations"]
 
 SHAPE_ONLY_SEQ = 4096
@@ -46,6 +47,7 @@ SHAPE_ONLY_SEQ = 4096
 _MEGATRON = re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|.*?elapsed time per iteration \(ms\):\s*([\d.]+)")
 _MEGATRON_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*([\d.]+)")
 _MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
+_MEGATRON_MEMORY = re.compile(r"memory \(MB\).*?\| max reserved:\s*([\d.]+)")
 _TORCHTITAN = re.compile(r"step:\s*(\d+).*?memory:\s*([\d.]+)GiB.*?tps:\s*([\d,]+).*?tflops:\s*([\d.]+)"
                          r".*?mfu:\s*([\d.]+)%")
 
@@ -74,6 +76,14 @@ def megatron_iterations(text: str) -> list[IterationRecord]:
                                        float(tflops.group(1)) if tflops else None,
                                        global_batch=int(batch.group(1)) if batch else None))
     return records
+
+
+def megatron_peak_memory_bytes(text: str) -> float | None:
+    """The largest `max reserved` of Megatron-LM's memory reports (report_memory,
+    megatron/training/utils/common_utils.py: MB there are MiB), the allocator's peak as torchtitan
+    reports it too; None when the log has none."""
+    peaks = [float(m.group(1)) * MiB for m in map(_MEGATRON_MEMORY.search, text.splitlines()) if m is not None]
+    return max(peaks) if peaks else None
 
 
 def torchtitan_iterations(text: str) -> list[IterationRecord]:
@@ -154,6 +164,8 @@ def log_run(entry: LogRunEntry, base: Path, where: str) -> Run:
                          f"{fields['global_batch']}")
     tokens = fields["global_batch"] * fields["seq_size"]
     measured = _measured(records, entry.warmup_iterations, tokens, fields["num_gpus"], where)
+    if measured["peak_memory_bytes"] is None:
+        measured["peak_memory_bytes"] = megatron_peak_memory_bytes(log_text)
     notes = "; ".join(part for part in (entry.notes, measured.pop("notes")) if part)
     named = "/" not in entry.model and not entry.model.endswith((".yaml", ".yml", ".json"))
     data = {"name": entry.name, "model": entry.model if named else str(_model_file(entry.model, base)),

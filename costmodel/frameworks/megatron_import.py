@@ -58,8 +58,12 @@ def _degrees(args: argparse.Namespace, model: Model, where: str) -> tuple[dict, 
     return fields, extras
 
 
-def _memory(args: argparse.Namespace) -> tuple[dict, dict]:
+def _memory(args: argparse.Namespace, where: str) -> tuple[dict, dict]:
     fields: dict = {"recompute": args.recompute_granularity or "none"}
+    grouped = args.recompute_method == "uniform" and (args.recompute_num_layers or 1) > 1
+    if args.recompute_granularity == "full" and grouped:
+        raise InputError(f"{where}: --recompute-method uniform --recompute-num-layers {args.recompute_num_layers}: "
+                         f"the cost model recomputes block by block (uniform 1) or the first N blocks (block N)")
     if args.recompute_granularity == "full" and args.recompute_method == "block":
         fields["recompute_blocks"] = args.recompute_num_layers
     if args.recompute_granularity == "selective":
@@ -121,7 +125,7 @@ def megatron_settings(args: argparse.Namespace, model: Model, world: int, where:
     """(run fields, mapping extras) of parsed Megatron-LM arguments on `world` GPUs."""
     _check_model(args, model, where)
     degrees, extras = _degrees(args, model, where)
-    memory, memory_extras = _memory(args)
+    memory, memory_extras = _memory(args, where)
     precision, precision_extras = _precision(args, where)
     fields = {"num_gpus": world, **degrees, **memory, **precision, **_kernels(args, model, where)}
     extras = {**extras, **memory_extras, **precision_extras,
