@@ -15,7 +15,7 @@ import shlex
 
 from costmodel.errors import InputError, InternalError
 from costmodel.frameworks.common import (REDO_WORDS, megatron_redoes_gather, check_layout, FP8_FORMAT, RECIPE_OF_PRECISION, Exported, Refusals, cost_model_assumptions,
-                                         effective_param_gather, mapping_from_run_fields, recompute_of, sharding_of,
+                                         effective_param_gather, mapping_from_run_fields, moe_dispatcher_text, recompute_of, sharding_of,
                                          stage_layout)
 from costmodel.frameworks.definitions import megatron_parser
 from costmodel.frameworks.megatron_import import megatron_settings

@@ -62,6 +62,8 @@ def _data_parallel(m: Mapping, out: dict, refusals: Refusals) -> None:
                                                  "shards over cp)" if stage else "torchtitan shards over the cp group")
     if fsdp:
         refusals.refuse("megatron_fsdp", True, "torchtitan runs PyTorch FSDP2")
+    if instances > 1 and stage != 3:
+        refusals.refuse("sharding_group", m.sharding_group, "torchtitan's HSDP groups are FSDP's (stage 3)")
     shard = group // instances if stage == 3 else 1
     if shard % m.context_par:
         refusals.refuse("sharding_group", m.sharding_group, f"torchtitan's shard group holds the cp group "
@@ -99,9 +101,10 @@ def _batch_and_memory(m: Mapping, model: Model, out: dict, refusals: Refusals) -
     per_rank = m.batch_size // m.data_par
     out.update({"training.seq_len": model.seq_size, "training.global_batch_size": m.batch_size,
                 "training.local_batch_size": per_rank if m.pipeline_par > 1 else m.microbatch_size})
-    granularity, blocks, _ = recompute_of(m, model)
+    granularity, blocks, modules = recompute_of(m, model)
     if granularity == "selective" or blocks is not None:
-        refusals.refuse("activation_recompute", m.activation_recompute.value if blocks is None else f"full of {blocks}",
+        what = f"attn_only of {', '.join(modules)}" if granularity == "selective" else f"full of {blocks} blocks"
+        refusals.refuse("activation_recompute", what,
                         "torchtitan recomputes whole blocks (full) or by op or layer period (selective), not "
                         "Megatron-LM's modules or the first N blocks")
     out["activation_checkpoint.mode"] = "full" if granularity == "full" else "none"
@@ -144,6 +147,9 @@ def _kernels(m: Mapping, out: dict, refusals: Refusals) -> None:
     if not m.fused_attention:
         refusals.refuse("fused_attention", False, "torchtitan's attention is SDPA / FlexAttention")
     async_tp = out.get("parallelism.enable_async_tensor_parallel", False)
+    if async_tp and not m.fused_activation:
+        refusals.refuse("fused_activation", False, "torchtitan's async tensor parallelism compiles the model, "
+                                                   "which fuses the activation")
     components = [name for name, on in (("model", m.fused_activation or async_tp), ("loss", m.fused_cross_entropy)) if on]
     out.update({"compile.enable": bool(components), "compile.components": components})
 
