@@ -87,7 +87,8 @@ def test_changing_a_field_changes_the_framework_text(framework, field):
 
 
 @pytest.mark.parametrize("framework", EMIT_CHOICES)
-@pytest.mark.parametrize("change", [{}, {"moe_dispatcher": "flex"}, {"moe_dispatcher": "flex", "moe_comm_overlap": True}])
+@pytest.mark.parametrize("change", [{}, {"moe_dispatcher": "flex"},
+                                    {"moe_dispatcher": "flex", "moe_comm_overlap": True}])
 def test_a_moe_mapping_reads_back_as_itself(framework, change):
     from costmodel.frameworks.launch import load_launch_mapping
     mapping = Mapping.model_validate({**MOE_BASE, **change})

@@ -14,9 +14,9 @@ import yaml
 
 from costmodel.errors import InputError, InternalError
 from costmodel.frameworks.bridge_import import bridge_settings, system_sms
-from costmodel.frameworks.common import (REDO_WORDS, megatron_redoes_gather, check_layout, FP8_FORMAT, RECIPE_OF_PRECISION, Exported, Refusals, cost_model_assumptions,
-                                         effective_param_gather, mapping_from_run_fields, recompute_of, sharding_of,
-                                         stage_layout)
+from costmodel.frameworks.common import (FP8_FORMAT, RECIPE_OF_PRECISION, REDO_WORDS, Exported, Refusals, check_layout,
+                                         cost_model_assumptions, effective_param_gather, mapping_from_run_fields,
+                                         megatron_redoes_gather, recompute_of, sharding_of, stage_layout)
 from costmodel.frameworks.definitions import BRIDGE, check_field
 from costmodel.mapping import Mapping
 from costmodel.model import Model

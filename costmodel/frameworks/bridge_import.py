@@ -16,7 +16,8 @@ from costmodel.system import System
 
 __all__ = ["bridge_settings", "system_sms"]
 
-_CUDA_GRAPHS = {"none": "none", "transformer_engine": "per-layer", "local": "per-layer", "full_iteration": "full-iteration"}
+_CUDA_GRAPHS = {"none": "none", "transformer_engine": "per-layer", "local": "per-layer",
+                "full_iteration": "full-iteration"}
 
 
 def system_sms(system: System | None) -> int | None:
@@ -99,7 +100,8 @@ def _kernels(o: dict, model: Model, system: System | None, where: str) -> dict:
     graphs = o.get("model.cuda_graph_impl") or "none"
     if graphs == "local" and o.get("model.cuda_graph_scope") == "full_iteration":
         graphs = "full_iteration"
-    fields = {"cuda_graphs": _CUDA_GRAPHS[graphs], "fused_cross_entropy": bool(o.get("model.cross_entropy_loss_fusion")),
+    fields = {"cuda_graphs": _CUDA_GRAPHS[graphs],
+              "fused_cross_entropy": bool(o.get("model.cross_entropy_loss_fusion")),
               "fused_activation": o.get("model.bias_activation_fusion", True)}
     if not model.num_experts:
         return fields

@@ -30,8 +30,9 @@ from costmodel.precision import FORMATS, Precision
 from costmodel.system import System
 from costmodel.terms.pipeline import layout_problem, stage_blocks
 
-__all__ = ["Exported", "Layout", "Refusals", "check_layout", "effective_param_gather", "mapping_from_run_fields", "recompute_of",
-           "stage_layout"]
+__all__ = ["Exported", "Layout", "Refusals", "check_layout", "cost_model_assumptions", "effective_param_gather",
+           "mapping_from_run_fields", "megatron_redoes_gather", "moe_dispatcher_text", "recompute_of", "sharding_of",
+           "stage_layout", "stated_stage_blocks"]
 
 
 @dataclass

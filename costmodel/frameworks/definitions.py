@@ -90,7 +90,8 @@ def _alternatives(annotation: str) -> list[str]:
     match = re.fullmatch(r"(Optional|Union)\[(.*)\]", text)
     if match:
         inner = _split_top(match.group(2))
-        return [*(alt for part in inner for alt in _alternatives(part)), *(["None"] if match.group(1) == "Optional" else [])]
+        optional = ["None"] if match.group(1) == "Optional" else []
+        return [*(alt for part in inner for alt in _alternatives(part)), *optional]
     parts = _split_top(text, "|")
     return [part.strip() for part in parts] if len(parts) > 1 else [text]
 

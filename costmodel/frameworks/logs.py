@@ -39,8 +39,8 @@ from costmodel.inputs.load import describe_validation_error, load_model
 from costmodel.inputs.units import GiB, MiB
 from costmodel.measured.runs import PROBLEMS_DIR, Run
 
-__all__ = ["IterationRecord", "LogRunEntry", "is_log_runs", "log_runs", "megatron_iterations", "megatron_peak_memory_bytes",
-           "torchtitan_iterations"]
+__all__ = ["IterationRecord", "LogRunEntry", "is_log_runs", "log_runs", "megatron_iterations",
+           "megatron_peak_memory_bytes", "torchtitan_iterations"]
 
 SHAPE_ONLY_SEQ = 4096
 """The sequence length a model is loaded with to read a launch file (any: the run's replaces it)."""

@@ -14,8 +14,9 @@ import argparse
 import shlex
 
 from costmodel.errors import InputError, InternalError
-from costmodel.frameworks.common import (REDO_WORDS, megatron_redoes_gather, check_layout, FP8_FORMAT, RECIPE_OF_PRECISION, Exported, Refusals, cost_model_assumptions,
-                                         effective_param_gather, mapping_from_run_fields, moe_dispatcher_text, recompute_of, sharding_of,
+from costmodel.frameworks.common import (FP8_FORMAT, RECIPE_OF_PRECISION, REDO_WORDS, Exported, Refusals, check_layout,
+                                         cost_model_assumptions, effective_param_gather, mapping_from_run_fields,
+                                         megatron_redoes_gather, moe_dispatcher_text, recompute_of, sharding_of,
                                          stage_layout)
 from costmodel.frameworks.definitions import megatron_parser
 from costmodel.frameworks.megatron_import import megatron_settings
@@ -94,8 +95,9 @@ def _sharding_and_overlaps(m: Mapping, out: list, refusals: Refusals) -> None:
         out.append(("--num-distributed-optimizer-instances", instances))
         out += [("--outer-dp-sharding-strategy", "no_shard")] if fsdp else []
     elif instances > 1:
-        refusals.refuse("sharding_group", m.sharding_group, "PyTorch FSDP2 in Megatron-LM shards over the whole "
-                                                            "data-parallel group (Megatron-FSDP, megatron_fsdp, has HSDP)")
+        refusals.refuse("sharding_group", m.sharding_group,
+                        "PyTorch FSDP2 in Megatron-LM shards over the whole data-parallel group (Megatron-FSDP, "
+                        "megatron_fsdp, has HSDP)")
     if m.data_par_overlap:
         out.append(("--overlap-grad-reduce",))
         if stage == 1:

@@ -77,7 +77,8 @@ def _data_parallel(m: Mapping, out: dict, refusals: Refusals) -> None:
 
 
 def _model_parallel(m: Mapping, model: Model, out: dict, refusals: Refusals) -> None:
-    out.update({"parallelism.tensor_parallel_degree": m.tensor_par, "parallelism.context_parallel_degree": m.context_par})
+    out.update({"parallelism.tensor_parallel_degree": m.tensor_par,
+                "parallelism.context_parallel_degree": m.context_par})
     if m.tensor_par > 1 and m.tensor_par_comm_type.value != "rs_ag":
         refusals.refuse("tensor_par_comm_type", m.tensor_par_comm_type, "torchtitan's tensor parallelism keeps "
                                                                         "the norms sequence-parallel (rs_ag)")
@@ -150,7 +151,8 @@ def _kernels(m: Mapping, out: dict, refusals: Refusals) -> None:
     if async_tp and not m.fused_activation:
         refusals.refuse("fused_activation", False, "torchtitan's async tensor parallelism compiles the model, "
                                                    "which fuses the activation")
-    components = [name for name, on in (("model", m.fused_activation or async_tp), ("loss", m.fused_cross_entropy)) if on]
+    wanted = (("model", m.fused_activation or async_tp), ("loss", m.fused_cross_entropy))
+    components = [name for name, on in wanted if on]
     out.update({"compile.enable": bool(components), "compile.components": components})
 
 
