@@ -12,6 +12,8 @@ not the measured one: these tests check the reproduction, not today's hardware.
 
 from __future__ import annotations
 
+import pytest
+
 from conftest import PROBLEMS
 from solver.study.batch import load_batch
 from solver.study.runner import solve_payload
@@ -30,9 +32,9 @@ def test_fig2_power_of_two_blocks_win_in_the_papers_setting():
     mfu = {blocks: r["best"]["mfu"] for blocks, r in results.items()}
     # The acceptance: the 256-block model wins by at least 1.2× MFU (paper: 1.39×).
     assert mfu[256] / mfu[254] >= 1.2
-    # And the winner is near the paper's 75%: within 10 points (our H100 efficiencies top out
-    # at 78% of peak for the largest GEMMs, so MFU cannot reach the paper's figure exactly).
-    assert abs(mfu[256] - 0.75) <= 0.10
+    # The README's figures (causal count): 65.8 % against 53.3 %, to their rounding; the paper's
+    # 75 % against 54 % is not reached (the H100 paper file's GEMMs top out at 78 % of peak).
+    assert mfu[256] == pytest.approx(0.658, abs=5e-4) and mfu[254] == pytest.approx(0.533, abs=5e-4)
     # Why: 254 = 2 × 127 allows pipelines of depth 1 or 2 only on 4,096 GPUs, which must
     # stream weights from offload memory; 256 blocks pipeline deeper.
     assert results[254]["best"]["mapping"]["pipeline_par"] <= 2 < results[256]["best"]["mapping"]["pipeline_par"]
