@@ -588,3 +588,105 @@ def test_an_image_format_matplotlib_cannot_write_is_refused_before_the_search(fi
     assert_refused(mapsat(command, *base_args(command, files), option, path),
                    f"{option} {path}: matplotlib does not write .out files")
     assert time.perf_counter() - started < 5
+
+
+# ---------------------------------------------------------------- 6. silent wrong answers
+
+@pytest.mark.parametrize("dense", [62, 61, 1000])
+def test_first_k_dense_replace_at_or_past_the_layers_is_refused(tmp_path, dense):
+    path = _write_config(tmp_path, {**VALID_CONFIGS["deepseek_v3"], "first_k_dense_replace": dense})
+    assert_refused(mapsat("solve", "--model", path, "--seq-size", 4096, "--system", H100_SYSTEM, "--gpus", 64),
+                   f"first_k_dense_replace {dense} with num_hidden_layers 61", "no block would have experts")
+
+
+def test_first_dense_blocks_past_num_blocks_is_refused(tmp_path):
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump({**TINY_MOE, "first_dense_blocks": 5}))
+    for command in ("count", "solve", "plan"):
+        extra = ["--tokens", "1e9"] if command == "plan" else []
+        assert_refused(mapsat(command, "--model", path, "--system", H100_SYSTEM, "--gpus", 2, *extra),
+                       "first_dense_blocks(5) > num_blocks(2)")
+
+
+@pytest.mark.parametrize("field, value, check", [
+    ("first_k_dense_replace", 0, lambda m: m.moe_blocks == m.num_blocks == 61),
+    ("num_nextn_predict_layers", 0, lambda m: m.mtp_blocks == 0),
+])
+def test_zero_dense_blocks_and_zero_prediction_modules_are_legal(tmp_path, field, value, check):
+    model = load_model(_write_config(tmp_path, {**VALID_CONFIGS["deepseek_v3"], field: value}), seq_size=4096)
+    assert check(model)
+
+
+@pytest.mark.parametrize("extreme", [("--failure-rate", "1"), ("--restart-minutes", "1e6")])
+def test_a_plan_whose_goodput_is_zero_is_refused_not_inf_days(files, extreme):
+    # 8 GPUs at a failure an hour each: an interruption every 7.5 minutes, shorter than a 10-minute restart
+    args = ["--model", files["model"], "--system", files["system"], "--gpus", "8,16", "--tokens", "1e9",
+            "--failure-rate", "1" if extreme[0] == "--failure-rate" else "1e-3", *extreme]
+    line = assert_refused(mapsat("plan", *args), "no GPU count can train", "goodput 0", "--restart-minutes")
+    assert "inf" not in line
+    document = json.loads(CliRunner().invoke(cli, ["plan", *args, "--json"]).stdout)
+    assert document["chosen"] is None and not any(row["feasible"] for row in document["counts"])
+    assert all("goodput 0" in row["reason"] for row in document["counts"])
+
+
+@st.composite
+def model_documents(draw) -> dict:
+    """Model files over the fields that must agree: the MoE block counts (first_dense_blocks,
+    moe_every, experts), latent attention, sliding windows and prediction modules, at their
+    edges (0, 1, the block count, past it)."""
+    blocks = draw(st.integers(1, 6))
+    edge = st.sampled_from([0, 1, blocks - 1, blocks, blocks + 1, 2 * blocks + 3])
+    doc = {**TINY, "num_blocks": blocks, "mlp": draw(st.sampled_from(["gelu", "swiglu", "squared_relu"])),
+           "mtp_blocks": draw(edge), "qk_norm": draw(st.booleans()), "attention_sinks": draw(st.booleans())}
+    if draw(st.booleans()):
+        experts = draw(st.sampled_from([1, 4, 16]))
+        doc.update(num_experts=experts, experts_per_token=draw(st.integers(1, experts)), expert_feedforward=32,
+                   first_dense_blocks=draw(edge),
+                   moe_every=draw(st.integers(1, blocks + 2)), router_bias=draw(st.booleans()))
+        shared = draw(st.integers(0, 2))
+        doc.update(shared_experts=shared, shared_expert_feedforward=32 * bool(shared))
+    if draw(st.booleans()):
+        doc.update(sliding_window=draw(st.sampled_from([16, 128])),
+                   sliding_window_blocks=draw(st.one_of(st.none(), edge)))
+    if draw(st.booleans()):
+        doc.update(bias=False, latent_attention={"q_lora_rank": draw(st.sampled_from([0, 8])), "kv_lora_rank": 8,
+                                                 "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 16})
+    return doc
+
+
+ONE_GPU = {**MAPPING_DATA, "num_procs": 1, "tensor_par": 1, "pipeline_par": 1, "data_par": 1, "batch_size": 2,
+           "microbatch_size": 1}
+
+
+@settings(max_examples=100, deadline=None, database=None, derandomize=True)
+@given(doc=model_documents())
+def test_no_accepted_model_answers_a_negative_or_non_finite_figure(doc):
+    """A model the schema accepts has positive parameter counts, block counts that add up,
+    and a mapping of it a positive, finite time, MFU in (0, 1] and a finite day count; one
+    it refuses is refused with one line."""
+    from costmodel.evaluate import evaluate
+    from costmodel.inputs.load import parse
+    from costmodel.terms.param_counts import ParameterCounts
+    from costmodel.terms.training_cost import failures, run_cost
+
+    try:
+        model = parse(Model, doc, "model.yaml")
+    except InputError as err:
+        assert "\n" not in str(err) and len(str(err)) <= MAX_ERROR_LINE
+        return
+    assert 0 <= model.moe_blocks <= model.num_blocks and model.dense_blocks >= 0
+    assert bool(model.num_experts) <= (model.moe_blocks > 0)
+    counts = ParameterCounts.of(model)
+    assert all(value >= 0 and math.isfinite(value) for value in counts.to_dict().values())
+    assert counts.total > 0 and 0 < counts.active <= counts.total
+    ev = evaluate(model, load_system_data(), Mapping(**ONE_GPU))
+    assert math.isfinite(ev.iteration_time_s) and ev.iteration_time_s > 0
+    assert 0 < ev.mfu <= 1 and all(math.isfinite(t) and t >= 0 for t in ev.time_s.values())
+    cost = run_cost(1, 1e6 * ev.iteration_time_s, failures(1, counts.total * 16.0))
+    assert math.isfinite(cost.wall_days) and cost.wall_days > 0
+
+
+def load_system_data() -> System:
+    from costmodel.inputs.load import parse
+
+    return parse(System, SYSTEM_DATA, "system.yaml")

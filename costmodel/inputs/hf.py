@@ -192,17 +192,21 @@ def _deepseek_v3(config: DeepseekV3Config, source: str) -> dict:
            "qk_nope_head_dim": _get(config, source, "qk_nope_head_dim", 128),
            "qk_rope_head_dim": _get(config, source, "qk_rope_head_dim", 64),
            "v_head_dim": _get(config, source, "v_head_dim", 128)}
+    blocks, dense = _get(config, source, "num_hidden_layers", 61), _get(config, source, "first_k_dense_replace", 3)
+    if dense >= blocks:
+        raise InputError(f"{source}: first_k_dense_replace {dense} with num_hidden_layers {blocks}: no block would "
+                         f"have experts (the first {dense} are dense)")
     shared = _get(config, source, "n_shared_experts", 1)
     width = _get(config, source, "moe_intermediate_size", 2048)
     experts = _get(config, source, "n_routed_experts", 256)
     return {
         "hidden": _get(config, source, "hidden_size", 7168), "feedforward": _get(config, source, "intermediate_size", 18432),
         "attn_heads": heads, "attn_size": mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"], "latent_attention": mla,
-        "num_blocks": _get(config, source, "num_hidden_layers", 61), "vocab_size": _get(config, source, "vocab_size", 129280),
+        "num_blocks": blocks, "vocab_size": _get(config, source, "vocab_size", 129280),
         "mlp": _activation(config, source, "hidden_act", "silu", gated=True), "norm": "rmsnorm", "position": "rope",
         "tied_embeddings": _get(config, source, "tie_word_embeddings", False), "bias": False,
         "num_experts": experts, "experts_per_token": _get(config, source, "num_experts_per_tok", 8),
-        "expert_feedforward": width, "first_dense_blocks": _get(config, source, "first_k_dense_replace", 3),
+        "expert_feedforward": width, "first_dense_blocks": dense,
         **({"shared_experts": shared, "shared_expert_feedforward": width} if shared else {}),
         "mtp_blocks": _get(config, source, "num_nextn_predict_layers", 0),
     }

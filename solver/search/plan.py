@@ -237,10 +237,20 @@ def plan_count(model: Model, system: System, num_gpus: int, phases: list[Phase],
     fail = failures(num_gpus, state_bytes, failure_rate_per_gpu_hour=settings.failure_rate_per_gpu_hour,
                     checkpoint_gbps=settings.checkpoint_gbps, async_checkpoint=settings.async_checkpoint,
                     snapshot_gbps=settings.snapshot_gbps, restart_minutes=settings.restart_minutes)
+    if fail.goodput <= 0:
+        return CountPlan(num_gpus, done, fail, reason=no_progress_reason(fail))
     cost = run_cost(num_gpus, compute_s, fail, gpu_power_w=settings.gpu_power_w, pue=settings.pue,
                     gpu_hour_price_usd=settings.gpu_hour_price_usd)
     mfu = sum(p.compute_s * p.result.best.mfu for p in done) / compute_s
     return CountPlan(num_gpus, done, fail, cost, mfu)
+
+
+def no_progress_reason(fail: Failures) -> str:
+    """Why a run whose goodput is 0 never finishes: the time lost per interruption against the
+    job's mean time between interruptions."""
+    return (f"failures: goodput 0, the run never finishes; lower --failure-rate or --restart-minutes (job MTBF {fail.mtbf_s / 60:.3g} min at "
+            f"{fail.failure_rate_per_gpu_hour:g} per GPU-hour; restart {fail.restart_s / 60:.3g} min; "
+            f"checkpoint stall {fail.checkpoint_stall_s:.3g} s)")
 
 
 def choose(counts: list[CountPlan], target: Target) -> Choice:
@@ -250,6 +260,9 @@ def choose(counts: list[CountPlan], target: Target) -> Choice:
     to fewer GPUs. None when no count qualifies, the message naming the nearest miss."""
     feasible = [c for c in counts if c.feasible]
     if not feasible:
+        reasons = {(c.reason or "").split(" (")[0] for c in counts}
+        if len(reasons) == 1 and next(iter(reasons)):
+            return Choice(None, "none", f"no GPU count can train: {reasons.pop()}")
         return Choice(None, "none", "no GPU count has a feasible mapping for every phase")
     if len(counts) == 1 and target.deadline_days is None and target.budget_usd is None:
         return Choice(feasible[0], "the given count")
@@ -319,6 +332,7 @@ __all__ = [
     "checkpoint_state_bytes",
     "choose",
     "load_phases",
+    "no_progress_reason",
     "parse_counts",
     "phase_model",
     "plan",
