@@ -690,3 +690,42 @@ def load_system_data() -> System:
     from costmodel.inputs.load import parse
 
     return parse(System, SYSTEM_DATA, "system.yaml")
+
+
+# ---------------------------------------------------------------- 7. unbounded work
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--gpus", "8-1000000:8"], "--gpus 8-1000000:8: 125,000 GPU counts, more than 256"),
+    (["--gpus", "8-16777216"], "2,097,152 GPU counts, more than 256"),
+    (["--max-gpus", "16777216"], "--max-gpus 8-16777216:8: 2,097,152 GPU counts"),
+    (["--gpus", "8-99999999999:8"], "above 2^24"),
+])
+def test_a_plan_over_too_many_counts_is_refused_before_any_solve(files, args, fragment):
+    started = time.perf_counter()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert_refused(mapsat("plan", "--model", files["model"], "--system", files["system"], *args, "--tokens", "1e9"),
+                   fragment)
+    assert time.perf_counter() - started < 5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 100_000     # KiB
+
+
+def test_brute_proves_infeasibility_from_the_network_sizes_before_scoring(files, monkeypatch):
+    """As `solve`: 4,096 GPUs on networks of 8 and 16 leave no split whose groups span a
+    network; the proof comes before any mapping is scored (the threshold lowered to this space)."""
+    from solver.search import brute as brute_module
+
+    monkeypatch.setattr(brute_module, "PROOF_ROWS", 0)
+    small = tmp_system(files, [{**SYSTEM_DATA["networks"][0]}, {**SYSTEM_DATA["networks"][1], "size": 16}])
+    result = mapsat("brute", "--model", files["model"], "--system", small, "--gpus", 4096, "--workers", 1)
+    line = assert_refused(result, "infeasible, proven before scoring", "network size: no split of 4096 GPUs")
+    solved = mapsat("solve", "--model", files["model"], "--system", small, "--gpus", 4096, "--json")
+    assert solved.exit_code == 1 and "network size" in line
+    document = json.loads(CliRunner().invoke(cli, ["brute", "--model", files["model"], "--system", small,
+                                                   "--gpus", 4096, "--json"]).stdout)
+    assert document["evaluated"] == 0 and document["proof"].startswith("network size")
+
+
+def tmp_system(files, networks) -> str:
+    path = Path(files["dir"]) / "small-networks.yaml"
+    path.write_text(yaml.safe_dump({**SYSTEM_DATA, "networks": networks}))
+    return str(path)

@@ -72,6 +72,10 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
 def print_brute(result: BruteResult, model_name: str, system_name: str, best_evaluation=None) -> None:
     """Human output: counts, the best mapping with its time and memory, the top-k table."""
     console = wide_console()
+    if result.proof is not None:
+        console.print(f"{model_name} on {result.num_gpus:,} GPUs of {system_name}: none of the "
+                      f"{result.space_size:,} mappings scored, their infeasibility proven in {result.seconds:.1f} s")
+        return
     rate = result.evaluated / result.seconds if result.seconds > 0 else 0.0
     console.print(f"{model_name} on {result.num_gpus:,} GPUs of {system_name}, {result.datatype}, "
                   f"space {result.space}, {result.kernels.label}: "

@@ -133,7 +133,7 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         raise InputError("--gpus or --max-gpus: say which GPU counts to plan for")
     else:
         low = min_gpus or domain
-        counts = parse_counts(f"{low}-{max_gpus}:{gpu_step or domain}", domain)
+        counts = parse_counts(f"{low}-{max_gpus}:{gpu_step or domain}", domain, option="--max-gpus")
     if not counts:
         raise InputError(f"--min-gpus {min_gpus} --max-gpus {max_gpus}: no count between them")
     check_buyable(counts, domain, domain_name)

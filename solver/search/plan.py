@@ -152,27 +152,37 @@ class PlanResult:
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
 
 
-def parse_counts(text: str, step: int) -> list[int]:
+MAX_PLAN_COUNTS = 256
+"""GPU counts one plan solves at most: each is a certified solve of seconds to minutes, so 256
+counts is already hours; more is a range whose step was left at one NVLink domain."""
+
+
+def parse_counts(text: str, step: int, option: str = "--gpus") -> list[int]:
     """GPU counts as written: "1024", "512,1024,2048", "1024-8192" (every `step`, the NVLink
     domain by default) or "1024-8192:1024" (every 1024); parts joined by commas. Sorted,
-    each once."""
-    counts: set[int] = set()
+    each once; more than MAX_PLAN_COUNTS is refused before any is listed."""
+    ranges: list[range] = []
     for part in text.split(","):
         part = part.strip()
         ranged = _RANGE.match(part)
         if ranged:
             low, high, by = int(ranged[1]), int(ranged[2]), int(ranged[3] or step)
             if low > high or by < 1:
-                raise InputError(f"--gpus {part}: a range is LOW-HIGH[:STEP] with LOW <= HIGH and STEP >= 1")
-            counts.update(range(low, high + 1, by))
+                raise InputError(f"{option} {part}: a range is LOW-HIGH[:STEP] with LOW <= HIGH and STEP >= 1")
+            ranges.append(range(low, high + 1, by))
         elif part.isdigit():
-            counts.add(int(part))
+            ranges.append(range(int(part), int(part) + 1))
         else:
-            raise InputError(f"--gpus {part!r}: not a count, a comma list or a range LOW-HIGH[:STEP]")
-    for n in counts:
+            raise InputError(f"{option} {part!r}: not a count, a comma list or a range LOW-HIGH[:STEP]")
+    for n in (r[i] for r in ranges for i in (0, -1)):
         if limits.GPUS_SEARCH.problem(n):
-            raise InputError(f"--gpus {n}: {limits.GPUS_SEARCH.problem(n)}")
-    return sorted(counts)
+            raise InputError(f"{option} {n}: {limits.GPUS_SEARCH.problem(n)}")
+    listed = sum(len(r) for r in ranges)
+    if listed > MAX_PLAN_COUNTS:
+        fewer = "a larger --gpu-step or a smaller --max-gpus" if option == "--max-gpus" else "a larger STEP or a list"
+        raise InputError(f"{option} {text.strip()[:60]}: {listed:,} GPU counts, more than {MAX_PLAN_COUNTS} (each is a "
+                         f"solve): give {fewer}")
+    return sorted({n for r in ranges for n in r})
 
 
 def check_buyable(counts: list[int], domain: int, name: str) -> None:
@@ -319,6 +329,7 @@ def plan(model: Model, system: System, counts: list[int], phases: list[Phase], s
 
 
 __all__ = [
+    "MAX_PLAN_COUNTS",
     "TOKENS",
     "Choice",
     "CountPlan",

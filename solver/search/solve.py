@@ -195,6 +195,13 @@ DIAGNOSE_LIMIT_S = 30.0
 """At most this long explaining an infeasible problem (within what is left of the time limit)."""
 
 
+def network_size_reason(system: System, num_gpus: int) -> str:
+    """Why no mapping is feasible when the structure model (divisibility and network spans) has
+    no solution."""
+    sizes = ", ".join(f"{n.name} {n.size}" for n in system.networks)
+    return f"network size: no split of {num_gpus} GPUs puts {SPANS_TEXT} on networks that span them ({sizes})"
+
+
 def diagnose(problem: "Problem", skels, c: Context, time_limit_s: float = DIAGNOSE_LIMIT_S) -> list[str]:
     """Which named constraints rule out every mapping of the space's skeletons, with the numbers."""
     from ortools.sat.python import cp_model
@@ -212,10 +219,7 @@ def diagnose(problem: "Problem", skels, c: Context, time_limit_s: float = DIAGNO
     m, _ = structure_model(problem, skels)
     status = checked_solve(m, new_solver(deadline - time.perf_counter()))
     if status == cp_model.INFEASIBLE:
-        sizes = ", ".join(f"{n.name} {n.size}" for n in system.networks)
-        reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts {SPANS_TEXT} on "
-                       f"networks that span them ({sizes})")
-        return reasons
+        return [network_size_reason(system, problem.num_gpus)]
     if status == cp_model.UNKNOWN or deadline <= time.perf_counter():
         return out_of_time
     # the smallest HBM footprint any mapping can have (a sound lower bound)
