@@ -40,6 +40,7 @@ from costmodel.inputs.hf import READERS
 from costmodel.inputs.load import load_mapping, load_model, load_system
 from costmodel.mapping import Mapping
 from costmodel.model import Model
+from costmodel.kernels import Kernels
 from costmodel.system import Datatype, System
 from solver.cli.app import COMMANDS, cli
 from solver.cli.errors import MAX_ERROR_LINE
@@ -729,3 +730,32 @@ def tmp_system(files, networks) -> str:
     path = Path(files["dir"]) / "small-networks.yaml"
     path.write_text(yaml.safe_dump({**SYSTEM_DATA, "networks": networks}))
     return str(path)
+
+
+def test_the_search_tables_are_built_under_the_time_limit(files, monkeypatch):
+    """The exact model's tables (minutes for a 2,048-expert MoE on 16K GPUs) check the deadline
+    between chunks, between stage tables and per split: a deadline passed at any of those
+    checks ends the solve there, status unknown."""
+    from solver.search import engine as engine_module
+    from solver.search.solve import SolverConfig
+
+    model, system = load_model(files["moe"]), load_system(files["system"])
+    splits = len(engine_module.Engine(model, system, 8, 8, Datatype.bfloat16, get_space("full"),
+                                      Kernels()).plan.skeletons)
+    calls = []
+    real = engine_module._check
+    monkeypatch.setattr(engine_module, "_check", lambda deadline: calls.append(deadline) or real(deadline))
+    assert solve(model, system, 8, max_batch=8).status == "optimal"
+    assert len(calls) > 3 + splits         # the tables' and the floors' checks too
+
+    for stop_at in (3, 4, len(calls) // 2, len(calls) - 2):
+        seen = []
+
+        def out_of_time_at(deadline, stop_at=stop_at, seen=seen):
+            seen.append(deadline)
+            if len(seen) >= stop_at:
+                raise engine_module.OutOfTime
+
+        monkeypatch.setattr(engine_module, "_check", out_of_time_at)
+        result = solve(model, system, 8, max_batch=8, config=SolverConfig(time_limit_s=60))
+        assert result.status == "unknown" and result.best is None and len(seen) == stop_at

@@ -34,6 +34,7 @@ enumeration order), distinct answers grouped the same way (solver.search.distinc
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -177,12 +178,13 @@ class Engine:
         if not self.plan.skeletons:
             return
         keys = SplitKeys(self.plan.skeletons)
+        check = functools.partial(_check, deadline)
         self.tables = Tables(self.c, keys, num_gpus, space, len(self.c.net_size), cache=block_tables,
-                             block_memo=self.block_memo)
+                             block_memo=self.block_memo, check=check)
         self.local_batch = local_batches_of(keys.split, num_gpus, space, max_batch)
         self.block_floors = block_lower_bounds(self.tables, self.c, space, self.plan.skeletons, self.local_batch,
                                                self.c.offload_capacity_bytes > 0, len(system.networks),
-                                               self.c.hbm_capacity_bytes)
+                                               self.c.hbm_capacity_bytes, check)
         self.ranked = sorted((floor, key) for key, floor in self.block_floors.items() if math.isfinite(floor))
         _check(deadline)
 
