@@ -759,3 +759,71 @@ def test_the_search_tables_are_built_under_the_time_limit(files, monkeypatch):
         monkeypatch.setattr(engine_module, "_check", out_of_time_at)
         result = solve(model, system, 8, max_batch=8, config=SolverConfig(time_limit_s=60))
         assert result.status == "unknown" and result.best is None and len(seen) == stop_at
+
+
+# ---------------------------------------------------------------- 8. misleading or silent
+
+def test_a_plan_out_of_time_says_so_rather_than_infeasible(files):
+    args = ["--model", files["model"], "--system", files["system"], "--gpus", "2,4", "--tokens", "1e9",
+            "--time-limit", "0.000001"]
+    result = mapsat("plan", *args)
+    assert_refused(result, "no GPU count was answered within the time limit", "--time-limit")
+    table = result.output.split("error:")[0]
+    assert "infeasible" not in table and "no answer" in table
+    document = json.loads(CliRunner().invoke(cli, ["plan", *args, "--json"]).stdout)
+    assert not any(row["answered"] or row["feasible"] for row in document["counts"])
+
+
+@pytest.mark.parametrize("address", ["", "   ", "scheduler", "tcp://host:0", "tcp://host:99999999", "tcp://:8786",
+                                     "http://host:8786", "tcp://host:8786/x"])
+def test_a_dask_address_that_is_none_is_refused_not_run_locally(files, tmp_path, address):
+    batch = tmp_path / "batch.yaml"
+    batch.write_text(f"models: [{files['model']}]\nsystems: [{files['system']}]\ngpus: [2]\n")
+    assert_refused(mapsat("batch", batch, "--out", tmp_path / "out", "--dask", address), "--dask", "host:port")
+    assert not (tmp_path / "out").exists()
+
+
+def _mapping_file(tmp_path, **fields) -> Path:
+    path = tmp_path / "mapping.json"
+    path.write_text(json.dumps({**MAPPING_DATA, "num_procs": 4, "tensor_par": 1, "pipeline_par": 1, "data_par": 4,
+                                "batch_size": 4, "microbatch_size": 1, **fields}))
+    return path
+
+
+@pytest.mark.parametrize("fields, fragment", [
+    ({"sharding_group": 2}, "sharding_group(2) with sharding_stage(0)"),
+    ({"context_par_comm": "a2a"}, "context_par_comm(a2a) with context_par(1)"),
+    ({"context_par_comm": "all_gather"}, "context_par_comm(all_gather) with context_par(1)"),
+])
+def test_a_mapping_that_contradicts_itself_is_refused(files, tmp_path, fields, fragment):
+    path = _mapping_file(tmp_path, **fields)
+    assert_refused(mapsat("eval", "--model", files["model"], "--system", files["system"], "--mapping", path),
+                   fragment)
+    ok = _mapping_file(tmp_path, **fields, sharding_stage=1, **({"context_par": 2, "data_par": 2}
+                                                                if "context_par_comm" in fields else {}))
+    assert mapsat("eval", "--model", files["model"], "--system", files["system"], "--mapping", ok).exit_code == 0
+
+
+def test_bf16_ends_past_half_the_blocks_are_refused(files):
+    args = ["--model", files["model"], "--system", H100_SYSTEM, "--gpus", 2, "--precision", "fp8-tensorwise"]
+    assert_refused(mapsat("solve", *args, "--bf16-first-last-blocks", 2), "bf16_first_last_blocks 2",
+                   "> num_blocks(2); at most 1")
+    assert mapsat("solve", *args, "--bf16-first-last-blocks", 1, "--time-limit", 10).exit_code == 0
+
+
+@pytest.mark.parametrize("kind, fields, fragment", [
+    ("qwen3_moe", {"mlp_only_layers": [0, 48, 100]}, "mlp_only_layers [48, 100] past the last layer (47"),
+    ("qwen2_moe", {"decoder_sparse_step": 25}, "decoder_sparse_step 25 > num_hidden_layers 24"),
+    ("llama", {"sliding_window": 1024}, "sliding_window 1024 with model_type llama"),
+    ("nemotron", {"sliding_window": 512}, "sliding_window 512 with model_type nemotron"),
+])
+def test_config_fields_past_the_layers_or_unread_are_refused_not_dropped(tmp_path, kind, fields, fragment):
+    path = _write_config(tmp_path, {**VALID_CONFIGS[kind], **fields})
+    assert_refused(mapsat("count", "--model", path, "--seq-size", 4096, "--system", H100_SYSTEM, "--gpus", 8),
+                   fragment)
+
+
+def test_a_llama_window_no_shorter_than_the_sequence_changes_nothing(tmp_path):
+    plain = load_model(_write_config(tmp_path, VALID_CONFIGS["llama"]), seq_size=4096)
+    windowed = load_model(_write_config(tmp_path, {**VALID_CONFIGS["llama"], "sliding_window": 4096}), seq_size=4096)
+    assert windowed == plain

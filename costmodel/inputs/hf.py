@@ -109,7 +109,15 @@ def _qwen_moe(config: Qwen2MoeConfig | Qwen3MoeConfig, source: str) -> dict:
     experts = _get(config, source, "num_experts")
     step = _get(config, source, "decoder_sparse_step", 1)
     dense_only = _get(config, source, "mlp_only_layers", [])
-    sparse = [i for i in range(fields["num_blocks"]) if (i + 1) % step == 0] if experts else []
+    layers = fields["num_blocks"]
+    past = sorted(i for i in set(dense_only) if i >= layers)
+    if past:
+        raise InputError(f"{source}: mlp_only_layers {shown(past)} past the last layer ({layers - 1}; "
+                         f"num_hidden_layers {layers}, counted from 0)")
+    if experts and step > layers:
+        raise InputError(f"{source}: decoder_sparse_step {step} > num_hidden_layers {layers}: no layer would have "
+                         f"the num_experts {experts} experts")
+    sparse = [i for i in range(layers) if (i + 1) % step == 0] if experts else []
     if not sparse:
         return fields                      # no sparse block: a dense model
     overridden = sorted(set(sparse) & set(dense_only))
@@ -250,6 +258,20 @@ MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
 """The model_types whose experts are read into the model (others name theirs in a warning)."""
 
 
+_WINDOWED_TYPES = ("mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gpt_oss")
+"""The model_types whose Transformers class reads sliding_window (the others ignore the field)."""
+
+
+def _window_read_or_refused(config: HFConfig, source: str, seq_size: int) -> None:
+    """A sliding_window shorter than the sequence on a model_type whose Transformers class
+    ignores the field (a Gemma 3 written as llama): refused, never dropped unsaid."""
+    window = config.sliding_window
+    if config.model_type not in _WINDOWED_TYPES and window is not None and window < seq_size:
+        raise InputError(f"{source}: sliding_window {window} with model_type {config.model_type}, whose "
+                         f"Transformers class has no sliding-window attention: remove it, or write a model file "
+                         f"with sliding_window (and sliding_window_blocks)")
+
+
 def _unmodelled(config: HFConfig, seq_size: int) -> list[str]:
     """Fields of `config` that would change the answer but are not modelled, as messages."""
     kind = config.model_type
@@ -300,6 +322,7 @@ def model_fields_from_hf(config: HFConfig, source: str, *, seq_size: int | None,
         if seq_size != limit:
             warnings.warn(f"{source}: n_positions {limit}: the learned position table is counted as "
                           f"seq_size ({seq_size}) rows", UnmodelledFieldWarning, stacklevel=2)
+    _window_read_or_refused(config, source, seq_size)
     for note in _unmodelled(config, seq_size):
         warnings.warn(f"{source}: {note}", UnmodelledFieldWarning, stacklevel=2)
     return {"name": name, "seq_size": seq_size, "dropout": _trains_with_dropout(config), **fields}

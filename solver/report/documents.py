@@ -30,7 +30,8 @@ def dumps(document: dict) -> str:
 
 
 def _row_document(row: CountPlan) -> dict:
-    doc = {"num_gpus": row.num_gpus, "feasible": row.feasible, "reason": row.reason, "phases": [
+    doc = {"num_gpus": row.num_gpus, "feasible": row.feasible, "answered": not row.unanswered, "reason": row.reason,
+           "phases": [
         {"name": p.phase.name, "tokens": p.phase.tokens, "seq_size": p.phase.seq_size, "steps": p.steps,
          "compute_s": p.compute_s, "status": p.result.status, "certified_optimal": p.result.certified_optimal,
          "iteration_time_s": p.result.best.iteration_time_s if p.result.best else None,

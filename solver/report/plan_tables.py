@@ -38,7 +38,7 @@ def counts_table(result: PlanResult) -> Table:
     for row in result.counts:
         mark = "*" if chosen is not None and row.num_gpus == chosen.num_gpus else ""
         if not row.feasible:
-            table.add_row(mark, f"{row.num_gpus:,}", "infeasible", *["-"] * 8)
+            table.add_row(mark, f"{row.num_gpus:,}", "no answer" if row.unanswered else "infeasible", *["-"] * 8)
             continue
         c, f = row.cost, row.failures
         certified = all(p.result.certified_optimal for p in row.phases)
@@ -76,12 +76,20 @@ def failure_lines(row: CountPlan, state_bytes: float, async_checkpoint: bool) ->
             f"{f.lost_fraction:.2%} -> goodput {f.goodput:.2%}")]
 
 
+def reasons_once(rows: list[CountPlan]) -> list[tuple[str, str]]:
+    """Each infeasible count's reason once, with the counts it applies to ("24, 40 GPUs")."""
+    by_reason: dict[str, list[int]] = {}
+    for row in rows:
+        if not row.feasible:
+            by_reason.setdefault(row.reason or "no feasible mapping", []).append(row.num_gpus)
+    return [(", ".join(f"{n:,}" for n in counts) + " GPUs", reason) for reason, counts in by_reason.items()]
+
+
 def print_plan(result: PlanResult, title: str, out: Console) -> None:
     out.print(f"{title}: {len(result.counts)} GPU counts planned in {result.seconds:.1f} s")
     out.print(counts_table(result))
-    for row in result.counts:
-        if not row.feasible:
-            out.print(f"  {row.num_gpus:,} GPUs: {row.reason}")
+    for counts, reason in reasons_once(result.counts):
+        out.print(f"  {counts}: {reason}")
     choice = result.choice
     if choice.plan is None:
         out.print(f"chosen: none ({choice.rule})")

@@ -127,6 +127,12 @@ class CountPlan:
     def feasible(self) -> bool:
         return self.cost is not None
 
+    @property
+    def unanswered(self) -> bool:
+        """No phase proven infeasible, one without an answer: the time limit (or Ctrl-C) came
+        before any mapping was found — not the same as infeasible."""
+        return not self.feasible and any(p.result.status in ("unknown", "interrupted") for p in self.phases)
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -269,6 +275,9 @@ def choose(counts: list[CountPlan], target: Target) -> Choice:
     a price, GPU-hours without); with neither: the fastest (one count: that count). Ties go
     to fewer GPUs. None when no count qualifies, the message naming the nearest miss."""
     feasible = [c for c in counts if c.feasible]
+    if not feasible and all(c.unanswered for c in counts):
+        return Choice(None, "none", "no GPU count was answered within the time limit (none proven infeasible "
+                                    "either): give a longer --time-limit")
     if not feasible:
         reasons = {(c.reason or "").split(" (")[0] for c in counts}
         if len(reasons) == 1 and next(iter(reasons)):

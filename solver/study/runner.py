@@ -5,6 +5,7 @@ finishes. The batch file itself (schema, grid expansion) is solver.batch.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,6 +290,19 @@ def _run_local(payloads: list[dict], jobs: int, limits: dict[str, float], tick=l
             process.kill()
             process.join(5)
             receiver.close()
+
+
+_DASK_ADDRESS = re.compile(r"^(?:(tcp|tls|ucx|ws|wss)://)?([A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(\d{1,5})$")
+
+
+def check_dask_address(address: str) -> str:
+    """A Dask scheduler's address as `--dask` takes it, [tcp|tls|ucx|ws|wss://]host:port with a
+    port of 1-65535; else an InputError naming it (an empty one would run locally unsaid)."""
+    match = _DASK_ADDRESS.match(address.strip())
+    if match is None or not 1 <= int(match[3]) <= 65535:
+        raise InputError(f"--dask {address[:80]!r}: not a scheduler address; give [tcp://]host:port with a port of "
+                         f"1-65535 (e.g. tcp://10.0.0.5:8786)")
+    return address.strip()
 
 
 def _run_dask(payloads: list[dict], address: str):
