@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import threading
 import warnings
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -27,6 +26,7 @@ from costmodel.precision import OPTIMIZER_STATES, Precision
 from costmodel.system import Datatype, System
 from costmodel.inputs.units import GiB
 from solver.cli.errors import debugging, one_line_errors
+from solver.cli.progress import progress_line  # noqa: F401 (the commands import it from here)
 from solver.space.declaration import DEFAULT_SPACE, SPACES, Space, get_space
 from solver.space.pins import batch_cap, batch_text, check_pins, default_batch_cap, parse_pins, pinned
 
@@ -129,7 +129,8 @@ def _remember_quiet(ctx: click.Context, param: click.Parameter, value: bool) -> 
 
 
 quiet_option = click.option("--quiet", is_flag=True, expose_value=False, callback=_remember_quiet,
-                            help="No warnings about inputs that are legal but probably a mistake.")
+                            help="No warnings about inputs that are legal but probably a mistake, and no progress "
+                                 "lines on stderr.")
 
 
 def warn(*messages: str) -> None:
@@ -210,44 +211,6 @@ def headroom_text(system: System) -> str:
         return ""
     return (f"HBM headroom {system.hbm_headroom_bytes / GiB:.3g} GiB: {system.usable_hbm_bytes / GiB:.3g} of "
             f"{system.hbm.capacity_gib:g} GiB usable")
-
-
-@contextlib.contextmanager
-def progress_line(enabled: bool = True) -> Iterator[Callable[[str], None]]:
-    """Yields `say(text)`: what a long search is doing, as a transient spinner line on stderr
-    that appears once the work has taken a second (and only on a terminal)."""
-    if not enabled:                   # (nor rich, which only a terminal's spinner needs)
-        yield lambda text: None
-        return
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    state = {"text": "working", "status": None}
-    lock = threading.Lock()
-
-    def show() -> None:
-        with lock:
-            if state["status"] is None and state["text"] is not None:
-                state["status"] = console.status(state["text"])
-                state["status"].start()
-
-    def say(text: str) -> None:
-        with lock:
-            state["text"] = text
-            if state["status"] is not None:
-                state["status"].update(text)
-
-    timer = threading.Timer(1.0, show)
-    if console.is_terminal:
-        timer.start()
-    try:
-        yield say
-    finally:
-        timer.cancel()
-        with lock:
-            state["text"] = None
-            if state["status"] is not None:
-                state["status"].stop()
 
 
 def wide_console() -> "Console":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 import costmodel.inputs.limits as limits
@@ -140,7 +142,7 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     settings = Settings(failure_rate, checkpoint_gbps, async_checkpoint, snapshot_gbps, restart_minutes,
                         gpu_power_w, pue, gpu_hour_price)
     target = Target(deadline_days, budget_usd)
-    with progress_line(enabled=not as_json) as say:
+    with progress_line() as say:
         result = plan(model, system, counts, phases, settings, target, max_batch=max_batch,
                       space=get_space(space_name), pins=parse_pins(fix), datatype=Datatype(datatype), kernels=kernels,
                       config=SolverConfig(time_limit_s=time_limit_s, top_k=1), progress=say)
@@ -156,5 +158,9 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         from solver.report.plan_tables import print_plan     # (rich: only for tables)
 
         print_plan(result, title, wide_console())
+    if result.interrupted_at is not None:
+        click.echo(f"interrupted (Ctrl-C) at {result.interrupted_at:,} GPUs: a partial plan of the "
+                   f"{len(result.counts)} of {len(counts)} counts planned before it", err=True)
+        sys.exit(130)
     if result.choice.plan is None:
         raise MapsatError(result.choice.message)

@@ -55,7 +55,7 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
                                      num_gpus)
     config = SolverConfig(time_limit_s=time_limit_s, workers=workers, seed=seed, top_k=top_k)
     try:
-        with progress_line(enabled=not as_json) as say:
+        with progress_line() as say:
             result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),
                            space=space, kernels=kernels, config=config, progress=say)
     except KeyboardInterrupt:            # while the search was being set up: nothing scored yet

@@ -53,6 +53,7 @@ def plan_document(result: PlanResult) -> dict:
     return {"counts": [_row_document(row) for row in result.counts],
             "chosen": result.choice.plan.num_gpus if result.choice.plan else None,
             "rule": result.choice.rule, "message": result.choice.message,
+            "partial": result.interrupted_at is not None, "interrupted_at_gpus": result.interrupted_at,
             "checkpoint_state_bytes": result.state_bytes, "seconds": result.seconds,
             "settings": {"failure_rate_per_gpu_hour": s.failure_rate_per_gpu_hour,
                          "checkpoint_bytes_per_s": s.checkpoint_gbps * 1e9, "async_checkpoint": s.async_checkpoint,

@@ -86,7 +86,9 @@ def reasons_once(rows: list[CountPlan]) -> list[tuple[str, str]]:
 
 
 def print_plan(result: PlanResult, title: str, out: Console) -> None:
-    out.print(f"{title}: {len(result.counts)} GPU counts planned in {result.seconds:.1f} s")
+    partial = ("" if result.interrupted_at is None else
+               f" (partial: interrupted by Ctrl-C at {result.interrupted_at:,} GPUs)")
+    out.print(f"{title}: {len(result.counts)} GPU counts planned in {result.seconds:.1f} s{partial}")
     out.print(counts_table(result))
     for counts, reason in reasons_once(result.counts):
         out.print(f"  {counts}: {reason}")

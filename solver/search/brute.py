@@ -241,11 +241,15 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
     # user's, said once, here: not raised inside workers, whose pool would then be torn down
     Context.of(model, system, datatype, kernels)
     the_plan = plan(model, system, num_gpus, max_batch, space, chunk_rows)
-    proof = spans_proof(model, system, num_gpus, max_batch, space, the_plan)
-    if proof is not None:
+    try:
+        proof, interrupted = spans_proof(model, system, num_gpus, max_batch, space, the_plan), False
+    except KeyboardInterrupt:      # Ctrl-C during the proof: nothing scored
+        proof, interrupted = None, True
+    if proof is not None or interrupted:
         return BruteResult(space=space.name, num_gpus=num_gpus, max_batch=max_batch, datatype=datatype.value,
                            best=None, top=[], evaluated=0, feasible=0, seconds=time.perf_counter() - start,
-                           workers=0, feasible_by_dimension={}, space_size=the_plan.total, proof=proof)
+                           workers=0, feasible_by_dimension={}, space_size=the_plan.total, proof=proof,
+                           interrupted=interrupted)
     workers = min(workers or default_workers(), max(1, len(the_plan.chunks)))
     args = (model, system, the_plan, datatype, kernels, top_k, csv_path is not None)
     evaluated = feasible = 0

@@ -151,6 +151,9 @@ class PlanResult:
     settings: Settings
     target: Target
     notes: list[str] = field(default_factory=list)
+    interrupted_at: int | None = None
+    """Ctrl-C: the GPU count whose solve it stopped (left out: its answer is not certified);
+    `counts` holds those planned before it, `choice` is among them"""
 
 
 # ---- the GPU counts ----
@@ -328,13 +331,23 @@ def plan(model: Model, system: System, counts: list[int], phases: list[Phase], s
     state_bytes = checkpoint_state_bytes(model, Context.build(model, system, datatype, kernels))
     say = progress or (lambda text: None)
     share = share or CountShare()
-    rows = []
-    for i, n in enumerate(counts):
-        say(f"{n:,} GPUs ({i + 1} of {len(counts)})")
-        rows.append(plan_count(model, system, n, phases, state_bytes, settings, max_batch=max_batch, space=space,
-                               pins=pins, datatype=datatype, kernels=kernels, config=config, progress=progress,
-                               share=share))
-    return PlanResult(rows, choose(rows, target), state_bytes, time.perf_counter() - started, settings, target)
+    rows, stopped, current = [], None, counts[0]
+    try:
+        for i, n in enumerate(counts):
+            current = n
+            say(f"{n:,} GPUs ({i + 1} of {len(counts)})")
+            row = plan_count(model, system, n, phases, state_bytes, settings, max_batch=max_batch, space=space,
+                             pins=pins, datatype=datatype, kernels=kernels, config=config, progress=progress,
+                             share=share)
+            if any(p.result.status == "interrupted" for p in row.phases):     # Ctrl-C inside CP-SAT
+                stopped = n
+                break
+            rows.append(row)
+    except KeyboardInterrupt:                # Ctrl-C anywhere else (the tables, between counts)
+        stopped = current
+    choice = choose(rows, target) if rows else Choice(None, "none", "interrupted (Ctrl-C) before any count was planned")
+    return PlanResult(rows, choice, state_bytes, time.perf_counter() - started, settings, target,
+                      interrupted_at=stopped)
 
 
 __all__ = [
