@@ -551,7 +551,7 @@ def _long_mlp_only_layers(directory: str) -> str:
 def test_a_config_listing_100000_dense_layers_is_one_short_line(files):
     result = mapsat("count", "--model", _long_mlp_only_layers(files["dir"]), "--seq-size", 2048,
                     "--system", H100_SYSTEM, "--gpus", 8)
-    assert_refused(result, "mlp_only_layers", "not modelled")
+    assert_refused(result, "mlp_only_layers", "past the last layer (23")
 
 
 def test_a_large_document_is_called_an_alias_bomb_only_with_aliases(files, tmp_path):

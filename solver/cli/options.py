@@ -213,13 +213,29 @@ def headroom_text(system: System) -> str:
             f"{system.hbm.capacity_gib:g} GiB usable")
 
 
-def wide_console() -> "Console":
-    """A console for tables: the terminal's width, or 200 columns when writing to a file or
-    pipe (rich would otherwise squeeze tables into 80 and cut every cell)."""
+WIDE_COLUMNS = 200
+"""Columns of a table written to a file or pipe when COLUMNS does not say (rich would otherwise
+squeeze tables into 80), and of every table under --wide."""
+
+
+wide_option = click.option("--wide", is_flag=True,
+                           help=f"Tables at {WIDE_COLUMNS} columns, every column shown (default: the terminal's "
+                                f"width, or COLUMNS).")
+
+
+def wide_console(wide: bool = False) -> "Console":
+    """A console for tables: COLUMNS when set (a terminal's own width otherwise), or
+    WIDE_COLUMNS when writing to a file or pipe, or always with `wide` (--wide)."""
+    import os
+
     from rich.console import Console
 
+    if wide:
+        return Console(soft_wrap=False, width=WIDE_COLUMNS)
     console = Console(soft_wrap=False)
-    return console if console.is_terminal else Console(soft_wrap=False, width=200)
+    if console.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+        return console
+    return Console(soft_wrap=False, width=WIDE_COLUMNS)
 
 
 def kernel_options(func: Callable) -> Callable:

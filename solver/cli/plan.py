@@ -12,7 +12,8 @@ from costmodel.system import Datatype
 from costmodel.terms.training_cost import (DEFAULT_CHECKPOINT_GBPS, DEFAULT_PUE, DEFAULT_RESTART_MINUTES,
                                      DEFAULT_SNAPSHOT_GBPS, LLAMA3_FAILURE_RATE_PER_GPU_HOUR)
 from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, kernel_options, load_problem,
-                                problem_options, progress_line, system_label, user_errors, wide_console)
+                                problem_options, progress_line, system_label, user_errors, wide_console,
+                                wide_option)
 from solver.report.documents import dumps, plan_document
 from solver.search.plan import (TOKENS, Phase, Settings, Target, check_buyable, load_phases, parse_counts, plan)
 from solver.search.solve import SolverConfig
@@ -95,11 +96,12 @@ def _phases(phases_path, tokens, seq_size, batch, batch_tokens, model_seq) -> li
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Draw days against GPUs and against cost (GPU-hours without a price), the chosen point marked.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
+@wide_option
 @user_errors
 def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbps, nvlink_size, gpus_text, min_gpus,
             max_gpus, gpu_step, tokens, phases_path, max_batch, batch, batch_tokens, space_name, fix, kernels,
             datatype, deadline_days, budget_usd, gpu_hour_price, failure_rate, checkpoint_gbps, async_checkpoint,
-            snapshot_gbps, restart_minutes, gpu_power_w, pue, time_limit_s, plot_path, as_json):
+            snapshot_gbps, restart_minutes, gpu_power_w, pue, time_limit_s, plot_path, as_json, wide):
     """Plan a whole training run: GPUs, days, GPU-hours, failures and cost.
 
     For every GPU count (whole NVLink domains) and every training phase, the certified best
@@ -157,7 +159,7 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     else:
         from solver.report.plan_tables import print_plan     # (rich: only for tables)
 
-        print_plan(result, title, wide_console())
+        print_plan(result, title, wide_console(wide), wide)
     if result.interrupted_at is not None:
         click.echo(f"interrupted (Ctrl-C) at {result.interrupted_at:,} GPUs: a partial plan of the "
                    f"{len(result.counts)} of {len(counts)} counts planned before it", err=True)

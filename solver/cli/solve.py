@@ -16,6 +16,7 @@ from solver.cli.options import (BoundedFloat, BoundedInt, batch_header, datatype
                                 wide_console)
 from solver.report.documents import dumps
 from solver.report.tables import evaluation_tables, top_table
+from solver.search.nearest import smallest_fitting_count
 from solver.search.solve import SolverConfig, SolveResult, solve
 from solver.space.pins import describe_pins, pins_text
 
@@ -58,13 +59,19 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         with progress_line() as say:
             result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),
                            space=space, kernels=kernels, config=config, progress=say)
+            fitting = None
+            if result.status == "infeasible":
+                say("finding the smallest GPU count that fits")
+                fitting = smallest_fitting_count(model, system, num_gpus, result.infeasible_reasons,
+                                                 max_batch=max_batch, datatype=Datatype(datatype), space=space,
+                                                 kernels=kernels, config=config)
     except KeyboardInterrupt:            # while the search was being set up: nothing scored yet
         if debugging():
             raise
         click.echo(NOTHING_YET, err=True)
         sys.exit(130)
     if as_json:
-        click.echo(dumps({**result.to_dict(), "fixed": describe_pins(space),
+        click.echo(dumps({**result.to_dict(), "fixed": describe_pins(space), "smallest_fitting_gpus": fitting,
                           "parameters": ParameterCounts.of(model).to_dict()}))
     else:
         label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
@@ -78,7 +85,10 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         raise MapsatError(f"no mapping found within the time limit of {time_limit_s:g} s (none proven infeasible "
                           f"either): give a longer --time-limit")
     if result.best is None:
-        raise MapsatError(f"infeasible: {'; '.join(result.infeasible_reasons)}")
+        domain = system.networks[0]
+        fits = ("" if fitting is None else f"; the smallest GPU count that fits, in whole {domain.name} domains of "
+                                           f"{domain.size} or a part of one: {fitting:,} (--gpus {fitting})")
+        raise MapsatError(f"infeasible: {'; '.join(result.infeasible_reasons)}{fits}")
 
 
 TABLE_COLUMNS = 120
