@@ -106,3 +106,35 @@ def test_a_given_batch_no_split_divides_names_the_nearest_that_work():
         assert run("solve", *problem, "--batch", batch, "--time-limit", 20).exit_code == 0
     for batch in range(below + 1, above):        # and none between them has a split
         assert json.loads(run("count", *problem, "--batch", batch, "--json").stdout)["mappings"] == 0
+
+
+# ---- right words
+
+@pytest.mark.parametrize("command", ["solve", "plan", "brute", "explain", "count", "codesign", "batch", "eval"])
+def test_no_help_shows_a_bound_of_none(command):
+    text = run(command, "--help").output
+    assert "None]" not in text and "x<=None" not in text
+
+
+def test_counts_read_singular_for_one_and_one_stage_has_no_second_or_last_rows(tmp_path):
+    mapping = tmp_path / "one-stage.json"
+    mapping.write_text(json.dumps({"num_procs": 8, "tensor_par": 8, "pipeline_par": 1, "data_par": 1,
+                                   "batch_size": 8, "microbatch_size": 1, "datatype": "bfloat16"}))
+    text = run("eval", *SELENE, "--mapping", mapping, columns=160).stdout
+    assert "second stage" not in text and "last stage: stored activations" not in text
+    from solver.report.tables import counted
+
+    assert (counted(1, "block"), counted(2, "run"), counted(1024, "mapping")) == ("1 block", "2 runs", "1,024 mappings")
+
+
+def test_a_batch_table_states_step_time_and_tokens_per_gpu_beside_mfu():
+    from solver.report.documents import tokens_per_s_per_gpu
+    from solver.study.store import CSV_COLUMNS, csv_row
+
+    record = {"id": "x", "status": "optimal", "problem": {"gpus": 64, "model": {"seq_size": 2048}},
+              "best": {"iteration_time_s": 2.0, "mfu": 0.5, "mapping": {"batch_size": 1024}}}
+    assert tokens_per_s_per_gpu(record) == pytest.approx(1024 * 2048 / (2.0 * 64), rel=1e-12)
+    row = csv_row(record)
+    assert CSV_COLUMNS.index("tokens_per_s_per_gpu") == CSV_COLUMNS.index("mfu") - 1
+    assert row["tokens_per_s_per_gpu"] == pytest.approx(16384.0) and row["iteration_time_s"] == 2.0
+    assert tokens_per_s_per_gpu({"id": "y", "status": "infeasible", "best": None}) is None

@@ -15,7 +15,7 @@ from solver.cli.options import (batch_header, datatype_option, load_problem, pro
                                 wide_console)
 from solver.report.figure import image_path
 from solver.report.documents import dumps
-from solver.report.tables import mapping_summary, mfu_text
+from solver.report.tables import counted, mapping_summary, mfu_text
 from solver.search.explain import Explanation, explain
 from solver.search.solve import SolverConfig
 from solver.space.pins import pins_text
@@ -92,7 +92,7 @@ def print_explanation(result: Explanation, title: str) -> None:
     winner = result.winner
     proven = ("partial: interrupted by Ctrl-C, the values proven before it" if result.interrupted else
               "every row certified" if result.certified else "NOT every row certified (time limit)")
-    console.print(f"{title}: {proven}; {result.blocks_scored:,} blocks scored exactly in {result.seconds:.1f} s")
+    console.print(f"{title}: {proven}; {counted(result.blocks_scored, 'block')} scored exactly in {result.seconds:.1f} s")
     if winner is None:
         return
     console.print(f"  best: {winner.iteration_time_s:.4f} s, {mfu_text(winner)}: "

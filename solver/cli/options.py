@@ -78,6 +78,13 @@ class BoundedFloat(click.FloatRange):
             self.fail(f"{number:g} is {problem}", param, ctx)
         return number
 
+    def _describe_range(self) -> str:
+        """The range --help shows: the bound's, "1<=x<=1e+18" (click's own would read x<=None)."""
+        high = limits.shown(self.bound.high)
+        if self.min is not None and self.min >= self.bound.low:
+            return f"{self.min:g}<x<={high}"
+        return f"{limits.shown(self.bound.low)}<=x<={high}"
+
 
 def _remember_headroom(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     """--hbm-headroom, parsed, kept for load_problem and shape (ctx.meta["mapsat.hbm_headroom"])."""

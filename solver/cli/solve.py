@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import click
@@ -15,7 +16,7 @@ from solver.cli.options import (BoundedFloat, BoundedInt, batch_header, datatype
                                 progress_line, space_and_cap, space_options, system_label, user_errors,
                                 wide_console)
 from solver.report.documents import dumps
-from solver.report.tables import evaluation_tables, top_table
+from solver.report.tables import counted, evaluation_tables, top_table
 from solver.search.nearest import smallest_fitting_count
 from solver.search.solve import SolverConfig, SolveResult, solve
 from solver.space.pins import describe_pins, pins_text
@@ -62,9 +63,13 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
             fitting = None
             if result.status == "infeasible":
                 say("finding the smallest GPU count that fits")
-                fitting = smallest_fitting_count(model, system, num_gpus, result.infeasible_reasons,
-                                                 max_batch=max_batch, datatype=Datatype(datatype), space=space,
-                                                 kernels=kernels, config=config)
+                def fits(count: int, left_s: float) -> bool:
+                    return solve(model, system, count, max_batch=max_batch, datatype=Datatype(datatype), space=space,
+                                 kernels=kernels, config=dataclasses.replace(config, time_limit_s=left_s, top_k=1)
+                                 ).best is not None
+
+                fitting = smallest_fitting_count(num_gpus, result.infeasible_reasons, system.networks[0].size, fits,
+                                                 time_limit_s)
     except KeyboardInterrupt:            # while the search was being set up: nothing scored yet
         if debugging():
             raise
@@ -108,8 +113,8 @@ def print_result(result: SolveResult, title: str) -> None:
     else:
         verdict = f"best found, not certified: gap {100 * (result.gap or 0):.2f} % to the bound"
     out.print(f"{title}: {verdict} in {result.seconds:.2f} s "
-              f"({result.rounds} CP-SAT rounds; {result.candidates_scored:,} of {result.space_size:,} mappings "
-              f"scored exactly, in {result.blocks_scored} blocks)")
+              f"({counted(result.rounds, 'CP-SAT round')}; {result.candidates_scored:,} of "
+              f"{counted(result.space_size, 'mapping')} scored exactly, in {counted(result.blocks_scored, 'block')})")
     if result.best is None:
         return
     for table in evaluation_tables(result.best, title="Best mapping"):

@@ -24,6 +24,17 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def tokens_per_s_per_gpu(record: dict) -> float | None:
+    """A solved record's training throughput per GPU: global batch · seq_size tokens per
+    iteration time, over the GPUs (as published tables count it, MFU aside); None unsolved."""
+    problem, best = record.get("problem") or {}, record.get("best") or {}
+    batch = (best.get("mapping") or {}).get("batch_size")
+    seq, time_s, gpus = (problem.get("model") or {}).get("seq_size"), best.get("iteration_time_s"), problem.get("gpus")
+    if not (batch and seq and time_s and gpus):
+        return None
+    return batch * seq / (time_s * gpus)
+
+
 def dumps(document: dict) -> str:
     """Deterministic JSON: sorted keys, fixed indentation."""
     return json.dumps(json_safe(document), indent=2, sort_keys=True)

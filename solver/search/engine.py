@@ -34,7 +34,6 @@ enumeration order), distinct answers grouped the same way (solver.search.distinc
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from dataclasses import dataclass
@@ -178,9 +177,8 @@ class Engine:
         if not self.plan.skeletons:
             return
         keys = SplitKeys(self.plan.skeletons)
-        check = functools.partial(_check, deadline)
         self.tables = Tables(self.c, keys, num_gpus, space, len(self.c.net_size), cache=block_tables,
-                             block_memo=self.block_memo, check=check)
+                             block_memo=self.block_memo, check=(check := lambda: _check(deadline)))
         self.local_batch = local_batches_of(keys.split, num_gpus, space, max_batch)
         self.block_floors = block_lower_bounds(self.tables, self.c, space, self.plan.skeletons, self.local_batch,
                                                self.c.offload_capacity_bytes > 0, len(system.networks),
@@ -352,7 +350,7 @@ class Engine:
                 self.m.AddAssumptions(assumptions)
                 solver = new_solver(remaining, self.workers, self.seed)
                 collector = BlockCollector(self.v)
-                self.say(f"CP-SAT round {rounds + 1} ({len(self.scored)} blocks scored)")
+                self.say(f"CP-SAT round {rounds + 1} ({len(self.scored):,} scored blocks)")
                 status = checked_solve(self.m, solver, collector)
                 rounds += 1
                 cpsat_status = solver.StatusName(status)

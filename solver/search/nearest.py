@@ -18,10 +18,10 @@ import dataclasses
 import math
 import re
 import time
+from collections.abc import Callable
 
-from costmodel.kernels import Kernels
 from costmodel.model import Model
-from costmodel.system import Datatype, System
+from costmodel.system import System
 from solver.space.declaration import Space
 from solver.space.enumerate import plan as enumerate_plan
 from solver.space.pins import pinned
@@ -53,26 +53,22 @@ def buyable_counts_from(low: int, domain: int, high: int):
         n += domain
 
 
-def smallest_fitting_count(model: Model, system: System, num_gpus: int, reasons: list[str], *, max_batch: int,
-                           datatype: Datatype, space: Space, kernels: Kernels, config, high: int = 1 << 24,
-                           ) -> int | None:
-    """The smallest buyable count above `num_gpus` at which `solve` finds a mapping, when
-    `reasons` (an infeasible solve's) say no mapping fits HBM; None when the reasons are
-    another, or none is found within MAX_COUNTS_TRIED solves and the config's time limit."""
-    from solver.search.solve import solve
-
+def smallest_fitting_count(num_gpus: int, reasons: list[str], domain: int, fits: Callable[[int, float], bool],
+                           time_limit_s: float, high: int = 1 << 24) -> int | None:
+    """The smallest buyable count above `num_gpus` (whole domains of `domain` GPUs, or a part
+    of one) at which `fits(count, seconds left)` — `solve` finding a mapping — holds, when
+    `reasons` (an infeasible solve's) say no mapping fits memory; None when the reasons are
+    another, or none is found within MAX_COUNTS_TRIED counts and `time_limit_s`."""
     if not any(reason.startswith(MEMORY_REASONS) for reason in reasons):
         return None
     bound = footprint_lower_bound(reasons)
     low = num_gpus + 1 if bound is None else max(num_gpus + 1, math.ceil(num_gpus * bound[0] / bound[1]))
-    deadline = time.perf_counter() + config.time_limit_s
-    for tried, n in enumerate(buyable_counts_from(low, system.networks[0].size, high)):
+    deadline = time.perf_counter() + time_limit_s
+    for tried, n in enumerate(buyable_counts_from(low, domain, high)):
         left = deadline - time.perf_counter()
         if tried >= MAX_COUNTS_TRIED or left <= 0:
             return None
-        result = solve(model, system, n, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
-                       config=dataclasses.replace(config, time_limit_s=left, top_k=1))
-        if result.best is not None:
+        if fits(n, left):
             return n
     return None
 
