@@ -827,3 +827,104 @@ def test_a_llama_window_no_shorter_than_the_sequence_changes_nothing(tmp_path):
     plain = load_model(_write_config(tmp_path, VALID_CONFIGS["llama"]), seq_size=4096)
     windowed = load_model(_write_config(tmp_path, {**VALID_CONFIGS["llama"], "sliding_window": 4096}), seq_size=4096)
     assert windowed == plain
+
+
+# ---------------------------------------------------------------- 9. plan, layouts and scale
+
+def _finite_positive(*values) -> bool:
+    return all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values)
+
+
+@st.composite
+def plan_arguments(draw) -> list[str]:
+    """`plan` options at their extremes: GPU lists and ranges (steps that do not fit, counts past
+    the cap), tokens, deadline, budget and price, failure rate and restart."""
+    gpus = draw(st.sampled_from(["2", "2,4", "1-8", "2-8:2", "8-2", "4-4:0", "2-2000000:2", "x", "2-", "", "0"]))
+    args = ["--gpus", gpus, "--tokens", draw(st.sampled_from(["1", "1e9", "1e18", "0.5"]))]
+    if draw(st.booleans()):
+        args += ["--days", draw(st.sampled_from(["1e-12", "0.001", "1e18"]))]
+    if draw(st.booleans()):
+        args += ["--budget", draw(st.sampled_from(["1e-12", "100", "1e18"]))]
+        if draw(st.booleans()):
+            args += ["--gpu-hour-price", draw(st.sampled_from(["1e-12", "2", "1e18"]))]
+    args += ["--failure-rate", draw(st.sampled_from(["0", "1e-5", "0.5", "1"])),
+             "--restart-minutes", draw(st.sampled_from(["0", "10", "1e6"]))]
+    return args
+
+
+@settings(max_examples=25, deadline=None, database=None, derandomize=True)
+@given(args=plan_arguments())
+def test_plan_at_its_extremes_answers_finite_figures_or_refuses_in_one_line(files, args):
+    result = CliRunner().invoke(cli, ["plan", "--model", files["model"], "--system", files["system"],
+                                      "--time-limit", "5", *args, "--json"])
+    if result.exit_code != 0:
+        assert_refused(result)
+        return
+    document = json.loads(result.stdout)
+    chosen = [row for row in document["counts"] if row["num_gpus"] == document["chosen"]]
+    assert chosen and chosen[0]["feasible"]
+    for row in document["counts"]:
+        if row["feasible"]:
+            assert _finite_positive(row["wall_days"], row["wall_s"], row["gpu_hours"], row["compute_s"], row["mfu"])
+            assert 0 < row["failures"]["goodput"] <= 1 and row["mfu"] <= 1
+
+
+@pytest.mark.parametrize("phases, fragment", [
+    ("phases: []", "phases"),
+    ("phases: [{tokens: 1e9}]", "seq_size"),
+    ("phases: [{tokens: -1, seq_size: 64}]", "tokens"),
+    ("phases: [{tokens: 1e9, seq_size: 64, batch: 3, batch_tokens: 192}]", "give one of them"),
+    ("phases: [{tokens: 1e9, seq_size: 64, batch_tokens: 100}]", "not a whole number of sequences"),
+    ("phases: [{tokens: .nan, seq_size: 64}]", "tokens"),
+    ("phases: {tokens: 1e9}", "phases"),
+])
+def test_a_malformed_phases_file_is_one_line(files, tmp_path, phases, fragment):
+    path = tmp_path / "phases.yaml"
+    path.write_text(phases + "\n")
+    assert_refused(mapsat("plan", "--model", files["model"], "--system", files["system"], "--gpus", 2,
+                          "--phases", path), fragment)
+
+
+@pytest.mark.parametrize("layout", ["", "|", "t" * 10, "(t|)*0", "t*0|t*0", "E|t*2|t*2|L", "((t*2|)*2)*2",
+                                    "(t*2|)*999999999", "t*" + "9" * 30, "Et*4|(t*4|*14tmL"])
+def test_every_layout_reads_or_is_refused_by_name(layout):
+    from costmodel.terms.pipeline_layout import layout_chunks, stage_layout
+
+    for pp, chunks in ((1, 1), (2, 1), (4, 2)):
+        try:
+            blocks = layout_chunks(layout, pp, chunks)
+            assert len(blocks) == pp and all(len(rank) == chunks and min(rank) >= 0 for rank in blocks)
+            stage_layout(layout, pp, chunks)
+        except InputError as err:
+            assert "pipeline_layout" in str(err) and "\n" not in str(err) and len(str(err)) <= MAX_ERROR_LINE
+
+
+SCALE = {
+    "1e6-gpus": ({}, ["--gpus", 2**20]),
+    "100T-params": ({"hidden": 1 << 17, "feedforward": 1 << 19, "attn_heads": 1024, "attn_size": 128,
+                     "num_blocks": 512}, ["--gpus", 1 << 16]),
+    "1e4-experts": ({"num_experts": 10_000, "experts_per_token": 8, "expert_feedforward": 128}, ["--gpus", 64]),
+    "1M-tokens": ({"seq_size": 1 << 20}, ["--gpus", 64]),
+}
+
+
+@pytest.mark.parametrize("case", list(SCALE))
+def test_scale_extremes_answer_or_refuse_within_the_time_limit(files, tmp_path, case):
+    """10⁶ GPUs, 100T parameters, 10⁴ experts, a 1M-token sequence: `count` answers in closed
+    form; `solve` answers with finite figures, proves infeasibility, or says the time limit came
+    first — within it and a start-up margin, and under 2 GiB more memory."""
+    fields, gpus = SCALE[case]
+    path = tmp_path / "model.yaml"
+    path.write_text(yaml.safe_dump({**TINY, **fields}))
+    problem = ["--model", path, "--system", H100_SYSTEM, *gpus]
+    counted = mapsat("count", *problem, "--json")
+    assert counted.exit_code == 0 and json.loads(counted.stdout)["mappings"] >= 0
+    started, rss_before = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = mapsat("solve", *problem, "--time-limit", 3, "--json")
+    assert time.perf_counter() - started < 3 + 20
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 2 << 20      # KiB
+    if result.exit_code == 0:
+        best = json.loads(result.stdout)["best"]
+        assert _finite_positive(best["iteration_time_s"], best["mfu"]) and best["mfu"] <= 1
+    else:
+        assert_refused(result)
