@@ -138,3 +138,17 @@ def test_a_batch_table_states_step_time_and_tokens_per_gpu_beside_mfu():
     assert CSV_COLUMNS.index("tokens_per_s_per_gpu") == CSV_COLUMNS.index("mfu") - 1
     assert row["tokens_per_s_per_gpu"] == pytest.approx(16384.0) and row["iteration_time_s"] == 2.0
     assert tokens_per_s_per_gpu({"id": "y", "status": "infeasible", "best": None}) is None
+
+
+def test_a_plan_where_no_count_fits_names_the_smallest_count_that_plans(tmp_path):
+    import yaml
+
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(SMALL))
+    problem = ["--model", path, "--system", "problems/systems/a100-80g-selene.yaml", "--hbm-gib", 2.4, "--quiet",
+               "--tokens", "1e9"]
+    result = run("plan", *problem, "--gpus", "1,2")
+    found = re.search(r"the smallest GPU count that fits, in whole \w+ domains of \d+ or a part of one: (\d+)",
+                      result.output)
+    assert result.exit_code == 1 and found, result.output
+    assert run("plan", *problem, "--gpus", found[1]).exit_code == 0

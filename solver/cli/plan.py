@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import click
@@ -15,7 +16,9 @@ from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, kerne
                                 problem_options, progress_line, system_label, user_errors, wide_console,
                                 wide_option)
 from solver.report.documents import dumps, plan_document
-from solver.search.plan import (TOKENS, Phase, Settings, Target, check_buyable, load_phases, parse_counts, plan)
+from solver.search.nearest import smallest_fitting_count
+from solver.search.plan import (TOKENS, Phase, Settings, Target, check_buyable, load_phases, parse_counts, plan,
+                                plan_count)
 from solver.search.solve import SolverConfig
 from solver.space.declaration import DEFAULT_SPACE, SPACES, get_space
 from solver.space.pins import parse_pins
@@ -144,10 +147,14 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     settings = Settings(failure_rate, checkpoint_gbps, async_checkpoint, snapshot_gbps, restart_minutes,
                         gpu_power_w, pue, gpu_hour_price)
     target = Target(deadline_days, budget_usd)
+    solve_args = dict(max_batch=max_batch, space=get_space(space_name), pins=parse_pins(fix),
+                      datatype=Datatype(datatype), kernels=kernels, config=SolverConfig(time_limit_s=time_limit_s, top_k=1))
     with progress_line() as say:
-        result = plan(model, system, counts, phases, settings, target, max_batch=max_batch,
-                      space=get_space(space_name), pins=parse_pins(fix), datatype=Datatype(datatype), kernels=kernels,
-                      config=SolverConfig(time_limit_s=time_limit_s, top_k=1), progress=say)
+        result = plan(model, system, counts, phases, settings, target, progress=say, **solve_args)
+        fitting = None
+        if result.interrupted_at is None and not any(row.feasible for row in result.counts):
+            say("finding the smallest GPU count that fits")
+            fitting = _smallest_fitting(model, system, result, phases, settings, time_limit_s, solve_args)
     label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
     title = f"{model.name} on {label}, {datatype}, {kernels.label}, {sum(p.tokens for p in phases):.4g} tokens"
     if plot_path is not None:
@@ -165,4 +172,20 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
                    f"{len(result.counts)} of {len(counts)} counts planned before it", err=True)
         sys.exit(130)
     if result.choice.plan is None:
-        raise MapsatError(result.choice.message)
+        domain = system.networks[0]
+        fits = ("" if fitting is None else f"; the smallest GPU count that fits, in whole {domain.name} domains of "
+                                           f"{domain.size} or a part of one: {fitting:,} (--gpus {fitting})")
+        raise MapsatError(result.choice.message + fits)
+
+
+def _smallest_fitting(model, system, result, phases, settings, time_limit_s: float, solve_args: dict) -> int | None:
+    """Above the largest count planned, the smallest buyable one whose every phase fits
+    (solver.search.nearest), when memory is what rules the largest out."""
+    largest = result.counts[-1]
+    reasons = [reason for p in largest.phases for reason in p.result.infeasible_reasons]
+
+    def fits(count: int, left_s: float) -> bool:
+        args = {**solve_args, "config": dataclasses.replace(solve_args["config"], time_limit_s=left_s)}
+        return plan_count(model, system, count, phases, result.state_bytes, settings, **args).feasible
+
+    return smallest_fitting_count(largest.num_gpus, reasons, system.networks[0].size, fits, time_limit_s)
