@@ -219,7 +219,9 @@ def _median_abs(scores) -> float | None:
 
 
 def targets(check: StepCheck) -> list[dict]:
-    """The accuracy targets, each with the figure reached: what, figure, bound, met (None: no rows)."""
+    """The accuracy targets (the Blackwell-kernels issue's: in sample 5 % median and ±3 % mean,
+    6 % leaving a configuration out, 8 % leaving a system or Blackwell out; single H200 5 %), each
+    with the figure reached: what, figure, bound, met (None: no rows)."""
     def first(rows: tuple[ErrorSummary, ...], field: str) -> float | None:
         return getattr(rows[0], field) if rows else None
 
@@ -232,12 +234,12 @@ def targets(check: StepCheck) -> list[dict]:
             ("dense rows in sample, mean signed error", first(check.summary("in_sample", BRIDGE), "mean_signed_error"),
              0.03),
             ("dense rows, leave one configuration out, median |error|",
-             first(check.summary("leave_one_configuration_out", BRIDGE), "median_abs_error"), 0.07),
-            ("DGX-H100 rows left out, median |error|", left_out("h100-80g-nvl8", "system_left_out"), 0.10),
+             first(check.summary("leave_one_configuration_out", BRIDGE), "median_abs_error"), 0.06),
+            ("DGX-H100 rows left out, median |error|", left_out("h100-80g-nvl8", "system_left_out"), 0.08),
             ("Blackwell rows left out (B200 + GB200), median |error|", left_out("blackwell", "generation_left_out"),
-             0.10),
-            ("DGX-B200 rows left out, median |error|", left_out("b200-180g-nvl8", "system_left_out"), 0.10),
-            ("GB200 NVL72 rows left out, median |error|", left_out("gb200-186g-nvl72", "system_left_out"), 0.10),
+             0.08),
+            ("DGX-B200 rows left out, median |error|", left_out("b200-180g-nvl8", "system_left_out"), 0.08),
+            ("GB200 NVL72 rows left out, median |error|", left_out("gb200-186g-nvl72", "system_left_out"), 0.08),
             ("single H200 step time, leave one out, median |error|",
              first(check.summary("leave_one_configuration_out", SINGLE), "median_abs_error"), 0.05),
             ("single H200 peak memory, leave one out, median |error|",

@@ -182,6 +182,7 @@ class Context:
         step = system.step
         gaps = step_gaps(step.kernel_gap_s if step else 0.0, kernels.cuda_graphs)
         window = step.power_window_s if step is not None else 0.0
+        sustained = system.clocks is not None    # every GEMM at the sustained clock (Clocks)
         gemm_compute, peak_ratio, recipe_fields = compute, 1.0, {}
         if kernels.precision is not None:
             if datatype is not Datatype.bfloat16:
@@ -199,9 +200,10 @@ class Context:
             recipe_fields = dict(
                 recipe=recipe_costs(kernels.precision, layouts, kernels.param_gather_low_precision, share),
                 hp_matrix_flops_per_s=compute.matrix_flops_per_s, hp_matrix_curve=_curve(compute, 1.0),
-                hp_gemm=gemm_in_step(_timing(compute.gemm, 1.0), gaps.block_s, window, compute.matrix_flops_per_s),
+                hp_gemm=gemm_in_step(_timing(compute.gemm, 1.0), gaps.block_s, window, compute.matrix_flops_per_s,
+                                     sustained),
                 hp_grouped_gemm=gemm_in_step(_timing(compute.grouped_gemm, 1.0), gaps.block_s, window,
-                                             compute.matrix_flops_per_s))
+                                             compute.matrix_flops_per_s, sustained))
         nets = system.networks
         return Context(
             hidden=model.hidden, feedforward=model.feedforward, seq=model.seq_size, heads=model.attn_heads,
@@ -223,7 +225,7 @@ class Context:
             vector_flops_per_s=compute.vector_flops_per_s,
             matrix_curve=_curve(gemm_compute, peak_ratio),
             gemm=gemm_in_step(_timing(gemm_compute.gemm, peak_ratio), gaps.block_s, window,
-                              gemm_compute.matrix_flops_per_s * peak_ratio),
+                              gemm_compute.matrix_flops_per_s * peak_ratio, sustained),
             attention=attention_in_step(compute.attention.timing() if compute.attention is not None else None,
                                         gaps.block_s),
             vector_curve=Curve.of(compute.vector_efficiency),
@@ -249,7 +251,7 @@ class Context:
             shared_expert_params=float(model.shared_expert_params), router_params=float(model.router_params),
             capacity_factor=float(kernels.capacity_factor),
             grouped_gemm=gemm_in_step(_timing(gemm_compute.grouped_gemm, peak_ratio), gaps.block_s, window,
-                                      gemm_compute.matrix_flops_per_s * peak_ratio),
+                                      gemm_compute.matrix_flops_per_s * peak_ratio, sustained),
             kernel_gap_s=gaps.block_s, outer_gap_extra_s=gaps.outer_extra_s,
             allocator_fraction=step.allocator_fragmentation if step else 0.0,
             fused_cross_entropy=kernels.fused_cross_entropy, pp_comm_overlap=kernels.pp_comm_overlap,

@@ -4,9 +4,9 @@ turned into the SI timing the formulas read (costmodel.terms.kernel_time)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 import costmodel.inputs.limits as limits
 from costmodel.terms.kernel_time import AttentionTiming, GemmTiming
@@ -63,3 +63,53 @@ class AttentionFit(BaseModel):
         return AttentionTiming(launch_s=self.launch_us * MICRO, flops_per_s=tflops_to_flops_per_s(self.tflops),
                                head_size_overhead=self.head_size_overhead, seq_overhead=self.seq_overhead,
                                fill_rows=self.fill_rows, head_size_step=float(self.head_size_step))
+
+
+CLOCK_DATATYPES = ("bfloat16", "float8")
+"""The GEMM datatypes a file states a sustained clock for; float16 GEMMs run on the 16-bit
+tensor cores at bfloat16's."""
+
+
+class Clocks(BaseModel):
+    """The SM clock a GPU's datasheet peaks are stated at and the clock it holds under its power
+    cap through a training step of each datatype's GEMMs (a physical input, from published
+    readings named in `source`; docs/cost-model.md, "Whole-step terms"). A file that states
+    them runs every GEMM of a step at that clock: its GEMM fits, measured in short runs at full
+    clock, carry `power_drop` = peak / sustained − 1 (`mapsat calibrate` writes it), so the loss
+    is counted once, and the whole-step power window does not apply to it."""
+
+    model_config = INPUT_CONFIG
+
+    peak_mhz: Annotated[RealNumber, within(limits.CLOCK_MHZ)] = Field(
+        gt=0, description="The clock the datasheet's peaks hold at (boost), MHz.")
+    sustained_mhz: dict[Literal[CLOCK_DATATYPES], Annotated[RealNumber, within(limits.CLOCK_MHZ)]] = Field(
+        min_length=1, description="Per GEMM datatype (bfloat16, float8), the clock held under the power cap through "
+                                  "a step of those GEMMs, MHz (FP8 GEMMs draw more power, so hold a lower clock).")
+    power_w: Annotated[RealNumber, within(limits.POWER_W)] = Field(gt=0, description="The power cap, W.")
+    source: str = Field(min_length=1, description="Where the readings come from (a measurement or a derivation).")
+
+    @model_validator(mode="after")
+    def _sustained_at_most_peak(self) -> "Clocks":
+        for datatype, mhz in self.sustained_mhz.items():
+            if mhz > self.peak_mhz:
+                raise ValueError(f"sustained_mhz.{datatype}({mhz:g}) exceeds peak_mhz({self.peak_mhz:g})")
+        return self
+
+    def drop(self, datatype) -> float:
+        """How much longer a compute-bound GEMM of `datatype` (a Datatype or its name) takes at
+        its sustained clock: peak / sustained − 1 (0 where the file states none for it)."""
+        name = getattr(datatype, "value", datatype)
+        mhz = self.sustained_mhz.get("bfloat16" if name == "float16" else name)
+        return 0.0 if mhz is None else self.peak_mhz / mhz - 1.0
+
+
+def check_clock_drops(clocks: Clocks, fits: dict[str, tuple]) -> None:
+    """With `clocks`, each GEMM fit's power_drop (`fits`: datatype name → its gemm and grouped
+    GEMM fits) is the sustained clock's drop, to the 3 significant digits a calibrated file
+    states: the loss is in one place (ValueError naming the field otherwise)."""
+    for datatype, pair in fits.items():
+        for name, fit in zip(("gemm", "grouped_gemm"), pair):
+            drop = clocks.drop(datatype)
+            if fit is not None and abs(fit.power_drop - drop) > 5e-3 * max(drop, 1.0):
+                raise ValueError(f"compute.{datatype}.{name}.power_drop({fit.power_drop:g}) is not the sustained "
+                                 f"clock's drop {drop:.3g} (clocks: peak_mhz / sustained_mhz − 1)")

@@ -108,6 +108,11 @@ class RecipeFormat:
     kernel keeps anyway) instead of a quantized copy, and quantizes it again in backward: MLM
     core/transformer/attention.py calls set_save_original_input(linear_proj) for every FP8 recipe
     but delayed (TE refuses save_original_input with delayed scaling) and for FP4"""
+    swizzled_scales: bool = False
+    """each GEMM operand's block scales are rearranged into the GEMM's interleaved layout by a
+    kernel of their own before the GEMM (MXFP8 and NVFP4 on Blackwell: TE pytorch/csrc/util.h
+    `swizzle_scaling_factors`, called for both operands in extensions/gemm.cpp; the kernel is
+    common/swizzle/swizzle.cu `nvte_swizzle_scaling_factors`)"""
     param_gather_in_bf16: bool = False
     """the low-precision weights are all-gathered in BF16 and quantized after the gather (MXFP8:
     MLM core/distributed/param_and_grad_buffer.py, the param buffer is the gradient buffer viewed
@@ -145,14 +150,14 @@ FORMATS: dict[Precision, RecipeFormat] = {
     Precision.mxfp8: RecipeFormat(
         Precision.mxfp8, quantized=True, element_bytes=_FP8, scale_bytes=1.0 / 32, weight_scale_bytes=1.0 / 32,
         per_tensor=False, transposable_weights=False, param_gather=True, projection_keeps_bf16_input=True,
-        param_gather_in_bf16=True, **_OFF),
+        param_gather_in_bf16=True, swizzled_scales=True, **_OFF),
     # NVFP4BlockScaling: E2M1 values, one E4M3 (1-byte) scale per 16 elements (16×16 blocks for
     # weights) and an FP32 per-tensor scale from the tensor's amax; Hadamard transforms and
     # stochastic rounding as above (MB bf16_with_nvfp4_mixed: fp4_param_gather True).
     Precision.nvfp4: RecipeFormat(
         Precision.nvfp4, quantized=True, element_bytes=_FP4, scale_bytes=1.0 / 16, weight_scale_bytes=1.0 / 256,
         per_tensor=False, transposable_weights=True, param_gather=True, projection_keeps_bf16_input=True,
-        **{**_OFF, "amax_pass": True, "hadamard": True, "stochastic_rounding": True}),
+        swizzled_scales=True, **{**_OFF, "amax_pass": True, "hadamard": True, "stochastic_rounding": True}),
 }
 
 HADAMARD_FLOPS_PER_ELEM = 32.0
@@ -163,6 +168,19 @@ STOCHASTIC_ROUNDING_FLOPS_PER_ELEM = 15.0
 """Philox4x32-10 (Salmon et al. 2011, "Parallel random numbers: as easy as 1, 2, 3"): 10
 rounds of two 32-bit multiplies and four other operations give 4 random numbers, ~15
 operations per rounded element, on the vector units of the cast kernel."""
+
+
+MIN_COMPUTE_CAPABILITY = {
+    Precision.bf16: 8.0, Precision.fp8_delayed: 8.9, Precision.fp8_tensorwise: 8.9, Precision.fp8_blockwise: 9.0,
+    Precision.mxfp8: 10.0, Precision.nvfp4: 10.0}
+"""The lowest CUDA compute capability each recipe runs on, as Transformer Engine checks it
+(TE pytorch/quantization.py: check_fp8_support 8.9, check_fp8_block_scaling_support 9.0,
+check_mxfp8_support and check_nvfp4_support 10.0; BF16 tensor cores from the A100's 8.0)."""
+
+
+def recipes_for_capability(capability: float) -> tuple[Precision, ...]:
+    """Every recipe a GPU of this compute capability runs."""
+    return tuple(p for p, lowest in MIN_COMPUTE_CAPABILITY.items() if capability >= lowest)
 
 
 class RecipeCompute(BaseModel):
@@ -189,6 +207,9 @@ class PrecisionSupport(BaseModel):
                           "is_non_tn_fp8_gemm_supported). Required with an FP8 or FP4 recipe.")
     recipes: dict[Precision, RecipeCompute] = Field(
         min_length=1, description="Each recipe the GPU runs, and the GEMM model and peak it runs at.")
+    compute_capability: Annotated[RealNumber, within(limits.COMPUTE_CAPABILITY)] | None = Field(
+        None, description="The GPU's CUDA compute capability (8.0 A100, 9.0 H100/H200/H800, 10.0 B200, 10.3 B300): "
+                          "a recipe it lists must run on it, and a refusal names the capability a recipe needs.")
 
 
 def check_support(support: PrecisionSupport | None, compute_datatypes: list[str]) -> None:
@@ -196,6 +217,11 @@ def check_support(support: PrecisionSupport | None, compute_datatypes: list[str]
     (ValueError, which the system's validator turns into a one-line file error)."""
     if support is None:
         return
+    for precision in support.recipes:
+        lowest = MIN_COMPUTE_CAPABILITY[precision]
+        if support.compute_capability is not None and support.compute_capability < lowest:
+            raise ValueError(f"precision.recipes.{precision.value}: needs compute capability {lowest:.1f} "
+                             f"(Transformer Engine), the GPU has {support.compute_capability:.1f}")
     quantized = [p.value for p in support.recipes if FORMATS[p].quantized]
     if quantized and support.fp8_gemm_layouts is None:
         raise ValueError(f"precision.fp8_gemm_layouts: required with {', '.join(quantized)} (tn or any)")
@@ -220,7 +246,12 @@ def system_recipe(system, precision: Precision) -> RecipeCompute:
     if precision not in have:
         gpu = f"{system.gpu} (system {system.name!r})" if system.gpu else f"system {system.name!r}"
         runs = ", ".join(p.value for p in have) or "none"
-        raise InputError(f"precision {precision.value}: {gpu} does not run it (its precisions: {runs})")
+        capability = None if system.precision is None else system.precision.compute_capability
+        why = ""
+        if capability is not None and capability < MIN_COMPUTE_CAPABILITY[precision]:
+            why = (f": Transformer Engine runs it from compute capability {MIN_COMPUTE_CAPABILITY[precision]:.1f}, "
+                   f"this GPU is {capability:.1f}")
+        raise InputError(f"precision {precision.value}: {gpu} does not run it{why} (its precisions: {runs})")
     if system.precision is None:
         return RecipeCompute(gemm="bfloat16")
     return system.precision.recipes[precision]

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 import costmodel.inputs.limits as limits
 from costmodel.errors import InputError
 from costmodel.headroom import Headroom
-from costmodel.kernel_fits import AttentionFit, GemmFit  # noqa: F401 (read from here by calibration and tests)
+from costmodel.kernel_fits import AttentionFit, Clocks, GemmFit, check_clock_drops  # noqa: F401 (read from here)
 from costmodel.model import INPUT_CONFIG, Boolean, RealNumber, WholeNumber, within
 from costmodel.precision import PrecisionSupport, check_support
 from costmodel.terms.step_terms import WholeStep
@@ -252,6 +252,9 @@ class System(BaseModel):
         RUNTIME_RESERVE_GIB, ge=0,
         description="HBM per GPU kept by the runtime (CUDA context, NCCL buffers, allocator fragmentation), "
                     "GiB; counted against HBM capacity. Default: costmodel.system.RUNTIME_RESERVE_GIB.")
+    clocks: Clocks | None = Field(
+        None, description="Peak and sustained SM clocks under the power cap (published readings); where kernels were "
+                          "timed at full clock, the sustained clock's drop is their GEMM model's power_drop.")
     step: WholeStep | None = Field(
         None, description="Whole-step terms fitted to measured iterations (`mapsat calibrate --runs`); absent: none.")
     hbm_headroom_gib: Annotated[RealNumber, within(limits.CAPACITY_GIB_OR_ZERO)] = Field(
@@ -301,6 +304,8 @@ class System(BaseModel):
         if not self.compute:
             raise ValueError("compute must list at least one datatype")
         check_support(self.precision, [d.value for d in self.compute])
+        if self.clocks is not None:
+            check_clock_drops(self.clocks, {d.value: (c.gemm, c.grouped_gemm) for d, c in self.compute.items()})
         if self.offload is not None and self.offload.latency_us != 0:
             raise ValueError(f"offload.latency_us: {self.offload.latency_us} must be 0 (a per-kernel latency is "
                              "modelled for HBM only)")

@@ -105,7 +105,7 @@ def test_explain_winner_changes(model_path):
 def test_codesign_least_hbm_changes(model_path):
     least = {}
     for value in ("float32", "16bit"):
-        result = mapsat("codesign", "--model", model_path, "--system", SYSTEM, *SPACE, "--target-time", "0.025",
+        result = mapsat("codesign", "--model", model_path, "--system", SYSTEM, *SPACE, "--target-time", "0.0285",
                         "--vary", "hbm_gib=3.5,4,5", "--json", *grads(value))
         assert result.exit_code == 0, result.output
         answer = json.loads(result.stdout)

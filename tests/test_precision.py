@@ -55,9 +55,33 @@ def context(system, precision=None, **kernels) -> Context:
     return Context.build(SMALL, system, Datatype.bfloat16, Kernels(precision=precision, **kernels))
 
 
+HBM_EFFICIENCY = {2250e12: 0.6, 989e12: 0.702}
+"""Each file's HBM efficiency by its BF16 peak: the B200's (pytorch/ao's B200 cast kernels) and
+the H100's (its measured fit)."""
+
+
 def pass_s(c: Context, elems: float, bytes_per_elem: float) -> float:
-    """One HBM-bound kernel by hand: the calibrated files' latency + bytes / (bandwidth × efficiency)."""
-    return c.hbm_latency_s + elems * bytes_per_elem / (c.hbm_bytes_per_s * 0.702)
+    """One HBM-bound kernel by hand: the files' latency + bytes / (bandwidth × efficiency)."""
+    efficiency = HBM_EFFICIENCY[c.hp_matrix_flops_per_s if c.recipe is not None else c.matrix_flops_per_s]
+    return c.hbm_latency_s + elems * bytes_per_elem / (c.hbm_bytes_per_s * efficiency)
+
+
+def swizzles_s(c: Context, gathered: list, scale_bytes: float, weight_scale_bytes: float) -> tuple[float, float]:
+    """The scale-swizzle kernels of block-scaled GEMMs on Blackwell (TE gemm.cpp
+    swizzle_scaling_factors): per GEMM, X and W before the forward GEMM; dY and Wᵀ before the
+    activation gradient, Xᵀ and dYᵀ before the weight gradient. Each reads and writes its scales
+    (`gathered`: (X elements, dY elements, W elements) as the GEMM takes them)."""
+    forward = backward = 0.0
+    for x, dy, w in gathered:
+        xs, dys, ws = (pass_s(c, e * b, 2) for e, b in ((x, scale_bytes), (dy, scale_bytes), (w, weight_scale_bytes)))
+        forward += xs + ws
+        backward += xs + 2 * dys + ws
+    return forward, backward
+
+
+# The GEMM operands as the GEMMs take them (tp 2, sequence parallel: gathered to the whole 1024 tokens).
+GEMM_OPERANDS = [(1024 * 1024, 1024 * 768, 1024 * 768), (1024 * 512, 1024 * 1024, 512 * 1024),
+                 (1024 * 1024, 1024 * 2816, 1024 * 2816), (1024 * 1408, 1024 * 1024, 1408 * 1024)]
 
 
 # ---------------------------------------------------------------- bytes per element, by hand
@@ -162,6 +186,8 @@ def test_mxfp8_passes_on_blackwell_by_hand():
     backward = (pass_s(c, QKV_DY, two) + pass_s(c, PROJ_X, one) + pass_s(c, PROJ_DY, two)
                 + pass_s(c, FC1_DY, two) + pass_s(c, FC2_DY, two))
     weights = sum(pass_s(c, w, two) for w in WEIGHTS)     # gathered in BF16, quantized both ways after
+    swizzle_fwd, swizzle_bwd = swizzles_s(c, GEMM_OPERANDS, 1 / 32, 1 / 32)
+    forward, backward = forward + swizzle_fwd, backward + swizzle_bwd
     fw = block_forward_times(c, _scalar_fields(mapping(precision="mxfp8")), ScalarOps)
     assert fw.quantize_fwd_s == pytest.approx(forward, rel=1e-12)
     assert fw.quantize_bwd_s == pytest.approx(backward, rel=1e-12)
@@ -192,6 +218,8 @@ def test_nvfp4_passes_by_hand():
     backward = (sum(amax(dy) + pass_s(c, dy, two) for dy in (QKV_DY, PROJ_DY, FC1_DY, FC2_DY))
                 + amax(PROJ_X) + pass_s(c, PROJ_X, one))
     weights = sum(pass_s(c, w, 2 * (0.5 + 1 / 256)) for w in WEIGHTS)   # FP4 params: the 16×16 blocks transposed
+    swizzle_fwd, swizzle_bwd = swizzles_s(c, GEMM_OPERANDS, 1 / 16, 1 / 256)
+    forward, backward = forward + swizzle_fwd, backward + swizzle_bwd
     fw = block_forward_times(c, _scalar_fields(mapping(precision="nvfp4")), ScalarOps)
     assert fw.quantize_fwd_s == pytest.approx(forward, rel=1e-12)
     assert fw.quantize_bwd_s == pytest.approx(backward, rel=1e-12)
@@ -389,8 +417,8 @@ def test_scalar_and_array_agree_for_mixture_of_experts_under_a_recipe(name):
 
 def test_a_recipe_the_gpu_does_not_run_names_the_gpu_and_its_precisions():
     with pytest.raises(InputError, match=r"^precision mxfp8: NVIDIA H100 SXM5 80GB \(system 'h100-80g-nvl8'\) does "
-                                         r"not run it \(its precisions: bf16, fp8-delayed, fp8-tensorwise, "
-                                         r"fp8-blockwise\)$"):
+                                         r"not run it: Transformer Engine runs it from compute capability 10.0, this GPU is "
+                                         r"9.0 \(its precisions: bf16, fp8-delayed, fp8-tensorwise, fp8-blockwise\)$"):
         context(H100, Precision.mxfp8)
     with pytest.raises(InputError, match=r"NVIDIA A100 SXM4 80GB .* \(its precisions: bf16\)$"):
         context(A100, Precision.fp8_tensorwise)

@@ -119,8 +119,9 @@ def test_a_recipe_the_gpu_does_not_run_is_one_line_naming_it(model_path):
         result = mapsat(command, "--model", model_path, "--system", H100_FILE, *SPACE, "--precision", "mxfp8")
         assert result.exit_code == 1
         assert result.output.strip() == (
-            "error: precision mxfp8: NVIDIA H100 SXM5 80GB (system 'h100-80g-nvl8') does not run it (its precisions: "
-            "bf16, fp8-delayed, fp8-tensorwise, fp8-blockwise)"), command
+            "error: precision mxfp8: NVIDIA H100 SXM5 80GB (system 'h100-80g-nvl8') does not run it: Transformer "
+            "Engine runs it from compute capability 10.0, this GPU is 9.0 (its precisions: bf16, fp8-delayed, "
+            "fp8-tensorwise, fp8-blockwise)"), command
 
 
 def test_a_recipe_with_another_datatype_is_one_line(model_path):

@@ -195,7 +195,9 @@ def _dense_newest(inputs: RunInputs) -> tuple:
 
 def test_the_fit_recovers_a_known_gap():
     inputs = RunInputs()
-    runs = [r for r in _dense_newest(inputs) if "8b" in r.name or "70b_h100" in r.name][:6]
+    # The 8B rows: on the Blackwell ones (at their sustained clocks) only the gap acts, so it is
+    # determined whatever the window the H100 row's fit settles on.
+    runs = [r for r in _dense_newest(inputs) if "8b" in r.name][:6]
     truth = WholeStep(kernel_gap_us=3.0, allocator_fragmentation=0.0)
     made = [r.model_copy(update={"step_time_s": s.predicted_step_s})
             for r, s in zip(runs, scores_with_step(runs, inputs, truth))]

@@ -121,14 +121,14 @@ def fit_log_least_squares(model: Callable[[np.ndarray], np.ndarray], start: np.n
 
 def _gemm_bytes(d: GemmData, elem_bytes: float) -> np.ndarray:
     """Operands and result in the compute datatype, as costmodel/terms/block.py counts a GEMM's bytes."""
-    return elem_bytes * (d.rows * d.depth + d.depth * d.cols + d.rows * d.cols)
+    return elem_bytes * d.batch * (d.rows * d.depth + d.depth * d.cols + d.rows * d.cols)
 
 
 def gemm_predict(fields: dict, d: GemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
                  elem_bytes: float) -> np.ndarray:
     timing = GemmFit(**fields).timing()
     return gemm_time_s(timing, ArrayOps, d.rows, d.cols, d.depth, _gemm_bytes(d, elem_bytes), peak_flops_per_s,
-                       hbm_bytes_per_s)
+                       hbm_bytes_per_s, d.batch)
 
 
 GEMM_FIELDS = ("launch_us", "efficiency", "depth_overhead", "fill_outputs", "power_drop", "power_flops",
@@ -138,10 +138,33 @@ GEMM_FIELDS = ("launch_us", "efficiency", "depth_overhead", "fill_outputs", "pow
 GEMM_FLOORS = (0.01, 0.0, 1.0, 1.0, 1e-3, 0.0, 0.0)
 
 
-def _fit_gemm_fields(times: Callable[[GemmTiming], np.ndarray], measured: np.ndarray) -> dict:
-    """The GemmFit fields (file units, rounded) minimising the log error of `times(timing)`."""
+POWER_ONSET_S = 1.08e-3
+"""How long a GEMM runs at full rate before half of a clock drop has set in, when timed alone:
+the H100's measured BF16 fit (h100-80g-nvl8.yaml: power_flops / (peak · efficiency) = 9.71e11 /
+(989e12 · 0.91)). Only a table timed at full clock (FullClock) takes it; microbenchmarks fit
+their own. In a step such a GPU runs at its sustained clock throughout (step_terms.gemm_in_step)."""
+
+
+@dataclass(frozen=True)
+class FullClock:
+    """Kernels timed in short runs at full clock (a published table): the fit has no drop (the
+    table shows none); the written fields carry the system's sustained-clock drop (`Clocks.drop`,
+    setting in after POWER_ONSET_S at full rate when timed alone) and the host-side launch
+    overhead the table's device timing leaves out (`launch_overhead_us`)."""
+
+    drop: float
+    launch_overhead_us: float
+
+
+def _fit_gemm_fields(times: Callable[[GemmTiming], np.ndarray], measured: np.ndarray, peak_flops_per_s: float,
+                     full_clock: FullClock | None = None) -> dict:
+    """The GemmFit fields (file units, rounded) minimising the log error of `times(timing)`; with
+    `full_clock`, five of them at full clock, then the drop, its onset and the launch overhead."""
 
     def values_of(params) -> list:
+        if full_clock is not None:
+            launch_s, efficiency, depth, fill, hbm = params
+            params = (launch_s, efficiency, depth, fill, 0.0, 1.0, hbm)
         launch_s, *rest = params
         values = [launch_s / MICRO, *rest]
         values[1], values[6] = min(values[1], 1.0), min(values[6], 1.0)
@@ -153,20 +176,46 @@ def _fit_gemm_fields(times: Callable[[GemmTiming], np.ndarray], measured: np.nda
     # Starting point (the fit moves far from it): 5 µs launch, 0.8 of peak, 200 K-steps of
     # tile overhead, 1e5 outputs to fill the GPU, a 30 % power drop from ~1e12 FLOP, 0.7 of HBM.
     start = np.array([5e-6, 0.8, 200.0, 1e5, 0.3, 1e12, 0.7])
-    best = fit_log_least_squares(model, start, measured)
-    return dict(zip(GEMM_FIELDS, (rounded(v, f) for v, f in zip(values_of(best), GEMM_FLOORS))))
+    if full_clock is not None:
+        start = start[[0, 1, 2, 3, 6]]
+    values = values_of(fit_log_least_squares(model, start, measured))
+    if full_clock is not None:
+        values[0] += full_clock.launch_overhead_us
+        values[4] = full_clock.drop
+        values[5] = POWER_ONSET_S * peak_flops_per_s * values[1]
+    return dict(zip(GEMM_FIELDS, (rounded(v, f) for v, f in zip(values, GEMM_FLOORS))))
+
+
+def at_full_clock(fields: dict, full_clock: FullClock | None) -> dict:
+    """GEMM fields as a table at full clock timed them: no drop, no host launch overhead."""
+    if full_clock is None:
+        return fields
+    return {**fields, "launch_us": max(0.0, fields["launch_us"] - full_clock.launch_overhead_us), "power_drop": 0.0}
 
 
 def fit_gemm(train: GemmData, test: GemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
-             elem_bytes: float, label: str) -> FamilyFit:
-    def times(timing: GemmTiming) -> np.ndarray:
-        return gemm_time_s(timing, ArrayOps, train.rows, train.cols, train.depth, _gemm_bytes(train, elem_bytes),
-                           peak_flops_per_s, hbm_bytes_per_s)
+             elem_bytes: float, label: str, split: tuple[str, str] = ("grid", "block"),
+             full_clock: FullClock | None = None) -> FamilyFit:
+    """The GEMM model fitted on `train`, its errors on `train` and `test` as the measurements
+    timed them (a table at full clock: `at_full_clock`)."""
+    def times(timing: GemmTiming, d: GemmData = train) -> np.ndarray:
+        return gemm_time_s(timing, ArrayOps, d.rows, d.cols, d.depth, _gemm_bytes(d, elem_bytes),
+                           peak_flops_per_s, hbm_bytes_per_s, d.batch)
 
-    fields = _fit_gemm_fields(times, train.time_s)
-    rates = (peak_flops_per_s, hbm_bytes_per_s, elem_bytes)
-    return FamilyFit(f"gemm {label}", fields, Errors.of(gemm_predict(fields, train, *rates), train.time_s),
-                     Errors.of(gemm_predict(fields, test, *rates), test.time_s), "kind: grid", "kind: block")
+    fields = _fit_gemm_fields(times, train.time_s, peak_flops_per_s, full_clock)
+    timing = GemmFit(**at_full_clock(fields, full_clock)).timing()
+    return FamilyFit(f"gemm {label}", fields, Errors.of(times(timing), train.time_s),
+                     Errors.of(times(timing, test), test.time_s), f"kind: {split[0]}", f"kind: {split[1]}")
+
+
+def sustained_drop(fields: dict, d: GemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
+                   elem_bytes: float) -> float:
+    """The clock drop published long runs of GEMMs show against a fit at full clock: the
+    geometric mean of measured / modelled time, less 1 (`fields` as a file states them, the
+    launch included: the long runs were timed from the host)."""
+    modelled = gemm_time_s(GemmFit(**{**fields, "power_drop": 0.0}).timing(), ArrayOps, d.rows, d.cols, d.depth,
+                           _gemm_bytes(d, elem_bytes), peak_flops_per_s, hbm_bytes_per_s, d.batch)
+    return float(np.exp(np.mean(np.log(d.time_s / modelled)))) - 1.0
 
 
 # ---------------------------------------------------------------- grouped GEMM
@@ -197,7 +246,8 @@ def fit_grouped_gemm(data: GroupedGemmData, peak_flops_per_s: float, hbm_bytes_p
         raise InputError(f"grouped_gemm: {len(train.time_s)} {label} points outside the held-out shapes "
                          f"{_shape_names(GROUPED_GEMM_TEST_SHAPES)}; need >= {len(GEMM_FIELDS)}")
     rates = (peak_flops_per_s, hbm_bytes_per_s, elem_bytes)
-    fields = _fit_gemm_fields(lambda timing: grouped_gemm_predict(timing, train, *rates), train.time_s)
+    fields = _fit_gemm_fields(lambda timing: grouped_gemm_predict(timing, train, *rates), train.time_s,
+                              peak_flops_per_s)
     timing = GemmFit(**fields).timing()
     return FamilyFit(f"grouped gemm {label}", fields,
                      Errors.of(grouped_gemm_predict(timing, train, *rates), train.time_s),

@@ -24,7 +24,11 @@ _POINT = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 class GemmPoint(BaseModel):
     model_config = _POINT
     dtype: Literal["bf16", "fp8"]
-    kind: Literal["grid", "block"]
+    # grid / block: this project's microbenchmark (grid fitted, block held out); fit / held_out: a
+    # published table split in two halves; long_run: a published GEMM timed long enough for the
+    # power limit to hold its clock down (problems/measurements/README.md).
+    kind: Literal["grid", "block", "fit", "held_out", "long_run"]
+    batch: WholeNumber = Field(1, gt=0)
     M: WholeNumber = Field(gt=0)
     N: WholeNumber = Field(gt=0)
     K: WholeNumber = Field(gt=0)
@@ -87,6 +91,7 @@ class GemmData:
     cols: np.ndarray
     depth: np.ndarray
     time_s: np.ndarray
+    batch: np.ndarray | float = 1.0     # GEMMs of that shape in one kernel (a batched matmul)
 
 
 @dataclass(frozen=True)
@@ -122,13 +127,28 @@ class EltwiseData:
     time_s: np.ndarray
 
 
+GEMM_SPLITS = (("grid", "block"), ("fit", "held_out"))
+"""The (fitted, held-out) kinds of a gemm.json: this project's grid and block shapes, or a
+published table's two halves."""
+
+
 def load_gemm(path: Path, dtype: str, kind: str) -> GemmData:
-    """The GEMMs of one datatype (`bf16`, `fp8`) and kind (`grid`, `block`) in a gemm.json."""
+    """The GEMMs of one datatype (`bf16`, `fp8`) and kind (`grid`, `block`, `fit`, `held_out`)
+    in a gemm.json."""
     chosen = [p for p in _points(path, GemmPoint) if p.dtype == dtype and p.kind == kind]
     if not chosen:
         raise InputError(f"{path}: no {dtype} GEMMs of kind {kind!r}")
     return GemmData(*(np.array([getattr(p, f) for p in chosen], dtype=float) for f in ("M", "N", "K")),
-                    np.array([p.ms for p in chosen]) * 1e-3)
+                    np.array([p.ms for p in chosen]) * 1e-3, np.array([p.batch for p in chosen], dtype=float))
+
+
+def gemm_split(path: Path, dtype: str) -> tuple[str, str]:
+    """The (fitted, held-out) kinds the GEMMs of `dtype` in a gemm.json come in."""
+    kinds = {p.kind for p in _points(path, GemmPoint) if p.dtype == dtype}
+    for split in GEMM_SPLITS:
+        if kinds & set(split):
+            return split
+    raise InputError(f"{path}: no {dtype} GEMMs")
 
 
 def load_grouped_gemm(path: Path, dtype: str) -> GroupedGemmData:

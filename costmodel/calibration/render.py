@@ -27,13 +27,14 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.calibration import fit as fitting
-from costmodel.calibration.measurements import (load_adam, load_attention, load_eltwise, load_gemm, load_grouped_gemm,
-                                                load_nccl)
+from costmodel.calibration.measurements import (gemm_split, load_adam, load_attention, load_eltwise, load_gemm,
+                                                load_grouped_gemm, load_nccl)
 from costmodel.errors import InputError
 from costmodel.inputs.load import parse, read_document
-from costmodel.system import System
+from costmodel.system import Clocks, Datatype, System
 from costmodel.inputs.units import gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 MARKER = re.compile(r"^(?P<indent>\s*)# mapsat-calibrate:\s*(?P<what>.*?)\s*$")
@@ -132,8 +133,10 @@ def calibrate_system(base_path: Path, measurements: Path, nccl: dict[str, Path] 
             datatype, elem_bytes = GEMM_DATATYPES[what[1]]
             peak = tflops_to_flops_per_s(float(_get(doc, ("compute", datatype, "matrix_tflops"), base_path)))
             path = measurements / "gemm.json"
-            f = fitting.fit_gemm(load_gemm(path, what[1], "grid"), load_gemm(path, what[1], "block"), peak,
-                                 hbm_bytes_per_s, elem_bytes, what[1])
+            split = gemm_split(path, what[1])
+            f = fitting.fit_gemm(load_gemm(path, what[1], split[0]), load_gemm(path, what[1], split[1]), peak,
+                                 hbm_bytes_per_s, elem_bytes, what[1], split,
+                                 _full_clock(doc, measurements, base_path, Datatype(datatype)))
             out += _comment(indent, f, f"{folder}/gemm.json ({what[1]})") + [f"{indent}gemm:"]
             out += _fields(indent + "  ", f.fields)
         elif len(what) == 2 and what[0] == "grouped_gemm" and what[1] in GEMM_DATATYPES:
@@ -177,6 +180,32 @@ def calibrate_system(base_path: Path, measurements: Path, nccl: dict[str, Path] 
     result = "\n".join(out) + ("\n" if text.endswith("\n") else "")
     parse(System, yaml.safe_load(result), f"{base_path} once calibrated")
     return Calibration(result, fits, notes)
+
+
+class TableSource(BaseModel):
+    """A measurement folder's `source.json`: where a published table comes from and how it was
+    timed (problems/measurements/README.md). Without one, a folder is this project's
+    microbenchmark (benchmarks/measure_gpu.py: host-timed, long enough to see the power limit)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    gpu: str
+    source: str
+    at_full_clock: bool = Field(description="Short runs at full clock: the sustained clock's drop is not in the times.")
+    launch_overhead_us: float = Field(ge=0, description="Host-side launch time the table's device timing leaves out.")
+    launch_overhead_source: str
+
+
+def _full_clock(doc: dict, measurements: Path, base_path: Path, datatype: Datatype) -> fitting.FullClock | None:
+    """How a table timed at full clock is fitted: the drop of the base file's sustained clock
+    for `datatype` and the table's launch overhead; None for a microbenchmark folder."""
+    path = measurements / "source.json"
+    if not path.exists():
+        return None
+    table = parse(TableSource, read_document(path), str(path))
+    if not table.at_full_clock:
+        return None
+    clocks = parse(Clocks, _get(doc, ("clocks",), base_path), f"{base_path}: clocks")
+    return fitting.FullClock(clocks.drop(datatype), table.launch_overhead_us)
 
 
 def _after_generated(lines: list[str], start: int, indent: str, keys: tuple[str, ...]) -> int:

@@ -80,6 +80,9 @@ CURVE_POINTS = Bound(1, 1024, "[size, efficiency] pairs in one curve; calibrated
 SHAPE_OVERHEAD = Bound(0.0, 1e30, "a fitted kernel-time shape term (costmodel.terms.kernel_time); 1e30 is past any "
                                    "operation")
 FRACTION = Bound(0.0, 1.0, "a share of a quantity, from none to all of it")
+COMPUTE_CAPABILITY = Bound(1.0, 100.0, "a CUDA compute capability: 8.0 (A100) to 10.3 (B300)")
+CLOCK_MHZ = Bound(1.0, 1e5, "an SM clock in MHz; GPUs run at 1,000-2,200 MHz")
+POWER_W = Bound(1.0, 1e5, "a GPU's power cap in W; GPUs are capped at 250-1,400 W")
 POWER_WINDOW_MS = Bound(0.0, 1e5, "up to 100 s; power limiters act within milliseconds")
 CURVE_SIZE = Bound(0.0, 1e30, "an operation's FLOP or bytes; 1e30 is past any model")
 

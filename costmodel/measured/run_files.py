@@ -1,4 +1,4 @@
-"""Reading run files: three formats, told apart by their content.
+"""Reading run files: four formats, told apart by their content.
 
 - **This project's** (docs/training-runs.md): YAML or JSON, a list of runs or a mapping with
   `runs:` (and an optional `description`), each run the fields of costmodel.measured.runs.Run.
@@ -6,6 +6,8 @@
 - **Megatron-Bridge's published rows** as they are (costmodel.measured.run_bridge).
 - **Single-GPU iterations** as measured (problems/runs/h200-single-gpu-pytorch.json): one
   record per iteration with the model's shape inline, `iteration_s` and `peak_mem_bytes`.
+- **Training logs** (`log_runs:`): Megatron-LM or torchtitan logs with the launch file they ran
+  (costmodel.frameworks.logs).
 
 Every error is one line naming the file, the run (or row) and the field.
 """
@@ -18,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from costmodel.errors import InputError
+from costmodel.frameworks.logs import is_log_runs, log_runs
 from costmodel.inputs.load import describe_validation_error, read_document
 from costmodel.model import Model
 from costmodel.measured.run_bridge import bridge_runs, is_bridge_rows
@@ -25,7 +28,7 @@ from costmodel.measured.runs import Precision, Run
 
 __all__ = ["RunFormat", "SingleGpuRow", "read_runs", "run_file_format", "single_gpu_run"]
 
-RunFormat = Literal["project", "megatron-bridge", "single-gpu"]
+RunFormat = Literal["project", "megatron-bridge", "single-gpu", "framework-logs"]
 
 _SINGLE_GPU_MARKS = ("iteration_s", "peak_mem_bytes", "arch", "microbatches")
 _SINGLE_GPU_SYSTEMS = {"H200": "h200-141g-nvl8", "H100": "h100-80g-nvl8"}
@@ -92,9 +95,11 @@ def single_gpu_run(row: SingleGpuRow, source: str, file_label: str) -> Run:
 
 
 def run_file_format(data: Any) -> RunFormat:
-    """Which of the three formats a parsed document is."""
+    """Which of the four formats a parsed document is."""
     if is_bridge_rows(data):
         return "megatron-bridge"
+    if is_log_runs(data):
+        return "framework-logs"
     if (isinstance(data, list) and data and isinstance(data[0], dict)
             and all(mark in data[0] for mark in _SINGLE_GPU_MARKS)):
         return "single-gpu"
@@ -156,7 +161,7 @@ def _single_gpu_runs(data: list, path: Path) -> tuple[Run, ...]:
 
 
 def read_runs(path: str | Path) -> tuple[Run, ...]:
-    """Every run of a run file in any of the three formats (an InputError naming the file,
+    """Every run of a run file in any of the four formats (an InputError naming the file,
     run and field when one is malformed)."""
     path = Path(path)
     data = read_document(path)
@@ -165,4 +170,6 @@ def read_runs(path: str | Path) -> tuple[Run, ...]:
         return bridge_runs(data, path)
     if kind == "single-gpu":
         return _single_gpu_runs(data, path)
+    if kind == "framework-logs":
+        return log_runs(data, path)
     return _project_runs(data, path)

@@ -85,6 +85,12 @@ def _transpose_s(c: Context, xp, elems, gathered):
     return xp.where(gathered, eltwise_s(c, xp, elems, 0.0, 2 * c.recipe.copy_bytes), 0.0)
 
 
+def _swizzle_s(c: Context, xp, elems, scale_bytes: float):
+    """The kernel rearranging one operand's block scales (`elems` elements, `scale_bytes` of
+    scale per element) into the GEMM's layout: its scales read and written once."""
+    return eltwise_s(c, xp, elems * scale_bytes, 0.0, 2.0)
+
+
 def quantize_passes(c: Context, xp, gemms: tuple[GemmOperands, ...]) -> QuantizePasses:
     """The quantization passes of `gemms` under the problem's recipe (all 0 without a quantized
     one: Calculon's datatype costing, or bf16)."""
@@ -114,4 +120,11 @@ def quantize_passes(c: Context, xp, gemms: tuple[GemmOperands, ...]) -> Quantize
                     + _transpose_s(c, xp, g.outputs * g.group, g.output_gathered))
         for pass_bytes in recipe.weight_step_passes:
             weights = weights + eltwise_s(c, xp, g.weights, 0.0, pass_bytes)
+        if fmt.swizzled_scales:
+            # forward GEMM: X and W; activation gradient: dY and Wᵀ; weight gradient: Xᵀ and dYᵀ
+            x_scales = _swizzle_s(c, xp, xp.where(g.input_gathered, g.inputs * g.group, g.inputs), fmt.scale_bytes)
+            dy_scales = _swizzle_s(c, xp, xp.where(g.output_gathered, g.outputs * g.group, g.outputs), fmt.scale_bytes)
+            w_scales = _swizzle_s(c, xp, g.weights, fmt.weight_scale_bytes)
+            forward = forward + x_scales + w_scales
+            backward = backward + x_scales + 2 * dy_scales + w_scales
     return QuantizePasses(forward, backward, weights)

@@ -49,6 +49,9 @@ from costmodel.inputs.units import MICRO, MILLI
 __all__ = ["HEAD_KERNELS_FORWARD", "OPTIMIZER_KERNELS", "StepGaps", "WholeStep", "allocator_bytes",
            "attention_in_step", "gemm_in_step", "step_gaps"]
 
+ALWAYS_SUSTAINED_FLOPS = 1e300
+"""F' of a GEMM on a GPU at its sustained clock: F' / (F' + power_flops) is 1.0 in floating point
+for any power_flops a file can state (at most 1e30), so the whole drop applies."""
 HEAD_KERNELS_FORWARD = 2.0
 """Kernels of the output side's forward, one microbatch: the logits GEMM and the
 softmax-cross-entropy (costmodel.terms.iteration.output_layer_s times them)."""
@@ -112,12 +115,16 @@ def step_gaps(kernel_gap_s: float, cuda_graphs: str) -> StepGaps:
 
 
 def gemm_in_step(timing: GemmTiming | None, gap_s: float, power_window_s: float,
-                 peak_flops_per_s: float) -> GemmTiming | None:
+                 peak_flops_per_s: float, at_sustained_clock: bool = False) -> GemmTiming | None:
     """A GEMM's fitted model as a step runs it: its launch plus the gap, and the sustained
     clocks' drop at least that of a GEMM lasting the power window at full rate (the FLOP its
-    main loop does in that time at `peak_flops_per_s` · efficiency)."""
+    main loop does in that time at `peak_flops_per_s` · efficiency). On a GPU whose file states
+    its sustained clock (costmodel.system.Clocks) every GEMM pays the whole drop (as if the
+    limiter had seen an endless GEMM: F' = ALWAYS_SUSTAINED_FLOPS) and the window does not apply."""
     if timing is None:
         return None
+    if at_sustained_clock:
+        return replace(timing, launch_s=timing.launch_s + gap_s, sustained_flops=ALWAYS_SUSTAINED_FLOPS)
     return replace(timing, launch_s=timing.launch_s + gap_s,
                    sustained_flops=power_window_s * peak_flops_per_s * timing.efficiency)
 

@@ -15,6 +15,7 @@ from costmodel.terms.training_cost import (DEFAULT_CHECKPOINT_GBPS, DEFAULT_PUE,
 from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, kernel_options, load_problem,
                                 problem_options, progress_line, system_label, user_errors, wide_console,
                                 wide_option)
+from solver.cli.emit import echo_plan_emitted, emit_options
 from solver.report.documents import dumps, plan_document
 from solver.search.nearest import smallest_fitting_count
 from solver.search.plan import (TOKENS, Phase, Settings, Target, check_buyable, load_phases, parse_counts, plan,
@@ -100,11 +101,13 @@ def _phases(phases_path, tokens, seq_size, batch, batch_tokens, model_seq) -> li
               help="Draw days against GPUs and against cost (GPU-hours without a price), the chosen point marked.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
 @wide_option
+@emit_options
 @user_errors
 def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbps, nvlink_size, gpus_text, min_gpus,
             max_gpus, gpu_step, tokens, phases_path, max_batch, batch, batch_tokens, space_name, fix, kernels,
             datatype, deadline_days, budget_usd, gpu_hour_price, failure_rate, checkpoint_gbps, async_checkpoint,
-            snapshot_gbps, restart_minutes, gpu_power_w, pue, time_limit_s, plot_path, as_json, wide):
+            snapshot_gbps, restart_minutes, gpu_power_w, pue, time_limit_s, plot_path, as_json, wide, emit,
+            lossy):
     """Plan a whole training run: GPUs, days, GPU-hours, failures and cost.
 
     For every GPU count (whole NVLink domains) and every training phase, the certified best
@@ -161,7 +164,9 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         from solver.report.plan_plot import plot_plan
 
         plot_plan(result, plot_path, title)
-    if as_json:
+    if emit:
+        echo_plan_emitted(result, model, system, emit, lossy)
+    elif as_json:
         click.echo(dumps(plan_document(result)))
     else:
         from solver.report.plan_tables import print_plan     # (rich: only for tables)

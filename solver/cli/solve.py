@@ -11,6 +11,7 @@ import costmodel.inputs.limits as limits
 from costmodel.errors import MapsatError
 from costmodel.terms.param_counts import ParameterCounts
 from costmodel.system import Datatype
+from solver.cli.emit import echo_emitted, emit_options
 from solver.cli.errors import debugging
 from solver.cli.options import (BoundedFloat, BoundedInt, batch_header, datatype_option, load_problem, problem_options,
                                 progress_line, space_and_cap, space_options, system_label, user_errors,
@@ -36,9 +37,11 @@ NOTHING_YET = "interrupted (Ctrl-C) before any mapping was found"
               help="CP-SAT search workers; 1 keeps every output identical run to run, more may be faster.")
 @click.option("--seed", type=BoundedInt(limits.SEED), default=0, show_default=True, help="CP-SAT random seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
+@emit_options
 @user_errors
 def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbps, nvlink_size, num_gpus, max_batch,
-            batch, batch_tokens, space_name, fix, kernels, datatype, top_k, time_limit_s, workers, seed, as_json):
+            batch, batch_tokens, space_name, fix, kernels, datatype, top_k, time_limit_s, workers, seed, as_json, emit,
+            lossy):
     """Find the fastest mapping under the exact model, certified optimal by CP-SAT.
 
     Exits 1 when no mapping is feasible, naming the constraints that rule every mapping out.
@@ -50,6 +53,9 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
                    --datatype float8 --offload-gib 1024 --offload-gbps 100
       mapsat solve --model problems/models/llama-3.1-70b/config.json --seq-size 8192 \\
                    --system problems/systems/h100-80g-nvl8.yaml --gpus 512
+      mapsat solve --model problems/models/llama-3.1-70b/config.json --seq-size 8192 \\
+                   --system problems/systems/h100-80g-nvl8.yaml --gpus 64 \\
+                   --precision fp8-tensorwise --fix seq_par_ag_redo=on --emit megatron
     """
     model, system = load_problem(model_path, system_path, hbm_gib, offload_gib, offload_gbps, nvlink_size,
                                  seq_size=seq_size)
@@ -75,7 +81,11 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
             raise
         click.echo(NOTHING_YET, err=True)
         sys.exit(130)
-    if as_json:
+    if emit and result.best is not None:
+        echo_emitted(result.best.mapping, model, system, emit, lossy)
+    elif emit:
+        pass                             # no mapping: the reason follows, exit 1
+    elif as_json:
         click.echo(dumps({**result.to_dict(), "fixed": describe_pins(space), "smallest_fitting_gpus": fitting,
                           "parameters": ParameterCounts.of(model).to_dict()}))
     else:

@@ -1,0 +1,18 @@
+torchrun --nnodes 8 --nproc-per-node 8 pretrain_gpt.py \
+    --tensor-model-parallel-size 4 \
+    --pipeline-model-parallel-size 1 \
+    --context-parallel-size 1 \
+    --micro-batch-size 1 \
+    --global-batch-size 2048 \
+    --seq-length 8192 \
+    --sequence-parallel \
+    --tp-comm-overlap \
+    --recompute-granularity selective \
+    --recompute-modules core_attn \
+    --use-torch-fsdp2 \
+    --overlap-grad-reduce \
+    --bf16 \
+    --fp8-format hybrid \
+    --fp8-recipe tensorwise \
+    --fp8-param-gather \
+    --cross-entropy-loss-fusion
