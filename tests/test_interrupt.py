@@ -162,3 +162,15 @@ def test_progress_goes_to_stderr_when_piped_and_with_json_unless_quiet(monkeypat
     json.loads(loud.stdout)
     quiet = CliRunner().invoke(cli, [command, *tiny, *extra, "--json", "--quiet"])
     assert quiet.exit_code == 0 and quiet.stderr == ""
+
+
+def test_brute_piped_says_how_many_mappings_it_scored(monkeypatch):
+    import solver.cli.progress as progress
+
+    monkeypatch.setattr(progress, "PROGRESS_AFTER_S", 0.0)
+    args = ["brute", "--model", "problems/models/gpt-1.3b.yaml", "--system", "problems/systems/a100-80g-selene.yaml",
+            "--gpus", "8", "--workers", "1", "--json"]
+    loud = CliRunner().invoke(cli, args)
+    assert loud.exit_code == 0 and re.search(r"^progress: scored [0-9,]+ of [0-9,]+ mappings$", loud.stderr, re.M)
+    json.loads(loud.stdout)
+    assert CliRunner().invoke(cli, [*args, "--quiet"]).stderr == ""

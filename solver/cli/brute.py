@@ -15,6 +15,7 @@ from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from solver.cli.options import (BoundedInt, batch_header, datatype_option, load_problem, problem_options,
                                 space_and_cap, space_options, system_label, user_errors, wide_console)
+from solver.cli.progress import progress_line, quiet
 from solver.report.tables import evaluation_tables, top_table
 from solver.search.brute import BruteResult, scan
 from solver.space.pins import describe_pins, pins_text
@@ -53,8 +54,13 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
                                      num_gpus)
     if csv_path is not None:
         ensure_parent(csv_path, "--csv")
-    result = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), kernels,
-                  top_k=top_k, workers=workers, progress=not as_json, csv_path=csv_path)
+    from rich.console import Console
+
+    # a bar on a terminal; piped or with --json, progress on stderr past 2 s; --quiet: neither
+    bar = Console(stderr=True).is_terminal and not as_json and not quiet()
+    with progress_line(enabled=not bar and not quiet()) as say:
+        result = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), kernels,
+                      top_k=top_k, workers=workers, progress=bar, csv_path=csv_path, say=say)
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "fixed": describe_pins(space)}, indent=2))
     else:

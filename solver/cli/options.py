@@ -26,7 +26,7 @@ from costmodel.precision import OPTIMIZER_STATES, Precision
 from costmodel.system import Datatype, System
 from costmodel.inputs.units import GiB
 from solver.cli.errors import debugging, one_line_errors
-from solver.cli.progress import progress_line  # noqa: F401 (the commands import it from here)
+from solver.cli.progress import progress_line, quiet  # noqa: F401 (the commands import progress_line from here)
 from solver.space.declaration import DEFAULT_SPACE, SPACES, Space, get_space
 from solver.space.pins import batch_cap, batch_text, check_pins, default_batch_cap, parse_pins, pinned
 
@@ -142,8 +142,7 @@ quiet_option = click.option("--quiet", is_flag=True, expose_value=False, callbac
 
 def warn(*messages: str) -> None:
     """Each message as one line `warning: ...` on stderr, unless the command got --quiet."""
-    ctx = click.get_current_context(silent=True)
-    if ctx is not None and (ctx.meta.get("mapsat.quiet") or ctx.params.get("quiet")):
+    if quiet():
         return
     for message in messages:
         click.echo(f"warning: {message}", err=True)

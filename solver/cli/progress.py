@@ -15,7 +15,8 @@ PROGRESS_AFTER_S = 2.0
 """Seconds of work before the first word of progress: a command that answers sooner says nothing."""
 
 
-def _quiet() -> bool:
+def quiet() -> bool:
+    """Whether the running command got --quiet."""
     ctx = click.get_current_context(silent=True)
     return bool(ctx is not None and (ctx.meta.get("mapsat.quiet") or ctx.params.get("quiet")))
 
@@ -26,7 +27,7 @@ def progress_line(enabled: bool | None = None) -> Iterator[Callable[[str], None]
     PROGRESS_AFTER_S (a spinner on a terminal, else a line per new text); `enabled` False, or
     the command's --quiet when `enabled` is None, shows nothing."""
     if enabled is None:
-        enabled = not _quiet()
+        enabled = not quiet()
     if not enabled:
         yield lambda text: None
         return

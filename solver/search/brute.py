@@ -233,9 +233,10 @@ def default_workers() -> int:
 
 def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Space, datatype: Datatype,
          kernels: Kernels = Kernels(), top_k: int = 10, workers: int | None = None, chunk_rows: int = BRUTE_CHUNK_ROWS, progress: bool = False,
-         csv_path: str | Path | None = None) -> BruteResult:
+         csv_path: str | Path | None = None, say=None) -> BruteResult:
     """Evaluate every mapping of `space`; return the best `top_k` (by time, then ordinal),
-    counts, and optionally write every feasible mapping to `csv_path` in enumeration order."""
+    counts, and optionally write every feasible mapping to `csv_path` in enumeration order.
+    `progress`: a bar on a terminal; `say(text)`: told the mappings scored after each chunk."""
     start = time.perf_counter()
     # the problem's own errors (a missing datatype, a recipe the GPU does not run) are the
     # user's, said once, here: not raised inside workers, whose pool would then be torn down
@@ -282,6 +283,8 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
                     outcome.csv_text = None  # keep only the small part in memory
                     tops.append(outcome)
                 bar.advance(task, outcome.evaluated)
+                if say is not None:
+                    say(f"scored {evaluated:,} of {the_plan.total:,} mappings")
     except KeyboardInterrupt:     # Ctrl-C: what was scored so far (the pool is torn down by _run)
         interrupted = True
     finally:
