@@ -164,12 +164,17 @@ def test_progress_goes_to_stderr_when_piped_and_with_json_unless_quiet(monkeypat
     assert quiet.exit_code == 0 and quiet.stderr == ""
 
 
-def test_brute_piped_says_how_many_mappings_it_scored(monkeypatch):
+def test_brute_piped_says_how_many_mappings_it_scored(monkeypatch, tmp_path):
+    import yaml
+
     import solver.cli.progress as progress
 
     monkeypatch.setattr(progress, "PROGRESS_AFTER_S", 0.0)
-    args = ["brute", "--model", "problems/models/gpt-1.3b.yaml", "--system", "problems/systems/a100-80g-selene.yaml",
-            "--gpus", "8", "--workers", "1", "--json"]
+    model = tmp_path / "tiny.yaml"
+    model.write_text(yaml.safe_dump({"hidden": 64, "feedforward": 256, "seq_size": 64, "attn_heads": 4,
+                                     "attn_size": 16, "num_blocks": 2, "vocab_size": 1000}))
+    args = ["brute", "--model", model, "--system", "problems/systems/a100-80g-selene.yaml", "--gpus", "2",
+            "--max-batch", "8", "--workers", "1", "--json"]
     loud = CliRunner().invoke(cli, args)
     assert loud.exit_code == 0 and re.search(r"^progress: scored [0-9,]+ of [0-9,]+ mappings$", loud.stderr, re.M)
     json.loads(loud.stdout)

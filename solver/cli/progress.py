@@ -37,7 +37,10 @@ def progress_line(enabled: bool | None = None) -> Iterator[Callable[[str], None]
     show, say, stop = _spinner(console) if console.is_terminal else _plain_lines()
     timer = threading.Timer(PROGRESS_AFTER_S, show)
     timer.daemon = True
-    timer.start()
+    if PROGRESS_AFTER_S <= 0:
+        show()                          # (at once: nothing to wait for)
+    else:
+        timer.start()
     try:
         yield say
     finally:
