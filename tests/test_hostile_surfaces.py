@@ -928,3 +928,34 @@ def test_scale_extremes_answer_or_refuse_within_the_time_limit(files, tmp_path, 
         assert _finite_positive(best["iteration_time_s"], best["mfu"]) and best["mfu"] <= 1
     else:
         assert_refused(result)
+
+
+def test_a_dask_address_that_answers_garbage_is_one_line_naming_it(files, tmp_path):
+    """Something other than a Dask scheduler on the port: its reply, read as a frame length,
+    once asked for 3 EiB; the line names the address, not the memory."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+
+    def answer_garbage():
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            with connection:
+                connection.sendall(b"\xff" * 4096)
+
+    threading.Thread(target=answer_garbage, daemon=True).start()
+    batch = tmp_path / "batch.yaml"
+    batch.write_text(f"models: [{files['model']}]\nsystems: [{files['system']}]\ngpus: [2]\n")
+    address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    try:
+        line = assert_refused(mapsat("batch", batch, "--out", tmp_path / "out", "--dask", address, "--quiet"),
+                              f"--dask {address}")
+    finally:
+        server.close()
+    assert "EiB" not in line and "something answered there, but not a Dask scheduler" in line

@@ -314,8 +314,12 @@ def _run_dask(payloads: list[dict], address: str):
                          "(the dask extra)") from None
     try:
         client = Client(address, timeout="10s")
-    except Exception as err:  # noqa: BLE001 - any connection failure is the user's address
+    except (OSError, TimeoutError) as err:    # nothing listens there, or it does not answer in time
         raise InputError(f"--dask {address}: cannot connect to a Dask scheduler ({err})") from None
+    except Exception as err:  # noqa: BLE001 - something answered, not in Dask's protocol (its reply
+        # read as a frame length can ask for exabytes: not the user's memory, the address)
+        raise InputError(f"--dask {address}: something answered there, but not a Dask scheduler (its reply does "
+                         f"not parse: {type(err).__name__})") from None
     token = f"{time.time_ns():x}"
     futures = {client.submit(solve_payload, p, key=f"mapsat-{p['id']}-{token}", pure=False): p for p in payloads}
     try:
