@@ -191,7 +191,11 @@ class Context:
             how = system_recipe(system, kernels.precision)
             gemm_compute = system.compute_for(Datatype(how.gemm))
             peak_ratio = (how.gemm_tflops or gemm_compute.matrix_tflops) / gemm_compute.matrix_tflops
-            share = min(2 * kernels.bf16_first_last_blocks, model.num_blocks) / model.num_blocks
+            ends = kernels.bf16_first_last_blocks
+            if 2 * ends > model.num_blocks:
+                raise InputError(f"bf16_first_last_blocks {ends}: {ends} blocks at each end are 2·{ends} = {2 * ends} "
+                                 f"> num_blocks({model.num_blocks}); at most {model.num_blocks // 2}")
+            share = 2 * ends / model.num_blocks
             layouts = system.precision.fp8_gemm_layouts if system.precision is not None else "tn"
             recipe_fields = dict(
                 recipe=recipe_costs(kernels.precision, layouts, kernels.param_gather_low_precision, share),

@@ -68,9 +68,7 @@ class MappingArrays:
         """Row i as a typed Mapping (Calculon field names)."""
         fields = {dim.field: dim.value_of(self.columns[dim.name][i]) for dim in DIMENSIONS}
         return Mapping(num_procs=int(self.tp[i] * self.cp[i] * self.pp[i] * self.dp[i]), datatype=datatype,
-                       fused_activation=kernels.fused_activation, fused_attention=kernels.fused_attention,
-                       grad_datatype=kernels.grad_datatype, capacity_factor=kernels.capacity_factor,
-                       **kernels.precision_settings, **fields)
+                       **kernels.mapping_settings, **fields)
 
     @staticmethod
     def from_mappings(mappings: list[Mapping], moe: bool = False) -> "MappingArrays":

@@ -167,6 +167,17 @@ class Kernels:
                 "bf16_first_last_blocks": self.bf16_first_last_blocks}
 
     @property
+    def mapping_settings(self) -> dict:
+        """Every setting a Mapping file states for these kernels, by its field name (the inverse
+        of Mapping.kernels): a mapping the search prints evaluates to the time it printed."""
+        return {"fused_activation": self.fused_activation, "fused_attention": self.fused_attention,
+                "grad_datatype": self.grad_datatype, "capacity_factor": self.capacity_factor,
+                **self.precision_settings, "cuda_graphs": self.cuda_graphs,
+                "fused_cross_entropy": self.fused_cross_entropy, "pipeline_comm_overlap": self.pp_comm_overlap,
+                "moe_dispatcher": self.moe_dispatcher, "moe_comm_overlap": self.moe_comm_overlap,
+                "moe_dispatcher_sm_share": self.moe_dispatcher_sm_share}
+
+    @property
     def precision_record(self) -> dict:
         """The precision settings that differ from the defaults, as JSON records state them
         (nothing for a problem without them: records read as before)."""

@@ -18,7 +18,7 @@ from pydantic import (BaseModel, Field, create_model, field_serializer, field_va
                       model_validator)
 
 import costmodel.inputs.limits as limits
-from costmodel.choices import AttentionType, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
+from costmodel.choices import AttentionType, CPComm, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.dimensions import BY_NAME, CHAIN, DEGREES, DIMENSIONS, Dimension
 from costmodel.errors import InputError
 from costmodel.kernels import (PRECISION_DEFAULTS, CudaGraphs, GradDatatype, Kernels,
@@ -249,9 +249,15 @@ class _MappingBase(BaseModel):
             raise ValueError(f"{'·'.join(shown)}={math.prod(chain.values())} ≠ num_procs({self.num_procs})")
         for field in _SUBGROUP_FIELDS:
             size = getattr(self, field)
+            if size is not None and self.sharding_stage is ShardingStage.none:
+                raise ValueError(f"{field}({size}) with sharding_stage(0): nothing is sharded to group (give a "
+                                 f"sharding_stage of 1-3, or leave {field} out)")
             if size is not None and (self.dp * self.cp) % size:
                 raise ValueError(f"{field}({size}) does not divide data_par({self.dp})·context_par({self.cp}) = "
                                  f"{self.dp * self.cp}")
+        if self.cp == 1 and self.context_par_comm is not CPComm.p2p:
+            raise ValueError(f"context_par_comm({self.context_par_comm.value}) with context_par(1): there is no "
+                             f"context-parallel group to communicate over")
         if self.batch_size % self.dp:
             raise ValueError(f"batch_size({self.batch_size}) is not divisible by data_par({self.dp})")
         if self.local_batch % self.microbatch_size:

@@ -168,7 +168,10 @@ class Model(BaseModel):
         if self.moe_every > self.num_blocks:
             raise ValueError(f"moe_every({self.moe_every}) > num_blocks({self.num_blocks}): no block would have "
                              f"experts")
-        if self.moe_blocks == 0:
+        if self.first_dense_blocks > self.num_blocks:
+            raise ValueError(f"first_dense_blocks({self.first_dense_blocks}) > num_blocks({self.num_blocks}): the "
+                             f"dense blocks come first, among the model's blocks")
+        if self.moe_blocks <= 0:
             raise ValueError(f"first_dense_blocks({self.first_dense_blocks}) with moe_every({self.moe_every}) and "
                              f"num_blocks({self.num_blocks}): no block would have experts")
         return self

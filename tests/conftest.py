@@ -205,3 +205,13 @@ def assert_block_floors_below_exact(model, system, gpus: int, max_batch: int, da
                     assert bounds.block_floors[(*sk.split, il, mb)] <= ev.iteration_time_s[ev.feasible].min()
                     checked.append(sk)
     return checked
+
+
+@pytest.fixture(autouse=True)
+def no_progress_lines(monkeypatch):
+    """Commands run in-process say nothing of their progress (a slow machine would otherwise put
+    `progress:` lines into the output the tests parse); the progress tests turn it back on,
+    and commands run as subprocesses keep it."""
+    import solver.cli.progress as progress
+
+    monkeypatch.setattr(progress, "PROGRESS_AFTER_S", 1e6)

@@ -151,29 +151,32 @@ def test_solve_equals_brute_force_where_context_parallelism_wins(case):
 
 
 def test_llama_405b_at_131k_on_16384_h100s_prints_a_full_breakdown():
-    """The Llama 3 paper's long-context mapping (Dubey et al. 2024, Table 4: TP 8, CP 16, PP
-    16, DP 8 at 131,072 tokens on 16,384 H100s, 16 sequences per DP rank; we add ZeRO-3, as
-    the issue asks, full recompute and 2 chunks per stage, which the paper does not state) —
-    126 blocks on 16 stages as 7, 8 × 14, 7. The paper reports 38 % BF16 MFU; the model's
-    figure depends on what the paper leaves unstated (35 % with 2 chunks, 42 % with 4), so
-    the check is loose: within 8 points."""
+    """The Llama 3 paper's long-context mapping as far as the paper states it (Dubey et al.
+    2024, Table 4: TP 8, CP 16, PP 16, DP 8 at 131,072 tokens on 16,384 H100s, 16 sequences
+    per DP rank; §3.3.2: all-gather context parallelism, FSDP that keeps the weights after the
+    forward pass, ZeRO-2 over the 8 DP ranks), the rest — what the paper leaves unstated —
+    `solve`'s best under those pins: the shipped file is that mapping, to 1e-9. 126 blocks on
+    16 stages as 7, 8 × 14, 7. The paper reports 38 % BF16 MFU; the model's MFU (causal
+    attention halved, as Megatron-Bridge counts) is 39.1 %, checked within 3 points."""
     from click.testing import CliRunner
 
     from solver.cli.app import cli
 
-    args = ["eval", "--model", str(ROOT / "problems/models/llama-3.1-405b/config.json"), "--seq-size", "131072",
-            "--system", str(ROOT / "problems/systems/h100-80g-nvl8.yaml"),
-            "--mapping", str(ROOT / "problems/mappings/llama-3.1-405b-cp16-131k.json")]
+    problem = ["--model", str(ROOT / "problems/models/llama-3.1-405b/config.json"), "--seq-size", "131072",
+               "--system", str(ROOT / "problems/systems/h100-80g-nvl8.yaml")]
+    args = ["eval", *problem, "--mapping", str(ROOT / "problems/mappings/llama-3.1-405b-cp16-131k.json")]
     table = CliRunner().invoke(cli, args)
     assert table.exit_code == 0, table.output
     for row in ("CP K/V ring", "pipeline bubble", "second stage in HBM", "ZeRO-2/3 buffer", "tp8 cp16 pp16 dp8"):
         assert row in table.output
-    doc = json.loads(CliRunner().invoke(cli, [*args, "--json"]).output)
-    # The paper does not say how it counts attention; its 38 % compares with the full s² count
-    # (Megatron-LM 2021's): our MFU halves the causal attention, so scale it back to the full count.
-    flops = doc["model_flops_per_token"]
-    assert flops["attention_halved_by_causal_mask"]
-    full_mfu = doc["mfu"] * (flops["matrix"] + 2 * flops["attention"]) / flops["total"]
-    assert doc["feasible"] and abs(full_mfu - 0.38) < 0.08
-    assert doc["mfu"] < full_mfu
+    doc = json.loads(CliRunner().invoke(cli, [*args, "--json"]).stdout)
+    mapping = doc["mapping"]
+    assert (mapping["context_par_comm"], mapping["sharding_stage"], mapping["sharding_group"],
+            mapping["batch_size"]) == ("all_gather", 2, 8, 128)
+    assert doc["feasible"] and abs(doc["mfu"] - 0.38) < 0.03
     assert doc["time"]["cp_comm_s"] > 0 and doc["memory"]["second_stage_hbm_bytes"] == doc["memory"]["hbm_bytes"]
+    pins = ["--fix", "tp=8", "--fix", "cp=16", "--fix", "pp=16", "--batch", "128", "--fix", "cp_comm=all_gather"]
+    solved = json.loads(CliRunner().invoke(cli, ["solve", *problem, "--gpus", "16384", *pins, "--json",
+                                                 "--time-limit", "120"]).stdout)
+    assert solved["certified_optimal"]
+    assert solved["best"]["iteration_time_s"] == pytest.approx(doc["iteration_time_s"], rel=1e-9)

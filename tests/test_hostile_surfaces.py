@@ -40,6 +40,7 @@ from costmodel.inputs.hf import READERS
 from costmodel.inputs.load import load_mapping, load_model, load_system
 from costmodel.mapping import Mapping
 from costmodel.model import Model
+from costmodel.kernels import Kernels
 from costmodel.system import Datatype, System
 from solver.cli.app import COMMANDS, cli
 from solver.cli.errors import MAX_ERROR_LINE
@@ -550,7 +551,7 @@ def _long_mlp_only_layers(directory: str) -> str:
 def test_a_config_listing_100000_dense_layers_is_one_short_line(files):
     result = mapsat("count", "--model", _long_mlp_only_layers(files["dir"]), "--seq-size", 2048,
                     "--system", H100_SYSTEM, "--gpus", 8)
-    assert_refused(result, "mlp_only_layers", "not modelled")
+    assert_refused(result, "mlp_only_layers", "past the last layer (23")
 
 
 def test_a_large_document_is_called_an_alias_bomb_only_with_aliases(files, tmp_path):
@@ -588,3 +589,373 @@ def test_an_image_format_matplotlib_cannot_write_is_refused_before_the_search(fi
     assert_refused(mapsat(command, *base_args(command, files), option, path),
                    f"{option} {path}: matplotlib does not write .out files")
     assert time.perf_counter() - started < 5
+
+
+# ---------------------------------------------------------------- 6. silent wrong answers
+
+@pytest.mark.parametrize("dense", [62, 61, 1000])
+def test_first_k_dense_replace_at_or_past_the_layers_is_refused(tmp_path, dense):
+    path = _write_config(tmp_path, {**VALID_CONFIGS["deepseek_v3"], "first_k_dense_replace": dense})
+    assert_refused(mapsat("solve", "--model", path, "--seq-size", 4096, "--system", H100_SYSTEM, "--gpus", 64),
+                   f"first_k_dense_replace {dense} with num_hidden_layers 61", "no block would have experts")
+
+
+def test_first_dense_blocks_past_num_blocks_is_refused(tmp_path):
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump({**TINY_MOE, "first_dense_blocks": 5}))
+    for command in ("count", "solve", "plan"):
+        extra = ["--tokens", "1e9"] if command == "plan" else []
+        assert_refused(mapsat(command, "--model", path, "--system", H100_SYSTEM, "--gpus", 2, *extra),
+                       "first_dense_blocks(5) > num_blocks(2)")
+
+
+@pytest.mark.parametrize("field, value, check", [
+    ("first_k_dense_replace", 0, lambda m: m.moe_blocks == m.num_blocks == 61),
+    ("num_nextn_predict_layers", 0, lambda m: m.mtp_blocks == 0),
+])
+def test_zero_dense_blocks_and_zero_prediction_modules_are_legal(tmp_path, field, value, check):
+    model = load_model(_write_config(tmp_path, {**VALID_CONFIGS["deepseek_v3"], field: value}), seq_size=4096)
+    assert check(model)
+
+
+@pytest.mark.parametrize("extreme", [("--failure-rate", "1"), ("--restart-minutes", "1e6")])
+def test_a_plan_whose_goodput_is_zero_is_refused_not_inf_days(files, extreme):
+    # 8 GPUs at a failure an hour each: an interruption every 7.5 minutes, shorter than a 10-minute restart
+    args = ["--model", files["model"], "--system", files["system"], "--gpus", "8,16", "--tokens", "1e9",
+            "--failure-rate", "1" if extreme[0] == "--failure-rate" else "1e-3", *extreme]
+    line = assert_refused(mapsat("plan", *args), "no GPU count can train", "goodput 0", "--restart-minutes")
+    assert "inf" not in line
+    document = json.loads(CliRunner().invoke(cli, ["plan", *args, "--json"]).stdout)
+    assert document["chosen"] is None and not any(row["feasible"] for row in document["counts"])
+    assert all("goodput 0" in row["reason"] for row in document["counts"])
+
+
+@st.composite
+def model_documents(draw) -> dict:
+    """Model files over the fields that must agree: the MoE block counts (first_dense_blocks,
+    moe_every, experts), latent attention, sliding windows and prediction modules, at their
+    edges (0, 1, the block count, past it)."""
+    blocks = draw(st.integers(1, 6))
+    edge = st.sampled_from([0, 1, blocks - 1, blocks, blocks + 1, 2 * blocks + 3])
+    doc = {**TINY, "num_blocks": blocks, "mlp": draw(st.sampled_from(["gelu", "swiglu", "squared_relu"])),
+           "mtp_blocks": draw(edge), "qk_norm": draw(st.booleans()), "attention_sinks": draw(st.booleans())}
+    if draw(st.booleans()):
+        experts = draw(st.sampled_from([1, 4, 16]))
+        doc.update(num_experts=experts, experts_per_token=draw(st.integers(1, experts)), expert_feedforward=32,
+                   first_dense_blocks=draw(edge),
+                   moe_every=draw(st.integers(1, blocks + 2)), router_bias=draw(st.booleans()))
+        shared = draw(st.integers(0, 2))
+        doc.update(shared_experts=shared, shared_expert_feedforward=32 * bool(shared))
+    if draw(st.booleans()):
+        doc.update(sliding_window=draw(st.sampled_from([16, 128])),
+                   sliding_window_blocks=draw(st.one_of(st.none(), edge)))
+    if draw(st.booleans()):
+        doc.update(bias=False, latent_attention={"q_lora_rank": draw(st.sampled_from([0, 8])), "kv_lora_rank": 8,
+                                                 "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 16})
+    return doc
+
+
+ONE_GPU = {**MAPPING_DATA, "num_procs": 1, "tensor_par": 1, "pipeline_par": 1, "data_par": 1, "batch_size": 2,
+           "microbatch_size": 1}
+
+
+@settings(max_examples=100, deadline=None, database=None, derandomize=True)
+@given(doc=model_documents())
+def test_no_accepted_model_answers_a_negative_or_non_finite_figure(doc):
+    """A model the schema accepts has positive parameter counts, block counts that add up,
+    and a mapping of it a positive, finite time, MFU in (0, 1] and a finite day count; one
+    it refuses is refused with one line."""
+    from costmodel.evaluate import evaluate
+    from costmodel.inputs.load import parse
+    from costmodel.terms.param_counts import ParameterCounts
+    from costmodel.terms.training_cost import failures, run_cost
+
+    try:
+        model = parse(Model, doc, "model.yaml")
+    except InputError as err:
+        assert "\n" not in str(err) and len(str(err)) <= MAX_ERROR_LINE
+        return
+    assert 0 <= model.moe_blocks <= model.num_blocks and model.dense_blocks >= 0
+    assert bool(model.num_experts) <= (model.moe_blocks > 0)
+    counts = ParameterCounts.of(model)
+    assert all(value >= 0 and math.isfinite(value) for value in counts.to_dict().values())
+    assert counts.total > 0 and 0 < counts.active <= counts.total
+    ev = evaluate(model, load_system_data(), Mapping(**ONE_GPU))
+    assert math.isfinite(ev.iteration_time_s) and ev.iteration_time_s > 0
+    assert 0 < ev.mfu <= 1 and all(math.isfinite(t) and t >= 0 for t in ev.time_s.values())
+    cost = run_cost(1, 1e6 * ev.iteration_time_s, failures(1, counts.total * 16.0))
+    assert math.isfinite(cost.wall_days) and cost.wall_days > 0
+
+
+def load_system_data() -> System:
+    from costmodel.inputs.load import parse
+
+    return parse(System, SYSTEM_DATA, "system.yaml")
+
+
+# ---------------------------------------------------------------- 7. unbounded work
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--gpus", "8-1000000:8"], "--gpus 8-1000000:8: 125,000 GPU counts, more than 256"),
+    (["--gpus", "8-16777216"], "2,097,152 GPU counts, more than 256"),
+    (["--max-gpus", "16777216"], "--max-gpus 8-16777216:8: 2,097,152 GPU counts"),
+    (["--gpus", "8-99999999999:8"], "above 2^24"),
+])
+def test_a_plan_over_too_many_counts_is_refused_before_any_solve(files, args, fragment):
+    started = time.perf_counter()
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert_refused(mapsat("plan", "--model", files["model"], "--system", files["system"], *args, "--tokens", "1e9"),
+                   fragment)
+    assert time.perf_counter() - started < 5
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 100_000     # KiB
+
+
+def test_brute_proves_infeasibility_from_the_network_sizes_before_scoring(files, monkeypatch):
+    """As `solve`: 4,096 GPUs on networks of 8 and 16 leave no split whose groups span a
+    network; the proof comes before any mapping is scored (the threshold lowered to this space)."""
+    from solver.search import brute as brute_module
+
+    monkeypatch.setattr(brute_module, "PROOF_ROWS", 0)
+    small = tmp_system(files, [{**SYSTEM_DATA["networks"][0]}, {**SYSTEM_DATA["networks"][1], "size": 16}])
+    result = mapsat("brute", "--model", files["model"], "--system", small, "--gpus", 4096, "--workers", 1)
+    line = assert_refused(result, "infeasible, proven before scoring", "network size: no split of 4096 GPUs")
+    solved = mapsat("solve", "--model", files["model"], "--system", small, "--gpus", 4096, "--json")
+    assert solved.exit_code == 1 and "network size" in line
+    document = json.loads(CliRunner().invoke(cli, ["brute", "--model", files["model"], "--system", small,
+                                                   "--gpus", 4096, "--json"]).stdout)
+    assert document["evaluated"] == 0 and document["proof"].startswith("network size")
+
+
+def tmp_system(files, networks) -> str:
+    path = Path(files["dir"]) / "small-networks.yaml"
+    path.write_text(yaml.safe_dump({**SYSTEM_DATA, "networks": networks}))
+    return str(path)
+
+
+def test_the_search_tables_are_built_under_the_time_limit(files, monkeypatch):
+    """The exact model's tables (minutes for a 2,048-expert MoE on 16K GPUs) check the deadline
+    between chunks, between stage tables and per split: a deadline passed at any of those
+    checks ends the solve there, status unknown."""
+    from solver.search import engine as engine_module
+    from solver.search.solve import SolverConfig
+
+    model, system = load_model(files["moe"]), load_system(files["system"])
+    splits = len(engine_module.Engine(model, system, 8, 8, Datatype.bfloat16, get_space("full"),
+                                      Kernels()).plan.skeletons)
+    calls = []
+    real = engine_module._check
+    monkeypatch.setattr(engine_module, "_check", lambda deadline: calls.append(deadline) or real(deadline))
+    assert solve(model, system, 8, max_batch=8).status == "optimal"
+    assert len(calls) > 3 + splits         # the tables' and the floors' checks too
+
+    for stop_at in (3, 4, len(calls) // 2, len(calls) - 2):
+        seen = []
+
+        def out_of_time_at(deadline, stop_at=stop_at, seen=seen):
+            seen.append(deadline)
+            if len(seen) >= stop_at:
+                raise engine_module.OutOfTime
+
+        monkeypatch.setattr(engine_module, "_check", out_of_time_at)
+        result = solve(model, system, 8, max_batch=8, config=SolverConfig(time_limit_s=60))
+        assert result.status == "unknown" and result.best is None and len(seen) == stop_at
+
+
+# ---------------------------------------------------------------- 8. misleading or silent
+
+def test_a_plan_out_of_time_says_so_rather_than_infeasible(files):
+    args = ["--model", files["model"], "--system", files["system"], "--gpus", "2,4", "--tokens", "1e9",
+            "--time-limit", "0.000001"]
+    result = mapsat("plan", *args)
+    assert_refused(result, "no GPU count was answered within the time limit", "--time-limit")
+    table = result.output.split("error:")[0]
+    assert "infeasible" not in table and "no answer" in table
+    document = json.loads(CliRunner().invoke(cli, ["plan", *args, "--json"]).stdout)
+    assert not any(row["answered"] or row["feasible"] for row in document["counts"])
+
+
+@pytest.mark.parametrize("address", ["", "   ", "scheduler", "tcp://host:0", "tcp://host:99999999", "tcp://:8786",
+                                     "http://host:8786", "tcp://host:8786/x"])
+def test_a_dask_address_that_is_none_is_refused_not_run_locally(files, tmp_path, address):
+    batch = tmp_path / "batch.yaml"
+    batch.write_text(f"models: [{files['model']}]\nsystems: [{files['system']}]\ngpus: [2]\n")
+    assert_refused(mapsat("batch", batch, "--out", tmp_path / "out", "--dask", address), "--dask", "host:port")
+    assert not (tmp_path / "out").exists()
+
+
+def _mapping_file(tmp_path, **fields) -> Path:
+    path = tmp_path / "mapping.json"
+    path.write_text(json.dumps({**MAPPING_DATA, "num_procs": 4, "tensor_par": 1, "pipeline_par": 1, "data_par": 4,
+                                "batch_size": 4, "microbatch_size": 1, **fields}))
+    return path
+
+
+@pytest.mark.parametrize("fields, fragment", [
+    ({"sharding_group": 2}, "sharding_group(2) with sharding_stage(0)"),
+    ({"context_par_comm": "a2a"}, "context_par_comm(a2a) with context_par(1)"),
+    ({"context_par_comm": "all_gather"}, "context_par_comm(all_gather) with context_par(1)"),
+])
+def test_a_mapping_that_contradicts_itself_is_refused(files, tmp_path, fields, fragment):
+    path = _mapping_file(tmp_path, **fields)
+    assert_refused(mapsat("eval", "--model", files["model"], "--system", files["system"], "--mapping", path),
+                   fragment)
+    ok = _mapping_file(tmp_path, **fields, sharding_stage=1, **({"context_par": 2, "data_par": 2}
+                                                                if "context_par_comm" in fields else {}))
+    assert mapsat("eval", "--model", files["model"], "--system", files["system"], "--mapping", ok).exit_code == 0
+
+
+def test_bf16_ends_past_half_the_blocks_are_refused(files):
+    args = ["--model", files["model"], "--system", H100_SYSTEM, "--gpus", 2, "--precision", "fp8-tensorwise"]
+    assert_refused(mapsat("solve", *args, "--bf16-first-last-blocks", 2), "bf16_first_last_blocks 2",
+                   "> num_blocks(2); at most 1")
+    assert mapsat("solve", *args, "--bf16-first-last-blocks", 1, "--time-limit", 10).exit_code == 0
+
+
+@pytest.mark.parametrize("kind, fields, fragment", [
+    ("qwen3_moe", {"mlp_only_layers": [0, 48, 100]}, "mlp_only_layers [48, 100] past the last layer (47"),
+    ("qwen2_moe", {"decoder_sparse_step": 25}, "decoder_sparse_step 25 > num_hidden_layers 24"),
+    ("llama", {"sliding_window": 1024}, "sliding_window 1024 with model_type llama"),
+    ("nemotron", {"sliding_window": 512}, "sliding_window 512 with model_type nemotron"),
+])
+def test_config_fields_past_the_layers_or_unread_are_refused_not_dropped(tmp_path, kind, fields, fragment):
+    path = _write_config(tmp_path, {**VALID_CONFIGS[kind], **fields})
+    assert_refused(mapsat("count", "--model", path, "--seq-size", 4096, "--system", H100_SYSTEM, "--gpus", 8),
+                   fragment)
+
+
+def test_a_llama_window_no_shorter_than_the_sequence_changes_nothing(tmp_path):
+    plain = load_model(_write_config(tmp_path, VALID_CONFIGS["llama"]), seq_size=4096)
+    windowed = load_model(_write_config(tmp_path, {**VALID_CONFIGS["llama"], "sliding_window": 4096}), seq_size=4096)
+    assert windowed == plain
+
+
+# ---------------------------------------------------------------- 9. plan, layouts and scale
+
+def _finite_positive(*values) -> bool:
+    return all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values)
+
+
+@st.composite
+def plan_arguments(draw) -> list[str]:
+    """`plan` options at their extremes: GPU lists and ranges (steps that do not fit, counts past
+    the cap), tokens, deadline, budget and price, failure rate and restart."""
+    gpus = draw(st.sampled_from(["2", "2,4", "1-8", "2-8:2", "8-2", "4-4:0", "2-2000000:2", "x", "2-", "", "0"]))
+    args = ["--gpus", gpus, "--tokens", draw(st.sampled_from(["1", "1e9", "1e18", "0.5"]))]
+    if draw(st.booleans()):
+        args += ["--days", draw(st.sampled_from(["1e-12", "0.001", "1e18"]))]
+    if draw(st.booleans()):
+        args += ["--budget", draw(st.sampled_from(["1e-12", "100", "1e18"]))]
+        if draw(st.booleans()):
+            args += ["--gpu-hour-price", draw(st.sampled_from(["1e-12", "2", "1e18"]))]
+    args += ["--failure-rate", draw(st.sampled_from(["0", "1e-5", "0.5", "1"])),
+             "--restart-minutes", draw(st.sampled_from(["0", "10", "1e6"]))]
+    return args
+
+
+@settings(max_examples=25, deadline=None, database=None, derandomize=True)
+@given(args=plan_arguments())
+def test_plan_at_its_extremes_answers_finite_figures_or_refuses_in_one_line(files, args):
+    result = CliRunner().invoke(cli, ["plan", "--model", files["model"], "--system", files["system"],
+                                      "--time-limit", "5", *args, "--json"])
+    if result.exit_code != 0:
+        assert_refused(result)
+        return
+    document = json.loads(result.stdout)
+    chosen = [row for row in document["counts"] if row["num_gpus"] == document["chosen"]]
+    assert chosen and chosen[0]["feasible"]
+    for row in document["counts"]:
+        if row["feasible"]:
+            assert _finite_positive(row["wall_days"], row["wall_s"], row["gpu_hours"], row["compute_s"], row["mfu"])
+            assert 0 < row["failures"]["goodput"] <= 1 and row["mfu"] <= 1
+
+
+@pytest.mark.parametrize("phases, fragment", [
+    ("phases: []", "phases"),
+    ("phases: [{tokens: 1e9}]", "seq_size"),
+    ("phases: [{tokens: -1, seq_size: 64}]", "tokens"),
+    ("phases: [{tokens: 1e9, seq_size: 64, batch: 3, batch_tokens: 192}]", "give one of them"),
+    ("phases: [{tokens: 1e9, seq_size: 64, batch_tokens: 100}]", "not a whole number of sequences"),
+    ("phases: [{tokens: .nan, seq_size: 64}]", "tokens"),
+    ("phases: {tokens: 1e9}", "phases"),
+])
+def test_a_malformed_phases_file_is_one_line(files, tmp_path, phases, fragment):
+    path = tmp_path / "phases.yaml"
+    path.write_text(phases + "\n")
+    assert_refused(mapsat("plan", "--model", files["model"], "--system", files["system"], "--gpus", 2,
+                          "--phases", path), fragment)
+
+
+@pytest.mark.parametrize("layout", ["", "|", "t" * 10, "(t|)*0", "t*0|t*0", "E|t*2|t*2|L", "((t*2|)*2)*2",
+                                    "(t*2|)*999999999", "t*" + "9" * 30, "Et*4|(t*4|*14tmL"])
+def test_every_layout_reads_or_is_refused_by_name(layout):
+    from costmodel.terms.pipeline_layout import layout_chunks, stage_layout
+
+    for pp, chunks in ((1, 1), (2, 1), (4, 2)):
+        try:
+            blocks = layout_chunks(layout, pp, chunks)
+            assert len(blocks) == pp and all(len(rank) == chunks and min(rank) >= 0 for rank in blocks)
+            stage_layout(layout, pp, chunks)
+        except InputError as err:
+            assert "pipeline_layout" in str(err) and "\n" not in str(err) and len(str(err)) <= MAX_ERROR_LINE
+
+
+SCALE = {
+    "1e6-gpus": ({}, ["--gpus", 2**20]),
+    "100T-params": ({"hidden": 1 << 17, "feedforward": 1 << 19, "attn_heads": 1024, "attn_size": 128,
+                     "num_blocks": 512}, ["--gpus", 1 << 16]),
+    "1e4-experts": ({"num_experts": 10_000, "experts_per_token": 8, "expert_feedforward": 128}, ["--gpus", 64]),
+    "1M-tokens": ({"seq_size": 1 << 20}, ["--gpus", 64]),
+}
+
+
+@pytest.mark.parametrize("case", list(SCALE))
+def test_scale_extremes_answer_or_refuse_within_the_time_limit(files, tmp_path, case):
+    """10⁶ GPUs, 100T parameters, 10⁴ experts, a 1M-token sequence: `count` answers in closed
+    form; `solve` answers with finite figures, proves infeasibility, or says the time limit came
+    first — within it and a start-up margin, and under 2 GiB more memory."""
+    fields, gpus = SCALE[case]
+    path = tmp_path / "model.yaml"
+    path.write_text(yaml.safe_dump({**TINY, **fields}))
+    problem = ["--model", path, "--system", H100_SYSTEM, *gpus]
+    counted = mapsat("count", *problem, "--json")
+    assert counted.exit_code == 0 and json.loads(counted.stdout)["mappings"] >= 0
+    started, rss_before = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = mapsat("solve", *problem, "--time-limit", 3, "--json")
+    assert time.perf_counter() - started < 3 + 20
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 2 << 20      # KiB
+    if result.exit_code == 0:
+        best = json.loads(result.stdout)["best"]
+        assert _finite_positive(best["iteration_time_s"], best["mfu"]) and best["mfu"] <= 1
+    else:
+        assert_refused(result)
+
+
+def test_a_dask_address_that_answers_garbage_is_one_line_naming_it(files, tmp_path):
+    """Something other than a Dask scheduler on the port: its reply, read as a frame length,
+    once asked for 3 EiB; the line names the address, not the memory."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+
+    def answer_garbage():
+        while True:
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                return
+            with connection:
+                connection.sendall(b"\xff" * 4096)
+
+    threading.Thread(target=answer_garbage, daemon=True).start()
+    batch = tmp_path / "batch.yaml"
+    batch.write_text(f"models: [{files['model']}]\nsystems: [{files['system']}]\ngpus: [2]\n")
+    address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    try:
+        line = assert_refused(mapsat("batch", batch, "--out", tmp_path / "out", "--dask", address, "--quiet"),
+                              f"--dask {address}")
+    finally:
+        server.close()
+    assert "EiB" not in line and "something answered there, but not a Dask scheduler" in line

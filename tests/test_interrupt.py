@@ -3,8 +3,12 @@ certified) and their commands exit 130 with one line; the other commands exit 13
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -92,3 +96,86 @@ def test_interrupted_commands_exit_130(monkeypatch):
     assert result.exit_code == 130 and "interrupted (Ctrl-C) after scoring 0 of" in result.output
     result = CliRunner().invoke(cli, ["count", *ARGS, "--feasible", "--workers", "1"])
     assert result.exit_code == 130 and result.output.strip().endswith("interrupted (Ctrl-C)")
+
+
+# ---- Ctrl-C as a user sends it: SIGINT to the command's process
+
+# (Python's own SIGINT handler, as in a terminal: a test run started in the background
+# inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored)
+MAIN = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); " \
+       "from solver.cli.app import main; main()"
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", MAIN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT)
+
+
+def _interrupt_after(process: subprocess.Popen, fragment: str, timeout_s: float = 120) -> tuple[str, str]:
+    """SIGINT once a progress line on stderr holds `fragment`; (stdout, stderr) at the end."""
+    seen = []
+    deadline = time.monotonic() + timeout_s
+    for line in process.stderr:
+        seen.append(line)
+        if fragment in line or time.monotonic() > deadline:
+            break
+    process.send_signal(signal.SIGINT)
+    out, rest = process.communicate(timeout=timeout_s)
+    return out, "".join(seen) + rest
+
+
+def test_ctrl_c_stops_the_whole_plan_and_prints_the_counts_done():
+    process = _start("plan", *ARGS[:4], "--gpus", "8-2048:8", "--tokens", "1e9")
+    out, err = _interrupt_after(process, " of 256)")     # (lines begin after 2 s, some counts in)
+    assert process.returncode == 130, err
+    assert "progress: " in err and "interrupted (Ctrl-C) at" in err and "partial plan" in err
+    assert "partial: interrupted by Ctrl-C" in " ".join(out.split()) and "Traceback" not in err
+    planned = int(re.search(r"(\d+) GPU counts planned", " ".join(out.split()))[1])
+    assert 1 <= planned < 256
+    assert "chosen (fastest)" in out         # the choice among the counts done
+
+
+def test_ctrl_c_stops_explain_and_prints_the_values_proven():
+    process = _start("explain", *ARGS, "--json")
+    out, err = _interrupt_after(process, "(value ")
+    assert process.returncode == 130, err
+    document = json.loads(out)
+    assert document["partial"] is True and document["certified"] is False
+    assert document["winner"] is not None and 1 <= len(document["rows"])
+    assert "interrupted (Ctrl-C): a partial explanation" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["solve", "plan", "explain"])
+def test_progress_goes_to_stderr_when_piped_and_with_json_unless_quiet(monkeypatch, command):
+    """Past PROGRESS_AFTER_S (0 here) a piped command says what it does on stderr, one plain
+    line per step, and stdout stays the JSON alone; --quiet silences it."""
+    import solver.cli.progress as progress
+
+    monkeypatch.setattr(progress, "PROGRESS_AFTER_S", 0.0)
+    tiny = ["--model", "problems/models/gpt-1.3b.yaml", "--system", "problems/systems/a100-80g-selene.yaml",
+            "--gpus", "8"]
+    extra = {"solve": [], "plan": ["--tokens", "1e9"], "explain": ["--dims", "pp"]}[command]
+    loud = CliRunner().invoke(cli, [command, *tiny, *extra, "--json"])
+    assert loud.exit_code == 0, loud.output
+    lines = loud.stderr.splitlines()
+    assert lines and all(line.startswith("progress: ") for line in lines) and len(set(lines)) == len(lines)
+    json.loads(loud.stdout)
+    quiet = CliRunner().invoke(cli, [command, *tiny, *extra, "--json", "--quiet"])
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+
+
+def test_brute_piped_says_how_many_mappings_it_scored(monkeypatch, tmp_path):
+    import yaml
+
+    import solver.cli.progress as progress
+
+    monkeypatch.setattr(progress, "PROGRESS_AFTER_S", 0.0)
+    model = tmp_path / "tiny.yaml"
+    model.write_text(yaml.safe_dump({"hidden": 64, "feedforward": 256, "seq_size": 64, "attn_heads": 4,
+                                     "attn_size": 16, "num_blocks": 2, "vocab_size": 1000}))
+    args = ["brute", "--model", model, "--system", "problems/systems/a100-80g-selene.yaml", "--gpus", "2",
+            "--max-batch", "8", "--workers", "1", "--json"]
+    loud = CliRunner().invoke(cli, args)
+    assert loud.exit_code == 0 and re.search(r"^progress: scored [0-9,]+ of [0-9,]+ mappings$", loud.stderr, re.M)
+    json.loads(loud.stdout)
+    assert CliRunner().invoke(cli, [*args, "--quiet"]).stderr == ""

@@ -43,3 +43,14 @@ def test_a_layout_that_does_not_parse_names_itself(layout, fragment):
     with pytest.raises(InputError, match=r"pipeline_layout .*" + fragment.replace("(", r"\(").replace(")", r"\)")
                        .replace("*", r"\*")):
         layout_chunks(layout, 4, 2 if "14" in layout else 1)
+
+
+@pytest.mark.parametrize("layout", ["(t*2|)*999999999", "((((t*999)*999)*999)*999)", "t*" + "9" * 40,
+                                    "(" * 50 + "t" + ")*99" * 50])
+def test_a_layout_that_expands_past_any_model_is_refused_before_it_is_written(layout):
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(InputError, match=r"pipeline_layout .*more than 4,194,304"):
+        layout_chunks(layout, 2, 1)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000     # KiB: under 100 MB

@@ -22,7 +22,7 @@ from costmodel.system import Datatype, System
 from solver.cli.app import cli
 from solver.space.count import count_mappings
 from solver.space.declaration import SPACES, Space, get_space
-from solver.space.enumerate import enumerate_all, plan
+from solver.space.enumerate import enumerate_all, iter_chunks, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "problems" / "models"
@@ -114,28 +114,44 @@ def small_problems(draw):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(small_problems())
 def test_closed_form_equals_enumeration(problem) -> None:
+    """Chunk by chunk (a draw may hold tens of millions of mappings: one array of them all took
+    gigabytes), the enumeration holds exactly the closed form's count and per-value breakdown,
+    in strictly increasing order, each mapping valid."""
     model, system, num_gpus, max_batch, space = problem
     counted = count_mappings(model, system, num_gpus, max_batch, space)
-    arrays = enumerate_all(model, system, num_gpus, max_batch, space)
-    assert counted.mappings == len(arrays)
-    # Enumeration order is strictly lexicographic in (tp, cp, ep, etp, pp, interleaving, microbatch,
-    # flags...): each row's key exceeds the one before, so no mapping comes twice. (Checked row
-    # against row, not by np.unique(axis=0), which takes seconds on the million-row draws.)
     key = ["tp", "cp", "ep", "etp", "pp", "interleaving", "microbatch"] + [d.name for d in space.flags]
+    rows, previous = 0, None
+    seen: dict[str, dict[int, int]] = {}
+    for _, arrays in iter_chunks(model, system, num_gpus, max_batch, space, chunk_rows=1 << 18):
+        _check_order_and_validity(arrays, key, previous, model, system, max_batch, space)
+        previous = np.array([arrays.columns[k][-1] for k in key], dtype=np.int32)
+        rows += len(arrays)
+        for name in counted.by_dimension:
+            codes, counts = np.unique(getattr(arrays, name).astype(np.int64), return_counts=True)
+            for code, count in zip(codes.tolist(), counts.tolist()):
+                seen.setdefault(name, {})[code] = seen.get(name, {}).get(code, 0) + count
+    assert counted.mappings == rows
+    # Each dimension's breakdown is what the enumeration holds.
+    flags = {d.name: d for d in space.flags}
+    for name, values in counted.by_dimension.items():
+        dim = flags.get(name)
+        codes = sorted(seen.get(name, {}))
+        labels = [dim.label_of(c) if dim is not None else str(c) for c in codes]
+        assert dict(zip(labels, (seen[name][c] for c in codes))) == values, name
+
+
+def _check_order_and_validity(arrays, key: list[str], previous, model, system, max_batch: int, space) -> None:
+    """Enumeration order is strictly lexicographic in (tp, cp, ep, etp, pp, interleaving,
+    microbatch, flags...): each row's key exceeds the one before (the previous chunk's last
+    too), so no mapping comes twice; and a few rows are valid Mappings that fit."""
     ordered = np.column_stack([arrays.columns[k].astype(np.int32) for k in key])   # codes are small
+    if previous is not None:
+        ordered = np.vstack([previous[None, :], ordered])
     step = np.diff(ordered, axis=0)
     changed = step != 0
     assert changed.any(axis=1).all(), "enumeration repeats a mapping"
     first_change = np.argmax(changed, axis=1)
     assert (step[np.arange(len(step)), first_change] > 0).all(), "enumeration out of order"
-    # Each dimension's breakdown is what the enumeration holds.
-    flags = {d.name: d for d in space.flags}
-    for name, values in counted.by_dimension.items():
-        codes, counts = np.unique(getattr(arrays, name).astype(np.int64), return_counts=True)
-        dim = flags.get(name)
-        labels = [dim.label_of(c) if dim is not None else str(c) for c in codes.tolist()]
-        assert dict(zip(labels, counts.tolist())) == values, name
-    # Every enumerated mapping is a valid Mapping that fits the model and the system.
     for i in range(0, len(arrays), max(1, len(arrays) // 7)):
         mapping = arrays.to_mapping(i, Datatype.bfloat16)
         check_mapping_fits(model, system, mapping)

@@ -109,7 +109,15 @@ def _qwen_moe(config: Qwen2MoeConfig | Qwen3MoeConfig, source: str) -> dict:
     experts = _get(config, source, "num_experts")
     step = _get(config, source, "decoder_sparse_step", 1)
     dense_only = _get(config, source, "mlp_only_layers", [])
-    sparse = [i for i in range(fields["num_blocks"]) if (i + 1) % step == 0] if experts else []
+    layers = fields["num_blocks"]
+    past = sorted(i for i in set(dense_only) if i >= layers)
+    if past:
+        raise InputError(f"{source}: mlp_only_layers {shown(past)} past the last layer ({layers - 1}; "
+                         f"num_hidden_layers {layers}, counted from 0)")
+    if experts and step > layers:
+        raise InputError(f"{source}: decoder_sparse_step {step} > num_hidden_layers {layers}: no layer would have "
+                         f"the num_experts {experts} experts")
+    sparse = [i for i in range(layers) if (i + 1) % step == 0] if experts else []
     if not sparse:
         return fields                      # no sparse block: a dense model
     overridden = sorted(set(sparse) & set(dense_only))
@@ -192,17 +200,21 @@ def _deepseek_v3(config: DeepseekV3Config, source: str) -> dict:
            "qk_nope_head_dim": _get(config, source, "qk_nope_head_dim", 128),
            "qk_rope_head_dim": _get(config, source, "qk_rope_head_dim", 64),
            "v_head_dim": _get(config, source, "v_head_dim", 128)}
+    blocks, dense = _get(config, source, "num_hidden_layers", 61), _get(config, source, "first_k_dense_replace", 3)
+    if dense >= blocks:
+        raise InputError(f"{source}: first_k_dense_replace {dense} with num_hidden_layers {blocks}: no block would "
+                         f"have experts (the first {dense} are dense)")
     shared = _get(config, source, "n_shared_experts", 1)
     width = _get(config, source, "moe_intermediate_size", 2048)
     experts = _get(config, source, "n_routed_experts", 256)
     return {
         "hidden": _get(config, source, "hidden_size", 7168), "feedforward": _get(config, source, "intermediate_size", 18432),
         "attn_heads": heads, "attn_size": mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"], "latent_attention": mla,
-        "num_blocks": _get(config, source, "num_hidden_layers", 61), "vocab_size": _get(config, source, "vocab_size", 129280),
+        "num_blocks": blocks, "vocab_size": _get(config, source, "vocab_size", 129280),
         "mlp": _activation(config, source, "hidden_act", "silu", gated=True), "norm": "rmsnorm", "position": "rope",
         "tied_embeddings": _get(config, source, "tie_word_embeddings", False), "bias": False,
         "num_experts": experts, "experts_per_token": _get(config, source, "num_experts_per_tok", 8),
-        "expert_feedforward": width, "first_dense_blocks": _get(config, source, "first_k_dense_replace", 3),
+        "expert_feedforward": width, "first_dense_blocks": dense,
         **({"shared_experts": shared, "shared_expert_feedforward": width} if shared else {}),
         "mtp_blocks": _get(config, source, "num_nextn_predict_layers", 0),
     }
@@ -244,6 +256,20 @@ READERS: dict[str, tuple[type[HFConfig], Callable[[Any, str], dict]]] = {
 """The supported model_types: the schema of the fields each reads, and how it reads them."""
 MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
 """The model_types whose experts are read into the model (others name theirs in a warning)."""
+
+
+_WINDOWED_TYPES = ("mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gpt_oss")
+"""The model_types whose Transformers class reads sliding_window (the others ignore the field)."""
+
+
+def _window_read_or_refused(config: HFConfig, source: str, seq_size: int) -> None:
+    """A sliding_window shorter than the sequence on a model_type whose Transformers class
+    ignores the field (a Gemma 3 written as llama): refused, never dropped unsaid."""
+    window = config.sliding_window
+    if config.model_type not in _WINDOWED_TYPES and window is not None and window < seq_size:
+        raise InputError(f"{source}: sliding_window {window} with model_type {config.model_type}, whose "
+                         f"Transformers class has no sliding-window attention: remove it, or write a model file "
+                         f"with sliding_window (and sliding_window_blocks)")
 
 
 def _unmodelled(config: HFConfig, seq_size: int) -> list[str]:
@@ -296,6 +322,7 @@ def model_fields_from_hf(config: HFConfig, source: str, *, seq_size: int | None,
         if seq_size != limit:
             warnings.warn(f"{source}: n_positions {limit}: the learned position table is counted as "
                           f"seq_size ({seq_size}) rows", UnmodelledFieldWarning, stacklevel=2)
+    _window_read_or_refused(config, source, seq_size)
     for note in _unmodelled(config, seq_size):
         warnings.warn(f"{source}: {note}", UnmodelledFieldWarning, stacklevel=2)
     return {"name": name, "seq_size": seq_size, "dropout": _trains_with_dropout(config), **fields}

@@ -124,9 +124,9 @@ class DeepseekV3Config(_Attention):
     moe_intermediate_size: ExpertFeedforward = None
     n_shared_experts: Annotated[WholeNumber, within(limits.SHARED_EXPERTS)] | None = None
     num_experts_per_tok: ExpertsPerToken = None
-    first_k_dense_replace: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = None
+    first_k_dense_replace: Annotated[WholeNumber, within(limits.NUM_BLOCKS_OR_NONE)] | None = None
     moe_layer_freq: Annotated[WholeNumber, AfterValidator(_at_least_one), within(limits.MOE_EVERY)] | None = None
-    num_nextn_predict_layers: Annotated[WholeNumber, within(limits.NUM_BLOCKS)] | None = None
+    num_nextn_predict_layers: Annotated[WholeNumber, within(limits.NUM_BLOCKS_OR_NONE)] | None = None
     n_group: Annotated[WholeNumber, within(limits.NUM_EXPERTS)] | None = None
     topk_group: Annotated[WholeNumber, within(limits.NUM_EXPERTS)] | None = None
     scoring_func: str | None = None

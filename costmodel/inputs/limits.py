@@ -26,13 +26,13 @@ class Bound:
     def problem(self, value: float) -> str | None:
         """Why `value` is out of range, or None when it is inside."""
         if value < self.low:
-            return f"below {_shown(self.low)}, the smallest mapsat accepts ({self.reason})"
+            return f"below {shown(self.low)}, the smallest mapsat accepts ({self.reason})"
         if value > self.high:
-            return f"above {_shown(self.high)}, the largest mapsat accepts ({self.reason})"
+            return f"above {shown(self.high)}, the largest mapsat accepts ({self.reason})"
         return None
 
 
-def _shown(value: float) -> str:
+def shown(value: float) -> str:
     """2^k for large powers of two, 2^63 - 1 for the int64 limit, whole numbers with commas."""
     if value == INT64_MAX:
         return "2^63 - 1"

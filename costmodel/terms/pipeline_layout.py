@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 
+import costmodel.inputs.limits as limits
 from costmodel.errors import InputError
 
 __all__ = ["layout_chunks", "stage_layout"]
@@ -25,11 +26,25 @@ _GROUP = re.compile(r"\(([^()]*)\)\*(\d+)")
 _LAYER = re.compile(r"([EtmL])\*(\d+)")
 
 
+MAX_EXPANDED = 4 * limits.NUM_BLOCKS.high
+"""Characters a layout may expand to: a layer or a '|' each, four per block of the deepest
+model mapsat accepts (blocks, stage bars, and the embedding, MTP and loss around them)."""
+
+
+def _repeat(pattern: re.Pattern, text: str, layout: str) -> str:
+    """`text` with each repetition of `pattern` written out, refused before it is written when
+    the result would pass MAX_EXPANDED characters."""
+    grown = sum(len(g.group(1)) * int(g.group(2)) - len(g.group(0)) for g in pattern.finditer(text))
+    if len(text) + grown > MAX_EXPANDED:
+        raise InputError(f"pipeline_layout {layout[:60]!r}: expands to {len(text) + grown:,} layers and bars, more "
+                         f"than {MAX_EXPANDED:,} (4 per block of the deepest model accepted)")
+    return pattern.sub(lambda g: g.group(1) * int(g.group(2)), text)
+
+
 def _expand(layout: str) -> str:
     text = layout.replace(" ", "").replace(",", "|")
     while True:
-        expanded = _GROUP.sub(lambda g: g.group(1) * int(g.group(2)), text)
-        expanded = _LAYER.sub(lambda g: g.group(1) * int(g.group(2)), expanded)
+        expanded = _repeat(_LAYER, _repeat(_GROUP, text, layout), layout)
         if expanded == text:
             return text
         text = expanded

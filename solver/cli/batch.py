@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from solver.study.batch import load_batch
-from solver.study.runner import Reporter, run_batch
+from solver.study.runner import Reporter, check_dask_address, run_batch
 import costmodel.inputs.limits as limits
 from costmodel.inputs.advice import model_warnings
 from solver.cli.options import BoundedFloat, BoundedInt, model_warnings_on_stderr, user_errors, warn
@@ -83,6 +83,8 @@ def command(batch_file: str, out_dir: str, jobs: int | None, time_limit_s: float
       mapsat batch problems/paper/fig2-mappability.yaml --out runs/fig2
       mapsat plot runs/fig2
     """
+    if dask_address is not None:
+        dask_address = check_dask_address(dask_address)
     with model_warnings_on_stderr():
         problems = load_batch(batch_file, time_limit_s=time_limit_s)
     models = {problem.model.name: problem.model for problem in problems}

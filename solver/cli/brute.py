@@ -15,6 +15,7 @@ from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 from solver.cli.options import (BoundedInt, batch_header, datatype_option, load_problem, problem_options,
                                 space_and_cap, space_options, system_label, user_errors, wide_console)
+from solver.cli.progress import progress_line, quiet
 from solver.report.tables import evaluation_tables, top_table
 from solver.search.brute import BruteResult, scan
 from solver.space.pins import describe_pins, pins_text
@@ -53,8 +54,13 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
                                      num_gpus)
     if csv_path is not None:
         ensure_parent(csv_path, "--csv")
-    result = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), kernels,
-                  top_k=top_k, workers=workers, progress=not as_json, csv_path=csv_path)
+    from rich.console import Console
+
+    # a bar on a terminal; piped or with --json, progress on stderr past 2 s; --quiet: neither
+    bar = Console(stderr=True).is_terminal and not as_json and not quiet()
+    with progress_line(enabled=not bar and not quiet()) as say:
+        result = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), kernels,
+                      top_k=top_k, workers=workers, progress=bar, csv_path=csv_path, say=say)
     if as_json:
         click.echo(json.dumps({**result.to_dict(), "fixed": describe_pins(space)}, indent=2))
     else:
@@ -72,6 +78,10 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
 def print_brute(result: BruteResult, model_name: str, system_name: str, best_evaluation=None) -> None:
     """Human output: counts, the best mapping with its time and memory, the top-k table."""
     console = wide_console()
+    if result.proof is not None:
+        console.print(f"{model_name} on {result.num_gpus:,} GPUs of {system_name}: none of the "
+                      f"{result.space_size:,} mappings scored, their infeasibility proven in {result.seconds:.1f} s")
+        return
     rate = result.evaluated / result.seconds if result.seconds > 0 else 0.0
     console.print(f"{model_name} on {result.num_gpus:,} GPUs of {system_name}, {result.datatype}, "
                   f"space {result.space}, {result.kernels.label}: "

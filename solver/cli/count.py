@@ -15,7 +15,8 @@ from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 import costmodel.inputs.limits as limits
 from solver.cli.options import (BoundedInt, batch_header, datatype_option, load_problem, problem_options,
-                                space_and_cap, space_options, system_label, user_errors, wide_console)
+                                space_and_cap, space_options, system_label, user_errors, wide_console,
+                                wide_option)
 from solver.search.brute import scan
 from solver.space.pins import describe_pins, pins_text
 from solver.space.count import CountResult, count_mappings
@@ -30,11 +31,12 @@ from solver.space.count import CountResult, count_mappings
 @datatype_option
 @click.option("--workers", type=BoundedInt(limits.WORKERS), default=None, help="Processes for --feasible (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@wide_option
 @user_errors
 def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: float | None, offload_gib: float | None,
             offload_gbps: float | None, nvlink_size: int | None, num_gpus: int, max_batch: int, batch: int | None,
             batch_tokens: int | None, space_name: str, fix: tuple[str, ...],
-            kernels: Kernels, feasible: bool, datatype: str, workers: int | None, as_json: bool) -> None:
+            kernels: Kernels, feasible: bool, datatype: str, workers: int | None, as_json: bool, wide: bool) -> None:
     """Count the mappings of a model onto N GPUs, in closed form (milliseconds).
 
     Prints the total and how many mappings each value of each dimension contributes (tp,
@@ -74,12 +76,14 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
         click.echo(json.dumps({**result.to_dict(), "fixed": describe_pins(space)}, indent=2))
     else:
         label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
-        print_count(result, model.name, label + pins_text(space), batch_header(space, max_batch, model))
+        print_count(result, model.name, label + pins_text(space), batch_header(space, max_batch, model), wide)
 
 
-def print_count(result: CountResult, model_name: str, system_name: str, batch: str | None = None) -> None:
-    """Human output: the total, then one row per dimension with the count per value."""
-    console = wide_console()
+def print_count(result: CountResult, model_name: str, system_name: str, batch: str | None = None,
+                wide: bool = False) -> None:
+    """Human output: the total, then one row per dimension with the count per value (wrapped
+    to the terminal's width, or COLUMNS; `wide`: 200 columns)."""
+    console = wide_console(wide)
     line = (f"[bold]{result.mappings:,}[/bold] mappings of {model_name} on {result.num_gpus:,} GPUs of {system_name} "
             f"(space {result.space}, {result.skeletons} {SPLIT_TEXT} splits)")
     if result.feasible is not None:

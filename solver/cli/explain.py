@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 from rich.table import Table
 
@@ -13,7 +15,7 @@ from solver.cli.options import (batch_header, datatype_option, load_problem, pro
                                 wide_console)
 from solver.report.figure import image_path
 from solver.report.documents import dumps
-from solver.report.tables import mapping_summary, mfu_text
+from solver.report.tables import counted, mapping_summary, mfu_text
 from solver.search.explain import Explanation, explain
 from solver.search.solve import SolverConfig
 from solver.space.pins import pins_text
@@ -60,7 +62,7 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         unknown = [d for d in wanted if d not in BY_NAME]
         if unknown:
             raise InputError(f"--dims: {', '.join(unknown)} is not a dimension (see `mapsat spaces`)")
-    with progress_line(enabled=not as_json) as say:
+    with progress_line() as say:
         result = explain(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype), space=space,
                          kernels=kernels,
                          config=SolverConfig(time_limit_s=time_limit_s, workers=workers), dimensions=wanted,
@@ -76,6 +78,10 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         click.echo(dumps(result.to_dict()))
     else:
         print_explanation(result, title)
+    if result.interrupted:
+        click.echo(f"interrupted (Ctrl-C): a partial explanation, the {len(result.rows)} values proven before it",
+                   err=True)
+        sys.exit(130)
     if result.winner is None:
         raise MapsatError("infeasible: no mapping of the space fits, or none exists (`mapsat solve` and `mapsat count` "
                           "say why)")
@@ -84,8 +90,9 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
 def print_explanation(result: Explanation, title: str) -> None:
     console = wide_console()
     winner = result.winner
-    proven = "every row certified" if result.certified else "NOT every row certified (time limit)"
-    console.print(f"{title}: {proven}; {result.blocks_scored:,} blocks scored exactly in {result.seconds:.1f} s")
+    proven = ("partial: interrupted by Ctrl-C, the values proven before it" if result.interrupted else
+              "every row certified" if result.certified else "NOT every row certified (time limit)")
+    console.print(f"{title}: {proven}; {counted(result.blocks_scored, 'block')} scored exactly in {result.seconds:.1f} s")
     if winner is None:
         return
     console.print(f"  best: {winner.iteration_time_s:.4f} s, {mfu_text(winner)}: "

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import threading
 import warnings
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -27,6 +26,7 @@ from costmodel.precision import OPTIMIZER_STATES, Precision
 from costmodel.system import Datatype, System
 from costmodel.inputs.units import GiB
 from solver.cli.errors import debugging, one_line_errors
+from solver.cli.progress import progress_line, quiet  # noqa: F401 (the commands import progress_line from here)
 from solver.space.declaration import DEFAULT_SPACE, SPACES, Space, get_space
 from solver.space.pins import batch_cap, batch_text, check_pins, default_batch_cap, parse_pins, pinned
 
@@ -77,6 +77,13 @@ class BoundedFloat(click.FloatRange):
         if problem is not None:
             self.fail(f"{number:g} is {problem}", param, ctx)
         return number
+
+    def _describe_range(self) -> str:
+        """The range --help shows: the bound's, "1<=x<=1e+18" (click's own would read x<=None)."""
+        high = limits.shown(self.bound.high)
+        if self.min is not None and self.min >= self.bound.low:
+            return f"{self.min:g}<x<={high}"
+        return f"{limits.shown(self.bound.low)}<=x<={high}"
 
 
 def _remember_headroom(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
@@ -129,13 +136,13 @@ def _remember_quiet(ctx: click.Context, param: click.Parameter, value: bool) -> 
 
 
 quiet_option = click.option("--quiet", is_flag=True, expose_value=False, callback=_remember_quiet,
-                            help="No warnings about inputs that are legal but probably a mistake.")
+                            help="No warnings about inputs that are legal but probably a mistake, and no progress "
+                                 "lines on stderr.")
 
 
 def warn(*messages: str) -> None:
     """Each message as one line `warning: ...` on stderr, unless the command got --quiet."""
-    ctx = click.get_current_context(silent=True)
-    if ctx is not None and (ctx.meta.get("mapsat.quiet") or ctx.params.get("quiet")):
+    if quiet():
         return
     for message in messages:
         click.echo(f"warning: {message}", err=True)
@@ -212,51 +219,29 @@ def headroom_text(system: System) -> str:
             f"{system.hbm.capacity_gib:g} GiB usable")
 
 
-@contextlib.contextmanager
-def progress_line(enabled: bool = True) -> Iterator[Callable[[str], None]]:
-    """Yields `say(text)`: what a long search is doing, as a transient spinner line on stderr
-    that appears once the work has taken a second (and only on a terminal)."""
-    if not enabled:                   # (nor rich, which only a terminal's spinner needs)
-        yield lambda text: None
-        return
+WIDE_COLUMNS = 200
+"""Columns of a table written to a file or pipe when COLUMNS does not say (rich would otherwise
+squeeze tables into 80), and of every table under --wide."""
+
+
+wide_option = click.option("--wide", is_flag=True,
+                           help=f"Tables at {WIDE_COLUMNS} columns, every column shown (default: the terminal's "
+                                f"width, or COLUMNS).")
+
+
+def wide_console(wide: bool = False) -> "Console":
+    """A console for tables: COLUMNS when set (a terminal's own width otherwise), or
+    WIDE_COLUMNS when writing to a file or pipe, or always with `wide` (--wide)."""
+    import os
+
     from rich.console import Console
 
-    console = Console(stderr=True)
-    state = {"text": "working", "status": None}
-    lock = threading.Lock()
-
-    def show() -> None:
-        with lock:
-            if state["status"] is None and state["text"] is not None:
-                state["status"] = console.status(state["text"])
-                state["status"].start()
-
-    def say(text: str) -> None:
-        with lock:
-            state["text"] = text
-            if state["status"] is not None:
-                state["status"].update(text)
-
-    timer = threading.Timer(1.0, show)
-    if console.is_terminal:
-        timer.start()
-    try:
-        yield say
-    finally:
-        timer.cancel()
-        with lock:
-            state["text"] = None
-            if state["status"] is not None:
-                state["status"].stop()
-
-
-def wide_console() -> "Console":
-    """A console for tables: the terminal's width, or 200 columns when writing to a file or
-    pipe (rich would otherwise squeeze tables into 80 and cut every cell)."""
-    from rich.console import Console
-
+    if wide:
+        return Console(soft_wrap=False, width=WIDE_COLUMNS)
     console = Console(soft_wrap=False)
-    return console if console.is_terminal else Console(soft_wrap=False, width=200)
+    if console.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+        return console
+    return Console(soft_wrap=False, width=WIDE_COLUMNS)
 
 
 def kernel_options(func: Callable) -> Callable:

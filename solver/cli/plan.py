@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+
 import click
 
 import costmodel.inputs.limits as limits
@@ -10,10 +13,13 @@ from costmodel.system import Datatype
 from costmodel.terms.training_cost import (DEFAULT_CHECKPOINT_GBPS, DEFAULT_PUE, DEFAULT_RESTART_MINUTES,
                                      DEFAULT_SNAPSHOT_GBPS, LLAMA3_FAILURE_RATE_PER_GPU_HOUR)
 from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, kernel_options, load_problem,
-                                problem_options, progress_line, system_label, user_errors, wide_console)
+                                problem_options, progress_line, system_label, user_errors, wide_console,
+                                wide_option)
 from solver.cli.emit import echo_plan_emitted, emit_options
 from solver.report.documents import dumps, plan_document
-from solver.search.plan import (TOKENS, Phase, Settings, Target, check_buyable, load_phases, parse_counts, plan)
+from solver.search.nearest import smallest_fitting_count
+from solver.search.plan import (TOKENS, Phase, Settings, Target, check_buyable, load_phases, parse_counts, plan,
+                                plan_count)
 from solver.search.solve import SolverConfig
 from solver.space.declaration import DEFAULT_SPACE, SPACES, get_space
 from solver.space.pins import parse_pins
@@ -94,12 +100,14 @@ def _phases(phases_path, tokens, seq_size, batch, batch_tokens, model_seq) -> li
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Draw days against GPUs and against cost (GPU-hours without a price), the chosen point marked.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (SI units) instead of tables.")
+@wide_option
 @emit_options
 @user_errors
 def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbps, nvlink_size, gpus_text, min_gpus,
             max_gpus, gpu_step, tokens, phases_path, max_batch, batch, batch_tokens, space_name, fix, kernels,
             datatype, deadline_days, budget_usd, gpu_hour_price, failure_rate, checkpoint_gbps, async_checkpoint,
-            snapshot_gbps, restart_minutes, gpu_power_w, pue, time_limit_s, plot_path, as_json, emit, lossy):
+            snapshot_gbps, restart_minutes, gpu_power_w, pue, time_limit_s, plot_path, as_json, wide, emit,
+            lossy):
     """Plan a whole training run: GPUs, days, GPU-hours, failures and cost.
 
     For every GPU count (whole NVLink domains) and every training phase, the certified best
@@ -135,17 +143,21 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         raise InputError("--gpus or --max-gpus: say which GPU counts to plan for")
     else:
         low = min_gpus or domain
-        counts = parse_counts(f"{low}-{max_gpus}:{gpu_step or domain}", domain)
+        counts = parse_counts(f"{low}-{max_gpus}:{gpu_step or domain}", domain, option="--max-gpus")
     if not counts:
         raise InputError(f"--min-gpus {min_gpus} --max-gpus {max_gpus}: no count between them")
     check_buyable(counts, domain, domain_name)
     settings = Settings(failure_rate, checkpoint_gbps, async_checkpoint, snapshot_gbps, restart_minutes,
                         gpu_power_w, pue, gpu_hour_price)
     target = Target(deadline_days, budget_usd)
-    with progress_line(enabled=not (as_json or emit)) as say:
-        result = plan(model, system, counts, phases, settings, target, max_batch=max_batch,
-                      space=get_space(space_name), pins=parse_pins(fix), datatype=Datatype(datatype), kernels=kernels,
-                      config=SolverConfig(time_limit_s=time_limit_s, top_k=1), progress=say)
+    solve_args = dict(max_batch=max_batch, space=get_space(space_name), pins=parse_pins(fix),
+                      datatype=Datatype(datatype), kernels=kernels, config=SolverConfig(time_limit_s=time_limit_s, top_k=1))
+    with progress_line() as say:
+        result = plan(model, system, counts, phases, settings, target, progress=say, **solve_args)
+        fitting = None
+        if result.interrupted_at is None and not any(row.feasible for row in result.counts):
+            say("finding the smallest GPU count that fits")
+            fitting = _smallest_fitting(model, system, result, phases, settings, time_limit_s, solve_args)
     label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
     title = f"{model.name} on {label}, {datatype}, {kernels.label}, {sum(p.tokens for p in phases):.4g} tokens"
     if plot_path is not None:
@@ -159,6 +171,26 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     else:
         from solver.report.plan_tables import print_plan     # (rich: only for tables)
 
-        print_plan(result, title, wide_console())
+        print_plan(result, title, wide_console(wide), wide)
+    if result.interrupted_at is not None:
+        click.echo(f"interrupted (Ctrl-C) at {result.interrupted_at:,} GPUs: a partial plan of the "
+                   f"{len(result.counts)} of {len(counts)} counts planned before it", err=True)
+        sys.exit(130)
     if result.choice.plan is None:
-        raise MapsatError(result.choice.message)
+        domain = system.networks[0]
+        fits = ("" if fitting is None else f"; the smallest GPU count that fits, in whole {domain.name} domains of "
+                                           f"{domain.size} or a part of one: {fitting:,} (--gpus {fitting})")
+        raise MapsatError(result.choice.message + fits)
+
+
+def _smallest_fitting(model, system, result, phases, settings, time_limit_s: float, solve_args: dict) -> int | None:
+    """Above the largest count planned, the smallest buyable one whose every phase fits
+    (solver.search.nearest), when memory is what rules the largest out."""
+    largest = result.counts[-1]
+    reasons = [reason for p in largest.phases for reason in p.result.infeasible_reasons]
+
+    def fits(count: int, left_s: float) -> bool:
+        args = {**solve_args, "config": dataclasses.replace(solve_args["config"], time_limit_s=left_s)}
+        return plan_count(model, system, count, phases, result.state_bytes, settings, **args).feasible
+
+    return smallest_fitting_count(largest.num_gpus, reasons, system.networks[0].size, fits, time_limit_s)

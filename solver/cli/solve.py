@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import click
@@ -16,7 +17,8 @@ from solver.cli.options import (BoundedFloat, BoundedInt, batch_header, datatype
                                 progress_line, space_and_cap, space_options, system_label, user_errors,
                                 wide_console)
 from solver.report.documents import dumps
-from solver.report.tables import evaluation_tables, top_table
+from solver.report.tables import counted, evaluation_tables, top_table
+from solver.search.nearest import smallest_fitting_count
 from solver.search.solve import SolverConfig, SolveResult, solve
 from solver.space.pins import describe_pins, pins_text
 
@@ -61,9 +63,19 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
                                      num_gpus)
     config = SolverConfig(time_limit_s=time_limit_s, workers=workers, seed=seed, top_k=top_k)
     try:
-        with progress_line(enabled=not (as_json or emit)) as say:
+        with progress_line() as say:
             result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),
                            space=space, kernels=kernels, config=config, progress=say)
+            fitting = None
+            if result.status == "infeasible":
+                say("finding the smallest GPU count that fits")
+                def fits(count: int, left_s: float) -> bool:
+                    return solve(model, system, count, max_batch=max_batch, datatype=Datatype(datatype), space=space,
+                                 kernels=kernels, config=dataclasses.replace(config, time_limit_s=left_s, top_k=1)
+                                 ).best is not None
+
+                fitting = smallest_fitting_count(num_gpus, result.infeasible_reasons, system.networks[0].size, fits,
+                                                 time_limit_s)
     except KeyboardInterrupt:            # while the search was being set up: nothing scored yet
         if debugging():
             raise
@@ -74,7 +86,7 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     elif emit:
         pass                             # no mapping: the reason follows, exit 1
     elif as_json:
-        click.echo(dumps({**result.to_dict(), "fixed": describe_pins(space),
+        click.echo(dumps({**result.to_dict(), "fixed": describe_pins(space), "smallest_fitting_gpus": fitting,
                           "parameters": ParameterCounts.of(model).to_dict()}))
     else:
         label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
@@ -88,7 +100,10 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         raise MapsatError(f"no mapping found within the time limit of {time_limit_s:g} s (none proven infeasible "
                           f"either): give a longer --time-limit")
     if result.best is None:
-        raise MapsatError(f"infeasible: {'; '.join(result.infeasible_reasons)}")
+        domain = system.networks[0]
+        fits = ("" if fitting is None else f"; the smallest GPU count that fits, in whole {domain.name} domains of "
+                                           f"{domain.size} or a part of one: {fitting:,} (--gpus {fitting})")
+        raise MapsatError(f"infeasible: {'; '.join(result.infeasible_reasons)}{fits}")
 
 
 TABLE_COLUMNS = 120
@@ -108,8 +123,8 @@ def print_result(result: SolveResult, title: str) -> None:
     else:
         verdict = f"best found, not certified: gap {100 * (result.gap or 0):.2f} % to the bound"
     out.print(f"{title}: {verdict} in {result.seconds:.2f} s "
-              f"({result.rounds} CP-SAT rounds; {result.candidates_scored:,} of {result.space_size:,} mappings "
-              f"scored exactly, in {result.blocks_scored} blocks)")
+              f"({counted(result.rounds, 'CP-SAT round')}; {result.candidates_scored:,} of "
+              f"{counted(result.space_size, 'mapping')} scored exactly, in {counted(result.blocks_scored, 'block')})")
     if result.best is None:
         return
     for table in evaluation_tables(result.best, title="Best mapping"):

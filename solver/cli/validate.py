@@ -17,7 +17,7 @@ from costmodel.measured.run_scoring import ErrorSummary, RunInputs
 from costmodel.measured.validation import validate_selene
 from solver.cli.options import user_errors, wide_console
 from solver.report.documents import dumps
-from solver.report.tables import console
+from solver.report.tables import console, counted
 
 DEFAULT_SYSTEM = Path(__file__).resolve().parents[2] / "problems" / "systems" / "a100-80g-selene.yaml"
 
@@ -47,7 +47,7 @@ def _percent(value: float | None) -> str:
 
 
 def _summary_lines(title: str, summaries: tuple[ErrorSummary, ...]) -> list[str]:
-    return [f"{title} {s.group}: {s.count} runs, median |error| {100 * s.median_abs_error:.1f} %, "
+    return [f"{title} {s.group}: {counted(s.count, 'run')}, median |error| {100 * s.median_abs_error:.1f} %, "
             f"mean signed {100 * s.mean_signed_error:+.1f} %, max |error| {100 * s.max_abs_error:.1f} %"
             for s in summaries]
 

@@ -24,13 +24,25 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def tokens_per_s_per_gpu(record: dict) -> float | None:
+    """A solved record's training throughput per GPU: global batch · seq_size tokens per
+    iteration time, over the GPUs (as published tables count it, MFU aside); None unsolved."""
+    problem, best = record.get("problem") or {}, record.get("best") or {}
+    batch = (best.get("mapping") or {}).get("batch_size")
+    seq, time_s, gpus = (problem.get("model") or {}).get("seq_size"), best.get("iteration_time_s"), problem.get("gpus")
+    if not (batch and seq and time_s and gpus):
+        return None
+    return batch * seq / (time_s * gpus)
+
+
 def dumps(document: dict) -> str:
     """Deterministic JSON: sorted keys, fixed indentation."""
     return json.dumps(json_safe(document), indent=2, sort_keys=True)
 
 
 def _row_document(row: CountPlan) -> dict:
-    doc = {"num_gpus": row.num_gpus, "feasible": row.feasible, "reason": row.reason, "phases": [
+    doc = {"num_gpus": row.num_gpus, "feasible": row.feasible, "answered": not row.unanswered, "reason": row.reason,
+           "phases": [
         {"name": p.phase.name, "tokens": p.phase.tokens, "seq_size": p.phase.seq_size, "steps": p.steps,
          "compute_s": p.compute_s, "status": p.result.status, "certified_optimal": p.result.certified_optimal,
          "iteration_time_s": p.result.best.iteration_time_s if p.result.best else None,
@@ -52,6 +64,7 @@ def plan_document(result: PlanResult) -> dict:
     return {"counts": [_row_document(row) for row in result.counts],
             "chosen": result.choice.plan.num_gpus if result.choice.plan else None,
             "rule": result.choice.rule, "message": result.choice.message,
+            "partial": result.interrupted_at is not None, "interrupted_at_gpus": result.interrupted_at,
             "checkpoint_state_bytes": result.state_bytes, "seconds": result.seconds,
             "settings": {"failure_rate_per_gpu_hour": s.failure_rate_per_gpu_hour,
                          "checkpoint_bytes_per_s": s.checkpoint_gbps * 1e9, "async_checkpoint": s.async_checkpoint,

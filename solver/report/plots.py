@@ -22,6 +22,7 @@ import numpy as np
 from costmodel.errors import InputError
 from costmodel.inputs.load import ensure_directory
 from solver.report.breakdown_plot import plot_breakdown
+from solver.report.documents import tokens_per_s_per_gpu
 from solver.report.figure import params_text, pyplot, save
 
 MAX_LINES = 8
@@ -347,7 +348,8 @@ def _tick(dim: str, value) -> str:
 
 
 def plot_summary(records: list[dict], out_dir: Path, limit: int = 60) -> list[Path]:
-    """One horizontal bar per problem: MFU, with the mapping count when known."""
+    """One horizontal bar per problem: MFU, beside it the step time and tokens/s per GPU (what
+    MFU hides across GPUs: a faster GPU at the same MFU trains faster), and the mapping count."""
     plt = pyplot()
     rs = records[:limit]
     fig, ax = plt.subplots(figsize=(10, 0.35 * len(rs) + 1.5))
@@ -356,6 +358,8 @@ def plot_summary(records: list[dict], out_dir: Path, limit: int = 60) -> list[Pa
     ax.barh(list(ys), values, color=["tab:blue" if _mfu(r) is not None else "lightgray" for r in rs])
     for i, r in enumerate(rs):
         note = f"{values[i]:.1f}%" if _mfu(r) is not None else r.get("status", "")
+        if _mfu(r) is not None and tokens_per_s_per_gpu(r) is not None:
+            note += f", step {r['best']['iteration_time_s']:.3g} s, {tokens_per_s_per_gpu(r):,.0f} tokens/s/GPU"
         if r.get("mappings"):
             note += f"  ({r['mappings']:,} mappings)"
         ax.text(values[i] + 0.5, i, note, va="center", fontsize=8)
@@ -364,7 +368,7 @@ def plot_summary(records: list[dict], out_dir: Path, limit: int = 60) -> list[Pa
     ax.set_xlabel("MFU (%)")
     ax.set_xlim(0, max(100, max(values, default=0) + 25))
     more = f" (first {limit} of {len(records)})" if len(records) > limit else ""
-    ax.set_title(f"MFU per problem{more}", fontsize=10)
+    ax.set_title(f"MFU per problem, with step time and tokens/s per GPU{more}", fontsize=10)
     return [save(fig, out_dir / "summary.png")]
 
 

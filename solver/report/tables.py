@@ -49,8 +49,15 @@ def console() -> Console:
     return Console(file=sys.stdout, soft_wrap=True)
 
 
+def counted(n: int, noun: str) -> str:
+    """"1 block", "2 blocks", "1,024 runs": a count with its noun, singular for one."""
+    return f"{n:,} {noun if n == 1 else noun + 's'}"
+
+
 def _fields_by_name(mapping_fields: dict) -> dict:
     values = {dim.name: mapping_fields.get(dim.field) for dim in DIMENSIONS}
+    if values.get("sched") == "interleaved":   # (a file's name for 1F1B over chunks: the chunks are a column
+        values["sched"] = "1f1b"               # of their own, and the equivalents name the schedule so)
     for dim in DIMENSIONS:     # a record from before a dimension joined: its file default
         if values[dim.name] is None and dim.kind == "network":
             values[dim.name] = 0
@@ -195,8 +202,10 @@ def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
     mem_table.add_column("term")
     mem_table.add_column("GiB", justify="right")
     for key, label in MEMORY_LABELS.items():
-        if key.startswith("second_stage") and ev.mapping.pp == 2:
-            continue                      # with two stages the second is the last: shown once, as the last
+        if key.startswith("second_stage") and ev.mapping.pp <= 2:
+            continue                      # with two stages the second is the last (one: the first), shown once
+        if key in ("last_stage_activations_bytes", "last_stage_hbm_bytes") and ev.mapping.pp == 1:
+            continue                      # one stage: the first is the last
         mem_table.add_row(label, f"{ev.memory_bytes[key] / GiB:.2f}")
     mem_table.add_row("in HBM (tier 1, the fullest stage)", f"{ev.hbm_bytes / GiB:.2f}", style="bold")
     mem_table.add_row("in offload memory (tier 2)", f"{ev.offload_bytes / GiB:.2f}", style="bold")

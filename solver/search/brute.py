@@ -46,6 +46,13 @@ BRUTE_CHUNK_ROWS = 1 << 18
 """Rows per chunk for the search: ~262k mappings (a few hundred MB of model terms at most),
 small enough that two workers stay balanced to the end."""
 
+PROOF_ROWS = 1 << 20
+"""Spaces past this many mappings are first put to the CP-SAT structure model (divisibility
+and network spans, the proof `solve` gives): when no split can span its networks, scoring
+every mapping would only confirm it, for minutes."""
+PROOF_LIMIT_S = 60.0
+"""At most this long for that proof; past it the scan goes on as without it."""
+
 MEMORY_FIELDS = ("hbm_bytes", "offload_bytes", "weights_bytes", "weight_grads_bytes", "optimizer_bytes",
                  "activations_bytes")
 
@@ -98,6 +105,8 @@ class BruteResult:
     capacity_factor: float = 1.0
     precision: dict = field(default_factory=dict)
     """the precision settings that differ from the defaults (Kernels.precision_record)"""
+    proof: str | None = None
+    """why no mapping can be feasible, proven before any was scored (`spans_proof`)"""
 
     def to_dict(self) -> dict:
         best = None
@@ -109,7 +118,8 @@ class BruteResult:
                 "datatype": self.datatype, "best": best, "top": [c.to_dict() for c in self.top],
                 "evaluated": self.evaluated, "feasible": self.feasible, "feasible_by_dimension": self.feasible_by_dimension,
                 "blocked": self.blocked, "min_hbm_bytes": self.min_hbm_bytes, "workers": self.workers,
-                "seconds": self.seconds, "interrupted": self.interrupted, "space_size": self.space_size}
+                "seconds": self.seconds, "interrupted": self.interrupted, "space_size": self.space_size,
+                "proof": self.proof}
 
     @property
     def kernels(self) -> Kernels:
@@ -118,6 +128,8 @@ class BruteResult:
 
     def infeasible_reason(self, hbm_capacity_bytes: float) -> str:
         """One line: why nothing is feasible, naming the checks that rule mappings out."""
+        if self.proof is not None:
+            return f"infeasible, proven before scoring the {self.space_size:,} mappings: {self.proof}"
         if self.evaluated == 0:
             return (f"no mapping exists in space {self.space} for {self.num_gpus} GPUs with max batch "
                     f"{self.max_batch} (no {SPLIT_TEXT} split passes the divisibility and batch rules)")
@@ -221,14 +233,24 @@ def default_workers() -> int:
 
 def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Space, datatype: Datatype,
          kernels: Kernels = Kernels(), top_k: int = 10, workers: int | None = None, chunk_rows: int = BRUTE_CHUNK_ROWS, progress: bool = False,
-         csv_path: str | Path | None = None) -> BruteResult:
+         csv_path: str | Path | None = None, say=None) -> BruteResult:
     """Evaluate every mapping of `space`; return the best `top_k` (by time, then ordinal),
-    counts, and optionally write every feasible mapping to `csv_path` in enumeration order."""
+    counts, and optionally write every feasible mapping to `csv_path` in enumeration order.
+    `progress`: a bar on a terminal; `say(text)`: told the mappings scored after each chunk."""
     start = time.perf_counter()
     # the problem's own errors (a missing datatype, a recipe the GPU does not run) are the
     # user's, said once, here: not raised inside workers, whose pool would then be torn down
     Context.of(model, system, datatype, kernels)
     the_plan = plan(model, system, num_gpus, max_batch, space, chunk_rows)
+    try:
+        proof, interrupted = spans_proof(model, system, num_gpus, max_batch, space, the_plan), False
+    except KeyboardInterrupt:      # Ctrl-C during the proof: nothing scored
+        proof, interrupted = None, True
+    if proof is not None or interrupted:
+        return BruteResult(space=space.name, num_gpus=num_gpus, max_batch=max_batch, datatype=datatype.value,
+                           best=None, top=[], evaluated=0, feasible=0, seconds=time.perf_counter() - start,
+                           workers=0, feasible_by_dimension={}, space_size=the_plan.total, proof=proof,
+                           interrupted=interrupted)
     workers = min(workers or default_workers(), max(1, len(the_plan.chunks)))
     args = (model, system, the_plan, datatype, kernels, top_k, csv_path is not None)
     evaluated = feasible = 0
@@ -261,6 +283,8 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
                     outcome.csv_text = None  # keep only the small part in memory
                     tops.append(outcome)
                 bar.advance(task, outcome.evaluated)
+                if say is not None:
+                    say(f"scored {evaluated:,} of {the_plan.total:,} mappings")
     except KeyboardInterrupt:     # Ctrl-C: what was scored so far (the pool is torn down by _run)
         interrupted = True
     finally:
@@ -279,6 +303,24 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
         best_time_breakdown_s=breakdown_times, attention=kernels.attention,
         grad_datatype=kernels.grad_datatype, interrupted=interrupted,
         space_size=the_plan.total, capacity_factor=kernels.capacity_factor, precision=kernels.precision_record)
+
+
+def spans_proof(model: Model, system: System, num_gpus: int, max_batch: int, space: Space, the_plan: Plan) -> str | None:
+    """For a space past PROOF_ROWS mappings: the reason no mapping is feasible when the CP-SAT
+    structure model (every split's divisibility and network spans) proves it, else None."""
+    if the_plan.total <= PROOF_ROWS or not the_plan.skeletons:
+        return None
+    from ortools.sat.python import cp_model
+
+    from solver.search.cpsat.constraints import Problem
+    from solver.search.cpsat.model import structure_model
+    from solver.search.cpsat.run import checked_solve, new_solver
+    from solver.search.solve import network_size_reason
+
+    m, _ = structure_model(Problem(model, system, num_gpus, max_batch, space), the_plan.skeletons)
+    if checked_solve(m, new_solver(PROOF_LIMIT_S)) != cp_model.INFEASIBLE:
+        return None
+    return network_size_reason(system, num_gpus)
 
 
 def _run(args: tuple, num_chunks: int, workers: int):

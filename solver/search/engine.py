@@ -178,11 +178,11 @@ class Engine:
             return
         keys = SplitKeys(self.plan.skeletons)
         self.tables = Tables(self.c, keys, num_gpus, space, len(self.c.net_size), cache=block_tables,
-                             block_memo=self.block_memo)
+                             block_memo=self.block_memo, check=(check := lambda: _check(deadline)))
         self.local_batch = local_batches_of(keys.split, num_gpus, space, max_batch)
         self.block_floors = block_lower_bounds(self.tables, self.c, space, self.plan.skeletons, self.local_batch,
                                                self.c.offload_capacity_bytes > 0, len(system.networks),
-                                               self.c.hbm_capacity_bytes)
+                                               self.c.hbm_capacity_bytes, check)
         self.ranked = sorted((floor, key) for key, floor in self.block_floors.items() if math.isfinite(floor))
         _check(deadline)
 
@@ -350,7 +350,7 @@ class Engine:
                 self.m.AddAssumptions(assumptions)
                 solver = new_solver(remaining, self.workers, self.seed)
                 collector = BlockCollector(self.v)
-                self.say(f"CP-SAT round {rounds + 1} ({len(self.scored)} blocks scored)")
+                self.say(f"CP-SAT round {rounds + 1} ({len(self.scored):,} scored blocks)")
                 status = checked_solve(self.m, solver, collector)
                 rounds += 1
                 cpsat_status = solver.StatusName(status)

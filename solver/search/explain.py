@@ -72,10 +72,12 @@ class Explanation:
     runner_up_binding: list[str] = field(default_factory=list)
     seconds: float = 0.0
     blocks_scored: int = 0
+    interrupted: bool = False
+    """Ctrl-C stopped it: `rows` are the values proven before, the others are missing"""
 
     @property
     def certified(self) -> bool:
-        return all(row.certified for row in self.rows)
+        return not self.interrupted and all(row.certified for row in self.rows)
 
     def to_dict(self) -> dict:
         winner = self.winner
@@ -85,7 +87,8 @@ class Explanation:
                 "winner_binding": self.winner_binding,
                 "runner_up": None if self.runner_up is None else self.runner_up.to_dict(),
                 "runner_up_binding": self.runner_up_binding, "rows": [r.to_dict() for r in self.rows],
-                "certified": self.certified, "blocks_scored": self.blocks_scored, "seconds": self.seconds}
+                "certified": self.certified, "blocks_scored": self.blocks_scored, "seconds": self.seconds,
+                "partial": self.interrupted}
 
 
 FLOOR_FLAGS = ("zero", "sched", "recompute", "tp_comm", "seq_par_ag_redo", "weight_offload", "activations_offload",
@@ -223,6 +226,27 @@ def explain(model: Model, system: System, num_gpus: int, *, max_batch: int, data
     say("the best mapping")
     winner, _ = explorer.best()
     rows: list[ValueBest] = []
+    try:
+        _prove_each_value(explorer, counted, winner, dimensions, rows, say)
+        interrupted = False
+    except KeyboardInterrupt:          # Ctrl-C: the values proven so far
+        interrupted = True
+    # the runner-up: the fastest mapping some other value allows that is slower than the
+    # winner (equally fast ones are ties: a setting with no effect, or an exact coincidence)
+    slower = [r for r in rows if r.best is not None and winner is not None
+              and r.best.iteration_time_s > winner.iteration_time_s * (1 + TIE_REL)]
+    runner_up = min(slower, key=lambda r: r.best.iteration_time_s, default=None)
+    return Explanation(
+        winner=winner, rows=rows, runner_up=runner_up,
+        winner_binding=binding_constraints(explorer.problem, winner) if winner else [],
+        runner_up_binding=binding_constraints(explorer.problem, runner_up.best) if runner_up else [],
+        seconds=time.perf_counter() - started, blocks_scored=len(explorer.scored), interrupted=interrupted)
+
+
+def _prove_each_value(explorer: Explorer, counted, winner: Evaluation | None, dimensions: tuple[str, ...] | None,
+                      rows: list[ValueBest], say) -> None:
+    """Append to `rows` the certified best of each value of each wanted dimension, in order
+    (as they are proven: Ctrl-C leaves those before it)."""
     wanted = dimensions or tuple(d.name for d in DIMENSIONS)
     for dim in DIMENSIONS:
         values = counted.by_dimension.get(dim.name, {})
@@ -237,16 +261,6 @@ def explain(model: Model, system: System, num_gpus: int, *, max_batch: int, data
             else:
                 best, certified = explorer.best(dim.name, value)
             rows.append(ValueBest(dim.name, value, label, best, certified, time.perf_counter() - begun))
-    # the runner-up: the fastest mapping some other value allows that is slower than the
-    # winner (equally fast ones are ties: a setting with no effect, or an exact coincidence)
-    slower = [r for r in rows if r.best is not None and winner is not None
-              and r.best.iteration_time_s > winner.iteration_time_s * (1 + TIE_REL)]
-    runner_up = min(slower, key=lambda r: r.best.iteration_time_s, default=None)
-    return Explanation(
-        winner=winner, rows=rows, runner_up=runner_up,
-        winner_binding=binding_constraints(explorer.problem, winner) if winner else [],
-        runner_up_binding=binding_constraints(explorer.problem, runner_up.best) if runner_up else [],
-        seconds=time.perf_counter() - started, blocks_scored=len(explorer.scored))
 
 
 def _value_of(name: str, label: str) -> int:

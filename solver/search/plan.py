@@ -127,6 +127,12 @@ class CountPlan:
     def feasible(self) -> bool:
         return self.cost is not None
 
+    @property
+    def unanswered(self) -> bool:
+        """No phase proven infeasible, one without an answer: the time limit (or Ctrl-C) came
+        before any mapping was found — not the same as infeasible."""
+        return not self.feasible and any(p.result.status in ("unknown", "interrupted") for p in self.phases)
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -145,6 +151,9 @@ class PlanResult:
     settings: Settings
     target: Target
     notes: list[str] = field(default_factory=list)
+    interrupted_at: int | None = None
+    """Ctrl-C: the GPU count whose solve it stopped (left out: its answer is not certified);
+    `counts` holds those planned before it, `choice` is among them"""
 
 
 # ---- the GPU counts ----
@@ -152,27 +161,37 @@ class PlanResult:
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
 
 
-def parse_counts(text: str, step: int) -> list[int]:
+MAX_PLAN_COUNTS = 256
+"""GPU counts one plan solves at most: each is a certified solve of seconds to minutes, so 256
+counts is already hours; more is a range whose step was left at one NVLink domain."""
+
+
+def parse_counts(text: str, step: int, option: str = "--gpus") -> list[int]:
     """GPU counts as written: "1024", "512,1024,2048", "1024-8192" (every `step`, the NVLink
     domain by default) or "1024-8192:1024" (every 1024); parts joined by commas. Sorted,
-    each once."""
-    counts: set[int] = set()
+    each once; more than MAX_PLAN_COUNTS is refused before any is listed."""
+    ranges: list[range] = []
     for part in text.split(","):
         part = part.strip()
         ranged = _RANGE.match(part)
         if ranged:
             low, high, by = int(ranged[1]), int(ranged[2]), int(ranged[3] or step)
             if low > high or by < 1:
-                raise InputError(f"--gpus {part}: a range is LOW-HIGH[:STEP] with LOW <= HIGH and STEP >= 1")
-            counts.update(range(low, high + 1, by))
+                raise InputError(f"{option} {part}: a range is LOW-HIGH[:STEP] with LOW <= HIGH and STEP >= 1")
+            ranges.append(range(low, high + 1, by))
         elif part.isdigit():
-            counts.add(int(part))
+            ranges.append(range(int(part), int(part) + 1))
         else:
-            raise InputError(f"--gpus {part!r}: not a count, a comma list or a range LOW-HIGH[:STEP]")
-    for n in counts:
+            raise InputError(f"{option} {part!r}: not a count, a comma list or a range LOW-HIGH[:STEP]")
+    for n in (r[i] for r in ranges for i in (0, -1)):
         if limits.GPUS_SEARCH.problem(n):
-            raise InputError(f"--gpus {n}: {limits.GPUS_SEARCH.problem(n)}")
-    return sorted(counts)
+            raise InputError(f"{option} {n}: {limits.GPUS_SEARCH.problem(n)}")
+    listed = sum(len(r) for r in ranges)
+    if listed > MAX_PLAN_COUNTS:
+        fewer = "a larger --gpu-step or a smaller --max-gpus" if option == "--max-gpus" else "a larger STEP or a list"
+        raise InputError(f"{option} {text.strip()[:60]}: {listed:,} GPU counts, more than {MAX_PLAN_COUNTS} (each is a "
+                         f"solve): give {fewer}")
+    return sorted({n for r in ranges for n in r})
 
 
 def check_buyable(counts: list[int], domain: int, name: str) -> None:
@@ -237,10 +256,20 @@ def plan_count(model: Model, system: System, num_gpus: int, phases: list[Phase],
     fail = failures(num_gpus, state_bytes, failure_rate_per_gpu_hour=settings.failure_rate_per_gpu_hour,
                     checkpoint_gbps=settings.checkpoint_gbps, async_checkpoint=settings.async_checkpoint,
                     snapshot_gbps=settings.snapshot_gbps, restart_minutes=settings.restart_minutes)
+    if fail.goodput <= 0:
+        return CountPlan(num_gpus, done, fail, reason=no_progress_reason(fail))
     cost = run_cost(num_gpus, compute_s, fail, gpu_power_w=settings.gpu_power_w, pue=settings.pue,
                     gpu_hour_price_usd=settings.gpu_hour_price_usd)
     mfu = sum(p.compute_s * p.result.best.mfu for p in done) / compute_s
     return CountPlan(num_gpus, done, fail, cost, mfu)
+
+
+def no_progress_reason(fail: Failures) -> str:
+    """Why a run whose goodput is 0 never finishes: the time lost per interruption against the
+    job's mean time between interruptions."""
+    return (f"failures: goodput 0, the run never finishes; lower --failure-rate or --restart-minutes (job MTBF {fail.mtbf_s / 60:.3g} min at "
+            f"{fail.failure_rate_per_gpu_hour:g} per GPU-hour; restart {fail.restart_s / 60:.3g} min; "
+            f"checkpoint stall {fail.checkpoint_stall_s:.3g} s)")
 
 
 def choose(counts: list[CountPlan], target: Target) -> Choice:
@@ -249,7 +278,13 @@ def choose(counts: list[CountPlan], target: Target) -> Choice:
     a price, GPU-hours without); with neither: the fastest (one count: that count). Ties go
     to fewer GPUs. None when no count qualifies, the message naming the nearest miss."""
     feasible = [c for c in counts if c.feasible]
+    if not feasible and all(c.unanswered for c in counts):
+        return Choice(None, "none", "no GPU count was answered within the time limit (none proven infeasible "
+                                    "either): give a longer --time-limit")
     if not feasible:
+        reasons = {(c.reason or "").split(" (")[0] for c in counts}
+        if len(reasons) == 1 and next(iter(reasons)):
+            return Choice(None, "none", f"no GPU count can train: {reasons.pop()}")
         return Choice(None, "none", "no GPU count has a feasible mapping for every phase")
     if len(counts) == 1 and target.deadline_days is None and target.budget_usd is None:
         return Choice(feasible[0], "the given count")
@@ -296,16 +331,27 @@ def plan(model: Model, system: System, counts: list[int], phases: list[Phase], s
     state_bytes = checkpoint_state_bytes(model, Context.build(model, system, datatype, kernels))
     say = progress or (lambda text: None)
     share = share or CountShare()
-    rows = []
-    for i, n in enumerate(counts):
-        say(f"{n:,} GPUs ({i + 1} of {len(counts)})")
-        rows.append(plan_count(model, system, n, phases, state_bytes, settings, max_batch=max_batch, space=space,
-                               pins=pins, datatype=datatype, kernels=kernels, config=config, progress=progress,
-                               share=share))
-    return PlanResult(rows, choose(rows, target), state_bytes, time.perf_counter() - started, settings, target)
+    rows, stopped, current = [], None, counts[0]
+    try:
+        for i, n in enumerate(counts):
+            current = n
+            say(f"{n:,} GPUs ({i + 1} of {len(counts)})")
+            row = plan_count(model, system, n, phases, state_bytes, settings, max_batch=max_batch, space=space,
+                             pins=pins, datatype=datatype, kernels=kernels, config=config, progress=progress,
+                             share=share)
+            if any(p.result.status == "interrupted" for p in row.phases):     # Ctrl-C inside CP-SAT
+                stopped = n
+                break
+            rows.append(row)
+    except KeyboardInterrupt:                # Ctrl-C anywhere else (the tables, between counts)
+        stopped = current
+    choice = choose(rows, target) if rows else Choice(None, "none", "interrupted (Ctrl-C) before any count was planned")
+    return PlanResult(rows, choice, state_bytes, time.perf_counter() - started, settings, target,
+                      interrupted_at=stopped)
 
 
 __all__ = [
+    "MAX_PLAN_COUNTS",
     "TOKENS",
     "Choice",
     "CountPlan",
@@ -319,6 +365,7 @@ __all__ = [
     "checkpoint_state_bytes",
     "choose",
     "load_phases",
+    "no_progress_reason",
     "parse_counts",
     "phase_model",
     "plan",

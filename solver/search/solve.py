@@ -118,11 +118,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
                            infeasible_reasons=["time limit reached before any feasible mapping was found"])
     problem, skels, total = engine.problem, engine.plan.skeletons, engine.plan.total
     if not skels:
-        from solver.search.cpsat.constraints import DegreeRules
-        return _infeasible(started, 0, [f"parallel split: no {SPLIT_TEXT} split of {num_gpus} GPUs meets the "
-                                         f"divisibility rules ({DegreeRules().describe(problem)}) and "
-                                         + (f"the batch cap {max_batch}" if _given_batch(the_space) is None
-                                            else f"the given batch {max_batch} (dp divides it)")])
+        return _infeasible(started, 0, [no_split_reason(model, system, num_gpus, max_batch, the_space)])
     found = engine.search(Question(top_k=config.top_k, time_limit_s=config.time_limit_s
                                    - (time.perf_counter() - started)))
     blocks, scored = len(engine.scored), engine.mappings_scored()
@@ -148,6 +144,23 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
     return SolveResult(status, top[0], top, found.certified, best_time if found.certified else found.bound_s, gap,
                        seconds, scored, blocks, found.rounds, total, binding=binding_constraints(problem, top[0]),
                        cpsat_status=found.cpsat_status, equivalents=settings)
+
+
+def no_split_reason(model: Model, system: System, num_gpus: int, max_batch: int, space: Space) -> str:
+    """Why no parallel split exists, in one short line: with a given batch that some split
+    would take at another batch, the nearest batches that work; else the rules by name."""
+    from solver.search.nearest import nearest_batches
+
+    head = f"parallel split: no {SPLIT_TEXT} split of {num_gpus:,} GPUs"
+    given = _given_batch(space)
+    if given is not None:
+        nearest = nearest_batches(model, system, num_gpus, given, space)
+        if nearest:
+            return (f"{head} has a dp that divides the given batch {given:,}; nearest batches that work: "
+                    f"{' or '.join(f'{b:,}' for b in nearest)}")
+        return f"{head} meets the divisibility rules (`mapsat spaces` lists them), at any batch"
+    return (f"{head} meets the divisibility rules (`mapsat spaces` lists them) and the batch cap {max_batch:,} "
+            f"(dp <= the cap)")
 
 
 def _given_batch(space: Space) -> int | None:
@@ -195,6 +208,13 @@ DIAGNOSE_LIMIT_S = 30.0
 """At most this long explaining an infeasible problem (within what is left of the time limit)."""
 
 
+def network_size_reason(system: System, num_gpus: int) -> str:
+    """Why no mapping is feasible when the structure model (divisibility and network spans) has
+    no solution."""
+    sizes = ", ".join(f"{n.name} {n.size}" for n in system.networks)
+    return f"network size: no split of {num_gpus} GPUs puts {SPANS_TEXT} on networks that span them ({sizes})"
+
+
 def diagnose(problem: "Problem", skels, c: Context, time_limit_s: float = DIAGNOSE_LIMIT_S) -> list[str]:
     """Which named constraints rule out every mapping of the space's skeletons, with the numbers."""
     from ortools.sat.python import cp_model
@@ -212,10 +232,7 @@ def diagnose(problem: "Problem", skels, c: Context, time_limit_s: float = DIAGNO
     m, _ = structure_model(problem, skels)
     status = checked_solve(m, new_solver(deadline - time.perf_counter()))
     if status == cp_model.INFEASIBLE:
-        sizes = ", ".join(f"{n.name} {n.size}" for n in system.networks)
-        reasons.append(f"network size: no split of {problem.num_gpus} GPUs puts {SPANS_TEXT} on "
-                       f"networks that span them ({sizes})")
-        return reasons
+        return [network_size_reason(system, problem.num_gpus)]
     if status == cp_model.UNKNOWN or deadline <= time.perf_counter():
         return out_of_time
     # the smallest HBM footprint any mapping can have (a sound lower bound)

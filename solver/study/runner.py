@@ -5,6 +5,7 @@ finishes. The batch file itself (schema, grid expansion) is solver.batch.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,6 +292,19 @@ def _run_local(payloads: list[dict], jobs: int, limits: dict[str, float], tick=l
             receiver.close()
 
 
+_DASK_ADDRESS = re.compile(r"^(?:(tcp|tls|ucx|ws|wss)://)?([A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(\d{1,5})$")
+
+
+def check_dask_address(address: str) -> str:
+    """A Dask scheduler's address as `--dask` takes it, [tcp|tls|ucx|ws|wss://]host:port with a
+    port of 1-65535; else an InputError naming it (an empty one would run locally unsaid)."""
+    match = _DASK_ADDRESS.match(address.strip())
+    if match is None or not 1 <= int(match[3]) <= 65535:
+        raise InputError(f"--dask {address[:80]!r}: not a scheduler address; give [tcp://]host:port with a port of "
+                         f"1-65535 (e.g. tcp://10.0.0.5:8786)")
+    return address.strip()
+
+
 def _run_dask(payloads: list[dict], address: str):
     """The same on a running Dask distributed cluster at `address`."""
     try:
@@ -300,8 +314,12 @@ def _run_dask(payloads: list[dict], address: str):
                          "(the dask extra)") from None
     try:
         client = Client(address, timeout="10s")
-    except Exception as err:  # noqa: BLE001 - any connection failure is the user's address
+    except (OSError, TimeoutError) as err:    # nothing listens there, or it does not answer in time
         raise InputError(f"--dask {address}: cannot connect to a Dask scheduler ({err})") from None
+    except Exception as err:  # noqa: BLE001 - something answered, not in Dask's protocol (its reply
+        # read as a frame length can ask for exabytes: not the user's memory, the address)
+        raise InputError(f"--dask {address}: something answered there, but not a Dask scheduler (its reply does "
+                         f"not parse: {type(err).__name__})") from None
     token = f"{time.time_ns():x}"
     futures = {client.submit(solve_payload, p, key=f"mapsat-{p['id']}-{token}", pure=False): p for p in payloads}
     try:

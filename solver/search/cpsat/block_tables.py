@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -184,15 +185,16 @@ class BlockTableCache:
         self._row_memos: dict[tuple, dict] = {}
 
     def lookup(self, c: Context, tm_keys: list, tp_overlaps: tuple, networks: int,
-               cp_comms: tuple = ALL_CP_COMMS) -> tuple[dict, dict]:
+               cp_comms: tuple = ALL_CP_COMMS, check: Callable[[], None] | None = None) -> tuple[dict, dict]:
         """Each BLOCK_TABLES table, holding at least the groups `tm_keys`; and the memo of
-        their rows as arrays (solver.search.cpsat.tables.GroupRows) kept with them."""
+        their rows as arrays (solver.search.cpsat.tables.GroupRows) kept with them. `check`:
+        called between chunks of the grid (a deadline's: it raises, and nothing is stored)."""
         key = (tuple(tp_overlaps), networks, tuple(cp_comms))
         memo = self._row_memos.setdefault(key, {})
         store = self._stores.get(key)
         missing = tm_keys if store is None else [k for k in tm_keys if k not in store["compute"]]
         if missing:
-            fresh = _block_tables(c, missing, tp_overlaps, networks, cp_comms)
+            fresh = _block_tables(c, missing, tp_overlaps, networks, cp_comms, check)
             if store is None:
                 store = self._stores[key] = fresh
             else:
@@ -254,7 +256,7 @@ def best_expert_networks(c: Context, keys, networks: int) -> dict[str, np.ndarra
 
 
 def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int,
-                  cp_comms: tuple = ALL_CP_COMMS) -> dict:
+                  cp_comms: tuple = ALL_CP_COMMS, check: Callable[[], None] | None = None) -> dict:
     """The BLOCK_TABLES over the (tp, cp, ep, etp, microbatch) groups `tm_keys` (see Tables),
     minimised over the TP overlaps `tp_overlaps` and, where cp > 1, the CP communications
     `cp_comms` (codes; all of them when none is given). The groups with cp = 1 and those with
@@ -263,7 +265,7 @@ def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int,
     at = GROUP_DEGREES.index("cp")
     parts = [[k for k in tm_keys if k[at] == 1], [k for k in tm_keys if k[at] > 1]]
     tables = [_group_tables(c, keys, tp_overlaps, networks, _block_net_axes(keys, networks),
-                            list(cp_comms or ALL_CP_COMMS) if keys[0][at] > 1 else [0])
+                            list(cp_comms or ALL_CP_COMMS) if keys[0][at] > 1 else [0], check or _unlimited)
               for keys in parts if keys]
     out = tables[0]
     for more in tables[1:]:
@@ -272,8 +274,12 @@ def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int,
     return out
 
 
+def _unlimited() -> None:
+    """A `check` that never stops the work."""
+
+
 def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, block_nets: dict,
-                  cp_comms: list) -> dict:
+                  cp_comms: list, check: Callable[[], None]) -> dict:
     """_block_tables over groups `tm_keys` that all have cp = 1 or all cp > 1: the grid's TP and
     CP network axes `block_nets` (_block_net_axes), its CP communication axis `cp_comms`."""
     nets = list(range(networks))
@@ -322,6 +328,7 @@ def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
 
     parts: dict[str, list] = {}
     for first_key in range(0, len(tm), keys_per_chunk):
+        check()
         cols, chunk = Named.open_grid(key=np.arange(first_key, min(len(tm), first_key + keys_per_chunk)), **axes)
         for name, values in reduced(chunk, _block_rows(c, tm, cols, group_at, expert_nets, size, nets)).items():
             parts.setdefault(name, []).append(values)

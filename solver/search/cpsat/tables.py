@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -72,7 +73,8 @@ class Tables:
     CountShare keeps one)."""
 
     def __init__(self, c: Context, v: Variables | SplitKeys, num_gpus: int, space: Space, networks: int,
-                 cache: BlockTableCache | None = None, block_memo: dict | None = None):
+                 cache: BlockTableCache | None = None, block_memo: dict | None = None,
+                 check: Callable[[], None] | None = None):
         tp_overlaps = space.codes("tp_overlap", pinned=False)
         cp_comms, shards = space.codes("cp_comm"), space.codes("shard")
         self.tm_keys = list(v.group_mb)
@@ -80,9 +82,9 @@ class Tables:
         nets = list(range(networks))
         size = np.asarray(c.net_size)
         if cache is not None:
-            block, self.row_memo = cache.lookup(c, self.tm_keys, tp_overlaps, networks, cp_comms)
+            block, self.row_memo = cache.lookup(c, self.tm_keys, tp_overlaps, networks, cp_comms, check)
         else:
-            block = _block_tables(c, self.tm_keys, tp_overlaps, networks, cp_comms)
+            block = _block_tables(c, self.tm_keys, tp_overlaps, networks, cp_comms, check)
             self.row_memo = {}
         self.block, self.block_zb, self.compute, self.head, self.p2p, self.stored, self.workspace = (
             block[name] for name in BLOCK_TABLES)
@@ -103,6 +105,8 @@ class Tables:
         base = dict(**split, dp=dp, microbatch=np.ones(len(t_)), cp_net=cols["dp_net"], tp_net=cols["dp_net"],
                     **{k: v_ for k, v_ in cols.items() if k != "key"})
         dp_net = cols["dp_net"]
+        check = check or (lambda: None)       # (a deadline's: raises when it has passed)
+        check()
         terms = _grid_terms(c, block_memo, **base, batch=dp)
 
         # Exposed + stolen DP time is at least usage × the reduction time (overlap hides at
@@ -145,6 +149,7 @@ class Tables:
         taken = {0: np.arange(n), **{code: np.flatnonzero(code <= limit) for code in codes if code}}
         parts = {0: terms}
         if len(taken) > 1:
+            check()
             at = np.concatenate(list(taken.values())[1:])
             grouped = _grid_terms(c, block_memo, **{k: v_[at] for k, v_ in base.items()}, batch=dp[at],
                                   shard=np.concatenate([np.full(len(rows), code) for code, rows in taken.items() if code]))
@@ -153,6 +158,7 @@ class Tables:
                 parts[code] = _rows_of(grouped, len(at), slice(start, start + len(rows)))
                 start += len(rows)
         for code in codes:
+            check()
             rows, one_terms = taken[code], parts[code]
 
             def spread(values, rows=rows):
@@ -229,7 +235,7 @@ def offers_zero_bubble(space: Space, num_networks: int) -> bool:
 
 
 def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, local_batch: dict, has_offload: bool,
-                       num_networks: int, hbm_capacity_bytes: float) -> dict:
+                       num_networks: int, hbm_capacity_bytes: float, check: Callable[[], None] | None = None) -> dict:
     """For each (tp, cp, ep, etp, pp, interleaving, microbatch) block, the smallest value the surrogate
     time takes over the memory-relevant flags whose HBM and offload footprints fit (inf when
     none does). Computed with numpy from the surrogate's own tables, with the pipeline
@@ -252,6 +258,8 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
     w_index = w_off.astype(np.intp)
     out = {}
     for sk in skeletons:
+        if check is not None:
+            check()                   # a deadline's: raises when it has passed
         g, p = sk.group, sk.pp
         key = sk.split
         mbs = np.array(sk.microbatches, dtype=float)
