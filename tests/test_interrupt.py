@@ -145,7 +145,7 @@ def test_ctrl_c_stops_explain_and_prints_the_values_proven():
     assert "interrupted (Ctrl-C): a partial explanation" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("command", ["solve", "plan", "explain"])
+@pytest.mark.parametrize("command", ["solve", "plan", "explain", "codesign", "count", "shape"])
 def test_progress_goes_to_stderr_when_piped_and_with_json_unless_quiet(monkeypatch, command):
     """Past PROGRESS_AFTER_S (0 here) a piped command says what it does on stderr, one plain
     line per step, and stdout stays the JSON alone; --quiet silences it."""
@@ -154,7 +154,11 @@ def test_progress_goes_to_stderr_when_piped_and_with_json_unless_quiet(monkeypat
     monkeypatch.setattr(progress, "PROGRESS_AFTER_S", 0.0)
     tiny = ["--model", "problems/models/gpt-1.3b.yaml", "--system", "problems/systems/a100-80g-selene.yaml",
             "--gpus", "8"]
-    extra = {"solve": [], "plan": ["--tokens", "1e9"], "explain": ["--dims", "pp"]}[command]
+    extra = {"solve": [], "plan": ["--tokens", "1e9"], "explain": ["--dims", "pp"],
+             "codesign": ["--vary", "hbm_gib=40,80", "--target-mfu", "0.01"], "count": ["--feasible"]}.get(command, [])
+    if command == "shape":   # shapes near a parameter count, each solved on the system
+        tiny = ["--params", "1e10", "--rule-only", "--system", "problems/systems/a100-80g-selene.yaml", "--gpus", "8",
+                "--seq-size", "2048", "--max-batch", "64"]
     loud = CliRunner().invoke(cli, [command, *tiny, *extra, "--json"])
     assert loud.exit_code == 0, loud.output
     lines = loud.stderr.splitlines()

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from costmodel.errors import InputError, MapsatError
 from costmodel.system import Datatype
-from solver.cli.options import (batch_header, headroom_text, datatype_option, load_problem, problem_options, space_and_cap, space_options,
+from solver.cli.options import (progress_line, batch_header, headroom_text, datatype_option, load_problem, problem_options, space_and_cap, space_options,
                                 user_errors, wide_console)
 from solver.report.figure import image_path
 from solver.report.documents import dumps
@@ -130,9 +130,11 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     grid = Grid.build(varied, knobs, parse_cost(cost_text))
     space, max_batch = space_and_cap(space_name, fix, max_batch, batch, batch_tokens, model, system,
                                      num_gpus)
-    result = codesign(model, system, num_gpus, grid, target, max_batch=max_batch, datatype=Datatype(datatype),
-                      space=space, kernels=kernels,
-                      config=SolverConfig(time_limit_s=time_limit_s, workers=workers), pareto=pareto_path is not None)
+    with progress_line() as say:
+        say(f"codesign: a grid of {math.prod(len(v) for v in grid.values.values()):,} systems")
+        result = codesign(model, system, num_gpus, grid, target, max_batch=max_batch, datatype=Datatype(datatype),
+                          space=space, kernels=kernels, config=SolverConfig(time_limit_s=time_limit_s, workers=workers),
+                          pareto=pareto_path is not None)
     headroom = f" ({headroom_text(system)})" if headroom_text(system) else ""
     title = (f"{model.name} on {num_gpus:,} x {system.name}{headroom}, {datatype}, "
              f"{batch_header(space, max_batch, model)}, {kernels.label}")

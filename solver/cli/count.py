@@ -7,6 +7,7 @@ import json
 import time
 
 import click
+from rich.console import Console
 from rich.table import Table
 
 from costmodel.context import Context
@@ -14,7 +15,7 @@ from costmodel.dimensions import SPLIT_TEXT
 from costmodel.kernels import Kernels
 from costmodel.system import Datatype
 import costmodel.inputs.limits as limits
-from solver.cli.options import (BoundedInt, batch_header, datatype_option, load_problem, problem_options,
+from solver.cli.options import (progress_line, quiet, BoundedInt, batch_header, datatype_option, load_problem, problem_options,
                                 space_and_cap, space_options, system_label, user_errors, wide_console,
                                 wide_option)
 from solver.search.brute import scan
@@ -65,9 +66,11 @@ def command(model_path: str, system_path: str, seq_size: int | None, hbm_gib: fl
     result = count_mappings(model, system, num_gpus, max_batch, space)
     if feasible:
         start = time.perf_counter()
-        scanned = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), kernels,
-                       top_k=0, workers=workers,
-                       progress=not as_json)
+        # a bar on a terminal; piped or with --json, progress on stderr past 2 s; --quiet: neither
+        bar = Console(stderr=True).is_terminal and not as_json and not quiet()
+        with progress_line(enabled=not bar and not quiet()) as say:
+            scanned = scan(model, system, num_gpus, max_batch, space, Datatype(datatype), kernels,
+                           top_k=0, workers=workers, progress=bar, say=say)
         result = result.with_feasible(scanned.feasible, scanned.feasible_by_dimension, Datatype(datatype),
                                       time.perf_counter() - start, kernels)
         if scanned.interrupted:

@@ -13,7 +13,7 @@ from costmodel.kernels import Kernels
 from costmodel.inputs.load import load_system
 import costmodel.inputs.limits as limits
 from costmodel.inputs.limits import Bound
-from solver.cli.options import (given_headroom, BoundedFloat, BoundedInt, datatype_option, kernel_options, system_override_options,
+from solver.cli.options import (progress_line, quiet_option, given_headroom, BoundedFloat, BoundedInt, datatype_option, kernel_options, system_override_options,
                                 user_errors, wide_console)
 from solver.report.tables import mapping_summary
 from solver.study.shape import (ASPECT_INTERCEPT, ASPECT_POINTS, ASPECT_SLOPE, BLOCKS_STEP, SEQ_SIZE, VOCAB_SIZE,
@@ -75,6 +75,7 @@ def _positive_params(ctx, param, values: tuple[float, ...]) -> tuple[float, ...]
 @click.option("--write", "write_dir", type=click.Path(file_okay=False), default=None,
               help="Write each listed shape as a model file <name>.yaml into this directory.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@quiet_option
 @user_errors
 def command(targets: tuple[float, ...], blocks: list[int] | None, heads: int | None, spread: int, blocks_step: int,
             rule_only: bool, seq_size: int, vocab_size: int, num_gpus: int | None, system_path: str | None,
@@ -122,8 +123,10 @@ def command(targets: tuple[float, ...], blocks: list[int] | None, heads: int | N
         else:
             shapes += candidate_shapes(target, blocks=blocks, heads=heads, spread=spread, blocks_step=blocks_step,
                                        seq_size=seq_size, vocab_size=vocab_size)
-    rows = assess_shapes(shapes, gpus=num_gpus, system=system, max_batch=max_batch, space=space_name,
-                         kernels=kernels, datatype=datatype, time_limit_s=time_limit_s)
+    with progress_line() as say:
+        say(f"shape: {len(shapes)} shapes{', each solved' if system is not None else ''}")
+        rows = assess_shapes(shapes, gpus=num_gpus, system=system, max_batch=max_batch, space=space_name,
+                             kernels=kernels, datatype=datatype, time_limit_s=time_limit_s)
     written = write_shapes(shapes, write_dir) if write_dir else []
     if as_json:
         document = {"targets": list(targets), "aspect_fit": {"intercept": ASPECT_INTERCEPT, "slope_per_decade": ASPECT_SLOPE,
