@@ -127,16 +127,19 @@ def test_counts_read_singular_for_one_and_one_stage_has_no_second_or_last_rows(t
     assert (counted(1, "block"), counted(2, "run"), counted(1024, "mapping")) == ("1 block", "2 runs", "1,024 mappings")
 
 
-def test_a_batch_table_states_step_time_and_tokens_per_gpu_beside_mfu():
-    from solver.report.documents import tokens_per_s_per_gpu
+def test_a_batch_table_states_step_time_tokens_per_gpu_and_cost_beside_mfu():
+    from solver.report.documents import gpu_hours_per_million_tokens, tokens_per_s_per_gpu
     from solver.study.store import CSV_COLUMNS, csv_row
 
     record = {"id": "x", "status": "optimal", "problem": {"gpus": 64, "model": {"seq_size": 2048}},
               "best": {"iteration_time_s": 2.0, "mfu": 0.5, "mapping": {"batch_size": 1024}}}
     assert tokens_per_s_per_gpu(record) == pytest.approx(1024 * 2048 / (2.0 * 64), rel=1e-12)
     row = csv_row(record)
-    assert CSV_COLUMNS.index("tokens_per_s_per_gpu") == CSV_COLUMNS.index("mfu") - 1
+    assert CSV_COLUMNS.index("tokens_per_s_per_gpu") == CSV_COLUMNS.index("mfu") - 2
     assert row["tokens_per_s_per_gpu"] == pytest.approx(16384.0) and row["iteration_time_s"] == 2.0
+    # the cost without a price: 1M tokens at 16,384 tokens/s per GPU take 61.0 GPU-seconds
+    assert row["gpu_hours_per_1m_tokens"] == pytest.approx(1e6 / 16384.0 / 3600.0, rel=1e-12)
+    assert gpu_hours_per_million_tokens({"id": "y", "status": "infeasible", "best": None}) is None
     assert tokens_per_s_per_gpu({"id": "y", "status": "infeasible", "best": None}) is None
 
 

@@ -35,6 +35,13 @@ def tokens_per_s_per_gpu(record: dict) -> float | None:
     return batch * seq / (time_s * gpus)
 
 
+def gpu_hours_per_million_tokens(record: dict) -> float | None:
+    """A solved record's cost without a price: GPU-hours to train on a million tokens (times a
+    GPU-hour's price, the cost); None unsolved."""
+    rate = tokens_per_s_per_gpu(record)
+    return None if not rate else 1e6 / rate / 3600.0
+
+
 def dumps(document: dict) -> str:
     """Deterministic JSON: sorted keys, fixed indentation."""
     return json.dumps(json_safe(document), indent=2, sort_keys=True)

@@ -22,7 +22,7 @@ import numpy as np
 from costmodel.errors import InputError
 from costmodel.inputs.load import ensure_directory
 from solver.report.breakdown_plot import plot_breakdown
-from solver.report.documents import tokens_per_s_per_gpu
+from solver.report.documents import gpu_hours_per_million_tokens, tokens_per_s_per_gpu
 from solver.report.figure import params_text, pyplot, save
 
 MAX_LINES = 8
@@ -359,7 +359,8 @@ def plot_summary(records: list[dict], out_dir: Path, limit: int = 60) -> list[Pa
     for i, r in enumerate(rs):
         note = f"{values[i]:.1f}%" if _mfu(r) is not None else r.get("status", "")
         if _mfu(r) is not None and tokens_per_s_per_gpu(r) is not None:
-            note += f", step {r['best']['iteration_time_s']:.3g} s, {tokens_per_s_per_gpu(r):,.0f} tokens/s/GPU"
+            note += (f", step {r['best']['iteration_time_s']:.3g} s, {tokens_per_s_per_gpu(r):,.0f} tokens/s/GPU, "
+                     f"{gpu_hours_per_million_tokens(r):.3g} GPU-h per 1M tokens")
         if r.get("mappings"):
             note += f"  ({r['mappings']:,} mappings)"
         ax.text(values[i] + 0.5, i, note, va="center", fontsize=8)

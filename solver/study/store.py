@@ -22,7 +22,7 @@ from typing import Iterable
 from costmodel.dimensions import DIMENSIONS
 from costmodel.errors import InputError
 from costmodel.inputs.units import GiB
-from solver.report.documents import tokens_per_s_per_gpu
+from solver.report.documents import gpu_hours_per_million_tokens, tokens_per_s_per_gpu
 
 RESULTS_JSONL = "results.jsonl"
 RESULTS_CSV = "results.csv"
@@ -290,7 +290,7 @@ CSV_COLUMNS = [
     "system", "gpus", "datatype", "precision", "space", "attention", "grad_datatype", "max_batch", "hbm_gib",
     "offload_gib",
     "offload_gbps", "nvlink_size",
-    "mappings", "iteration_time_s", "tokens_per_s_per_gpu", "mfu", "hfu", *(dim.name for dim in DIMENSIONS),
+    "mappings", "iteration_time_s", "tokens_per_s_per_gpu", "gpu_hours_per_1m_tokens", "mfu", "hfu", *(dim.name for dim in DIMENSIONS),
     "hbm_used_gib", "offload_used_gib", "certified_optimal", "gap", "seconds", "error",
 ]
 
@@ -316,7 +316,7 @@ def csv_row(record: dict) -> dict:
         "offload_gbps": system.get("offload_gbps"), "nvlink_size": system.get("nvlink_size"),
         "mappings": record.get("mappings"),
         "iteration_time_s": best.get("iteration_time_s"), "tokens_per_s_per_gpu": tokens_per_s_per_gpu(record),
-        "mfu": best.get("mfu"), "hfu": best.get("hfu"),
+        "gpu_hours_per_1m_tokens": gpu_hours_per_million_tokens(record), "mfu": best.get("mfu"), "hfu": best.get("hfu"),
         **{dim.name: mapping.get(dim.field) for dim in DIMENSIONS},
         "hbm_used_gib": memory["hbm_bytes"] / GiB if "hbm_bytes" in memory else None,
         "offload_used_gib": memory["offload_bytes"] / GiB if "offload_bytes" in memory else None,
