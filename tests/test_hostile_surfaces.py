@@ -959,3 +959,29 @@ def test_a_dask_address_that_answers_garbage_is_one_line_naming_it(files, tmp_pa
     finally:
         server.close()
     assert "EiB" not in line and "something answered there, but not a Dask scheduler" in line
+
+
+# ---------------------------------------------------------------- --precision against every system
+
+SYSTEM_FILES = sorted((Path(__file__).resolve().parents[1] / "problems" / "systems").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("system_file", SYSTEM_FILES, ids=[p.stem for p in SYSTEM_FILES])
+def test_every_recipe_on_every_system_answers_or_is_one_line_naming_why(system_file):
+    """Each recipe on each shipped system: a recipe the file lists is counted (exit 0); any other
+    is one line naming the recipe, the GPU and, where the GPU's compute capability is below what
+    Transformer Engine needs, that capability; no traceback."""
+    from costmodel.precision import Precision
+
+    system = load_system(system_file)
+    listed = set(system.precision.recipes)
+    for precision in Precision:
+        result = CliRunner().invoke(cli, ["count", "--model", str(MODELS_DIR / "gpt-1.3b.yaml"), "--system",
+                                          str(system_file), "--gpus", "8", "--precision", precision.value])
+        assert "Traceback" not in result.output
+        if precision in listed:
+            assert result.exit_code == 0, (system_file.name, precision, result.output)
+            continue
+        assert result.exit_code != 0 and result.output.count("\n") == 1, (system_file.name, precision, result.output)
+        assert f"precision {precision.value}:" in result.output and "does not run it" in result.output
+        assert "compute capability" in result.output, result.output
