@@ -110,6 +110,15 @@ def _hostile_rows() -> list[dict]:
     return yaml.safe_load(HOSTILE.read_text())["runs"]
 
 
+def test_a_huge_run_file_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr("solver.cli.calibrate.MAX_RUN_FILE_BYTES", 1000)
+    path = _run_file(tmp_path, [dict(_hostile_rows()[0], name=f"run-{i}") for i in range(20)])
+    monkeypatch.setattr("solver.cli.calibrate.read_runs", lambda path: pytest.fail("parsed a file over the cap"))
+    result, copy = _calibrate(tmp_path, "--runs", str(path), "--without-shipped-runs")
+    assert result.exit_code == 1 and "MB; calibrate reads run files of at most" in result.output
+    assert result.output.count("\n") == 1 and copy.read_text() == H100_FILE.read_text()
+
+
 def test_a_fit_pool_over_the_cap_is_refused(monkeypatch):
     monkeypatch.setattr("costmodel.calibration.step_fit.MAX_RUNS", 1)
     with pytest.raises(InputError, match="2 runs to fit: at most 1"):

@@ -36,14 +36,24 @@ SHIPPED_RUNS = tuple(Path(__file__).resolve().parents[2] / "problems" / "runs" /
 """The runs the shipped whole-step terms are fitted to: a user's runs extend them (docs/training-runs.md)."""
 
 
+MAX_RUN_FILE_BYTES = 8_000_000
+"""The largest run file read: 2.5 kB a Megatron-Bridge row, so room for 3,000 of them, more than
+the fit takes (`MAX_RUNS`); checked before parsing, which for 100,000 runs takes minutes."""
+
+
 def _run_files(runs: tuple[str, ...], with_shipped: bool) -> dict[str, tuple]:
-    """Label → runs: the given files, and the shipped ones unless `with_shipped` is False."""
+    """Label → runs: the given files, and the shipped ones unless `with_shipped` is False; refused
+    before parsing a file over `MAX_RUN_FILE_BYTES`, and past 10 × `MAX_RUNS` runs in all."""
     paths = [Path(path) for path in runs]
     if with_shipped:
         given = {path.resolve() for path in paths}
         paths = [path for path in SHIPPED_RUNS if path.resolve() not in given] + paths
     files, total = {}, 0
     for path in paths:
+        size = path.stat().st_size if path.is_file() else 0
+        if size > MAX_RUN_FILE_BYTES:
+            raise InputError(f"--runs {path}: {size / 1e6:.1f} MB; calibrate reads run files of at most "
+                             f"{MAX_RUN_FILE_BYTES / 1e6:.0f} MB (it fits at most {MAX_RUNS} runs): fit a sample")
         files[path.name] = tuple(read_runs(path))
         total += len(files[path.name])
         if total > 10 * MAX_RUNS:
