@@ -17,6 +17,7 @@ from costmodel.kernels import Kernels
 from costmodel.precision import Precision
 from costmodel.system import Datatype
 from solver.cli.app import cli
+from solver.report.tables import throughput_lead
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "problems/systems/h100-80g-nvl8.yaml"
@@ -71,3 +72,20 @@ def test_solve_names_the_recipes_peak(system, precision, named):
     # MFU is model FLOP/s per GPU against that peak (the model's count, not Bridge's)
     assert best["mfu"] == pytest.approx(best["model_flops_per_token"]["total"] * best["throughput"]["tokens_per_s_per_gpu"]
                                         / (peak * 1e12), rel=1e-9)
+
+
+def test_plan_leads_each_phase_with_throughput_and_names_the_peak():
+    args = ["plan", "--model", str(LLAMA_8B), "--seq-size", "8192", "--system", str(H100), "--gpus", "8",
+            "--tokens", "1e9", "--batch", "64", "--precision", "fp8-tensorwise"]
+    result = CliRunner().invoke(cli, args, prog_name="mapsat", env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    lead = next(line for line in result.output.splitlines() if "tokens/s/GPU" in line).strip()
+    assert lead.startswith("all: ") and lead.index("tokens/s/GPU") < lead.index("model TFLOP/s/GPU") < lead.index("MFU")
+    assert lead.endswith("of the float8 dense matrix peak (fp8-tensorwise recipe) 1,979 TFLOP/s")
+
+
+def test_batch_lines_lead_with_throughput():
+    throughput = {"tokens_per_s_per_gpu": 13655.97, "model_tflops_per_gpu": 702.88,
+                  "peak": "float4 dense matrix peak (nvfp4 recipe)", "peak_tflops": 10000.0}
+    assert throughput_lead(throughput, 0.2125) == ("13,656 tokens/s/GPU, 702.9 model TFLOP/s/GPU, MFU 21.2% of the "
+                                                   "float4 dense matrix peak (nvfp4 recipe) 10,000 TFLOP/s")

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.terms.training_cost import SECONDS_PER_DAY, SECONDS_PER_HOUR
-from solver.report.tables import mapping_summary
+from solver.report.tables import mapping_summary, throughput_lead
 from solver.search.plan import CountPlan, PlanResult
 
 JOULES_PER_MWH = 3.6e9
@@ -46,6 +46,11 @@ def counts_table(result: PlanResult) -> Table:
                       _money(c.cost_usd), _mwh(c.energy_j), f"{f.goodput:.1%}",
                       "inf" if math.isinf(f.mtbf_s) else f"{f.mtbf_s / SECONDS_PER_HOUR:.2f}",
                       f"{c.interruptions:,.0f}", f"{row.mfu:.1%}", "yes" if certified else "NO")
+    peaks = {f"{p.result.best.throughput.peak_name} {p.result.best.throughput.peak_tflops:,.0f} TFLOP/s"
+             for row in result.counts if row.feasible for p in row.phases if p.result.best.throughput is not None}
+    if peaks:
+        table.caption = f"MFU of the {'; '.join(sorted(peaks))}"
+        table.caption_justify = "left"
     return table
 
 
@@ -92,6 +97,9 @@ def print_plan(result: PlanResult, title: str, out: Console) -> None:
               f"{c.gpu_hours / 1e6:.3f}M GPU-hours, {_money(c.cost_usd)}, {c.interruptions:.0f} expected interruptions")
     out.print(phases_table(row))
     for p in row.phases:
-        out.print(f"  {p.phase.name}: {mapping_summary(p.result.best.mapping.model_dump(mode='json'))}")
+        best = p.result.best
+        lead = throughput_lead(best.throughput.to_dict() if best.throughput else None, best.mfu)
+        out.print(f"  {p.phase.name}: {lead}")
+        out.print(f"    {mapping_summary(best.mapping.model_dump(mode='json'))}")
     for line in failure_lines(row, result.state_bytes, result.settings.async_checkpoint):
         out.print(line)
