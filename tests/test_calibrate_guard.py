@@ -191,3 +191,11 @@ def test_what_is_written_obeys_the_refusal_rule(tmp_path_factory, chosen, gap_us
     shipped = load_system(H100_FILE).step
     for name in fit.held:
         assert getattr(fit.step, name) == getattr(shipped, name)
+
+
+def test_validate_runs_reports_the_terms_it_holds():
+    result = CliRunner().invoke(cli, ["validate", "--runs", str(HOSTILE), "--json"], prog_name="mapsat")
+    assert result.exit_code == 0, result.output
+    terms = json.loads(result.output)["whole_step_terms"]
+    assert terms["held"] == ["kernel_gap_us", "power_window_ms", "allocator_fragmentation"]
+    assert terms["standard_errors"] == {} and terms["fitted"]["kernel_gap_us"] == load_system(H100_FILE).step.kernel_gap_us
