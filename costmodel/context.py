@@ -9,7 +9,7 @@ from costmodel.terms.kernel_time import AttentionTiming, GemmTiming
 from costmodel.kernels import Kernels
 from costmodel.model import Model, ModelFlops
 from costmodel.ops import Curve
-from costmodel.precision import RecipeCosts, bf16_costs, recipe_costs, system_recipe
+from costmodel.precision import RecipeCosts, bf16_costs, recipe_costs, recipe_peak_name, system_recipe
 from costmodel.terms.step_terms import attention_in_step, gemm_in_step, step_gaps
 from costmodel.system import Collective, Compute, Datatype, System
 
@@ -103,6 +103,10 @@ class Context:
     # recipe the matrix fields above are its quantized GEMMs', elem_bytes is BF16, and the GEMMs
     # that stay BF16 (attention, output layer, router) run on these (None: as the others).
     recipe: RecipeCosts | None = None
+    matrix_peak_name: str = ""
+    """what `matrix_flops_per_s` is the peak of (MFU's denominator): "bfloat16 dense matrix peak",
+    or under a recipe the peak of the datatype its GEMMs run ("float8 dense matrix peak (fp8-tensorwise
+    recipe)"); empty: the datatype's"""
     hp_matrix_flops_per_s: float | None = None
     hp_matrix_curve: Curve | None = None
     hp_gemm: GemmTiming | None = None
@@ -197,8 +201,9 @@ class Context:
                                  f"> num_blocks({model.num_blocks}); at most {model.num_blocks // 2}")
             share = 2 * ends / model.num_blocks
             layouts = system.precision.fp8_gemm_layouts if system.precision is not None else "tn"
+            recipe = recipe_costs(kernels.precision, layouts, kernels.param_gather_low_precision, share)
             recipe_fields = dict(
-                recipe=recipe_costs(kernels.precision, layouts, kernels.param_gather_low_precision, share),
+                recipe=recipe, matrix_peak_name=recipe_peak_name(kernels.precision, recipe.format),
                 hp_matrix_flops_per_s=compute.matrix_flops_per_s, hp_matrix_curve=_curve(compute, 1.0),
                 hp_gemm=gemm_in_step(_timing(compute.gemm, 1.0), gaps.block_s, window, compute.matrix_flops_per_s,
                                      sustained),

@@ -303,6 +303,14 @@ class RecipeCosts:
     """the share of blocks kept in BF16 (first and last N)"""
 
 
+def recipe_peak_name(precision: Precision, fmt: RecipeFormat) -> str:
+    """The peak MFU divides by under `precision`: that of the datatype its GEMMs run (FP8 for the
+    fp8-* recipes and MXFP8, FP4 for NVFP4, BF16 for bf16), whose TFLOP/s the system file's
+    recipe states (`gemm` / `gemm_tflops`)."""
+    datatype = "bfloat16" if not fmt.quantized else "float4" if fmt.element_bytes < 1 else "float8"
+    return f"{datatype} dense matrix peak ({precision.value} recipe)"
+
+
 def recipe_costs(precision: Precision, fp8_gemm_layouts: str, low_precision_param_gather: bool,
                  bf16_block_share: float = 0.0) -> RecipeCosts:
     """The per-element constants of `precision` on a GPU whose FP8 GEMMs take `fp8_gemm_layouts`

@@ -22,13 +22,15 @@ from typing import Iterable
 import yaml
 
 from costmodel.calibration.render import MARKER, _number
-from costmodel.calibration.step_fit import FOLDS, FittedStep, HeldOut, fit_step, held_out, held_out_scores
+from costmodel.calibration.step_fit import (FOLDS, LOCO_TOLERANCE, STEP_PARAMETERS, FittedStep, HeldOut, fit_step,
+                                           held_out, held_out_scores)
 from costmodel.errors import InputError
 from costmodel.inputs.load import parse
 from costmodel.measured.run_scoring import RunInputs, RunScore
 from costmodel.terms.step_terms import WholeStep
 
-__all__ = ["RunsCalibration", "StepSummary", "calibrate_runs", "render_step", "step_comment", "summary_of"]
+__all__ = ["RunsCalibration", "StepSummary", "calibrate_runs", "common_medians", "prior_step", "refusal", "render_step",
+           "step_comment", "summary_of"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,8 @@ def _of_file(scores: Iterable[RunScore], runs: Iterable) -> list[RunScore]:
     return [s for s in scores if id(s.run) in ids]
 
 
-def step_comment(fit: FittedStep, run_files: dict[str, Iterable], loco: Iterable[HeldOut]) -> list[str]:
+def step_comment(fit: FittedStep, run_files: dict[str, Iterable], loco: Iterable[HeldOut],
+                 forced: str | None = None) -> list[str]:
     """The comment lines above a written `step:` (they start as costmodel.calibration.render's
     generated comments do, so a later run drops them): what the fit used, and per run file its
     errors where fitted and left out (leave one configuration out)."""
@@ -70,6 +73,11 @@ def step_comment(fit: FittedStep, run_files: dict[str, Iterable], loco: Iterable
     lines = [f"# Fitted by `mapsat calibrate --runs` to {', '.join(run_files)} (newest release of each "
              f"configuration, dense, not NVFP4): {counts['time']} step times, {counts['memory']} peaks; the same "
              "values in every system file."]
+    if fit.held:
+        lines.append(f"# Held out of the fit at the replaced file's values (the runs do not determine them): "
+                     f"{', '.join(fit.held)}.")
+    if forced:
+        lines.append(f"# Written with --force although refused: {forced}")
     for name, runs in run_files.items():
         runs = tuple(runs)
         lines.append(f"# |error| of time where fitted, {name}: {summary_of(_of_file(fit.after, runs)).text()}.")
@@ -86,7 +94,8 @@ def _step_lines(fit: FittedStep) -> list[str]:
                         for name, value in fields.items()]
 
 
-WRITTEN_COMMENTS = ("# Fitted by `mapsat calibrate --runs`", "# |error| of time", "# Held out,")
+WRITTEN_COMMENTS = ("# Fitted by `mapsat calibrate --runs`", "# |error| of time", "# Held out,",
+                    "# Held out of the fit", "# Written with --force")
 """How the comment lines a run writes above `step:` start: a later run drops them."""
 
 
@@ -129,31 +138,84 @@ def render_step(text: str, fit: FittedStep, comment: list[str], path: Path | str
     return result
 
 
+def common_medians(before: Iterable[RunScore], loco: Iterable[RunScore]) -> tuple[float, float, int]:
+    """Median |error| of step time of the replaced terms and of leave-one-configuration-out, on
+    the runs both scored."""
+    held = {id(s.run): s.time_error for s in loco if s.status == "scored" and s.time_error is not None}
+    pairs = [(abs(s.time_error), abs(held[id(s.run)])) for s in before
+             if s.status == "scored" and s.time_error is not None and id(s.run) in held]
+    if not pairs:
+        return float("nan"), float("nan"), 0
+    return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs), len(pairs)
+
+
+def refusal(fit: FittedStep, loco: Iterable[HeldOut]) -> str | None:
+    """Why the fit must not be written, or None: no term determined, a fitted term outside its
+    physical range, or worse out of sample (leave one configuration out) than the replaced terms
+    on the same runs by more than `LOCO_TOLERANCE`."""
+    fitted = [p for p in STEP_PARAMETERS if p.name not in fit.held]
+    if not fitted:
+        return (f"refused: the {len(fit.pool)} usable runs determine none of the whole-step terms (each one's "
+                "standard error is over half its value): nothing to write")
+    for p in fitted:
+        value = getattr(fit.step, p.name)
+        if not p.low <= value <= p.high:
+            return (f"refused: {p.name} {value:g} is outside its physical range {p.low:g}..{p.high:g} ({p.why})")
+    before, after, count = common_medians(fit.before, held_out_scores(loco))
+    if count == 0:
+        return "refused: no run could be left out of the fit, so its error out of sample is unknown"
+    if after > before + LOCO_TOLERANCE:
+        return (f"refused: worse out of sample than the terms it replaces: median |error| of step time left one "
+                f"configuration out {100 * after:.1f} % against {100 * before:.1f} % with the replaced terms "
+                f"({count} runs)")
+    return None
+
+
+def prior_step(system_files: Iterable[Path | str]) -> WholeStep | None:
+    """The whole-step terms the fit replaces: those of the first system file that states them."""
+    for path in system_files:
+        try:
+            doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except OSError as err:
+            raise InputError(f"--system {path}: {err.strerror}") from None
+        except yaml.YAMLError as err:
+            raise InputError(f"--system {path}: not YAML ({str(err).splitlines()[0]})") from None
+        if isinstance(doc, dict) and doc.get("step") is not None:
+            return parse(WholeStep, doc["step"], f"{path}: step")
+    return None
+
+
 @dataclass(frozen=True)
 class RunsCalibration:
-    """`mapsat calibrate --runs`: the fit, its leave-one-configuration-out folds, and each system
-    file's new text."""
+    """`mapsat calibrate --runs`: the fit, its leave-one-configuration-out folds, why it must not
+    be written (None if it may), and each system file's new text."""
 
     fit: FittedStep
     loco: tuple[HeldOut, ...]
+    refused: str | None
     texts: dict[str, str]
 
 
 def calibrate_runs(run_files: dict[str, Iterable], system_files: Iterable[Path | str],
-                   inputs: RunInputs | None = None) -> RunsCalibration:
-    """Fit the whole-step terms to the runs of `run_files` (label → runs) and write them into
-    each of `system_files` (their new texts; nothing is written to disk here)."""
+                   inputs: RunInputs | None = None, force: bool = False) -> RunsCalibration:
+    """Fit the whole-step terms to the runs of `run_files` (label → runs), holding what they do
+    not determine at the system files' values, and render each of `system_files` with them (their
+    new texts, empty when refused without `force`; nothing is written to disk here)."""
     inputs = inputs or RunInputs()
+    system_files = [Path(path) for path in system_files]
     run_files = {name: tuple(runs) for name, runs in run_files.items()}
-    fit = fit_step([run for runs in run_files.values() for run in runs], inputs)
-    loco = held_out(fit, inputs, FOLDS["configuration"])
-    comment = step_comment(fit, run_files, loco)
+    prior = prior_step(system_files)
+    fit = fit_step([run for runs in run_files.values() for run in runs], inputs, prior=prior)
+    loco = held_out(fit, inputs, FOLDS["configuration"], prior=prior)
+    refused = refusal(fit, loco)
+    if refused and not force:
+        return RunsCalibration(fit, loco, refused, {})
+    comment = step_comment(fit, run_files, loco, forced=refused)
     texts = {}
     for path in system_files:
-        path = Path(path)
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as err:
             raise InputError(f"--system {path}: {err.strerror}") from None
         texts[str(path)] = render_step(text, fit, comment, path)
-    return RunsCalibration(fit, loco, texts)
+    return RunsCalibration(fit, loco, refused, texts)

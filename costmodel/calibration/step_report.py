@@ -50,7 +50,8 @@ class StepCheck:
             return [item.to_dict() for item in items]
 
         by_system = lambda s: s.system_name  # noqa: E731
-        out = {"fitted": self.fit.fields, "fitted_on": self.fit.counts(), "schemes": {}}
+        out = {"fitted": self.fit.fields, "standard_errors": self.fit.standard_errors, "held": list(self.fit.held),
+               "not_used": list(self.fit.unusable), "fitted_on": self.fit.counts(), "schemes": {}}
         for scheme in SCHEMES:
             per_file = {}
             for name in self.files:

@@ -100,4 +100,4 @@ def throughput(c, tp: float, batch: float, num_gpus: float, iteration_s: float, 
     tokens_per_s_per_gpu = batch * c.seq / (iteration_s * num_gpus)
     per_token = bridge_flops_per_token(c, tp, int(c.mtp_blocks))
     return Throughput(tokens_per_s_per_gpu, tokens_per_s_per_gpu * per_token / 1e12, per_token,
-                      c.matrix_flops_per_s / 1e12, f"{datatype} dense matrix peak")
+                      c.matrix_flops_per_s / 1e12, c.matrix_peak_name or f"{datatype} dense matrix peak")

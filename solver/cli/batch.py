@@ -14,6 +14,7 @@ import costmodel.inputs.limits as limits
 from costmodel.inputs.advice import model_warnings
 from solver.cli.options import BoundedFloat, BoundedInt, model_warnings_on_stderr, user_errors, warn
 from solver.study.store import RESULTS_CSV, RESULTS_JSONL
+from solver.report.tables import throughput_lead
 
 
 class ProgressReporter(Reporter):
@@ -37,7 +38,8 @@ class ProgressReporter(Reporter):
     def finished(self, record: dict) -> None:
         status = record.get("status")
         best = record.get("best") or {}
-        detail = f"MFU {best['mfu']:.1%}" if best.get("mfu") is not None else (record.get("error") or "")
+        detail = (throughput_lead(best.get("throughput"), best["mfu"]) if best.get("mfu") is not None
+                  else (record.get("error") or ""))
         seconds = record.get("seconds")
         took = f" ({seconds:.1f} s)" if isinstance(seconds, (int, float)) else ""
         self.progress.console.print(f"{status:>10}  {record['id']}  {detail}{took}", markup=False, highlight=False)

@@ -98,22 +98,26 @@ def _print_selene(system_path: str) -> None:
     out.print(f"memory: mean |error| {100 * mem_mean:.2f} %, max {100 * mem_worst:.2f} %")
 
 
-def _check(files: dict, inputs: RunInputs) -> StepCheck | None:
-    """The whole-step terms refitted on the runs and scored out of sample; None when no run can
-    be fitted (no measured dense run)."""
+def _check(files: dict, inputs: RunInputs) -> StepCheck | str:
+    """The whole-step terms refitted on the runs and scored out of sample; why not, when no
+    run can be fitted (no usable measured dense run, or too many)."""
     try:
         return step_check(files, inputs)
-    except InputError:
-        return None
+    except InputError as err:
+        return str(err)
 
 
-def _print_check(check: StepCheck | None) -> None:
+def _print_check(check: StepCheck | str) -> None:
     out = wide_console()
-    if check is None:
-        out.print("out of sample: no measured run of a dense model to fit the whole-step terms to")
+    if isinstance(check, str):
+        out.print(f"out of sample: {check}")
         return
-    fields = ", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in check.fit.fields.items())
-    out.print(f"whole-step terms refitted on these runs: {fields}")
+    fit = check.fit
+    fitted = ", ".join(f"{name} {value:g} ± {fit.standard_errors[name]:.2g}" for name, value in fit.fields.items()
+                       if name not in fit.held)
+    held = ", ".join(f"{name} {fit.fields[name]:g}" for name in fit.held)
+    out.print(f"whole-step terms refitted on these runs: {fitted or 'none'}; held at the system files' values "
+              f"(the runs do not determine them): {held or 'none'}")
     for name in check.files:
         for scheme, title in (("in_sample", "in sample"), ("leave_one_configuration_out", "leave one configuration out"),
                               ("system_left_out", "its system left out"),
@@ -169,8 +173,7 @@ def command(runs_paths, systems, as_json, no_held_out):
     reports = [validate_runs(runs, inputs, source=path) for path, runs in files.items()]
     check = None if no_held_out else _check({Path(path).name: runs for path, runs in files.items()}, inputs)
     if as_json:
-        held_out = None if no_held_out else (check.to_dict() if check is not None else {
-            "skipped": "no measured run of a dense model to fit the whole-step terms to"})
+        held_out = None if no_held_out else (check.to_dict() if not isinstance(check, str) else {"skipped": check})
         if len(reports) == 1:
             click.echo(dumps({**reports[0].to_dict(), "whole_step_terms": held_out}))
         else:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.terms.training_cost import SECONDS_PER_DAY, SECONDS_PER_HOUR
-from solver.report.tables import mapping_summary
+from solver.report.tables import mapping_summary, throughput_lead
 from solver.search.plan import CountPlan, PlanResult
 
 JOULES_PER_MWH = 3.6e9
@@ -75,6 +75,11 @@ def counts_table(result: PlanResult, width: int | None = None) -> tuple[Table, l
             kept.remove(COUNT_COLUMNS.index(header))
             dropped.append(header)
             table = build()
+    peaks = {f"{p.result.best.throughput.peak_name} {p.result.best.throughput.peak_tflops:,.0f} TFLOP/s"
+             for row in result.counts if row.feasible for p in row.phases if p.result.best.throughput is not None}
+    if peaks:
+        table.caption = f"MFU of the {'; '.join(sorted(peaks))}"
+        table.caption_justify = "left"
     return table, dropped
 
 
@@ -152,6 +157,9 @@ def print_plan(result: PlanResult, title: str, out: Console, wide: bool = False)
               f"{gpu_hours_text(c.gpu_hours)} GPU-hours{money}, {c.interruptions:.0f} expected interruptions")
     out.print(phases_table(row))
     for p in row.phases:
-        out.print(f"  {p.phase.name}: {mapping_summary(p.result.best.mapping.model_dump(mode='json'))}")
+        best = p.result.best
+        lead = throughput_lead(best.throughput.to_dict() if best.throughput else None, best.mfu)
+        out.print(f"  {p.phase.name}: {lead}")
+        out.print(f"    {mapping_summary(best.mapping.model_dump(mode='json'))}")
     for line in failure_lines(row, result.state_bytes, result.settings.async_checkpoint):
         out.print(line)

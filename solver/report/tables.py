@@ -153,6 +153,20 @@ def fit_width(table: Table, width: int = TABLE_WIDTH_MAX) -> Table:
     return table
 
 
+def throughput_lead(throughput: dict | None, mfu: float | None) -> str:
+    """"13,656 tokens/s/GPU, 702.9 model TFLOP/s/GPU, MFU 35.5 % of the float8 dense matrix peak
+    (fp8-tensorwise recipe) 1,979 TFLOP/s": what a summary line leads with (a result's JSON `throughput`
+    and `mfu`); the first two do not depend on a peak, the MFU names its own."""
+    parts = []
+    if throughput:
+        parts.append(f"{throughput['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, "
+                     f"{throughput['model_tflops_per_gpu']:,.1f} model TFLOP/s/GPU")
+    if mfu is not None:
+        peak = f" of the {throughput['peak']} {throughput['peak_tflops']:,.0f} TFLOP/s" if throughput else ""
+        parts.append(f"MFU {mfu:.1%}{peak}")
+    return ", ".join(parts)
+
+
 def mfu_text(ev: Evaluation) -> str:
     """"MFU 41.2 % of the bfloat16 dense matrix peak 989 TFLOP/s" (causal attention halved)."""
     peak = "" if ev.throughput is None else f" of the {ev.throughput.peak_name} {ev.throughput.peak_tflops:,.0f} TFLOP/s"
