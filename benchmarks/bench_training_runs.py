@@ -38,7 +38,9 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
+from costmodel.calibration.bands import out_of_sample_errors
 from costmodel.calibration.step_fit import STEP_PARAMETERS
+from costmodel.measured.error_bands import bands_of, coverage
 from costmodel.calibration.step_report import StepCheck, step_check
 from costmodel.errors import InputError
 from costmodel.measured.run_files import read_runs
@@ -293,6 +295,9 @@ def main() -> None:
     dense, _ = split_dense(read_runs(BRIDGE_ROWS), inputs)
     check = step_check({BRIDGE: dense, SINGLE: single_runs}, inputs)
     moe, moe_left_out = moe_bridge_report(inputs)
+    errors = out_of_sample_errors({BRIDGE: read_runs(BRIDGE_ROWS), SINGLE: single_runs}, check.fit,
+                                  check.folds["leave_one_configuration_out"], inputs)
+    cover = coverage(errors)
     if args.json:
         print(json.dumps({"megatron_bridge_dense": report.to_dict(), "moe_rows_left_out": left_out,
                           "not_expressible_by_family": gaps_by_family(report.newest + report.older),
@@ -300,12 +305,30 @@ def main() -> None:
                           "targets": targets(check), "megatron_bridge_moe": moe.to_dict(),
                           "moe_rows_not_scored": moe_left_out,
                           "moe_summary_with_infeasible": [x.to_dict() for x in predicted_summary(moe.newest)],
-                          "moe_targets": moe_targets(moe), "moe_beyond": [x.run.name for x in moe_beyond(moe)]},
+                          "moe_targets": moe_targets(moe), "moe_beyond": [x.run.name for x in moe_beyond(moe)],
+                          "error_bands": {"coverage": cover.share, "runs": cover.scored,
+                                          "median_half_width": cover.median_half_width,
+                                          "bands": [b.to_dict() for b in bands_of(errors).values()]}},
                          indent=2, sort_keys=True))
         return
     print_report(report, left_out, single_gpu)
     print_check(check)
     print_moe_report(moe, moe_left_out)
+    print_bands(errors, cover)
+
+
+def print_bands(errors, cover) -> None:
+    """Each class's error band, and how often a run falls inside the band its class has without
+    its configuration (targets: 75-95 % of the runs, a median half-width of at most 15 %)."""
+    print("\nerror bands by class (costmodel/measured/error_bands.py; out of sample):")
+    for band in bands_of(errors).values():
+        print(f"  {band.cls:22} {band.runs:3} runs   {100 * band.low:+6.1f} % to {100 * band.high:+6.1f} %   "
+              f"median {100 * band.median:+6.1f} %")
+    inside = 0.75 <= cover.share <= 0.95
+    print(f"  coverage, each run against its class's band without its configuration: {cover.inside} of "
+          f"{cover.scored} runs, {100 * cover.share:.1f} % (target 75-95 %)  {'met' if inside else 'MISSED'}")
+    print(f"  median half-width of those bands: {100 * cover.median_half_width:.1f} % (target 15 %)  "
+          f"{'met' if cover.median_half_width <= 0.15 else 'MISSED'}")
 
 
 if __name__ == "__main__":

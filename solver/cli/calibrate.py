@@ -7,11 +7,14 @@ from pathlib import Path
 import click
 
 from costmodel.calibration import calibrate_system
+from costmodel.calibration.bands import out_of_sample_errors
 from costmodel.calibration.step_fit import MAX_RUNS, STEP_PARAMETERS
 from costmodel.calibration.step_render import calibrate_runs, summary_of
 from costmodel.errors import InputError
 from costmodel.inputs.load import ensure_parent
+from costmodel.measured.error_bands import bands_of, write_bands
 from costmodel.measured.run_files import read_runs
+from costmodel.measured.run_scoring import RunInputs
 from solver.cli.options import user_errors, wide_console
 
 
@@ -90,7 +93,7 @@ def _print_fit(result, files: dict[str, tuple]) -> None:
 
 
 def _calibrate_runs(runs: tuple[str, ...], systems: tuple[str, ...], write: bool, force: bool,
-                    with_shipped: bool) -> None:
+                    with_shipped: bool, bands_path: str | None = None) -> None:
     """--runs: fit the whole-step terms, print each run before and after, refuse or write the system files."""
     if not systems:
         raise InputError("--runs needs --system FILE (repeatable): the system files to write the fitted step terms "
@@ -109,7 +112,21 @@ def _calibrate_runs(runs: tuple[str, ...], systems: tuple[str, ...], write: bool
             out.print(f"wrote {path}")
         else:
             out.print(f"would write {path} (--dry-run)")
+    if bands_path is not None:
+        _write_bands(Path(bands_path), files, result, write, out)
 
+
+def _write_bands(path: Path, files: dict[str, tuple], result, write: bool, out) -> None:
+    """The error bands the fit leaves, by class (costmodel.measured.error_bands), into `path`;
+    the MoE runs are scored on the system files as just written."""
+    if not write:
+        out.print(f"would write {path} (--dry-run)")
+        return
+    errors = out_of_sample_errors(files, result.fit, result.loco, RunInputs())
+    bands = bands_of(errors)
+    write_bands(path, bands, "mapsat calibrate --runs " + " ".join(files) + ": dense runs left out by "
+                             "configuration, the runs it does not take (mixture-of-experts, NVFP4; newest of each configuration) as scored")
+    out.print(f"wrote {path} ({len(bands)} classes, {len(errors)} runs)")
 
 @click.command("calibrate")
 @click.option("--base", "base_path", type=click.Path(dir_okay=False),
@@ -130,11 +147,14 @@ def _calibrate_runs(runs: tuple[str, ...], systems: tuple[str, ...], write: bool
 @click.option("--force", is_flag=True,
               help="With --runs: write a fit that is refused (a term outside its physical range, or worse left "
                    "out than the terms it replaces); the file's header says so.")
+@click.option("--bands", "bands_path", type=click.Path(dir_okay=False), default=None,
+              help="With --runs: also write the error bands the fit leaves, by class of prediction (GPU generation, "
+                   "precision, dense or MoE), to this file (the shipped one: problems/runs/error-bands.json).")
 @click.option("--without-shipped-runs", is_flag=True,
               help="With --runs: fit to the given runs alone; by default they extend the runs the shipped terms "
                    "are fitted to (problems/runs/megatron-bridge-pretraining.json, h200-single-gpu-pytorch.json).")
 @user_errors
-def command(base_path, measurements, nccl, out_path, runs, systems, dry_run, force, without_shipped_runs):
+def command(base_path, measurements, nccl, out_path, runs, systems, dry_run, force, bands_path, without_shipped_runs):
     """Fit a system file's kernel times to measurements, or its whole-step terms to runs.
 
     With --base and --measurements: fits GEMM, fused-attention and HBM kernel times (and network
@@ -161,10 +181,11 @@ def command(base_path, measurements, nccl, out_path, runs, systems, dry_run, for
         if base_path or measurements or nccl or out_path:
             raise InputError("--runs fits the whole-step terms; --base, --measurements, --nccl and --out fit kernel "
                              "times: give one or the other")
-        _calibrate_runs(runs, systems, write=not dry_run, force=force, with_shipped=not without_shipped_runs)
+        _calibrate_runs(runs, systems, write=not dry_run, force=force, with_shipped=not without_shipped_runs,
+                        bands_path=bands_path)
         return
-    if systems or dry_run or force or without_shipped_runs:
-        raise InputError("--system, --dry-run, --force and --without-shipped-runs go with --runs")
+    if systems or dry_run or force or without_shipped_runs or bands_path:
+        raise InputError("--system, --dry-run, --force, --bands and --without-shipped-runs go with --runs")
     if base_path is None or measurements is None:
         raise InputError("give --base and --measurements (kernel times), or --runs (whole-step terms)")
     if not Path(measurements).is_dir():

@@ -18,6 +18,7 @@ from solver.cli.options import (
 )
 from solver.cli.emit import echo_emitted, emit_options
 from solver.report.documents import dumps
+from solver.report.bands import band_json, band_line
 from solver.report.tables import console, evaluation_tables
 
 
@@ -57,11 +58,13 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     ev = evaluate(model, system, mapping)
     counts = ParameterCounts.of(model)
     if as_json:
-        click.echo(dumps({**ev.to_dict(), "parameters": counts.to_dict()}))
+        click.echo(dumps({**ev.to_dict(), "parameters": counts.to_dict(),
+                          "error_band": band_json(model, system, ev.mapping, ev.iteration_time_s)}))
     else:
         out = console()
         label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
-        for table in evaluation_tables(ev, title=f"{model.name} ({counts.summary()}) on {ev.mapping.num_procs} x {label}"):
+        for table in evaluation_tables(ev, title=f"{model.name} ({counts.summary()}) on {ev.mapping.num_procs} x {label}",
+                                       band=band_line(model, system, ev.mapping, ev.iteration_time_s)):
             out.print(table)
     if not ev.feasible:
         raise MapsatError(f"{mapping_path}: the mapping does not fit: {'; '.join(ev.reasons)}")

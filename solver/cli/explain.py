@@ -14,6 +14,7 @@ from solver.cli.options import (batch_header, datatype_option, load_problem, pro
                                 progress_line, space_and_cap, space_options, system_label, user_errors,
                                 wide_console)
 from solver.report.figure import image_path
+from solver.report.bands import band_json, band_line
 from solver.report.documents import dumps
 from solver.report.tables import counted, mapping_summary, mfu_text
 from solver.search.explain import Explanation, explain
@@ -74,10 +75,13 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         from solver.report.explain_plot import plot_explanation
 
         plot_explanation(result, plot_path, title)
+    winner = result.winner
     if as_json:
-        click.echo(dumps(result.to_dict()))
+        band = None if winner is None else band_json(model, system, winner.mapping, winner.iteration_time_s)
+        click.echo(dumps({**result.to_dict(), "error_band": band}))
     else:
-        print_explanation(result, title)
+        print_explanation(result, title,
+                          None if winner is None else band_line(model, system, winner.mapping, winner.iteration_time_s))
     if result.interrupted:
         click.echo(f"interrupted (Ctrl-C): a partial explanation, the {len(result.rows)} values proven before it",
                    err=True)
@@ -87,7 +91,7 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
                           "say why)")
 
 
-def print_explanation(result: Explanation, title: str) -> None:
+def print_explanation(result: Explanation, title: str, band: str | None = None) -> None:
     console = wide_console()
     winner = result.winner
     proven = ("partial: interrupted by Ctrl-C, the values proven before it" if result.interrupted else
@@ -97,6 +101,8 @@ def print_explanation(result: Explanation, title: str) -> None:
         return
     console.print(f"  best: {winner.iteration_time_s:.4f} s, {mfu_text(winner)}: "
                   f"{mapping_summary(winner.mapping.model_dump(mode='json'))}")
+    if band is not None:
+        console.print(f"  measured would be (error band): {band}")
     for line in result.winner_binding:
         console.print(f"    binding: {line}")
     table = Table(title="Certified best per value (the winner's values marked *)", title_justify="left")

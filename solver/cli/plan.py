@@ -16,6 +16,7 @@ from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, kerne
                                 problem_options, progress_line, system_label, user_errors, wide_console,
                                 wide_option)
 from solver.cli.emit import echo_plan_emitted, emit_options
+from solver.report.bands import plan_band, plan_band_line
 from solver.report.documents import dumps, plan_document
 from solver.search.nearest import smallest_fitting_count
 from solver.search.plan import (TOKENS, Phase, Settings, Target, check_buyable, load_phases, parse_counts, plan,
@@ -167,11 +168,11 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     if emit:
         echo_plan_emitted(result, model, system, emit, lossy)
     elif as_json:
-        click.echo(dumps(plan_document(result)))
+        click.echo(dumps({**plan_document(result), "error_band": plan_band(model, system, result)}))
     else:
         from solver.report.plan_tables import print_plan     # (rich: only for tables)
 
-        print_plan(result, title, wide_console(wide), wide)
+        print_plan(result, title, wide_console(wide), wide, plan_band_line(plan_band(model, system, result)))
     if result.interrupted_at is not None:
         click.echo(f"interrupted (Ctrl-C) at {result.interrupted_at:,} GPUs: a partial plan of the "
                    f"{len(result.counts)} of {len(counts)} counts planned before it", err=True)

@@ -17,6 +17,7 @@ from solver.cli.options import (BoundedFloat, BoundedInt, batch_header, datatype
                                 progress_line, space_and_cap, space_options, system_label, user_errors,
                                 wide_console)
 from solver.report.documents import dumps
+from solver.report.bands import band_json, band_line, indistinguishable, indistinguishable_line
 from solver.report.tables import counted, evaluation_tables, top_table
 from solver.search.nearest import smallest_fitting_count
 from solver.search.solve import SolverConfig, SolveResult, solve
@@ -86,12 +87,18 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
     elif emit:
         pass                             # no mapping: the reason follows, exit 1
     elif as_json:
+        band = None if result.best is None else band_json(model, system, result.best.mapping,
+                                                          result.best.iteration_time_s)
         click.echo(dumps({**result.to_dict(), "fixed": describe_pins(space), "smallest_fitting_gpus": fitting,
-                          "parameters": ParameterCounts.of(model).to_dict()}))
+                          "parameters": ParameterCounts.of(model).to_dict(), "error_band": band,
+                          "indistinguishable": indistinguishable(model, system, result.top)}))
     else:
         label = system_label(system, hbm_gib, offload_gib, offload_gbps, nvlink_size)
+        band = None if result.best is None else band_line(model, system, result.best.mapping,
+                                                          result.best.iteration_time_s)
         print_result(result, f"{model.name} ({ParameterCounts.of(model).summary()}) on {num_gpus:,} x {label}, {datatype}, "
-                             f"space {space_name}{pins_text(space)}, {batch_header(space, max_batch, model)}, {kernels.label}")
+                             f"space {space_name}{pins_text(space)}, {batch_header(space, max_batch, model)}, {kernels.label}",
+                     band, indistinguishable_line(indistinguishable(model, system, result.top), len(result.top)))
     if result.status == "interrupted":
         click.echo("interrupted (Ctrl-C): the best mapping found so far, not certified" if result.best
                    else NOTHING_YET, err=True)
@@ -110,7 +117,7 @@ TABLE_COLUMNS = 120
 """The widest a breakdown table is printed (its cells' words wrap to fit)."""
 
 
-def print_result(result: SolveResult, title: str) -> None:
+def print_result(result: SolveResult, title: str, band: str | None = None, close: str | None = None) -> None:
     out = wide_console()
     if result.status == "infeasible":
         verdict = "proven infeasible"
@@ -127,12 +134,14 @@ def print_result(result: SolveResult, title: str) -> None:
               f"{counted(result.space_size, 'mapping')} scored exactly, in {counted(result.blocks_scored, 'block')})")
     if result.best is None:
         return
-    for table in evaluation_tables(result.best, title="Best mapping"):
+    for table in evaluation_tables(result.best, title="Best mapping", band=band):
         out.print(table, width=min(out.width, TABLE_COLUMNS))         # long cells wrap their words
     same = result.equivalents or [{}] * len(result.top)
     out.print(top_table([(ev.iteration_time_s, ev.mfu, ev.hbm_bytes, ev.offload_bytes, ev.mapping.model_dump(mode="json"),
                           settings) for ev, settings in zip(result.top, same)],
                         f"Top {len(result.top)} distinct (ties: first enumerated wins)"))
+    if close is not None:
+        out.print(close)
     bound = f"{result.bound_s:.4f} s" if result.bound_s is not None else "none"
     out.print(f"lower bound on any mapping: {bound}; gap {100 * (result.gap or 0):.3f} %")
     if result.binding:

@@ -136,7 +136,7 @@ def reasons_once(rows: list[CountPlan]) -> list[tuple[str, str]]:
     return out
 
 
-def print_plan(result: PlanResult, title: str, out: Console, wide: bool = False) -> None:
+def print_plan(result: PlanResult, title: str, out: Console, wide: bool = False, band: str | None = None) -> None:
     partial = ("" if result.interrupted_at is None else
                f" (partial: interrupted by Ctrl-C at {result.interrupted_at:,} GPUs)")
     out.print(f"{title}: {len(result.counts)} GPU counts planned in {result.seconds:.1f} s{partial}")
@@ -155,6 +155,8 @@ def print_plan(result: PlanResult, title: str, out: Console, wide: bool = False)
     money = "" if c.cost_usd is None else f", {_money(c.cost_usd)}"
     out.print(f"chosen ({choice.rule}): {row.num_gpus:,} GPUs, {c.wall_days:.1f} days, "
               f"{gpu_hours_text(c.gpu_hours)} GPU-hours{money}, {c.interruptions:.0f} expected interruptions")
+    if band is not None:
+        out.print(f"  {band}")
     out.print(phases_table(row))
     for p in row.phases:
         best = p.result.best

@@ -173,8 +173,9 @@ def mfu_text(ev: Evaluation) -> str:
     return f"MFU {100 * ev.mfu:.1f} %{peak}"
 
 
-def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
-    """The time and memory breakdown of one evaluation."""
+def evaluation_tables(ev: Evaluation, title: str = "mapping", band: str | None = None) -> list[Table]:
+    """The time and memory breakdown of one evaluation; `band`: the line of its error band
+    (solver.report.bands), printed under the iteration time."""
     head = Table(title=title, show_header=False)
     head.add_row("mapping", mapping_summary(ev.mapping.model_dump(mode='json')))
     head.add_row("feasible", "yes" if ev.feasible else "NO: " + "; ".join(ev.reasons))
@@ -182,6 +183,8 @@ def evaluation_tables(ev: Evaluation, title: str = "mapping") -> list[Table]:
         batch = ev.mapping.batch_size
         head.add_row("global batch", f"{batch:,} sequences = {batch * ev.flops.seq_size / 1e6:.1f}M tokens")
     head.add_row("iteration time", f"{ev.iteration_time_s:.4f} s")
+    if band is not None:
+        head.add_row("measured would be (error band)", band)
     head.add_row("sample rate", f"{ev.sample_rate:.2f} sequences/s")
     peak = "" if ev.throughput is None else f" of the {ev.throughput.peak_name} {ev.throughput.peak_tflops:,.0f} TFLOP/s"
     head.add_row("MFU (model FLOP, causal attention halved, no recompute)", f"{100 * ev.mfu:.2f} %{peak}")
