@@ -266,7 +266,7 @@ def test_render_step_needs_a_top_level_marker():
 @pytest.mark.parametrize("args, message", [
     (["--runs", str(SINGLE)], "--runs needs --system"),
     (["--runs", str(SINGLE), "--base", "x.yaml", "--system", "y.yaml"], "give one or the other"),
-    (["--system", "y.yaml", "--base", "x.yaml", "--measurements", "."], "--system, --dry-run, --force and --without-shipped-runs go with --runs"),
+    (["--system", "y.yaml", "--base", "x.yaml", "--measurements", "."], "--system, --dry-run, --force, --bands and --without-shipped-runs go with --runs"),
 ])
 def test_calibrate_runs_errors_are_one_line(args, message):
     result = CliRunner().invoke(cli, ["calibrate", *args], prog_name="mapsat")
