@@ -101,7 +101,8 @@ def test_count_grows_by_exactly_the_folded_and_etp_mappings(experts, gpus, cap, 
     assert np.all((arrays.etp_net == 0) | (etp > 1))
 
 
-@pytest.mark.parametrize("experts, gpus, cap, networks, offload", [(8, 4, 4, 2, False), (4, 4, 2, 1, True)])
+@pytest.mark.parametrize("experts, gpus, cap, networks, offload", [
+    (8, 4, 4, 2, False), pytest.param(4, 4, 2, 1, True, marks=pytest.mark.slow)])   # 13 s: offload, one network
 def test_closed_form_equals_enumeration_and_cp_sat_with_etp(experts, gpus, cap, networks, offload):
     model = Model(**MODEL_SHAPE, num_experts=experts)
     system = make_system(networks, offload)

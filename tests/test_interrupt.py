@@ -155,7 +155,8 @@ def test_progress_goes_to_stderr_when_piped_and_with_json_unless_quiet(monkeypat
     tiny = ["--model", "problems/models/gpt-1.3b.yaml", "--system", "problems/systems/a100-80g-selene.yaml",
             "--gpus", "8"]
     extra = {"solve": [], "plan": ["--tokens", "1e9"], "explain": ["--dims", "pp"],
-             "codesign": ["--vary", "hbm_gib=40,80", "--target-mfu", "0.01"], "count": ["--feasible"]}.get(command, [])
+             "codesign": ["--vary", "hbm_gib=40,80", "--target-mfu", "0.01"],
+             "count": ["--feasible", "--space", "calculon-2023"]}.get(command, [])
     if command == "shape":   # shapes near a parameter count, each solved on the system
         tiny = ["--params", "1e10", "--rule-only", "--system", "problems/systems/a100-80g-selene.yaml", "--gpus", "8",
                 "--seq-size", "2048", "--max-batch", "64"]
