@@ -3,6 +3,8 @@ as their JSON carries it."""
 
 from __future__ import annotations
 
+import textwrap
+
 from costmodel.measured.error_bands import Band, band_document, band_text, error_class, load_bands
 
 
@@ -73,11 +75,15 @@ def indistinguishable(model, system, top) -> list[dict]:
     return out
 
 
-def indistinguishable_line(rows: list[dict], top_size: int) -> str | None:
-    """One line naming them, or None when none is."""
+def indistinguishable_line(rows: list[dict], top_size: int, width: int = 120) -> str | None:
+    """Lines naming them, wrapped to `width` columns (a heading, then a mapping a line with the
+    fields it differs in), or None when none is."""
     if not rows:
         return None
     every = " (every row of the top: ask for more with --top-k)" if len(rows) == top_size - 1 else ""
-    listed = "; ".join(f"#{r['rank']} ({', '.join(r['differs_in'])})" for r in rows)
-    return (f"indistinguishable from the best under the model's error (predicted within its error band){every}: "
-            f"{listed}")
+    lines = textwrap.wrap(f"indistinguishable from the best under the model's error (predicted within its error "
+                          f"band){every}:", width)
+    for r in rows:
+        lines += textwrap.wrap(f"#{r['rank']} differs in {', '.join(r['differs_in'])}", width,
+                               initial_indent="  ", subsequent_indent="    ")
+    return "\n".join(lines)
