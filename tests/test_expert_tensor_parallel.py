@@ -236,7 +236,8 @@ def test_solve_equals_brute_force_where_folding_or_etp_wins(case):
     assert (best.ep > best.dp * best.cp) if wins == "folded" else (best.etp != best.tp)
 
 
-@pytest.mark.parametrize("case", FOLDING_CASES[::2], ids=[c[0] for c in FOLDING_CASES[::2]])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c[0], marks=pytest.mark.slow if c[0] == "etp1-under-tp2" else ())
+                                  for c in FOLDING_CASES[::2]])   # etp1-under-tp2: 12 s, in the slow run
 def test_the_cp_sat_path_alone_certifies_the_folded_answer(case, monkeypatch):
     """No warm start and no proof from the block floors: CP-SAT's rounds over the surrogate
     (its tables keyed by etp, minimised over etp_net) must reach the same optimum."""
