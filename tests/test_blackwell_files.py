@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SYSTEMS_DIR
-from costmodel.calibration.shared_sm import power_scaled_mhz, shared_sm_attention_tflops, shared_sm_gemm
+from costmodel.calibration.shared_sm import power_scaled, shared_sm_attention_tflops, shared_sm_gemm
 from costmodel.inputs.load import load_system
 from costmodel.system import Datatype
 
@@ -22,7 +22,7 @@ def test_a_shared_sm_file_is_the_b200s_fields_at_its_own_clocks(name):
     system = load_system(SYSTEMS_DIR / f"{name}.yaml")
     clocks = system.clocks
     for datatype in DATATYPES:
-        scaled = power_scaled_mhz(B200.clocks.sustained_mhz[datatype], B200.clocks.power_w, clocks.power_w)
+        scaled = power_scaled(B200.clocks.sustained_mhz[datatype], B200.clocks.power_w, clocks.power_w)
         assert clocks.sustained_mhz[datatype] == pytest.approx(scaled, abs=1.0), (name, datatype)
         compute = system.compute_for(datatype)
         expected = shared_sm_gemm(B200.compute_for(datatype).gemm.model_dump(), clocks, datatype,

@@ -198,14 +198,15 @@ def fit_gemm(train: GemmData, test: GemmData, peak_flops_per_s: float, hbm_bytes
              full_clock: FullClock | None = None) -> FamilyFit:
     """The GEMM model fitted on `train`, its errors on `train` and `test` as the measurements
     timed them (a table at full clock: `at_full_clock`)."""
-    def times(timing: GemmTiming, d: GemmData = train) -> np.ndarray:
-        return gemm_time_s(timing, ArrayOps, d.rows, d.cols, d.depth, _gemm_bytes(d, elem_bytes),
-                           peak_flops_per_s, hbm_bytes_per_s, d.batch)
+    def times(timing: GemmTiming) -> np.ndarray:
+        return gemm_time_s(timing, ArrayOps, train.rows, train.cols, train.depth, _gemm_bytes(train, elem_bytes),
+                           peak_flops_per_s, hbm_bytes_per_s, train.batch)
 
     fields = _fit_gemm_fields(times, train.time_s, peak_flops_per_s, full_clock)
-    timing = GemmFit(**at_full_clock(fields, full_clock)).timing()
-    return FamilyFit(f"gemm {label}", fields, Errors.of(times(timing), train.time_s),
-                     Errors.of(times(timing, test), test.time_s), f"kind: {split[0]}", f"kind: {split[1]}")
+    as_timed, rates = at_full_clock(fields, full_clock), (peak_flops_per_s, hbm_bytes_per_s, elem_bytes)
+    return FamilyFit(f"gemm {label}", fields, Errors.of(gemm_predict(as_timed, train, *rates), train.time_s),
+                     Errors.of(gemm_predict(as_timed, test, *rates), test.time_s), f"kind: {split[0]}",
+                     f"kind: {split[1]}")
 
 
 def sustained_drop(fields: dict, d: GemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
@@ -213,8 +214,7 @@ def sustained_drop(fields: dict, d: GemmData, peak_flops_per_s: float, hbm_bytes
     """The clock drop published long runs of GEMMs show against a fit at full clock: the
     geometric mean of measured / modelled time, less 1 (`fields` as a file states them, the
     launch included: the long runs were timed from the host)."""
-    modelled = gemm_time_s(GemmFit(**{**fields, "power_drop": 0.0}).timing(), ArrayOps, d.rows, d.cols, d.depth,
-                           _gemm_bytes(d, elem_bytes), peak_flops_per_s, hbm_bytes_per_s, d.batch)
+    modelled = gemm_predict({**fields, "power_drop": 0.0}, d, peak_flops_per_s, hbm_bytes_per_s, elem_bytes)
     return float(np.exp(np.mean(np.log(d.time_s / modelled)))) - 1.0
 
 

@@ -17,12 +17,13 @@ def shared_sm_gemm(reference: dict, clocks: Clocks, datatype: Datatype, peak_tfl
             "power_flops": rounded(POWER_ONSET_S * peak_tflops * 1e12 * reference["efficiency"])}
 
 
-def power_scaled_mhz(reference_mhz: float, reference_w: float, power_w: float) -> float:
-    """A sustained clock at another power cap, dynamic power ∝ f·V² with V ∝ f under DVFS, so
-    f ∝ P^(1/3) (the estimate the GB200, B300 and GB300 files take from the B200's clocks)."""
-    return reference_mhz * (power_w / reference_w) ** (1.0 / 3.0)
+def power_scaled(reference: float, reference_w: float, power_w: float) -> float:
+    """A sustained clock (or a rate proportional to it) at another power cap: dynamic power ∝
+    f·V² with V ∝ f under DVFS, so f ∝ P^(1/3) (the estimate the GB200, B300 and GB300 files take
+    from the B200's clocks)."""
+    return reference * (power_w / reference_w) ** (1.0 / 3.0)
 
 
 def shared_sm_attention_tflops(reference_tflops: float, reference_w: float, power_w: float) -> float:
     """The reference's sustained attention rate at this GPU's power cap."""
-    return rounded(power_scaled_mhz(reference_tflops, reference_w, power_w))
+    return rounded(power_scaled(reference_tflops, reference_w, power_w))
