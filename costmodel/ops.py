@@ -148,9 +148,11 @@ def distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, by
 
 
 def spread(result, inverse: np.ndarray, distinct: int):
-    """`result` (per-distinct-row arrays; a dataclass of them, nested ones too) at every row."""
+    """`result` (per-distinct-row arrays; a dataclass or tuple of them, nested ones too) at every row."""
     if is_dataclass(result):
         return type(result)(**{f.name: spread(getattr(result, f.name), inverse, distinct) for f in fields(result)})
+    if isinstance(result, tuple):
+        return tuple(spread(item, inverse, distinct) for item in result)
     if isinstance(result, np.ndarray) and result.shape[:1] == (distinct,):
         return result[inverse]
     return result

@@ -66,7 +66,7 @@ def test_calibrated_files_load_and_measured_h100_gemms_run_below_the_paper_assum
     # The numbers: the measured FP8 plateau is ~0.64 of peak, not the 0.75-0.78 the
     # paper-era file assumed; so a big FP8 GEMM takes longer on the measured H100.
     from costmodel.context import Context
-    from costmodel.terms.block import gemm_s
+    from costmodel.terms.layer_time import gemm_s
     from costmodel.model import Model
     from costmodel.ops import ScalarOps
     from costmodel.system import Datatype

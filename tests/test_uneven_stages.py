@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from costmodel.terms.block import eltwise_s
+from costmodel.terms.layer_time import eltwise_s
 from costmodel.terms.comm import collective_s
 from costmodel.context import Context
 from costmodel.encoding import MappingArrays

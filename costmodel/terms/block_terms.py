@@ -67,8 +67,8 @@ class BlockTerms:
 
     @property
     def weight_grad_gemm_s(self):
-        """The block's weight-gradient GEMMs, as long as its forward GEMMs (ZB-H1's W pass)."""
-        return self.forward.gemm_s
+        """The block's weight-gradient kernels (ZB-H1's W pass; costmodel.terms.layers)."""
+        return self.forward.weight_grad_s
 
 
 
@@ -165,17 +165,22 @@ def cp_comm_terms(c: Context, m, xp, fw: BlockForward):
     return fwd, bwd
 
 
-def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
-    """One block of one kind (dense, or `moe`: its MLP is the MoE layer), one microbatch,
-    one GPU: compute, exposed TP, CP and EP communication (with the compute they steal),
-    recomputation and the offload traffic compute cannot hide, in seconds; and the block's
-    stored activations. Reads tp, cp, ep, microbatch and the flags."""
-    fw = xp.per_distinct(lambda v: block_forward_times(c, v, xp, moe), m, FORWARD_READS)
-    # Backward does twice forward's GEMMs and element-wise layers; a precision recipe's
-    # quantization passes differ by direction (inputs forward, output gradients backward).
-    compute_fwd = fw.gemm_s + fw.eltwise_s + fw.quantize_fwd_s
-    compute_bwd = 2 * (fw.gemm_s + fw.eltwise_s) + fw.quantize_bwd_s
+@dataclass(frozen=True)
+class TpTerms:
+    """One block's tensor-parallel communication, forward and backward."""
 
+    fwd_s: object
+    """the regions' collectives, exposed plus the compute they steal while overlapping"""
+    bwd_s: object
+    exposed_s: object
+    """what runs exposed each way: current scaling's amax all-reduces"""
+
+
+def tp_terms(c: Context, m, xp, fw: BlockForward, moe: bool) -> TpTerms:
+    """The tensor-parallel collectives of one block's two parallel regions, attention and MLP
+    (an MoE block keeps the MLP region's only around its shared experts, and gathers and
+    scatters its routed rows instead: costmodel.terms.moe), overlapped with the block's GEMMs
+    as the mapping's tp_overlap allows (costmodel.terms.comm.tp_overlap_terms)."""
     act_message = c.elem_bytes * m.microbatch * c.seq / m.cp * c.hidden
     # Under a quantized recipe the sequence-parallel gathers carry the quantized GEMM input
     # (forward; the output gradient in backward), the reduce-scatters BF16.
@@ -183,14 +188,11 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
     region_s, hidden_fraction, gather_s = tp_overlap_terms(c, m, xp, act_message, gather_message)
     tp_usage = xp.pick(c.net_usage, m.tp_net)
     redo_gather = m.seq_par & m.seq_par_ag_redo & xp.logical_not(m.recompute_full)
-    # Two parallel regions, attention and MLP; an MoE block keeps the MLP region's collectives
-    # only around its shared experts, and gathers and scatters its routed rows instead.
     regions = 1.0 + float(c.shared_feedforward > 0) if moe else 2.0
     tp_fwd = regions * region_s
     tp_bwd = regions * region_s + xp.where(redo_gather, 2 * gather_s, 0.0)
     tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw.gemm_s, hidden_fraction, tp_usage, xp)
     tp_bwd_exposed, tp_bwd_stolen = overlapped(tp_bwd, 2 * fw.gemm_s, hidden_fraction, tp_usage, xp)
-    cp_fwd, cp_bwd = cp_comm_terms(c, m, xp, fw)
     exposed_tp = 0.0
     if c.quantized and c.recipe.format.amax_pass:
         # A sequence-parallel operand under current scaling reduces its amax over the tp group
@@ -199,27 +201,15 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
         # column-parallel input and a row-parallel output gradient): one per region each way.
         amax = collective_s(c, xp, Collective.all_reduce, m.tp, AMAX_BYTES, m.tp_net)
         exposed_tp = xp.where(m.seq_par, regions * amax, 0.0)
-    ep_fwd, ep_bwd, ep_unpaired = 0.0, 0.0, 0.0
-    if moe:
-        # Megatron-LM's dispatchers run on the compute stream between the router and the
-        # experts (token_dispatcher.py): nothing hides them unless the run overlaps them with
-        # another microbatch (ep_overlap_terms). Backward repeats each collective once (a
-        # dispatch's gradient is a combine).
-        comm = moe_communication(c, xp, m.microbatch * c.seq / m.cp, m.tp, m.ep, m.etp, m.ep_net, m.etp_net)
-        exposed_tp = exposed_tp + comm.tp_gather_s + comm.tp_scatter_s
-        ep_pass = comm.dispatch_s + comm.combine_s
-        ep_fwd, ep_bwd = ep_overlap_terms(c, m, xp, ep_pass, compute_fwd, compute_bwd)
-        ep_unpaired = 2 * ep_pass - ep_fwd - ep_bwd
-    block_fwd = compute_fwd + tp_fwd_exposed + tp_fwd_stolen + exposed_tp + cp_fwd + ep_fwd
-    block_bwd = compute_bwd + tp_bwd_exposed + tp_bwd_stolen + exposed_tp + cp_bwd + ep_bwd
-    # Full: the whole block forward again; attn_only: the (unfused) attention core; and a fused
-    # attention kernel's backward redoes its scores whatever the setting.
-    recompute = fw.kernel_recompute_s + xp.where(m.recompute_full, block_fwd,
-                                                    xp.where(m.recompute_attn_only, fw.selective_recompute_s, 0.0))
+    return TpTerms(fwd_s=tp_fwd_exposed + tp_fwd_stolen, bwd_s=tp_bwd_exposed + tp_bwd_stolen, exposed_s=exposed_tp)
 
-    # ---- offload traffic per block and microbatch (tier 2 <-> HBM, per direction) ----
+
+def offload_traffic(c: Context, m, xp, moe: bool, act: StoredActivations):
+    """One block's offload traffic per microbatch (tier 2 ↔ HBM, per direction): bytes forward
+    and backward (the larger direction of each) and their time at the tier's rate. Forward
+    reads the weights and writes the stored activations; backward reads the weights, their
+    gradients and the activations back, and writes the gradients."""
     e = c.elem_bytes
-    act = xp.per_distinct(lambda v: block_stored_activation_bytes(c, v, xp, moe), m, STORED_READS)
     block_params = sum(moe_block_param_shares(c, m) if moe else (c.block_params / m.tp,))
     off_rate = offload_rate(c.offload_bytes_per_s)
     fwd_read = xp.where(m.weight_offload, e * block_params, 0.0)
@@ -231,12 +221,58 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
     off_bwd_bytes = xp.maximum(bwd_read, bwd_write)
     off_fwd_s = off_fwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_fwd_bytes))
     off_bwd_s = off_bwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_bwd_bytes))
+    return off_fwd_bytes, off_bwd_bytes, off_fwd_s, off_bwd_s
+
+
+def kind_forward(c: Context, m, xp, moe: bool) -> BlockForward:
+    """The forward of one block of one kind (dense, or `moe`: its MLP is the MoE layer): the
+    sum of its layers' records, once per distinct combination of FORWARD_READS."""
+    return xp.per_distinct(lambda v: block_forward_times(c, v, xp, moe), m, FORWARD_READS)
+
+
+def kind_terms(c: Context, m, xp, moe: bool, forward: BlockForward | None = None) -> BlockTerms:
+    """One block of one kind (dense, or `moe`: its MLP is the MoE layer), one microbatch,
+    one GPU: compute, exposed TP, CP and EP communication (with the compute they steal),
+    recomputation and the offload traffic compute cannot hide, in seconds; and the block's
+    stored activations. Reads tp, cp, ep, microbatch and the flags. `forward`: the kind's
+    forward (kind_forward) when the caller has it: the mixes of block_terms change only
+    switches the forward does not read."""
+    fw = kind_forward(c, m, xp, moe) if forward is None else forward
+    # Backward: the layers' activation- and weight-gradient kernels (costmodel.terms.layers); a
+    # precision recipe's quantization passes differ by direction (inputs forward, output
+    # gradients backward).
+    compute_fwd = fw.gemm_s + fw.eltwise_s + fw.quantize_fwd_s
+    compute_bwd = fw.backward_s + fw.quantize_bwd_s
+
+    tp = tp_terms(c, m, xp, fw, moe)
+    cp_fwd, cp_bwd = cp_comm_terms(c, m, xp, fw)
+    exposed_tp = tp.exposed_s
+    ep_fwd, ep_bwd, ep_unpaired = 0.0, 0.0, 0.0
+    if moe:
+        # Megatron-LM's dispatchers run on the compute stream between the router and the
+        # experts (token_dispatcher.py): nothing hides them unless the run overlaps them with
+        # another microbatch (ep_overlap_terms). Backward repeats each collective once (a
+        # dispatch's gradient is a combine).
+        comm = moe_communication(c, xp, m.microbatch * c.seq / m.cp, m.tp, m.ep, m.etp, m.ep_net, m.etp_net)
+        exposed_tp = exposed_tp + comm.tp_gather_s + comm.tp_scatter_s
+        ep_pass = comm.dispatch_s + comm.combine_s
+        ep_fwd, ep_bwd = ep_overlap_terms(c, m, xp, ep_pass, compute_fwd, compute_bwd)
+        ep_unpaired = 2 * ep_pass - ep_fwd - ep_bwd
+    block_fwd = compute_fwd + tp.fwd_s + exposed_tp + cp_fwd + ep_fwd
+    block_bwd = compute_bwd + tp.bwd_s + exposed_tp + cp_bwd + ep_bwd
+    # Full: the whole block forward again; attn_only: the (unfused) attention core; and a fused
+    # attention kernel's backward redoes its scores whatever the setting.
+    recompute = fw.kernel_recompute_s + xp.where(m.recompute_full, block_fwd,
+                                                    xp.where(m.recompute_attn_only, fw.selective_recompute_s, 0.0))
+
+    act = xp.per_distinct(lambda v: block_stored_activation_bytes(c, v, xp, moe), m, STORED_READS)
+    off_fwd_bytes, off_bwd_bytes, off_fwd_s, off_bwd_s = offload_traffic(c, m, xp, moe, act)
     return BlockTerms(
         forward=fw,
         compute_fwd_s=compute_fwd,
         compute_bwd_s=compute_bwd,
-        tp_fwd_s=tp_fwd_exposed + tp_fwd_stolen + exposed_tp,
-        tp_bwd_s=tp_bwd_exposed + tp_bwd_stolen + exposed_tp,
+        tp_fwd_s=tp.fwd_s + exposed_tp,
+        tp_bwd_s=tp.bwd_s + exposed_tp,
         cp_fwd_s=cp_fwd,
         cp_bwd_s=cp_bwd,
         ep_fwd_s=ep_fwd,
@@ -245,7 +281,7 @@ def kind_terms(c: Context, m, xp, moe: bool) -> BlockTerms:
         block_fwd_s=block_fwd,
         block_bwd_s=block_bwd,
         recompute_s=recompute,
-        act_message_bytes=act_message,
+        act_message_bytes=c.elem_bytes * m.microbatch * c.seq / m.cp * c.hidden,
         activations=act,
         offload_fwd_s=xp.maximum(off_fwd_s - block_fwd, 0.0),
         offload_bwd_s=xp.maximum(off_bwd_s - (block_bwd + recompute), 0.0),
@@ -274,11 +310,34 @@ def block_param_shares(c: Context, m) -> tuple:
 
 
 def _mix(dense, moe, share):
-    """(1 - share)·dense + share·moe, field by field (nested results too)."""
+    """(1 - share)·dense + share·moe, field by field (nested results too); a block's layers are
+    both kinds' records, each weighted by its kind's share (their sum is the mixed block)."""
     if is_dataclass(dense):
-        return type(dense)(**{f.name: _mix(getattr(dense, f.name), getattr(moe, f.name), share)
+        return type(dense)(**{f.name: (_weighted_layers(dense.layers, moe.layers, share) if f.name == "layers"
+                                       else _mix(getattr(dense, f.name), getattr(moe, f.name), share))
                               for f in fields(dense)})
     return (1 - share) * dense + share * moe
+
+
+def _weighted_layers(first: tuple, second: tuple, share) -> tuple:
+    """The records of two mixed blocks, the first weighted by 1 - share and the second by share."""
+    return (tuple(layer.scaled(1 - share) for layer in first)
+            + tuple(layer.scaled(share) for layer in second))
+
+
+class _KindForwards:
+    """Each block kind's forward (dense or MoE; a recipe's quantized or BF16 blocks), computed
+    once per evaluation whatever block_terms mixes (recompute and offload switches, which the
+    forward does not read)."""
+
+    def __init__(self, m, xp):
+        self.m, self.xp, self.done = m, xp, {}
+
+    def terms(self, c: Context, m, moe: bool, bf16: bool) -> BlockTerms:
+        key = (moe, bf16)
+        if key not in self.done:
+            self.done[key] = kind_forward(c, self.m, self.xp, moe)
+        return kind_terms(c, m, self.xp, moe, self.done[key])
 
 
 def block_terms(c: Context, m, xp) -> BlockTerms:
@@ -292,14 +351,16 @@ def block_terms(c: Context, m, xp) -> BlockTerms:
     everything by N/K; one that offloads N of a stage's blocks' activations
     (activation_offload_blocks) mixes the offloading and the keeping block by N/(L/pp)
     (costmodel.terms.memory_features). The recompute workspace is the recomputed block's, and the
-    offload bandwidth needed the offloading block's (peaks, not means)."""
+    offload bandwidth needed the offloading block's (peaks, not means). Each kind's forward
+    is computed once (_KindForwards) and every mix reuses it."""
+    kinds = _KindForwards(m, xp)
     share = recompute_share(c, m)
     if share is None:
-        return _offload_mixed(c, m, xp)
+        return _offload_mixed(c, m, kinds)
     recomputed = _offload_mixed(c, with_switches(m, recompute_full=True, recompute_attn_only=False,
-                                                 recompute_none=False), xp)
+                                                 recompute_none=False), kinds)
     stored = _offload_mixed(c, with_switches(m, recompute_full=False, recompute_attn_only=False,
-                                             recompute_none=True), xp)
+                                             recompute_none=True), kinds)
     mixed = _mix(stored, recomputed, share)
     workspace = xp.maximum(recomputed.activations.workspace, stored.activations.workspace)
     return replace(mixed, activations=replace(mixed.activations, workspace=workspace),
@@ -307,32 +368,31 @@ def block_terms(c: Context, m, xp) -> BlockTerms:
                                                          stored.offload_bytes_per_s_needed))
 
 
-def _offload_mixed(c: Context, m, xp) -> BlockTerms:
+def _offload_mixed(c: Context, m, kinds: _KindForwards) -> BlockTerms:
     """The average block (block_terms) with N of a stage's blocks offloading their
     activations when the mapping says so."""
     share = offload_share(c, m)
     if share is None:
-        return _precision_mixed(c, m, xp)
-    offloading = _precision_mixed(c, m, xp)
-    mixed = _mix(_precision_mixed(c, with_switches(m, activations_offload=False), xp), offloading, share)
+        return _precision_mixed(c, m, kinds)
+    offloading = _precision_mixed(c, m, kinds)
+    mixed = _mix(_precision_mixed(c, with_switches(m, activations_offload=False), kinds), offloading, share)
     return replace(mixed, offload_bytes_per_s_needed=offloading.offload_bytes_per_s_needed)
 
 
-def _precision_mixed(c: Context, m, xp) -> BlockTerms:
+def _precision_mixed(c: Context, m, kinds: _KindForwards) -> BlockTerms:
     """The average block over the model's blocks and a recipe's BF16 first and last ones."""
     if c.quantized and c.recipe.bf16_block_share:
         # The first and last N blocks a recipe keeps in BF16, by their share of the model's
         # blocks (as the MoE mix: the model-wide average, not the stage that holds them).
-        return _mix(_kinds(c, m, xp), _kinds(c.bf16_blocks(), m, xp), c.recipe.bf16_block_share)
-    return _kinds(c, m, xp)
+        return _mix(_kinds(c, m, kinds, False), _kinds(c.bf16_blocks(), m, kinds, True), c.recipe.bf16_block_share)
+    return _kinds(c, m, kinds, False)
 
 
-def _kinds(c: Context, m, xp) -> BlockTerms:
+def _kinds(c: Context, m, kinds: _KindForwards, bf16: bool) -> BlockTerms:
     """The average block over the model's dense and MoE blocks (block_terms)."""
-    dense = kind_terms(c, m, xp, moe=False)
     if not c.moe_blocks:
-        return dense
+        return kinds.terms(c, m, False, bf16)
     share = c.moe_blocks / c.blocks
     if share == 1:
-        return kind_terms(c, m, xp, moe=True)
-    return _mix(dense, kind_terms(c, m, xp, moe=True), share)
+        return kinds.terms(c, m, True, bf16)
+    return _mix(kinds.terms(c, m, False, bf16), kinds.terms(c, m, True, bf16), share)

@@ -1,0 +1,207 @@
+"""The attention layer of a block as a cost record (costmodel.terms.layers.LayerCost): its
+projections (QKV and the output projection; latent attention's down and up projections), the
+attention core (fused FlashAttention or Megatron-LM's four unfused kernels) and RoPE. The
+formulas and their sources are in costmodel.terms.block's docstring and docs/cost-model.md
+("Attention").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.context import MASK_BYTES, Context
+from costmodel.model import CAUSAL_ATTENTION_SHARE
+from costmodel.terms.kernel_time import attention_time_s
+from costmodel.terms.layer_time import (DROPOUT_FLOPS_PER_ELEM, ROPE_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM,
+                                        SOFTMAX_STATS_BYTES, eltwise_s, gemm_s, matmul_s)
+from costmodel.terms.layers import LayerCost, layer_tokens, norm_flops_per_elem, norm_output_bytes
+from costmodel.terms.quantize import GemmOperands
+
+
+def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_bytes, steps=1.0, head_size=None):
+    """Time of a fused attention kernel doing `pairs` s×s×d products per (batch, head) over
+    `batch_heads` of them; with context parallelism, of the `steps` = cp ring-step kernels
+    that each do `pairs` (s/cp)×(s/cp)×d products (1/cp of the whole core, in cp launches
+    of shorter sequences). With a fitted attention model, that model
+    (costmodel.terms.kernel_time.attention_time_s). Otherwise a roofline: its tensor-core work (a batched
+    GEMM), its element-wise softmax work on the vector units (overlapped with the matrix work,
+    as FlashAttention pipelines them) and its HBM traffic, whichever is slowest."""
+    chunk = c.seq / steps
+    d = c.head_size if head_size is None else head_size
+    if c.attention is not None:
+        return steps * attention_time_s(c.attention, pairs, batch_heads, chunk, d)
+    vector = vector_flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, vector_flops))
+    return xp.maximum(gemm_s(c, xp, chunk, chunk, d, num_bytes, batch=pairs * batch_heads * steps,
+                             high_precision=True), vector)
+
+
+@dataclass(frozen=True)
+class AttentionProjections:
+    """The attention's projections of one block, one microbatch, one GPU, forward."""
+
+    in_s: object
+    """the projections into the heads (QKV; latent attention's down and up projections)"""
+    out_s: object
+    """the output projection"""
+    matrix_flops: object
+    eltwise_s: object
+    """latent attention's two RMSNorms over the compressed query and K/V (0 otherwise)"""
+    rope_elems: object
+    """elements RoPE rotates: the query and key columns that carry positions"""
+    gemms: tuple
+    up_s: object = 0.0
+    """latent attention's up projections (part of in_s): what recompute_modules mla_up_proj reruns"""
+    up_flops: object = 0.0
+    """their quantized operands (costmodel.terms.quantize)"""
+
+
+def attention_projections(c: Context, xp, tokens, ln_tokens, t, gathered, norm_out, norm_flops) -> AttentionProjections:
+    """QKV and the output projection (grouped-query attention: h → (a + 2g)·d/t and a·d/t → h),
+    or latent attention's five projections (costmodel.terms.latent_attention): the down projections
+    h → r_q and h → r_kv + d_r whole on every tp rank, on the sequence-parallel shard
+    (`ln_tokens`) as Megatron-LM's MLASelfAttention runs them, the up projections r_q → a·d_qk/t
+    and r_kv → a·(d_n + d_v)/t and the output a·d_v/t → h on the gathered tokens."""
+    e, h, heads = c.elem_bytes, c.hidden, c.heads / t
+    d, d_v = c.head_size, c.value_head_size
+    if not c.latent:
+        q_cols, kv_cols = heads * d, c.kv_heads / t * d
+        qkv_cols = q_cols + 2 * kv_cols
+        gemms = (GemmOperands(ln_tokens * h, tokens * qkv_cols, h * qkv_cols, gathered, False, t, norm_fed=True),
+                 GemmOperands(tokens * q_cols, ln_tokens * h, q_cols * h, False, gathered, t, projection=True))
+        return AttentionProjections(
+            in_s=matmul_s(c, xp, tokens, qkv_cols, h), out_s=matmul_s(c, xp, tokens, h, q_cols),
+            matrix_flops=2 * tokens * h * (qkv_cols + q_cols), eltwise_s=0.0,
+            rope_elems=tokens * (q_cols + kv_cols), gemms=gemms)
+    r_q, r_kv, d_r = c.q_lora_rank, c.kv_lora_rank, c.rope_head_size
+    q_in = r_q if r_q else h                          # no query compression: h → a·d_qk directly
+    q_cols, kv_up_cols, out_cols = heads * d, heads * (d - d_r + d_v), heads * d_v
+    down_cols = r_q + r_kv + d_r
+    up_s = matmul_s(c, xp, tokens, q_cols, q_in) + matmul_s(c, xp, tokens, kv_up_cols, r_kv)
+    in_s = matmul_s(c, xp, ln_tokens, down_cols, h) + up_s
+    flops = 2 * (ln_tokens * h * down_cols + tokens * (q_in * q_cols + r_kv * kv_up_cols + out_cols * h))
+    # the RMSNorms over the gathered compressed query and K/V (read, write)
+    latent_norms = eltwise_s(c, xp, tokens * (r_q + r_kv), norm_flops, e + norm_out)
+    gemms = (GemmOperands(ln_tokens * h, ln_tokens * down_cols, h * down_cols, False, False, t, norm_fed=True),
+             GemmOperands(tokens * (r_q + r_kv), tokens * (q_cols + kv_up_cols), r_q * q_cols + r_kv * kv_up_cols),
+             GemmOperands(tokens * out_cols, ln_tokens * h, out_cols * h, False, gathered, t, projection=True))
+    return AttentionProjections(in_s=in_s, out_s=matmul_s(c, xp, tokens, h, out_cols), matrix_flops=flops, eltwise_s=latent_norms,
+                                rope_elems=tokens * (heads * d_r + d_r), gemms=gemms, up_s=up_s,
+                                up_flops=2 * tokens * (q_in * q_cols + r_kv * kv_up_cols))
+
+
+@dataclass(frozen=True)
+class AttentionCore:
+    """The attention core of one block, one microbatch, one GPU, forward."""
+
+    gemm_s: object
+    """its matrix work: the fused kernel, or the scores and context GEMMs"""
+    eltwise_s: object
+    """an unfused core's softmax and dropout (0 when fused)"""
+    flops: object
+    kernel_recompute_s: object
+    kernel_recompute_flops: object
+    selective_s: object
+    """what attn_only (or recompute_modules core_attn) reruns: the unfused core (0 when fused)"""
+    selective_flops: object
+
+
+def _core_shape(c: Context, m):
+    """(b, heads on this GPU, queries per sequence on this GPU, K/V columns on this GPU)."""
+    return m.microbatch, c.heads / m.tp, c.seq / m.cp, c.kv_heads / m.tp * c.head_size
+
+
+def _core_flops(c: Context, m):
+    """(the core's forward FLOPs as the hardware does them, the causal half of Q·Kᵀ): MFU's
+    causal half of the scores and context GEMMs; latent attention's values and output are d_v
+    wide, its queries and keys d_qk."""
+    b, heads, q_len, _ = _core_shape(c, m)
+    score_flops = 2 * b * heads * q_len * c.seq * c.head_size      # Q·Kᵀ; the context GEMM (·V) is as large
+    causal_score_flops = CAUSAL_ATTENTION_SHARE * score_flops
+    if c.latent:
+        return (CAUSAL_ATTENTION_SHARE * (score_flops + 2 * b * heads * q_len * c.seq * c.value_head_size),
+                causal_score_flops)
+    return 2 * causal_score_flops, causal_score_flops
+
+
+def fused_core(c: Context, m, xp) -> AttentionCore:
+    """One FlashAttention kernel per ring step (Dao et al. 2022): HBM sees Q read and the output
+    written for this GPU's tokens, K and V read for all s (the ring brings every chunk) and the
+    softmax statistics written; two s×s×d products per head forward, 1/cp of them on this GPU,
+    run as cp kernels of s/cp queries and keys (p2p and all_gather). Its backward recomputes
+    Q·Kᵀ and the softmax on chip. Ulysses (a2a): one kernel over the whole sequence with heads/cp
+    of the tp rank's heads, the same FLOPs, reading only those heads' K and V."""
+    e, s, d = c.elem_bytes, c.seq, c.head_size
+    b, heads, q_len, kv_cols = _core_shape(c, m)
+    tokens, q_cols = b * q_len, heads * d
+    core_flops, causal_score_flops = _core_flops(c, m)
+    score_elems = b * heads * q_len * s
+    dropout_flops = DROPOUT_FLOPS_PER_ELEM if c.dropout else 0.0
+    kernel_bytes = e * (tokens * 2 * q_cols + b * s * 2 * kv_cols) + SOFTMAX_STATS_BYTES * b * heads * q_len
+    kv_read = e * b * s * 2 * kv_cols
+    core_head = None
+    if c.latent:
+        kernel_bytes = e * (tokens + b * s) * heads * (d + c.value_head_size) + SOFTMAX_STATS_BYTES * b * heads * q_len
+        kv_read = e * b * s * heads * (d + c.value_head_size)
+        core_head = (d + c.value_head_size) / 2          # two products of d_qk and d_v: their mean, twice
+    forward_elem_flops = score_elems * (SOFTMAX_FLOPS_PER_ELEM + dropout_flops)
+    ring = fused_attention_s(c, xp, 2, b * heads, forward_elem_flops, kernel_bytes, steps=m.cp, head_size=core_head)
+    ring_recompute = fused_attention_s(c, xp, 1, b * heads, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0, steps=m.cp)
+    a2a = fused_attention_s(c, xp, 2, b * heads / m.cp, forward_elem_flops, kernel_bytes - kv_read * (1 - 1 / m.cp),
+                            head_size=core_head)
+    a2a_recompute = fused_attention_s(c, xp, 1, b * heads / m.cp, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0)
+    core_gemm = xp.where(m.cp_comm_a2a, a2a, ring)
+    kernel_recompute = xp.where(m.cp_comm_a2a, a2a_recompute, ring_recompute)
+    # Sliding-window blocks: the kernel skips the tiles outside the band (the mean over the
+    # model's blocks, Context.attention_core_scale).
+    scale = c.attention_core_scale
+    if scale != 1.0:
+        core_gemm, kernel_recompute = scale * core_gemm, scale * kernel_recompute
+        core_flops, causal_score_flops = scale * core_flops, scale * causal_score_flops
+    return AttentionCore(gemm_s=core_gemm, eltwise_s=0.0, flops=core_flops, kernel_recompute_s=kernel_recompute,
+                         kernel_recompute_flops=causal_score_flops, selective_s=0.0, selective_flops=0.0)
+
+
+def unfused_core(c: Context, m, xp) -> AttentionCore:
+    """Megatron-LM's four kernels passing the b·a·s² score matrix through HBM: scores GEMM,
+    softmax, dropout, context GEMM. It computes the whole masked score matrix: a sliding window
+    saves nothing. Selective recomputation reruns all four."""
+    e, s, d = c.elem_bytes, c.seq, c.head_size
+    b, heads, q_len, kv_cols = _core_shape(c, m)
+    core_flops, _ = _core_flops(c, m)
+    score_elems = b * heads * q_len * s
+    scores = gemm_s(c, xp, q_len, s, d, e * (b * heads * q_len * d + b * kv_cols / d * s * d + score_elems),
+                    batch=b * heads, high_precision=True)
+    context = gemm_s(c, xp, q_len, d, s, e * (score_elems + b * kv_cols / d * s * d + b * heads * q_len * d),
+                     batch=b * heads, high_precision=True)
+    if c.latent:                                      # ·V with d_v-wide values and output
+        d_v = c.value_head_size
+        context = gemm_s(c, xp, q_len, d_v, s, e * (score_elems + b * heads * (s + q_len) * d_v), batch=b * heads,
+                         high_precision=True)
+    softmax = eltwise_s(c, xp, score_elems, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
+    dropout = eltwise_s(c, xp, score_elems, DROPOUT_FLOPS_PER_ELEM, 2 * e + MASK_BYTES) if c.dropout else 0.0
+    core_gemm, core_eltwise = scores + context, softmax + dropout
+    return AttentionCore(gemm_s=core_gemm, eltwise_s=core_eltwise, flops=core_flops, kernel_recompute_s=0.0,
+                         kernel_recompute_flops=0.0, selective_s=core_gemm + core_eltwise, selective_flops=core_flops)
+
+
+def attention_layer(c: Context, m, xp) -> LayerCost:
+    """The attention layer: its projections, its core (fused or unfused), and RoPE rotating Q
+    and K in place (one pass, read and write). recompute_modules core_attn reruns the unfused
+    core; mla_up_proj latent attention's up projections and the RoPE on their output
+    (Megatron-LM multi_latent_attention.py, recompute_up_proj)."""
+    tokens, ln_tokens = layer_tokens(c, m, xp)
+    att = attention_projections(c, xp, tokens, ln_tokens, m.tp, m.seq_par, norm_output_bytes(c),
+                                norm_flops_per_elem(c))
+    core = fused_core(c, m, xp) if c.fused_attention else unfused_core(c, m, xp)
+    rope = eltwise_s(c, xp, att.rope_elems, ROPE_FLOPS_PER_ELEM, 2 * c.elem_bytes) if c.rope else 0.0
+    return LayerCost(
+        "attention",
+        gemm_s=att.in_s + core.gemm_s + att.out_s,
+        eltwise_s=core.eltwise_s + rope + att.eltwise_s,
+        matrix_flops=att.matrix_flops + core.flops,
+        attention_core_s=core.gemm_s + core.eltwise_s,
+        selective_recompute_s=core.selective_s, selective_recompute_flops=core.selective_flops,
+        kernel_recompute_s=core.kernel_recompute_s, kernel_recompute_flops=core.kernel_recompute_flops,
+        modules=(("core_attn", core.selective_s, core.selective_flops),
+                 ("mla_up_proj", att.up_s + rope if c.latent else 0.0, att.up_flops)),
+        gemms=att.gemms)
