@@ -189,27 +189,8 @@ class Context:
         sustained = system.clocks is not None    # every GEMM at the sustained clock (Clocks)
         gemm_compute, peak_ratio, recipe_fields = compute, 1.0, {}
         if kernels.precision is not None:
-            if datatype is not Datatype.bfloat16:
-                raise InputError(f"precision {kernels.precision.value}: a recipe keeps its non-GEMM work in bfloat16; "
-                                 f"datatype {datatype.value} cannot go with it (leave --datatype out)")
-            how = system_recipe(system, kernels.precision)
-            gemm_compute = system.compute_for(Datatype(how.gemm))
-            peak_ratio = (how.gemm_tflops or gemm_compute.matrix_tflops) / gemm_compute.matrix_tflops
-            ends = kernels.bf16_first_last_blocks
-            if 2 * ends > model.num_blocks:
-                raise InputError(f"bf16_first_last_blocks {ends}: {ends} blocks at each end are 2·{ends} = {2 * ends} "
-                                 f"> num_blocks({model.num_blocks}); at most {model.num_blocks // 2}")
-            share = 2 * ends / model.num_blocks
-            layouts = system.precision.fp8_gemm_layouts if system.precision is not None else "tn"
-            recipe = recipe_costs(kernels.precision, layouts, kernels.param_gather_low_precision, share)
-            recipe_fields = dict(
-                recipe=recipe, matrix_peak_name=recipe_peak_name(kernels.precision, recipe.format),
-                hp_matrix_flops_per_s=compute.matrix_flops_per_s, hp_matrix_curve=_curve(compute, 1.0),
-                hp_gemm=gemm_in_step(_timing(compute.gemm, 1.0), gaps.block_s, window, compute.matrix_flops_per_s,
-                                     sustained),
-                hp_grouped_gemm=gemm_in_step(_timing(compute.grouped_gemm, 1.0), gaps.block_s, window,
-                                             compute.matrix_flops_per_s, sustained))
-        nets = system.networks
+            gemm_compute, peak_ratio, recipe_fields = _recipe_fields(model, system, datatype, kernels, gaps, window,
+                                                                     sustained)
         return Context(
             hidden=model.hidden, feedforward=model.feedforward, seq=model.seq_size, heads=model.attn_heads,
             kv_heads=model.kv_groups, head_size=model.attn_size, blocks=model.num_blocks, vocab=model.vocab_size,
@@ -240,33 +221,82 @@ class Context:
             offload_bytes_per_s=system.offload.bandwidth_bytes_per_s if system.offload else 0.0,
             offload_curve=Curve.of(system.offload.efficiency if system.offload else [(0, 1.0)]),
             offload_capacity_bytes=system.offload.capacity_bytes if system.offload else 0.0,
-            net_size=tuple(float(n.size) for n in nets),
-            net_bytes_per_s=tuple(n.bandwidth_bytes_per_s * n.efficiency for n in nets),
-            net_latency_s=tuple(n.latency_s for n in nets),
-            net_usage=tuple(n.processor_usage for n in nets),
-            net_must_fill=tuple(n.must_be_filled for n in nets),
-            net_port_per_gpu=tuple(n.port_per_gpu for n in nets),
-            net_factor={op: tuple(n.collectives[op].bytes_factor for n in nets) for op in Collective},
-            net_offset={op: tuple(n.collectives[op].n_offset for n in nets) for op in Collective},
-            experts=float(model.num_experts), experts_per_token=float(model.experts_per_token),
-            expert_feedforward=float(model.expert_feedforward),
-            shared_feedforward=float(model.shared_experts * model.shared_expert_feedforward),
-            shared_expert_gate=model.shared_expert_gate, moe_blocks=float(model.moe_blocks),
-            moe_block_params=float(model.moe_block_params), routed_expert_params=float(model.routed_expert_params),
-            shared_expert_params=float(model.shared_expert_params), router_params=float(model.router_params),
+            **_network_fields(system),
+            **_moe_fields(model),
             capacity_factor=float(kernels.capacity_factor),
             grouped_gemm=gemm_in_step(_timing(gemm_compute.grouped_gemm, peak_ratio), gaps.block_s, window,
                                       gemm_compute.matrix_flops_per_s * peak_ratio, sustained),
             kernel_gap_s=gaps.block_s, outer_gap_extra_s=gaps.outer_extra_s,
             allocator_fraction=step.allocator_fragmentation if step else 0.0,
-            fused_cross_entropy=kernels.fused_cross_entropy, pp_comm_overlap=kernels.pp_comm_overlap,
-            moe_flex_dispatcher=kernels.moe_dispatcher == "flex", moe_comm_overlap=kernels.moe_comm_overlap,
-            moe_dispatcher_sm_share=kernels.moe_dispatcher_sm_share if kernels.moe_dispatcher == "flex" else None,
+            **_kernel_fields(kernels),
             **_attention_fields(model), mtp_blocks=float(model.mtp_blocks), mtp_block_is_moe=model.mtp_block_is_moe,
             mtp_extra_params=float(model.mtp_module_params - (model.moe_block_params if model.mtp_block_is_moe
                                                               else model.block_params)),
             **recipe_fields,
         )
+
+
+def _recipe_fields(model: Model, system: System, datatype: Datatype, kernels: Kernels, gaps, window: float,
+                   sustained: bool) -> tuple[Compute, float, dict]:
+    """A precision recipe's GEMMs (Context.recipe and the BF16 GEMMs it keeps): (the compute its
+    quantized GEMMs run on, their peak over that compute's, the Context fields)."""
+    compute = system.compute_for(datatype)
+    if datatype is not Datatype.bfloat16:
+        raise InputError(f"precision {kernels.precision.value}: a recipe keeps its non-GEMM work in bfloat16; "
+                         f"datatype {datatype.value} cannot go with it (leave --datatype out)")
+    how = system_recipe(system, kernels.precision)
+    gemm_compute = system.compute_for(Datatype(how.gemm))
+    peak_ratio = (how.gemm_tflops or gemm_compute.matrix_tflops) / gemm_compute.matrix_tflops
+    ends = kernels.bf16_first_last_blocks
+    if 2 * ends > model.num_blocks:
+        raise InputError(f"bf16_first_last_blocks {ends}: {ends} blocks at each end are 2·{ends} = {2 * ends} "
+                         f"> num_blocks({model.num_blocks}); at most {model.num_blocks // 2}")
+    share = 2 * ends / model.num_blocks
+    layouts = system.precision.fp8_gemm_layouts if system.precision is not None else "tn"
+    recipe = recipe_costs(kernels.precision, layouts, kernels.param_gather_low_precision, share)
+    return gemm_compute, peak_ratio, dict(
+        recipe=recipe, matrix_peak_name=recipe_peak_name(kernels.precision, recipe.format),
+        hp_matrix_flops_per_s=compute.matrix_flops_per_s, hp_matrix_curve=_curve(compute, 1.0),
+        hp_gemm=gemm_in_step(_timing(compute.gemm, 1.0), gaps.block_s, window, compute.matrix_flops_per_s,
+                             sustained),
+        hp_grouped_gemm=gemm_in_step(_timing(compute.grouped_gemm, 1.0), gaps.block_s, window,
+                                     compute.matrix_flops_per_s, sustained))
+
+
+def _network_fields(system: System) -> dict:
+    """The system's networks, indexed by network number (Context.net_*)."""
+    nets = system.networks
+    return dict(
+        net_size=tuple(float(n.size) for n in nets),
+        net_bytes_per_s=tuple(n.bandwidth_bytes_per_s * n.efficiency for n in nets),
+        net_latency_s=tuple(n.latency_s for n in nets),
+        net_usage=tuple(n.processor_usage for n in nets),
+        net_must_fill=tuple(n.must_be_filled for n in nets),
+        net_port_per_gpu=tuple(n.port_per_gpu for n in nets),
+        net_factor={op: tuple(n.collectives[op].bytes_factor for n in nets) for op in Collective},
+        net_offset={op: tuple(n.collectives[op].n_offset for n in nets) for op in Collective},
+    )
+
+
+def _moe_fields(model: Model) -> dict:
+    """A mixture-of-experts model's constants (all 0 for a dense one)."""
+    return dict(
+        experts=float(model.num_experts), experts_per_token=float(model.experts_per_token),
+        expert_feedforward=float(model.expert_feedforward),
+        shared_feedforward=float(model.shared_experts * model.shared_expert_feedforward),
+        shared_expert_gate=model.shared_expert_gate, moe_blocks=float(model.moe_blocks),
+        moe_block_params=float(model.moe_block_params), routed_expert_params=float(model.routed_expert_params),
+        shared_expert_params=float(model.shared_expert_params), router_params=float(model.router_params),
+    )
+
+
+def _kernel_fields(kernels: Kernels) -> dict:
+    """The kernel and runtime settings the formulas read."""
+    return dict(
+        fused_cross_entropy=kernels.fused_cross_entropy, pp_comm_overlap=kernels.pp_comm_overlap,
+        moe_flex_dispatcher=kernels.moe_dispatcher == "flex", moe_comm_overlap=kernels.moe_comm_overlap,
+        moe_dispatcher_sm_share=kernels.moe_dispatcher_sm_share if kernels.moe_dispatcher == "flex" else None,
+    )
 
 
 def window_core_ratio(window: float, seq: float) -> float:

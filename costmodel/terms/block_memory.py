@@ -67,25 +67,10 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     layernorm_inputs = 2 * e * tokens * h / sp_split
     dropout_masks = 2 * mask * tokens * h / sp_split
     gemm_inputs = 2 * q * tokens * h / gemm_inputs_split
-    # Q, K, V (the attention's BF16 inputs) and the projection's input, the attention output.
-    # Quantized, a fused kernel's backward keeps that output in BF16, and the projection keeps
-    # either the same tensor (costmodel.precision: projection_keeps_bf16_input) or its own copy.
-    projection_input = e * tokens * q_cols
-    if c.quantized:
-        keeps_bf16 = c.recipe.format.projection_keeps_bf16_input
-        projection_input = (e * tokens * q_cols if keeps_bf16 or c.fused_attention else 0.0) + (
-            0.0 if keeps_bf16 else q * tokens * q_cols)
-    qkv_and_proj = e * tokens * (q_cols + 2 * kv_cols) + projection_input
+    qkv_and_proj = _attention_inputs_stored(c, tokens, q_cols, kv_cols, heads, q)
     if c.latent:
-        # Megatron-LM's MLASelfAttention keeps Q and K (d_qk per head), V and the output (d_v;
-        # the output is the projection's input), the compressed query and K/V twice each (the
-        # RMSNorms' inputs and the up projections' inputs, gathered); its down projections read
-        # the norm's output on the sequence-parallel shard, kept as that shard.
-        d_v = c.value_head_size
-        out_cols = heads * d_v
-        projection_input = projection_input / q_cols * out_cols
-        qkv_and_proj = (e * tokens * (2 * q_cols + out_cols) + projection_input
-                        + 2 * e * tokens * (c.q_lora_rank + c.kv_lora_rank))
+        # latent attention's down projections read the norm's output on the sequence-parallel
+        # shard, kept as that shard
         gemm_inputs = q * tokens * h / gemm_inputs_split + q * tokens * h / sp_split
     # GeLU / squared ReLU: the activation's input and output (2·f); gated: the h→2f output
     # (both operands of the gate) and the gate's output (3·f). The output, the down
@@ -120,6 +105,28 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
         full=full,
         workspace=ring_buffers + dispatch_buffers + xp.where(m.recompute_full, full, xp.where(core_recomputed, attention_core, 0.0)),
     )
+
+
+def _attention_inputs_stored(c: Context, tokens, q_cols, kv_cols, heads, q):
+    """Bytes the attention keeps of its inputs: Q, K, V (its BF16 inputs) and the output
+    projection's input, the attention output. Quantized (`q` bytes per element of a quantized
+    copy), a fused kernel's backward keeps that output in BF16, and the projection keeps either
+    the same tensor (costmodel.precision: projection_keeps_bf16_input) or its own copy. Latent
+    attention (Megatron-LM's MLASelfAttention) keeps Q and K (d_qk per head), V and the output
+    (d_v; the output is the projection's input), and the compressed query and K/V twice each
+    (the RMSNorms' inputs and the up projections' inputs, gathered)."""
+    e = c.elem_bytes
+    projection_input = e * tokens * q_cols
+    if c.quantized:
+        keeps_bf16 = c.recipe.format.projection_keeps_bf16_input
+        projection_input = (e * tokens * q_cols if keeps_bf16 or c.fused_attention else 0.0) + (
+            0.0 if keeps_bf16 else q * tokens * q_cols)
+    if not c.latent:
+        return e * tokens * (q_cols + 2 * kv_cols) + projection_input
+    out_cols = heads * c.value_head_size
+    projection_input = projection_input / q_cols * out_cols
+    return (e * tokens * (2 * q_cols + out_cols) + projection_input
+            + 2 * e * tokens * (c.q_lora_rank + c.kv_lora_rank))
 
 
 def _selective_stored(c: Context, m, xp, moe: bool, full, attention_core, gemm_inputs, mlp_intermediates, tokens,
