@@ -35,7 +35,7 @@ def _describe(best, model, system) -> str:
     """A best mapping (the solver's Evaluation or brute force's Candidate), re-evaluated for its
     all-to-all term."""
     m = best.mapping
-    ep_comm = evaluate(model, system, m).time_s["ep_comm_s"]
+    ep_comm = evaluate(model, system, m).time.ep_comm_s
     return (f"{best.iteration_time_s:.4f} s, MFU {best.mfu:.1%}, tp{m.tp} cp{m.cp} ep{m.ep} pp{m.pp} dp{m.dp} "
             f"mb{m.microbatch_size} il{m.pipeline_interleaving}, ep_comm {ep_comm:.4f} s")
 

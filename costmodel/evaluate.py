@@ -19,7 +19,7 @@ from costmodel.dimensions import CHAIN, DEGREES, DIMENSIONS, GROUP_DEGREES, GROU
 from costmodel.encoding import MappingArrays
 from costmodel.kernels import Kernels
 from costmodel.terms.block_terms import BlockTerms, block_terms
-from costmodel.terms.iteration import MEMORY_TERMS, TIME_TERMS, IterationTerms, iteration_terms
+from costmodel.terms.iteration import IterationTerms, MemoryTerms, TimeTerms, iteration_terms
 from costmodel.mapping import Mapping, check_mapping_fits, model_with_attention_type
 from costmodel.model import Model, ModelFlops
 from costmodel.ops import ArrayOps, ScalarOps, distinct_rows, spread
@@ -100,8 +100,8 @@ class Evaluation:
     sample_rate: float              # sequences per second
     mfu: float                      # model FLOP (no recompute) / (time · GPUs · matrix peak)
     hfu: float                      # hardware FLOP (with recompute) / same
-    time_s: dict[str, float]        # breakdown summing to iteration_time_s
-    memory_bytes: dict[str, float]  # per GPU of the first stage
+    time: TimeTerms                 # breakdown summing to iteration_time_s
+    memory: MemoryTerms             # per GPU of the first stage
     hbm_bytes: float
     offload_bytes: float
     offload_bytes_per_s_needed: float = field(default=0.0)
@@ -117,8 +117,8 @@ class Evaluation:
             "sample_rate": self.sample_rate,
             "mfu": self.mfu,
             "hfu": self.hfu,
-            "time": dict(self.time_s),
-            "memory": {"hbm_bytes": self.hbm_bytes, "offload_bytes": self.offload_bytes, **self.memory_bytes},
+            "time": self.time.as_dict(),
+            "memory": {"hbm_bytes": self.hbm_bytes, "offload_bytes": self.offload_bytes, **self.memory.as_dict()},
             "offload_bytes_per_s_needed": self.offload_bytes_per_s_needed,
             "model_flops_per_token": None if self.flops is None else {
                 "matrix": self.flops.matrix_per_token, "attention": self.flops.attention_per_token,
@@ -272,7 +272,7 @@ def evaluate_in_context(c: Context, mapping: Mapping) -> Evaluation:
     return Evaluation(
         mapping=mapping, feasible=not reasons, reasons=reasons,
         iteration_time_s=terms.iteration_s, sample_rate=terms.sample_rate, mfu=terms.mfu, hfu=terms.hfu,
-        time_s=terms.named(TIME_TERMS), memory_bytes=terms.named(MEMORY_TERMS),
+        time=TimeTerms.of(terms), memory=MemoryTerms.of(terms),
         hbm_bytes=terms.hbm_bytes, offload_bytes=terms.offload_bytes,
         offload_bytes_per_s_needed=terms.offload_bytes_per_s_needed, flops=c.model_flops,
         throughput=throughput(c, mapping.tp, mapping.batch_size, mapping.num_procs, terms.iteration_s,

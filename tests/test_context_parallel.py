@@ -87,18 +87,18 @@ def test_gradients_and_zero_shards_span_dp_times_cp():
     with_cp = evaluate(MODEL, H100, _mapping(cp=4, dp=2, batch=2, zero=1))
     without = evaluate(MODEL, H100, _mapping(dp=8, batch=8, zero=1))
     for term in ("optimizer_bytes", "weights_bytes", "weight_grads_bytes"):
-        assert with_cp.memory_bytes[term] == pytest.approx(without.memory_bytes[term], rel=1e-12)
+        assert getattr(with_cp.memory, term) == pytest.approx(getattr(without.memory, term), rel=1e-12)
     # ZeRO-3 with dp = 1: sharded over the cp group alone
     fsdp = evaluate(MODEL, H100, _mapping(cp=8, zero=3))
     replicated = evaluate(MODEL, H100, _mapping(cp=8, zero=0))
-    assert fsdp.memory_bytes["weights_bytes"] == pytest.approx(replicated.memory_bytes["weights_bytes"] / 8, rel=1e-12)
-    assert fsdp.time_s["dp_comm_s"] > 0 and replicated.time_s["dp_comm_s"] > 0      # reduced over cp
+    assert fsdp.memory.weights_bytes == pytest.approx(replicated.memory.weights_bytes / 8, rel=1e-12)
+    assert fsdp.time.dp_comm_s > 0 and replicated.time.dp_comm_s > 0      # reduced over cp
 
 
 def test_breakdown_names_cp_and_sums_to_the_iteration():
     ev = evaluate(MODEL, H100, _mapping(tp=2, cp=4, mb=1, context_par_net=1, tensor_par_net=0))
-    assert ev.time_s["cp_comm_s"] > 0
-    assert math.isclose(sum(ev.time_s.values()), ev.iteration_time_s, rel_tol=1e-12)
+    assert ev.time.cp_comm_s > 0
+    assert math.isclose(sum(ev.time.as_dict().values()), ev.iteration_time_s, rel_tol=1e-12)
     # the per-GPU matrix work is 1/cp of the sequence: MFU counts the whole model
     assert 0 < ev.mfu < 1
 

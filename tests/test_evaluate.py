@@ -41,7 +41,7 @@ def test_scalar_and_array_evaluators_agree(problem):
         assert ev.feasible == bool(arrays.feasible[i])
         for name in ("iteration_time_s", "mfu", "hfu", "hbm_bytes", "offload_bytes"):
             assert math.isclose(getattr(ev, name), float(getattr(arrays, name)[i]), rel_tol=1e-12, abs_tol=1e-9), name
-        for name, value in ev.time_s.items():
+        for name, value in ev.time.as_dict().items():
             assert math.isclose(value, float(getattr(arrays.terms, name)[i]), rel_tol=1e-12, abs_tol=1e-12), name
 
 
@@ -51,8 +51,8 @@ def test_time_breakdown_adds_up(problem):
     model, system, batch = problem
     for mapping in batch:
         ev = evaluate(model, system, mapping)
-        assert all(ev.time_s[k] >= 0 for k in TIME_TERMS)
-        assert math.isclose(sum(ev.time_s.values()), ev.iteration_time_s, rel_tol=1e-9)
+        assert all(getattr(ev.time, k) >= 0 for k in TIME_TERMS)
+        assert math.isclose(sum(ev.time.as_dict().values()), ev.iteration_time_s, rel_tol=1e-9)
         assert 0 < ev.mfu <= ev.hfu < 1
 
 
@@ -85,7 +85,7 @@ def test_parameter_memory_is_18_bytes_per_parameter_with_16_bit_weights():
     system = load_system(Path(__file__).resolve().parents[1] / "problems/systems/a100-80g-selene.yaml")
     mapping = Mapping(num_procs=8, tensor_par=2, pipeline_par=4, data_par=1, batch_size=8, microbatch_size=1,
                       datatype="float16", pipeline_par_net=0)
-    mem = evaluate(model, system, mapping).memory_bytes
+    mem = evaluate(model, system, mapping).memory.as_dict()
     params = model.num_blocks * model.block_params / 8
     assert mem["weights_bytes"] == pytest.approx(2 * params)
     assert mem["weight_grads_bytes"] == pytest.approx(4 * params)
@@ -151,7 +151,7 @@ def test_stored_activations_follow_korthikanti_with_and_without_fused_attention(
     system = load_system(SELENE)
     ev = evaluate(model, system, one_gpu_mapping(fused_attention=fused))
     core = 4 * a * s * b if fused else 5 * a * s * s * b
-    assert ev.memory_bytes["activations_bytes"] == pytest.approx(L * (34 * s * b * h + core), rel=1e-12)
+    assert ev.memory.activations_bytes == pytest.approx(L * (34 * s * b * h + core), rel=1e-12)
 
 
 def test_fused_attention_makes_selective_recompute_a_no_op():
@@ -188,7 +188,7 @@ def test_fused_attention_removes_the_score_traffic_at_long_sequences():
     system = load_system(SELENE)
     fused = evaluate(model, system, one_gpu_mapping(batch_size=1, microbatch_size=1))
     unfused = evaluate(model, system, one_gpu_mapping(batch_size=1, microbatch_size=1, fused_attention=False))
-    assert fused.time_s["forward_s"] < 0.8 * unfused.time_s["forward_s"]
+    assert fused.time.forward_s < 0.8 * unfused.time.forward_s
     assert fused.mfu > unfused.mfu
 
 

@@ -245,7 +245,7 @@ def test_collective_offset_at_its_bound_moves_no_negative_time(write_file):
                                                            collectives(p2p=(1.0, -2.0), all_reduce=(2.0, -2.0)))))
     result = solve(load_model(MODELS_DIR / "gpt-1.3b.yaml"), system, 8, config=SolverConfig(top_k=1))
     best = result.best
-    assert best is not None and all(value >= 0 for value in best.time_s.values())
+    assert best is not None and all(value >= 0 for value in best.time.as_dict().values())
     assert best.mfu <= best.hfu <= 0.9 + 1e-9   # the test GPU's matrix efficiency plateau
 
 

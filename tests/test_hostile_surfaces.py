@@ -682,7 +682,7 @@ def test_no_accepted_model_answers_a_negative_or_non_finite_figure(doc):
     assert counts.total > 0 and 0 < counts.active <= counts.total
     ev = evaluate(model, load_system_data(), Mapping(**ONE_GPU))
     assert math.isfinite(ev.iteration_time_s) and ev.iteration_time_s > 0
-    assert 0 < ev.mfu <= 1 and all(math.isfinite(t) and t >= 0 for t in ev.time_s.values())
+    assert 0 < ev.mfu <= 1 and all(math.isfinite(t) and t >= 0 for t in ev.time.as_dict().values())
     cost = run_cost(1, 1e6 * ev.iteration_time_s, failures(1, counts.total * 16.0))
     assert math.isfinite(cost.wall_days) and cost.wall_days > 0
 

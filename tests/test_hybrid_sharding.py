@@ -61,8 +61,8 @@ def test_memory_and_traffic_terms_by_hand():
         # memory: the sharded states divided by the shard group (8) instead of dp·cp (16)
         for term, sharded_from in (("optimizer_bytes", 1), ("weight_grads_bytes", 2), ("weights_bytes", 3)):
             divisor = (8, 16) if stage >= sharded_from else (1, 1)
-            assert hybrid.memory_bytes[term] == pytest.approx(replicated.memory_bytes[term] / divisor[0], rel=1e-12)
-            assert whole.memory_bytes[term] == pytest.approx(replicated.memory_bytes[term] / divisor[1], rel=1e-12)
+            assert getattr(hybrid.memory, term) == pytest.approx(getattr(replicated.memory, term) / divisor[0], rel=1e-12)
+            assert getattr(whole.memory, term) == pytest.approx(getattr(replicated.memory, term) / divisor[1], rel=1e-12)
     # traffic, stage 1 (one microbatch, no overlap): 2-byte gradients and weights (bf16)
     grads = weights = 2 * params
     # whole group: reduce-scatter and all-gather over 16 on the outer network (8 per domain,
@@ -71,15 +71,15 @@ def test_memory_and_traffic_terms_by_hand():
     # hybrid: both within the 8 GPUs of one domain (inner network), then the shard's 1/8 of
     # the gradients all-reduced over the 2 replicas on the outer network
     hybrid_s = ring(1, 8, grads, NET0_GBPS) + ring(1, 8, weights, NET0_GBPS) + ring(2, 2, grads / 8, NET1_GBPS)
-    assert evaluate(MODEL, system, dp16(1)).time_s["dp_comm_s"] == pytest.approx(whole_s, rel=1e-12)
-    assert evaluate(MODEL, system, dp16(1, 8)).time_s["dp_comm_s"] == pytest.approx(hybrid_s, rel=1e-12)
+    assert evaluate(MODEL, system, dp16(1)).time.dp_comm_s == pytest.approx(whole_s, rel=1e-12)
+    assert evaluate(MODEL, system, dp16(1, 8)).time.dp_comm_s == pytest.approx(hybrid_s, rel=1e-12)
     # a shard group spanning two domains stays on the outer network: 4 replicas of 4 GPUs each
     # reduce-scatter on it, the replica all-reduce too
     wide = Mapping(num_procs=32, tensor_par=4, pipeline_par=1, data_par=8, batch_size=8, microbatch_size=1,
                    sharding_stage=1, sharding_group=4, data_par_net=1)
     wide_s = (ring(1, 4, grads / 4, NET1_GBPS) + ring(1, 4, weights / 4, NET1_GBPS)
               + ring(2, 2, grads / 16, NET1_GBPS))
-    assert evaluate(MODEL, system, wide).time_s["dp_comm_s"] == pytest.approx(wide_s, rel=1e-12)
+    assert evaluate(MODEL, system, wide).time.dp_comm_s == pytest.approx(wide_s, rel=1e-12)
 
 
 def test_whole_group_is_the_default_and_a_file_may_say_it():

@@ -116,7 +116,7 @@ def _evaluate(case):
     mapping = Mapping(num_procs=tp * pp * dp, tensor_par=tp, pipeline_par=pp, data_par=dp, batch_size=dp * n * b,
                       microbatch_size=b, pipeline_interleaving=v, tensor_par_comm_type="rs_ag", seq_par_ag_redo=True,
                       activation_recompute="attn_only", optimizer_sharding=dist and dp > 1, datatype="bfloat16")
-    return model, evaluate(model, H100, mapping).memory_bytes
+    return model, evaluate(model, H100, mapping).memory.as_dict()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-tp{c[1]}-pp{c[2]}-v{c[3]}" for c in CASES])
@@ -172,7 +172,7 @@ def test_context_parallel_memory_matches_megatron_on_the_rank_share_of_the_seque
                       batch_size=dp * n * b, microbatch_size=b, pipeline_interleaving=v, tensor_par_comm_type="rs_ag",
                       seq_par_ag_redo=True, activation_recompute="attn_only", sharding_stage=1 if dist else 0,
                       datatype="bfloat16")
-    mem = evaluate(model, H100, mapping).memory_bytes
+    mem = evaluate(model, H100, mapping).memory.as_dict()
     share = model.model_copy(update={"seq_size": seq // cp})
     reference, extras, output = megatron_activation_bytes(share, tp, pp, v, b, n)
     ours = mem["activations_bytes"] + (mem["logits_bytes"] if pp == 1 else 0.0)

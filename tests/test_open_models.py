@@ -234,9 +234,9 @@ def test_mtp_module_costs_time_and_last_stage_memory():
     with_mtp = evaluate(model, system, mapped.mapping)
     without = evaluate(model.model_copy(update={"mtp_blocks": 0}), system, mapped.mapping)
     assert with_mtp.iteration_time_s > without.iteration_time_s
-    assert with_mtp.memory_bytes["last_stage_hbm_bytes"] > without.memory_bytes["last_stage_hbm_bytes"]
+    assert with_mtp.memory.last_stage_hbm_bytes > without.memory.last_stage_hbm_bytes
     # the first stage holds no MTP module
-    assert with_mtp.memory_bytes["first_stage_hbm_bytes"] == without.memory_bytes["first_stage_hbm_bytes"]
+    assert with_mtp.memory.first_stage_hbm_bytes == without.memory.first_stage_hbm_bytes
 
 
 def test_mapsat_eval_runs_on_a_deepseek_v3_bridge_mapping(tmp_path):

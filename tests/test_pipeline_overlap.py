@@ -42,10 +42,10 @@ def test_interleaved_sends_hide_behind_the_microbatch(pp_net):
     exposed = evaluate(MODEL, H100, mapping(2, False, pp_net))
     hidden = evaluate(MODEL, H100, mapping(2, True, pp_net))
     # the sends (2·v per microbatch) are far shorter than a microbatch's compute: all hidden
-    assert exposed.time_s["pp_comm_s"] > 0 and hidden.time_s["pp_comm_s"] == 0.0
+    assert exposed.time.pp_comm_s > 0 and hidden.time.pp_comm_s == 0.0
     # by hand: the pipeline runs (n + bubble) microbatches, each shorter by its sends
     n, p, v = 32, 8, 2
-    per_micro = exposed.time_s["pp_comm_s"] / n
+    per_micro = exposed.time.pp_comm_s / n
     bubble = (p - 1) / v
     assert exposed.iteration_time_s - hidden.iteration_time_s == pytest.approx((n + bubble) * per_micro, rel=1e-9)
 

@@ -293,13 +293,13 @@ def test_sequence_parallel_gathers_travel_quantized_and_scatters_in_bf16():
 def test_block_weights_in_memory_by_hand(system, name, per_param):
     ev = evaluate(SMALL, system, mapping(precision=name))
     block_params = SMALL.block_params / 2
-    assert ev.memory_bytes["weights_bytes"] == pytest.approx(4 * block_params * per_param, rel=1e-12)
+    assert ev.memory.weights_bytes == pytest.approx(4 * block_params * per_param, rel=1e-12)
 
 
 def test_bf16_adam_moments_save_four_bytes_a_parameter():
     fp32 = evaluate(SMALL, H100, mapping(precision="fp8-tensorwise"))
     bf16 = evaluate(SMALL, H100, mapping(precision="fp8-tensorwise", optimizer_state="bf16"))
-    assert fp32.memory_bytes["optimizer_bytes"] / bf16.memory_bytes["optimizer_bytes"] == pytest.approx(12 / 8)
+    assert fp32.memory.optimizer_bytes / bf16.memory.optimizer_bytes == pytest.approx(12 / 8)
 
 
 # ---------------------------------------------------------------- the recipes beside the datatype's costing
@@ -309,7 +309,7 @@ def test_bf16_recipe_is_the_bfloat16_datatype_to_the_bit():
                    dict(TP2_SP, sharding_stage=3, num_procs=4, data_par=2, batch_size=4)):
         plain = evaluate(SMALL, H100, Mapping.model_validate(fields))
         recipe = evaluate(SMALL, H100, Mapping.model_validate({**fields, "precision": "bf16"}))
-        assert plain.time_s == recipe.time_s and plain.memory_bytes == recipe.memory_bytes
+        assert plain.time == recipe.time and plain.memory == recipe.memory
 
 
 def test_float8_datatype_is_calculons_all_fp8_as_before():
@@ -335,8 +335,8 @@ def test_a_recipe_costs_more_than_all_fp8_and_less_than_bf16():
         bf16 = evaluate(llama, system, Mapping.model_validate(fields))
         if name != "nvfp4":       # FP4 GEMMs run at twice FP8's rate
             assert fp8.iteration_time_s < recipe.iteration_time_s < bf16.iteration_time_s, name
-        assert fp8.memory_bytes["activations_bytes"] < recipe.memory_bytes["activations_bytes"] < \
-            bf16.memory_bytes["activations_bytes"], name
+        assert fp8.memory.activations_bytes < recipe.memory.activations_bytes < \
+            bf16.memory.activations_bytes, name
 
 
 def test_bf16_first_and_last_blocks_mix_in_by_their_share():
@@ -344,7 +344,7 @@ def test_bf16_first_and_last_blocks_mix_in_by_their_share():
     none = evaluate(SMALL, H100, mapping(precision="fp8-tensorwise"))
     bf16 = evaluate(SMALL, H100, mapping(precision="bf16"))
     # 2 of 4 blocks in BF16: the forward pass is halfway (the output layer is BF16 in all three)
-    assert half.time_s["forward_s"] == pytest.approx((none.time_s["forward_s"] + bf16.time_s["forward_s"]) / 2)
+    assert half.time.forward_s == pytest.approx((none.time.forward_s + bf16.time.forward_s) / 2)
 
 
 # ---------------------------------------------------------------- scalar = array, every recipe
@@ -385,11 +385,11 @@ def test_scalar_and_array_agree_for_every_recipe(problem):
         ev = evaluate(model, system, m)
         assert ev.feasible == bool(arrays.feasible[i])
         for name in TIME_TERMS:
-            assert math.isclose(ev.time_s[name], float(getattr(arrays.terms, name)[i]), rel_tol=1e-12, abs_tol=1e-12)
+            assert math.isclose(getattr(ev.time, name), float(getattr(arrays.terms, name)[i]), rel_tol=1e-12, abs_tol=1e-12)
         for name in MEMORY_TERMS:
             value = float(np.broadcast_to(getattr(arrays.terms, name), (len(batch),))[i])
-            assert math.isclose(ev.memory_bytes[name], value, rel_tol=1e-12, abs_tol=1e-6), name
-        assert math.isclose(sum(ev.time_s.values()), ev.iteration_time_s, rel_tol=1e-9)
+            assert math.isclose(getattr(ev.memory, name), value, rel_tol=1e-12, abs_tol=1e-6), name
+        assert math.isclose(sum(ev.time.as_dict().values()), ev.iteration_time_s, rel_tol=1e-9)
 
 
 @pytest.mark.parametrize("name", ["fp8-tensorwise", "mxfp8", "nvfp4"])

@@ -39,15 +39,15 @@ def test_zb_h1_bubble_is_1f1b_bubble_less_twice_the_weight_gradient_passes():
     not part of W, keep it above."""
     one_f = evaluate(MODEL, H100, _mapping("1f1b"))
     zb = evaluate(MODEL, H100, _mapping("zb-h1"))
-    ratio = zb.time_s["bubble_s"] / one_f.time_s["bubble_s"]
+    ratio = zb.time.bubble_s / one_f.time.bubble_s
     assert 1 / 3 < ratio < 0.5
-    assert zb.iteration_time_s == pytest.approx(one_f.iteration_time_s - one_f.time_s["bubble_s"]
-                                                + zb.time_s["bubble_s"], rel=1e-12)
+    assert zb.iteration_time_s == pytest.approx(one_f.iteration_time_s - one_f.time.bubble_s
+                                                + zb.time.bubble_s, rel=1e-12)
     # everything else is the same, and so is the memory (ZB-H1 keeps 1F1B's peak: Table 1)
     for name in ("forward_s", "backward_s", "dp_comm_s", "optimizer_s", "pp_comm_s"):
-        assert zb.time_s[name] == one_f.time_s[name]
-    assert zb.memory_bytes == one_f.memory_bytes
-    assert math.isclose(sum(zb.time_s.values()), zb.iteration_time_s, rel_tol=1e-12)
+        assert getattr(zb.time, name) == getattr(one_f.time, name)
+    assert zb.memory == one_f.memory
+    assert math.isclose(sum(zb.time.as_dict().values()), zb.iteration_time_s, rel_tol=1e-12)
 
 
 def test_zb_h1_changes_nothing_when_interleaved_and_interleaved_reads_as_1f1b_with_chunks():

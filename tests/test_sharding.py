@@ -44,7 +44,7 @@ def test_model_state_per_gpu_matches_the_zero_paper_figure_1(stage):
     model = _gpt(blocks=36, hidden=4096)            # ~7.5B parameters, as in the paper
     mapping = Mapping(num_procs=64, tensor_par=1, pipeline_par=1, data_par=64, batch_size=64, microbatch_size=1,
                       sharding_stage=stage, grad_datatype="16bit", datatype="bfloat16")
-    mem = evaluate(model, H100, mapping).memory_bytes
+    mem = evaluate(model, H100, mapping).memory.as_dict()
     per_param = sum(mem[name] for name in STATE_TERMS) / model.total_params
     assert per_param == pytest.approx({"0": 16, "1": 4 + 12 / 64, "2": 2 + 14 / 64, "3": 16 / 64}[stage.value],
                                       rel=1e-12)
@@ -54,7 +54,7 @@ def test_model_state_per_gpu_matches_the_zero_paper_figure_1(stage):
 def test_stage_3_keeps_the_gathered_blocks_and_a_gradient_bucket_beside_its_shards():
     model = _gpt(blocks=36, hidden=4096)
     kw = dict(num_procs=64, tensor_par=1, pipeline_par=1, data_par=64, batch_size=64, microbatch_size=1)
-    mem = {s: evaluate(model, H100, Mapping(sharding_stage=s, **kw)).memory_bytes["sharding_buffer_bytes"]
+    mem = {s: evaluate(model, H100, Mapping(sharding_stage=s, **kw)).memory.sharding_buffer_bytes
            for s in ShardingStage}
     block = model.block_params
     assert mem[ShardingStage.none] == mem[ShardingStage.optimizer] == 0.0
@@ -67,7 +67,7 @@ def test_sharding_trades_memory_for_data_parallel_traffic():
     kw = dict(num_procs=16, tensor_par=1, pipeline_par=1, data_par=16, batch_size=64, microbatch_size=1)
     ev = {s: evaluate(model, H100, Mapping(sharding_stage=s, **kw)) for s in ShardingStage}
     hbm = [ev[s].hbm_bytes for s in ShardingStage]
-    dp = [ev[s].time_s["dp_comm_s"] for s in ShardingStage]
+    dp = [ev[s].time.dp_comm_s for s in ShardingStage]
     assert hbm[0] > hbm[1] > hbm[2] > hbm[3]
     # ZeRO-1 moves what an all-reduce moves; 2 reduce-scatters every microbatch; 3 also
     # all-gathers the weights twice every microbatch

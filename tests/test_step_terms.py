@@ -153,19 +153,19 @@ def test_allocator_fragmentation_is_a_fraction_of_the_bytes_freed_every_microbat
     base = evaluate(LLAMA_8B, with_step(kernel_gap_us=0.0), mapping(activation_recompute="full"))
     frag = evaluate(LLAMA_8B, with_step(kernel_gap_us=0.0, allocator_fragmentation=f),
                     mapping(activation_recompute="full"))
-    mem = base.memory_bytes
-    transient = mem["activations_bytes"] + mem["activation_workspace_bytes"] + mem["logits_bytes"]
+    mem = base.memory
+    transient = mem.activations_bytes + mem.activation_workspace_bytes + mem.logits_bytes
     assert frag.hbm_bytes - base.hbm_bytes == pytest.approx(f * transient, rel=1e-12)
-    assert frag.memory_bytes["allocator_bytes"] == pytest.approx(f * transient, rel=1e-12)
+    assert frag.memory.allocator_bytes == pytest.approx(f * transient, rel=1e-12)
     # pp = 1: the terms add up to the HBM
     parts = [k for k in MEMORY_TERMS if not k.endswith("hbm_bytes") and "stage_activations" not in k]
-    assert sum(frag.memory_bytes[k] for k in parts) == pytest.approx(frag.hbm_bytes, rel=1e-12)
+    assert sum(getattr(frag.memory, k) for k in parts) == pytest.approx(frag.hbm_bytes, rel=1e-12)
 
 
 def test_eager_pytorch_keeps_twelve_bytes_per_logit_and_the_swiglu_output():
     s, V, h, f = 8192, 128256, 4096, 14336
-    fused = evaluate(LLAMA_8B, KERNELS_ALONE, mapping()).memory_bytes
-    eager = evaluate(LLAMA_8B, KERNELS_ALONE, mapping(fused_cross_entropy=False, fused_activation=False)).memory_bytes
+    fused = evaluate(LLAMA_8B, KERNELS_ALONE, mapping()).memory.as_dict()
+    eager = evaluate(LLAMA_8B, KERNELS_ALONE, mapping(fused_cross_entropy=False, fused_activation=False)).memory.as_dict()
     assert fused["logits_bytes"] == pytest.approx(s * V * 6 + 2 * s * h)
     assert eager["logits_bytes"] == pytest.approx(s * V * 12 + 2 * s * h)
     # silu(gate) is kept as an operand of the product: 2 bytes × s × f more per block

@@ -268,17 +268,17 @@ def test_llama_405b_on_16_stages_by_hand(v):
     if v == 1:
         assert alive == (7 * 16, 8 * 15, 7)
     pipeline, optimizer, hbm = _by_hand(mapping, 7, 8, 7, alive)
-    assert ev.iteration_time_s - ev.time_s["dp_comm_s"] - ev.time_s["optimizer_s"] == pytest.approx(pipeline, rel=1e-12)
-    assert ev.time_s["optimizer_s"] == pytest.approx(optimizer, rel=1e-12)
-    memory = ev.memory_bytes
-    assert (memory["first_stage_hbm_bytes"], memory["second_stage_hbm_bytes"], memory["last_stage_hbm_bytes"]) == \
+    assert ev.iteration_time_s - ev.time.dp_comm_s - ev.time.optimizer_s == pytest.approx(pipeline, rel=1e-12)
+    assert ev.time.optimizer_s == pytest.approx(optimizer, rel=1e-12)
+    memory = ev.memory
+    assert (memory.first_stage_hbm_bytes, memory.second_stage_hbm_bytes, memory.last_stage_hbm_bytes) == \
         pytest.approx(hbm, rel=1e-12)
-    assert ev.hbm_bytes == memory["second_stage_hbm_bytes"] > memory["first_stage_hbm_bytes"]
+    assert ev.hbm_bytes == memory.second_stage_hbm_bytes > memory.first_stage_hbm_bytes
     # the breakdown is the slowest stage's: 8 blocks and no output layer
     blk = block_terms(Context.build(LLAMA_405B, H100, mapping.datatype, mapping.kernels), _scalar_fields(mapping),
                       ScalarOps)
-    assert ev.time_s["forward_s"] == pytest.approx(n * 8 * blk.compute_fwd_s, rel=1e-12)
-    assert math.isclose(sum(ev.time_s.values()), ev.iteration_time_s, rel_tol=1e-12)
+    assert ev.time.forward_s == pytest.approx(n * 8 * blk.compute_fwd_s, rel=1e-12)
+    assert math.isclose(sum(ev.time.as_dict().values()), ev.iteration_time_s, rel_tol=1e-12)
 
 
 def test_a_last_stage_with_a_middle_stages_blocks_sets_the_pace_and_the_parameters():
@@ -287,19 +287,19 @@ def test_a_last_stage_with_a_middle_stages_blocks_sets_the_pace_and_the_paramete
     mapping = _405b(pipeline_first_stage_blocks=6, pipeline_last_stage_blocks=8)
     ev = evaluate(LLAMA_405B, H100, mapping)
     pipeline, optimizer, hbm = _by_hand(mapping, 6, 8, 8, (6 * 16, 8 * 15, 8))
-    assert ev.iteration_time_s - ev.time_s["dp_comm_s"] - ev.time_s["optimizer_s"] == pytest.approx(pipeline, rel=1e-12)
-    assert ev.time_s["optimizer_s"] == pytest.approx(optimizer, rel=1e-12)
-    memory = ev.memory_bytes
-    assert (memory["first_stage_hbm_bytes"], memory["second_stage_hbm_bytes"], memory["last_stage_hbm_bytes"]) == \
+    assert ev.iteration_time_s - ev.time.dp_comm_s - ev.time.optimizer_s == pytest.approx(pipeline, rel=1e-12)
+    assert ev.time.optimizer_s == pytest.approx(optimizer, rel=1e-12)
+    memory = ev.memory
+    assert (memory.first_stage_hbm_bytes, memory.second_stage_hbm_bytes, memory.last_stage_hbm_bytes) == \
         pytest.approx(hbm, rel=1e-12)
     c = Context.build(LLAMA_405B, H100, mapping.datatype, mapping.kernels)
     view = _scalar_fields(mapping)
     blk, head = block_terms(c, view, ScalarOps), output_layer_s(c, view, ScalarOps)
     n = mapping.num_microbatches
-    assert ev.time_s["forward_s"] == pytest.approx(n * (8 * blk.compute_fwd_s + head), rel=1e-12)
+    assert ev.time.forward_s == pytest.approx(n * (8 * blk.compute_fwd_s + head), rel=1e-12)
     zb = evaluate(LLAMA_405B, H100, mapping.model_copy(update={"pipeline_schedule": "zb-h1"}))
     micro = pipeline / (n + 15)
-    assert zb.time_s["bubble_s"] == pytest.approx(15 * (micro - 2 * 8 * blk.forward.gemm_s), rel=1e-12)
+    assert zb.time.bubble_s == pytest.approx(15 * (micro - 2 * 8 * blk.forward.gemm_s), rel=1e-12)
 
 
 def test_the_data_parallel_reduction_moves_the_fullest_stages_gradients():
@@ -309,7 +309,7 @@ def test_the_data_parallel_reduction_moves_the_fullest_stages_gradients():
     middle_params = 8 * c.block_params / 8                    # 8 blocks beat 7 and the embedding
     assert middle_params > 7 * c.block_params / 8 + c.embedding_params / 8
     reduce = collective_s(c, ScalarOps, Collective.all_reduce, 2, middle_params * c.grad_comm_bytes, 1)
-    assert ev.time_s["dp_comm_s"] == pytest.approx(reduce, rel=1e-12)
+    assert ev.time.dp_comm_s == pytest.approx(reduce, rel=1e-12)
 
 
 # ---------------------------------------------------------------- scalar = array
@@ -347,12 +347,12 @@ def test_scalar_and_array_evaluators_agree_on_uneven_stages(problem):
         for name in ("iteration_time_s", "mfu", "hfu", "hbm_bytes", "offload_bytes"):
             assert math.isclose(getattr(ev, name), float(getattr(arrays, name)[i]), rel_tol=1e-12, abs_tol=1e-9), name
         for name in TIME_TERMS:
-            assert math.isclose(ev.time_s[name], float(getattr(arrays.terms, name)[i]), rel_tol=1e-12, abs_tol=1e-12)
+            assert math.isclose(getattr(ev.time, name), float(getattr(arrays.terms, name)[i]), rel_tol=1e-12, abs_tol=1e-12)
         for name in MEMORY_TERMS:
             array_value = float(np.broadcast_to(getattr(arrays.terms, name), (len(batch),))[i])
-            assert math.isclose(ev.memory_bytes[name], array_value, rel_tol=1e-12, abs_tol=1e-6), name
-        assert math.isclose(sum(ev.time_s.values()), ev.iteration_time_s, rel_tol=1e-9)
-        stages = [ev.memory_bytes[f"{s}_stage_hbm_bytes"] for s in ("first", "second", "last")]
+            assert math.isclose(getattr(ev.memory, name), array_value, rel_tol=1e-12, abs_tol=1e-6), name
+        assert math.isclose(sum(ev.time.as_dict().values()), ev.iteration_time_s, rel_tol=1e-9)
+        stages = [getattr(ev.memory, f"{s}_stage_hbm_bytes") for s in ("first", "second", "last")]
         assert ev.hbm_bytes == max(stages)
 
 
@@ -379,8 +379,8 @@ def test_an_explicit_layout_equal_to_the_rule_evaluates_the_same():
     stated = evaluate(LLAMA_405B, H100, _405b(pipeline_interleaving=1, pipeline_first_stage_blocks=7,
                                               pipeline_last_stage_blocks=7))
     plain = evaluate(LLAMA_405B, H100, _405b())
-    assert (stated.iteration_time_s, stated.hbm_bytes, stated.memory_bytes) == \
-        (plain.iteration_time_s, plain.hbm_bytes, plain.memory_bytes)
+    assert (stated.iteration_time_s, stated.hbm_bytes, stated.memory) == \
+        (plain.iteration_time_s, plain.hbm_bytes, plain.memory)
     assert derived.iteration_time_s != plain.iteration_time_s
     # an even layout stated explicitly is the default even layout
     even = _405b(pp=14, pipeline_interleaving=3)
@@ -402,8 +402,8 @@ def test_the_layout_fields_round_trip_and_are_left_out_when_not_stated():
 
 def test_even_stages_never_size_by_the_second_stage():
     ev = evaluate(LLAMA_405B, H100, _405b(pp=14))               # 9 blocks each
-    memory = ev.memory_bytes
-    assert memory["second_stage_hbm_bytes"] < memory["first_stage_hbm_bytes"] == ev.hbm_bytes
+    memory = ev.memory
+    assert memory.second_stage_hbm_bytes < memory.first_stage_hbm_bytes == ev.hbm_bytes
 
 
 def test_explicit_stages_with_a_short_chunk_cost_as_the_derived_layout():
@@ -414,7 +414,7 @@ def test_explicit_stages_with_a_short_chunk_cost_as_the_derived_layout():
     stated = evaluate(LLAMA_405B, H100, _405b(pipeline_interleaving=2, pipeline_first_stage_blocks=7,
                                               pipeline_last_stage_blocks=7))
     assert stated.iteration_time_s == derived.iteration_time_s
-    assert stated.memory_bytes == derived.memory_bytes
+    assert stated.memory == derived.memory
 
 
 @pytest.mark.parametrize("fields, fragments", [

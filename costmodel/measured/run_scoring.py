@@ -155,12 +155,12 @@ def score_run(run: Run, inputs: RunInputs) -> RunScore:
         evaluation = evaluate(model, system, mapped.mapping)
     except InputError as err:
         return RunScore(run, "not_modelled", system.name, reasons=(str(err),))
-    peak = evaluation.hbm_bytes - evaluation.memory_bytes["runtime_reserve_bytes"]
+    peak = evaluation.hbm_bytes - evaluation.memory.runtime_reserve_bytes
     status: RunStatus = "scored" if evaluation.feasible else "infeasible"
     if run.step_time_s is None:
         status = "not_measured"
     return RunScore(run, status, system.name, mapped.datatype, evaluation.iteration_time_s, peak,
-                    evaluation.reasons, mapped.not_expressible, dict(evaluation.time_s))
+                    evaluation.reasons, mapped.not_expressible, evaluation.time.as_dict())
 
 
 def score_runs(runs: Iterable[Run], inputs: RunInputs | None = None) -> tuple[RunScore, ...]:

@@ -85,15 +85,15 @@ def validate_selene(system: System) -> ValidationReport:
             times.append(Comparison(name, f"iteration_time_s {strategy}", measured, evals[strategy].iteration_time_s))
         # Figure 1 counts the transformer blocks' parameters, gradients and optimizer state,
         # and stored activations (without the embedding table and transient workspace).
-        mem = evals["seqsel"].memory_bytes
+        mem = evals["seqsel"].memory.as_dict()
         measured_mem = data["memory_gib_first_stage"][name]
         states = mem["weights_bytes"] + mem["weight_grads_bytes"] + mem["optimizer_bytes"]
         memory.append(Comparison(name, "params_and_optimizer_gib", measured_mem["params_and_optimizer"], states / GiB))
         for strategy in ("none", "seqsel"):
             memory.append(Comparison(name, f"activations_{strategy}_gib", measured_mem[f"activations_{strategy}"],
-                                     evals[strategy].memory_bytes["activations_bytes"] / GiB))
-        none = evals["none"].memory_bytes["activations_bytes"]
+                                     evals[strategy].memory.activations_bytes / GiB))
+        none = evals["none"].memory.activations_bytes
         for strategy, measured in data["activation_memory_percent_of_none"][name].items():
-            modelled = 100 * evals[strategy].memory_bytes["activations_bytes"] / none
+            modelled = 100 * evals[strategy].memory.activations_bytes / none
             percent.append(Comparison(name, f"activations_{strategy}_percent", measured, modelled))
     return ValidationReport(data["source"], times, memory, percent)

@@ -8,7 +8,7 @@ mapping) or numpy arrays (many). Every returned name is a term a person can trac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from costmodel.terms.block_terms import BlockTerms, block_param_shares, block_terms, kind_terms, moe_block_param_shares
 from costmodel.context import Context
@@ -23,21 +23,73 @@ from costmodel.terms.step_terms import HEAD_KERNELS_FORWARD
 
 # blocks_in_flight*, bubble_microbatches (costmodel.terms.pipeline), ADAM_FLOPS_PER_PARAM
 # (costmodel.terms.data_parallel) and RESIDENT_BLOCKS (costmodel.terms.stage_state) are read from here too.
-__all__ = ["ADAM_FLOPS_PER_PARAM", "MEMORY_TERMS", "RESIDENT_BLOCKS", "TIME_TERMS", "BlockTerms", "IterationTerms",
+__all__ = ["ADAM_FLOPS_PER_PARAM", "MEMORY_TERMS", "MemoryTerms", "RESIDENT_BLOCKS", "TIME_TERMS", "TimeTerms", "BlockTerms", "IterationTerms",
            "block_terms", "blocks_in_flight", "blocks_in_flight_last_stage", "bubble_microbatches", "iteration_terms",
            "output_layer_s"]
 
 # Softmax + cross-entropy over the logits: ~6 FLOP per logit, as the attention softmax.
 CROSS_ENTROPY_FLOPS_PER_ELEM = 6.0
 
-TIME_TERMS = ("forward_s", "backward_s", "recompute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s",
-              "bubble_s", "dp_comm_s", "optimizer_s", "offload_s")
+@dataclass(frozen=True)
+class TimeTerms:
+    """One iteration's time, term by term (s): they add up to the iteration's time; those of the
+    pipeline (forward to offload) on the slowest stage (docs/cost-model.md gives each formula)."""
 
-MEMORY_TERMS = ("weights_bytes", "weight_grads_bytes", "optimizer_bytes", "sharding_buffer_bytes", "embedding_bytes",
-                "activations_bytes", "activation_workspace_bytes", "output_layer_bytes", "logits_bytes",
-                "last_stage_activations_bytes", "second_stage_activations_bytes", "runtime_reserve_bytes",
-                "allocator_bytes",
-                "first_stage_hbm_bytes", "second_stage_hbm_bytes", "last_stage_hbm_bytes")
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    ep_comm_s: float
+    """MoE token dispatch and combine all-to-alls (0 for a dense model)"""
+    pp_comm_s: float
+    bubble_s: float
+    dp_comm_s: float
+    optimizer_s: float
+    offload_s: float
+
+    @classmethod
+    def of(cls, terms: "IterationTerms") -> "TimeTerms":
+        return cls(**{name: getattr(terms, name) for name in TIME_TERMS})
+
+    def as_dict(self) -> dict[str, float]:
+        """By name, for output (JSON, tables)."""
+        return {name: getattr(self, name) for name in TIME_TERMS}
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    """One GPU's memory, term by term (bytes): of the first pipeline stage unless named for the
+    second or the last (docs/cost-model.md gives each formula)."""
+
+    weights_bytes: float
+    weight_grads_bytes: float
+    optimizer_bytes: float
+    sharding_buffer_bytes: float
+    embedding_bytes: float
+    activations_bytes: float
+    activation_workspace_bytes: float
+    output_layer_bytes: float
+    logits_bytes: float
+    last_stage_activations_bytes: float
+    second_stage_activations_bytes: float
+    runtime_reserve_bytes: float
+    allocator_bytes: float
+    first_stage_hbm_bytes: float
+    second_stage_hbm_bytes: float
+    last_stage_hbm_bytes: float
+
+    @classmethod
+    def of(cls, terms: "IterationTerms") -> "MemoryTerms":
+        return cls(**{name: getattr(terms, name) for name in MEMORY_TERMS})
+
+    def as_dict(self) -> dict[str, float]:
+        """By name, for output (JSON, tables)."""
+        return {name: getattr(self, name) for name in MEMORY_TERMS}
+
+
+TIME_TERMS = tuple(f.name for f in fields(TimeTerms))
+MEMORY_TERMS = tuple(f.name for f in fields(MemoryTerms))
 
 
 @dataclass(frozen=True)
@@ -99,7 +151,7 @@ class IterationTerms:
     search's block floors read it, no output does"""
 
     def named(self, names: tuple[str, ...]) -> dict:
-        """The terms called `names` (e.g. TIME_TERMS), by name, for output."""
+        """The terms called `names`, by name, for output."""
         return {name: getattr(self, name) for name in names}
 
 

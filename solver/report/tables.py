@@ -211,7 +211,7 @@ def evaluation_tables(ev: Evaluation, title: str = "mapping", band: str | None =
     time_table.add_column("seconds", justify="right")
     time_table.add_column("share", justify="right")
     for key, label in TIME_LABELS.items():
-        value = ev.time_s[key]
+        value = getattr(ev.time, key)
         time_table.add_row(label, f"{value:.4f}", f"{100 * value / ev.iteration_time_s:.1f} %")
     time_table.add_row("total", f"{ev.iteration_time_s:.4f}", "100.0 %", style="bold")
 
@@ -223,7 +223,7 @@ def evaluation_tables(ev: Evaluation, title: str = "mapping", band: str | None =
             continue                      # with two stages the second is the last (one: the first), shown once
         if key in ("last_stage_activations_bytes", "last_stage_hbm_bytes") and ev.mapping.pp == 1:
             continue                      # one stage: the first is the last
-        mem_table.add_row(label, f"{ev.memory_bytes[key] / GiB:.2f}")
+        mem_table.add_row(label, f"{getattr(ev.memory, key) / GiB:.2f}")
     mem_table.add_row("in HBM (tier 1, the fullest stage)", f"{ev.hbm_bytes / GiB:.2f}", style="bold")
     mem_table.add_row("in offload memory (tier 2)", f"{ev.offload_bytes / GiB:.2f}", style="bold")
     return [head, time_table, mem_table]

@@ -293,7 +293,7 @@ def scan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
     top = _merge_top(tops, top_k, datatype, kernels)
     breakdown_times = {}
     if top:
-        breakdown_times = dict(evaluate(model, system, top[0].mapping).time_s)
+        breakdown_times = evaluate(model, system, top[0].mapping).time.as_dict()
     return BruteResult(
         space=space.name, num_gpus=num_gpus, max_batch=max_batch, datatype=datatype.value,
         best=top[0] if top else None, top=top, evaluated=evaluated, feasible=feasible,

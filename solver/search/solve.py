@@ -198,8 +198,8 @@ def binding_constraints(problem: "Problem", ev: Evaluation) -> list[str]:
         size = system.networks[net].size
         if degree > 1 and span == size:
             out.append(f"network size: the {name} group spans all {size} GPUs of {system.networks[net].name}")
-    if ev.time_s["offload_s"] > 0:
-        out.append(f"offload bandwidth: {ev.time_s['offload_s']:.3f} s of offload traffic is not hidden "
+    if ev.time.offload_s > 0:
+        out.append(f"offload bandwidth: {ev.time.offload_s:.3f} s of offload traffic is not hidden "
                    f"(needs {ev.offload_bytes_per_s_needed / 1e9:.0f} GB/s)")
     return out
 
