@@ -131,6 +131,9 @@ class Context:
     # multi-token prediction modules on the last stage (costmodel.terms.iteration)
     mtp_blocks: float = 0.0
     mtp_block_is_moe: bool = False
+    kind_counts: tuple[tuple[str, float], ...] = ()
+    """the model's blocks by kind (costmodel.terms.block.BLOCK_KINDS) when it has kinds beyond
+    dense and MoE blocks; empty: Context.block_kinds derives them"""
     mtp_extra_params: float = 0.0      # one module's norms and 2h → h projection (beside its block)
 
     @property
@@ -153,6 +156,14 @@ class Context:
         """Bytes of a quantized GEMM's operands in the fitted model's convention (elem_bytes
         without a recipe)."""
         return self.elem_bytes if self.recipe is None else self.recipe.gemm_bytes
+
+    @property
+    def block_kinds(self) -> tuple[tuple[str, float], ...]:
+        """The model's blocks by kind (costmodel.terms.block.BLOCK_KINDS) and count, the kinds
+        it has: `kind_counts` when a model states them, else its dense blocks, then its blocks
+        with experts."""
+        kinds = self.kind_counts or (("dense", self.blocks - self.moe_blocks), ("moe", self.moe_blocks))
+        return tuple((kind, count) for kind, count in kinds if count)
 
     @property
     def quantized(self) -> bool:

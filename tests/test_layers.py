@@ -5,6 +5,8 @@ block's layers."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import costmodel.terms.block as block
@@ -66,10 +68,10 @@ def test_a_block_is_the_sum_of_its_layers(h100):
     plain = {k: v for k, v in MIXED_MAPPING.items()
              if k not in ("precision", "bf16_first_last_blocks", "recompute_blocks", "activation_offload_blocks")}
     m = _scalar_fields(Mapping.model_validate(plain).with_model_defaults(True))
-    for moe in (False, True):
-        layers = block_layers(c, m, ScalarOps, moe)
-        fw = block_forward_times(c, m, ScalarOps, moe)
-        assert [layer.name for layer in layers.layers] == list(BLOCK_KINDS["moe" if moe else "dense"])
+    for kind in ("dense", "moe"):
+        layers = block_layers(c, m, ScalarOps, kind)
+        fw = block_forward_times(c, m, ScalarOps, kind)
+        assert [layer.name for layer in layers.layers] == list(BLOCK_KINDS[kind])
         assert fw.gemm_s == pytest.approx(sum(layer.gemm_s for layer in layers.layers), rel=REL)
         assert fw.eltwise_s == pytest.approx(sum(layer.eltwise_s for layer in layers.layers), rel=REL)
         assert fw.matrix_flops == pytest.approx(sum(layer.matrix_flops for layer in layers.layers), rel=REL)
@@ -114,6 +116,27 @@ def test_mixed_blocks_keep_each_kinds_layers_weighted(h100):
     mixed = block_terms(c, m, ScalarOps).forward
     assert {layer.name for layer in mixed.layers} == {"norm", "attention", "residual", "mlp", "moe"}
     assert mixed.gemm_s == pytest.approx(sum(layer.gemm_s for layer in mixed.layers), rel=REL)
-    dense = block.block_forward_times(c, m, ScalarOps, False)
-    moe = block.block_forward_times(c, m, ScalarOps, True)
+    dense = block.block_forward_times(c, m, ScalarOps, "dense")
+    moe = block.block_forward_times(c, m, ScalarOps, "moe")
     assert mixed.gemm_s == pytest.approx((dense.gemm_s + moe.gemm_s) / 2, rel=REL)
+
+
+def test_a_third_block_kind_joins_the_average_block_by_its_count(monkeypatch, h100):
+    # A kind of block beyond dense and MoE (here a dense block with the probe layer after its
+    # MLP) is its layers in BLOCK_KINDS and its count in the model's kinds: the average block
+    # weights each kind by its count, 4 dense, 2 MoE, 2 probe blocks of 8.
+    def probe_layer(c, m, xp):
+        return LayerCost("probe", eltwise_s=eltwise_s(c, xp, m.microbatch * c.seq / m.cp * c.hidden, 1.0, 4.0))
+
+    monkeypatch.setitem(LAYER_KINDS, "probe", probe_layer)
+    monkeypatch.setitem(BLOCK_KINDS, "probed", (*BLOCK_KINDS["dense"], "probe"))
+    c = Context.build(MIXED_MOE, h100, Datatype.bfloat16)
+    m = _scalar_fields(Mapping.model_validate({"num_procs": 8, "tensor_par": 2, "pipeline_par": 2, "data_par": 2,
+                                               "expert_par": 2, "batch_size": 8, "microbatch_size": 1,
+                                               "activation_recompute": "none"}).with_model_defaults(True))
+    three = replace(c, kind_counts=(("dense", 4.0), ("moe", 2.0), ("probed", 2.0)))
+    mixed = block_terms(three, m, ScalarOps)
+    by_kind = {kind: block.block_forward_times(c, m, ScalarOps, kind) for kind in ("dense", "moe", "probed")}
+    expected = (4 * by_kind["dense"].eltwise_s + 2 * by_kind["moe"].eltwise_s + 2 * by_kind["probed"].eltwise_s) / 8
+    assert mixed.forward.eltwise_s == pytest.approx(expected, rel=REL)
+    assert by_kind["probed"].eltwise_s > by_kind["dense"].eltwise_s

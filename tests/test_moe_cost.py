@@ -429,7 +429,7 @@ def _deepseek_block(recompute_modules):
     mapping = mapping.with_model_defaults(True)
     c = _context_for(model, system, mapping)
     m = _scalar_fields(mapping)
-    return model, block_stored_activation_bytes(c, m, ScalarOps, True), block_forward_times(c, m, ScalarOps, True)
+    return model, block_stored_activation_bytes(c, m, ScalarOps, True), block_forward_times(c, m, ScalarOps, "moe")
 
 
 def test_mla_up_proj_drops_q_k_v_and_reruns_the_up_projections():

@@ -407,7 +407,7 @@ def test_scalar_and_array_agree_for_mixture_of_experts_under_a_recipe(name):
         assert ev.iteration_time_s == pytest.approx(float(arrays.iteration_time_s[i]), rel=1e-12)
         assert ev.hbm_bytes == pytest.approx(float(arrays.hbm_bytes[i]), rel=1e-12)
     c = Context.build(model, B200, Datatype.bfloat16, batch[0].kernels)
-    fw = block_forward_times(c, _scalar_fields(batch[0], moe=True), ScalarOps, moe=True)
+    fw = block_forward_times(c, _scalar_fields(batch[0], moe=True), ScalarOps, "moe")
     assert fw.quantize_fwd_s > 0 and fw.quantize_bwd_s > 0
     # per-tensor FP8 params on Blackwell need no second copy; MXFP8 and NVFP4 make one each step
     assert (fw.weight_quantize_s > 0) == (name != "fp8-tensorwise")

@@ -97,13 +97,19 @@ BLOCK_KINDS: dict[str, tuple[str, ...]] = {
 mixture-of-experts layer in the MLP's place)."""
 
 
-def block_layers(c: Context, m, xp, moe: bool = False) -> BlockLayers:
-    """The layers of one block, in order (BLOCK_KINDS), each kind costed once however often
-    the block holds it. `m` has tp, cp, ep, etp, microbatch, seq_par and cp_comm_a2a (arrays
-    or scalars)."""
-    kinds = BLOCK_KINDS["moe" if moe else "dense"]
-    costed = {kind: LAYER_KINDS[kind](c, m, xp) for kind in dict.fromkeys(kinds)}
-    return BlockLayers(tuple(costed[kind] for kind in kinds))
+def has_experts(kind: str) -> bool:
+    """Whether a block of this kind holds a mixture-of-experts layer (its expert-parallel
+    collectives, parameters and stored bytes are the MoE layer's: costmodel.terms.moe)."""
+    return "moe" in BLOCK_KINDS[kind]
+
+
+def block_layers(c: Context, m, xp, kind: str = "dense") -> BlockLayers:
+    """The layers of one block of `kind`, in order (BLOCK_KINDS), each layer kind costed once
+    however often the block holds it. `m` has tp, cp, ep, etp, microbatch, seq_par and
+    cp_comm_a2a (arrays or scalars)."""
+    kinds = BLOCK_KINDS[kind]
+    costed = {name: LAYER_KINDS[name](c, m, xp) for name in dict.fromkeys(kinds)}
+    return BlockLayers(tuple(costed[name] for name in kinds))
 
 
 def block_forward(c: Context, m, xp, layers: BlockLayers) -> BlockForward:
@@ -127,7 +133,8 @@ def block_forward(c: Context, m, xp, layers: BlockLayers) -> BlockForward:
     )
 
 
-def block_forward_times(c: Context, m, xp, moe: bool = False) -> BlockForward:
-    """Forward time of each layer group of one block, one microbatch, one GPU (seconds), and
-    the forward matrix FLOPs: the sum of its layers (block_layers, block_forward)."""
-    return block_forward(c, m, xp, block_layers(c, m, xp, moe))
+def block_forward_times(c: Context, m, xp, kind: str = "dense") -> BlockForward:
+    """Forward time of each layer group of one block of `kind` (BLOCK_KINDS), one microbatch,
+    one GPU (seconds), and the forward matrix FLOPs: the sum of its layers (block_layers,
+    block_forward)."""
+    return block_forward(c, m, xp, block_layers(c, m, xp, kind))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass, replace
 
-from costmodel.terms.block import BlockForward, block_forward_times
+from costmodel.terms.block import BlockForward, block_forward_times, has_experts
 from costmodel.terms.block_memory import StoredActivations, block_stored_activation_bytes
 from costmodel.terms.comm import collective_s, overlapped, tp_overlap_terms
 from costmodel.context import Context
@@ -224,20 +224,22 @@ def offload_traffic(c: Context, m, xp, moe: bool, act: StoredActivations):
     return off_fwd_bytes, off_bwd_bytes, off_fwd_s, off_bwd_s
 
 
-def kind_forward(c: Context, m, xp, moe: bool) -> BlockForward:
-    """The forward of one block of one kind (dense, or `moe`: its MLP is the MoE layer): the
-    sum of its layers' records, once per distinct combination of FORWARD_READS."""
-    return xp.per_distinct(lambda v: block_forward_times(c, v, xp, moe), m, FORWARD_READS)
+def kind_forward(c: Context, m, xp, kind: str) -> BlockForward:
+    """The forward of one block of one kind (costmodel.terms.block.BLOCK_KINDS: "dense", or
+    "moe" with the MoE layer in the MLP's place): the sum of its layers' records, once per
+    distinct combination of FORWARD_READS."""
+    return xp.per_distinct(lambda v: block_forward_times(c, v, xp, kind), m, FORWARD_READS)
 
 
-def kind_terms(c: Context, m, xp, moe: bool, forward: BlockForward | None = None) -> BlockTerms:
-    """One block of one kind (dense, or `moe`: its MLP is the MoE layer), one microbatch,
-    one GPU: compute, exposed TP, CP and EP communication (with the compute they steal),
+def kind_terms(c: Context, m, xp, kind: str, forward: BlockForward | None = None) -> BlockTerms:
+    """One block of one kind (costmodel.terms.block.BLOCK_KINDS), one microbatch, one GPU:
+    compute, exposed TP, CP and EP communication (with the compute they steal),
     recomputation and the offload traffic compute cannot hide, in seconds; and the block's
     stored activations. Reads tp, cp, ep, microbatch and the flags. `forward`: the kind's
     forward (kind_forward) when the caller has it: the mixes of block_terms change only
     switches the forward does not read."""
-    fw = kind_forward(c, m, xp, moe) if forward is None else forward
+    fw = kind_forward(c, m, xp, kind) if forward is None else forward
+    moe = has_experts(kind)
     # Backward: the layers' activation- and weight-gradient kernels (costmodel.terms.layers); a
     # precision recipe's quantization passes differ by direction (inputs forward, output
     # gradients backward).
@@ -333,11 +335,11 @@ class _KindForwards:
     def __init__(self, m, xp):
         self.m, self.xp, self.done = m, xp, {}
 
-    def terms(self, c: Context, m, moe: bool, bf16: bool) -> BlockTerms:
-        key = (moe, bf16)
+    def terms(self, c: Context, m, kind: str, bf16: bool) -> BlockTerms:
+        key = (kind, bf16)
         if key not in self.done:
-            self.done[key] = kind_forward(c, self.m, self.xp, moe)
-        return kind_terms(c, m, self.xp, moe, self.done[key])
+            self.done[key] = kind_forward(c, self.m, self.xp, kind)
+        return kind_terms(c, m, self.xp, kind, self.done[key])
 
 
 def block_terms(c: Context, m, xp) -> BlockTerms:
@@ -389,10 +391,11 @@ def _precision_mixed(c: Context, m, kinds: _KindForwards) -> BlockTerms:
 
 
 def _kinds(c: Context, m, kinds: _KindForwards, bf16: bool) -> BlockTerms:
-    """The average block over the model's dense and MoE blocks (block_terms)."""
-    if not c.moe_blocks:
-        return kinds.terms(c, m, False, bf16)
-    share = c.moe_blocks / c.blocks
-    if share == 1:
-        return kinds.terms(c, m, True, bf16)
-    return _mix(kinds.terms(c, m, False, bf16), kinds.terms(c, m, True, bf16), share)
+    """The average block over the model's block kinds (Context.block_kinds: dense and MoE
+    blocks by their counts), each weighted by its share of the model's blocks."""
+    present = c.block_kinds
+    mixed, counted = kinds.terms(c, m, present[0][0], bf16), present[0][1]
+    for kind, count in present[1:]:
+        counted += count
+        mixed = _mix(mixed, kinds.terms(c, m, kind, bf16), count / counted)
+    return mixed

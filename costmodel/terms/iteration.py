@@ -192,7 +192,7 @@ def mtp_terms(c: Context, m, xp) -> MtpTerms:
     cross-entropy (output_layer_s again). Its backward follows its forward at once on the last
     stage, so one microbatch's activations are held."""
     n = c.mtp_blocks
-    blk = kind_terms(c, m, xp, moe=c.mtp_block_is_moe)
+    blk = kind_terms(c, m, xp, "moe" if c.mtp_block_is_moe else "dense")
     tokens = m.microbatch * c.seq / m.cp
     ln_tokens = xp.where(m.seq_par, tokens / m.tp, tokens)
     projection = matmul_s(c, xp, tokens, c.hidden / m.tp, 2 * c.hidden)
