@@ -49,33 +49,18 @@ from costmodel.terms.quantize import quantize_passes
 
 
 @dataclass(frozen=True)
-class BlockForward:
-    """The forward pass of one block, one microbatch, one GPU (each a scalar or an array)."""
+class BlockForward(LayerCost):
+    """One block, one microbatch, one GPU: the sum of its layers' records (LayerCost's fields
+    over all of them; each a scalar or an array), with what recompute_modules reruns of the
+    block resolved into `selective_recompute_s`, and a precision recipe's quantization passes
+    over the block's GEMM operands."""
 
-    gemm_s: object
-    """matrix multiplies (and the fused attention kernel)"""
-    eltwise_s: object
-    """element-wise layers: norms, residuals, dropouts, the MLP's activation or gate, RoPE, an
-    unfused attention core's softmax"""
-    attention_core_s: object
-    """the attention core (scores, softmax, context), part of the two above"""
-    matrix_flops: object
-    selective_recompute_s: object
-    """what attn_only recomputes: the unfused attention core (0 when fused)"""
-    selective_recompute_flops: object
-    kernel_recompute_s: object
-    """what a fused attention kernel redoes in its backward whatever the recompute setting"""
-    kernel_recompute_flops: object
     quantize_fwd_s: object = 0.0
     """a precision recipe's amax and cast passes of the GEMM inputs (costmodel.terms.quantize)"""
     quantize_bwd_s: object = 0.0
     """its passes over the output gradients in backward (not twice the forward's)"""
     weight_quantize_s: object = 0.0
     """its passes over the block's weights, once per step"""
-    backward_s: object = 0.0
-    """the layers' activation- and weight-gradient kernels (costmodel.terms.layers.LayerCost)"""
-    weight_grad_s: object = 0.0
-    """the layers' weight-gradient kernels (Zero Bubble's W pass)"""
     layers: tuple = ()
     """the block's layers' records, in order"""
 
@@ -121,16 +106,10 @@ def block_forward(c: Context, m, xp, layers: BlockLayers) -> BlockForward:
     if m.recompute_modules is not None:
         selective_s, selective_flops = layers.module_s(m.recompute_modules)
     passes = quantize_passes(c, xp, layers.gemms) if c.quantized else None
-    return BlockForward(
-        gemm_s=sums["gemm_s"], eltwise_s=sums["eltwise_s"], attention_core_s=sums["attention_core_s"],
-        matrix_flops=sums["matrix_flops"],
-        selective_recompute_s=selective_s, selective_recompute_flops=selective_flops,
-        kernel_recompute_s=sums["kernel_recompute_s"], kernel_recompute_flops=sums["kernel_recompute_flops"],
-        backward_s=sums["activation_grad_s"] + sums["weight_grad_s"], weight_grad_s=sums["weight_grad_s"],
-        layers=layers.layers,
-        **({} if passes is None else dict(quantize_fwd_s=passes.forward_s, quantize_bwd_s=passes.backward_s,
-                                          weight_quantize_s=passes.weight_step_s)),
-    )
+    sums.update(selective_recompute_s=selective_s, selective_recompute_flops=selective_flops)
+    return BlockForward("block", **sums, layers=layers.layers,
+                        **({} if passes is None else dict(quantize_fwd_s=passes.forward_s, quantize_bwd_s=passes.backward_s,
+                                                          weight_quantize_s=passes.weight_step_s)))
 
 
 def block_forward_times(c: Context, m, xp, kind: str = "dense") -> BlockForward:

@@ -318,6 +318,8 @@ def _mix(dense, moe, share):
         return type(dense)(**{f.name: (_weighted_layers(dense.layers, moe.layers, share) if f.name == "layers"
                                        else _mix(getattr(dense, f.name), getattr(moe, f.name), share))
                               for f in fields(dense)})
+    if isinstance(dense, (str, tuple)):          # a record's name, modules and operands: not mixed
+        return dense
     return (1 - share) * dense + share * moe
 
 
