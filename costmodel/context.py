@@ -134,6 +134,8 @@ class Context:
     kind_counts: tuple[tuple[str, float], ...] = ()
     """the model's blocks by kind (costmodel.terms.block.BLOCK_KINDS) when it has kinds beyond
     dense and MoE blocks; empty: Context.block_kinds derives them"""
+    kind_params: tuple[tuple[str, float], ...] = ()
+    """parameters of one block of each kind beyond dense and MoE blocks (Context.kind_param_count)"""
     mtp_extra_params: float = 0.0      # one module's norms and 2h → h projection (beside its block)
 
     @property
@@ -164,6 +166,11 @@ class Context:
         with experts."""
         kinds = self.kind_counts or (("dense", self.blocks - self.moe_blocks), ("moe", self.moe_blocks))
         return tuple((kind, count) for kind, count in kinds if count)
+
+    def kind_param_count(self, kind: str) -> float:
+        """Parameters of one block of a kind without experts: `kind_params`' when stated, else a
+        dense block's."""
+        return dict(self.kind_params).get(kind, self.block_params)
 
     @property
     def quantized(self) -> bool:

@@ -202,6 +202,7 @@ def attention_layer(c: Context, m, xp) -> LayerCost:
         attention_core_s=core.gemm_s + core.eltwise_s,
         selective_recompute_s=core.selective_s, selective_recompute_flops=core.selective_flops,
         kernel_recompute_s=core.kernel_recompute_s, kernel_recompute_flops=core.kernel_recompute_flops,
+        tp_regions=1.0,
         modules=(("core_attn", core.selective_s, core.selective_flops),
                  ("mla_up_proj", att.up_s + rope if c.latent else 0.0, att.up_flops)),
         gemms=att.gemms)

@@ -6,6 +6,7 @@ dropout, an MoE layer and a precision recipe store. costmodel.terms.block times 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from costmodel.context import MASK_BYTES, Context
@@ -24,6 +25,18 @@ class StoredActivations:
     """what storing everything would keep"""
     workspace: object
     """transient bytes recomputation needs while one block's backward runs"""
+
+
+KIND_STORED: dict[str, Callable[..., StoredActivations]] = {}
+"""Block kinds whose stored activations are a function of their own, (context, mapping view,
+backend) → StoredActivations; dense and MoE blocks are block_stored_activation_bytes'."""
+
+
+def stored_activations(c: Context, m, xp, kind: str) -> StoredActivations:
+    """What one block of `kind` (costmodel.terms.block.BLOCK_KINDS) keeps for backward."""
+    if kind in KIND_STORED:
+        return KIND_STORED[kind](c, m, xp)
+    return block_stored_activation_bytes(c, m, xp, kind == "moe")
 
 
 def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> StoredActivations:

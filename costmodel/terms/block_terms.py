@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, is_dataclass, replace
 
 from costmodel.terms.block import BlockForward, block_forward_times, has_experts
-from costmodel.terms.block_memory import StoredActivations, block_stored_activation_bytes
+from costmodel.terms.block_memory import StoredActivations, stored_activations
 from costmodel.terms.comm import collective_s, overlapped, tp_overlap_terms
 from costmodel.context import Context
 from costmodel.terms.memory_features import offload_share, recompute_share, with_switches
@@ -176,11 +176,12 @@ class TpTerms:
     """what runs exposed each way: current scaling's amax all-reduces"""
 
 
-def tp_terms(c: Context, m, xp, fw: BlockForward, moe: bool) -> TpTerms:
-    """The tensor-parallel collectives of one block's two parallel regions, attention and MLP
-    (an MoE block keeps the MLP region's only around its shared experts, and gathers and
-    scatters its routed rows instead: costmodel.terms.moe), overlapped with the block's GEMMs
-    as the mapping's tp_overlap allows (costmodel.terms.comm.tp_overlap_terms)."""
+def tp_terms(c: Context, m, xp, fw: BlockForward) -> TpTerms:
+    """The tensor-parallel collectives of one block's parallel regions (its layers'
+    `tp_regions`: attention and MLP; an MoE layer keeps the MLP region's only around its shared
+    experts, and gathers and scatters its routed rows instead: costmodel.terms.moe), overlapped
+    with the block's GEMMs as the mapping's tp_overlap allows
+    (costmodel.terms.comm.tp_overlap_terms)."""
     act_message = c.elem_bytes * m.microbatch * c.seq / m.cp * c.hidden
     # Under a quantized recipe the sequence-parallel gathers carry the quantized GEMM input
     # (forward; the output gradient in backward), the reduce-scatters BF16.
@@ -188,7 +189,7 @@ def tp_terms(c: Context, m, xp, fw: BlockForward, moe: bool) -> TpTerms:
     region_s, hidden_fraction, gather_s = tp_overlap_terms(c, m, xp, act_message, gather_message)
     tp_usage = xp.pick(c.net_usage, m.tp_net)
     redo_gather = m.seq_par & m.seq_par_ag_redo & xp.logical_not(m.recompute_full)
-    regions = 1.0 + float(c.shared_feedforward > 0) if moe else 2.0
+    regions = fw.tp_regions
     tp_fwd = regions * region_s
     tp_bwd = regions * region_s + xp.where(redo_gather, 2 * gather_s, 0.0)
     tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw.gemm_s, hidden_fraction, tp_usage, xp)
@@ -204,13 +205,13 @@ def tp_terms(c: Context, m, xp, fw: BlockForward, moe: bool) -> TpTerms:
     return TpTerms(fwd_s=tp_fwd_exposed + tp_fwd_stolen, bwd_s=tp_bwd_exposed + tp_bwd_stolen, exposed_s=exposed_tp)
 
 
-def offload_traffic(c: Context, m, xp, moe: bool, act: StoredActivations):
+def offload_traffic(c: Context, m, xp, kind: str, act: StoredActivations):
     """One block's offload traffic per microbatch (tier 2 ↔ HBM, per direction): bytes forward
     and backward (the larger direction of each) and their time at the tier's rate. Forward
     reads the weights and writes the stored activations; backward reads the weights, their
     gradients and the activations back, and writes the gradients."""
     e = c.elem_bytes
-    block_params = sum(moe_block_param_shares(c, m) if moe else (c.block_params / m.tp,))
+    block_params = sum(kind_param_shares(c, m, kind))
     off_rate = offload_rate(c.offload_bytes_per_s)
     fwd_read = xp.where(m.weight_offload, e * block_params, 0.0)
     fwd_write = xp.where(m.activations_offload, act.stored, 0.0)
@@ -246,7 +247,7 @@ def kind_terms(c: Context, m, xp, kind: str, forward: BlockForward | None = None
     compute_fwd = fw.gemm_s + fw.eltwise_s + fw.quantize_fwd_s
     compute_bwd = fw.backward_s + fw.quantize_bwd_s
 
-    tp = tp_terms(c, m, xp, fw, moe)
+    tp = tp_terms(c, m, xp, fw)
     cp_fwd, cp_bwd = cp_comm_terms(c, m, xp, fw)
     exposed_tp = tp.exposed_s
     ep_fwd, ep_bwd, ep_unpaired = 0.0, 0.0, 0.0
@@ -267,8 +268,8 @@ def kind_terms(c: Context, m, xp, kind: str, forward: BlockForward | None = None
     recompute = fw.kernel_recompute_s + xp.where(m.recompute_full, block_fwd,
                                                     xp.where(m.recompute_attn_only, fw.selective_recompute_s, 0.0))
 
-    act = xp.per_distinct(lambda v: block_stored_activation_bytes(c, v, xp, moe), m, STORED_READS)
-    off_fwd_bytes, off_bwd_bytes, off_fwd_s, off_bwd_s = offload_traffic(c, m, xp, moe, act)
+    act = xp.per_distinct(lambda v: stored_activations(c, v, xp, kind), m, STORED_READS)
+    off_fwd_bytes, off_bwd_bytes, off_fwd_s, off_bwd_s = offload_traffic(c, m, xp, kind, act)
     return BlockTerms(
         forward=fw,
         compute_fwd_s=compute_fwd,
@@ -301,14 +302,27 @@ def moe_block_param_shares(c: Context, m) -> tuple:
             c.routed_expert_params / (m.etp * m.ep))
 
 
+def kind_param_shares(c: Context, m, kind: str) -> tuple:
+    """One block of `kind`'s parameters on one GPU: (dense-group, expert) — an MoE block's by
+    moe_block_param_shares, another kind's split tp ways (Context.kind_param_count)."""
+    if has_experts(kind):
+        return moe_block_param_shares(c, m)
+    return c.kind_param_count(kind) / m.tp, 0.0
+
+
 def block_param_shares(c: Context, m) -> tuple:
-    """One block's parameters on one GPU, averaged over the model's blocks: (dense-group,
-    expert) — see moe_block_param_shares; a dense model's are (block_params/tp, 0)."""
-    if not c.moe_blocks:
-        return c.block_params / m.tp, 0.0
-    share = c.moe_blocks / c.blocks
-    dense, experts = moe_block_param_shares(c, m)
-    return (1 - share) * c.block_params / m.tp + share * dense, share * experts
+    """One block's parameters on one GPU, averaged over the model's blocks by kind and count
+    (Context.block_kinds): (dense-group, expert) — see kind_param_shares; a dense model's are
+    (block_params/tp, 0)."""
+    present = c.block_kinds
+    dense, experts = kind_param_shares(c, m, present[0][0])
+    counted = present[0][1]
+    for kind, count in present[1:]:
+        counted += count
+        share = count / counted
+        kind_dense, kind_experts = kind_param_shares(c, m, kind)
+        dense, experts = (1 - share) * dense + share * kind_dense, (1 - share) * experts + share * kind_experts
+    return dense, experts
 
 
 def _mix(dense, moe, share):

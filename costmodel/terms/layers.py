@@ -64,6 +64,9 @@ class LayerCost:
     """(recompute module, seconds, FLOPs): what each of Megatron-LM's recompute_modules reruns of it"""
     gemms: tuple = ()
     """its GEMMs' operands as a precision recipe quantizes them (costmodel.terms.quantize.GemmOperands)"""
+    tp_regions: object = 0.0
+    """tensor-parallel regions it runs (a column-parallel GEMM into a row-parallel one, with the
+    all-reduce or the sequence-parallel all-gather and reduce-scatter around them)"""
     activation_grad_s: object = None
     """backward's activation-gradient kernels (None: GEMMs + 2 × element-wise)"""
     weight_grad_s: object = None
@@ -190,16 +193,18 @@ def dense_mlp_layer(c: Context, m, xp) -> LayerCost:
     gathered = m.seq_par
     gemms = (GemmOperands(ln_tokens * h, tokens * up_cols, h * up_cols, gathered, False, t, norm_fed=True),
              GemmOperands(tokens * f_cols, ln_tokens * h, f_cols * h, False, gathered, t))
-    return LayerCost("mlp", gemm_s=gemm, eltwise_s=activation, matrix_flops=flops,
+    return LayerCost("mlp", gemm_s=gemm, eltwise_s=activation, matrix_flops=flops, tp_regions=1.0,
                      modules=(("mlp", gemm + activation, flops),), gemms=gemms)
 
 
 def moe_mlp_layer(c: Context, m, xp) -> LayerCost:
     """A mixture-of-experts layer in the MLP's place (costmodel.terms.moe.moe_layer_forward on
     this GPU's tokens: router, grouped expert GEMMs, shared experts); its collectives are
-    timed in costmodel.terms.block_terms."""
+    timed in costmodel.terms.block_terms. It keeps a tensor-parallel region's collectives only
+    around its shared experts, and gathers and scatters its routed rows instead."""
     tokens, _ = layer_tokens(c, m, xp)
     layer = moe_layer_forward(c, xp, tokens, m.tp, m.ep, m.etp)
     return LayerCost("moe", gemm_s=layer.gemm_s, eltwise_s=layer.eltwise_s, matrix_flops=layer.matrix_flops,
+                     tp_regions=float(c.shared_feedforward > 0),
                      modules=(("moe_act", layer.expert_activation_s, 0.0),),
                      gemms=moe_quantized_gemms(c, tokens, m.tp, m.ep, m.etp))
