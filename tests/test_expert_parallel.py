@@ -20,7 +20,7 @@ from costmodel.system import Collective, Datatype
 from solver.search.brute import scan
 from solver.search.cpsat.surrogate import add_bounds
 from solver.search.cpsat.model import local_batches, structure_model
-from solver.search.solve import SolverConfig, solve
+from solver.search.solve import SolveStatus, SolverConfig, solve
 from solver.search.cpsat.constraints import Problem
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space, skeletons
@@ -195,7 +195,7 @@ def test_solve_equals_brute_force_on_moe_models(case):
     result = solve(model, system, gpus, max_batch=max_batch, datatype=Datatype.bfloat16, space=space,
                    config=SolverConfig(top_k=2, time_limit_s=300, workers=1))
     reference = scan(model, system, gpus, max_batch, space, Datatype.bfloat16, Kernels(), top_k=2, workers=1)
-    assert result.certified_optimal and result.status == "optimal"
+    assert result.certified_optimal and result.status == SolveStatus.optimal
     assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
     assert result.best.mapping == reference.best.mapping
     assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],
@@ -213,7 +213,7 @@ def test_solve_equals_brute_force_with_the_flex_dispatcher():
     result = solve(model, system, gpus, max_batch=max_batch, datatype=Datatype.bfloat16, space=space,
                    kernels=kernels, config=SolverConfig(top_k=2, time_limit_s=300, workers=1))
     reference = scan(model, system, gpus, max_batch, space, Datatype.bfloat16, kernels, top_k=2, workers=1)
-    assert result.certified_optimal and result.status == "optimal"
+    assert result.certified_optimal and result.status == SolveStatus.optimal
     assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
     assert result.best.mapping == reference.best.mapping
 

@@ -25,7 +25,7 @@ from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.cli.app import cli
 from solver.search.brute import scan
-from solver.search.solve import SolverConfig, solve
+from solver.search.solve import SolveStatus, SolverConfig, solve
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space, skeletons
 from solver.space.enumerate import enumerate_all
@@ -219,7 +219,7 @@ def _solve_and_scan(model, system, gpus, max_batch):
     result = solve(model, system, gpus, max_batch=max_batch, datatype=Datatype.bfloat16, space=space,
                    config=SolverConfig(top_k=3, time_limit_s=300, workers=1))
     reference = scan(model, system, gpus, max_batch, space, Datatype.bfloat16, Kernels(), top_k=3, workers=1)
-    assert result.certified_optimal and result.status == "optimal"
+    assert result.certified_optimal and result.status == SolveStatus.optimal
     assert reference.best is not None and _folding_wins(reference.best.mapping)
     assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
     assert result.best.mapping == reference.best.mapping

@@ -276,7 +276,7 @@ def test_solve_equals_brute_force_on_the_new_architectures(fields):
     from costmodel.kernels import Kernels
     from costmodel.model import Model
     from solver.search.brute import scan
-    from solver.search.solve import SolverConfig, solve
+    from solver.search.solve import SolveStatus, SolverConfig, solve
     from solver.space.declaration import get_space
 
     model, system, gpus, max_batch = Model(**fields), H100.with_overrides(hbm_gib=8), 8, 16
@@ -284,7 +284,7 @@ def test_solve_equals_brute_force_on_the_new_architectures(fields):
     result = solve(model, system, gpus, max_batch=max_batch, datatype=Datatype.bfloat16, space=space,
                    config=SolverConfig(top_k=2, time_limit_s=300, workers=1))
     reference = scan(model, system, gpus, max_batch, space, Datatype.bfloat16, Kernels(), top_k=2, workers=1)
-    assert result.certified_optimal and result.status == "optimal"
+    assert result.certified_optimal and result.status == SolveStatus.optimal
     assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
     assert result.best.mapping == reference.best.mapping
     # the scalar path (evaluate) agrees with the array path brute force scored

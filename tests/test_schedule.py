@@ -16,7 +16,7 @@ from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.search.brute import scan
-from solver.search.solve import SolverConfig, solve
+from solver.search.solve import SolveStatus, SolverConfig, solve
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space
 from solver.space.pins import parse_pins, pinned
@@ -81,7 +81,7 @@ def test_solve_equals_brute_force_where_zero_bubble_is_offered(case):
     result = solve(model, system, gpus, max_batch=cap, datatype=datatype, space=space,
                    config=SolverConfig(top_k=3, time_limit_s=120))
     reference = scan(model, system, gpus, cap, space, datatype, Kernels(), top_k=3, workers=1)
-    assert result.certified_optimal and result.status == "optimal"
+    assert result.certified_optimal and result.status == SolveStatus.optimal
     assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
     assert result.best.mapping == reference.best.mapping
     assert result.best.mapping.pipeline_schedule is PipelineSchedule.zb_h1

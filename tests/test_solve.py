@@ -24,7 +24,7 @@ from solver.cli.app import cli
 from solver.space.count import count_mappings
 from solver.search.cpsat.constraints import STRUCTURE, Problem
 from solver.search.cpsat.variables import Variables
-from solver.search.solve import SolverConfig, solve
+from solver.search.solve import SolveStatus, SolverConfig, solve
 from solver.space.declaration import get_space, skeletons
 from solver.space.enumerate import enumerate_all
 from tests.strategies import models, systems
@@ -99,7 +99,7 @@ def test_solve_equals_brute_force(case):
     result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
                    config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
     reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=3, workers=1)
-    assert result.certified_optimal and result.status == "optimal"
+    assert result.certified_optimal and result.status == SolveStatus.optimal
     assert reference.best is not None
     assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
     assert result.best.mapping == reference.best.mapping          # same tie-break: time, then enumeration order
@@ -185,7 +185,7 @@ def test_infeasible_problem_names_the_memory_constraint():
     gpt3 = Model(name="gpt3-175b", hidden=12288, feedforward=49152, seq_size=2048, attn_heads=96, attn_size=128,
                  num_blocks=96)
     result = solve(gpt3, A100, 2, max_batch=8, datatype=Datatype.float16, config=SolverConfig(top_k=1))
-    assert result.status == "infeasible" and result.best is None
+    assert result.status == SolveStatus.infeasible and result.best is None
     assert any(r.startswith("hbm capacity: the smallest possible footprint is at least") for r in result.infeasible_reasons)
 
 
@@ -195,7 +195,7 @@ def test_time_limit_returns_incumbent_with_gap():
                    config=SolverConfig(time_limit_s=1e-6, top_k=1))
     assert not result.certified_optimal
     if result.best is not None:
-        assert result.status == "feasible"
+        assert result.status == SolveStatus.feasible
         assert 0 <= result.gap <= 1 and result.bound_s <= result.best.iteration_time_s
 
 
@@ -242,7 +242,7 @@ def test_infeasible_with_offload_names_the_offload_capacity_it_assumed():
     system = A100.with_overrides(offload_gib=16, offload_gbps=50)
     result = solve(load_model(ROOT / "problems/models/gpt3-175b.yaml"), system, 2, max_batch=8,
                    datatype=Datatype.float16)
-    assert result.status == "infeasible"
+    assert result.status == SolveStatus.infeasible
     assert any(r.startswith("hbm capacity") and "with at most 16 GiB in offload memory" in r
                for r in result.infeasible_reasons)
 
@@ -271,7 +271,7 @@ def test_property_solver_equals_brute_force_and_returns_feasible_mappings(exampl
         reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=2, workers=1)
         assert result.certified_optimal
         if reference.best is None:
-            assert result.best is None and result.status == "infeasible"
+            assert result.best is None and result.status == SolveStatus.infeasible
             return
         assert result.best is not None and result.best.feasible          # never an infeasible answer
         assert all(ev.feasible for ev in result.top)

@@ -17,7 +17,7 @@ from costmodel.inputs.load import load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.search.brute import scan
-from solver.search.solve import SolverConfig, solve
+from solver.search.solve import SolveStatus, SolverConfig, solve
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space, skeletons
 from solver.space.pins import parse_pins, pinned
@@ -66,7 +66,7 @@ def _check(model, system, gpus, max_batch, datatype, space, kernels=Kernels()):
     result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
                    config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
     reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=3, workers=1)
-    assert result.certified_optimal and result.status == "optimal"
+    assert result.certified_optimal and result.status == SolveStatus.optimal
     assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
     assert result.best.mapping == reference.best.mapping
     assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],

@@ -19,6 +19,7 @@ from costmodel.dimensions import (
     GROUP_SPAN,
     NETWORK_GROUPS,
     SPLIT_DEGREES,
+    data_parallel,
     skeleton_facts,
     subgroup_limit,
 )
@@ -99,7 +100,7 @@ class DegreeRules(Constraint):
     def _broken(degrees: dict[str, int], p: Problem) -> int:
         """How many of the split's degrees break their rule or limit (dp from the GPU count)."""
         if "dp" not in degrees:
-            degrees = {**degrees, "dp": p.num_gpus // math.prod(degrees[name] for name in CHAIN if name != "dp")}
+            degrees = {**degrees, "dp": data_parallel(p.num_gpus, degrees)}
         broken = 0
         for name in SPLIT_DEGREES:
             fits, limit = BY_NAME[name].fits, p.space.limit(name)
