@@ -42,11 +42,12 @@ def group_spans(m) -> tuple[tuple[str, object, object, object], ...]:
 
 
 def network_checks(c: Context, m, xp) -> dict:
-    """Each parallelism must fit in the network that carries it. Groups nest tp (innermost),
-    then cp, pp, dp: a TP group spans tp GPUs, a CP group tp·cp, a PP group tp·cp·pp, a DP
-    group tp·cp·pp·dp, and
-    the network carrying a dimension must span at least that many. A network marked
-    must_be_filled, when used, must be spanned whole by the widest group on it."""
+    """Each parallel group of more than one GPU must fit in the network that carries it (a
+    group of one fits any): the GPUs a group spans are its degrees' product (GROUP_SPAN, from
+    costmodel.dimensions.DEGREES): tp for TP, tp·cp for CP, etp·ep for EP, etp for expert TP,
+    tp·cp·pp for PP, tp·cp·pp·dp (all GPUs) for DP; one check `<degree>_network` each. A
+    network marked must_be_filled, when a group of more than one GPU uses it, must be spanned
+    whole by the widest such group on it (`network<k>_filled`)."""
     spans = group_spans(m)
     checks = {}
     for name, degree, span, net in spans:

@@ -279,3 +279,23 @@ def test_property_solver_equals_brute_force_and_returns_feasible_mappings(exampl
         assert result.best.mapping == reference.best.mapping
 
     agree()
+
+
+def test_every_constraint_of_the_cp_sat_model_carries_a_name():
+    """A model dump reads: every constraint the structure, the surrogate and the cuts add is
+    named (OR-Tools `WithName`), and the structure's names start with their Constraint's name."""
+    from solver.search.engine import Engine
+
+    system = A100.with_overrides(offload_gib=64, offload_gbps=50)
+    engine = Engine(small_model(4), system, 8, 8, Datatype.bfloat16, get_space("full"), Kernels(), workers=1,
+                    seed=0, one_question=True)
+    engine.bounds.add_floor_cuts(engine.m, engine.v)
+    engine.bounds.add_cutoff(engine.m, 1.0)
+    constraints = engine.m.Proto().constraints
+    assert len(constraints) > 100
+    assert [c for c in constraints if not c.name] == []
+    names = {c.name for c in constraints}
+    for constraint in STRUCTURE:
+        assert any(name.startswith(constraint.name + ":") for name in names) or constraint.name in (
+            "degree rules", "pipeline divisibility", "fixed dimensions"), constraint.name
+    assert {"HBM capacity", "offload capacity", "cutoff: objective <= 1 s"} <= names

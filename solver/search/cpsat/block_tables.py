@@ -15,8 +15,8 @@ from costmodel.terms.comm import collective_s
 from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.choices import CPComm, PipelineSchedule, Recompute, TPComm
-from costmodel.dimensions import (DIMENSIONS, GROUP_DEGREES, NETWORK_CHECK, NETWORK_GROUPS, SPLIT_DEGREES, SURROGATE_AXIS,
-                                  TIME_ONLY, data_parallel, touching)
+from costmodel.dimensions import (DIMENSIONS, GROUP_DEGREES, NETWORK_CHECK, NETWORK_GROUPS, SPLIT_DEGREES,
+                                  SURROGATE_AXIS, TIME_ONLY, data_parallel, touching)
 from costmodel.encoding import MappingArrays, code
 from costmodel.terms.moe import moe_communication
 from costmodel.terms.iteration import block_terms, iteration_terms, output_layer_s

@@ -84,10 +84,10 @@ def add_log_var(m: cp_model.CpModel, name: str, alternatives: list[tuple[list, L
     lo = min(a.lo for _, a in alternatives)
     hi = max(a.hi for _, a in alternatives)
     y = m.NewIntVar(lo, hi, name)
-    for lits, alt in alternatives:
-        m.Add(y == alt.expr()).OnlyEnforceIf(lits)
+    for i, (lits, alt) in enumerate(alternatives):
+        m.Add(y == alt.expr()).WithName(f"{name}: alternative {i}").OnlyEnforceIf(lits)
     if floor is not None:
-        m.Add(y >= floor.expr())
+        m.Add(y >= floor.expr()).WithName(f"{name}: floor")
     return LogLinear().add_var(y, lo, hi)
 
 
@@ -97,7 +97,7 @@ def add_exp_term(m: cp_model.CpModel, name: str, log: LogLinear, unit: float, ce
     None for always) switches the bound on — when off, z >= 0 only."""
     lo, hi = log.lo, log.hi
     y = m.NewIntVar(lo, hi, f"log_{name}")
-    m.Add(y == log.expr())
+    m.Add(y == log.expr()).WithName(f"log_{name}: sum of quantized logs")
     y_top = min(hi / LOG_SCALE, math.log(ceiling))
     start = max(lo / LOG_SCALE, y_top - TANGENT_DECADES * math.log(10))
     points = np.arange(y_top, start - TANGENT_STEP, -TANGENT_STEP)
@@ -120,13 +120,13 @@ def add_exp_term(m: cp_model.CpModel, name: str, log: LogLinear, unit: float, ce
         y_floor = min(math.floor(-b / s) for s, b in lines)
         if lo < y_floor:
             clamped = m.NewIntVar(y_floor, max(hi, y_floor), f"log_{name}_clamped")
-            m.AddMaxEquality(clamped, [y, y_floor])
+            m.AddMaxEquality(clamped, [y, y_floor]).WithName(f"log_{name}_clamped = max(log_{name}, {y_floor})")
             y = clamped
     # z's domain must hold every line's value over y's range, or CP-SAT would exclude mappings
     z_max = max([0] + [math.ceil((s * hi + b) / SLOPE_SCALE) for s, b in lines])
     z = m.NewIntVar(0, z_max, name)
-    for slope, intercept in lines:
-        ct = m.Add(SLOPE_SCALE * z >= slope * y + intercept)
+    for i, (slope, intercept) in enumerate(lines):
+        ct = m.Add(SLOPE_SCALE * z >= slope * y + intercept).WithName(f"{name}: tangent {i}")
         if active is not None:
             ct.OnlyEnforceIf(active)
     return z

@@ -96,16 +96,17 @@ class Bounds:
         strength (one implied inequality per literal would reach the LP only big-M weak)."""
         q = self.quantization
         objective = self.objective()
-        for floors, lits in floor_families(self.block_floors, v, set(exclude)):
+        for family, (floors, lits) in zip(("split", "group and microbatch"),
+                                           floor_families(self.block_floors, v, set(exclude)), strict=True):
             weighted = []
             for key, lit in lits.items():
                 value = floors.get(key, math.inf)
                 if not math.isfinite(value):
-                    m.AddBoolOr([lit.Not()])
+                    m.AddBoolOr([lit.Not()]).WithName(f"floor cut: no mapping left in {key}")
                 else:
                     floor_units = math.floor(min(value / q.time_unit_s, MAX_LINEAR_UNITS)) - q.time_terms
                     weighted.append(max(0, floor_units) * lit)
-            m.Add(objective >= sum(weighted))
+            m.Add(objective >= sum(weighted)).WithName(f"floor cut: objective >= the floor of its {family}")
 
     def add_cutoff(self, m: cp_model.CpModel, target_s: float) -> None:
         """objective <= the units of `target_s` (plus the rounding of each term): only
@@ -114,7 +115,7 @@ class Bounds:
         q = self.quantization
         units = target_s / q.time_unit_s
         if units < MAX_LINEAR_UNITS:
-            m.Add(self.objective() <= math.floor(units) + q.time_terms)
+            m.Add(self.objective() <= math.floor(units) + q.time_terms).WithName(f"cutoff: objective <= {target_s:g} s")
 
     def seconds(self, objective_units: float) -> float:
         """A proven objective bound in units, as a sound bound on the exact time in seconds."""
@@ -175,8 +176,9 @@ def _linear_term(m: cp_model.CpModel, v: Variables, name: str, options, divisor:
     """z >= Σ floor(table[k]/divisor)·pair[k], one table per option literal list."""
     top = max(_units(x, divisor) for _, t in options for x in t.values())
     z = m.NewIntVar(0, top + 1, name)
-    for lits, table in options:
-        ct = m.Add(z >= sum(_units(table[k], divisor) * lit for k, lit in v.split.items()))
+    for i, (lits, table) in enumerate(options):
+        ct = m.Add(z >= sum(_units(table[k], divisor) * lit for k, lit in v.split.items())).WithName(
+            f"{name} >= its table {i}")
         if lits:
             ct.OnlyEnforceIf(lits)
     return z
@@ -269,17 +271,18 @@ def add_hbm_terms(m: cp_model.CpModel, v: Variables, tables: Tables, logs: Split
         for cls in ACT_CLASSES:
             table = tables.workspace[(rc, cls)]
             m.Add(workspace >= sum(_units(table[k], mib) * lit for k, lit in v.group_mb.items())
-                  ).OnlyEnforceIf([flag("recompute", rc), *class_lits[cls]])
+                  ).WithName(f"hbm_workspace >= its table at recompute code {rc}, {cls}").OnlyEnforceIf(
+                [flag("recompute", rc), *class_lits[cls]])
     memory.append(workspace)
     # blocks in flight >= blocks/pp · min(pp, microbatches): w = min(ln n, ln pp) exactly
     n_log, p_log = logs.microbatches(v), LogLinear().add_table(logs.pp_values, v.pp.is_)
     w_lo, w_hi = min(n_log.lo, p_log.lo), max(n_log.hi, p_log.hi)
     w = m.NewIntVar(w_lo, w_hi, "log_min_pp_microbatches")
     pick_n = m.NewBoolVar("inflight_limited_by_microbatches")
-    m.Add(w <= n_log.expr())
-    m.Add(w <= p_log.expr())
-    m.Add(w >= n_log.expr()).OnlyEnforceIf(pick_n)
-    m.Add(w >= p_log.expr()).OnlyEnforceIf(pick_n.Not())
+    m.Add(w <= n_log.expr()).WithName("log_min_pp_microbatches <= log microbatches")
+    m.Add(w <= p_log.expr()).WithName("log_min_pp_microbatches <= log pp")
+    m.Add(w >= n_log.expr()).WithName("log_min_pp_microbatches >= log microbatches").OnlyEnforceIf(pick_n)
+    m.Add(w >= p_log.expr()).WithName("log_min_pp_microbatches >= log pp").OnlyEnforceIf(pick_n.Not())
     alternatives = []
     for rc in rcs:
         for cls in ACT_CLASSES:
@@ -303,7 +306,7 @@ def add_offload_bound(m: cp_model.CpModel, v: Variables, tables: Tables, offload
                                                          tables.weights_and_grads[z]) for z in stages], mib),
                  _linear_term(m, v, "offload_optimizer", [([flag("optimizer_offload", 1), flag("zero", z)],
                                                            tables.optimizer_state[z]) for z in stages], mib)]
-    m.Add(sum(offloaded) <= math.floor(offload_capacity_bytes / mib))
+    m.Add(sum(offloaded) <= math.floor(offload_capacity_bytes / mib)).WithName("offload capacity")
 
 
 def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, local_batch: dict,
@@ -329,7 +332,7 @@ def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, loc
     if hbm_capacity_bytes is not None:
         memory = add_hbm_terms(m, v, tables, logs, hbm_capacity_bytes)
         if enforce_hbm:
-            m.Add(sum(memory) <= math.floor(hbm_capacity_bytes / MEMORY_UNIT_BYTES) + 1)
+            m.Add(sum(memory) <= math.floor(hbm_capacity_bytes / MEMORY_UNIT_BYTES) + 1).WithName("HBM capacity")
         add_offload_bound(m, v, tables, c.offload_capacity_bytes)
     block_floors = {}
     if skeletons is not None and hbm_capacity_bytes is not None and enforce_hbm:

@@ -365,7 +365,7 @@ def even_layout_literals(m: cp_model.CpModel, v: Variables, blocks: int) -> list
     if not even:
         return [None]
     lit = m.NewBoolVar("even_stages")
-    m.AddBoolOr(even).OnlyEnforceIf(lit)
+    m.AddBoolOr(even).WithName("even_stages -> pp divides the blocks").OnlyEnforceIf(lit)
     for e in even:
-        m.AddImplication(e, lit)
+        m.AddImplication(e, lit).WithName(f"{e.Name()} -> even_stages")
     return [lit]
