@@ -127,17 +127,12 @@ def test_block_floors_take_zero_2_and_3_traffic_per_microbatch_and_stay_below_ex
     A 1.3B model on 16 GPUs with 12 GiB of HBM and a batch of 64 needs a sharded stage with
     several microbatches per replica: every floor must stay at or below every feasible exact
     time of its block, and the answer equal brute force's."""
-    from conftest import assert_block_floors_below_exact
-    from solver.search.brute import scan
+    from conftest import assert_block_floors_below_exact, solve_equals_brute_force
 
     model = _gpt(blocks=24, hidden=2048)
     system = H100.with_overrides(hbm_gib=12)
     checked = assert_block_floors_below_exact(model, system, 16, 64, Datatype.bfloat16)
     assert len(checked) > 20
     space = get_space("full")
-    result = solve(model, system, 16, max_batch=64, datatype=Datatype.bfloat16, space=space,
-                   config=SolverConfig(top_k=1, time_limit_s=300, workers=1))
-    reference = scan(model, system, 16, 64, space, Datatype.bfloat16, Kernels(), top_k=1, workers=1)
-    assert result.certified_optimal and result.status == SolveStatus.optimal
-    assert result.best.iteration_time_s == pytest.approx(reference.best.iteration_time_s, rel=1e-9)
-    assert result.best.mapping == reference.best.mapping
+    result, reference = solve_equals_brute_force(model, system, 16, 64, space, Datatype.bfloat16, Kernels(),
+                                                 time_limit_s=300)

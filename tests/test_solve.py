@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import numpy as np
 from ortools.sat.python import cp_model
 
-from conftest import cases, cp_sat_solution_count, examples, plain
+from conftest import cases, cp_sat_solution_count, examples, plain, solve_equals_brute_force
 from costmodel.evaluate import evaluate_arrays
 from costmodel.kernels import Kernels
 from costmodel.inputs.load import load_model, load_system
@@ -96,17 +96,9 @@ def test_solve_equals_brute_force(case):
     _, model, system, gpus, max_batch, datatype, space_name, attention, *grads = case
     # as before cp_comm and shard (solve = brute force with them: test_cp_comm, test_hybrid_sharding)
     space, kernels = plain(get_space(space_name)), Kernels.with_attention(attention, *grads)
-    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
-                   config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
-    reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=3, workers=1)
-    assert result.certified_optimal and result.status == SolveStatus.optimal
-    assert reference.best is not None
-    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
-    assert result.best.mapping == reference.best.mapping          # same tie-break: time, then enumeration order
-    assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],
-                                                                     rel=1e-9)
+    # the same top 3 (same tie-break: time, then enumeration order), certified with no gap
+    result, reference = solve_equals_brute_force(model, system, gpus, max_batch, space, datatype, kernels, top_k=3)
     assert result.best.feasible
-    assert result.gap == 0.0
     # it scored only part of the space exactly
     assert result.candidates_scored <= reference.evaluated
 
@@ -127,10 +119,7 @@ def test_tp_above_kv_heads_would_win_but_the_certified_answer_keeps_tp_within_th
     ok = np.flatnonzero(scored.feasible)
     fastest = ok[np.argmin(scored.iteration_time_s[ok])]
     assert unruled.tp[fastest] > model.kv_heads
-    result = solve(model, system, gpus, max_batch=cap, datatype=datatype, space=space,
-                   config=SolverConfig(top_k=1, workers=1))
-    reference = scan(model, system, gpus, cap, space, datatype, top_k=1, workers=1)
-    assert result.certified_optimal and result.best.mapping == reference.best.mapping
+    result, reference = solve_equals_brute_force(model, system, gpus, cap, space, datatype, Kernels())
     assert model.kv_heads % result.best.mapping.tp == 0
     assert result.best.iteration_time_s > scored.iteration_time_s[fastest]
     # count, enumeration and brute force agree on the ruled space

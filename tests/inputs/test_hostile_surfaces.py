@@ -567,7 +567,7 @@ def test_a_large_document_is_called_an_alias_bomb_only_with_aliases(files, tmp_p
 
 
 def test_every_output_path_gets_its_missing_directories(files, tmp_path):
-    problems = Path(__file__).resolve().parents[1] / "problems"
+    problems = Path(__file__).resolve().parents[2] / "problems"
     runs = {
         "--csv": ["brute", *base_args("brute", files), "--csv"],
         "--plot": ["explain", *base_args("explain", files), "--plot"],
@@ -963,7 +963,7 @@ def test_a_dask_address_that_answers_garbage_is_one_line_naming_it(files, tmp_pa
 
 # ---------------------------------------------------------------- --precision against every system
 
-SYSTEM_FILES = sorted((Path(__file__).resolve().parents[1] / "problems" / "systems").glob("*.yaml"))
+SYSTEM_FILES = sorted((Path(__file__).resolve().parents[2] / "problems" / "systems").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("system_file", SYSTEM_FILES, ids=[p.stem for p in SYSTEM_FILES])

@@ -25,7 +25,7 @@ from solver.cli.app import cli
 from solver.search.cpsat.run import interruptible_solve
 from solver.search.solve import SolveStatus, SolverConfig, solve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = load_model(ROOT / "problems/models/gpt3-13b.yaml")
 SYSTEM = load_system(ROOT / "problems/systems/a100-80g-selene.yaml")
 ARGS = ["--model", "problems/models/gpt3-13b.yaml", "--system", "problems/systems/a100-80g-selene.yaml",
