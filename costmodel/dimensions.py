@@ -296,8 +296,8 @@ def _choice_codes(choices: type[Enum]) -> dict:
 
 # ---- the rules any mapping must satisfy (costmodel.mapping.check_mapping_fits reads them) ----
 def _network_exists(dim_name: str) -> FitRule:
-    def fits(model, system, v) -> str | None:
-        index = v[dim_name]
+    def fits(model, system, values) -> str | None:
+        index = values[dim_name]
         if index >= len(system.networks):
             return (f"{BY_NAME[dim_name].field}: network {index} does not exist "
                     f"(system {system.name!r} has {len(system.networks)})")
@@ -306,8 +306,8 @@ def _network_exists(dim_name: str) -> FitRule:
 
 
 def _needs_offload(dim_name: str) -> FitRule:
-    def fits(model, system, v) -> str | None:
-        if v[dim_name] and system.offload is None:
+    def fits(model, system, values) -> str | None:
+        if values[dim_name] and system.offload is None:
             return f"{BY_NAME[dim_name].field}: system {system.name!r} has no offload memory (try --offload-gib)"
         return None
     return fits
