@@ -288,3 +288,19 @@ def test_every_constraint_of_the_cp_sat_model_carries_a_name():
         assert any(name.startswith(constraint.name + ":") for name in names) or constraint.name in (
             "degree rules", "pipeline divisibility", "fixed dimensions"), constraint.name
     assert {"HBM capacity", "offload capacity", "cutoff: objective <= 1 s"} <= names
+
+
+def test_the_status_is_an_enum_whose_json_says_what_it_said_before():
+    """SolveResult.status is a SolveStatus; what a user reads (JSON, YAML records) is the plain
+    word it always was."""
+    import yaml
+
+    from solver.search.solve import SolveResult
+
+    assert [s.value for s in SolveStatus] == ["optimal", "feasible", "infeasible", "unknown", "interrupted"]
+    result = SolveResult(SolveStatus.infeasible, None, [], True, None, None, 0.0, 0, 0, 0, 0)
+    record = result.to_dict()
+    assert type(record["status"]) is str and record["status"] == "infeasible"
+    assert json.loads(json.dumps(record))["status"] == "infeasible"
+    assert yaml.safe_load(yaml.safe_dump({"status": record["status"]})) == {"status": "infeasible"}
+    assert f"{result.status}" == "infeasible" and result.status == "infeasible"
