@@ -15,7 +15,11 @@ mapping space:
   may be taken; otherwise the flag is pinned to its first code (off / none / network 0);
 * `fits` — the rule any mapping of a model must satisfy in this dimension (divisibility,
   an existing network, ...), as a function returning the reason it does not, or None;
-* `meaning`, `rule`, `label` — for people (`mapsat spaces`, docs, table headers).
+* `meaning`, `rule`, `label` — for people (`mapsat spaces`, docs, table headers);
+* `touches` — what the dimension affects (`Touches`): a block's compute, memory or time only,
+  a network check, an axis of the surrogate's block grid. The exact model's sharing
+  (`costmodel.evaluate` BLOCK_DIMENSIONS, TIME_ONLY_DIMENSIONS, STRUCTURE_DIMENSIONS) and the
+  surrogate's tables (solver.search.cpsat.block_tables BLOCK_FLAGS and network axes) read it.
 
 The Mapping schema (costmodel.mapping), the array encoding (costmodel.encoding), the
 formulas' view (costmodel.evaluate), and in solver/ the space rules, count, enumeration,
@@ -25,6 +29,7 @@ to add one.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 from functools import cache
@@ -39,6 +44,29 @@ from costmodel.degree_rules import (cp_fits, ep_fits, etp_default, etp_fits, int
 from costmodel.inputs.limits import Bound
 
 Kind = Literal["split", "per_split", "choice", "switch", "network", "subgroup"]
+
+
+class Touches(Enum):
+    """What a dimension affects. Every dimension states `memory` or `time_only`, not both."""
+
+    block = "a block's compute"
+    """costmodel.terms' block terms read it: mappings equal in every `block` dimension share one
+    block (BLOCK_DIMENSIONS)."""
+    memory = "memory"
+    """it may change a mapping's HBM or offload bytes."""
+    time_only = "time only"
+    """it changes a mapping's time, never its bytes (what overlaps, which network a group
+    takes): the capacity checks are decided once across its values (TIME_ONLY_DIMENSIONS)."""
+    network_check = "a network check"
+    """the structural checks (`costmodel.evaluate.structural_checks`: a group fits its network,
+    Ulysses' heads split) read it (STRUCTURE_DIMENSIONS)."""
+    surrogate_axis = "a surrogate axis"
+    """an axis of the surrogate's block grid (solver.search.cpsat.block_tables): the tables keep
+    one entry per code of it, or minimise over it where it is time only or network-checked.
+    A block dimension that is not one (ep_net, etp_net) is chosen per group instead."""
+
+
+BLOCK, MEMORY, TIME_ONLY, NETWORK_CHECK, SURROGATE_AXIS = Touches
 FLAG_KINDS = ("choice", "switch", "network", "subgroup")
 SUBGROUP_CODES: tuple[int, ...] = (0, *(1 << k for k in range(1, 24)))
 """A `subgroup` flag's codes: 0 is the whole group (dp·cp), any other code the size of the
@@ -95,6 +123,16 @@ DEGREE: dict[str, Degree] = {d.name: d for d in DEGREES}
 CHAIN: tuple[str, ...] = DEGREES[-1].span
 """The degrees whose product is the GPU count (the outermost group's span: tp·cp·pp·dp = N);
 the others (ep, etp) fold into a stage's GPUs and divide N without being factors of it."""
+
+
+def data_parallel(num_gpus, degrees):
+    """dp = N / the product of CHAIN's other degrees (tp·cp·pp): the GPUs the chain leaves.
+    `degrees` maps a degree's name to its value (whole numbers, or numpy arrays of them as
+    floats: the product is then taken as int64); a chain degree it does not hold is 1."""
+    inner = math.prod(degrees.get(name, 1) for name in CHAIN if name != "dp")
+    return num_gpus // (inner.astype(np.int64) if isinstance(inner, np.ndarray) else inner)
+
+
 SKELETON_FACTS = (*(d.name for d in DEGREES), "dp_cp", "offload", "dp_cp_pow2")
 """What a flag's condition may test besides earlier flags: the split's degrees (tp, cp, ep,
 etp, pp, dp, and dp_cp = dp·cp, the group gradients are reduced over; compared with 1) and
@@ -157,6 +195,8 @@ class Dimension:
     fits: FitRule | None = None
     bound: Bound | None = None
     """For numbers (and network indices): the range a file may give (costmodel.inputs.limits)."""
+    touches: frozenset[Touches] = frozenset()
+    """What the dimension affects (Touches)."""
     default: object = ...
     """For numbers: the value a mapping file may leave out (`...`: it must be given), or a
     function (values by short name, whether the model has experts) -> the value, where the
@@ -256,8 +296,8 @@ def _choice_codes(choices: type[Enum]) -> dict:
 
 # ---- the rules any mapping must satisfy (costmodel.mapping.check_mapping_fits reads them) ----
 def _network_exists(dim_name: str) -> FitRule:
-    def fits(model, system, v) -> str | None:
-        index = v[dim_name]
+    def fits(model, system, values) -> str | None:
+        index = values[dim_name]
         if index >= len(system.networks):
             return (f"{BY_NAME[dim_name].field}: network {index} does not exist "
                     f"(system {system.name!r} has {len(system.networks)})")
@@ -266,8 +306,8 @@ def _network_exists(dim_name: str) -> FitRule:
 
 
 def _needs_offload(dim_name: str) -> FitRule:
-    def fits(model, system, v) -> str | None:
-        if v[dim_name] and system.offload is None:
+    def fits(model, system, values) -> str | None:
+        if values[dim_name] and system.offload is None:
             return f"{BY_NAME[dim_name].field}: system {system.name!r} has no offload memory (try --offload-gib)"
         return None
     return fits
@@ -281,86 +321,111 @@ DIMENSIONS: tuple[Dimension, ...] = (
     # ---- the split and the batch, fixed by (tp, cp, ep, etp, pp) ----
     Dimension("tp", "tensor_par", "split", "tensor parallelism: each weight matrix is split tp ways",
               rule="1 .. tp_max; divides N, hidden, feedforward, attn_heads and kv_heads", fits=tp_fits,
-              bound=limits.GPUS_SEARCH),
+              bound=limits.GPUS_SEARCH, touches=frozenset({BLOCK, MEMORY, NETWORK_CHECK})),
     Dimension("cp", "context_par", "split", "context parallelism: the sequence is split over cp GPUs (ring "
               "attention, 2·cp load-balanced chunks)",
               rule="1 .. cp_max; divides N/tp; 2·cp divides seq_size", fits=cp_fits, bound=limits.GPUS_SEARCH,
-              default=1),
+              default=1, touches=frozenset({BLOCK, MEMORY, NETWORK_CHECK})),
     Dimension("ep", "expert_par", "split", "expert parallelism: each MoE block's experts are split over ep GPUs "
               "of a stage's tp·cp·dp ones (MoE parallel folding; token all-to-all)",
               rule="1 .. experts; divides num_experts; ep·etp divides tp·cp·dp (1 for a dense model)",
-              fits=ep_fits, bound=limits.GPUS_SEARCH, default=1),
+              fits=ep_fits, bound=limits.GPUS_SEARCH, default=1,
+              touches=frozenset({BLOCK, MEMORY, NETWORK_CHECK})),
     Dimension("etp", "expert_tensor_par", "split", "expert tensor parallelism: each expert's width is split etp "
               "ways (Megatron-LM's --expert-tensor-parallel-size; a file's default is tp for an MoE model)",
               rule="1 .. tp_max; divides N and expert_feedforward; ep·etp divides tp·cp·dp (1 for a dense model)",
-              fits=etp_fits, bound=limits.GPUS_SEARCH, default=etp_default),
+              fits=etp_fits, bound=limits.GPUS_SEARCH, default=etp_default,
+              touches=frozenset({BLOCK, MEMORY, NETWORK_CHECK})),
     Dimension("pp", "pipeline_par", "split", "pipeline parallelism: the blocks are split into pp stages",
               rule="1 .. blocks; divides N/(tp·cp) and num_blocks, or (full) pp > 2 divides num_blocks + 2: "
                    "the first and last stages one block lighter", fits=pp_fits,
-              bound=limits.GPUS_SEARCH),
+              bound=limits.GPUS_SEARCH, touches=frozenset({BLOCK, MEMORY, NETWORK_CHECK})),
     Dimension("dp", "data_par", "split", "data parallelism: replicas of the pipeline",
               rule="N/(tp·cp·pp); tp·cp·pp·dp = N",
-              bound=limits.GPUS_SEARCH),
+              bound=limits.GPUS_SEARCH, touches=frozenset({MEMORY, NETWORK_CHECK})),
     Dimension("batch", "batch_size", "split", "global batch, in sequences",
-              rule="<= cap; largest multiple of dp <= cap (the max batch)", bound=limits.MAX_BATCH_SEARCH),
+              rule="<= cap; largest multiple of dp <= cap (the max batch)", bound=limits.MAX_BATCH_SEARCH,
+              touches=frozenset({MEMORY})),
     # ---- chosen given the split, independently of each other ----
     Dimension("interleaving", "pipeline_interleaving", "per_split", "model chunks per pipeline stage (interleaved 1F1B)",
               label="il", rule="divisors of a stage's share; 1 when pp = 1, else divides num_blocks/pp "
                                "(uneven stages: (num_blocks + 2)/pp)",
-              fits=interleaving_fits, bound=limits.NUM_BLOCKS, default=1),
+              fits=interleaving_fits, bound=limits.NUM_BLOCKS, default=1, touches=frozenset({MEMORY})),
     Dimension("microbatch", "microbatch_size", "per_split", "sequences per microbatch", label="mb",
               rule="divisors of batch/dp; divides batch/dp; microbatch·seq_size divisible by tp·cp", fits=seq_par_fits,
-              bound=limits.MAX_BATCH_SEARCH),
+              bound=limits.MAX_BATCH_SEARCH, touches=frozenset({BLOCK, MEMORY})),
     # ---- flags, in enumeration order; conditions read only skeleton facts and earlier flags ----
     Dimension("recompute", "activation_recompute", "choice", "activation recomputation: full (store block inputs "
-              "only), attn_only (recompute the attention core), none", choices=Recompute),
+              "only), attn_only (recompute the attention core), none", choices=Recompute,
+              touches=frozenset({BLOCK, MEMORY, SURROGATE_AXIS})),
     Dimension("tp_comm", "tensor_par_comm_type", "choice", label="tp-comm", meaning="TP communication: all-reduce, p2p reduce-scatter/"
-              "all-gather, or rs_ag = sequence parallelism", choices=TPComm),
+              "all-gather, or rs_ag = sequence parallelism", choices=TPComm,
+              touches=frozenset({BLOCK, MEMORY, SURROGATE_AXIS})),
     Dimension("tp_overlap", "tensor_par_overlap", "choice", label="tp-overlap", meaning="overlap TP communication with the neighbouring matrix "
-              "multiply", choices=TPOverlap, free_when=(Condition("tp", ">", 1),)),
+              "multiply", choices=TPOverlap, free_when=(Condition("tp", ">", 1),),
+              touches=frozenset({BLOCK, TIME_ONLY, SURROGATE_AXIS})),
     Dimension("cp_comm", "context_par_comm", "choice", label="cp-comm", meaning="context-parallel communication "
               "(Megatron-Core's --cp-comm-type): p2p K/V ring overlapped with the core, all_gather of K/V before "
               "the core (Llama 3), or a2a re-sharding sequence to heads (DeepSpeed-Ulysses)",
-              choices=CPComm, free_when=(Condition("cp", ">", 1),)),
+              choices=CPComm, free_when=(Condition("cp", ">", 1),),
+              touches=frozenset({BLOCK, MEMORY, NETWORK_CHECK, SURROGATE_AXIS})),
     # (a2a's rule, cp divides kv_heads/tp, is a feasibility check of the exact model,
     # costmodel.evaluate.cp_comm_heads_fit, as a network's span is: a flag's freedom reads
     # skeleton facts only as `> 1`, so a `fits` rule here would break the product count)
     Dimension("zero", "sharding_stage", "choice", label="zero", meaning="ZeRO sharding stage over the dp group: 0 "
               "replicated, 1 optimizer state (distributed optimizer), 2 + gradients, 3 + parameters (FSDP)",
-              choices=ShardingStage, free_when=(Condition("dp_cp", ">", 1),)),
+              choices=ShardingStage, free_when=(Condition("dp_cp", ">", 1),), touches=frozenset({MEMORY})),
     Dimension("shard", "sharding_group", "subgroup", label="shard", meaning="hybrid sharding (HSDP): ZeRO shards "
               "over groups of this many inner GPUs of dp·cp and replicates across them; all = dp·cp (file default)",
-              free_when=(Condition("zero", "!=", 0),), fits=shard_fits, bound=limits.GPUS_SEARCH),
+              free_when=(Condition("zero", "!=", 0),), fits=shard_fits, bound=limits.GPUS_SEARCH,
+              touches=frozenset({MEMORY})),
     Dimension("seq_par_ag_redo", "seq_par_ag_redo", "switch", label="ag-redo", meaning="redo the sequence-parallel all-gather in backward "
-              "instead of storing its output", free_when=(Condition("tp_comm", "==", _RS_AG), Condition("recompute", "!=", _FULL))),
+              "instead of storing its output", free_when=(Condition("tp_comm", "==", _RS_AG), Condition("recompute", "!=", _FULL)),
+              touches=frozenset({BLOCK, MEMORY, SURROGATE_AXIS})),
     Dimension("dp_overlap", "data_par_overlap", "switch", label="dp-overlap", meaning="overlap the DP gradient reduction "
-              "(over dp·cp) with the backward pass", free_when=(Condition("dp_cp", ">", 1),)),
+              "(over dp·cp) with the backward pass", free_when=(Condition("dp_cp", ">", 1),),
+              touches=frozenset({TIME_ONLY})),
     Dimension("weight_offload", "weight_offload", "switch", label="w-off", meaning="keep weights in offload memory, prefetching each block",
-              free_when=(_HAS_OFFLOAD,), fits=_needs_offload("weight_offload")),
+              free_when=(_HAS_OFFLOAD,), fits=_needs_offload("weight_offload"),
+              touches=frozenset({BLOCK, MEMORY, SURROGATE_AXIS})),
     Dimension("activations_offload", "activations_offload", "switch", label="a-off", meaning="keep stored activations in offload memory",
               free_when=(_HAS_OFFLOAD, Condition("recompute", "!=", _FULL)),
-              fits=_needs_offload("activations_offload")),
+              fits=_needs_offload("activations_offload"), touches=frozenset({BLOCK, MEMORY, SURROGATE_AXIS})),
     Dimension("optimizer_offload", "optimizer_offload", "switch", label="o-off", meaning="keep optimizer state in offload memory; the step "
-              "streams it", free_when=(_HAS_OFFLOAD,), fits=_needs_offload("optimizer_offload")),
+              "streams it", free_when=(_HAS_OFFLOAD,), fits=_needs_offload("optimizer_offload"),
+              touches=frozenset({MEMORY})),
     Dimension("sched", "pipeline_schedule", "choice", label="sched", meaning="pipeline schedule: 1f1b (interleaved when "
               "interleaving > 1) or zb-h1 (weight-gradient passes fill the bubble; Qi et al. 2024)",
-              choices=PipelineSchedule, free_when=(Condition("pp", ">", 1),)),
+              choices=PipelineSchedule, free_when=(Condition("pp", ">", 1),), touches=frozenset({MEMORY})),
     Dimension("tp_net", "tensor_par_net", "network", "network index carrying TP traffic",
-              free_when=(Condition("tp", ">", 1),), fits=_network_exists("tp_net"), bound=limits.NETWORK_INDEX),
+              free_when=(Condition("tp", ">", 1),), fits=_network_exists("tp_net"), bound=limits.NETWORK_INDEX,
+              touches=frozenset({BLOCK, TIME_ONLY, NETWORK_CHECK, SURROGATE_AXIS})),
     Dimension("cp_net", "context_par_net", "network", "network index carrying CP traffic (the K/V ring)",
-              free_when=(Condition("cp", ">", 1),), fits=_network_exists("cp_net"), bound=limits.NETWORK_INDEX),
+              free_when=(Condition("cp", ">", 1),), fits=_network_exists("cp_net"), bound=limits.NETWORK_INDEX,
+              touches=frozenset({BLOCK, TIME_ONLY, NETWORK_CHECK, SURROGATE_AXIS})),
     Dimension("ep_net", "expert_par_net", "network", "network index carrying EP traffic (the token all-to-all)",
-              free_when=(Condition("ep", ">", 1),), fits=_network_exists("ep_net"), bound=limits.NETWORK_INDEX),
+              free_when=(Condition("ep", ">", 1),), fits=_network_exists("ep_net"), bound=limits.NETWORK_INDEX,
+              touches=frozenset({BLOCK, TIME_ONLY, NETWORK_CHECK})),
     Dimension("etp_net", "expert_tensor_par_net", "network", "network index carrying expert TP traffic (the "
               "routed rows' all-gather and reduce-scatter)",
-              free_when=(Condition("etp", ">", 1),), fits=_network_exists("etp_net"), bound=limits.NETWORK_INDEX),
+              free_when=(Condition("etp", ">", 1),), fits=_network_exists("etp_net"), bound=limits.NETWORK_INDEX,
+              touches=frozenset({BLOCK, TIME_ONLY, NETWORK_CHECK})),
     Dimension("pp_net", "pipeline_par_net", "network", "network index carrying PP traffic",
-              free_when=(Condition("pp", ">", 1),), fits=_network_exists("pp_net"), bound=limits.NETWORK_INDEX),
+              free_when=(Condition("pp", ">", 1),), fits=_network_exists("pp_net"), bound=limits.NETWORK_INDEX,
+              touches=frozenset({TIME_ONLY, NETWORK_CHECK})),
     Dimension("dp_net", "data_par_net", "network", "network index carrying DP traffic",
-              free_when=(Condition("dp", ">", 1),), fits=_network_exists("dp_net"), bound=limits.NETWORK_INDEX),
+              free_when=(Condition("dp", ">", 1),), fits=_network_exists("dp_net"), bound=limits.NETWORK_INDEX,
+              touches=frozenset({TIME_ONLY, NETWORK_CHECK})),
 )
 BY_NAME: dict[str, Dimension] = {d.name: d for d in DIMENSIONS}
 FLAGS: tuple[Dimension, ...] = tuple(d for d in DIMENSIONS if d.is_flag)
+
+
+
+def touching(effect: Touches, *, without: Touches | None = None) -> tuple[str, ...]:
+    """The names of the dimensions that state `effect` (and not `without`), in declaration order."""
+    return tuple(d.name for d in DIMENSIONS if effect in d.touches and (without is None or without not in d.touches))
+
 
 NETWORK_GROUPS: tuple[tuple[str, str], ...] = tuple((d.name, d.net) for d in DEGREES)
 """Parallel groups, innermost first, each with the flag naming its network (DEGREES)."""
@@ -391,6 +456,13 @@ def _check_declaration() -> None:
     ep > 1, etp > 1, pp > 1, dp > 1, dp·cp > 1)."""
     if SPLIT_DEGREES[-1] != "pp" or GROUP_DEGREES != SPLIT_DEGREES[:-1]:
         raise ValueError("the split's degrees end with pp: a block's group is the split less pp")
+    for dim in DIMENSIONS:
+        if len(dim.touches & {MEMORY, TIME_ONLY}) != 1:
+            raise ValueError(f"{dim.name}: touches must state memory or time_only, exactly one")
+    for degree in DEGREES:
+        for name in (degree.name, degree.net):
+            if NETWORK_CHECK not in BY_NAME[name].touches:
+                raise ValueError(f"{name}: the network checks read every degree and its network (network_checks)")
     seen: set[str] = set()
     for dim in FLAGS:
         for cond in dim.free_when:

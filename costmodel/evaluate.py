@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from costmodel.context import Context
-from costmodel.dimensions import CHAIN, DEGREES, DIMENSIONS, GROUP_DEGREES, GROUP_SPAN, NETWORK_GROUPS, SPLIT_DEGREES
+from costmodel.dimensions import (BLOCK, CHAIN, DIMENSIONS, GROUP_SPAN, NETWORK_CHECK, NETWORK_GROUPS, TIME_ONLY,
+                                  touching)
 from costmodel.encoding import MappingArrays
 from costmodel.kernels import Kernels
 from costmodel.terms.block_terms import BlockTerms, block_terms
@@ -41,11 +42,12 @@ def group_spans(m) -> tuple[tuple[str, object, object, object], ...]:
 
 
 def network_checks(c: Context, m, xp) -> dict:
-    """Each parallelism must fit in the network that carries it. Groups nest tp (innermost),
-    then cp, pp, dp: a TP group spans tp GPUs, a CP group tp·cp, a PP group tp·cp·pp, a DP
-    group tp·cp·pp·dp, and
-    the network carrying a dimension must span at least that many. A network marked
-    must_be_filled, when used, must be spanned whole by the widest group on it."""
+    """Each parallel group of more than one GPU must fit in the network that carries it (a
+    group of one fits any): the GPUs a group spans are its degrees' product (GROUP_SPAN, from
+    costmodel.dimensions.DEGREES): tp for TP, tp·cp for CP, etp·ep for EP, etp for expert TP,
+    tp·cp·pp for PP, tp·cp·pp·dp (all GPUs) for DP; one check `<degree>_network` each. A
+    network marked must_be_filled, when a group of more than one GPU uses it, must be spanned
+    whole by the widest such group on it (`network<k>_filled`)."""
     spans = group_spans(m)
     checks = {}
     for name, degree, span, net in spans:
@@ -68,9 +70,10 @@ def cp_comm_heads_fit(c: Context, m):
     return np.logical_not(m.cp_comm_a2a) | (m.cp == 1) | (c.kv_heads % (m.tp * m.cp) == 0)
 
 
-STRUCTURE_DIMENSIONS = (*(d.name for d in DEGREES), "cp_comm", *(d.net for d in DEGREES))
-"""The dimensions the structural checks (`structural_checks`) read: every degree, the network
-carrying it, and the CP communication (Ulysses' heads split)."""
+STRUCTURE_DIMENSIONS = touching(NETWORK_CHECK)
+"""The dimensions the structural checks (`structural_checks`) read (the declaration's
+`network_check`): every degree, the network carrying it, and the CP communication (Ulysses'
+heads split)."""
 
 
 def structural_checks(c: Context, m, xp) -> dict:
@@ -128,15 +131,16 @@ class Evaluation:
         }
 
 
-BLOCK_DIMENSIONS = (*SPLIT_DEGREES, "microbatch", "recompute", "tp_comm", "tp_overlap", "cp_comm", "seq_par_ag_redo",
-                    "weight_offload", "activations_offload", *(d.net for d in DEGREES if d.name in GROUP_DEGREES))
-"""The dimensions a block's terms (costmodel.terms.block_terms) read: mappings equal in these share
+BLOCK_DIMENSIONS = touching(BLOCK)
+"""The dimensions a block's terms (costmodel.terms.block_terms) read (the declaration's
+`block`): mappings equal in these share
 one block. The view block_terms gets holds nothing else, so a formula that came to read
 another dimension fails loudly instead of being shared wrongly."""
 
 
-TIME_ONLY_DIMENSIONS = ("tp_overlap", "dp_overlap", *(d.net for d in DEGREES))
-"""Dimensions that change a mapping's time, never its HBM or offload bytes (what overlaps
+TIME_ONLY_DIMENSIONS = touching(TIME_ONLY)
+"""Dimensions that change a mapping's time, never its HBM or offload bytes (the declaration's
+`time_only`: what overlaps
 and which network a group's traffic takes): mappings equal in every other dimension hold
 the same memory, so the capacity checks are decided once for all of them (`capacity_fits`;
 tests/conftest.py assert_block_floors_below_exact checks it on every block of several spaces)."""

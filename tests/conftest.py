@@ -127,12 +127,12 @@ def solve_equals_brute_force(model, system, gpus: int, max_batch: int, space, da
     certified optimal, the best mapping the same, the top `top_k` times equal to 1e-9.
     Returns (the solve's result, brute force's) for the caller's own checks."""
     from solver.search.brute import scan
-    from solver.search.solve import SolverConfig, solve
+    from solver.search.solve import SolveStatus, SolverConfig, solve
 
     result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
                    config=SolverConfig(top_k=top_k, time_limit_s=time_limit_s, workers=1))
     reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=top_k, workers=1)
-    assert result.certified_optimal and result.status == "optimal" and result.gap == 0.0
+    assert result.certified_optimal and result.status == SolveStatus.optimal and result.gap == 0.0
     assert reference.best is not None and result.best.mapping == reference.best.mapping
     assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],
                                                                      rel=1e-9)

@@ -2,13 +2,12 @@
 counts (closed form = enumeration = CP-SAT), its cost terms against hand computations, the
 block floors' soundness, and solve == brute force (certified) where MoE models are mapped."""
 
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import cases, plain
+from conftest import cases, plain, solve_equals_brute_force
 from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate, evaluate_arrays
@@ -17,7 +16,6 @@ from costmodel.inputs.load import load_system
 from costmodel.mapping import Mapping, check_mapping_fits
 from costmodel.model import Model
 from costmodel.system import Collective, Datatype
-from solver.search.brute import scan
 from solver.search.cpsat.surrogate import add_bounds
 from solver.search.cpsat.model import local_batches, structure_model
 from solver.search.solve import SolverConfig, solve
@@ -192,14 +190,8 @@ CASES = [
 def test_solve_equals_brute_force_on_moe_models(case):
     _, model, system, gpus, max_batch, ep_wins = case
     space = plain(get_space("full"))             # as before cp_comm and shard
-    result = solve(model, system, gpus, max_batch=max_batch, datatype=Datatype.bfloat16, space=space,
-                   config=SolverConfig(top_k=2, time_limit_s=300, workers=1))
-    reference = scan(model, system, gpus, max_batch, space, Datatype.bfloat16, Kernels(), top_k=2, workers=1)
-    assert result.certified_optimal and result.status == "optimal"
-    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
-    assert result.best.mapping == reference.best.mapping
-    assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],
-                                                                     rel=1e-9)
+    _, reference = solve_equals_brute_force(model, system, gpus, max_batch, space, Datatype.bfloat16, Kernels(),
+                                            top_k=2, time_limit_s=300)
     if ep_wins:
         assert reference.best.mapping.ep > 1
 
@@ -210,12 +202,8 @@ def test_solve_equals_brute_force_with_the_flex_dispatcher():
     model, system, gpus, max_batch = moe(), H100.with_overrides(hbm_gib=8), 16, 32
     kernels = Kernels(moe_dispatcher="flex")
     space = plain(get_space("full"))                  # the dispatcher's question, not cp_comm's or the shard's
-    result = solve(model, system, gpus, max_batch=max_batch, datatype=Datatype.bfloat16, space=space,
-                   kernels=kernels, config=SolverConfig(top_k=2, time_limit_s=300, workers=1))
-    reference = scan(model, system, gpus, max_batch, space, Datatype.bfloat16, kernels, top_k=2, workers=1)
-    assert result.certified_optimal and result.status == "optimal"
-    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
-    assert result.best.mapping == reference.best.mapping
+    solve_equals_brute_force(model, system, gpus, max_batch, space, Datatype.bfloat16, kernels, top_k=2,
+                             time_limit_s=300)
 
 
 def test_the_search_refuses_the_ep_overlap():

@@ -11,6 +11,12 @@ The expected count is independent of the copy: the same problem on the real sour
 (1 + networks) — each mapping once with xp = 1 (xp_net pinned) and once per network with
 xp = 2 (its network free: the count leaves network sizes to the feasibility check). With no
 cost term reading xp, the best time must not move.
+
+Two more probes: `xq`, a factor of the GPU count (in the chain tp·cp·xq·pp·dp = N, so dp, the
+count and every table that derives dp from CHAIN must take it in), and `xr`, a folded degree
+that one cost term reads (the optimizer step splits its dense parameters xr ways): each touches
+the declaration, and `xr` its term, nothing else. The declaration's effects (`touches`) are
+checked against the hand lists they replaced.
 """
 
 from __future__ import annotations
@@ -31,17 +37,52 @@ PROBE = (
     ('    Dimension("pp", "pipeline_par", "split",',
      '    Dimension("xp", "probe_par", "split", "a probe degree, read by no cost term", rule="1 or 2",\n'
      '              fits=lambda model, system, v: None if v["xp"] in (1, 2) else "probe_par: 1 or 2",\n'
-     '              bound=limits.GPUS_SEARCH, default=1),\n'
+     '              bound=limits.GPUS_SEARCH, default=1, touches=frozenset({MEMORY, NETWORK_CHECK})),\n'
      '    Dimension("pp", "pipeline_par", "split",'),
     ('    Dimension("pp_net", "pipeline_par_net", "network",',
      '    Dimension("xp_net", "probe_par_net", "network", "network index carrying the probe group",\n'
      '              free_when=(Condition("xp", ">", 1),), fits=_network_exists("xp_net"),\n'
-     '              bound=limits.NETWORK_INDEX),\n'
+     '              bound=limits.NETWORK_INDEX, touches=frozenset({TIME_ONLY, NETWORK_CHECK})),\n'
      '    Dimension("pp_net", "pipeline_par_net", "network",'),
 )
 
+
+def _probe(name: str, span: str, meaning: str) -> tuple[tuple[str, str], ...]:
+    """The declaration of a probe degree `name` (values 1 or 2) and its network flag, before pp."""
+    return (
+        ('    Degree("pp", "pp_net", ("tp", "cp", "pp")),',
+         f'    Degree("{name}", "{name}_net", {span}),\n    Degree("pp", "pp_net", ("tp", "cp", "pp")),'),
+        ('    Dimension("pp", "pipeline_par", "split",',
+         f'    Dimension("{name}", "probe_{name}", "split", "{meaning}", rule="1 or 2",\n'
+         f'              fits=lambda model, system, v: None if v["{name}"] in (1, 2) else "probe_{name}: 1 or 2",\n'
+         '              bound=limits.GPUS_SEARCH, default=1, touches=frozenset({MEMORY, NETWORK_CHECK})),\n'
+         '    Dimension("pp", "pipeline_par", "split",'),
+        ('    Dimension("pp_net", "pipeline_par_net", "network",',
+         f'    Dimension("{name}_net", "probe_{name}_net", "network", "network index carrying the probe group",\n'
+         f'              free_when=(Condition("{name}", ">", 1),), fits=_network_exists("{name}_net"),\n'
+         '              bound=limits.NETWORK_INDEX, touches=frozenset({TIME_ONLY, NETWORK_CHECK})),\n'
+         '    Dimension("pp_net", "pipeline_par_net", "network",'),
+    )
+
+
+CHAIN_PROBE = (
+    *_probe("xq", '("tp", "cp", "xq")', "a probe degree in the chain, read by no cost term"),
+    ('    Degree("dp", "dp_net", ("tp", "cp", "pp", "dp"), in_split=False),',
+     '    Degree("dp", "dp_net", ("tp", "cp", "xq", "pp", "dp"), in_split=False),'),
+)
+"""xq: a factor of the GPU count, between cp and pp in the chain (dp = N/(tp·cp·xq·pp))."""
+
+READ_PROBE = _probe("xr", '("xr",)', "a probe degree the optimizer step reads")
+READ_TERM = (
+    "costmodel/terms/data_parallel.py",
+    "    opt_params = (params.dense / xp.where(sh.optimizer, sh.shard, 1.0)",
+    "    opt_params = (params.dense / m.xr / xp.where(sh.optimizer, sh.shard, 1.0)",
+)
+"""xr's one cost term: the optimizer step updates 1/xr of the dense parameters on each GPU."""
+
 CHECK = r"""
 import dataclasses, json
+import numpy as np
 from ortools.sat.python import cp_model
 from costmodel.choices import CPComm
 from costmodel.dimensions import BY_NAME, SPLIT_DEGREES
@@ -97,6 +138,11 @@ print(json.dumps({
     "brute_best_s": brute.best.iteration_time_s, "same_best": best.best.mapping == brute.best.mapping,
     "xp_values": sorted({int(x) for x in enumerate_all(model, system, gpus, cap, space).columns.get(
         "xp", [1])}),
+    "per_value": {name: {str(x): int(n) for x, n in zip(*np.unique(column, return_counts=True))}
+                  for name, column in enumerate_all(model, system, gpus, cap, space).columns.items()
+                  if name in ("xq", "xr")},
+    "best_split": {name: int(best.best.mapping.value(name)) for name in SPLIT_DEGREES},
+    "best_dp": int(best.best.mapping.value("dp")),
 }))
 """
 
@@ -108,23 +154,37 @@ def _run(root: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def probe_root(tmp_path_factory) -> Path:
-    """A copy of costmodel/ and solver/ whose declaration alone has the probe degree."""
-    root = tmp_path_factory.mktemp("probe")
+def _copy(tmp_path_factory, name: str, edits: dict[str, tuple[tuple[str, str], ...]]) -> Path:
+    """A copy of costmodel/ and solver/ with `edits` (path -> (old, new) replacements) made."""
+    root = tmp_path_factory.mktemp(name)
     for package in ("costmodel", "solver"):
         shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
-    path = root / "costmodel" / "dimensions.py"
-    text = path.read_text()
-    for old, new in PROBE:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    path.write_text(text)
+    for relative, replacements in edits.items():
+        path = root / relative
+        text = path.read_text()
+        for old, new in replacements:
+            assert text.count(old) == 1, old
+            text = text.replace(old, new)
+        path.write_text(text)
     return root
 
 
-def test_a_degree_declared_alone_reaches_the_count_the_enumeration_cp_sat_and_the_search(probe_root):
-    before, after = _run(ROOT), _run(probe_root)
+DECLARATION = "costmodel/dimensions.py"
+
+
+@pytest.fixture(scope="module")
+def before() -> dict:
+    return _run(ROOT)
+
+
+@pytest.fixture(scope="module")
+def probe_root(tmp_path_factory) -> Path:
+    """A copy of costmodel/ and solver/ whose declaration alone has the probe degree."""
+    return _copy(tmp_path_factory, "probe", {DECLARATION: PROBE})
+
+
+def test_a_degree_declared_alone_reaches_the_count_the_enumeration_cp_sat_and_the_search(probe_root, before):
+    after = _run(probe_root)
     assert "xp" not in before["split_degrees"] and "xp" in after["split_degrees"]
     assert after["xp_values"] == [1, 2]
     assert before["count"] == before["enumerated"] == before["cp_sat"] > 0
@@ -132,3 +192,62 @@ def test_a_degree_declared_alone_reaches_the_count_the_enumeration_cp_sat_and_th
     assert after["certified"] and after["same_best"]
     assert after["best_s"] == pytest.approx(after["brute_best_s"], rel=1e-9)
     assert after["best_s"] == pytest.approx(before["best_s"], rel=1e-9)
+
+
+@pytest.mark.slow
+def test_a_degree_in_the_chain_divides_the_gpus_and_the_search_follows(tmp_path_factory, before):
+    """xq is a factor of N: with xq = 1 the mappings are today's; with xq = 2 each group of the
+    chain outside it (pp, dp) sees half the GPUs. Count, enumeration and CP-SAT agree, dp is
+    N/(tp·cp·xq·pp) everywhere, and the certified search equals brute force."""
+    after = _run(_copy(tmp_path_factory, "chain", {DECLARATION: CHAIN_PROBE}))
+    assert after["split_degrees"].index("xq") < after["split_degrees"].index("pp")
+    assert after["count"] == after["enumerated"] == after["cp_sat"] > before["count"]
+    assert after["per_value"]["xq"]["1"] == before["count"] and after["per_value"]["xq"]["2"] > 0
+    assert after["certified"] and after["same_best"]
+    assert after["best_s"] == pytest.approx(after["brute_best_s"], rel=1e-9)
+    split = after["best_split"]
+    assert split["tp"] * split["cp"] * split["xq"] * split["pp"] * after["best_dp"] == 4
+
+
+@pytest.mark.slow
+def test_a_degree_a_cost_term_reads_touches_the_declaration_and_that_term(tmp_path_factory, before):
+    """xr halves the optimizer step's dense share at xr = 2, nothing else: the search must
+    find it (the surrogate's tables read the term through the split), certified and equal to
+    brute force, and strictly faster than today's best."""
+    after = _run(_copy(tmp_path_factory, "read", {DECLARATION: READ_PROBE, READ_TERM[0]: (READ_TERM[1:],)}))
+    assert after["count"] == after["enumerated"] == after["cp_sat"] == before["count"] * (1 + 2)
+    assert after["certified"] and after["same_best"]
+    assert after["best_s"] == pytest.approx(after["brute_best_s"], rel=1e-9)
+    assert after["best_split"]["xr"] == 2 and after["best_s"] < before["best_s"]
+
+
+def test_the_lists_of_what_dimensions_touch_derive_from_the_declaration(monkeypatch):
+    """The hand lists the declaration's `touches` replaced, literally as they were written."""
+    import dataclasses
+
+    import numpy as np
+
+    import costmodel.dimensions as dimensions
+    from costmodel.evaluate import BLOCK_DIMENSIONS, STRUCTURE_DIMENSIONS, TIME_ONLY_DIMENSIONS
+    from solver.search.cpsat.block_tables import BLOCK_FLAGS, GRID_NETWORKS
+
+    nets = ("tp_net", "cp_net", "ep_net", "etp_net", "pp_net", "dp_net")
+    assert BLOCK_DIMENSIONS == ("tp", "cp", "ep", "etp", "pp", "microbatch", "recompute", "tp_comm", "tp_overlap",
+                                "cp_comm", "seq_par_ag_redo", "weight_offload", "activations_offload", *nets[:4])
+    assert TIME_ONLY_DIMENSIONS == ("tp_overlap", "dp_overlap", *nets)
+    assert STRUCTURE_DIMENSIONS == ("tp", "cp", "ep", "etp", "pp", "dp", "cp_comm", *nets)
+    assert BLOCK_FLAGS == ("tp_comm", "seq_par_ag_redo", "recompute", "weight_offload", "activations_offload")
+    assert GRID_NETWORKS == {"tp": "tp_net", "cp": "cp_net"}
+    # dp = N/(tp·cp·pp), for whole numbers and for the tables' float grids
+    tp, cp, pp = np.array([1.0, 2.0, 4.0]), np.array([1.0, 2.0, 1.0]), np.array([8.0, 1.0, 2.0])
+    assert dimensions.data_parallel(64, {"tp": 2, "cp": 2, "pp": 4, "ep": 8}) == 4
+    grid = dimensions.data_parallel(64, {"tp": tp, "cp": cp, "pp": pp})
+    assert grid.dtype == np.int64 and grid.tolist() == [8, 16, 8]
+    # a dimension that says neither memory nor time only, or a degree its network check skips, fails
+    declared = dimensions.DIMENSIONS
+    for name, touches in (("zero", frozenset()), ("pp_net", frozenset({dimensions.TIME_ONLY}))):
+        changed = tuple(dataclasses.replace(d, touches=touches) if d.name == name else d for d in declared)
+        monkeypatch.setattr(dimensions, "DIMENSIONS", changed)
+        monkeypatch.setattr(dimensions, "BY_NAME", {d.name: d for d in changed})
+        with pytest.raises(ValueError, match=name):
+            dimensions._check_declaration()

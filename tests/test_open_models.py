@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import plain
+from conftest import plain, solve_equals_brute_force
 
 from costmodel.terms.block import block_forward_times
 from costmodel.terms.block_memory import block_stored_activation_bytes
@@ -275,18 +275,12 @@ TINY_GPT_OSS = dict(hidden=512, feedforward=512, seq_size=2048, attn_heads=8, at
 def test_solve_equals_brute_force_on_the_new_architectures(fields):
     from costmodel.kernels import Kernels
     from costmodel.model import Model
-    from solver.search.brute import scan
-    from solver.search.solve import SolverConfig, solve
     from solver.space.declaration import get_space
 
     model, system, gpus, max_batch = Model(**fields), H100.with_overrides(hbm_gib=8), 8, 16
     space = plain(get_space("full"))         # as before cp_comm and hybrid sharding
-    result = solve(model, system, gpus, max_batch=max_batch, datatype=Datatype.bfloat16, space=space,
-                   config=SolverConfig(top_k=2, time_limit_s=300, workers=1))
-    reference = scan(model, system, gpus, max_batch, space, Datatype.bfloat16, Kernels(), top_k=2, workers=1)
-    assert result.certified_optimal and result.status == "optimal"
-    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
-    assert result.best.mapping == reference.best.mapping
+    _, reference = solve_equals_brute_force(model, system, gpus, max_batch, space, Datatype.bfloat16, Kernels(),
+                                            top_k=2, time_limit_s=300)
     # the scalar path (evaluate) agrees with the array path brute force scored
     scalar = evaluate(model, system, reference.best.mapping)
     assert math.isclose(scalar.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)

@@ -6,7 +6,6 @@ the same pins, certified."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 from ortools.sat.python import cp_model
 
-from conftest import cp_sat_solution_count, plain
+from conftest import cp_sat_solution_count, plain, solve_equals_brute_force
 from costmodel.dimensions import BY_NAME
 from costmodel.errors import InputError
 from costmodel.kernels import Kernels
@@ -22,7 +21,6 @@ from costmodel.inputs.load import load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.cli.app import cli
-from solver.search.brute import scan
 from solver.search.cpsat.constraints import STRUCTURE, Problem
 from solver.search.cpsat.variables import Variables
 from solver.search.solve import SolverConfig, solve
@@ -116,12 +114,7 @@ def test_pinned_solve_equals_brute_force_on_the_same_pins(case):
     model = Model(name="m", hidden=2048, feedforward=8192, seq_size=2048, attn_heads=16, attn_size=128,
                   num_blocks=16)
     space = pinned(plain(get_space("full")), parse_pins(fix))     # as before cp_comm and shard, as below
-    result = solve(model, system, gpus, max_batch=cap, datatype=datatype, space=space,
-                   config=SolverConfig(top_k=2, time_limit_s=120))
-    reference = scan(model, system, gpus, cap, space, datatype, Kernels(), top_k=2, workers=1)
-    assert result.certified_optimal and reference.best is not None
-    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
-    assert result.best.mapping == reference.best.mapping
+    result, _ = solve_equals_brute_force(model, system, gpus, cap, space, datatype, Kernels(), top_k=2)
     values = result.best.mapping.values()
     for name, allowed in space.pins:
         dim = BY_NAME[name]

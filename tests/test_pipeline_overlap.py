@@ -5,11 +5,10 @@ Megatron-Bridge runs with vp > 1 take it."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
-from conftest import plain
+from conftest import plain, solve_equals_brute_force
 
 from costmodel.evaluate import evaluate
 from costmodel.kernels import Kernels
@@ -20,8 +19,6 @@ from costmodel.measured.run_files import read_runs
 from costmodel.measured.run_mapping import map_run
 from costmodel.measured.run_scoring import RunInputs
 from costmodel.system import Datatype
-from solver.search.brute import scan
-from solver.search.solve import SolverConfig, solve
 from solver.space.declaration import get_space
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,12 +63,7 @@ def test_the_default_is_the_exposed_sends_and_a_file_states_it_only_when_on():
 def test_solve_equals_brute_force_with_overlapped_sends():
     kernels = Kernels(pp_comm_overlap=True)
     space = plain(get_space("full"))         # as before cp_comm and hybrid sharding
-    result = solve(MODEL, H100, 16, max_batch=32, datatype=Datatype.bfloat16, space=space, kernels=kernels,
-                   config=SolverConfig(top_k=2, time_limit_s=120, workers=1))
-    reference = scan(MODEL, H100, 16, 32, space, Datatype.bfloat16, kernels, top_k=2, workers=1)
-    assert result.certified_optimal and reference.best is not None
-    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
-    assert result.best.mapping == reference.best.mapping
+    solve_equals_brute_force(MODEL, H100, 16, 32, space, Datatype.bfloat16, kernels, top_k=2)
 
 
 def test_bridge_runs_with_virtual_stages_overlap_their_sends():

@@ -5,13 +5,12 @@ as a key with a precision part in the problem id, and bad combinations are one l
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
-from conftest import plain
+from conftest import plain, solve_equals_brute_force
 
 from costmodel.kernels import Kernels
 from costmodel.inputs.load import load_system
@@ -19,8 +18,6 @@ from costmodel.model import Model
 from costmodel.precision import Precision
 from costmodel.system import Datatype
 from solver.cli.app import cli
-from solver.search.brute import scan
-from solver.search.solve import SolverConfig, solve
 from solver.space.declaration import get_space
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,12 +49,7 @@ CASES = [
 def test_solve_equals_brute_force_under_each_recipe(case):
     _, model, system, gpus, max_batch, kernels = case
     space = plain(get_space("full"))         # as before cp_comm and hybrid sharding
-    result = solve(model, system, gpus, max_batch=max_batch, datatype=Datatype.bfloat16, space=space,
-                   kernels=kernels, config=SolverConfig(top_k=2, time_limit_s=120, workers=1))
-    reference = scan(model, system, gpus, max_batch, space, Datatype.bfloat16, kernels, top_k=2, workers=1)
-    assert result.certified_optimal and reference.best is not None
-    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
-    assert result.best.mapping == reference.best.mapping
+    result, _ = solve_equals_brute_force(model, system, gpus, max_batch, space, Datatype.bfloat16, kernels, top_k=2)
     assert result.best.mapping.precision is kernels.precision and result.best.feasible
 
 

@@ -17,7 +17,7 @@ from costmodel.inputs.load import load_mapping, load_model, load_system
 from costmodel.mapping import Mapping
 from costmodel.model import Model
 from costmodel.system import Datatype
-from solver.search.solve import SolverConfig, solve
+from solver.search.solve import SolveStatus, SolverConfig, solve
 from solver.space.declaration import get_space
 from solver.space.enumerate import enumerate_all
 
@@ -89,7 +89,7 @@ def test_llama_70b_on_8_h100s_fits_no_sharding_stage_without_offload():
     assert scored.hbm_bytes.min() >= floor
     result = solve(model, H100, 8, max_batch=64, datatype=Datatype.bfloat16, space=space,
                    config=SolverConfig(time_limit_s=60))
-    assert result.status == "infeasible"
+    assert result.status == SolveStatus.infeasible
     assert any("hbm capacity" in reason and "GiB per GPU > 80.0 GiB HBM" in reason
                for reason in result.infeasible_reasons)
 
@@ -127,17 +127,12 @@ def test_block_floors_take_zero_2_and_3_traffic_per_microbatch_and_stay_below_ex
     A 1.3B model on 16 GPUs with 12 GiB of HBM and a batch of 64 needs a sharded stage with
     several microbatches per replica: every floor must stay at or below every feasible exact
     time of its block, and the answer equal brute force's."""
-    from conftest import assert_block_floors_below_exact
-    from solver.search.brute import scan
+    from conftest import assert_block_floors_below_exact, solve_equals_brute_force
 
     model = _gpt(blocks=24, hidden=2048)
     system = H100.with_overrides(hbm_gib=12)
     checked = assert_block_floors_below_exact(model, system, 16, 64, Datatype.bfloat16)
     assert len(checked) > 20
     space = get_space("full")
-    result = solve(model, system, 16, max_batch=64, datatype=Datatype.bfloat16, space=space,
-                   config=SolverConfig(top_k=1, time_limit_s=300, workers=1))
-    reference = scan(model, system, 16, 64, space, Datatype.bfloat16, Kernels(), top_k=1, workers=1)
-    assert result.certified_optimal and result.status == "optimal"
-    assert result.best.iteration_time_s == pytest.approx(reference.best.iteration_time_s, rel=1e-9)
-    assert result.best.mapping == reference.best.mapping
+    result, reference = solve_equals_brute_force(model, system, 16, 64, space, Datatype.bfloat16, Kernels(),
+                                                 time_limit_s=300)

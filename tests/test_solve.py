@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import numpy as np
 from ortools.sat.python import cp_model
 
-from conftest import cases, cp_sat_solution_count, examples, plain
+from conftest import cases, cp_sat_solution_count, examples, plain, solve_equals_brute_force
 from costmodel.evaluate import evaluate_arrays
 from costmodel.kernels import Kernels
 from costmodel.inputs.load import load_model, load_system
@@ -24,7 +24,7 @@ from solver.cli.app import cli
 from solver.space.count import count_mappings
 from solver.search.cpsat.constraints import STRUCTURE, Problem
 from solver.search.cpsat.variables import Variables
-from solver.search.solve import SolverConfig, solve
+from solver.search.solve import SolveStatus, SolverConfig, solve
 from solver.space.declaration import get_space, skeletons
 from solver.space.enumerate import enumerate_all
 from tests.strategies import models, systems
@@ -96,17 +96,9 @@ def test_solve_equals_brute_force(case):
     _, model, system, gpus, max_batch, datatype, space_name, attention, *grads = case
     # as before cp_comm and shard (solve = brute force with them: test_cp_comm, test_hybrid_sharding)
     space, kernels = plain(get_space(space_name)), Kernels.with_attention(attention, *grads)
-    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
-                   config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
-    reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=3, workers=1)
-    assert result.certified_optimal and result.status == "optimal"
-    assert reference.best is not None
-    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
-    assert result.best.mapping == reference.best.mapping          # same tie-break: time, then enumeration order
-    assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],
-                                                                     rel=1e-9)
+    # the same top 3 (same tie-break: time, then enumeration order), certified with no gap
+    result, reference = solve_equals_brute_force(model, system, gpus, max_batch, space, datatype, kernels, top_k=3)
     assert result.best.feasible
-    assert result.gap == 0.0
     # it scored only part of the space exactly
     assert result.candidates_scored <= reference.evaluated
 
@@ -127,10 +119,7 @@ def test_tp_above_kv_heads_would_win_but_the_certified_answer_keeps_tp_within_th
     ok = np.flatnonzero(scored.feasible)
     fastest = ok[np.argmin(scored.iteration_time_s[ok])]
     assert unruled.tp[fastest] > model.kv_heads
-    result = solve(model, system, gpus, max_batch=cap, datatype=datatype, space=space,
-                   config=SolverConfig(top_k=1, workers=1))
-    reference = scan(model, system, gpus, cap, space, datatype, top_k=1, workers=1)
-    assert result.certified_optimal and result.best.mapping == reference.best.mapping
+    result, reference = solve_equals_brute_force(model, system, gpus, cap, space, datatype, Kernels())
     assert model.kv_heads % result.best.mapping.tp == 0
     assert result.best.iteration_time_s > scored.iteration_time_s[fastest]
     # count, enumeration and brute force agree on the ruled space
@@ -185,7 +174,7 @@ def test_infeasible_problem_names_the_memory_constraint():
     gpt3 = Model(name="gpt3-175b", hidden=12288, feedforward=49152, seq_size=2048, attn_heads=96, attn_size=128,
                  num_blocks=96)
     result = solve(gpt3, A100, 2, max_batch=8, datatype=Datatype.float16, config=SolverConfig(top_k=1))
-    assert result.status == "infeasible" and result.best is None
+    assert result.status == SolveStatus.infeasible and result.best is None
     assert any(r.startswith("hbm capacity: the smallest possible footprint is at least") for r in result.infeasible_reasons)
 
 
@@ -195,7 +184,7 @@ def test_time_limit_returns_incumbent_with_gap():
                    config=SolverConfig(time_limit_s=1e-6, top_k=1))
     assert not result.certified_optimal
     if result.best is not None:
-        assert result.status == "feasible"
+        assert result.status == SolveStatus.feasible
         assert 0 <= result.gap <= 1 and result.bound_s <= result.best.iteration_time_s
 
 
@@ -242,7 +231,7 @@ def test_infeasible_with_offload_names_the_offload_capacity_it_assumed():
     system = A100.with_overrides(offload_gib=16, offload_gbps=50)
     result = solve(load_model(ROOT / "problems/models/gpt3-175b.yaml"), system, 2, max_batch=8,
                    datatype=Datatype.float16)
-    assert result.status == "infeasible"
+    assert result.status == SolveStatus.infeasible
     assert any(r.startswith("hbm capacity") and "with at most 16 GiB in offload memory" in r
                for r in result.infeasible_reasons)
 
@@ -271,7 +260,7 @@ def test_property_solver_equals_brute_force_and_returns_feasible_mappings(exampl
         reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=2, workers=1)
         assert result.certified_optimal
         if reference.best is None:
-            assert result.best is None and result.status == "infeasible"
+            assert result.best is None and result.status == SolveStatus.infeasible
             return
         assert result.best is not None and result.best.feasible          # never an infeasible answer
         assert all(ev.feasible for ev in result.top)
@@ -279,3 +268,39 @@ def test_property_solver_equals_brute_force_and_returns_feasible_mappings(exampl
         assert result.best.mapping == reference.best.mapping
 
     agree()
+
+
+def test_every_constraint_of_the_cp_sat_model_carries_a_name():
+    """A model dump reads: every constraint the structure, the surrogate and the cuts add is
+    named (OR-Tools `WithName`), and the structure's names start with their Constraint's name."""
+    from solver.search.engine import Engine
+
+    system = A100.with_overrides(offload_gib=64, offload_gbps=50)
+    engine = Engine(small_model(4), system, 8, 8, Datatype.bfloat16, get_space("full"), Kernels(), workers=1,
+                    seed=0, one_question=True)
+    engine.bounds.add_floor_cuts(engine.m, engine.v)
+    engine.bounds.add_cutoff(engine.m, 1.0)
+    constraints = engine.m.Proto().constraints
+    assert len(constraints) > 100
+    assert [c for c in constraints if not c.name] == []
+    names = {c.name for c in constraints}
+    for constraint in STRUCTURE:
+        assert any(name.startswith(constraint.name + ":") for name in names) or constraint.name in (
+            "degree rules", "pipeline divisibility", "fixed dimensions"), constraint.name
+    assert {"HBM capacity", "offload capacity", "cutoff: objective <= 1 s"} <= names
+
+
+def test_the_status_is_an_enum_whose_json_says_what_it_said_before():
+    """SolveResult.status is a SolveStatus; what a user reads (JSON, YAML records) is the plain
+    word it always was."""
+    import yaml
+
+    from solver.search.solve import SolveResult
+
+    assert [s.value for s in SolveStatus] == ["optimal", "feasible", "infeasible", "unknown", "interrupted"]
+    result = SolveResult(SolveStatus.infeasible, None, [], True, None, None, 0.0, 0, 0, 0, 0)
+    record = result.to_dict()
+    assert type(record["status"]) is str and record["status"] == "infeasible"
+    assert json.loads(json.dumps(record))["status"] == "infeasible"
+    assert yaml.safe_load(yaml.safe_dump({"status": record["status"]})) == {"status": "infeasible"}
+    assert f"{result.status}" == "infeasible" and result.status == "infeasible"

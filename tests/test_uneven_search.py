@@ -6,7 +6,6 @@ these problems and for context parallelism's."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,10 @@ from costmodel.kernels import Kernels
 from costmodel.inputs.load import load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
-from solver.search.brute import scan
-from solver.search.solve import SolverConfig, solve
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space, skeletons
 from solver.space.pins import parse_pins, pinned
-from conftest import assert_block_floors_below_exact, plain
+from conftest import assert_block_floors_below_exact, plain, solve_equals_brute_force
 from tests.test_context_parallel import CASES as CP_CASES, gqa
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,15 +60,7 @@ CASES = [
 
 
 def _check(model, system, gpus, max_batch, datatype, space, kernels=Kernels()):
-    result = solve(model, system, gpus, max_batch=max_batch, datatype=datatype, space=space, kernels=kernels,
-                   config=SolverConfig(top_k=3, time_limit_s=120, workers=1))
-    reference = scan(model, system, gpus, max_batch, space, datatype, kernels, top_k=3, workers=1)
-    assert result.certified_optimal and result.status == "optimal"
-    assert math.isclose(result.best.iteration_time_s, reference.best.iteration_time_s, rel_tol=1e-9)
-    assert result.best.mapping == reference.best.mapping
-    assert [e.iteration_time_s for e in result.top] == pytest.approx([c.iteration_time_s for c in reference.top],
-                                                                     rel=1e-9)
-    return result, reference
+    return solve_equals_brute_force(model, system, gpus, max_batch, space, datatype, kernels, top_k=3)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

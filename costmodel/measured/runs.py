@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, model_validator
 
 import costmodel.inputs.limits as limits
+from costmodel.dimensions import data_parallel
 from costmodel.kernels import CudaGraphs, GradDatatype, MoeDispatcher
 from costmodel.inputs.limits import Bound
 from costmodel.model import INPUT_CONFIG, Model, RealNumber, WholeNumber, within
@@ -169,8 +170,8 @@ class Run(BaseModel):
 
     @property
     def dp(self) -> int:
-        """Data parallelism: num_gpus / (tp·cp·pp)."""
-        return self.num_gpus // (self.tp * self.cp * self.pp)
+        """Data parallelism: num_gpus / (tp·cp·pp), the GPUs the declaration's CHAIN leaves."""
+        return data_parallel(self.num_gpus, {"tp": self.tp, "cp": self.cp, "pp": self.pp})
 
     @property
     def uses_sequence_parallel(self) -> bool:

@@ -20,7 +20,7 @@ from solver.report.documents import dumps
 from solver.report.bands import band_json, band_line, indistinguishable, indistinguishable_line
 from solver.report.tables import counted, evaluation_tables, top_table
 from solver.search.nearest import smallest_fitting_count
-from solver.search.solve import SolverConfig, SolveResult, solve
+from solver.search.solve import SolveResult, SolveStatus, SolverConfig, solve
 from solver.space.pins import describe_pins, pins_text
 
 NOTHING_YET = "interrupted (Ctrl-C) before any mapping was found"
@@ -68,7 +68,7 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
             result = solve(model, system, num_gpus, max_batch=max_batch, datatype=Datatype(datatype),
                            space=space, kernels=kernels, config=config, progress=say)
             fitting = None
-            if result.status == "infeasible":
+            if result.status == SolveStatus.infeasible:
                 say("finding the smallest GPU count that fits")
                 def fits(count: int, left_s: float) -> bool:
                     return solve(model, system, count, max_batch=max_batch, datatype=Datatype(datatype), space=space,
@@ -99,11 +99,11 @@ def command(model_path, system_path, seq_size, hbm_gib, offload_gib, offload_gbp
         print_result(result, f"{model.name} ({ParameterCounts.of(model).summary()}) on {num_gpus:,} x {label}, {datatype}, "
                              f"space {space_name}{pins_text(space)}, {batch_header(space, max_batch, model)}, {kernels.label}",
                      band, indistinguishable_line(indistinguishable(model, system, result.top), len(result.top)))
-    if result.status == "interrupted":
+    if result.status == SolveStatus.interrupted:
         click.echo("interrupted (Ctrl-C): the best mapping found so far, not certified" if result.best
                    else NOTHING_YET, err=True)
         sys.exit(130)
-    if result.status == "unknown":
+    if result.status == SolveStatus.unknown:
         raise MapsatError(f"no mapping found within the time limit of {time_limit_s:g} s (none proven infeasible "
                           f"either): give a longer --time-limit")
     if result.best is None:
@@ -119,9 +119,9 @@ TABLE_COLUMNS = 120
 
 def print_result(result: SolveResult, title: str, band: str | None = None, close: str | None = None) -> None:
     out = wide_console()
-    if result.status == "infeasible":
+    if result.status == SolveStatus.infeasible:
         verdict = "proven infeasible"
-    elif result.status == "unknown":
+    elif result.status == SolveStatus.unknown:
         verdict = "no mapping found before the time limit, none proven infeasible"
     elif result.certified_optimal:
         verdict = "certified optimal"

@@ -51,7 +51,7 @@ def _row_document(row: CountPlan) -> dict:
     doc = {"num_gpus": row.num_gpus, "feasible": row.feasible, "answered": not row.unanswered, "reason": row.reason,
            "phases": [
         {"name": p.phase.name, "tokens": p.phase.tokens, "seq_size": p.phase.seq_size, "steps": p.steps,
-         "compute_s": p.compute_s, "status": p.result.status, "certified_optimal": p.result.certified_optimal,
+         "compute_s": p.compute_s, "status": p.result.status.value, "certified_optimal": p.result.certified_optimal,
          "iteration_time_s": p.result.best.iteration_time_s if p.result.best else None,
          "mfu": p.result.best.mfu if p.result.best else None,
          "mapping": p.result.best.mapping.model_dump(mode="json") if p.result.best else None}

@@ -153,13 +153,13 @@ def available_kinds(records: list[dict]) -> list[str]:
     return kinds
 
 
-def _lines(records: list[dict], x: str, vary: list[str]) -> dict[tuple, list[dict]]:
-    others = [d for d in vary if d != x and not (x == "params" and d == "shape")]
+def _lines(records: list[dict], axis: str, vary: list[str]) -> dict[tuple, list[dict]]:
+    others = [d for d in vary if d != axis and not (axis == "params" and d == "shape")]
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
-        if _value(r, x) is not None or x == "offload_gbps":
+        if _value(r, axis) is not None or axis == "offload_gbps":
             groups[tuple((d, _value(r, d)) for d in others)].append(r)
-    return {k: v for k, v in groups.items() if len({_key(_value(r, x)) for r in v}) > 1}
+    return {k: v for k, v in groups.items() if len({_key(_value(r, axis)) for r in v}) > 1}
 
 
 def _heatmap_pair(vary: list[str], records: list[dict]) -> tuple[str, str] | None:
@@ -168,8 +168,8 @@ def _heatmap_pair(vary: list[str], records: list[dict]) -> tuple[str, str] | Non
     other (no offload memory has no bandwidth) fills only a diagonal, which lines show better."""
     vary = set(vary) | ({"offload"} if {"offload_gib", "offload_gbps"} & set(vary) else set())
 
-    def crossed(a: str, b: str) -> bool:
-        pairs = {(_key(_value(r, a)), _key(_value(r, b))) for r in records}
+    def crossed(first: str, second: str) -> bool:
+        pairs = {(_key(_value(r, first)), _key(_value(r, second))) for r in records}
         return len(pairs) > max(len({p[0] for p in pairs}), len({p[1] for p in pairs}))
 
     return next(((a, b) for a, b in HEATMAP_PAIRS if a in vary and b in vary and crossed(a, b)), None)

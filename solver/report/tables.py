@@ -49,9 +49,9 @@ def console() -> Console:
     return Console(file=sys.stdout, soft_wrap=True)
 
 
-def counted(n: int, noun: str) -> str:
+def counted(count: int, noun: str) -> str:
     """"1 block", "2 blocks", "1,024 runs": a count with its noun, singular for one."""
-    return f"{n:,} {noun if n == 1 else noun + 's'}"
+    return f"{count:,} {noun if count == 1 else noun + 's'}"
 
 
 def _fields_by_name(mapping_fields: dict) -> dict:

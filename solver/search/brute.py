@@ -338,8 +338,8 @@ def _run(args: tuple, num_chunks: int, workers: int):
         yield from pool.imap(_evaluate_chunk, range(num_chunks), chunksize=1)
 
 
-def _merge_top(outcomes: list[_ChunkOutcome], k: int, datatype: Datatype, kernels: Kernels) -> list[Candidate]:
-    if not outcomes or k <= 0:
+def _merge_top(outcomes: list[_ChunkOutcome], top_k: int, datatype: Datatype, kernels: Kernels) -> list[Candidate]:
+    if not outcomes or top_k <= 0:
         return []
     time_s = np.concatenate([o.top_time_s for o in outcomes])
     ordinal = np.concatenate([o.top_ordinal for o in outcomes])
@@ -351,4 +351,4 @@ def _merge_top(outcomes: list[_ChunkOutcome], k: int, datatype: Datatype, kernel
                       iteration_time_s=float(time_s[i]), mfu=float(mfu[i]),
                       memory={f: float(memory[f][i]) for f in MEMORY_FIELDS},
                       equivalents=equivalents(rows.columns, members))
-            for members in top_groups(time_s, ordinal, keys, k) for i in members[:1]]
+            for members in top_groups(time_s, ordinal, keys, top_k) for i in members[:1]]

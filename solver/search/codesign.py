@@ -243,7 +243,7 @@ def codesign(model: Model, system: System, num_gpus: int, grid: Grid, target: Ta
     return _result(q, grid, answer, target_s, reference, started)
 
 
-def _lexicographic(q: Codesign, grid: Grid, target_s: float) -> System_ | None:
+def _lexicographic(question: Codesign, grid: Grid, target_s: float) -> System_ | None:
     """Knob by knob in order, the smallest value some completion reaches the target with."""
     fixed: System_ = {}
     for i, knob in enumerate(grid.order):
@@ -254,7 +254,7 @@ def _lexicographic(q: Codesign, grid: Grid, target_s: float) -> System_ | None:
                        for combo in itertools.product(*(grid.values[k] for k in free_outer))]
 
         def some_completion_reaches(value: float) -> bool:
-            return any(reaches(q.ask({**fixed, knob: value, **c, **top})[0], target_s) for c in completions)
+            return any(reaches(question.ask({**fixed, knob: value, **c, **top})[0], target_s) for c in completions)
 
         # more of a monotone knob never misses where less reaches: bisect its values
         value = least_reaching(grid.values[knob], some_completion_reaches, monotone=knob in MONOTONE_KNOBS)
@@ -264,50 +264,50 @@ def _lexicographic(q: Codesign, grid: Grid, target_s: float) -> System_ | None:
     return fixed
 
 
-def _by_cost(q: Codesign, grid: Grid, target_s: float) -> System_ | None:
+def _by_cost(question: Codesign, grid: Grid, target_s: float) -> System_ | None:
     """Candidates cheapest first; one a missed question dominates is skipped."""
     for point in grid.candidates():
-        missed = [p for p, best, _ in q.asked.values() if not reaches(best, target_s)]
+        missed = [p for p, best, _ in question.asked.values() if not reaches(best, target_s)]
         if any(grid.dominates(p, point) for p in missed):
             continue
-        if reaches(q.ask(point)[0], target_s):
+        if reaches(question.ask(point)[0], target_s):
             return point
     return None
 
 
-def _check_one_batch(target: Target, q: Codesign) -> None:
+def _check_one_batch(target: Target, question: Codesign) -> None:
     if target.kind != "mfu":
         return
-    batches = {sk.batch for e in q.explorers.values() for sk in e.plan.skeletons}
+    batches = {sk.batch for e in question.explorers.values() for sk in e.plan.skeletons}
     if len(batches) > 1:
         raise InputError(f"--target-mfu: the space's splits train different global batches "
                          f"({', '.join(str(b) for b in sorted(batches))}), so MFU is not one function of time; "
                          f"give --batch, or use --target-time or --within")
 
 
-def _result(q: Codesign, grid: Grid, answer, target_s, reference, started) -> CodesignResult:
+def _result(question: Codesign, grid: Grid, answer, target_s, reference, started) -> CodesignResult:
     candidates = grid.candidates()
     limit = grid.key(answer) if answer is not None else None
     smaller = [p for p in candidates if limit is None or grid.key(p) < limit]
     proof = []
     for point in smaller:
         key = grid.key(point)
-        if key in q.asked:
-            _, best, certified = q.asked[key]
+        if key in question.asked:
+            _, best, certified = question.asked[key]
             proof.append(Verdict(point, best.iteration_time_s if best else None, certified))
             continue
         # the tightest missed question dominating it
         # (with no target, nothing is feasible at the largest capacities: every top misses)
-        over = [(p, best, cert) for p, best, cert in q.asked.values()
+        over = [(p, best, cert) for p, best, cert in question.asked.values()
                 if grid.dominates(p, point) and (target_s is None or not reaches(best, target_s))]
         if not over:
             raise InternalError(f"internal error: co-design left {point} unproven; please report it")
         p, best, cert = min(over, key=lambda item: grid.key(item[0]))
         proof.append(Verdict(point, best.iteration_time_s if best else None, cert, dominated_by=p))
-    best, certified = (None, True) if answer is None else q.ask(answer)
+    best, certified = (None, True) if answer is None else question.ask(answer)
     all_certified = certified and all(v.certified for v in proof)
-    return CodesignResult(answer, best, all_certified, target_s, reference, proof, len(q.asked),
-                          len(candidates), time.perf_counter() - started, asked=dict(q.asked))
+    return CodesignResult(answer, best, all_certified, target_s, reference, proof, len(question.asked),
+                          len(candidates), time.perf_counter() - started, asked=dict(question.asked))
 
 
 def sweep(model: Model, system: System, num_gpus: int, grid: Grid, *, max_batch: int = 3072,

@@ -34,14 +34,14 @@ def group_keys(rows: MappingArrays, time_s: np.ndarray, hbm_bytes: np.ndarray,
     return np.column_stack([rows.columns[name].astype(np.int64) for name in SKELETON] + exact)
 
 
-def top_groups(time_s: np.ndarray, ordinal: np.ndarray, keys: np.ndarray, k: int) -> list[np.ndarray]:
-    """The best k groups of equal keys, ranked by (time, smallest ordinal): each an index
+def top_groups(time_s: np.ndarray, ordinal: np.ndarray, keys: np.ndarray, top_k: int) -> list[np.ndarray]:
+    """The best top_k groups of equal keys, ranked by (time, smallest ordinal): each an index
     array into the inputs, its first-enumerated member first. Only the fastest rows are
-    sorted (a multiple of k, widened until k groups are found), so this stays near linear."""
+    sorted (a multiple of top_k, widened until top_k groups are found), so this stays near linear."""
     n = len(time_s)
-    if k <= 0 or n == 0:
+    if top_k <= 0 or n == 0:
         return []
-    width = min(n, 16 * k)
+    width = min(n, 16 * top_k)
     while True:
         if width < n:
             cutoff = np.partition(time_s, width - 1)[width - 1]
@@ -52,8 +52,8 @@ def top_groups(time_s: np.ndarray, ordinal: np.ndarray, keys: np.ndarray, k: int
         groups: dict[bytes, list[int]] = {}
         for i in ranked.tolist():       # in rank order, so each group's first member is its best
             groups.setdefault(keys[i].tobytes(), []).append(i)
-        if len(groups) >= k or width == n:
-            return [np.asarray(members, dtype=np.int64) for members in list(groups.values())[:k]]
+        if len(groups) >= top_k or width == n:
+            return [np.asarray(members, dtype=np.int64) for members in list(groups.values())[:top_k]]
         width = min(n, 4 * width)
 
 
@@ -76,8 +76,8 @@ def equivalents_text(settings: dict[str, list[str]]) -> str:
 class TopGroups:
     """The K best groups of equivalent qualifying mappings, by (time, smallest ordinal)."""
 
-    def __init__(self, k: int):
-        self.k = k
+    def __init__(self, top_k: int):
+        self.k = top_k
         self.time_s = np.zeros(0)
         self.ordinal = np.zeros(0, dtype=np.int64)
         self.keys = np.zeros((0, len(SKELETON) + 3), dtype=np.int64)

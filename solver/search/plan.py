@@ -32,7 +32,7 @@ from costmodel.model import INPUT_CONFIG, Model, RealNumber, WholeNumber, within
 from costmodel.system import Datatype, System
 from costmodel.terms.training_cost import Failures, RunCost, failures, run_cost, steps
 from solver.search.engine import CountShare
-from solver.search.solve import SolverConfig, SolveResult, solve
+from solver.search.solve import SolveResult, SolveStatus, SolverConfig, solve
 from solver.space.declaration import Space
 from solver.space.pins import check_pins, pinned
 
@@ -131,7 +131,7 @@ class CountPlan:
     def unanswered(self) -> bool:
         """No phase proven infeasible, one without an answer: the time limit (or Ctrl-C) came
         before any mapping was found — not the same as infeasible."""
-        return not self.feasible and any(p.result.status in ("unknown", "interrupted") for p in self.phases)
+        return not self.feasible and any(p.result.status in (SolveStatus.unknown, SolveStatus.interrupted) for p in self.phases)
 
 
 @dataclass(frozen=True)
@@ -339,7 +339,7 @@ def plan(model: Model, system: System, counts: list[int], phases: list[Phase], s
             row = plan_count(model, system, n, phases, state_bytes, settings, max_batch=max_batch, space=space,
                              pins=pins, datatype=datatype, kernels=kernels, config=config, progress=progress,
                              share=share)
-            if any(p.result.status == "interrupted" for p in row.phases):     # Ctrl-C inside CP-SAT
+            if any(p.result.status == SolveStatus.interrupted for p in row.phases):     # Ctrl-C inside CP-SAT
                 stopped = n
                 break
             rows.append(row)

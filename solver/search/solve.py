@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Callable
 
@@ -60,9 +61,19 @@ class SolverConfig:
                 raise InputError(f"solver {name}: {value:g} is {bound.problem(value)}")
 
 
+class SolveStatus(StrEnum):
+    """How a solve ended. The values are what the JSON output and the batch records say."""
+
+    optimal = "optimal"               # certified: the exact model's best, ties broken as brute force breaks them
+    feasible = "feasible"             # a mapping found, not certified before the time limit
+    infeasible = "infeasible"         # certified: no mapping of the space fits
+    unknown = "unknown"               # no mapping found before the time limit
+    interrupted = "interrupted"       # Ctrl-C (inside CP-SAT or between rounds)
+
+
 @dataclass(frozen=True)
 class SolveResult:
-    status: str                       # optimal | feasible | infeasible | unknown (no incumbent in time) | interrupted
+    status: SolveStatus
     best: Evaluation | None
     top: list[Evaluation]
     certified_optimal: bool
@@ -87,7 +98,7 @@ class SolveResult:
                     # what MFU counts (attention halved for the causal mask) and the peak it divides by
                     "model_flops_per_token": d["model_flops_per_token"], "throughput": d["throughput"]}
 
-        return {"status": self.status, "certified_optimal": self.certified_optimal,
+        return {"status": self.status.value, "certified_optimal": self.certified_optimal,
                 "best": brief(self.best) if self.best else None,
                 "top": [{**brief(e), "equivalent": same} for e, same in
                         zip(self.top, self.equivalents or [{}] * len(self.top))],
@@ -114,7 +125,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
                         seed=config.seed, one_question=True, deadline=started + config.time_limit_s, say=progress,
                         share=share)
     except OutOfTime:
-        return SolveResult("unknown", None, [], False, None, None, time.perf_counter() - started, 0, 0, 0, 0,
+        return SolveResult(SolveStatus.unknown, None, [], False, None, None, time.perf_counter() - started, 0, 0, 0, 0,
                            infeasible_reasons=["time limit reached before any feasible mapping was found"])
     problem, skels, total = engine.problem, engine.plan.skeletons, engine.plan.total
     if not skels:
@@ -132,7 +143,7 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
             return _infeasible(started, scored, diagnose(problem, skels, engine.c,
                                                          started + config.time_limit_s - time.perf_counter()),
                                found.rounds, blocks, total, found.cpsat_status)
-        return SolveResult("interrupted" if found.interrupted else "unknown", None, [], False, None, None, seconds,
+        return SolveResult(SolveStatus.interrupted if found.interrupted else SolveStatus.unknown, None, [], False, None, None, seconds,
                            scored, blocks, found.rounds, total,
                            infeasible_reasons=["interrupted (Ctrl-C) before any feasible mapping was found"
                                                if found.interrupted
@@ -140,7 +151,8 @@ def solve(model: Model, system: System, num_gpus: int, *, max_batch: int = 3072,
                            cpsat_status=found.cpsat_status)
     best_time = top[0].iteration_time_s
     gap = 0.0 if found.certified else (best_time - found.bound_s) / best_time
-    status = "optimal" if found.certified else ("interrupted" if found.interrupted else "feasible")
+    status = (SolveStatus.optimal if found.certified
+              else SolveStatus.interrupted if found.interrupted else SolveStatus.feasible)
     return SolveResult(status, top[0], top, found.certified, best_time if found.certified else found.bound_s, gap,
                        seconds, scored, blocks, found.rounds, total, binding=binding_constraints(problem, top[0]),
                        cpsat_status=found.cpsat_status, equivalents=settings)
@@ -170,7 +182,7 @@ def _given_batch(space: Space) -> int | None:
 
 
 def _infeasible(started, scored, reasons, rounds=0, blocks=0, size=0, cpsat_status=None) -> SolveResult:
-    return SolveResult("infeasible", None, [], True, None, None, time.perf_counter() - started, scored, blocks,
+    return SolveResult(SolveStatus.infeasible, None, [], True, None, None, time.perf_counter() - started, scored, blocks,
                        rounds, size, infeasible_reasons=list(reasons), cpsat_status=cpsat_status)
 
 

@@ -296,7 +296,7 @@ def assess_shapes(shapes: list[Shape], *, gpus: int | None, system: System | Non
             result = solve(shape.model, system, gpus, max_batch=max_batch, datatype=Datatype(datatype), space=the_space,
                            kernels=kernels, config=SolverConfig(time_limit_s=time_limit_s, workers=solver_workers))
             best = result.best
-            solved = {"status": result.status, "mfu": best.mfu if best else None,
+            solved = {"status": result.status.value, "mfu": best.mfu if best else None,
                       "iteration_time_s": best.iteration_time_s if best else None,
                       "certified_optimal": result.certified_optimal, "gap": result.gap, "seconds": result.seconds,
                       "mapping": best.mapping.model_dump(mode="json") if best else None}

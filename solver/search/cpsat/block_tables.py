@@ -15,7 +15,8 @@ from costmodel.terms.comm import collective_s
 from costmodel.context import Context
 from costmodel.errors import InputError
 from costmodel.choices import CPComm, PipelineSchedule, Recompute, TPComm
-from costmodel.dimensions import DIMENSIONS, GROUP_DEGREES, NETWORK_GROUPS, SPLIT_DEGREES
+from costmodel.dimensions import (DIMENSIONS, GROUP_DEGREES, NETWORK_CHECK, NETWORK_GROUPS, SPLIT_DEGREES,
+                                  SURROGATE_AXIS, TIME_ONLY, data_parallel, touching)
 from costmodel.encoding import MappingArrays, code
 from costmodel.terms.moe import moe_communication
 from costmodel.terms.iteration import block_terms, iteration_terms, output_layer_s
@@ -48,8 +49,29 @@ RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE = (code("recompute", r) for 
 RECOMPUTES = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
 TP_COMM_RS_AG = code("tp_comm", TPComm.rs_ag)
 SCHED_ZB_H1 = code("sched", PipelineSchedule.zb_h1)
-BLOCK_FLAGS = ("tp_comm", "seq_par_ag_redo", "recompute", "weight_offload", "activations_offload")
-"""The flags one block's time reads, in the order the block tables are keyed by."""
+BLOCK_TABLE_KEY = ("tp_comm", "seq_par_ag_redo", "recompute", "weight_offload", "activations_offload")
+"""How the block tables' keys list the flags they keep one table per code of (`_group_tables`
+by_block_flags, tables.GroupRows read them by position)."""
+
+
+def _keyed_flags() -> tuple[str, ...]:
+    """The declaration's surrogate axes that are neither time only (the tables take the best
+    code offered, which bounds every one) nor network-checked (the tables minimise over the
+    codes that fit): the block tables keep one table per combination of their codes. Their
+    order is BLOCK_TABLE_KEY's; a declaration that keys others fails here, not in a table."""
+    keyed = set(touching(SURROGATE_AXIS, without=TIME_ONLY)) - set(touching(NETWORK_CHECK))
+    if keyed != set(BLOCK_TABLE_KEY):
+        raise ValueError(f"the block tables are keyed by {', '.join(BLOCK_TABLE_KEY)}; the declaration's keyed "
+                         f"surrogate axes are {', '.join(sorted(keyed))}")
+    return BLOCK_TABLE_KEY
+
+
+BLOCK_FLAGS = _keyed_flags()
+"""The flags one block's time reads that the block tables are keyed by, in their order."""
+GRID_NETWORKS = {name: net for name, net in NETWORK_GROUPS if net in touching(SURROGATE_AXIS)}
+"""Degree -> its network flag, for the groups whose network is an axis of the block grid (the
+declaration's surrogate axes: tp's and cp's); the other networks a block reads (ep's,
+etp's) are chosen per group (best_expert_networks)."""
 
 # Columns the tables' grids do not set: numbers 1, flags their first code, no recompute.
 # The tables built from them never read these.
@@ -154,8 +176,7 @@ def local_batches_of(splits, num_gpus: int, space: Space, max_batch: int) -> dic
     batch exists)."""
     out = {}
     for split in splits:
-        degrees = dict(zip(SPLIT_DEGREES, split))
-        dp = num_gpus // (degrees["tp"] * degrees["cp"] * degrees["pp"])
+        dp = data_parallel(num_gpus, dict(zip(SPLIT_DEGREES, split)))
         batch = space.batch_for(dp, max_batch)
         out[split] = max(1, (batch or 1) // dp)
     return out
@@ -213,12 +234,12 @@ def _merge(into: dict, more: dict) -> None:
 
 
 def _block_net_axes(tm_keys, networks: int) -> dict[str, tuple]:
-    """The TP and CP network axes of the block grid (NETWORK_GROUPS): every network for tp,
+    """The TP and CP network axes of the block grid (GRID_NETWORKS): every network for tp,
     and for cp when some group has cp > 1, else the first only (a group of one fits any)."""
     nets = tuple(range(networks))
     at = GROUP_DEGREES.index("cp")
     return {net: (nets if name == "tp" or any(k[at] > 1 for k in tm_keys) else (0,))
-            for name, net in NETWORK_GROUPS if name in ("tp", "cp")}
+            for name, net in GRID_NETWORKS.items()}
 
 
 def best_expert_networks(c: Context, keys, networks: int) -> dict[str, np.ndarray]:
@@ -377,7 +398,7 @@ def _block_rows(c: Context, tm: np.ndarray, cols: dict, group_at: dict, expert_n
     total = blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s + blk.offload_bwd_s
     fits = np.ones((), dtype=bool)
     for name, degree, span, net in group_spans(ns):
-        if name in ("tp", "cp"):
+        if name in GRID_NETWORKS:
             fits = fits & ((degree == 1) | (span <= size[net]))
     fits = fits & cp_comm_heads_fit(c, ns)
     p2p = functools.reduce(np.minimum, [collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,

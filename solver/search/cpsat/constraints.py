@@ -19,6 +19,7 @@ from costmodel.dimensions import (
     GROUP_SPAN,
     NETWORK_GROUPS,
     SPLIT_DEGREES,
+    data_parallel,
     skeleton_facts,
     subgroup_limit,
 )
@@ -49,27 +50,28 @@ class Problem:
 class Constraint:
     name: str = "constraint"
 
-    def describe(self, p: Problem) -> str:
+    def describe(self, problem: Problem) -> str:
         raise NotImplementedError
 
-    def add(self, m: cp_model.CpModel, v: Variables, p: Problem) -> None:
+    def add(self, cpsat: cp_model.CpModel, variables: Variables, problem: Problem) -> None:
         raise NotImplementedError
 
-    def violation(self, mapping: Mapping, evaluation: Evaluation, p: Problem) -> float:
+    def violation(self, mapping: Mapping, evaluation: Evaluation, problem: Problem) -> float:
         raise NotImplementedError
 
 
 class ParallelSplit(Constraint):
     name = "parallel split"
 
-    def describe(self, p):
-        return f"{'·'.join(CHAIN)} = {p.num_gpus} GPUs"
+    def describe(self, problem):
+        return f"{'·'.join(CHAIN)} = {problem.num_gpus} GPUs"
 
-    def add(self, m, v, p):
-        m.AddMultiplicationEquality(p.num_gpus, [v.degrees[name].var for name in CHAIN])
+    def add(self, cpsat, variables, problem):
+        cpsat.AddMultiplicationEquality(problem.num_gpus, [variables.degrees[name].var for name in CHAIN]).WithName(
+            f"parallel split: {'·'.join(CHAIN)} = {problem.num_gpus}")
 
-    def violation(self, mapping, evaluation, p):
-        return abs(math.prod(mapping.value(name) for name in CHAIN) - p.num_gpus)
+    def violation(self, mapping, evaluation, problem):
+        return abs(math.prod(mapping.value(name) for name in CHAIN) - problem.num_gpus)
 
 
 class DegreeRules(Constraint):
@@ -80,92 +82,101 @@ class DegreeRules(Constraint):
 
     name = "degree rules"
 
-    def describe(self, p):
-        return "; ".join(f"{name}: {BY_NAME[name].rule}".replace("tp_max", str(p.space.tp_max))
-                         .replace("cp_max", str(p.space.cp_max)) for name in SPLIT_DEGREES)
+    def describe(self, problem):
+        return "; ".join(f"{name}: {BY_NAME[name].rule}".replace("tp_max", str(problem.space.tp_max))
+                         .replace("cp_max", str(problem.space.cp_max)) for name in SPLIT_DEGREES)
 
-    def add(self, m, v, p):
+    def add(self, cpsat, variables, problem):
         # On the split literals (the only splits the variables allow are some skeleton's:
         # this states the rules in the model, whatever built the domains)
-        for split, lit in v.split.items():
-            if self._broken(dict(zip(SPLIT_DEGREES, split)), p):
-                m.AddBoolOr([lit.Not()])
+        for split, lit in variables.split.items():
+            if self._broken(dict(zip(SPLIT_DEGREES, split)), problem):
+                cpsat.AddBoolOr([lit.Not()]).WithName(f"degree rules: not split {split}")
 
-    def violation(self, mapping, evaluation, p):
-        mapping = mapping.with_model_defaults(p.model.num_experts > 0)
-        return float(self._broken({d.name: mapping.value(d.name) for d in DEGREES}, p))
+    def violation(self, mapping, evaluation, problem):
+        mapping = mapping.with_model_defaults(problem.model.num_experts > 0)
+        return float(self._broken({d.name: mapping.value(d.name) for d in DEGREES}, problem))
 
     @staticmethod
-    def _broken(degrees: dict[str, int], p: Problem) -> int:
+    def _broken(degrees: dict[str, int], problem: Problem) -> int:
         """How many of the split's degrees break their rule or limit (dp from the GPU count)."""
         if "dp" not in degrees:
-            degrees = {**degrees, "dp": p.num_gpus // math.prod(degrees[name] for name in CHAIN if name != "dp")}
+            degrees = {**degrees, "dp": data_parallel(problem.num_gpus, degrees)}
         broken = 0
         for name in SPLIT_DEGREES:
-            fits, limit = BY_NAME[name].fits, p.space.limit(name)
-            broken += bool((fits and fits(p.model, p.system, degrees)) or (limit is not None and degrees[name] > limit))
+            fits, limit = BY_NAME[name].fits, problem.space.limit(name)
+            broken += bool((fits and fits(problem.model, problem.system, degrees))
+                           or (limit is not None and degrees[name] > limit))
         return broken
 
 
 class PipelineDivisibility(Constraint):
     name = "pipeline divisibility"
 
-    def describe(self, p):
+    def describe(self, problem):
         uneven = (", or pp > 2 divides num_blocks + 2 (first and last stages one block lighter)"
-                  if p.space.uneven_stages else "")
-        return (f"pp divides num_blocks ({p.model.num_blocks}){uneven}; interleaving divides a stage's share; "
+                  if problem.space.uneven_stages else "")
+        return (f"pp divides num_blocks ({problem.model.num_blocks}){uneven}; interleaving divides a stage's share; "
                 f"interleaving is 1 without pp")
 
-    def add(self, m, v, p):
+    def add(self, cpsat, variables, problem):
         # per pp value, the interleavings its layout allows (none: that pp is not valid)
-        for pp, pp_lit in v.pp.is_.items():
-            allowed = set(stage_interleavings(p.model, pp, p.space))
-            for il, il_lit in v.interleaving.is_.items():
+        for pp, pp_lit in variables.pp.is_.items():
+            allowed = set(stage_interleavings(problem.model, pp, problem.space))
+            for il, il_lit in variables.interleaving.is_.items():
                 if il not in allowed:
-                    m.AddBoolOr([pp_lit.Not(), il_lit.Not()])
+                    cpsat.AddBoolOr([pp_lit.Not(), il_lit.Not()]).WithName(
+                        f"pipeline divisibility: not pp = {pp} with interleaving = {il}")
 
-    def violation(self, mapping, evaluation, p):
-        return float(mapping.pipeline_interleaving not in stage_interleavings(p.model, mapping.pp, p.space))
+    def violation(self, mapping, evaluation, problem):
+        return float(mapping.pipeline_interleaving not in stage_interleavings(problem.model, mapping.pp, problem.space))
 
 
 class BatchCap(Constraint):
     name = "batch cap"
 
-    def describe(self, p):
-        fixed = dict(p.space.pins).get("batch")
+    def describe(self, problem):
+        fixed = dict(problem.space.pins).get("batch")
         if fixed is not None and len(fixed) == 1:
             return f"given batch: global batch fixed at {fixed[0]} (dp divides it)"
-        quirk = ", or dp itself when dp > cap" if p.space.batch_is_dp_above_cap else "; dp <= cap"
-        return f"global batch = largest multiple of dp <= {p.max_batch}{quirk}"
+        quirk = ", or dp itself when dp > cap" if problem.space.batch_is_dp_above_cap else "; dp <= cap"
+        return f"global batch = largest multiple of dp <= {problem.max_batch}{quirk}"
 
-    def add(self, m, v, p):
-        floor_q = m.NewIntVar(0, p.max_batch, "cap_over_dp")
-        m.AddDivisionEquality(floor_q, p.max_batch, v.dp.var)
-        if p.space.batch_is_dp_above_cap:
-            m.AddMaxEquality(v.local_batch, [floor_q, 1])
+    def add(self, cpsat, variables, problem):
+        floor_q = cpsat.NewIntVar(0, problem.max_batch, "cap_over_dp")
+        cpsat.AddDivisionEquality(floor_q, problem.max_batch, variables.dp.var).WithName(
+            "batch cap: cap_over_dp = cap / dp")
+        if problem.space.batch_is_dp_above_cap:
+            cpsat.AddMaxEquality(variables.local_batch, [floor_q, 1]).WithName(
+                "batch cap: local_batch = max(cap_over_dp, 1)")
         else:
-            m.Add(v.local_batch == floor_q)
-        m.AddMultiplicationEquality(v.batch, [v.dp.var, v.local_batch])
+            cpsat.Add(variables.local_batch == floor_q).WithName("batch cap: local_batch = cap_over_dp")
+        cpsat.AddMultiplicationEquality(variables.batch, [variables.dp.var, variables.local_batch]).WithName(
+            "batch cap: batch = dp · local_batch")
 
-    def violation(self, mapping, evaluation, p):
-        expected = p.space.batch_for(mapping.dp, p.max_batch)
+    def violation(self, mapping, evaluation, problem):
+        expected = problem.space.batch_for(mapping.dp, problem.max_batch)
         return abs(mapping.batch_size - expected) if expected is not None else mapping.batch_size
 
 
 class MicrobatchDivisibility(Constraint):
     name = "microbatch divisibility"
 
-    def describe(self, p):
-        return f"microbatch divides batch/dp, and microbatch·seq_size ({p.model.seq_size}) is divisible by tp·cp"
+    def describe(self, problem):
+        return (f"microbatch divides batch/dp, and microbatch·seq_size ({problem.model.seq_size}) is divisible "
+                f"by tp·cp")
 
-    def add(self, m, v, p):
-        m.AddMultiplicationEquality(v.local_batch, [v.microbatch.var, v.microbatches])
-        tokens_per_tp = m.NewIntVar(1, p.model.seq_size * p.max_batch, "microbatch_tokens_per_tp")
-        m.AddMultiplicationEquality(p.model.seq_size * v.microbatch.var, [v.tp.var, v.cp.var, tokens_per_tp])
+    def add(self, cpsat, variables, problem):
+        cpsat.AddMultiplicationEquality(variables.local_batch, [variables.microbatch.var, variables.microbatches]
+                                        ).WithName("microbatch divisibility: local_batch = microbatch · microbatches")
+        tokens_per_tp = cpsat.NewIntVar(1, problem.model.seq_size * problem.max_batch, "microbatch_tokens_per_tp")
+        cpsat.AddMultiplicationEquality(problem.model.seq_size * variables.microbatch.var,
+                                        [variables.tp.var, variables.cp.var, tokens_per_tp]).WithName(
+            "microbatch divisibility: microbatch · seq_size = tp · cp · microbatch_tokens_per_tp")
 
-    def violation(self, mapping, evaluation, p):
+    def violation(self, mapping, evaluation, problem):
         return (mapping.local_batch % mapping.microbatch_size
-                + (mapping.microbatch_size * p.model.seq_size) % (mapping.tp * mapping.cp))
+                + (mapping.microbatch_size * problem.model.seq_size) % (mapping.tp * mapping.cp))
 
 
 class Pins(Constraint):
@@ -175,33 +186,33 @@ class Pins(Constraint):
 
     name = "fixed dimensions"
 
-    def describe(self, p):
-        return "; ".join(f"{name} in {list(values)}" for name, values in p.space.pins) or "none"
+    def describe(self, problem):
+        return "; ".join(f"{name} in {list(values)}" for name, values in problem.space.pins) or "none"
 
-    def add(self, m, v, p):
-        for name, allowed in p.space.pins:
-            if name in v.flags:
-                m.AddExactlyOne([v.flags[name][code] for code in allowed if code in v.flags[name]] or
-                                [m.NewConstant(0)])
+    def add(self, cpsat, variables, problem):
+        for name, allowed in problem.space.pins:
+            if name in variables.flags:
+                cpsat.AddExactlyOne([variables.flags[name][code] for code in allowed if code in variables.flags[name]]
+                                    or [cpsat.NewConstant(0)]).WithName(f"fixed dimensions: {name} in {list(allowed)}")
 
-    def violation(self, mapping, evaluation, p):
+    def violation(self, mapping, evaluation, problem):
         values = MappingArrays.from_mappings([mapping])
-        return float(sum(int(values.columns[name][0]) not in allowed for name, allowed in p.space.pins))
+        return float(sum(int(values.columns[name][0]) not in allowed for name, allowed in problem.space.pins))
 
 
-def _fact_literal(m: cp_model.CpModel, v: Variables, p: Problem, subject: str):
+def _fact_literal(cpsat: cp_model.CpModel, variables: Variables, problem: Problem, subject: str):
     """A literal true when the skeleton fact `subject > 1` holds (or offload exists)."""
     if subject == "offload":
-        return m.NewConstant(int(p.system.offload is not None))
+        return cpsat.NewConstant(int(problem.system.offload is not None))
     if subject == "dp_cp":                       # dp·cp > 1: dp > 1 or cp > 1
-        either = m.NewBoolVar("dp_cp_gt1")
-        parts = [_fact_literal(m, v, p, "dp"), _fact_literal(m, v, p, "cp")]
-        m.AddBoolOr(parts).OnlyEnforceIf(either)
-        for part in parts:
-            m.AddImplication(part, either)
+        either = cpsat.NewBoolVar("dp_cp_gt1")
+        parts = [_fact_literal(cpsat, variables, problem, "dp"), _fact_literal(cpsat, variables, problem, "cp")]
+        cpsat.AddBoolOr(parts).WithName("dp_cp_gt1 -> dp > 1 or cp > 1").OnlyEnforceIf(either)
+        for part, degree in zip(parts, ("dp", "cp")):
+            cpsat.AddImplication(part, either).WithName(f"{degree} > 1 -> dp_cp_gt1")
         return either
-    dim = getattr(v, subject)                   # a degree's one-hot (costmodel.dimensions.DEGREES)
-    return dim.is_[1].Not() if 1 in dim.is_ else m.NewConstant(1)
+    dim = getattr(variables, subject)                   # a degree's one-hot (costmodel.dimensions.DEGREES)
+    return dim.is_[1].Not() if 1 in dim.is_ else cpsat.NewConstant(1)
 
 
 class FlagRules(Constraint):
@@ -209,42 +220,45 @@ class FlagRules(Constraint):
 
     name = "flag rules"
 
-    def describe(self, p):
-        return "; ".join(f"{d.name} free {d.rule_text()}" for d in p.space.flags)
+    def describe(self, problem):
+        return "; ".join(f"{d.name} free {d.rule_text()}" for d in problem.space.flags)
 
-    def add(self, m, v, p):
-        for dim in p.space.flags:
-            if dim.name not in v.flags:
+    def add(self, cpsat, variables, problem):
+        for dim in problem.space.flags:
+            if dim.name not in variables.flags:
                 continue
             if dim.dim.kind == "subgroup":       # a sub-group size needs a split whose dp·cp it divides
-                for code, lit in v.flags[dim.name].items():
+                for code, lit in variables.flags[dim.name].items():
                     if code:
-                        m.AddBoolOr([split_lit for split, split_lit in v.split.items()
-                                     if code <= subgroup_limit(_dp_cp(split, p.num_gpus))]).OnlyEnforceIf(lit)
+                        cpsat.AddBoolOr([split_lit for split, split_lit in variables.split.items()
+                                         if code <= subgroup_limit(_dp_cp(split, problem.num_gpus))]).WithName(
+                            f"flag rules: {dim.name} = {code} needs a split whose dp·cp it divides").OnlyEnforceIf(lit)
             conditions = []
             for cond in dim.free_when:
                 if cond.subject in SKELETON_FACTS:
-                    conditions.append(_fact_literal(m, v, p, cond.subject))   # reads 'subject > 1'
+                    conditions.append(_fact_literal(cpsat, variables, problem, cond.subject))   # reads 'subject > 1'
                 else:
-                    lit = v.flag(cond.subject, cond.value)
+                    lit = variables.flag(cond.subject, cond.value)
                     conditions.append(lit if cond.op == "==" else lit.Not())
             if not conditions:
                 continue
-            free = m.NewBoolVar(f"{dim.name}_free")
-            for c in conditions:
-                m.AddImplication(free, c)
-            m.AddBoolOr([c.Not() for c in conditions] + [free])
-            first = dim.domain(v.num_networks)[0]
-            m.AddImplication(free.Not(), v.flag(dim.name, first))
+            free = cpsat.NewBoolVar(f"{dim.name}_free")
+            for cond, condition in zip(dim.free_when, conditions, strict=True):
+                cpsat.AddImplication(free, condition).WithName(f"flag rules: {dim.name}_free -> {cond.describe()}")
+            cpsat.AddBoolOr([c.Not() for c in conditions] + [free]).WithName(
+                f"flag rules: {dim.name}_free when {dim.rule_text()[5:]}")
+            first = dim.domain(variables.num_networks)[0]
+            cpsat.AddImplication(free.Not(), variables.flag(dim.name, first)).WithName(
+                f"flag rules: {dim.name} = {dim.dim.label_of(first)} when not free")
 
-    def violation(self, mapping, evaluation, p):
+    def violation(self, mapping, evaluation, problem):
         """How many flags take a value their rule forbids (pinned but moved, or outside the domain)."""
         codes = MappingArrays.from_mappings([mapping])
-        values = skeleton_facts({d.name: mapping.value(d.name) for d in DEGREES}, p.system.offload is not None)
+        values = skeleton_facts({d.name: mapping.value(d.name) for d in DEGREES}, problem.system.offload is not None)
         wrong = 0
-        for dim in p.space.flags:
+        for dim in problem.space.flags:
             value = int(getattr(codes, dim.name)[0])
-            domain = dim.domain(len(p.system.networks), values)
+            domain = dim.domain(len(problem.system.networks), values)
             allowed = domain if dim.is_free(values) else domain[:1]
             wrong += value not in allowed
             values[dim.name] = value
@@ -257,13 +271,13 @@ def _dp_cp(split: tuple[int, ...], num_gpus: int) -> int:
     return num_gpus // math.prod(named[name] for name in CHAIN if name not in ("dp", "cp"))
 
 
-def group_span_expressions(v: Variables, num_gpus: int) -> tuple:
+def group_span_expressions(variables: Variables, num_gpus: int) -> tuple:
     """The GPUs each group of costmodel.dimensions.NETWORK_GROUPS spans (GROUP_SPAN), as
     CP-SAT expressions over the smallest literals that know its degrees: a degree's one-hot,
     or a combination (Variables.combinations: the (tp, cp) and (ep, etp) pairs, the group, the
     split); a group spanning dp spans every GPU (tp·cp·pp·dp = N)."""
-    keyed = [*(((d.name,), {(value,): lit for value, lit in v.degrees[d.name].is_.items()}) for d in DEGREES),
-             *sorted(v.combinations.items(), key=lambda item: len(item[0]))]
+    keyed = [*(((d.name,), {(value,): lit for value, lit in variables.degrees[d.name].is_.items()}) for d in DEGREES),
+             *sorted(variables.combinations.items(), key=lambda item: len(item[0]))]
     out = []
     for degree, _ in NETWORK_GROUPS:
         span = GROUP_SPAN[degree]
@@ -282,58 +296,65 @@ class NetworkFit(Constraint):
 
     name = "network size"
 
-    def describe(self, p):
-        sizes = ", ".join(f"{n.name} {n.size}" for n in p.system.networks)
-        spans = ", ".join("·".join(GROUP_SPAN[name]) if "dp" not in GROUP_SPAN[name] else f"all {p.num_gpus} GPUs"
+    def describe(self, problem):
+        sizes = ", ".join(f"{n.name} {n.size}" for n in problem.system.networks)
+        spans = ", ".join("·".join(GROUP_SPAN[name]) if "dp" not in GROUP_SPAN[name]
+                          else f"all {problem.num_gpus} GPUs"
                           for name, _ in NETWORK_GROUPS)
         return (f"{spans} fit the networks carrying {', '.join(name for name, _ in NETWORK_GROUPS)} ({sizes})")
 
-    def add(self, m, v, p):
-        span_of = group_span_expressions(v, p.num_gpus)
+    def add(self, cpsat, variables, problem):
+        span_of = group_span_expressions(variables, problem.num_gpus)
         spans = {net: (degree, span) for (degree, net), span in zip(NETWORK_GROUPS, span_of, strict=True)}
-        if NETWORK_GROUPS[0][1] not in v.flags:
+        if NETWORK_GROUPS[0][1] not in variables.flags:
             # Network choices not modelled: relax to "some network is wide enough" (never
             # excludes a mapping whose groups fit; must-be-filled is left to the exact model).
-            widest = max(n.size for n in p.system.networks)
+            widest = max(n.size for n in problem.system.networks)
             for fact, span in spans.values():
-                _add_at_most(m, span, widest, _fact_literal(m, v, p, fact))
+                _add_at_most(cpsat, span, widest, _fact_literal(cpsat, variables, problem, fact),
+                             f"network size: {fact}'s group fits the widest network")
             return
-        for k, network in enumerate(p.system.networks):
+        for k, network in enumerate(problem.system.networks):
             carried, widest = [], []
             for flag, (fact, span) in spans.items():
                 # on = this dimension is > 1 and travels on network k
-                on = m.NewBoolVar(f"{fact}_on_net{k}")
-                m.AddBoolAnd([v.flag(flag, k), _fact_literal(m, v, p, fact)]).OnlyEnforceIf(on)
-                m.AddBoolOr([v.flag(flag, k).Not(), _fact_literal(m, v, p, fact).Not(), on])
-                _add_at_most(m, span, network.size, on)
+                on = cpsat.NewBoolVar(f"{fact}_on_net{k}")
+                cpsat.AddBoolAnd([variables.flag(flag, k), _fact_literal(cpsat, variables, problem, fact)]
+                                 ).WithName(f"network size: {on.Name()} -> {flag} = {k} and {fact} > 1"
+                                            ).OnlyEnforceIf(on)
+                cpsat.AddBoolOr([variables.flag(flag, k).Not(), _fact_literal(cpsat, variables, problem, fact).Not(),
+                                 on]).WithName(f"network size: {flag} = {k} and {fact} > 1 -> {on.Name()}")
+                _add_at_most(cpsat, span, network.size, on, f"network size: {fact}'s group fits net{k}")
                 carried.append(on)
                 if network.must_be_filled:
-                    fills = m.NewBoolVar(f"{fact}_fills_net{k}")
-                    m.AddImplication(fills, on)
-                    _add_at_least(m, span, network.size, fills)
+                    fills = cpsat.NewBoolVar(f"{fact}_fills_net{k}")
+                    cpsat.AddImplication(fills, on).WithName(f"network size: {fills.Name()} -> {on.Name()}")
+                    _add_at_least(cpsat, span, network.size, fills, f"network size: {fact}'s group fills net{k}")
                     widest.append(fills)
             # must be filled: if the network carries anything, some group spans it whole
             for on in carried if network.must_be_filled else ():
-                m.AddBoolOr([on.Not(), *widest])
+                cpsat.AddBoolOr([on.Not(), *widest]).WithName(f"network size: net{k} carries {on.Name()} only filled")
 
-    def violation(self, mapping, evaluation, p):
+    def violation(self, mapping, evaluation, problem):
         return float(sum(1 for r in evaluation.reasons if r.startswith("network")))
 
 
-def _add_at_most(m: cp_model.CpModel, expr, bound: int, enforce) -> None:
+def _add_at_most(cpsat: cp_model.CpModel, expr, bound: int, enforce, name: str) -> None:
+    """expr <= bound where `enforce`, named `name` (a constant expr: forbid `enforce` if it is over)."""
     if isinstance(expr, int):
         if expr > bound:
-            m.AddBoolOr([enforce.Not()])
+            cpsat.AddBoolOr([enforce.Not()]).WithName(name)
     else:
-        m.Add(expr <= bound).OnlyEnforceIf(enforce)
+        cpsat.Add(expr <= bound).WithName(name).OnlyEnforceIf(enforce)
 
 
-def _add_at_least(m: cp_model.CpModel, expr, bound: int, enforce) -> None:
+def _add_at_least(cpsat: cp_model.CpModel, expr, bound: int, enforce, name: str) -> None:
+    """expr >= bound where `enforce`, named `name` (a constant expr: forbid `enforce` if it is under)."""
     if isinstance(expr, int):
         if expr < bound:
-            m.AddBoolOr([enforce.Not()])
+            cpsat.AddBoolOr([enforce.Not()]).WithName(name)
     else:
-        m.Add(expr >= bound).OnlyEnforceIf(enforce)
+        cpsat.Add(expr >= bound).WithName(name).OnlyEnforceIf(enforce)
 
 
 STRUCTURE: tuple[Constraint, ...] = (ParallelSplit(), DegreeRules(), PipelineDivisibility(), BatchCap(),

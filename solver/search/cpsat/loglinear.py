@@ -76,28 +76,28 @@ class LogLinear:
         return sum(c * v for c, v in self.terms) + self.const
 
 
-def add_log_var(m: cp_model.CpModel, name: str, alternatives: list[tuple[list, LogLinear]],
+def add_log_var(cpsat: cp_model.CpModel, name: str, alternatives: list[tuple[list, LogLinear]],
                 floor: LogLinear | None = None) -> LogLinear:
     """A variable equal to the alternative whose literals hold, as a one-term LogLinear.
     `floor`, a lower bound of every alternative, is added unconditionally: the enforced
     equalities relax to nothing in CP-SAT's LP, the floor keeps the LP bound useful."""
     lo = min(a.lo for _, a in alternatives)
     hi = max(a.hi for _, a in alternatives)
-    y = m.NewIntVar(lo, hi, name)
-    for lits, alt in alternatives:
-        m.Add(y == alt.expr()).OnlyEnforceIf(lits)
+    y = cpsat.NewIntVar(lo, hi, name)
+    for i, (lits, alt) in enumerate(alternatives):
+        cpsat.Add(y == alt.expr()).WithName(f"{name}: alternative {i}").OnlyEnforceIf(lits)
     if floor is not None:
-        m.Add(y >= floor.expr())
+        cpsat.Add(y >= floor.expr()).WithName(f"{name}: floor")
     return LogLinear().add_var(y, lo, hi)
 
 
-def add_exp_term(m: cp_model.CpModel, name: str, log: LogLinear, unit: float, ceiling: float,
+def add_exp_term(cpsat: cp_model.CpModel, name: str, log: LogLinear, unit: float, ceiling: float,
                  active=None) -> cp_model.IntVar:
     """z >= exp(y)/unit by tangent lines, where y = `log` (quantized). `active` (literals, or
     None for always) switches the bound on — when off, z >= 0 only."""
     lo, hi = log.lo, log.hi
-    y = m.NewIntVar(lo, hi, f"log_{name}")
-    m.Add(y == log.expr())
+    y = cpsat.NewIntVar(lo, hi, f"log_{name}")
+    cpsat.Add(y == log.expr()).WithName(f"log_{name}: sum of quantized logs")
     y_top = min(hi / LOG_SCALE, math.log(ceiling))
     start = max(lo / LOG_SCALE, y_top - TANGENT_DECADES * math.log(10))
     points = np.arange(y_top, start - TANGENT_STEP, -TANGENT_STEP)
@@ -119,14 +119,14 @@ def add_exp_term(m: cp_model.CpModel, name: str, log: LogLinear, unit: float, ce
         # LP keeps y_clamped >= y, so no strength is lost where the lines bind.
         y_floor = min(math.floor(-b / s) for s, b in lines)
         if lo < y_floor:
-            clamped = m.NewIntVar(y_floor, max(hi, y_floor), f"log_{name}_clamped")
-            m.AddMaxEquality(clamped, [y, y_floor])
+            clamped = cpsat.NewIntVar(y_floor, max(hi, y_floor), f"log_{name}_clamped")
+            cpsat.AddMaxEquality(clamped, [y, y_floor]).WithName(f"log_{name}_clamped = max(log_{name}, {y_floor})")
             y = clamped
     # z's domain must hold every line's value over y's range, or CP-SAT would exclude mappings
     z_max = max([0] + [math.ceil((s * hi + b) / SLOPE_SCALE) for s, b in lines])
-    z = m.NewIntVar(0, z_max, name)
-    for slope, intercept in lines:
-        ct = m.Add(SLOPE_SCALE * z >= slope * y + intercept)
+    z = cpsat.NewIntVar(0, z_max, name)
+    for i, (slope, intercept) in enumerate(lines):
+        ct = cpsat.Add(SLOPE_SCALE * z >= slope * y + intercept).WithName(f"{name}: tangent {i}")
         if active is not None:
             ct.OnlyEnforceIf(active)
     return z

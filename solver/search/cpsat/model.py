@@ -34,6 +34,6 @@ def structure_model(problem: Problem, skels, flags=None) -> tuple[cp_model.CpMod
     return m, v
 
 
-def local_batches(problem: Problem, v: Variables) -> dict:
+def local_batches(problem: Problem, variables: Variables) -> dict:
     """batch/dp of every (tp, cp, ep, etp, pp) split the variables allow (1 where no batch exists)."""
-    return local_batches_of(v.split, problem.num_gpus, problem.space, problem.max_batch)
+    return local_batches_of(variables.split, problem.num_gpus, problem.space, problem.max_batch)

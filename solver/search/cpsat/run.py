@@ -23,19 +23,19 @@ def new_solver(time_limit_s: float, workers: int = 1, seed: int = 0) -> cp_model
     return solver
 
 
-def checked_solve(m: cp_model.CpModel, solver: cp_model.CpSolver, callback=None) -> int:
+def checked_solve(cpsat: cp_model.CpModel, solver: cp_model.CpSolver, callback=None) -> int:
     """Solve, and turn MODEL_INVALID into an InternalError with CP-SAT's own reason: the input
     boundary (costmodel.inputs.limits) keeps every number in range, so an invalid model is a bug,
     never a time-out or an infeasible problem."""
-    status = interruptible_solve(m, solver, callback)
+    status = interruptible_solve(cpsat, solver, callback)
     if status == cp_model.MODEL_INVALID:
-        reason = " ".join((m.Validate() or solver.SolutionInfo() or "no reason given").split())
+        reason = " ".join((cpsat.Validate() or solver.SolutionInfo() or "no reason given").split())
         raise InternalError(f"internal error: CP-SAT rejected the model as invalid ({reason[:300]}); "
                             f"please report it with the input files")
     return status
 
 
-def interruptible_solve(m: cp_model.CpModel, solver: cp_model.CpSolver, callback=None) -> int:
+def interruptible_solve(cpsat: cp_model.CpModel, solver: cp_model.CpSolver, callback=None) -> int:
     """solver.Solve in a helper thread while the main thread waits on it, so that Ctrl-C
     (which Python handles in the main thread only) stops the search at once (StopSearch)
     and comes back as KeyboardInterrupt. CP-SAT is told not to take SIGINT itself: it would
@@ -45,7 +45,7 @@ def interruptible_solve(m: cp_model.CpModel, solver: cp_model.CpSolver, callback
 
     def run() -> None:
         try:
-            outcome["status"] = solver.Solve(m, callback) if callback is not None else solver.Solve(m)
+            outcome["status"] = solver.Solve(cpsat, callback) if callback is not None else solver.Solve(cpsat)
         except BaseException as err:  # noqa: BLE001 - handed to the main thread below
             outcome["error"] = err
 

@@ -85,7 +85,7 @@ class Bounds:
     def memory(self):
         return sum(self.memory_terms)
 
-    def add_floor_cuts(self, m: cp_model.CpModel, v: Variables, exclude=()) -> None:
+    def add_floor_cuts(self, cpsat: cp_model.CpModel, variables: Variables, exclude=()) -> None:
         """Cuts from the block floors of the blocks not in `exclude` (those already scored and
         cut): objective >= the smallest floor of the (tp, cp, ep, etp, pp) split, and of the (tp, cp,
         ep, etp, microbatch) group, that a solution picks; a split or triple with nothing left is
@@ -96,25 +96,27 @@ class Bounds:
         strength (one implied inequality per literal would reach the LP only big-M weak)."""
         q = self.quantization
         objective = self.objective()
-        for floors, lits in floor_families(self.block_floors, v, set(exclude)):
+        for family, (floors, lits) in zip(("split", "group and microbatch"),
+                                           floor_families(self.block_floors, variables, set(exclude)), strict=True):
             weighted = []
             for key, lit in lits.items():
                 value = floors.get(key, math.inf)
                 if not math.isfinite(value):
-                    m.AddBoolOr([lit.Not()])
+                    cpsat.AddBoolOr([lit.Not()]).WithName(f"floor cut: no mapping left in {key}")
                 else:
                     floor_units = math.floor(min(value / q.time_unit_s, MAX_LINEAR_UNITS)) - q.time_terms
                     weighted.append(max(0, floor_units) * lit)
-            m.Add(objective >= sum(weighted))
+            cpsat.Add(objective >= sum(weighted)).WithName(f"floor cut: objective >= the floor of its {family}")
 
-    def add_cutoff(self, m: cp_model.CpModel, target_s: float) -> None:
+    def add_cutoff(self, cpsat: cp_model.CpModel, target_s: float) -> None:
         """objective <= the units of `target_s` (plus the rounding of each term): only
         mappings whose surrogate could still beat or tie the target remain. Left out when
         the target is past the tangents' ceiling (no coefficient may leave int64)."""
         q = self.quantization
         units = target_s / q.time_unit_s
         if units < MAX_LINEAR_UNITS:
-            m.Add(self.objective() <= math.floor(units) + q.time_terms)
+            cpsat.Add(self.objective() <= math.floor(units) + q.time_terms).WithName(
+                f"cutoff: objective <= {target_s:g} s")
 
     def seconds(self, objective_units: float) -> float:
         """A proven objective bound in units, as a sound bound on the exact time in seconds."""
@@ -122,7 +124,7 @@ class Bounds:
         return max(0.0, (objective_units - q.time_terms) * q.time_unit_s)
 
 
-def floor_families(block_floors: dict, v: Variables, skip) -> tuple:
+def floor_families(block_floors: dict, variables: Variables, skip) -> tuple:
     """The smallest block floor of each (tp, cp, ep, etp, pp) split and of each (tp, cp, ep, etp,
     microbatch) group over the blocks not in `skip`, each with the literals it is keyed by."""
     by_split: dict = {}
@@ -133,7 +135,7 @@ def floor_families(block_floors: dict, v: Variables, skip) -> tuple:
         split, group_mb = key.split, (*key.split[:-1], key.microbatch)     # the split less pp, and the microbatch
         by_split[split] = min(by_split.get(split, math.inf), floor)
         by_group_mb[group_mb] = min(by_group_mb.get(group_mb, math.inf), floor)
-    return (by_split, v.split), (by_group_mb, v.group_mb)
+    return (by_split, variables.split), (by_group_mb, variables.group_mb)
 
 
 def _units(value: float, divisor: float) -> int:
@@ -153,13 +155,15 @@ class SplitLogs:
     time_blocks: dict         # pp -> blocks of the stage bounded below in time (stage_floors)
     memory_blocks: dict       # pp -> blocks per microbatch in flight bounded below in memory
 
-    def microbatches(self, v: Variables) -> LogLinear:
+    def microbatches(self, variables: Variables) -> LogLinear:
         """ln(batch/dp/microbatch)"""
-        return LogLinear().add_table(self.local, v.split).add_table(self.mb_values, v.microbatch.is_, -1)
+        return LogLinear().add_table(self.local, variables.split).add_table(self.mb_values,
+                                                                            variables.microbatch.is_, -1)
 
-    def bubble(self, v: Variables) -> LogLinear:
+    def bubble(self, variables: Variables) -> LogLinear:
         """ln((pp-1)/interleaving)"""
-        return LogLinear().add_table(self.pp_minus_1, v.pp.is_).add_table(self.il_values, v.interleaving.is_, -1)
+        return LogLinear().add_table(self.pp_minus_1, variables.pp.is_).add_table(self.il_values,
+                                                                                  variables.interleaving.is_, -1)
 
 
 @dataclass(frozen=True)
@@ -171,33 +175,34 @@ class TimeTerms:
     unit_s: float
 
 
-def _linear_term(m: cp_model.CpModel, v: Variables, name: str, options, divisor: float):
+def _linear_term(cpsat: cp_model.CpModel, variables: Variables, name: str, options, divisor: float):
     """z >= Σ floor(table[k]/divisor)·pair[k], one table per option literal list."""
     top = max(_units(x, divisor) for _, t in options for x in t.values())
-    z = m.NewIntVar(0, top + 1, name)
-    for lits, table in options:
-        ct = m.Add(z >= sum(_units(table[k], divisor) * lit for k, lit in v.split.items()))
+    z = cpsat.NewIntVar(0, top + 1, name)
+    for i, (lits, table) in enumerate(options):
+        ct = cpsat.Add(z >= sum(_units(table[k], divisor) * lit for k, lit in variables.split.items())).WithName(
+            f"{name} >= its table {i}")
         if lits:
             ct.OnlyEnforceIf(lits)
     return z
 
 
-def add_time_terms(m: cp_model.CpModel, v: Variables, tables: Tables, logs: SplitLogs,
+def add_time_terms(cpsat: cp_model.CpModel, variables: Variables, tables: Tables, logs: SplitLogs,
                    even_layout: list) -> TimeTerms:
     """The objective: (n + (pp-1)/v) · (blocks · B + H + 2·v·P2P) as product terms, and the
     data-parallel reduction and the optimizer step as linear terms."""
-    flag = v.flag
+    flag = variables.flag
     # literals meaning "pp > 1": [] when always, None when never
-    if 1 not in v.pp.is_:
+    if 1 not in variables.pp.is_:
         pp_gt1: list | None = []
-    elif len(v.pp.is_) == 1:
+    elif len(variables.pp.is_) == 1:
         pp_gt1 = None
     else:
-        pp_gt1 = [v.pp.is_[1].Not()]
+        pp_gt1 = [variables.pp.is_[1].Not()]
     t_ref = min(logs.local[split] * logs.time_blocks[split[-1]]
                 * min(tables.compute[group_mb] / group_mb[-1] for group_mb in tables.tm_keys
                       if group_mb[:-1] == split[:-1])
-                for split in v.split)
+                for split in variables.split)
     unit = t_ref / UNITS_PER_REFERENCE
     ceiling = t_ref * CEILING_REFERENCES
 
@@ -205,21 +210,21 @@ def add_time_terms(m: cp_model.CpModel, v: Variables, tables: Tables, logs: Spli
         """ln(one block's time): one alternative per combination of the flags a block reads"""
         alternatives = [([flag("tp_comm", comm), flag("seq_par_ag_redo", redo), flag("recompute", rc),
                           flag("weight_offload", w), flag("activations_offload", a)],
-                         LogLinear().add_table(table, v.group_mb))
+                         LogLinear().add_table(table, variables.group_mb))
                         for (comm, redo, rc, w, a), table in per_flags.items()]
-        floor = {k: min(table[k] for table in per_flags.values()) for k in v.group_mb}
-        return add_log_var(m, name, alternatives, LogLinear().add_table(floor, v.group_mb))
+        floor = {k: min(table[k] for table in per_flags.values()) for k in variables.group_mb}
+        return add_log_var(cpsat, name, alternatives, LogLinear().add_table(floor, variables.group_mb))
 
     block = block_log("log_block_s", tables.block)
     # In the bubble, a ZB-H1 block is shorter by its weight-gradient GEMMs: where the space
     # offers ZB-H1 the bubble's blocks take that (smaller) table, a lower bound either way.
     bubble_block = (block_log("log_bubble_block_s", tables.block_zb)
-                    if offers_zero_bubble(v.space, v.num_networks) else block)
+                    if offers_zero_bubble(variables.space, variables.num_networks) else block)
     parts = {  # name -> (LogLinear of the part, literals that switch it on; None = never)
-        "blocks": (LogLinear().add_table(logs.time_blocks, v.pp.is_).plus(block), []),
-        "output_layer": (LogLinear().add_table(tables.head, v.group_mb), []),
-        "pp_send": (LogLinear().add_const(2.0).add_table(logs.il_values, v.interleaving.is_)
-                    .add_table(tables.p2p, v.group_mb), pp_gt1),
+        "blocks": (LogLinear().add_table(logs.time_blocks, variables.pp.is_).plus(block), []),
+        "output_layer": (LogLinear().add_table(tables.head, variables.group_mb), []),
+        "pp_send": (LogLinear().add_const(2.0).add_table(logs.il_values, variables.interleaving.is_)
+                    .add_table(tables.p2p, variables.group_mb), pp_gt1),
     }
     terms = []
     for weight_name, weight, weight_active in (("n", logs.microbatches, []), ("bubble", logs.bubble, pp_gt1)):
@@ -228,111 +233,120 @@ def add_time_terms(m: cp_model.CpModel, v: Variables, tables: Tables, logs: Spli
                 continue      # pp is 1 in every mapping: bubble and sends vanish
             active = weight_active + part_active
             if weight_name == "bubble" and part_name == "blocks":
-                part = LogLinear().add_table(logs.time_blocks, v.pp.is_).plus(bubble_block)
+                part = LogLinear().add_table(logs.time_blocks, variables.pp.is_).plus(bubble_block)
             if weight_name == "bubble" and part_name == "output_layer":
                 # uneven stages paced by a middle stage carry no output layer in a ZB-H1
                 # bubble: count it in the bubble only where the layout is even
                 active = active + even_layout
                 if any(lit is None for lit in active):
                     continue
-            terms.append(add_exp_term(m, f"time_{weight_name}_{part_name}", weight(v).plus(part), unit,
+            terms.append(add_exp_term(cpsat, f"time_{weight_name}_{part_name}", weight(variables).plus(part), unit,
                                       ceiling, active or None))
     exp_terms = len(terms)
-    terms.append(_linear_term(m, v, "time_dp_comm", [([], tables.dp_comm)], unit))
-    stages = tuple(v.flags["zero"])       # the sharding stages the space offers (codes)
-    terms.append(_linear_term(m, v, "time_optimizer", [([flag("zero", z)], tables.optimizer[z]) for z in stages],
+    terms.append(_linear_term(cpsat, variables, "time_dp_comm", [([], tables.dp_comm)], unit))
+    stages = tuple(variables.flags["zero"])   # the sharding stages the space offers (codes)
+    terms.append(_linear_term(cpsat, variables, "time_optimizer",
+                              [([flag("zero", z)], tables.optimizer[z]) for z in stages],
                               unit))
     return TimeTerms(terms, exp_terms, unit)
 
 
-def add_hbm_terms(m: cp_model.CpModel, v: Variables, tables: Tables, logs: SplitLogs,
+def add_hbm_terms(cpsat: cp_model.CpModel, variables: Variables, tables: Tables, logs: SplitLogs,
                   hbm_capacity_bytes: float) -> list:
     """A lower bound of a GPU's HBM use (MiB), as term variables: weights, optimizer state,
     embeddings, one block's workspace, and the stored activations in flight (a product
     term)."""
-    flag, mib = v.flag, MEMORY_UNIT_BYTES
-    stages = tuple(v.flags["zero"])
+    flag, mib = variables.flag, MEMORY_UNIT_BYTES
+    stages = tuple(variables.flags["zero"])
     comm_rs_ag = flag("tp_comm", TP_COMM_RS_AG)
     memory = [
-        _linear_term(m, v, "hbm_weights", [([flag("zero", z), flag("weight_offload", w)], tables.weights_hbm[(z, w)])
-                                           for z in stages for w in (0, 1)], mib),
-        _linear_term(m, v, "hbm_optimizer", [([flag("zero", z), flag("optimizer_offload", o)],
-                                              tables.optimizer_hbm[(z, o)]) for z in stages for o in (0, 1)], mib),
-        _linear_term(m, v, "hbm_embedding", [([flag("zero", z)], tables.embedding[z]) for z in stages], mib),
+        _linear_term(cpsat, variables, "hbm_weights",
+                     [([flag("zero", z), flag("weight_offload", w)], tables.weights_hbm[(z, w)])
+                      for z in stages for w in (0, 1)], mib),
+        _linear_term(cpsat, variables, "hbm_optimizer",
+                     [([flag("zero", z), flag("optimizer_offload", o)], tables.optimizer_hbm[(z, o)])
+                      for z in stages for o in (0, 1)], mib),
+        _linear_term(cpsat, variables, "hbm_embedding",
+                     [([flag("zero", z)], tables.embedding[z]) for z in stages], mib),
     ]
     class_lits = {"no_sp": [comm_rs_ag.Not()], "sp": [comm_rs_ag, flag("seq_par_ag_redo", 0)],
                   "sp_redo": [comm_rs_ag, flag("seq_par_ag_redo", 1)]}
     rcs = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
     top = max(_units(x, mib) for rc in rcs for cls in ACT_CLASSES for x in tables.workspace[(rc, cls)].values())
-    workspace = m.NewIntVar(0, top + 1, "hbm_workspace")
+    workspace = cpsat.NewIntVar(0, top + 1, "hbm_workspace")
     for rc in rcs:
         for cls in ACT_CLASSES:
             table = tables.workspace[(rc, cls)]
-            m.Add(workspace >= sum(_units(table[k], mib) * lit for k, lit in v.group_mb.items())
-                  ).OnlyEnforceIf([flag("recompute", rc), *class_lits[cls]])
+            cpsat.Add(workspace >= sum(_units(table[k], mib) * lit for k, lit in variables.group_mb.items())
+                  ).WithName(f"hbm_workspace >= its table at recompute code {rc}, {cls}").OnlyEnforceIf(
+                [flag("recompute", rc), *class_lits[cls]])
     memory.append(workspace)
     # blocks in flight >= blocks/pp · min(pp, microbatches): w = min(ln n, ln pp) exactly
-    n_log, p_log = logs.microbatches(v), LogLinear().add_table(logs.pp_values, v.pp.is_)
+    n_log, p_log = logs.microbatches(variables), LogLinear().add_table(logs.pp_values, variables.pp.is_)
     w_lo, w_hi = min(n_log.lo, p_log.lo), max(n_log.hi, p_log.hi)
-    w = m.NewIntVar(w_lo, w_hi, "log_min_pp_microbatches")
-    pick_n = m.NewBoolVar("inflight_limited_by_microbatches")
-    m.Add(w <= n_log.expr())
-    m.Add(w <= p_log.expr())
-    m.Add(w >= n_log.expr()).OnlyEnforceIf(pick_n)
-    m.Add(w >= p_log.expr()).OnlyEnforceIf(pick_n.Not())
+    w = cpsat.NewIntVar(w_lo, w_hi, "log_min_pp_microbatches")
+    pick_n = cpsat.NewBoolVar("inflight_limited_by_microbatches")
+    cpsat.Add(w <= n_log.expr()).WithName("log_min_pp_microbatches <= log microbatches")
+    cpsat.Add(w <= p_log.expr()).WithName("log_min_pp_microbatches <= log pp")
+    cpsat.Add(w >= n_log.expr()).WithName("log_min_pp_microbatches >= log microbatches").OnlyEnforceIf(pick_n)
+    cpsat.Add(w >= p_log.expr()).WithName("log_min_pp_microbatches >= log pp").OnlyEnforceIf(pick_n.Not())
     alternatives = []
     for rc in rcs:
         for cls in ACT_CLASSES:
-            stored = LogLinear().add_table(tables.stored[(rc, cls)], v.group_mb)
-            in_hbm = LogLinear().add_table(logs.memory_blocks, v.pp.is_).add_var(w, w_lo, w_hi)
+            stored = LogLinear().add_table(tables.stored[(rc, cls)], variables.group_mb)
+            in_hbm = LogLinear().add_table(logs.memory_blocks, variables.pp.is_).add_var(w, w_lo, w_hi)
             lits = [flag("recompute", rc), *class_lits[cls]]
             alternatives.append((lits + [flag("activations_offload", 0)], stored.plus(in_hbm)))
             # offloaded: HBM keeps at least one block's worth of the stage's activations
             alternatives.append((lits + [flag("activations_offload", 1)], stored))
-    activations = add_log_var(m, "log_hbm_activations", alternatives)
-    memory.append(add_exp_term(m, "hbm_activations", activations, mib, MEMORY_CEILING_CAPACITIES * hbm_capacity_bytes))
+    activations = add_log_var(cpsat, "log_hbm_activations", alternatives)
+    memory.append(add_exp_term(cpsat, "hbm_activations", activations, mib,
+                               MEMORY_CEILING_CAPACITIES * hbm_capacity_bytes))
     return memory
 
 
-def add_offload_bound(m: cp_model.CpModel, v: Variables, tables: Tables, offload_capacity_bytes: float) -> None:
+def add_offload_bound(cpsat: cp_model.CpModel, variables: Variables, tables: Tables,
+                      offload_capacity_bytes: float) -> None:
     """Offload capacity: offloaded weights with their gradients, and offloaded optimizer
     state, must fit (offloaded activations only add to this, so leaving them out relaxes)."""
-    flag, mib = v.flag, MEMORY_UNIT_BYTES
-    stages = tuple(v.flags["zero"])
-    offloaded = [_linear_term(m, v, "offload_weights", [([flag("weight_offload", 1), flag("zero", z)],
+    flag, mib = variables.flag, MEMORY_UNIT_BYTES
+    stages = tuple(variables.flags["zero"])
+    offloaded = [_linear_term(cpsat, variables, "offload_weights", [([flag("weight_offload", 1), flag("zero", z)],
                                                          tables.weights_and_grads[z]) for z in stages], mib),
-                 _linear_term(m, v, "offload_optimizer", [([flag("optimizer_offload", 1), flag("zero", z)],
+                 _linear_term(cpsat, variables, "offload_optimizer", [([flag("optimizer_offload", 1), flag("zero", z)],
                                                            tables.optimizer_state[z]) for z in stages], mib)]
-    m.Add(sum(offloaded) <= math.floor(offload_capacity_bytes / mib))
+    cpsat.Add(sum(offloaded) <= math.floor(offload_capacity_bytes / mib)).WithName("offload capacity")
 
 
-def add_bounds(m: cp_model.CpModel, v: Variables, c: Context, num_gpus: int, local_batch: dict,
+def add_bounds(cpsat: cp_model.CpModel, variables: Variables, c: Context, num_gpus: int, local_batch: dict,
                space: Space, hbm_capacity_bytes: float | None, enforce_hbm: bool = True,
                skeletons=None, tables: Tables | None = None) -> Bounds:
     """Add the time objective terms and, unless `hbm_capacity_bytes` is None, the HBM lower
     bound (constrained to the capacity when `enforce_hbm`) and the offload capacity.
     `local_batch[(tp, cp, ep, etp, pp)]` is batch/dp of that split; `tables`: the exact model's
     tables over these variables' keys when already built (Tables of the same arguments)."""
-    tables = tables or Tables(c, v, num_gpus, space, len(c.net_size))
+    tables = tables or Tables(c, variables, num_gpus, space, len(c.net_size))
     # Blocks per stage, bounded below for uneven layouts (costmodel.terms.pipeline): in time, the
     # last stage's (its blocks and the output layer never outlast the slowest stage); in
     # memory, what the first stage keeps alive per microbatch in flight (see stage_floors).
-    time_blocks, memory_blocks = stage_floors(c.blocks, v.pp.is_, v)
-    even_layout = even_layout_literals(m, v, c.blocks)
-    logs = SplitLogs(local={k: float(local_batch[k]) for k in v.split},
-                     pp_values={p: float(p) for p in v.pp.is_}, pp_minus_1={p: float(p - 1) for p in v.pp.is_},
-                     mb_values={mb: float(mb) for mb in v.microbatch.is_},
-                     il_values={il: float(il) for il in v.interleaving.is_},
+    time_blocks, memory_blocks = stage_floors(c.blocks, variables.pp.is_, variables)
+    even_layout = even_layout_literals(cpsat, variables, c.blocks)
+    logs = SplitLogs(local={k: float(local_batch[k]) for k in variables.split},
+                     pp_values={p: float(p) for p in variables.pp.is_},
+                     pp_minus_1={p: float(p - 1) for p in variables.pp.is_},
+                     mb_values={mb: float(mb) for mb in variables.microbatch.is_},
+                     il_values={il: float(il) for il in variables.interleaving.is_},
                      time_blocks=time_blocks, memory_blocks=memory_blocks)
-    time = add_time_terms(m, v, tables, logs, even_layout)
+    time = add_time_terms(cpsat, variables, tables, logs, even_layout)
     memory = []
     if hbm_capacity_bytes is not None:
-        memory = add_hbm_terms(m, v, tables, logs, hbm_capacity_bytes)
+        memory = add_hbm_terms(cpsat, variables, tables, logs, hbm_capacity_bytes)
         if enforce_hbm:
-            m.Add(sum(memory) <= math.floor(hbm_capacity_bytes / MEMORY_UNIT_BYTES) + 1)
-        add_offload_bound(m, v, tables, c.offload_capacity_bytes)
+            cpsat.Add(sum(memory) <= math.floor(hbm_capacity_bytes / MEMORY_UNIT_BYTES) + 1).WithName(
+                "HBM capacity")
+        add_offload_bound(cpsat, variables, tables, c.offload_capacity_bytes)
     block_floors = {}
     if skeletons is not None and hbm_capacity_bytes is not None and enforce_hbm:
-        block_floors = block_lower_bounds(tables, c, v.space, skeletons, local_batch, c.offload_capacity_bytes > 0,
-                                          v.num_networks, hbm_capacity_bytes)
+        block_floors = block_lower_bounds(tables, c, variables.space, skeletons, local_batch,
+                                          c.offload_capacity_bytes > 0, variables.num_networks, hbm_capacity_bytes)
     return Bounds(time.terms, memory, Quantization(time.unit_s, MEMORY_UNIT_BYTES, time.exp_terms, 1), block_floors)

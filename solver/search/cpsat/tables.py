@@ -18,7 +18,7 @@ import numpy as np
 
 from costmodel.context import Context
 from costmodel.choices import ShardingStage
-from costmodel.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, BlockKey, subgroup_limit
+from costmodel.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, BlockKey, data_parallel, subgroup_limit
 from costmodel.terms.iteration import RESIDENT_BLOCKS, bubble_microbatches
 from costmodel.terms.pipeline import stage_blocks, stage_blocks_in_flight
 from costmodel.ops import ArrayOps, ScalarOps
@@ -98,8 +98,8 @@ class Tables:
         cols, grid = Named.grid(key=np.arange(len(tpp)), zero=stages, weight_offload=[False, True],
                                 optimizer_offload=[False, True], dp_net=nets)
         split = {name: tpp[cols["key"], i] for i, name in enumerate(SPLIT_DEGREES)}
-        t_, c_, p_ = split["tp"], split["cp"], split["pp"]
-        dp = num_gpus // (t_ * c_ * p_).astype(np.int64)
+        t_, c_ = split["tp"], split["cp"]
+        dp = data_parallel(num_gpus, split)
         # (the gradient group's network is dp's when dp > 1, else cp's, else tp's — with dp =
         # cp = 1 only an MoE's expert group reduces —: the same grid axis)
         base = dict(**split, dp=dp, microbatch=np.ones(len(t_)), cp_net=cols["dp_net"], tp_net=cols["dp_net"],
@@ -365,7 +365,7 @@ def even_layout_literals(m: cp_model.CpModel, v: Variables, blocks: int) -> list
     if not even:
         return [None]
     lit = m.NewBoolVar("even_stages")
-    m.AddBoolOr(even).OnlyEnforceIf(lit)
+    m.AddBoolOr(even).WithName("even_stages -> pp divides the blocks").OnlyEnforceIf(lit)
     for e in even:
-        m.AddImplication(e, lit)
+        m.AddImplication(e, lit).WithName(f"{e.Name()} -> even_stages")
     return [lit]

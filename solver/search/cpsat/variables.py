@@ -36,9 +36,9 @@ def one_hot(model: cp_model.CpModel, name: str, values) -> OneHot:
     values = sorted(set(int(v) for v in values))
     var = model.NewIntVarFromDomain(cp_model.Domain.FromValues(values), name)
     lits = {v: model.NewBoolVar(f"{name}[{v}]") for v in values}
-    model.AddExactlyOne(lits.values())
+    model.AddExactlyOne(lits.values()).WithName(f"{name}: exactly one value")
     # var = Σ v·[var == v]: the integer and its Booleans agree.
-    model.Add(var == sum(v * lit for v, lit in lits.items()))
+    model.Add(var == sum(v * lit for v, lit in lits.items())).WithName(f"{name}: the integer of its one-hot")
     return OneHot(var, lits)
 
 
@@ -53,12 +53,13 @@ def and_pairs(model: cp_model.CpModel, name: str, first: dict, second: dict, kee
                 continue
             key = (a if isinstance(a, tuple) else (a,)) + (b if isinstance(b, tuple) else (b,))
             lit = model.NewBoolVar(f"{name}[{','.join(map(str, key))}]")
-            model.AddImplication(lit, lit_a)
-            model.AddImplication(lit, lit_b)
-            model.AddBoolOr([lit_a.Not(), lit_b.Not(), lit])
+            model.AddImplication(lit, lit_a).WithName(f"{lit.Name()} -> {lit_a.Name()}")
+            model.AddImplication(lit, lit_b).WithName(f"{lit.Name()} -> {lit_b.Name()}")
+            model.AddBoolOr([lit_a.Not(), lit_b.Not(), lit]).WithName(
+                f"{lit_a.Name()} and {lit_b.Name()} -> {lit.Name()}")
             pairs[key] = lit
     # Every valid mapping has an allowed pair: forbid the disallowed ones outright.
-    model.AddExactlyOne(pairs.values())
+    model.AddExactlyOne(pairs.values()).WithName(f"{name}: exactly one kept pair")
     return pairs
 
 
@@ -98,7 +99,7 @@ class Variables:
             widest = {"dp_cp_pow2": max((subgroup_limit(s.dp * s.cp) for s in skeletons), default=1)}
             self.flags[dim.name] = {code: model.NewBoolVar(f"{dim.name}[{dim.label_of(code)}]")
                                     for code in dim.domain(num_networks, widest)}
-            model.AddExactlyOne(self.flags[dim.name].values())
+            model.AddExactlyOne(self.flags[dim.name].values()).WithName(f"{dim.name}: exactly one code")
 
     def __getattr__(self, name: str) -> OneHot:
         """A degree's one-hot by its name (`v.tp`, `v.pp`: costmodel.dimensions.DEGREES)."""
@@ -126,7 +127,7 @@ class Variables:
     def exclude_block(self, key: BlockKey) -> None:
         """Cut the block `key` (once scored exactly)."""
         self.model.AddBoolOr([self.split[key.split].Not(), self.interleaving.is_[key.interleaving].Not(),
-                              self.microbatch.is_[key.microbatch].Not()])
+                              self.microbatch.is_[key.microbatch].Not()]).WithName(f"block {tuple(key)} scored")
 
     def pin(self, name: str, value: int) -> None:
         """Fix dimension `name` (costmodel.dimensions) to `value` (a number, or a flag's code);
@@ -136,12 +137,12 @@ class Variables:
         elif isinstance(getattr(self, name, None), OneHot):
             lits = getattr(self, name).is_
         else:                                   # batch: a plain integer variable
-            self.model.Add(getattr(self, name) == value)
+            self.model.Add(getattr(self, name) == value).WithName(f"pin: {name} = {value}")
             return
         if value not in lits:
-            self.model.AddBoolOr([])            # no such value: nothing is feasible
+            self.model.AddBoolOr([]).WithName(f"pin: {name} = {value}, outside its domain")   # nothing is feasible
             return
-        self.model.Add(lits[value] == 1)
+        self.model.Add(lits[value] == 1).WithName(f"pin: {name} = {value}")
 
     def decode(self, solver: cp_model.CpSolver) -> tuple[BlockKey, dict[str, int]]:
         """The block and the flag codes of a solution."""

@@ -12,7 +12,7 @@ from costmodel.inputs.hf import UnmodelledFieldWarning
 from costmodel.inputs.load import load_model
 from solver.cli.app import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "problems" / "models"
 H100 = str(ROOT / "problems" / "systems" / "h100-80g-nvl8.yaml")
 

@@ -47,7 +47,7 @@ from solver.cli.errors import MAX_ERROR_LINE
 from solver.search import codesign as codesign_module
 from solver.search.codesign import Grid, Target, codesign
 from solver.search.codesign_grid import MAX_GRID_SYSTEMS, MAX_MODELS, least_reaching
-from solver.search.solve import solve
+from solver.search.solve import SolveStatus, solve
 from solver.space.declaration import get_space
 
 TINY = {**MODEL_DATA, "hidden": 64, "feedforward": 256, "seq_size": 64, "attn_heads": 4, "attn_size": 16,
@@ -567,7 +567,7 @@ def test_a_large_document_is_called_an_alias_bomb_only_with_aliases(files, tmp_p
 
 
 def test_every_output_path_gets_its_missing_directories(files, tmp_path):
-    problems = Path(__file__).resolve().parents[1] / "problems"
+    problems = Path(__file__).resolve().parents[2] / "problems"
     runs = {
         "--csv": ["brute", *base_args("brute", files), "--csv"],
         "--plot": ["explain", *base_args("explain", files), "--plot"],
@@ -745,7 +745,7 @@ def test_the_search_tables_are_built_under_the_time_limit(files, monkeypatch):
     calls = []
     real = engine_module._check
     monkeypatch.setattr(engine_module, "_check", lambda deadline: calls.append(deadline) or real(deadline))
-    assert solve(model, system, 8, max_batch=8).status == "optimal"
+    assert solve(model, system, 8, max_batch=8).status == SolveStatus.optimal
     assert len(calls) > 3 + splits         # the tables' and the floors' checks too
 
     for stop_at in (3, 4, len(calls) // 2, len(calls) - 2):
@@ -758,7 +758,7 @@ def test_the_search_tables_are_built_under_the_time_limit(files, monkeypatch):
 
         monkeypatch.setattr(engine_module, "_check", out_of_time_at)
         result = solve(model, system, 8, max_batch=8, config=SolverConfig(time_limit_s=60))
-        assert result.status == "unknown" and result.best is None and len(seen) == stop_at
+        assert result.status == SolveStatus.unknown and result.best is None and len(seen) == stop_at
 
 
 # ---------------------------------------------------------------- 8. misleading or silent
@@ -963,7 +963,7 @@ def test_a_dask_address_that_answers_garbage_is_one_line_naming_it(files, tmp_pa
 
 # ---------------------------------------------------------------- --precision against every system
 
-SYSTEM_FILES = sorted((Path(__file__).resolve().parents[1] / "problems" / "systems").glob("*.yaml"))
+SYSTEM_FILES = sorted((Path(__file__).resolve().parents[2] / "problems" / "systems").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("system_file", SYSTEM_FILES, ids=[p.stem for p in SYSTEM_FILES])

@@ -23,7 +23,7 @@ from solver.search.cpsat import constraints
 from solver.search.cpsat.constraints import Problem
 from solver.search.cpsat.run import checked_solve
 from solver.search.cpsat.model import structure_model
-from solver.search.solve import SolverConfig, solve
+from solver.search.solve import SolveStatus, SolverConfig, solve
 from solver.space.declaration import get_space, skeletons
 from solver.space.factor import divisors, factorise
 from test_cli_errors import assert_problem_error, assert_usage_error
@@ -86,7 +86,7 @@ def test_the_largest_accepted_model_is_solved_and_certified():
     model = Model(name="deep", hidden=8, feedforward=32, seq_size=8, attn_heads=2, attn_size=4, num_blocks=1 << 20,
                   vocab_size=16)
     result = solve(model, System.model_validate(tiny_system()), 1 << 21, config=SolverConfig(time_limit_s=60))
-    assert result.status == "optimal" and result.certified_optimal and result.gap == 0.0
+    assert result.status == SolveStatus.optimal and result.certified_optimal and result.gap == 0.0
     # CP-SAT proved it, or the exact block floors did before any round was needed
     assert result.cpsat_status in ("OPTIMAL", "INFEASIBLE") or (result.cpsat_status is None and result.rounds == 0)
 

@@ -23,9 +23,9 @@ import solver.search.engine as engine_module
 from costmodel.inputs.load import load_model, load_system
 from solver.cli.app import cli
 from solver.search.cpsat.run import interruptible_solve
-from solver.search.solve import SolverConfig, solve
+from solver.search.solve import SolveStatus, SolverConfig, solve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = load_model(ROOT / "problems/models/gpt3-13b.yaml")
 SYSTEM = load_system(ROOT / "problems/systems/a100-80g-selene.yaml")
 ARGS = ["--model", "problems/models/gpt3-13b.yaml", "--system", "problems/systems/a100-80g-selene.yaml",
@@ -79,7 +79,7 @@ def test_interrupted_solve_returns_the_best_so_far(monkeypatch):
     monkeypatch.setattr(engine_module, "WARM_START_BLOCKS", 1)   # leave work for the rounds
     result = solve(MODEL, SYSTEM, 64, config=SolverConfig(top_k=3))
     assert interrupt_first_round.calls == 1
-    assert result.status == "interrupted" and not result.certified_optimal
+    assert result.status == SolveStatus.interrupted and not result.certified_optimal
     assert result.best is not None and result.best.feasible
 
 

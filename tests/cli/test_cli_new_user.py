@@ -18,7 +18,7 @@ from solver.cli.app import cli
 from solver.space.pins import default_batch_cap
 from solver.study.batch import load_batch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS, SYSTEMS, MAPPINGS = ROOT / "problems/models", ROOT / "problems/systems", ROOT / "problems/mappings"
 H100 = str(SYSTEMS / "h100-80g-nvl8.yaml")
 SELENE = str(SYSTEMS / "a100-80g-selene.yaml")
