@@ -1,5 +1,6 @@
 """Uneven pipeline stages in the search: the space offers a pp that divides num_blocks + 2
-(but not num_blocks) with lighter first and last stages, the Calculon presets do not, and
+(but not num_blocks) with lighter first and last stages, or else one whose last chunk is
+short (costmodel.terms.pipeline), the Calculon presets do not, and
 the solver's certified answer equals brute force where such a layout wins — by the exact
 block floors alone, and with the CP-SAT path forced (no warm start, no floor proof), for
 these problems and for context parallelism's."""
@@ -59,6 +60,14 @@ CASES = [
     ("14-blocks-offload-fp8", gqa(14, 4096, 32, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=30, offload_gib=128,
                                                                               offload_gbps=50),
      16, 32, Datatype.float8, ["pp=4,8,16", "cp_comm=p2p", "shard=all"]),
+    # a short last chunk (pp divides neither num_blocks nor num_blocks + 2): 13 blocks on pp 2
+    # of 7 chunks (7 and 6), on pp 4 (4, 4, 4, 1); 7 blocks on pp 2 of 4 chunks (4 and 3)
+    ("13-blocks-short-last-chunk-pp2-interleaved", gqa(13, 4096, 32, 8, 4096, vocab=128256),
+     H100.with_overrides(hbm_gib=24), 16, 32, Datatype.bfloat16, ["zero=0,1", "cp=1", "tp=1", "shard=all"]),
+    ("13-blocks-short-last-chunk-pp4", gqa(13, 4096, 32, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=16), 16,
+     32, Datatype.bfloat16, ["zero=0,1", "cp=1", "tp=1", "shard=all"]),
+    ("7-blocks-short-last-chunk", gqa(7, 4096, 32, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=40), 16, 32,
+     Datatype.bfloat16, ["pp=2,4", "cp_comm=p2p", "shard=all"]),
 ]
 
 
@@ -83,7 +92,8 @@ def test_solve_equals_brute_force_where_uneven_stages_win(case):
 
 # the whole group only (as before hybrid sharding); context parallelism's first three problems
 # with the K/V ring only, but for 131k-small-hbm-8gpu, where a2a wins with every cp_comm offered
-FORCED = [c for c in CASES if c[0] in ("30-blocks-pp4-interleaved", "6-blocks-zb-h1-one-block-ends")] + [
+FORCED = [c for c in CASES if c[0] in ("30-blocks-pp4-interleaved", "6-blocks-zb-h1-one-block-ends",
+                                       "7-blocks-short-last-chunk", "13-blocks-short-last-chunk-pp4")] + [
     (c[0], c[1], c[2], c[3], c[4], c[5], ["shard=all"] if c[0] == "131k-small-hbm-8gpu" else ["cp_comm=p2p", "shard=all"]) for c in CP_CASES[:3]]
 
 
@@ -101,6 +111,7 @@ def test_the_cp_sat_path_alone_certifies_the_same_answer(case, monkeypatch):
 @pytest.mark.parametrize("model, system, gpus", [
     (gqa(14, 2048, 16, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=24), 16),
     (gqa(6, 4096, 32, 8, 8192, vocab=128256), H100.with_overrides(hbm_gib=40, offload_gib=64, offload_gbps=50), 16),
+    (gqa(13, 2048, 16, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=24), 16),
 ])
 def test_block_floors_never_exceed_an_exact_time_in_their_block_with_uneven_stages(model, system, gpus):
     """The floors certify and cut blocks: each must sit at or below every feasible exact time

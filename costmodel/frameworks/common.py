@@ -78,7 +78,8 @@ class Layout:
 def stage_layout(mapping: Mapping, model: Model) -> Layout:
     """The mapping's blocks per stage, stated or by the layout rule (costmodel.terms.pipeline)."""
     first, middle, last = stage_blocks(ScalarOps, model.num_blocks, mapping.pipeline_par,
-                                       mapping.pipeline_first_stage_blocks, mapping.pipeline_last_stage_blocks)
+                                       mapping.pipeline_first_stage_blocks, mapping.pipeline_last_stage_blocks,
+                                       mapping.pipeline_interleaving)
     return Layout(int(first), int(middle), int(last))
 
 

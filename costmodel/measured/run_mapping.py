@@ -90,7 +90,7 @@ def _recompute(run: Run, model: Model, gaps: list[str]) -> tuple[Recompute, dict
             return Recompute.none, {}
         # core_attn alone is attn_only as the searched spaces cost it
         return Recompute.attn_only, {} if known == ("core_attn",) else {"recompute_modules": known}
-    stage = min(stage_blocks(ScalarOps, model.num_blocks, run.pp))
+    stage = min(stage_blocks(ScalarOps, model.num_blocks, run.pp, interleaving=run.interleaving))
     chunk = int(stage) // run.interleaving
     if run.recompute_blocks is None or run.recompute_blocks >= chunk:
         return Recompute.full, {}
@@ -101,7 +101,7 @@ def _activation_offload(run: Run, model: Model, system: System, recompute: Recom
     """The activations_offload switch and, for N of a stage's blocks, activation_offload_blocks."""
     if not run.activation_offload_blocks:
         return {"activations_offload": False}
-    stage = int(min(stage_blocks(ScalarOps, model.num_blocks, run.pp)))
+    stage = int(min(stage_blocks(ScalarOps, model.num_blocks, run.pp, interleaving=run.interleaving)))
     what = f"activation offload of {run.activation_offload_blocks} of {stage} blocks per stage"
     if system.offload is None:
         gaps.append(f"{what}: system {system.name!r} has no offload memory, costed as none")

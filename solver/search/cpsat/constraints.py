@@ -111,7 +111,8 @@ class PipelineDivisibility(Constraint):
     name = "pipeline divisibility"
 
     def describe(self, p):
-        uneven = (", or pp > 2 divides num_blocks + 2 (first and last stages one block lighter)"
+        uneven = (", or pp > 2 divides num_blocks + 2 (first and last stages one block lighter), or else "
+                  "a short last chunk (costmodel.terms.pipeline)"
                   if p.space.uneven_stages else "")
         return (f"pp divides num_blocks ({p.model.num_blocks}){uneven}; interleaving divides a stage's share; "
                 f"interleaving is 1 without pp")

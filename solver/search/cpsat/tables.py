@@ -20,7 +20,8 @@ from costmodel.context import Context
 from costmodel.choices import ShardingStage
 from costmodel.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, BlockKey, subgroup_limit
 from costmodel.terms.iteration import RESIDENT_BLOCKS, bubble_microbatches
-from costmodel.terms.pipeline import stage_blocks, stage_blocks_in_flight
+from costmodel.terms.pipeline import (EMBEDDING_AND_LOSS_BLOCKS, end_chunk_blocks, layout_interleavings, stage_blocks,
+                                      stage_blocks_in_flight)
 from costmodel.ops import ArrayOps, ScalarOps
 from solver.space.declaration import Space, flag_projection
 
@@ -272,23 +273,29 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         head = np.array([r[4] for r in per_mb])                              # [M]
         sends = np.array([r[5] for r in per_mb]) if p > 1 else np.zeros(len(mbs))
         # time[V, M, K] without the optimizer and DP terms (added per sharding below); with
-        # uneven stages (costmodel.terms.pipeline) the slowest of the middle and the last stage
-        first, middle, last = stage_blocks(ScalarOps, blocks, p)
-        per_micro = np.maximum(middle * block, last * block + head[:, None])  # [M, K]
-        time = (n[None, :] + bubble)[:, :, None] * (per_micro[None] + (2 * il * sends[None, :])[:, :, None])
+        # uneven stages (costmodel.terms.pipeline, per interleaving) the slowest stage
+        first, middle, last = stage_blocks(ArrayOps, blocks, p, interleaving=il)           # [V, 1] (or one value)
+        equal = first is middle is last
+        fullest, last_v = np.asarray(np.maximum(first, middle))[..., None], np.asarray(last)[..., None]
+        per_micro = np.broadcast_to(np.maximum(fullest * block, last_v * block + head[:, None]),
+                                    (len(ils), *block.shape))                           # [V, M, K]
+        time = (n[None, :] + bubble)[:, :, None] * (per_micro + (2 * il * sends[None, :])[:, :, None])
         if zero_bubble and p > 1 and 1 in sk.interleavings:
             # ZB-H1 on the non-interleaved row: n microbatches + (p-1) bubble ones without W
             block_zb = np.array([r[1] for r in per_mb])
             row = sk.interleavings.index(1)
             sends_1 = (2 * sends)[:, None]
-            # (uneven, a middle stage may set the pace, with no output layer in its bubble)
-            zb_head = head[:, None] if middle == last else 0.0
-            zb = n[:, None] * (per_micro + sends_1) + (p - 1) * (last * block_zb + zb_head + sends_1)
+            # (uneven, a stage without the output layer may set the pace, with none in its bubble)
+            zb_head = head[:, None] if equal else 0.0
+            last_1 = np.broadcast_to(last, il.shape)[row, 0]
+            zb = n[:, None] * (per_micro[row] + sends_1) + (p - 1) * (last_1 * block_zb + zb_head + sends_1)
             time[row] = np.minimum(time[row], zb)
         stored = np.array([r[2] for r in per_mb])
         workspace = np.array([r[3] for r in per_mb])
         # a first-stage GPU's (the tables' memory terms are the first stage's too)
-        inflight = stage_blocks_in_flight(ArrayOps, first, middle, last, p, il, n[None, :])[0][:, :, None]  # [V, M, 1]
+        chunks = None if equal else end_chunk_blocks(ArrayOps, blocks, p, il)
+        inflight = stage_blocks_in_flight(ArrayOps, first, middle, last, p, il, n[None, :], chunks)[0][:, :, None]
+        inflight = np.broadcast_to(inflight, (len(ils), len(mbs), 1))                                # [V, M, 1]
         all_activations = stored[None] * inflight                                                  # [V, M, K]
         activations_hbm = np.where(a_off, np.minimum(RESIDENT_BLOCKS, inflight) * stored[None], all_activations)
         activations_offloaded = np.where(a_off, all_activations, 0.0)
@@ -340,17 +347,24 @@ def _on_s(values: list) -> np.ndarray:
 
 def stage_floors(blocks: int, pp_values, v: Variables) -> tuple[dict, dict]:
     """Per pp value: (blocks a stage's time is at least that of, blocks per microbatch in
-    flight a first-stage GPU keeps at least). Even: L/pp both. Uneven (m = (L+2)/pp): the
-    last stage's m - 1 blocks in time; in memory m - 1 with 1F1B, m - 2 when the space lets
-    that pp interleave (the first chunk of each microbatch one block short: at most
-    2·min(n, pp) chunks short, costmodel.terms.pipeline.short_first_chunks_in_flight)."""
+    flight a first-stage GPU keeps at least). Even: L/pp both. With the embedding and the
+    loss counted (m = (L+2)/pp): the last stage's m - 1 blocks in time; in memory m - 1 with
+    1F1B, m - 2 when the space lets that pp interleave (the first chunk of each microbatch one
+    block short: at most 2·min(n, pp) chunks short,
+    costmodel.terms.pipeline.short_first_chunks_in_flight). With a short last chunk: the
+    last stage's fewest blocks over the interleavings in time, and in memory the first
+    stage's, v·⌈L/(pp·v)⌉ ≥ ⌈L/pp⌉, in full chunks (v·c·min(n, pp) in flight at least)."""
     time_blocks, memory_blocks = {}, {}
     for p in pp_values:
-        first, _, last = stage_blocks(ScalarOps, blocks, p)
-        time_blocks[p] = float(last)
+        first, middle, last = stage_blocks(ScalarOps, blocks, p)
         if first == blocks / p:
+            time_blocks[p] = memory_blocks[p] = float(first)
+        elif not (p > 2 and (blocks + EMBEDDING_AND_LOSS_BLOCKS) % p == 0):   # a short last chunk: shrinks with v
+            time_blocks[p] = min(stage_blocks(ScalarOps, blocks, p, interleaving=il)[2]
+                                 for il in layout_interleavings(blocks, p))
             memory_blocks[p] = float(first)
         else:
+            time_blocks[p] = float(last)
             share = first + 1                 # m: interleaving divides it
             interleaves = any(il > 1 and share % il == 0 for il in v.interleaving.is_)
             memory_blocks[p] = float(first - 1 if interleaves else first)
