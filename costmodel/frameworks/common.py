@@ -91,12 +91,12 @@ def check_layout(mapping: Mapping, model: Model, refusals: Refusals) -> None:
         refusals.refuse("pipeline_par", mapping.pipeline_par, f"no whole layout: {problem}")
 
 
-def stated_stage_blocks(first: int | None, last: int | None, model: Model, pp: int) -> dict:
+def stated_stage_blocks(first: int | None, last: int | None, model: Model, pp: int, interleaving: int = 1) -> dict:
     """The first and last stage blocks a file states, left out where they are the layout rule's
-    (the mapping then says the same as a file that states nothing)."""
+    for pp and the interleaving (the mapping then says the same as a file that states nothing)."""
     if first is None and last is None:
         return {}
-    rule_first, _, rule_last = stage_blocks(ScalarOps, model.num_blocks, pp)
+    rule_first, _, rule_last = stage_blocks(ScalarOps, model.num_blocks, pp, interleaving=interleaving)
     if (first is None or first == rule_first) and (last is None or last == rule_last):
         return {}
     return {"pipeline_first_stage_blocks": first, "pipeline_last_stage_blocks": last}
