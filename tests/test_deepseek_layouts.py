@@ -12,9 +12,13 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import H100_SYSTEM, MODELS_DIR
+from costmodel.frameworks.bridge import export_bridge, import_bridge
+from costmodel.frameworks.megatron import export_megatron, import_megatron
+from costmodel.inputs.load import load_model, load_system
+from costmodel.mapping import Mapping
 from costmodel.ops import ScalarOps
 from costmodel.terms.pipeline import end_chunk_blocks, layout_interleavings, layout_problem, stage_blocks
-from costmodel.terms.pipeline_layout import layout_chunks
+from costmodel.terms.pipeline_layout import layout_chunks, layout_string
 from solver.cli.app import cli
 
 DEEPSEEK_V3_BLOCKS = 61
@@ -97,3 +101,30 @@ def test_explain_takes_the_same_fixes():
     assert run.exit_code == 0, run.output
     doc = json.loads(run.stdout)
     assert '"pipeline_par": 16' in json.dumps(doc)
+
+
+@pytest.mark.parametrize("pp, v", sorted(RECIPE_LAYOUTS))
+def test_the_layout_string_written_is_the_recipes(pp, v):
+    written = layout_string([[int(c) for c in rank] for rank in rule_chunks(DEEPSEEK_V3_BLOCKS, pp, v)], mtp_blocks=1)
+    assert layout_chunks(written, pp, v) == layout_chunks(RECIPE_LAYOUTS[(pp, v)], pp, v)
+    assert written.startswith("E") and written.endswith("mL") and written.count("E") == written.count("L") == 1
+
+
+@pytest.mark.parametrize("export, parse", [(lambda m, model, system: export_megatron(m, model, lossy=True),
+                                            import_megatron),
+                                           (lambda m, model, system: export_bridge(m, model, system, lossy=True),
+                                            import_bridge)])
+def test_a_short_chunk_layout_is_exported_as_a_layout_string_and_read_back(export, parse):
+    """pp 2 × vp 8: the first and last stage layer counts cannot say chunks of 4 with a last one
+    of 1 (Megatron-LM asks v to divide them); the launch names the layout, and reads back as the
+    same mapping."""
+    model = load_model(MODELS_DIR / "deepseek-v3" / "config.json", seq_size=4096)
+    system = load_system(H100_SYSTEM)
+    mapping = Mapping(num_procs=2048, tensor_par=1, pipeline_par=2, pipeline_interleaving=8, data_par=1024,
+                      expert_par=64, expert_tensor_par=1, batch_size=2048, microbatch_size=1, tensor_par_net=0,
+                      pipeline_par_net=1, data_par_net=1, expert_par_net=1, expert_tensor_par_net=0)
+    text = export(mapping, model, system).text
+    assert "Et*4|t*4|" in text and text.count("t*4") == 15 and "|tmL" in text
+    read = parse(text, model, system, "launch")
+    assert (read.pp, read.pipeline_interleaving, read.pipeline_first_stage_blocks, read.pipeline_last_stage_blocks) == \
+        (2, 8, None, None)
