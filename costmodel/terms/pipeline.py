@@ -203,10 +203,11 @@ def _short_last_chunk_problem(num_blocks: int, pp: int, v: int) -> str | None:
     deficit = virtual * chunk - num_blocks
     if deficit < chunk or (v > 1 and deficit == chunk):
         return None
-    neither = f"divides neither num_blocks({num_blocks})" + (f" nor num_blocks + 2 = {num_blocks + 2}" if pp > 2 else "")
+    neither = f"divides neither num_blocks({num_blocks})"
+    neither += f" nor num_blocks + 2 = {num_blocks + 2}" if pp > 2 else ""
     chunks = (f"{pp} stages of {chunk} = ⌈{num_blocks}/{pp}⌉ blocks" if v == 1 else
-              f"{virtual} chunks (pipeline_par({pp})·pipeline_interleaving({v})) of {chunk} = ⌈{num_blocks}/{virtual}⌉ "
-              f"blocks")
+              f"{virtual} chunks (pipeline_par({pp})·pipeline_interleaving({v})) of {chunk} = "
+              f"⌈{num_blocks}/{virtual}⌉ blocks")
     short = "leave the last stage no block" if v == 1 else "are more than the last chunk holds"
     return (f"pipeline_par({pp}) {neither}, and {chunks} are {deficit} too many: they {short} (a short last "
             f"chunk, Megatron-Bridge's DeepSeek-V3 layouts)")

@@ -108,7 +108,7 @@ class Tables:
         dp_net = cols["dp_net"]
         check = check or (lambda: None)       # (a deadline's: raises when it has passed)
         check()
-        terms = _grid_terms(c, block_memo, **base, batch=dp)
+        terms = _stage_terms(c, block_memo, {**base, "batch": dp})
 
         # Exposed + stolen DP time is at least usage × the reduction time (overlap hides at
         # most all of it, stealing `usage` of the compute meanwhile), and all of it unoverlapped;
@@ -152,8 +152,9 @@ class Tables:
         if len(taken) > 1:
             check()
             at = np.concatenate(list(taken.values())[1:])
-            grouped = _grid_terms(c, block_memo, **{k: v_[at] for k, v_ in base.items()}, batch=dp[at],
-                                  shard=np.concatenate([np.full(len(rows), code) for code, rows in taken.items() if code]))
+            grouped = _stage_terms(c, block_memo, {**{k: v_[at] for k, v_ in base.items()}, "batch": dp[at],
+                                                   "shard": np.concatenate([np.full(len(rows), code)
+                                                                            for code, rows in taken.items() if code])})
             start = 0
             for code, rows in list(taken.items())[1:]:
                 parts[code] = _rows_of(grouped, len(at), slice(start, start + len(rows)))
@@ -171,7 +172,7 @@ class Tables:
             dp_comm = np.minimum(dp_comm, one)
             dp_once, dp_per_microbatch = (
                 per_stage(grid.of(spread(values) * usage).min(*rest, where=grad_fits))
-                for values in (one_terms.dp_comm_s - one_terms.dp_per_microbatch_s, one_terms.dp_per_microbatch_s))
+                for values in (one_terms.dp_once_s, one_terms.dp_per_microbatch_s))
             optimizer = grid.of(spread(one_terms.optimizer_s))
             takes = grid.of(code <= limit).sel(zero=0, **off, **none).values
             self.by_shard.append(StageTables(
@@ -333,11 +334,41 @@ def block_keys(split: tuple, interleavings: tuple, microbatches: tuple) -> list[
     return [make((*split, il, mb)) for il in interleavings for mb in microbatches]
 
 
-def _rows_of(terms, total: int, part: slice) -> SimpleNamespace:
-    """The stage-table terms (StageTables' sources) of rows `part` of a `total`-row evaluation."""
-    return SimpleNamespace(**{name: np.broadcast_to(getattr(terms, name), (total,))[part] for name in (
-        "dp_comm_s", "dp_per_microbatch_s", "optimizer_s", "weights_hbm_bytes", "optimizer_hbm_bytes",
-        "weights_bytes", "weight_grads_bytes", "optimizer_bytes", "embedding_bytes")})
+STAGE_TERMS = ("dp_comm_s", "dp_per_microbatch_s", "optimizer_s", "weights_hbm_bytes", "optimizer_hbm_bytes",
+               "weights_bytes", "weight_grads_bytes", "optimizer_bytes", "embedding_bytes")
+"""The iteration terms the stage tables are built from (StageTables' sources)."""
+
+
+def _stage_terms(c: Context, block_memo: dict | None, columns: dict) -> SimpleNamespace:
+    """STAGE_TERMS and the DP reduction's once-a-step part (dp_once_s) of a grid of partial
+    mappings, least row by row over the layouts of each row's pp: with a short last chunk
+    (costmodel.terms.pipeline) the end stages' blocks move with the interleaving, so the
+    tables take the least over one interleaving per distinct layout; elsewhere the one
+    layout (interleaving 1)."""
+    pps = np.asarray(columns["pp"]).astype(np.int64)
+    layouts = {p: _distinct_layouts(int(c.blocks), p) for p in set(pps.tolist())}
+    least: dict | None = None
+    for k in range(max(len(ils) for ils in layouts.values())):
+        il = np.array([layouts[p][min(k, len(layouts[p]) - 1)] for p in pps.tolist()], dtype=np.int64)
+        terms = _grid_terms(c, block_memo, **columns, interleaving=il)
+        values = {name: np.broadcast_to(getattr(terms, name), (len(pps),)) for name in STAGE_TERMS}
+        values["dp_once_s"] = values["dp_comm_s"] - values["dp_per_microbatch_s"]
+        least = values if least is None else {name: np.minimum(least[name], x) for name, x in values.items()}
+    return SimpleNamespace(**least)
+
+
+def _distinct_layouts(blocks: int, pp: int) -> list[int]:
+    """One interleaving per distinct (first, middle, last) layout of pp stages, the least
+    giving it: [1] but with a short last chunk (and for a pp no interleaving lays out)."""
+    first_of: dict = {}
+    for il in layout_interleavings(blocks, pp) or (1,):
+        first_of.setdefault(stage_blocks(ScalarOps, blocks, pp, interleaving=il), il)
+    return list(first_of.values())
+
+
+def _rows_of(terms: SimpleNamespace, total: int, part: slice) -> SimpleNamespace:
+    """The stage-table terms (`_stage_terms`) of rows `part` of a `total`-row evaluation."""
+    return SimpleNamespace(**{name: np.broadcast_to(value, (total,))[part] for name, value in vars(terms).items()})
 
 
 def _on_s(values: list) -> np.ndarray:
@@ -361,7 +392,7 @@ def stage_floors(blocks: int, pp_values, v: Variables) -> tuple[dict, dict]:
             time_blocks[p] = memory_blocks[p] = float(first)
         elif not (p > 2 and (blocks + EMBEDDING_AND_LOSS_BLOCKS) % p == 0):   # a short last chunk: shrinks with v
             time_blocks[p] = min(stage_blocks(ScalarOps, blocks, p, interleaving=il)[2]
-                                 for il in layout_interleavings(blocks, p))
+                                 for il in layout_interleavings(int(blocks), p))
             memory_blocks[p] = float(first)
         else:
             time_blocks[p] = float(last)
