@@ -13,11 +13,16 @@ from pathlib import Path
 import pytest
 
 import solver.search.engine as engine_module
+from costmodel.context import Context
+from costmodel.evaluate import evaluate
 from costmodel.kernels import Kernels
+from costmodel.mapping import Mapping
 from costmodel.inputs.load import load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
 from solver.search.brute import scan
+from solver.search.cpsat.block_tables import SplitKeys
+from solver.search.cpsat.tables import Tables
 from solver.search.solve import SolverConfig, solve
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space, skeletons
@@ -119,3 +124,24 @@ def test_block_floors_never_exceed_an_exact_time_in_their_block_with_uneven_stag
     # as before cp_comm and shard: the floors with every cp_comm are tests/test_cp_comm.py's
     checked = assert_block_floors_below_exact(model, system, gpus, 64, Datatype.bfloat16, plain(get_space("full")))
     assert len(checked) > 10 and any(model.num_blocks % sk.pp for sk in checked)
+
+
+def test_stage_tables_sit_below_every_interleavings_layout():
+    """A short last chunk moves the end stages' blocks with the interleaving (13 blocks on pp 2:
+    7 and 6 at v = 1, 8 and 5 at v = 2): where two MTP modules make the last stage the fullest,
+    v = 1's optimizer step is the longer, so the stage tables must take the least over the
+    layouts to stay below each one's exact terms."""
+    model = gqa(13, 1024, 8, 8, 4096, vocab=128256).model_copy(update={"mtp_blocks": 2})
+    space = plain(get_space("full"))
+    sks = [s for s in skeletons(model, 16, 64, space) if s.pp == 2 and s.tp == s.cp == 1]
+    c = Context.build(model, H100, Datatype.bfloat16, Kernels())
+    tables = Tables(c, SplitKeys(sks), 16, space, len(c.net_size))
+    optimizer = {}
+    for sk in sks:
+        for il in sk.interleavings:
+            mapping = Mapping(num_procs=16, tensor_par=1, pipeline_par=2, data_par=sk.dp, batch_size=sk.batch,
+                              microbatch_size=sk.microbatches[0], pipeline_interleaving=il, tensor_par_net=0,
+                              pipeline_par_net=1, data_par_net=1)
+            optimizer[il] = evaluate(model, H100, mapping).time_s["optimizer_s"]
+            assert tables.optimizer[0][sk.split] <= optimizer[il] * (1 + 1e-12), il
+    assert optimizer[1] > optimizer[2]          # the case the least over the layouts is for
