@@ -76,8 +76,9 @@ def fold_problem(tp: int, cp: int, dp: int, ep: int, etp: int) -> str | None:
 
 
 def pp_fits(model, system, v) -> str | None:
-    # pp divides the blocks, or the blocks + 2 with lighter first and last stages (the
-    # layout rule of costmodel.terms.pipeline); a preset may ask for even stages (Space.uneven_stages)
+    # pp lays the blocks out by the layout rule of costmodel.terms.pipeline (even, the
+    # embedding and the loss counted as blocks, or a short last chunk: each valid with some
+    # interleaving only when valid without); a preset may ask for even stages (Space.uneven_stages)
     return layout_problem(model.num_blocks, v["pp"], 1)
 
 

@@ -338,7 +338,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
               touches=frozenset({BLOCK, MEMORY, NETWORK_CHECK})),
     Dimension("pp", "pipeline_par", "split", "pipeline parallelism: the blocks are split into pp stages",
               rule="1 .. blocks; divides N/(tp·cp) and num_blocks, or (full) pp > 2 divides num_blocks + 2: "
-                   "the first and last stages one block lighter", fits=pp_fits,
+                   "the first and last stages one block lighter, or else (full) a short last chunk: chunks of "
+                   "⌈num_blocks/(pp·il)⌉ blocks, the last one short", fits=pp_fits,
               bound=limits.GPUS_SEARCH, touches=frozenset({BLOCK, MEMORY, NETWORK_CHECK})),
     Dimension("dp", "data_par", "split", "data parallelism: replicas of the pipeline",
               rule="N/(tp·cp·pp); tp·cp·pp·dp = N",
@@ -349,7 +350,8 @@ DIMENSIONS: tuple[Dimension, ...] = (
     # ---- chosen given the split, independently of each other ----
     Dimension("interleaving", "pipeline_interleaving", "per_split", "model chunks per pipeline stage (interleaved 1F1B)",
               label="il", rule="divisors of a stage's share; 1 when pp = 1, else divides num_blocks/pp "
-                               "(uneven stages: (num_blocks + 2)/pp)",
+                               "(uneven stages: (num_blocks + 2)/pp; a short last chunk: pp·il chunks of "
+                               "⌈num_blocks/(pp·il)⌉ blocks exceed num_blocks by at most one chunk)",
               fits=interleaving_fits, bound=limits.NUM_BLOCKS, default=1, touches=frozenset({MEMORY})),
     Dimension("microbatch", "microbatch_size", "per_split", "sequences per microbatch", label="mb",
               rule="divisors of batch/dp; divides batch/dp; microbatch·seq_size divisible by tp·cp", fits=seq_par_fits,

@@ -25,6 +25,7 @@ from costmodel.inputs.load import load_model, load_system
 from costmodel.mapping import Mapping
 from costmodel.ops import ScalarOps
 from costmodel.terms.param_counts import ParameterCounts
+from costmodel.terms.pipeline import stage_blocks
 from costmodel.measured.run_files import read_runs
 from costmodel.measured.run_mapping import map_run, mtp_layout
 from costmodel.system import Datatype
@@ -218,15 +219,21 @@ def _bridge_mapping():
 
 
 def test_bridge_deepseek_row_maps_with_the_mtp_layout():
-    run, model, _, mapped = _bridge_mapping()
+    run, model, system, mapped = _bridge_mapping()
     # The row states its layout (Megatron-Bridge's set_deepseek_v3_pipeline_model_parallel_layout
     # for pp 16: the embedding and 4 blocks, 14 stages of 4, one block, the MTP module and the loss).
     assert run.pipeline_layout == "Et*4|(t*4|)*14tmL"
-    assert (run.pp, mapped.mapping.pipeline_first_stage_blocks, mapped.mapping.pipeline_last_stage_blocks) == (16, 4, 1)
+    # That is the layout rule's short last chunk (costmodel.terms.pipeline: 4, 4 × 14, 1), so
+    # the mapping states no layout of its own and needs no MTP rule; stated, it costs the same
+    # to the last bit.
+    assert (run.pp, mapped.mapping.pipeline_first_stage_blocks, mapped.mapping.pipeline_last_stage_blocks) == \
+        (16, None, None)
     assert not any("layout" in gap for gap in mapped.not_expressible)
-    # Without a stated layout, the MTP rule: 61 blocks, the embedding, the MTP module and the
-    # loss, 64 on 16 stages of 4.
-    assert mtp_layout(model, 16, 1) == (3, 2)
+    assert mtp_layout(model, 16, 1) is None
+    assert stage_blocks(ScalarOps, 61.0, 16.0) == (4.0, 4.0, 1.0)
+    stated = mapped.mapping.model_copy(update={"pipeline_first_stage_blocks": 4, "pipeline_last_stage_blocks": 1})
+    with_fields, by_rule = evaluate(model, system, stated), evaluate(model, system, mapped.mapping)
+    assert (with_fields.iteration_time_s, with_fields.memory_bytes) == (by_rule.iteration_time_s, by_rule.memory_bytes)
 
 
 def test_mtp_module_costs_time_and_last_stage_memory():

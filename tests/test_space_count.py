@@ -194,27 +194,50 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
         m.AddModuloEquality(0, size, tp)                          # tp divides hidden, heads, feedforward
     # pp divides blocks: a stage's share is blocks/pp; or, where the space allows uneven
     # stages, pp > 2 divides blocks + 2, each stage's share (blocks + 2)/pp >= 2 (the first
-    # and the last hold one block fewer)
-    even = m.NewBoolVar("even_stages")
-    share = m.NewIntVar(1, model.num_blocks + 2, "stage_share")
-    m.AddMultiplicationEquality(model.num_blocks, [pp, share]).OnlyEnforceIf(even)
-    m.AddMultiplicationEquality(model.num_blocks + 2, [pp, share]).OnlyEnforceIf(even.Not())
-    m.Add(pp >= 3).OnlyEnforceIf(even.Not())
-    m.Add(share >= 2).OnlyEnforceIf(even.Not())
-    even_possible = m.NewBoolVar("pp_divides_blocks")             # uneven only where even is impossible
-    blocks_mod = m.NewIntVar(0, model.num_blocks, "blocks_mod_pp")
-    m.AddModuloEquality(blocks_mod, model.num_blocks, pp)
-    m.Add(blocks_mod == 0).OnlyEnforceIf(even_possible)
-    m.Add(blocks_mod != 0).OnlyEnforceIf(even_possible.Not())
+    # and the last hold one block fewer); or, where pp divides neither, a short last chunk:
+    # pp·interleaving chunks of c = ⌈blocks/(pp·interleaving)⌉ blocks, the last short by the
+    # excess, which is at most c (less than c without interleaving: a stage holds a block)
+    blocks = model.num_blocks
+    even, padded, short = (m.NewBoolVar(name) for name in ("even_stages", "padded_stages", "short_last_chunk"))
+    m.AddExactlyOne([even, padded, short])
+    share = m.NewIntVar(1, blocks + 2, "stage_share")
+    m.AddMultiplicationEquality(blocks, [pp, share]).OnlyEnforceIf(even)
+    m.AddMultiplicationEquality(blocks + 2, [pp, share]).OnlyEnforceIf(padded)
+    m.Add(pp >= 3).OnlyEnforceIf(padded)
+    m.Add(share >= 2).OnlyEnforceIf(padded)
+    # what pp divides, as a table over its values: uneven only where even is impossible, a
+    # short last chunk only where pp > 2 does not divide blocks + 2 either
+    even_possible, padded_possible = m.NewBoolVar("pp_divides_blocks"), m.NewBoolVar("pp_above_2_divides_blocks_plus_2")
+    m.AddAllowedAssignments([pp, even_possible, padded_possible],
+                            [(p, int(blocks % p == 0), int(p > 2 and (blocks + 2) % p == 0))
+                             for p in range(1, num_gpus + 1)])
     m.Add(even == even_possible)
+    m.AddImplication(padded, padded_possible)
+    m.AddImplication(short, padded_possible.Not())
     if not space.uneven_stages:
         m.Add(even == 1)
     interleaving = m.NewIntVar(1, model.num_blocks + 2, "interleaving")
     m.AddModuloEquality(0, share, interleaving)                   # interleaving divides the share
+    m.Add(share == interleaving).OnlyEnforceIf(short)             # (no share: any interleaving the chunks allow)
+    # (the chunk variables are fixed where the chunks are not short: one solution per mapping)
+    virtual = m.NewIntVar(1, num_gpus * (blocks + 2), "virtual_stages")
+    m.AddMultiplicationEquality(virtual, [pp, interleaving]).OnlyEnforceIf(short)
+    chunk = m.NewIntVar(1, blocks + 2, "chunk_blocks")
+    filled = m.NewIntVar(1, num_gpus * (blocks + 2) ** 2, "chunks_times_blocks")
+    m.AddMultiplicationEquality(filled, [chunk, virtual]).OnlyEnforceIf(short)
+    m.Add(filled >= blocks).OnlyEnforceIf(short)                  # c = ⌈blocks/(pp·interleaving)⌉
+    m.Add(filled - virtual <= blocks - 1).OnlyEnforceIf(short)
+    m.Add(filled - blocks <= chunk).OnlyEnforceIf(short)          # the excess fits in the last chunk
+    for fixed in (virtual, chunk, filled):
+        m.Add(fixed == 1).OnlyEnforceIf(short.Not())
     pp_is_1 = m.NewBoolVar("pp_is_1")
     m.Add(pp == 1).OnlyEnforceIf(pp_is_1)
     m.Add(pp != 1).OnlyEnforceIf(pp_is_1.Not())
     m.Add(interleaving == 1).OnlyEnforceIf(pp_is_1)               # no interleaving without a pipeline
+    one_chunk = m.NewBoolVar("interleaving_is_1")
+    m.Add(interleaving == 1).OnlyEnforceIf(one_chunk)
+    m.Add(interleaving != 1).OnlyEnforceIf(one_chunk.Not())
+    m.Add(filled - blocks <= chunk - 1).OnlyEnforceIf([short, one_chunk])   # the last stage keeps a block
     replicas_per_cap = m.NewIntVar(0, max_batch, "cap_div_dp")
     m.AddDivisionEquality(replicas_per_cap, max_batch, dp)        # batch = dp·floor(cap/dp)
     local = m.NewIntVar(1, max_batch, "local_batch")
@@ -275,6 +298,8 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
     (4, 4, 2, 8, 2, 4, 2, True, 0, "all"),       # offload and two networks
     (8, 8, 6, 4, 6, 4, 1, True, 0, "plain"),      # dp 6 > cap 4 with offload
     (8, 4, 4, 8, 4, 4, 1, False, 4, "plain"),     # mixture of experts: ep·etp dividing tp·cp·dp
+    (2, 2, 7, 8, 4, 2, 1, False, 0, "plain"),     # 7 blocks: pp 2 and 4 with a short last chunk, interleaved
+    (4, 2, 5, 2, 4, 4, 1, False, 0, "plain"),     # 5 blocks: pp 2 (3, 2) and 4 (2, 1, ...: the last stage a block)
     pytest.param(12, 6, 4, 4, 6, 3, 1, True, 6, "all", marks=pytest.mark.slow),  # ep 1, 2, 3, 6; offload
 ])
 def test_closed_form_equals_cp_sat(hidden, heads, blocks, seq, gpus, cap, networks, offload, experts, flags) -> None:

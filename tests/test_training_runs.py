@@ -19,6 +19,8 @@ from costmodel.measured.run_bridge import (BridgeRow, bridge_configuration, brid
                                   published_configuration)
 from costmodel.measured.run_files import read_runs, run_file_format
 from costmodel.measured.run_mapping import map_run
+from costmodel.ops import ScalarOps
+from costmodel.terms.pipeline import stage_blocks
 from costmodel.measured.run_scoring import RunInputs, held_out_splits, newest_per_configuration, score_runs, split_dense
 from costmodel.measured.runs import Precision, Run, software_order
 from costmodel.system import Datatype
@@ -296,8 +298,10 @@ def test_moe_rows_read_what_the_presets_set():
     assert run.pipeline_layout == "Et*4|(t*4|)*14tmL"
     model = load_model(MODELS_DIR / "deepseek-v3" / "config.json", seq_size=run.seq_size)
     mapped = map_run(run, model, load_system(SYSTEMS_DIR / "gb200-186g-nvl72.yaml"))
-    # 16 chunks of 4 blocks round 4 ranks; the last chunk holds 1 block, the MTP module and the loss
-    assert (mapped.mapping.pipeline_first_stage_blocks, mapped.mapping.pipeline_last_stage_blocks) == (16, 13)
+    # 16 chunks of 4 blocks round 4 ranks; the last chunk holds 1 block, the MTP module and the
+    # loss: 16, 16, 16, 13, the layout rule's own (a short last chunk), so no stated layout
+    assert (mapped.mapping.pipeline_first_stage_blocks, mapped.mapping.pipeline_last_stage_blocks) == (None, None)
+    assert stage_blocks(ScalarOps, 61.0, 4.0, interleaving=4.0) == (16.0, 16.0, 13.0)
     assert mapped.mapping.expert_tensor_par == 1 and mapped.mapping.moe_dispatcher == "flex"
     # GPT-OSS on GB200 in BF16 at v0.4.2: no flex backend, alltoall, the EP overlap on (moe_a2a_overlap)
     oss = _bridge_run("bridge260401_gpt_oss_120b_gb200_bf16_64")

@@ -1,5 +1,6 @@
 """Uneven pipeline stages in the search: the space offers a pp that divides num_blocks + 2
-(but not num_blocks) with lighter first and last stages, the Calculon presets do not, and
+(but not num_blocks) with lighter first and last stages, or else one whose last chunk is
+short (costmodel.terms.pipeline), the Calculon presets do not, and
 the solver's certified answer equals brute force where such a layout wins — by the exact
 block floors alone, and with the CP-SAT path forced (no warm start, no floor proof), for
 these problems and for context parallelism's."""
@@ -11,10 +12,15 @@ from pathlib import Path
 import pytest
 
 import solver.search.engine as engine_module
+from costmodel.context import Context
+from costmodel.evaluate import evaluate
 from costmodel.kernels import Kernels
+from costmodel.mapping import Mapping
 from costmodel.inputs.load import load_system
 from costmodel.model import Model
 from costmodel.system import Datatype
+from solver.search.cpsat.block_tables import SplitKeys
+from solver.search.cpsat.tables import Tables
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space, skeletons
 from solver.space.pins import parse_pins, pinned
@@ -56,6 +62,14 @@ CASES = [
     ("14-blocks-offload-fp8", gqa(14, 4096, 32, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=30, offload_gib=128,
                                                                               offload_gbps=50),
      16, 32, Datatype.float8, ["pp=4,8,16", "cp_comm=p2p", "shard=all"]),
+    # a short last chunk (pp divides neither num_blocks nor num_blocks + 2): 13 blocks on pp 2
+    # of 7 chunks (7 and 6), on pp 4 (4, 4, 4, 1); 7 blocks on pp 2 of 4 chunks (4 and 3)
+    ("13-blocks-short-last-chunk-pp2-interleaved", gqa(13, 4096, 32, 8, 4096, vocab=128256),
+     H100.with_overrides(hbm_gib=24), 16, 32, Datatype.bfloat16, ["zero=0,1", "cp=1", "tp=1", "shard=all"]),
+    ("13-blocks-short-last-chunk-pp4", gqa(13, 4096, 32, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=16), 16,
+     32, Datatype.bfloat16, ["zero=0,1", "cp=1", "tp=1", "shard=all"]),
+    ("7-blocks-short-last-chunk", gqa(7, 4096, 32, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=40), 16, 32,
+     Datatype.bfloat16, ["pp=2,4", "cp_comm=p2p", "shard=all"]),
 ]
 
 
@@ -72,7 +86,8 @@ def test_solve_equals_brute_force_where_uneven_stages_win(case):
 
 # the whole group only (as before hybrid sharding); context parallelism's first three problems
 # with the K/V ring only, but for 131k-small-hbm-8gpu, where a2a wins with every cp_comm offered
-FORCED = [c for c in CASES if c[0] in ("30-blocks-pp4-interleaved", "6-blocks-zb-h1-one-block-ends")] + [
+FORCED = [c for c in CASES if c[0] in ("30-blocks-pp4-interleaved", "6-blocks-zb-h1-one-block-ends",
+                                       "7-blocks-short-last-chunk", "13-blocks-short-last-chunk-pp4")] + [
     (c[0], c[1], c[2], c[3], c[4], c[5], ["shard=all"] if c[0] == "131k-small-hbm-8gpu" else ["cp_comm=p2p", "shard=all"]) for c in CP_CASES[:3]]
 
 
@@ -90,6 +105,7 @@ def test_the_cp_sat_path_alone_certifies_the_same_answer(case, monkeypatch):
 @pytest.mark.parametrize("model, system, gpus", [
     (gqa(14, 2048, 16, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=24), 16),
     (gqa(6, 4096, 32, 8, 8192, vocab=128256), H100.with_overrides(hbm_gib=40, offload_gib=64, offload_gbps=50), 16),
+    (gqa(13, 2048, 16, 8, 4096, vocab=128256), H100.with_overrides(hbm_gib=24), 16),
 ])
 def test_block_floors_never_exceed_an_exact_time_in_their_block_with_uneven_stages(model, system, gpus):
     """The floors certify and cut blocks: each must sit at or below every feasible exact time
@@ -97,3 +113,24 @@ def test_block_floors_never_exceed_an_exact_time_in_their_block_with_uneven_stag
     # as before cp_comm and shard: the floors with every cp_comm are tests/test_cp_comm.py's
     checked = assert_block_floors_below_exact(model, system, gpus, 64, Datatype.bfloat16, plain(get_space("full")))
     assert len(checked) > 10 and any(model.num_blocks % sk.pp for sk in checked)
+
+
+def test_stage_tables_sit_below_every_interleavings_layout():
+    """A short last chunk moves the end stages' blocks with the interleaving (13 blocks on pp 2:
+    7 and 6 at v = 1, 8 and 5 at v = 2): where two MTP modules make the last stage the fullest,
+    v = 1's optimizer step is the longer, so the stage tables must take the least over the
+    layouts to stay below each one's exact terms."""
+    model = gqa(13, 1024, 8, 8, 4096, vocab=128256).model_copy(update={"mtp_blocks": 2})
+    space = plain(get_space("full"))
+    sks = [s for s in skeletons(model, 16, 64, space) if s.pp == 2 and s.tp == s.cp == 1]
+    c = Context.build(model, H100, Datatype.bfloat16, Kernels())
+    tables = Tables(c, SplitKeys(sks), 16, space, len(c.net_size))
+    optimizer = {}
+    for sk in sks:
+        for il in sk.interleavings:
+            mapping = Mapping(num_procs=16, tensor_par=1, pipeline_par=2, data_par=sk.dp, batch_size=sk.batch,
+                              microbatch_size=sk.microbatches[0], pipeline_interleaving=il, tensor_par_net=0,
+                              pipeline_par_net=1, data_par_net=1)
+            optimizer[il] = evaluate(model, H100, mapping).time_s["optimizer_s"]
+            assert tables.optimizer[0][sk.split] <= optimizer[il] * (1 + 1e-12), il
+    assert optimizer[1] > optimizer[2]          # the case the least over the layouts is for

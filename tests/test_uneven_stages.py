@@ -27,10 +27,11 @@ from costmodel.terms.iteration import (ADAM_FLOPS_PER_PARAM, MEMORY_TERMS, TIME_
 from costmodel.inputs.load import load_mapping, load_model, load_system
 from costmodel.mapping import Mapping
 from costmodel.ops import ArrayOps, ScalarOps
-from costmodel.terms.pipeline import layout_problem, stage_blocks, stage_blocks_in_flight
+from costmodel.terms.pipeline import (end_chunk_blocks, layout_interleavings, layout_problem, stage_blocks,
+                                      stage_blocks_in_flight)
 from costmodel.system import Collective
 from solver.cli.app import cli
-from tests.strategies import divisors, mappings, models, systems
+from tests.strategies import mappings, models, systems
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = load_system(ROOT / "problems/systems/h100-80g-nvl8.yaml")
@@ -139,9 +140,14 @@ def test_stage_blocks_on_arrays_of_pp_equal_the_scalars():
 
 
 @pytest.mark.parametrize("num_blocks, pp, interleaving, fragments", [
-    (126, 12, 1, ["pipeline_par(12) does not divide num_blocks(126), nor num_blocks + 2 = 128"]),
-    (126, 5, 1, ["pipeline_par(5) does not divide num_blocks(126)"]),
-    (7, 2, 1, ["pipeline_par(2) does not divide num_blocks(7)"]),
+    (126, 40, 1, ["pipeline_par(40) divides neither num_blocks(126) nor num_blocks + 2 = 128",
+                  "40 stages of 4 = ⌈126/40⌉ blocks are 34 too many", "leave the last stage no block"]),
+    (126, 60, 1, ["60 stages of 3 = ⌈126/60⌉ blocks are 54 too many"]),
+    (7, 6, 1, ["pipeline_par(6) divides neither num_blocks(7) nor num_blocks + 2 = 9"]),
+    (1, 2, 1, ["pipeline_par(2) divides neither num_blocks(1), and 2 stages of 1"]),
+    (61, 16, 2, ["32 chunks (pipeline_par(16)·pipeline_interleaving(2)) of 2 = ⌈61/32⌉ blocks are 3 too many",
+                 "more than the last chunk holds"]),
+    (61, 32, 1, ["leave the last stage no block"]),
     (126, 128, 1, ["pipeline_par(128) leaves no block for the first and the last stage", "128/128 = 1"]),
     (126, 16, 3, ["pipeline_interleaving(3) does not divide (num_blocks + 2)/pipeline_par = 128/16 = 8"]),
     (126, 6, 4, ["pipeline_interleaving(4) does not divide num_blocks/pipeline_par = 126/6 = 21"]),
@@ -154,6 +160,21 @@ def test_layouts_the_rule_refuses(num_blocks, pp, interleaving, fragments):
         assert fragment in reason
 
 
+def bridge_layout(num_blocks, pp, v):
+    """Blocks per chunk of every rank of a Megatron-Bridge DeepSeek-V3-style layout list
+    (recipes/deepseek/h100/deepseek_v3.py, set_deepseek_v3_pipeline_model_parallel_layout):
+    pp·v virtual stages of ⌈L/(pp·v)⌉ decoders, the last one short by what is left over (and
+    holding the loss), virtual stage i on rank i mod pp as its chunk i // pp; None when the
+    last one would need fewer than no decoders."""
+    virtual = pp * v
+    chunk = -(-num_blocks // virtual)
+    short = num_blocks - (virtual - 1) * chunk
+    if short < 0:
+        return None
+    stages = [chunk] * (virtual - 1) + [short]
+    return [[stages[k * pp + rank] for k in range(v)] for rank in range(pp)]
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 200), st.integers(1, 64), st.sampled_from([1, 2, 3, 4, 8]))
 @example(126, 16, 1)
@@ -161,26 +182,36 @@ def test_layouts_the_rule_refuses(num_blocks, pp, interleaving, fragments):
 @example(126, 32, 4)
 @example(126, 16, 8)
 @example(126, 16, 3)
-def test_the_rule_is_megatrons_split_with_embedding_and_loss_counted_as_blocks(num_blocks, pp, v):
+@example(61, 16, 1)
+@example(61, 8, 2)
+@example(61, 2, 8)
+@example(61, 4, 4)
+@example(61, 16, 2)
+def test_the_rule_is_megatrons_split_or_bridges_short_last_chunk(num_blocks, pp, v):
     """Valid by the rule exactly when Megatron-LM builds it (even, or with both
-    account_for_* flags when pp does not divide L) with a block on every stage, with the same
-    blocks per stage, and the chunks `stage_blocks_in_flight` assumes: ⌈stage/v⌉ each, the
-    first chunk of the first stage and the last of the last one short (a chunk may be empty,
-    as Megatron-LM allows)."""
+    account_for_* flags when pp does not divide L) or, where pp divides neither L nor L + 2,
+    when a Megatron-Bridge layout list with a short last virtual stage lays it out, with a
+    block on every stage; with the same blocks per stage, and the chunks
+    `stage_blocks_in_flight` is given (`end_chunk_blocks`): full chunks, the first chunk of
+    the first stage and the last of the last one short (a chunk may be empty, as Megatron-LM
+    allows)."""
     if pp == 1 and v > 1:
         return
     ours = layout_problem(num_blocks, pp, v) is None
     theirs = megatron_layout(num_blocks, pp, v)
+    if num_blocks % pp and (pp <= 2 or (num_blocks + 2) % pp):
+        theirs = bridge_layout(num_blocks, pp, v)
     valid_theirs = theirs is not None and min(map(sum, theirs)) >= 1
     assert ours == valid_theirs
+    assert ours == (v in layout_interleavings(num_blocks, pp))
     if not ours:
         return
-    first, middle, last = stage_blocks(ScalarOps, float(num_blocks), float(pp))
+    first, middle, last = stage_blocks(ScalarOps, float(num_blocks), float(pp), interleaving=float(v))
     assert [sum(rank) for rank in theirs] == [first] + [middle] * (pp - 2) + [last] * (pp > 1)
-    full = math.ceil(first / v)
-    assert theirs[0] == [first - (v - 1) * full] + [full] * (v - 1)
+    full_first, full_last = end_chunk_blocks(ScalarOps, float(num_blocks), float(pp), float(v))
+    assert theirs[0] == [first - (v - 1) * full_first] + [full_first] * (v - 1)
     if pp > 1:
-        assert theirs[-1] == [full] * (v - 1) + [last - (v - 1) * full]
+        assert theirs[-1] == [full_last] * (v - 1) + [last - (v - 1) * full_last]
 
 
 @pytest.mark.parametrize("first, last, v", [(7, 7, 1), (6, 8, 1), (6, 8, 2), (2, 12, 2), (6, None, 2), (None, 6, 2)])
@@ -203,12 +234,15 @@ def test_blocks_in_flight_per_stage_replay_megatrons_schedule(p, v):
                                                         2 * p + p // 2, 3 * p - 1, 3 * p, 3 * p + 2})
     for chunk in (1, 2, 3):                                   # blocks of a full chunk
         middle = v * chunk
-        for first, last in ((middle - 1, middle - 1), (middle, middle)):
+        # one block short on both ends (the embedding and the loss counted), none, and the
+        # last chunk short by 2 .. all its blocks (a short last chunk)
+        ends = [(middle - 1, middle - 1), (middle, middle)] + [(middle, middle - k) for k in range(2, chunk + 1)]
+        for first, last in ends:
             short_first = [chunk - (middle - first)] + [chunk] * (v - 1)
             short_last = [chunk] * (v - 1) + [chunk - (middle - last)]
             for n in counts:
                 got = stage_blocks_in_flight(ScalarOps, float(first), float(middle), float(last), float(p), float(v),
-                                             float(n))
+                                             float(n), (float(chunk), float(chunk)))
                 want = (megatron_peak_blocks(n, p, v, 0, short_first), megatron_peak_blocks(n, p, v, 1, [chunk] * v),
                         megatron_peak_blocks(n, p, v, p - 1, short_last))
                 assert got == want, (first, middle, last, n)
@@ -313,7 +347,8 @@ def test_the_data_parallel_reduction_moves_the_fullest_stages_gradients():
 
 
 # ---------------------------------------------------------------- scalar = array
-UNEVEN = {30: (4, 8, 16), 46: (4, 6, 8, 12, 16, 24), 62: (4, 8, 16, 32)}
+UNEVEN = {30: (4, 8, 16), 46: (4, 6, 8, 12, 16, 24), 62: (4, 8, 16, 32),
+          61: (2, 4, 8, 16), 37: (2, 4, 8)}          # (a short last chunk: pp divides neither L nor L + 2)
 
 
 @st.composite
@@ -325,8 +360,7 @@ def uneven_problems(draw):
     for _ in range(draw(st.integers(1, 6))):
         base = draw(mappings(model, system))
         pp = draw(st.sampled_from(UNEVEN[num_blocks] + (1, 2)))
-        per_stage = (num_blocks + 2) // pp if num_blocks % pp else num_blocks // pp
-        v = draw(st.sampled_from(divisors(per_stage))) if pp > 1 else 1
+        v = draw(st.sampled_from(layout_interleavings(num_blocks, pp)))
         batch.append(Mapping.model_validate({**base.model_dump(), "pipeline_par": pp, "pipeline_interleaving": v,
                                              "pipeline_schedule": base.pipeline_schedule,
                                              "num_procs": base.tp * base.cp * pp * base.dp}))
@@ -428,7 +462,7 @@ def test_explicit_stages_with_a_short_chunk_cost_as_the_derived_layout():
       "nor is it 1 chunks of a middle stage's 4 blocks"]),
     ({"pipeline_first_stage_blocks": 6, "pipeline_interleaving": 3},
      ["pipeline_interleaving(3) does not divide the 8 blocks of each stage"]),
-    ({"pipeline_par": 12, "num_procs": 96}, ["pipeline_par(12) does not divide num_blocks(126), nor"]),
+    ({"pipeline_par": 40, "num_procs": 320}, ["pipeline_par(40) divides neither num_blocks(126) nor"]),
     ({"pipeline_par": 2, "num_procs": 16, "pipeline_first_stage_blocks": 60, "pipeline_last_stage_blocks": 60},
      ["= 120 ≠ num_blocks(126): with pipeline_par(2)"]),
     ({"pipeline_par": 1, "num_procs": 8, "pipeline_first_stage_blocks": 120},

@@ -16,7 +16,8 @@ from costmodel.errors import InputError, InternalError
 from costmodel.frameworks.bridge_import import bridge_settings, system_sms
 from costmodel.frameworks.common import (FP8_FORMAT, RECIPE_OF_PRECISION, REDO_WORDS, Exported, Refusals, check_layout,
                                          cost_model_assumptions, effective_param_gather, mapping_from_run_fields,
-                                         megatron_redoes_gather, recompute_of, sharding_of, stage_layout)
+                                         megatron_redoes_gather, recompute_of, sharding_of, short_chunk_layout,
+                                         stage_layout)
 from costmodel.frameworks.definitions import BRIDGE, check_field
 from costmodel.mapping import Mapping
 from costmodel.model import Model
@@ -41,8 +42,10 @@ def _parallelism(m: Mapping, model: Model, out: dict, refusals: Refusals) -> Non
         out.update({"model.expert_model_parallel_size": m.expert_par,
                     "model.expert_tensor_parallel_size": m.expert_tensor_par or m.tensor_par})
     check_layout(m, model, refusals)
-    layout = stage_layout(m, model)
-    if layout.uneven:
+    layout, string = stage_layout(m, model), short_chunk_layout(m, model)
+    if string is not None:
+        out["model.pipeline_model_parallel_layout"] = string
+    elif layout.uneven:
         out.update({"model.num_layers_in_first_pipeline_stage": layout.first,
                     "model.num_layers_in_last_pipeline_stage": layout.last})
     if m.context_par > 1:

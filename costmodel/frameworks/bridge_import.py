@@ -43,7 +43,7 @@ def _degrees(o: dict, model: Model, where: str) -> tuple[dict, dict]:
               "pp_comm_overlap": bool(o.get("comm_overlap.overlap_p2p_comm", interleaving > 1)),
               "pipeline_layout": o.get("model.pipeline_model_parallel_layout")}
     extras = stated_stage_blocks(o.get("model.num_layers_in_first_pipeline_stage"),
-                                 o.get("model.num_layers_in_last_pipeline_stage"), model, pp)
+                                 o.get("model.num_layers_in_last_pipeline_stage"), model, pp, interleaving)
     if o.get("model.cp_comm_type"):
         extras["context_par_comm"] = o["model.cp_comm_type"]
     return fields, extras

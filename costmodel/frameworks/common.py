@@ -28,11 +28,12 @@ from costmodel.model import Model
 from costmodel.ops import ScalarOps
 from costmodel.precision import FORMATS, Precision
 from costmodel.system import System
-from costmodel.terms.pipeline import layout_problem, stage_blocks
+from costmodel.terms.pipeline import end_chunk_blocks, layout_problem, stage_blocks
+from costmodel.terms.pipeline_layout import layout_string
 
 __all__ = ["Exported", "Layout", "Refusals", "check_layout", "cost_model_assumptions", "effective_param_gather",
            "mapping_from_run_fields", "megatron_redoes_gather", "moe_dispatcher_text", "recompute_of", "sharding_of",
-           "stage_layout", "stated_stage_blocks"]
+           "short_chunk_layout", "stage_layout", "stated_stage_blocks"]
 
 
 @dataclass
@@ -78,8 +79,27 @@ class Layout:
 def stage_layout(mapping: Mapping, model: Model) -> Layout:
     """The mapping's blocks per stage, stated or by the layout rule (costmodel.terms.pipeline)."""
     first, middle, last = stage_blocks(ScalarOps, model.num_blocks, mapping.pipeline_par,
-                                       mapping.pipeline_first_stage_blocks, mapping.pipeline_last_stage_blocks)
+                                       mapping.pipeline_first_stage_blocks, mapping.pipeline_last_stage_blocks,
+                                       mapping.pipeline_interleaving)
     return Layout(int(first), int(middle), int(last))
+
+
+def short_chunk_layout(mapping: Mapping, model: Model) -> str | None:
+    """Megatron-LM's layout string (costmodel.terms.pipeline_layout.layout_string) when a stage's
+    chunks differ — a short first or last chunk with interleaving, which the first and last stage
+    layer counts cannot say (Megatron-LM asks v to divide them) —, else None."""
+    v, pp = mapping.pipeline_interleaving, mapping.pipeline_par
+    layout = stage_layout(mapping, model)
+    if v == 1 or not layout.uneven or (layout.first % v == 0 and layout.last % v == 0):
+        return None
+    stated = None
+    if mapping.pipeline_first_stage_blocks is not None or mapping.pipeline_last_stage_blocks is not None:
+        stated = (layout.first, layout.middle, layout.last)
+    full_first, full_last = (int(c) for c in end_chunk_blocks(ScalarOps, model.num_blocks, pp, v, stated))
+    chunks = [[layout.middle // v] * v for _ in range(pp)]
+    chunks[0] = [layout.first - (v - 1) * full_first] + [full_first] * (v - 1)
+    chunks[-1] = [full_last] * (v - 1) + [layout.last - (v - 1) * full_last]
+    return layout_string(chunks, model.mtp_blocks)
 
 
 def check_layout(mapping: Mapping, model: Model, refusals: Refusals) -> None:
@@ -90,12 +110,12 @@ def check_layout(mapping: Mapping, model: Model, refusals: Refusals) -> None:
         refusals.refuse("pipeline_par", mapping.pipeline_par, f"no whole layout: {problem}")
 
 
-def stated_stage_blocks(first: int | None, last: int | None, model: Model, pp: int) -> dict:
+def stated_stage_blocks(first: int | None, last: int | None, model: Model, pp: int, interleaving: int = 1) -> dict:
     """The first and last stage blocks a file states, left out where they are the layout rule's
-    (the mapping then says the same as a file that states nothing)."""
+    for pp and the interleaving (the mapping then says the same as a file that states nothing)."""
     if first is None and last is None:
         return {}
-    rule_first, _, rule_last = stage_blocks(ScalarOps, model.num_blocks, pp)
+    rule_first, _, rule_last = stage_blocks(ScalarOps, model.num_blocks, pp, interleaving=interleaving)
     if (first is None or first == rule_first) and (last is None or last == rule_last):
         return {}
     return {"pipeline_first_stage_blocks": first, "pipeline_last_stage_blocks": last}

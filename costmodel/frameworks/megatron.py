@@ -17,7 +17,7 @@ from costmodel.errors import InputError, InternalError
 from costmodel.frameworks.common import (FP8_FORMAT, RECIPE_OF_PRECISION, REDO_WORDS, Exported, Refusals, check_layout,
                                          cost_model_assumptions, effective_param_gather, mapping_from_run_fields,
                                          megatron_redoes_gather, moe_dispatcher_text, recompute_of, sharding_of,
-                                         stage_layout)
+                                         short_chunk_layout, stage_layout)
 from costmodel.frameworks.definitions import megatron_parser
 from costmodel.frameworks.megatron_import import megatron_settings
 from costmodel.mapping import Mapping
@@ -40,8 +40,10 @@ def _degrees(m: Mapping, model: Model, out: list, refusals: Refusals) -> None:
     if m.pipeline_interleaving > 1:
         out.append(("--num-virtual-stages-per-pipeline-rank", m.pipeline_interleaving))
     check_layout(m, model, refusals)
-    layout = stage_layout(m, model)
-    if layout.uneven:
+    layout, string = stage_layout(m, model), short_chunk_layout(m, model)
+    if string is not None:
+        out.append(("--pipeline-model-parallel-layout", string))
+    elif layout.uneven:
         out += [("--decoder-first-pipeline-num-layers", layout.first),
                 ("--decoder-last-pipeline-num-layers", layout.last)]
     out += [("--micro-batch-size", m.microbatch_size), ("--global-batch-size", m.batch_size),

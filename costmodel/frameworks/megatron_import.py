@@ -48,7 +48,7 @@ def _degrees(args: argparse.Namespace, model: Model, where: str) -> tuple[dict, 
               "pp_comm_overlap": interleaving > 1 and args.overlap_p2p_communication,
               "pipeline_layout": args.pipeline_model_parallel_layout}
     extras = stated_stage_blocks(args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers,
-                                 model, pp)
+                                 model, pp, interleaving)
     if args.cp_comm_type:
         kinds = set(args.cp_comm_type)
         if len(kinds) > 1 or not kinds <= {"p2p", "all_gather", "a2a"}:

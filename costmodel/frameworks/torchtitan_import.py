@@ -39,7 +39,7 @@ def _pipeline(f: dict, model: Model, pp: int, where: str) -> tuple[int, dict]:
                          f"less_layers) do not fill {pp} pipeline stages evenly")
     interleaving = stages // pp
     base = weighted // pp
-    return interleaving, stated_stage_blocks(base - less_first, base - less_last, model, pp)
+    return interleaving, stated_stage_blocks(base - less_first, base - less_last, model, pp, interleaving)
 
 
 def _precision(f: dict, where: str) -> tuple[dict, dict]:

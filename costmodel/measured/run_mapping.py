@@ -90,7 +90,7 @@ def _recompute(run: Run, model: Model, gaps: list[str]) -> tuple[Recompute, dict
             return Recompute.none, {}
         # core_attn alone is attn_only as the searched spaces cost it
         return Recompute.attn_only, {} if known == ("core_attn",) else {"recompute_modules": known}
-    stage = min(stage_blocks(ScalarOps, model.num_blocks, run.pp))
+    stage = min(stage_blocks(ScalarOps, model.num_blocks, run.pp, interleaving=run.interleaving))
     chunk = int(stage) // run.interleaving
     if run.recompute_blocks is None or run.recompute_blocks >= chunk:
         return Recompute.full, {}
@@ -101,7 +101,7 @@ def _activation_offload(run: Run, model: Model, system: System, recompute: Recom
     """The activations_offload switch and, for N of a stage's blocks, activation_offload_blocks."""
     if not run.activation_offload_blocks:
         return {"activations_offload": False}
-    stage = int(min(stage_blocks(ScalarOps, model.num_blocks, run.pp)))
+    stage = int(min(stage_blocks(ScalarOps, model.num_blocks, run.pp, interleaving=run.interleaving)))
     what = f"activation offload of {run.activation_offload_blocks} of {stage} blocks per stage"
     if system.offload is None:
         gaps.append(f"{what}: system {system.name!r} has no offload memory, costed as none")
@@ -135,15 +135,18 @@ def mtp_layout(model: Model, pp: int, interleaving: int) -> tuple[int, int] | No
 
 def _stated_layout(run: Run, model: Model, gaps: list[str]) -> tuple[int, int] | None:
     """(first, last) stage blocks of the run's explicit pipeline layout when the cost model
-    expresses it (costmodel.terms.pipeline_layout.stage_layout) and its blocks are the model's; else
-    None, the layout rule, and a gap."""
+    expresses it (costmodel.terms.pipeline_layout.stage_layout) and its blocks are the model's,
+    None when that is the layout rule's own (Megatron-Bridge's DeepSeek-V3 layouts: a short last
+    chunk); else None, the layout rule, and a gap."""
     layout = stage_layout(run.pipeline_layout, run.pp, run.interleaving)
     if layout is not None:
         first, last = layout
         middle = (model.num_blocks - first - last) / (run.pp - 2)
         if middle == int(sum(layout_chunks(run.pipeline_layout, run.pp, run.interleaving)[1])) and \
                 layout_problem(model.num_blocks, run.pp, run.interleaving, first, last) is None:
-            return layout
+            ruled = layout_problem(model.num_blocks, run.pp, run.interleaving) is None and layout == tuple(
+                stage_blocks(ScalarOps, model.num_blocks, run.pp, interleaving=run.interleaving)[::2])
+            return None if ruled else layout
     gaps.append(f"pipeline layout {run.pipeline_layout!r}: costed with the layout rule")
     return None
 

@@ -64,7 +64,7 @@ def feature_problem(num_blocks: int, num_experts: int, mapping, latent: bool = F
     """Why a mapping's memory features cannot apply to a model of `num_blocks` blocks laid
     out by the mapping (one line naming the field and both numbers); None when they can."""
     first, middle, last = stage_blocks(ScalarOps, num_blocks, mapping.pp, mapping.pipeline_first_stage_blocks,
-                                       mapping.pipeline_last_stage_blocks)
+                                       mapping.pipeline_last_stage_blocks, mapping.pipeline_interleaving)
     fewest = int(min(first, middle, last))
     n = mapping.activation_offload_blocks
     if n is not None and n > fewest:

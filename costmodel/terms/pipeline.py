@@ -1,32 +1,47 @@
 """The pipeline: how the blocks are laid out on the stages, the 1F1B bubble, and how many
 blocks' activations each stage keeps alive at its peak.
 
-The layout rule (what `stage_blocks` derives from pp alone: a searched mapping's layout is
-never a choice of its own), for L blocks on pp stages:
+The layout rule (what `stage_blocks` derives from pp and the interleaving v alone: a searched
+mapping's layout is never a choice of its own), for L blocks on pp stages of v chunks, the
+first that applies to pp:
 
-* pp divides L: every stage holds L/pp blocks;
-* otherwise, with pp > 2 stages of which pp divides L + 2: the embedding and the loss each
-  count as one block (Megatron-LM's `--account-for-embedding-in-pipeline-split` and
+* pp divides L (even): every stage holds L/pp blocks, in v chunks of L/(pp·v);
+* pp > 2 divides L + 2 (embedding and loss): the embedding and the loss each count as one
+  block (Megatron-LM's `--account-for-embedding-in-pipeline-split` and
   `--account-for-loss-in-pipeline-split`), so the middle stages hold m = (L + 2)/pp blocks
   and the first and the last m − 1 each (Llama 3.1 405B: 126 blocks on 16 stages are 7,
   8 × 14, 7; Dubey et al. 2024 §3.3.2 "we reduce one Transformer layer each from the first
-  and the last stages");
-* otherwise pp is not valid.
+  and the last stages"); v divides m, every chunk holds m/v blocks, one fewer on the first
+  chunk of the first stage and on the last chunk of the last (`get_num_layers_to_build` in
+  megatron/core/transformer/transformer_block.py);
+* otherwise (a short last chunk: Megatron-Bridge's DeepSeek-V3 layouts): the pp·v virtual
+  stages (chunk k of stage i is virtual stage k·pp + i, Megatron-LM's
+  `pipeline_model_parallel_layout`) hold c = ⌈L/(pp·v)⌉ blocks each but the last, which
+  holds D = pp·v·c − L fewer, down to none (the MTP modules and the loss alone, 'mL'): the
+  first stage holds the embedding and as many blocks as a middle one, the last stage the
+  output layer, the MTP modules and the loss beside its fewer blocks. Valid when D ≤ c and,
+  with v = 1, D < c (every stage holds a block). This is every layout of
+  `set_deepseek_v3_pipeline_model_parallel_layout` (Megatron-Bridge
+  recipes/deepseek/h100/deepseek_v3.py; 61 blocks: pp 16 'Et*4|(t*4|)*14tmL' = 4, 4 × 14, 1;
+  pp 8 = 8, 8 × 6, 5; pp 4 = 16, 16, 16, 13; pp 4 × vp 2 and pp 8 × vp 2, pp 4 × vp 4 on
+  the same virtual stages), and of Kimi-K2's pp 2 × vp 8 (recipes/kimi: the 16 virtual stages
+  again, 32 and 29 blocks). It is the last-stage-only reading of those layouts: a layout that
+  also shortens the first chunk (the 25.09 H100 run's pp 8 × vp 4 'Et|(tt|)*30mL') is one a
+  mapping file states.
 
-With v interleaved chunks per stage Megatron-LM asks v to divide the stage's share m and
-builds every chunk with m/v blocks, less one on the first chunk of the first stage and on
-the last chunk of the last stage (`get_num_layers_to_build` in
-megatron/core/transformer/transformer_block.py; `TransformerConfig.__post_init__` checks
-it). A mapping file may instead state the first and the last stage's blocks (Megatron-LM's
+A mapping file may instead state the first and the last stage's blocks (Megatron-LM's
 `--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers`): the stages
-between them hold equal whole numbers of blocks, and v divides every stage's blocks.
+between them hold equal whole numbers of blocks, and v divides every stage's blocks, or a
+first (last) stage has v − 1 chunks of a middle stage's and a shorter first (last) one.
 
-Every function but `layout_problem` takes the backend `xp` (costmodel.ops), so pp, v and the
-microbatch count may be scalars or numpy arrays; an explicit layout (one mapping file's)
-reaches `stage_blocks` as scalars.
+Every function but `layout_problem` and `layout_interleavings` takes the backend `xp`
+(costmodel.ops), so pp, v and the microbatch count may be scalars or numpy arrays; an explicit
+layout (one mapping file's) reaches `stage_blocks` as scalars.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 # The embedding and the loss each take a block's place on the first and the last stage
 # (Megatron-LM's account_for_embedding/loss_in_pipeline_split).
@@ -36,26 +51,20 @@ FIRST_FIELD = "pipeline_first_stage_blocks"
 LAST_FIELD = "pipeline_last_stage_blocks"
 
 
-def stage_blocks(xp, num_blocks, pp, first=None, last=None):
+def stage_blocks(xp, num_blocks, pp, first=None, last=None, interleaving=1):
     """(first, middle, last): the blocks a first, a middle and a last stage hold.
 
-    With `first` and `last` None, the layout rule above (pp may be an array; it is assumed
-    valid: `layout_problem` says why one is not). A mapping file's explicit layout (scalars)
-    gives either or both; one left out is a middle stage (Megatron-LM's rule). With pp ≤ 2
-    there is no middle stage and `middle` is min(first, last): a stage the first and the last
-    dominate in time, parameters and memory, so the formulas need no special case.
+    With `first` and `last` None, the layout rule above for pp stages of `interleaving`
+    chunks (either may be an array; they are assumed valid: `layout_problem` says why they are
+    not). A mapping file's explicit layout (scalars) gives either or both; one left out is a
+    middle stage (Megatron-LM's rule). With pp ≤ 2 there is no middle stage and `middle` is
+    min(first, last): a stage the first and the last dominate in time, parameters and memory,
+    so the formulas need no special case.
 
     Equal stages come back as one value (the same object three times), which the formulas
     recognise to skip what cannot differ between stages."""
     if first is None and last is None:
-        even = num_blocks / pp
-        # pp divides L: L/pp is whole (exactly so in floating point for L <= 2^20, pp <= 2^24)
-        is_even = xp.floor(even) == even
-        if xp.all(is_even):
-            return even, even, even
-        middle = (num_blocks + EMBEDDING_AND_LOSS_BLOCKS) / pp
-        end = xp.where(is_even, even, middle - 1.0)
-        return end, xp.where(is_even, even, middle), end
+        return _derived_stage_blocks(xp, num_blocks, pp, interleaving)
     given = [b for b in (first, last) if b is not None]
     others = pp - len(given)
     if pp == 1:
@@ -66,6 +75,40 @@ def stage_blocks(xp, num_blocks, pp, first=None, last=None):
     if pp == 2:
         middle = min(first_blocks, last_blocks)
     return first_blocks, middle, last_blocks
+
+
+def _derived_stage_blocks(xp, num_blocks, pp, v):
+    even = num_blocks / pp
+    # pp divides L: L/pp is whole (exactly so in floating point for L <= 2^20, pp <= 2^24)
+    is_even = xp.floor(even) == even
+    if xp.all(is_even):
+        return even, even, even
+    padded = (num_blocks + EMBEDDING_AND_LOSS_BLOCKS) / pp
+    embedding_and_loss = (pp > 2) & (xp.floor(padded) == padded)
+    full = v * chunk_blocks(xp, num_blocks, pp, v)
+    first = xp.where(is_even, even, xp.where(embedding_and_loss, padded - 1.0, full))
+    middle = xp.where(is_even, even, xp.where(embedding_and_loss, padded, full))
+    last = xp.where(is_even, even, xp.where(embedding_and_loss, padded - 1.0, num_blocks - (pp - 1) * full))
+    return first, xp.where(pp > 2, middle, xp.minimum(first, last)), last
+
+
+def chunk_blocks(xp, num_blocks, pp, v):
+    """c = ⌈L/(pp·v)⌉: the blocks of a full chunk by the layout rule (L/(pp·v) when even,
+    m/v with the embedding and the loss counted, the short-last-chunk rule's c)."""
+    virtual = pp * v
+    return xp.floor((num_blocks + virtual - 1) / virtual)
+
+
+def end_chunk_blocks(xp, num_blocks, pp, v, stated=None):
+    """(first, last): the blocks of a full chunk on the first and on the last stage (whose
+    first, respectively last, chunk is the short one). By the rule c = ⌈L/(pp·v)⌉ on both; for
+    a mapping file's layout, `stated` = its (first, middle, last) stage blocks: a stage's
+    blocks/v when v divides them (equal chunks), else a middle stage's chunk, middle/v."""
+    if stated is None:
+        chunk = chunk_blocks(xp, num_blocks, pp, v)
+        return chunk, chunk
+    first, middle, last = stated
+    return tuple(blocks / v if xp.floor(blocks / v) == blocks / v else middle / v for blocks in (first, last))
 
 
 def layout_problem(num_blocks: int, pp: int, interleaving: int, first: int | None = None,
@@ -138,11 +181,8 @@ def _derived_layout_problem(num_blocks: int, pp: int, v: int) -> str | None:
                     f"{num_blocks}/{pp} = {per_stage}")
         return None
     padded = num_blocks + EMBEDDING_AND_LOSS_BLOCKS
-    if pp <= 2:      # 2 divides L + 2 only when it divides L
-        return f"pipeline_par({pp}) does not divide num_blocks({num_blocks})"
-    if padded % pp:
-        return (f"pipeline_par({pp}) does not divide num_blocks({num_blocks}), nor num_blocks + 2 = {padded} "
-                f"(uneven stages: the embedding and the loss counted as a block each)")
+    if pp <= 2 or padded % pp:
+        return _short_last_chunk_problem(num_blocks, pp, v)
     middle = padded // pp
     if middle < 2:
         return (f"pipeline_par({pp}) leaves no block for the first and the last stage: (num_blocks + 2)/pipeline_par "
@@ -152,6 +192,39 @@ def _derived_layout_problem(num_blocks: int, pp: int, v: int) -> str | None:
                 f"{middle}: uneven stages split into chunks of (num_blocks + 2)/(pipeline_par·pipeline_interleaving) "
                 f"blocks, one fewer on the first and the last")
     return None
+
+
+def _short_last_chunk_problem(num_blocks: int, pp: int, v: int) -> str | None:
+    """Why the short-last-chunk rule cannot lay L blocks out on pp stages of v chunks: pp·v
+    chunks of c = ⌈L/(pp·v)⌉ blocks exceed L by more than the last chunk holds (with v = 1,
+    by as much: the last stage would hold no block)."""
+    virtual = pp * v
+    chunk = -(-num_blocks // virtual)
+    deficit = virtual * chunk - num_blocks
+    if deficit < chunk or (v > 1 and deficit == chunk):
+        return None
+    neither = f"divides neither num_blocks({num_blocks})"
+    neither += f" nor num_blocks + 2 = {num_blocks + 2}" if pp > 2 else ""
+    chunks = (f"{pp} stages of {chunk} = ⌈{num_blocks}/{pp}⌉ blocks" if v == 1 else
+              f"{virtual} chunks (pipeline_par({pp})·pipeline_interleaving({v})) of {chunk} = "
+              f"⌈{num_blocks}/{virtual}⌉ blocks")
+    short = "leave the last stage no block" if v == 1 else "are more than the last chunk holds"
+    return (f"pipeline_par({pp}) {neither}, and {chunks} are {deficit} too many: they {short} (a short last "
+            f"chunk, Megatron-Bridge's DeepSeek-V3 layouts)")
+
+
+@lru_cache(maxsize=4096)
+def layout_interleavings(num_blocks: int, pp: int) -> tuple[int, ...]:
+    """The interleavings with which the layout rule lays L blocks out on pp stages (none: pp
+    is not valid), ascending: divisors of the stage's share when pp divides L or L + 2, else
+    those the short-last-chunk rule accepts (a chunk holds a block: pp·v ≤ L + 1)."""
+    if pp == 1:
+        return (1,)
+    if num_blocks % pp == 0 or (pp > 2 and (num_blocks + EMBEDDING_AND_LOSS_BLOCKS) % pp == 0):
+        candidates = range(1, (num_blocks + EMBEDDING_AND_LOSS_BLOCKS) // pp + 1)
+    else:
+        candidates = range(1, (num_blocks + 1) // pp + 1)
+    return tuple(v for v in candidates if _derived_layout_problem(num_blocks, pp, v) is None)
 
 
 def bubble_microbatches(xp, p, v, microbatches):
@@ -208,18 +281,18 @@ def short_last_chunks_in_flight(xp, p, v, microbatches):
     return xp.maximum(0.0, xp.minimum(microbatches, (v - 1) * (p - microbatches) + 1))
 
 
-def stage_blocks_in_flight(xp, first, middle, last, p, v, microbatches):
+def stage_blocks_in_flight(xp, first, middle, last, p, v, microbatches, chunks=None):
     """(first, second, last): blocks alive at the peak on a GPU of the first, the second and
-    the last stage, for stages of `first`, `middle` and `last` blocks in v chunks. A first
-    (last) stage whose blocks v does not divide has chunks of ⌈first/v⌉ blocks, its first
-    (last) one short by the remainder — at most one block in the layouts `layout_problem`
-    accepts, the case the short-chunk counts above are exact for."""
+    the last stage, for stages of `first`, `middle` and `last` blocks in v chunks. `chunks`:
+    (first, last) blocks of a full chunk on the first and the last stage (`end_chunk_blocks`);
+    a stage whose blocks fall short of v such chunks has its first (last) chunk short by the
+    difference — any number of blocks, down to an empty chunk: the short-chunk counts above
+    are exact for every such shortfall (checked against the replay, tests/test_uneven_stages.py)."""
     if first is middle is last:          # equal stages (one value from stage_blocks): no short chunk
         return (blocks_in_flight(xp, first, p, v, microbatches),
                 blocks_in_flight_second_stage(xp, first, p, v, microbatches),
                 blocks_in_flight_last_stage(xp, first, p, v, microbatches))
-    first_full = xp.floor((first + v - 1) / v) * v            # v chunks of ⌈first/v⌉ blocks
-    last_full = xp.floor((last + v - 1) / v) * v
+    first_full, last_full = chunks[0] * v, chunks[1] * v
     first_alive = (blocks_in_flight(xp, first_full, p, v, microbatches)
                    - (first_full - first) * short_first_chunks_in_flight(xp, p, v, microbatches))
     last_alive = (blocks_in_flight_last_stage(xp, last_full, p, v, microbatches)

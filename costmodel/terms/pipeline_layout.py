@@ -20,7 +20,7 @@ import re
 import costmodel.inputs.limits as limits
 from costmodel.errors import InputError
 
-__all__ = ["layout_chunks", "stage_layout"]
+__all__ = ["layout_chunks", "layout_string", "stage_layout"]
 
 _GROUP = re.compile(r"\(([^()]*)\)\*(\d+)")
 _LAYER = re.compile(r"([EtmL])\*(\d+)")
@@ -85,3 +85,16 @@ def stage_layout(layout: str, pp: int, interleaving: int) -> tuple[int, int] | N
     if first[1:] != middle[1:] or first[0] > size or last[:-1] != middle[:-1] or last[-1] > size:
         return None
     return sum(first), sum(last)
+
+
+def layout_string(chunks: list[list[int]], mtp_blocks: int = 0) -> str:
+    """Megatron-LM's layout string for the blocks of each rank's chunks (`[rank][chunk]`, as
+    `layout_chunks` reads them): virtual stage i is chunk i // pp of rank i mod pp, the first
+    holds the embedding, the last the MTP modules and the loss ('Et*4|(t*4|)*14tmL' written out)."""
+    pp, v = len(chunks), len(chunks[0])
+    stages = []
+    for i in range(pp * v):
+        blocks = chunks[i % pp][i // pp]
+        text = f"t*{blocks}" if blocks > 1 else "t" * blocks
+        stages.append(("E" if i == 0 else "") + text + ("m" * mtp_blocks + "L" if i == pp * v - 1 else ""))
+    return "|".join(stages)

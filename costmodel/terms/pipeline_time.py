@@ -12,19 +12,21 @@ from dataclasses import dataclass
 from costmodel.terms.block_terms import BlockTerms
 from costmodel.terms.comm import collective_s
 from costmodel.context import Context
-from costmodel.terms.pipeline import bubble_microbatches, stage_blocks
+from costmodel.terms.pipeline import bubble_microbatches, end_chunk_blocks, stage_blocks
 from costmodel.system import Collective
 
 
 @dataclass(frozen=True)
 class Stages:
     """The blocks of a first, a middle and a last stage (costmodel.terms.pipeline.stage_blocks),
-    and the microbatches of one iteration on each."""
+    the microbatches of one iteration on each, and the blocks of a full chunk on the first
+    and the last stage (costmodel.terms.pipeline.end_chunk_blocks; None with equal stages)."""
 
     first: object
     middle: object
     last: object
     microbatches: object
+    chunks: tuple | None = None
 
     @property
     def equal(self) -> bool:
@@ -33,9 +35,12 @@ class Stages:
 
     @staticmethod
     def of(c: Context, m, xp) -> "Stages":
-        """A mapping file's layout, else pp's rule."""
-        first, middle, last = stage_blocks(xp, c.blocks, m.pp, m.first_stage_blocks, m.last_stage_blocks)
-        return Stages(first, middle, last, m.batch / m.dp / m.microbatch)
+        """A mapping file's layout, else the layout rule for pp and the interleaving."""
+        first, middle, last = stage_blocks(xp, c.blocks, m.pp, m.first_stage_blocks, m.last_stage_blocks,
+                                           m.interleaving)
+        stated = None if m.first_stage_blocks is None and m.last_stage_blocks is None else (first, middle, last)
+        chunks = None if first is middle is last else end_chunk_blocks(xp, c.blocks, m.pp, m.interleaving, stated)
+        return Stages(first, middle, last, m.batch / m.dp / m.microbatch, chunks)
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,7 @@ def stage_memory(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardin
                                 else blocks_state(c, m, xp, blocks, dense_params, expert_params, shards, expert_shards)
                                 for blocks in (middle, last))
     first_alive, second_alive, last_alive = stage_blocks_in_flight(xp, first, middle, last, m.pp, m.interleaving,
-                                                                   stages.microbatches)
+                                                                   stages.microbatches, stages.chunks)
     activations, second_activations, last_activations = (act.stored * first_alive, act.stored * second_alive,
                                                           act.stored * last_alive)
     if mtp is not None:

@@ -36,7 +36,7 @@ from costmodel.dimensions import (BY_NAME, CHAIN, DEGREE, DEGREES, DIMENSIONS, F
                                   SPLIT_DEGREES, Condition, Dimension, skeleton_facts)
 from costmodel.errors import InputError
 from costmodel.model import Model
-from costmodel.terms.pipeline import EMBEDDING_AND_LOSS_BLOCKS
+from costmodel.terms.pipeline import layout_interleavings
 from costmodel.system import System
 from solver.space.factor import divisors as factor_divisors
 
@@ -106,8 +106,8 @@ class Space:
     """Largest context parallelism considered (1: none, as in Calculon's spaces)."""
     uneven_stages: bool
     """Whether pp may leave the blocks uneven (pp > 2 dividing num_blocks + 2, the first and
-    last stages one block lighter: costmodel.terms.pipeline); the Calculon presets ask pp to divide
-    the blocks."""
+    last stages one block lighter, else a short last chunk: costmodel.terms.pipeline's layout
+    rule); the Calculon presets ask pp to divide the blocks."""
     offered: tuple[tuple[str, tuple[int, ...]], ...]
     """Flags that offer fewer codes than they declare: (name, codes offered)."""
     batch_is_dp_above_cap: bool
@@ -302,15 +302,13 @@ def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list
 
 def stage_interleavings(model: Model, pp: int, space: Space) -> tuple[int, ...]:
     """The interleavings valid with pp stages (none when pp itself is not): pp's and
-    interleaving's declared rules (costmodel.terms.pipeline's layout), and even stages only where
-    the space asks for them."""
+    interleaving's declared rules (costmodel.terms.pipeline's layout rule,
+    `layout_interleavings`), and even stages only where the space asks for them."""
     blocks = model.num_blocks
     if pp > blocks or _PP.fits(model, None, {"pp": pp}) or (blocks % pp and not space.uneven_stages):
         return ()
-    if pp == 1:
-        return (1,)
-    share = blocks // pp if blocks % pp == 0 else (blocks + EMBEDDING_AND_LOSS_BLOCKS) // pp
-    return tuple(v for v in divisors(share) if not _IL.fits(model, None, {"pp": pp, "interleaving": v}))
+    return tuple(v for v in layout_interleavings(blocks, pp)
+                 if not _IL.fits(model, None, {"pp": pp, "interleaving": v}))
 
 
 def facts(skeleton: Skeleton, system: System) -> dict[str, int]:

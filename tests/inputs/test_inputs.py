@@ -623,7 +623,7 @@ def test_datatype_the_system_does_not_have(write_file, model_data, system_data, 
 
 @pytest.mark.parametrize("change, fragments", [
     ({"tensor_par": 3, "num_procs": 24, "batch_size": 16}, ["tensor_par(3) does not divide attn_heads(16)"]),
-    ({"pipeline_par": 5, "num_procs": 20, "batch_size": 16}, ["pipeline_par(5) does not divide num_blocks(24)"]),
+    ({"pipeline_par": 7, "num_procs": 28, "batch_size": 16}, ["pipeline_par(7) divides neither num_blocks(24)"]),
     ({"pipeline_interleaving": 4}, ["pipeline_interleaving(4) does not divide num_blocks/pipeline_par = 24/4 = 6"]),
     ({"data_par_net": 2}, ["data_par_net: network 2 does not exist", "has 2"]),
     ({"weight_offload": True}, ["weight_offload", "no offload memory", "--offload-gib"]),

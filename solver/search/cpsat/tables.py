@@ -20,7 +20,8 @@ from costmodel.context import Context
 from costmodel.choices import ShardingStage
 from costmodel.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, BlockKey, data_parallel, subgroup_limit
 from costmodel.terms.iteration import RESIDENT_BLOCKS, bubble_microbatches
-from costmodel.terms.pipeline import stage_blocks, stage_blocks_in_flight
+from costmodel.terms.pipeline import (EMBEDDING_AND_LOSS_BLOCKS, end_chunk_blocks, layout_interleavings, stage_blocks,
+                                      stage_blocks_in_flight)
 from costmodel.ops import ArrayOps, ScalarOps
 from solver.space.declaration import Space, flag_projection
 
@@ -107,7 +108,7 @@ class Tables:
         dp_net = cols["dp_net"]
         check = check or (lambda: None)       # (a deadline's: raises when it has passed)
         check()
-        terms = _grid_terms(c, block_memo, **base, batch=dp)
+        terms = _stage_terms(c, block_memo, {**base, "batch": dp})
 
         # Exposed + stolen DP time is at least usage × the reduction time (overlap hides at
         # most all of it, stealing `usage` of the compute meanwhile), and all of it unoverlapped;
@@ -151,8 +152,9 @@ class Tables:
         if len(taken) > 1:
             check()
             at = np.concatenate(list(taken.values())[1:])
-            grouped = _grid_terms(c, block_memo, **{k: v_[at] for k, v_ in base.items()}, batch=dp[at],
-                                  shard=np.concatenate([np.full(len(rows), code) for code, rows in taken.items() if code]))
+            grouped = _stage_terms(c, block_memo, {**{k: v_[at] for k, v_ in base.items()}, "batch": dp[at],
+                                                   "shard": np.concatenate([np.full(len(rows), code)
+                                                                            for code, rows in taken.items() if code])})
             start = 0
             for code, rows in list(taken.items())[1:]:
                 parts[code] = _rows_of(grouped, len(at), slice(start, start + len(rows)))
@@ -170,7 +172,7 @@ class Tables:
             dp_comm = np.minimum(dp_comm, one)
             dp_once, dp_per_microbatch = (
                 per_stage(grid.of(spread(values) * usage).min(*rest, where=grad_fits))
-                for values in (one_terms.dp_comm_s - one_terms.dp_per_microbatch_s, one_terms.dp_per_microbatch_s))
+                for values in (one_terms.dp_once_s, one_terms.dp_per_microbatch_s))
             optimizer = grid.of(spread(one_terms.optimizer_s))
             takes = grid.of(code <= limit).sel(zero=0, **off, **none).values
             self.by_shard.append(StageTables(
@@ -272,23 +274,29 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         head = np.array([r[4] for r in per_mb])                              # [M]
         sends = np.array([r[5] for r in per_mb]) if p > 1 else np.zeros(len(mbs))
         # time[V, M, K] without the optimizer and DP terms (added per sharding below); with
-        # uneven stages (costmodel.terms.pipeline) the slowest of the middle and the last stage
-        first, middle, last = stage_blocks(ScalarOps, blocks, p)
-        per_micro = np.maximum(middle * block, last * block + head[:, None])  # [M, K]
-        time = (n[None, :] + bubble)[:, :, None] * (per_micro[None] + (2 * il * sends[None, :])[:, :, None])
+        # uneven stages (costmodel.terms.pipeline, per interleaving) the slowest stage
+        first, middle, last = stage_blocks(ArrayOps, blocks, p, interleaving=il)           # [V, 1] (or one value)
+        equal = first is middle is last
+        fullest, last_v = np.asarray(np.maximum(first, middle))[..., None], np.asarray(last)[..., None]
+        per_micro = np.broadcast_to(np.maximum(fullest * block, last_v * block + head[:, None]),
+                                    (len(ils), *block.shape))                           # [V, M, K]
+        time = (n[None, :] + bubble)[:, :, None] * (per_micro + (2 * il * sends[None, :])[:, :, None])
         if zero_bubble and p > 1 and 1 in sk.interleavings:
             # ZB-H1 on the non-interleaved row: n microbatches + (p-1) bubble ones without W
             block_zb = np.array([r[1] for r in per_mb])
             row = sk.interleavings.index(1)
             sends_1 = (2 * sends)[:, None]
-            # (uneven, a middle stage may set the pace, with no output layer in its bubble)
-            zb_head = head[:, None] if middle == last else 0.0
-            zb = n[:, None] * (per_micro + sends_1) + (p - 1) * (last * block_zb + zb_head + sends_1)
+            # (uneven, a stage without the output layer may set the pace, with none in its bubble)
+            zb_head = head[:, None] if equal else 0.0
+            last_1 = np.broadcast_to(last, il.shape)[row, 0]
+            zb = n[:, None] * (per_micro[row] + sends_1) + (p - 1) * (last_1 * block_zb + zb_head + sends_1)
             time[row] = np.minimum(time[row], zb)
         stored = np.array([r[2] for r in per_mb])
         workspace = np.array([r[3] for r in per_mb])
         # a first-stage GPU's (the tables' memory terms are the first stage's too)
-        inflight = stage_blocks_in_flight(ArrayOps, first, middle, last, p, il, n[None, :])[0][:, :, None]  # [V, M, 1]
+        chunks = None if equal else end_chunk_blocks(ArrayOps, blocks, p, il)
+        inflight = stage_blocks_in_flight(ArrayOps, first, middle, last, p, il, n[None, :], chunks)[0][:, :, None]
+        inflight = np.broadcast_to(inflight, (len(ils), len(mbs), 1))                                # [V, M, 1]
         all_activations = stored[None] * inflight                                                  # [V, M, K]
         activations_hbm = np.where(a_off, np.minimum(RESIDENT_BLOCKS, inflight) * stored[None], all_activations)
         activations_offloaded = np.where(a_off, all_activations, 0.0)
@@ -326,11 +334,41 @@ def block_keys(split: tuple, interleavings: tuple, microbatches: tuple) -> list[
     return [make((*split, il, mb)) for il in interleavings for mb in microbatches]
 
 
-def _rows_of(terms, total: int, part: slice) -> SimpleNamespace:
-    """The stage-table terms (StageTables' sources) of rows `part` of a `total`-row evaluation."""
-    return SimpleNamespace(**{name: np.broadcast_to(getattr(terms, name), (total,))[part] for name in (
-        "dp_comm_s", "dp_per_microbatch_s", "optimizer_s", "weights_hbm_bytes", "optimizer_hbm_bytes",
-        "weights_bytes", "weight_grads_bytes", "optimizer_bytes", "embedding_bytes")})
+STAGE_TERMS = ("dp_comm_s", "dp_per_microbatch_s", "optimizer_s", "weights_hbm_bytes", "optimizer_hbm_bytes",
+               "weights_bytes", "weight_grads_bytes", "optimizer_bytes", "embedding_bytes")
+"""The iteration terms the stage tables are built from (StageTables' sources)."""
+
+
+def _stage_terms(c: Context, block_memo: dict | None, columns: dict) -> SimpleNamespace:
+    """STAGE_TERMS and the DP reduction's once-a-step part (dp_once_s) of a grid of partial
+    mappings, least row by row over the layouts of each row's pp: with a short last chunk
+    (costmodel.terms.pipeline) the end stages' blocks move with the interleaving, so the
+    tables take the least over one interleaving per distinct layout; elsewhere the one
+    layout (interleaving 1)."""
+    pps = np.asarray(columns["pp"]).astype(np.int64)
+    layouts = {p: _distinct_layouts(int(c.blocks), p) for p in set(pps.tolist())}
+    least: dict | None = None
+    for k in range(max(len(ils) for ils in layouts.values())):
+        il = np.array([layouts[p][min(k, len(layouts[p]) - 1)] for p in pps.tolist()], dtype=np.int64)
+        terms = _grid_terms(c, block_memo, **columns, interleaving=il)
+        values = {name: np.broadcast_to(getattr(terms, name), (len(pps),)) for name in STAGE_TERMS}
+        values["dp_once_s"] = values["dp_comm_s"] - values["dp_per_microbatch_s"]
+        least = values if least is None else {name: np.minimum(least[name], x) for name, x in values.items()}
+    return SimpleNamespace(**least)
+
+
+def _distinct_layouts(blocks: int, pp: int) -> list[int]:
+    """One interleaving per distinct (first, middle, last) layout of pp stages, the least
+    giving it: [1] but with a short last chunk (and for a pp no interleaving lays out)."""
+    first_of: dict = {}
+    for il in layout_interleavings(blocks, pp) or (1,):
+        first_of.setdefault(stage_blocks(ScalarOps, blocks, pp, interleaving=il), il)
+    return list(first_of.values())
+
+
+def _rows_of(terms: SimpleNamespace, total: int, part: slice) -> SimpleNamespace:
+    """The stage-table terms (`_stage_terms`) of rows `part` of a `total`-row evaluation."""
+    return SimpleNamespace(**{name: np.broadcast_to(value, (total,))[part] for name, value in vars(terms).items()})
 
 
 def _on_s(values: list) -> np.ndarray:
@@ -340,17 +378,24 @@ def _on_s(values: list) -> np.ndarray:
 
 def stage_floors(blocks: int, pp_values, v: Variables) -> tuple[dict, dict]:
     """Per pp value: (blocks a stage's time is at least that of, blocks per microbatch in
-    flight a first-stage GPU keeps at least). Even: L/pp both. Uneven (m = (L+2)/pp): the
-    last stage's m - 1 blocks in time; in memory m - 1 with 1F1B, m - 2 when the space lets
-    that pp interleave (the first chunk of each microbatch one block short: at most
-    2·min(n, pp) chunks short, costmodel.terms.pipeline.short_first_chunks_in_flight)."""
+    flight a first-stage GPU keeps at least). Even: L/pp both. With the embedding and the
+    loss counted (m = (L+2)/pp): the last stage's m - 1 blocks in time; in memory m - 1 with
+    1F1B, m - 2 when the space lets that pp interleave (the first chunk of each microbatch one
+    block short: at most 2·min(n, pp) chunks short,
+    costmodel.terms.pipeline.short_first_chunks_in_flight). With a short last chunk: the
+    last stage's fewest blocks over the interleavings in time, and in memory the first
+    stage's, v·⌈L/(pp·v)⌉ ≥ ⌈L/pp⌉, in full chunks (v·c·min(n, pp) in flight at least)."""
     time_blocks, memory_blocks = {}, {}
     for p in pp_values:
-        first, _, last = stage_blocks(ScalarOps, blocks, p)
-        time_blocks[p] = float(last)
+        first, middle, last = stage_blocks(ScalarOps, blocks, p)
         if first == blocks / p:
+            time_blocks[p] = memory_blocks[p] = float(first)
+        elif not (p > 2 and (blocks + EMBEDDING_AND_LOSS_BLOCKS) % p == 0):   # a short last chunk: shrinks with v
+            time_blocks[p] = min(stage_blocks(ScalarOps, blocks, p, interleaving=il)[2]
+                                 for il in layout_interleavings(int(blocks), p))
             memory_blocks[p] = float(first)
         else:
+            time_blocks[p] = float(last)
             share = first + 1                 # m: interleaving divides it
             interleaves = any(il > 1 and share % il == 0 for il in v.interleaving.is_)
             memory_blocks[p] = float(first - 1 if interleaves else first)
