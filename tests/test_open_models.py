@@ -233,7 +233,7 @@ def test_bridge_deepseek_row_maps_with_the_mtp_layout():
     assert stage_blocks(ScalarOps, 61.0, 16.0) == (4.0, 4.0, 1.0)
     stated = mapped.mapping.model_copy(update={"pipeline_first_stage_blocks": 4, "pipeline_last_stage_blocks": 1})
     with_fields, by_rule = evaluate(model, system, stated), evaluate(model, system, mapped.mapping)
-    assert (with_fields.iteration_time_s, with_fields.memory_bytes) == (by_rule.iteration_time_s, by_rule.memory_bytes)
+    assert (with_fields.iteration_time_s, with_fields.memory) == (by_rule.iteration_time_s, by_rule.memory)
 
 
 def test_mtp_module_costs_time_and_last_stage_memory():

@@ -131,6 +131,6 @@ def test_stage_tables_sit_below_every_interleavings_layout():
             mapping = Mapping(num_procs=16, tensor_par=1, pipeline_par=2, data_par=sk.dp, batch_size=sk.batch,
                               microbatch_size=sk.microbatches[0], pipeline_interleaving=il, tensor_par_net=0,
                               pipeline_par_net=1, data_par_net=1)
-            optimizer[il] = evaluate(model, H100, mapping).time_s["optimizer_s"]
+            optimizer[il] = evaluate(model, H100, mapping).time.optimizer_s
             assert tables.optimizer[0][sk.split] <= optimizer[il] * (1 + 1e-12), il
     assert optimizer[1] > optimizer[2]          # the case the least over the layouts is for

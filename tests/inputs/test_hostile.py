@@ -26,7 +26,7 @@ from solver.search.cpsat.model import structure_model
 from solver.search.solve import SolveStatus, SolverConfig, solve
 from solver.space.declaration import get_space, skeletons
 from solver.space.factor import divisors, factorise
-from test_cli_errors import assert_problem_error, assert_usage_error
+from tests.cli.test_cli_errors import assert_problem_error, assert_usage_error
 
 MODEL = str(MODELS_DIR / "gpt-1.3b.yaml")
 SYSTEM = str(H100_SYSTEM)
