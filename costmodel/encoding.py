@@ -64,10 +64,10 @@ class MappingArrays:
     def concatenate(parts: list["MappingArrays"]) -> "MappingArrays":
         return MappingArrays({name: np.concatenate([p.columns[name] for p in parts]) for name in NAMES})
 
-    def to_mapping(self, i: int, datatype: Datatype, kernels: Kernels = Kernels()) -> Mapping:
-        """Row i as a typed Mapping (Calculon field names)."""
-        fields = {dim.field: dim.value_of(self.columns[dim.name][i]) for dim in DIMENSIONS}
-        return Mapping(num_procs=int(self.tp[i] * self.cp[i] * self.pp[i] * self.dp[i]), datatype=datatype,
+    def to_mapping(self, row: int, datatype: Datatype, kernels: Kernels = Kernels()) -> Mapping:
+        """The mapping in row `row` as a typed Mapping (Calculon field names)."""
+        fields = {dim.field: dim.value_of(self.columns[dim.name][row]) for dim in DIMENSIONS}
+        return Mapping(num_procs=int(self.tp[row] * self.cp[row] * self.pp[row] * self.dp[row]), datatype=datatype,
                        **kernels.mapping_settings, **fields)
 
     @staticmethod

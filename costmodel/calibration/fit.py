@@ -119,16 +119,16 @@ def fit_log_least_squares(model: Callable[[np.ndarray], np.ndarray], start: np.n
 
 # ---------------------------------------------------------------- GEMM
 
-def _gemm_bytes(d: GemmData, elem_bytes: float) -> np.ndarray:
+def _gemm_bytes(data: GemmData, elem_bytes: float) -> np.ndarray:
     """Operands and result in the compute datatype, as costmodel/terms/block.py counts a GEMM's bytes."""
-    return elem_bytes * d.batch * (d.rows * d.depth + d.depth * d.cols + d.rows * d.cols)
+    return elem_bytes * data.batch * (data.rows * data.depth + data.depth * data.cols + data.rows * data.cols)
 
 
-def gemm_predict(fields: dict, d: GemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
+def gemm_predict(fields: dict, data: GemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
                  elem_bytes: float) -> np.ndarray:
     timing = GemmFit(**fields).timing()
-    return gemm_time_s(timing, ArrayOps, d.rows, d.cols, d.depth, _gemm_bytes(d, elem_bytes), peak_flops_per_s,
-                       hbm_bytes_per_s, d.batch)
+    return gemm_time_s(timing, ArrayOps, data.rows, data.cols, data.depth, _gemm_bytes(data, elem_bytes),
+                       peak_flops_per_s, hbm_bytes_per_s, data.batch)
 
 
 GEMM_FIELDS = ("launch_us", "efficiency", "depth_overhead", "fill_outputs", "power_drop", "power_flops",
@@ -209,27 +209,27 @@ def fit_gemm(train: GemmData, test: GemmData, peak_flops_per_s: float, hbm_bytes
                      f"kind: {split[1]}")
 
 
-def sustained_drop(fields: dict, d: GemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
+def sustained_drop(fields: dict, data: GemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
                    elem_bytes: float) -> float:
     """The clock drop published long runs of GEMMs show against a fit at full clock: the
     geometric mean of measured / modelled time, less 1 (`fields` as a file states them, the
     launch included: the long runs were timed from the host)."""
-    modelled = gemm_predict({**fields, "power_drop": 0.0}, d, peak_flops_per_s, hbm_bytes_per_s, elem_bytes)
-    return float(np.exp(np.mean(np.log(d.time_s / modelled)))) - 1.0
+    modelled = gemm_predict({**fields, "power_drop": 0.0}, data, peak_flops_per_s, hbm_bytes_per_s, elem_bytes)
+    return float(np.exp(np.mean(np.log(data.time_s / modelled)))) - 1.0
 
 
 # ---------------------------------------------------------------- grouped GEMM
 
-def grouped_gemm_bytes(d: GroupedGemmData, elem_bytes: float) -> np.ndarray:
+def grouped_gemm_bytes(data: GroupedGemmData, elem_bytes: float) -> np.ndarray:
     """Every expert's operands and result once, in the compute datatype."""
-    return elem_bytes * d.experts * (d.rows * d.depth + d.depth * d.cols + d.rows * d.cols)
+    return elem_bytes * data.experts * (data.rows * data.depth + data.depth * data.cols + data.rows * data.cols)
 
 
-def grouped_gemm_predict(timing: GemmTiming, d: GroupedGemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
+def grouped_gemm_predict(timing: GemmTiming, data: GroupedGemmData, peak_flops_per_s: float, hbm_bytes_per_s: float,
                          elem_bytes: float) -> np.ndarray:
     """The GEMM formula with batch = experts: one launch for the whole group (costmodel/terms/moe.py)."""
-    return gemm_time_s(timing, ArrayOps, d.rows, d.cols, d.depth, grouped_gemm_bytes(d, elem_bytes),
-                       peak_flops_per_s, hbm_bytes_per_s, d.experts)
+    return gemm_time_s(timing, ArrayOps, data.rows, data.cols, data.depth, grouped_gemm_bytes(data, elem_bytes),
+                       peak_flops_per_s, hbm_bytes_per_s, data.experts)
 
 
 def _shape_names(shapes) -> str:
@@ -285,17 +285,17 @@ def layer_errors(fields: dict, data: GemmData, peak_flops_per_s: float, hbm_byte
 
 # ---------------------------------------------------------------- fused attention
 
-def attention_fwd_bwd_s(fields: dict, d: AttentionData) -> np.ndarray:
+def attention_fwd_bwd_s(fields: dict, data: AttentionData) -> np.ndarray:
     """Forward + backward of one fused attention layer as costmodel/terms/block.py adds it up: the
-    forward kernel (2 s×s×d products per head), backward twice the forward, and the
+    forward kernel (2 s×s×data products per head), backward twice the forward, and the
     recomputed Q·Kᵀ (1 product)."""
     p = AttentionFit(**fields).timing()
-    forward = attention_time_s(p, 2.0, d.batch_heads, d.seq, d.head_size)
-    return 3.0 * forward + attention_time_s(p, 1.0, d.batch_heads, d.seq, d.head_size)
+    forward = attention_time_s(p, 2.0, data.batch_heads, data.seq, data.head_size)
+    return 3.0 * forward + attention_time_s(p, 1.0, data.batch_heads, data.seq, data.head_size)
 
 
-def _attention_subset(d: AttentionData, keep: np.ndarray) -> AttentionData:
-    return AttentionData(d.batch_heads[keep], d.seq[keep], d.head_size[keep], d.fwd_bwd_s[keep])
+def _attention_subset(data: AttentionData, keep: np.ndarray) -> AttentionData:
+    return AttentionData(data.batch_heads[keep], data.seq[keep], data.head_size[keep], data.fwd_bwd_s[keep])
 
 
 def fit_attention(data: AttentionData) -> FamilyFit:
@@ -362,4 +362,5 @@ def fit_network(data: NcclData, bandwidth_gbps: float, label: str) -> FamilyFit:
     fields = {"efficiency": rounded(efficiency), "latency_us": rounded(latency_s / MICRO, 0.01)}
     modelled = fields["latency_us"] * MICRO + data.bus_bytes / (bandwidth_gbps * 1e9 * fields["efficiency"])
     no_points = Errors.of(np.array([]), np.array([]))
-    return FamilyFit(f"network {label}", fields, Errors.of(modelled, data.time_s), no_points, "every message size", "none")
+    return FamilyFit(f"network {label}", fields, Errors.of(modelled, data.time_s), no_points, "every message size",
+                     "none")

@@ -67,11 +67,11 @@ def _number(value: float) -> str:
     return mantissa + (f"e{exponent}" if exponent else "")
 
 
-def _comment(indent: str, f: fitting.FamilyFit, source: str) -> list[str]:
-    lines = [f"{indent}# Fitted by `mapsat calibrate` to {source}, {f.fit_points}.",
-             f"{indent}# |error| of time where fitted: {f.fit.text()}."]
-    if f.test.count:
-        lines.append(f"{indent}# Held out, {f.test_points}: {f.test.text()}.")
+def _comment(indent: str, family: fitting.FamilyFit, source: str) -> list[str]:
+    lines = [f"{indent}# Fitted by `mapsat calibrate` to {source}, {family.fit_points}.",
+             f"{indent}# |error| of time where fitted: {family.fit.text()}."]
+    if family.test.count:
+        lines.append(f"{indent}# Held out, {family.test_points}: {family.test.text()}.")
     return lines
 
 

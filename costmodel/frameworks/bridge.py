@@ -29,50 +29,52 @@ _CUDA_GRAPHS = {"per-layer": {"model.cuda_graph_impl": "transformer_engine"},
                 "full-iteration": {"model.cuda_graph_impl": "local", "model.cuda_graph_scope": "full_iteration"}}
 
 
-def _parallelism(m: Mapping, model: Model, out: dict, refusals: Refusals) -> None:
-    out.update({"model.tensor_model_parallel_size": m.tensor_par, "model.pipeline_model_parallel_size": m.pipeline_par,
-                "model.context_parallel_size": m.context_par,
-                "model.virtual_pipeline_model_parallel_size": m.pipeline_interleaving if m.pipeline_interleaving > 1
-                else None,
-                "comm_overlap.data_parallel_size": m.data_par, "model.seq_length": model.seq_size,
-                "train.micro_batch_size": m.microbatch_size, "train.global_batch_size": m.batch_size,
-                "model.sequence_parallel": m.tensor_par > 1 and m.tensor_par_comm_type.value == "rs_ag",
-                "comm_overlap.tp_comm_overlap": m.tensor_par > 1 and m.tensor_par_overlap.value == "ring"})
+def _parallelism(mapping: Mapping, model: Model, out: dict, refusals: Refusals) -> None:
+    out.update({"model.tensor_model_parallel_size": mapping.tensor_par,
+                "model.pipeline_model_parallel_size": mapping.pipeline_par,
+                "model.context_parallel_size": mapping.context_par,
+                "model.virtual_pipeline_model_parallel_size": mapping.pipeline_interleaving
+                if mapping.pipeline_interleaving > 1 else None,
+                "comm_overlap.data_parallel_size": mapping.data_par, "model.seq_length": model.seq_size,
+                "train.micro_batch_size": mapping.microbatch_size, "train.global_batch_size": mapping.batch_size,
+                "model.sequence_parallel": mapping.tensor_par > 1 and mapping.tensor_par_comm_type.value == "rs_ag",
+                "comm_overlap.tp_comm_overlap": mapping.tensor_par > 1 and mapping.tensor_par_overlap.value == "ring"})
     if model.num_experts:
-        out.update({"model.expert_model_parallel_size": m.expert_par,
-                    "model.expert_tensor_parallel_size": m.expert_tensor_par or m.tensor_par})
-    check_layout(m, model, refusals)
-    layout, string = stage_layout(m, model), short_chunk_layout(m, model)
+        out.update({"model.expert_model_parallel_size": mapping.expert_par,
+                    "model.expert_tensor_parallel_size": mapping.expert_tensor_par or mapping.tensor_par})
+    check_layout(mapping, model, refusals)
+    layout, string = stage_layout(mapping, model), short_chunk_layout(mapping, model)
     if string is not None:
         out["model.pipeline_model_parallel_layout"] = string
     elif layout.uneven:
         out.update({"model.num_layers_in_first_pipeline_stage": layout.first,
                     "model.num_layers_in_last_pipeline_stage": layout.last})
-    if m.context_par > 1:
-        out["model.cp_comm_type"] = m.context_par_comm.value
-    if m.tensor_par > 1 and m.tensor_par_comm_type.value == "p2p_rs_ag":
+    if mapping.context_par > 1:
+        out["model.cp_comm_type"] = mapping.context_par_comm.value
+    if mapping.tensor_par > 1 and mapping.tensor_par_comm_type.value == "p2p_rs_ag":
         refusals.refuse("tensor_par_comm_type", "p2p_rs_ag", "Megatron-Core has all-reduce or sequence parallelism")
-    if m.tensor_par > 1 and m.tensor_par_overlap.value == "pipe":
+    if mapping.tensor_par > 1 and mapping.tensor_par_overlap.value == "pipe":
         refusals.refuse("tensor_par_overlap", "pipe", "tp_comm_overlap runs Transformer Engine's userbuffer methods")
-    if m.pipeline_schedule.value != "1f1b":
-        refusals.refuse("pipeline_schedule", m.pipeline_schedule, "Megatron-Core has no zero-bubble schedule")
+    if mapping.pipeline_schedule.value != "1f1b":
+        refusals.refuse("pipeline_schedule", mapping.pipeline_schedule, "Megatron-Core has no zero-bubble schedule")
 
 
-def _memory(m: Mapping, model: Model, out: dict, refusals: Refusals) -> None:
-    granularity, blocks, modules = recompute_of(m, model)
+def _memory(mapping: Mapping, model: Model, out: dict, refusals: Refusals) -> None:
+    granularity, blocks, modules = recompute_of(mapping, model)
     if granularity == "full":
         out.update({"model.recompute_granularity": "full", "model.recompute_method": "block" if blocks else "uniform",
                     "model.recompute_num_layers": blocks or 1})
     elif granularity == "selective":
         out.update({"model.recompute_granularity": "selective", "model.recompute_modules": list(modules)})
-    if m.activations_offload:
+    if mapping.activations_offload:
         out.update({"model.cpu_offloading": True,
-                    "model.cpu_offloading_num_layers": m.activation_offload_blocks or stage_layout(m, model).first})
-    if m.weight_offload:
+                    "model.cpu_offloading_num_layers": mapping.activation_offload_blocks
+                    or stage_layout(mapping, model).first})
+    if mapping.weight_offload:
         out.update({"model.cpu_offloading": True, "model.cpu_offloading_weights": True})
-    if m.optimizer_offload:
+    if mapping.optimizer_offload:
         out["optimizer.optimizer_cpu_offload"] = True
-    stage, fsdp, instances = sharding_of(m)
+    stage, fsdp, instances = sharding_of(mapping)
     out["ddp.use_distributed_optimizer"] = stage == 1
     if fsdp:
         out.update({"ddp.use_megatron_fsdp": True, "ddp.data_parallel_sharding_strategy": "optim_grads_params"})
@@ -84,54 +86,55 @@ def _memory(m: Mapping, model: Model, out: dict, refusals: Refusals) -> None:
     if instances > 1 and stage == 1:
         out["ddp.num_distributed_optimizer_instances"] = instances
     elif instances > 1:
-        refusals.refuse("sharding_group", m.sharding_group, "Megatron-Bridge's FSDP shards over the whole "
+        refusals.refuse("sharding_group", mapping.sharding_group, "Megatron-Bridge's FSDP shards over the whole "
                                                             "data-parallel group")
-    out["comm_overlap.overlap_grad_reduce"] = m.data_par_overlap
+    out["comm_overlap.overlap_grad_reduce"] = mapping.data_par_overlap
     if stage == 1:
-        out["comm_overlap.overlap_param_gather"] = m.data_par_overlap
-    if m.pipeline_interleaving > 1:
-        out["comm_overlap.overlap_p2p_comm"] = m.pipeline_comm_overlap
+        out["comm_overlap.overlap_param_gather"] = mapping.data_par_overlap
+    if mapping.pipeline_interleaving > 1:
+        out["comm_overlap.overlap_p2p_comm"] = mapping.pipeline_comm_overlap
 
 
-def _precision(m: Mapping, out: dict, refusals: Refusals) -> None:
-    datatype = m.datatype.value
+def _precision(mapping: Mapping, out: dict, refusals: Refusals) -> None:
+    datatype = mapping.datatype.value
     if datatype not in ("bfloat16", "float16"):
         refusals.refuse("datatype", datatype, "Megatron-Bridge's mixed-precision recipes run over BF16 or FP16")
     out[f"mixed_precision.{'bf16' if datatype != 'float16' else 'fp16'}"] = True
-    recipe = RECIPE_OF_PRECISION.get(m.precision)
+    recipe = RECIPE_OF_PRECISION.get(mapping.precision)
     if recipe is not None:
         family, name = recipe
-        out.update({f"mixed_precision.{family}": FP8_FORMAT.get(m.precision, "hybrid") if family == "fp8" else "e2m1",
+        out.update({f"mixed_precision.{family}": FP8_FORMAT.get(mapping.precision, "hybrid") if family == "fp8"
+                    else "e2m1",
                     f"mixed_precision.{family}_recipe": name,
-                    f"mixed_precision.{family}_param_gather": effective_param_gather(m)})
-    out.update({"mixed_precision.first_last_layers_bf16": m.bf16_first_last_blocks > 0,
-                "mixed_precision.grad_reduce_in_fp32": m.grad_datatype == "float32"})
-    if m.bf16_first_last_blocks:
-        out.update({"mixed_precision.num_layers_at_start_in_bf16": m.bf16_first_last_blocks,
-                    "mixed_precision.num_layers_at_end_in_bf16": m.bf16_first_last_blocks})
-    if m.optimizer_state != "fp32":
-        refusals.refuse("optimizer_state", m.optimizer_state, "optimizer.exp_avg_dtype is a torch.dtype, not an "
+                    f"mixed_precision.{family}_param_gather": effective_param_gather(mapping)})
+    out.update({"mixed_precision.first_last_layers_bf16": mapping.bf16_first_last_blocks > 0,
+                "mixed_precision.grad_reduce_in_fp32": mapping.grad_datatype == "float32"})
+    if mapping.bf16_first_last_blocks:
+        out.update({"mixed_precision.num_layers_at_start_in_bf16": mapping.bf16_first_last_blocks,
+                    "mixed_precision.num_layers_at_end_in_bf16": mapping.bf16_first_last_blocks})
+    if mapping.optimizer_state != "fp32":
+        refusals.refuse("optimizer_state", mapping.optimizer_state, "optimizer.exp_avg_dtype is a torch.dtype, not an "
                                                               "override's text")
 
 
-def _kernels(m: Mapping, model: Model, system: System, out: dict, refusals: Refusals) -> None:
+def _kernels(mapping: Mapping, model: Model, system: System, out: dict, refusals: Refusals) -> None:
     if model.num_experts:
-        out.update({"model.moe_token_dispatcher_type": m.moe_dispatcher,
-                    "comm_overlap.overlap_moe_expert_parallel_comm": m.moe_comm_overlap,
-                    "comm_overlap.delay_wgrad_compute": m.moe_comm_overlap})
-        if m.moe_dispatcher == "flex":
+        out.update({"model.moe_token_dispatcher_type": mapping.moe_dispatcher,
+                    "comm_overlap.overlap_moe_expert_parallel_comm": mapping.moe_comm_overlap,
+                    "comm_overlap.delay_wgrad_compute": mapping.moe_comm_overlap})
+        if mapping.moe_dispatcher == "flex":
             out["model.moe_flex_dispatcher_backend"] = "deepep"
-    if m.moe_dispatcher_sm_share is not None:
+    if mapping.moe_dispatcher_sm_share is not None:
         sms = system_sms(system)
-        if sms is None or m.moe_dispatcher != "flex":
-            refusals.refuse("moe_dispatcher_sm_share", m.moe_dispatcher_sm_share,
+        if sms is None or mapping.moe_dispatcher != "flex":
+            refusals.refuse("moe_dispatcher_sm_share", mapping.moe_dispatcher_sm_share,
                             f"an SM count needs the flex dispatcher on a GPU of known SMs, not {system.name!r}")
         else:
-            out["model.moe_deepep_num_sms"] = round(m.moe_dispatcher_sm_share * sms)
-    out.update(_CUDA_GRAPHS.get(m.cuda_graphs, {}))
-    out.update({"model.cross_entropy_loss_fusion": m.fused_cross_entropy,
-                "model.bias_activation_fusion": m.fused_activation})
-    if not m.fused_attention:
+            out["model.moe_deepep_num_sms"] = round(mapping.moe_dispatcher_sm_share * sms)
+    out.update(_CUDA_GRAPHS.get(mapping.cuda_graphs, {}))
+    out.update({"model.cross_entropy_loss_fusion": mapping.fused_cross_entropy,
+                "model.bias_activation_fusion": mapping.fused_activation})
+    if not mapping.fused_attention:
         out["model.attention_backend"] = "unfused"
 
 

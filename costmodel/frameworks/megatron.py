@@ -31,40 +31,41 @@ GPUS_PER_NODE = 8
 CUDA_GRAPH_IMPL = {"per-layer": "transformer_engine", "full-iteration": "full_iteration"}
 
 
-def _degrees(m: Mapping, model: Model, out: list, refusals: Refusals) -> None:
-    out += [("--tensor-model-parallel-size", m.tensor_par), ("--pipeline-model-parallel-size", m.pipeline_par),
-            ("--context-parallel-size", m.context_par)]
+def _degrees(mapping: Mapping, model: Model, out: list, refusals: Refusals) -> None:
+    out += [("--tensor-model-parallel-size", mapping.tensor_par),
+            ("--pipeline-model-parallel-size", mapping.pipeline_par),
+            ("--context-parallel-size", mapping.context_par)]
     if model.num_experts:
-        out += [("--expert-model-parallel-size", m.expert_par),
-                ("--expert-tensor-parallel-size", m.expert_tensor_par or m.tensor_par)]
-    if m.pipeline_interleaving > 1:
-        out.append(("--num-virtual-stages-per-pipeline-rank", m.pipeline_interleaving))
-    check_layout(m, model, refusals)
-    layout, string = stage_layout(m, model), short_chunk_layout(m, model)
+        out += [("--expert-model-parallel-size", mapping.expert_par),
+                ("--expert-tensor-parallel-size", mapping.expert_tensor_par or mapping.tensor_par)]
+    if mapping.pipeline_interleaving > 1:
+        out.append(("--num-virtual-stages-per-pipeline-rank", mapping.pipeline_interleaving))
+    check_layout(mapping, model, refusals)
+    layout, string = stage_layout(mapping, model), short_chunk_layout(mapping, model)
     if string is not None:
         out.append(("--pipeline-model-parallel-layout", string))
     elif layout.uneven:
         out += [("--decoder-first-pipeline-num-layers", layout.first),
                 ("--decoder-last-pipeline-num-layers", layout.last)]
-    out += [("--micro-batch-size", m.microbatch_size), ("--global-batch-size", m.batch_size),
+    out += [("--micro-batch-size", mapping.microbatch_size), ("--global-batch-size", mapping.batch_size),
             ("--seq-length", model.seq_size)]
-    comm = m.tensor_par_comm_type.value
-    if m.tensor_par > 1 and comm == "rs_ag":
+    comm = mapping.tensor_par_comm_type.value
+    if mapping.tensor_par > 1 and comm == "rs_ag":
         out.append(("--sequence-parallel",))
-    elif m.tensor_par > 1 and comm == "p2p_rs_ag":
+    elif mapping.tensor_par > 1 and comm == "p2p_rs_ag":
         refusals.refuse("tensor_par_comm_type", comm, "Megatron-LM has all-reduce or sequence parallelism, not a "
                                                       "point-to-point reduce-scatter/all-gather")
-    if m.tensor_par > 1 and m.tensor_par_overlap.value == "ring":
+    if mapping.tensor_par > 1 and mapping.tensor_par_overlap.value == "ring":
         out.append(("--tp-comm-overlap",))
-    elif m.tensor_par > 1 and m.tensor_par_overlap.value == "pipe":
+    elif mapping.tensor_par > 1 and mapping.tensor_par_overlap.value == "pipe":
         refusals.refuse("tensor_par_overlap", "pipe", "--tp-comm-overlap runs Transformer Engine's userbuffer "
                                                       "methods; a pipelined split needs a --tp-comm-overlap-cfg file")
-    if m.context_par > 1:
-        out.append(("--cp-comm-type", m.context_par_comm.value))
+    if mapping.context_par > 1:
+        out.append(("--cp-comm-type", mapping.context_par_comm.value))
 
 
-def _recompute_and_offload(m: Mapping, model: Model, out: list, refusals: Refusals) -> None:
-    granularity, blocks, modules = recompute_of(m, model)
+def _recompute_and_offload(mapping: Mapping, model: Model, out: list, refusals: Refusals) -> None:
+    granularity, blocks, modules = recompute_of(mapping, model)
     if granularity == "full" and blocks is None:
         out += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", 1)]
     elif granularity == "full":
@@ -72,20 +73,20 @@ def _recompute_and_offload(m: Mapping, model: Model, out: list, refusals: Refusa
                 ("--recompute-num-layers", blocks)]
     elif granularity == "selective":
         out += [("--recompute-granularity", "selective"), ("--recompute-modules", *modules)]
-    if m.activations_offload:
-        blocks = m.activation_offload_blocks or stage_layout(m, model).first
+    if mapping.activations_offload:
+        blocks = mapping.activation_offload_blocks or stage_layout(mapping, model).first
         if blocks >= model.num_blocks:
             refusals.refuse("activations_offload", True, f"--cpu-offloading-num-layers takes fewer than the model's "
                                                          f"{model.num_blocks} layers")
         out.append(("--cpu-offloading-num-layers", blocks))
-    if m.weight_offload:
+    if mapping.weight_offload:
         refusals.refuse("weight_offload", True, "cpu_offloading_weights has no command-line flag")
-    if m.optimizer_offload:
+    if mapping.optimizer_offload:
         out.append(("--optimizer-cpu-offload",))
 
 
-def _sharding_and_overlaps(m: Mapping, out: list, refusals: Refusals) -> None:
-    stage, fsdp, instances = sharding_of(m)
+def _sharding_and_overlaps(mapping: Mapping, out: list, refusals: Refusals) -> None:
+    stage, fsdp, instances = sharding_of(mapping)
     if stage == 1:
         out.append(("--use-distributed-optimizer",))
     elif fsdp:
@@ -97,55 +98,55 @@ def _sharding_and_overlaps(m: Mapping, out: list, refusals: Refusals) -> None:
         out.append(("--num-distributed-optimizer-instances", instances))
         out += [("--outer-dp-sharding-strategy", "no_shard")] if fsdp else []
     elif instances > 1:
-        refusals.refuse("sharding_group", m.sharding_group,
+        refusals.refuse("sharding_group", mapping.sharding_group,
                         "PyTorch FSDP2 in Megatron-LM shards over the whole data-parallel group (Megatron-FSDP, "
                         "megatron_fsdp, has HSDP)")
-    if m.data_par_overlap:
+    if mapping.data_par_overlap:
         out.append(("--overlap-grad-reduce",))
         if stage == 1:
             out.append(("--overlap-param-gather",))
-    if m.pipeline_interleaving > 1 and not m.pipeline_comm_overlap:
+    if mapping.pipeline_interleaving > 1 and not mapping.pipeline_comm_overlap:
         out.append(("--no-overlap-p2p-communication",))
-    if m.pipeline_schedule.value != "1f1b":
-        refusals.refuse("pipeline_schedule", m.pipeline_schedule, "Megatron-LM has no zero-bubble schedule flag of "
-                                                                  "that name")
+    if mapping.pipeline_schedule.value != "1f1b":
+        refusals.refuse("pipeline_schedule", mapping.pipeline_schedule,
+                        "Megatron-LM has no zero-bubble schedule flag of that name")
 
 
-def _precision(m: Mapping, out: list, refusals: Refusals) -> None:
-    datatype = m.datatype.value
+def _precision(mapping: Mapping, out: list, refusals: Refusals) -> None:
+    datatype = mapping.datatype.value
     if datatype == "float8":
         refusals.refuse("datatype", datatype, "Megatron-LM quantizes by a recipe (--fp8-recipe), not every tensor")
     out += [("--bf16",)] if datatype in ("bfloat16", "float8") else [("--fp16",)] if datatype == "float16" else []
-    recipe = RECIPE_OF_PRECISION.get(m.precision)
+    recipe = RECIPE_OF_PRECISION.get(mapping.precision)
     if recipe is not None and recipe[0] == "fp8":
-        out += [("--fp8-format", FP8_FORMAT.get(m.precision, "hybrid")), ("--fp8-recipe", recipe[1])]
+        out += [("--fp8-format", FP8_FORMAT.get(mapping.precision, "hybrid")), ("--fp8-recipe", recipe[1])]
     elif recipe is not None:
         out += [("--fp4-format", "e2m1"), ("--fp4-recipe", recipe[1])]
-    if effective_param_gather(m):
+    if effective_param_gather(mapping):
         out.append((f"--{recipe[0]}-param-gather",))
-    if m.bf16_first_last_blocks:
-        out += [("--first-last-layers-bf16",), ("--num-layers-at-start-in-bf16", m.bf16_first_last_blocks),
-                ("--num-layers-at-end-in-bf16", m.bf16_first_last_blocks)]
-    if m.optimizer_state == "bf16":
+    if mapping.bf16_first_last_blocks:
+        out += [("--first-last-layers-bf16",), ("--num-layers-at-start-in-bf16", mapping.bf16_first_last_blocks),
+                ("--num-layers-at-end-in-bf16", mapping.bf16_first_last_blocks)]
+    if mapping.optimizer_state == "bf16":
         out += [("--use-precision-aware-optimizer",), ("--exp-avg-dtype", "bf16"), ("--exp-avg-sq-dtype", "bf16")]
-    if m.grad_datatype == "16bit":
+    if mapping.grad_datatype == "16bit":
         out.append(("--grad-reduce-in-bf16",))
 
 
-def _kernels(m: Mapping, model: Model, out: list) -> None:
+def _kernels(mapping: Mapping, model: Model, out: list) -> None:
     if model.num_experts:
-        out.append(("--moe-token-dispatcher-type", moe_dispatcher_text(m)))
-        if m.moe_dispatcher == "flex":
+        out.append(("--moe-token-dispatcher-type", moe_dispatcher_text(mapping)))
+        if mapping.moe_dispatcher == "flex":
             out.append(("--moe-flex-dispatcher-backend", "deepep"))
-        if m.moe_comm_overlap:
+        if mapping.moe_comm_overlap:
             out += [("--overlap-moe-expert-parallel-comm",), ("--delay-wgrad-compute",)]
-    if m.cuda_graphs != "none":
-        out.append(("--cuda-graph-impl", CUDA_GRAPH_IMPL[m.cuda_graphs]))
-    if m.fused_cross_entropy:
+    if mapping.cuda_graphs != "none":
+        out.append(("--cuda-graph-impl", CUDA_GRAPH_IMPL[mapping.cuda_graphs]))
+    if mapping.fused_cross_entropy:
         out.append(("--cross-entropy-loss-fusion",))
-    if not m.fused_activation:
+    if not mapping.fused_activation:
         out.append(("--no-bias-swiglu-fusion",) if model.gated else ("--no-bias-gelu-fusion",))
-    if not m.fused_attention:
+    if not mapping.fused_attention:
         out.append(("--attention-backend", "unfused"))
 
 

@@ -32,126 +32,128 @@ CONVERTERS = {Precision.fp8_tensorwise: ("quantize.linear.float8", "tensorwise")
               Precision.mxfp8: ("quantize.linear.mx", "mxfp8_cublas")}
 
 
-def _pipeline(m: Mapping, model: Model, out: dict, refusals: Refusals) -> None:
-    if m.pipeline_par == 1:
+def _pipeline(mapping: Mapping, model: Model, out: dict, refusals: Refusals) -> None:
+    if mapping.pipeline_par == 1:
         return
-    check_layout(m, model, refusals)
-    layout = stage_layout(m, model)
+    check_layout(mapping, model, refusals)
+    layout = stage_layout(mapping, model)
     base = max(layout.first, layout.middle, layout.last)
-    if m.pipeline_par > 2 and layout.middle != base:
+    if mapping.pipeline_par > 2 and layout.middle != base:
         refusals.refuse("pipeline_first_stage_blocks", layout.first, "torchtitan's first and last stages hold at "
                                                                      "most a middle stage's blocks")
-    out.update({"parallelism.pipeline_parallel_degree": m.pipeline_par,
-                "parallelism.pipeline_parallel_schedule": "1F1B" if m.pipeline_interleaving == 1 else "Interleaved1F1B",
-                "parallelism.pipeline_parallel_layers_per_stage": base // m.pipeline_interleaving,
+    out.update({"parallelism.pipeline_parallel_degree": mapping.pipeline_par,
+                "parallelism.pipeline_parallel_schedule": "1F1B" if mapping.pipeline_interleaving == 1
+                else "Interleaved1F1B",
+                "parallelism.pipeline_parallel_layers_per_stage": base // mapping.pipeline_interleaving,
                 "parallelism.pipeline_parallel_first_stage_less_layers": base - layout.first,
                 "parallelism.pipeline_parallel_last_stage_less_layers": base - layout.last,
-                "parallelism.pipeline_parallel_microbatch_size": m.microbatch_size})
-    if m.pipeline_schedule.value != "1f1b":
-        refusals.refuse("pipeline_schedule", m.pipeline_schedule, "torchtitan's zero-bubble schedules are "
+                "parallelism.pipeline_parallel_microbatch_size": mapping.microbatch_size})
+    if mapping.pipeline_schedule.value != "1f1b":
+        refusals.refuse("pipeline_schedule", mapping.pipeline_schedule, "torchtitan's zero-bubble schedules are "
                                                                   "ZBVZeroBubble and InterleavedZeroBubble, not ZB-H1")
-    if m.pipeline_interleaving > 1 and m.pipeline_comm_overlap:
+    if mapping.pipeline_interleaving > 1 and mapping.pipeline_comm_overlap:
         refusals.refuse("pipeline_comm_overlap", True, "torchtitan has no setting for it")
 
 
-def _data_parallel(m: Mapping, out: dict, refusals: Refusals) -> None:
-    stage, fsdp, instances = sharding_of(m)
-    group = m.data_par * m.context_par
-    if stage in (1, 2) or (stage == 0 and m.context_par > 1):
+def _data_parallel(mapping: Mapping, out: dict, refusals: Refusals) -> None:
+    stage, fsdp, instances = sharding_of(mapping)
+    group = mapping.data_par * mapping.context_par
+    if stage in (1, 2) or (stage == 0 and mapping.context_par > 1):
         refusals.refuse("sharding_stage", stage, "torchtitan has no ZeRO-1 or ZeRO-2 apart from FSDP (and FSDP "
                                                  "shards over cp)" if stage else "torchtitan shards over the cp group")
     if fsdp:
         refusals.refuse("megatron_fsdp", True, "torchtitan runs PyTorch FSDP2")
     if instances > 1 and stage != 3:
-        refusals.refuse("sharding_group", m.sharding_group, "torchtitan's HSDP groups are FSDP's (stage 3)")
+        refusals.refuse("sharding_group", mapping.sharding_group, "torchtitan's HSDP groups are FSDP's (stage 3)")
     shard = group // instances if stage == 3 else 1
-    if shard % m.context_par:
-        refusals.refuse("sharding_group", m.sharding_group, f"torchtitan's shard group holds the cp group "
-                                                            f"({m.context_par}) whole")
-    out.update({"parallelism.data_parallel_replicate_degree": group // shard if stage == 3 else m.data_par,
-                "parallelism.data_parallel_shard_degree": max(shard // m.context_par, 1)})
+    if shard % mapping.context_par:
+        refusals.refuse("sharding_group", mapping.sharding_group, f"torchtitan's shard group holds the cp group "
+                                                            f"({mapping.context_par}) whole")
+    out.update({"parallelism.data_parallel_replicate_degree": group // shard if stage == 3 else mapping.data_par,
+                "parallelism.data_parallel_shard_degree": max(shard // mapping.context_par, 1)})
     if stage == 3:
         out["parallelism.fsdp_reshard_after_forward"] = "always"
-    if group > 1 and not m.data_par_overlap:
+    if group > 1 and not mapping.data_par_overlap:
         refusals.refuse("data_par_overlap", False, "torchtitan always overlaps the gradient reduction")
 
 
-def _model_parallel(m: Mapping, model: Model, out: dict, refusals: Refusals) -> None:
-    out.update({"parallelism.tensor_parallel_degree": m.tensor_par,
-                "parallelism.context_parallel_degree": m.context_par})
-    if m.tensor_par > 1 and m.tensor_par_comm_type.value != "rs_ag":
-        refusals.refuse("tensor_par_comm_type", m.tensor_par_comm_type, "torchtitan's tensor parallelism keeps "
+def _model_parallel(mapping: Mapping, model: Model, out: dict, refusals: Refusals) -> None:
+    out.update({"parallelism.tensor_parallel_degree": mapping.tensor_par,
+                "parallelism.context_parallel_degree": mapping.context_par})
+    if mapping.tensor_par > 1 and mapping.tensor_par_comm_type.value != "rs_ag":
+        refusals.refuse("tensor_par_comm_type", mapping.tensor_par_comm_type, "torchtitan's tensor parallelism keeps "
                                                                         "the norms sequence-parallel (rs_ag)")
-    if m.tensor_par > 1:
-        out["parallelism.enable_async_tensor_parallel"] = m.tensor_par_overlap.value == "ring"
-        if m.tensor_par_overlap.value == "pipe":
+    if mapping.tensor_par > 1:
+        out["parallelism.enable_async_tensor_parallel"] = mapping.tensor_par_overlap.value == "ring"
+        if mapping.tensor_par_overlap.value == "pipe":
             refusals.refuse("tensor_par_overlap", "pipe", "torchtitan's async TP decomposes the collective (ring)")
-    if m.context_par > 1:
-        if m.context_par_comm.value not in ROTATE:
-            refusals.refuse("context_par_comm", m.context_par_comm, "torchtitan rotates K/V (ring or all-gather)")
-        out["parallelism.context_parallel_rotate_method"] = ROTATE.get(m.context_par_comm.value, "allgather")
+    if mapping.context_par > 1:
+        if mapping.context_par_comm.value not in ROTATE:
+            refusals.refuse("context_par_comm", mapping.context_par_comm, "torchtitan rotates K/V (ring or all-gather)")
+        out["parallelism.context_parallel_rotate_method"] = ROTATE.get(mapping.context_par_comm.value, "allgather")
     if model.num_experts:
-        out.update({"parallelism.expert_parallel_degree": m.expert_par,
-                    "parallelism.expert_tensor_parallel_degree": m.expert_tensor_par or m.tensor_par,
-                    "parallelism.expert_parallel_comm_backend": "deepep" if m.moe_dispatcher == "flex" else "standard"})
-        if m.moe_comm_overlap:
+        out.update({"parallelism.expert_parallel_degree": mapping.expert_par,
+                    "parallelism.expert_tensor_parallel_degree": mapping.expert_tensor_par or mapping.tensor_par,
+                    "parallelism.expert_parallel_comm_backend": "deepep" if mapping.moe_dispatcher == "flex"
+                    else "standard"})
+        if mapping.moe_comm_overlap:
             refusals.refuse("moe_comm_overlap", True, "torchtitan overlaps expert dispatch only inside DualPipeV")
 
 
-def _batch_and_memory(m: Mapping, model: Model, out: dict, refusals: Refusals) -> None:
-    per_rank = m.batch_size // m.data_par
-    out.update({"training.seq_len": model.seq_size, "training.global_batch_size": m.batch_size,
-                "training.local_batch_size": per_rank if m.pipeline_par > 1 else m.microbatch_size})
-    granularity, blocks, modules = recompute_of(m, model)
+def _batch_and_memory(mapping: Mapping, model: Model, out: dict, refusals: Refusals) -> None:
+    per_rank = mapping.batch_size // mapping.data_par
+    out.update({"training.seq_len": model.seq_size, "training.global_batch_size": mapping.batch_size,
+                "training.local_batch_size": per_rank if mapping.pipeline_par > 1 else mapping.microbatch_size})
+    granularity, blocks, modules = recompute_of(mapping, model)
     if granularity == "selective" or blocks is not None:
         what = f"attn_only of {', '.join(modules)}" if granularity == "selective" else f"full of {blocks} blocks"
         refusals.refuse("activation_recompute", what,
                         "torchtitan recomputes whole blocks (full) or by op or layer period (selective), not "
                         "Megatron-LM's modules or the first N blocks")
     out["activation_checkpoint.mode"] = "full" if granularity == "full" else "none"
-    offload = (m.weight_offload, m.optimizer_offload)
-    if m.activations_offload:
+    offload = (mapping.weight_offload, mapping.optimizer_offload)
+    if mapping.activations_offload:
         refusals.refuse("activations_offload", True, "torchtitan offloads no activations")
-    if any(offload) and not (all(offload) and sharding_of(m)[0] == 3):
-        refusals.refuse("weight_offload" if not m.weight_offload else "optimizer_offload", False,
+    if any(offload) and not (all(offload) and sharding_of(mapping)[0] == 3):
+        refusals.refuse("weight_offload" if not mapping.weight_offload else "optimizer_offload", False,
                         "torchtitan's enable_cpu_offload moves FSDP's parameters, gradients and optimizer together")
     out["training.enable_cpu_offload"] = all(offload)
 
 
-def _precision(m: Mapping, out: dict, refusals: Refusals) -> None:
-    if m.datatype.value not in ("bfloat16", "float32"):
-        refusals.refuse("datatype", m.datatype, "torchtitan's parameters run in bfloat16 or float32")
-    out.update({"training.mixed_precision_param": "float32" if m.datatype.value == "float32" else "bfloat16",
+def _precision(mapping: Mapping, out: dict, refusals: Refusals) -> None:
+    if mapping.datatype.value not in ("bfloat16", "float32"):
+        refusals.refuse("datatype", mapping.datatype, "torchtitan's parameters run in bfloat16 or float32")
+    out.update({"training.mixed_precision_param": "float32" if mapping.datatype.value == "float32" else "bfloat16",
                 "training.mixed_precision_reduce": "float32"})
-    if m.grad_datatype != "float32":
-        refusals.refuse("grad_datatype", m.grad_datatype, "torchtitan reduces gradients in float32")
-    quantized = m.precision not in (None, Precision.bf16)
-    if quantized and m.precision not in CONVERTERS:
-        refusals.refuse("precision", m.precision, "torchtitan runs FP8 tensorwise or rowwise and MXFP8 linears")
-    converter = CONVERTERS.get(m.precision)
+    if mapping.grad_datatype != "float32":
+        refusals.refuse("grad_datatype", mapping.grad_datatype, "torchtitan reduces gradients in float32")
+    quantized = mapping.precision not in (None, Precision.bf16)
+    if quantized and mapping.precision not in CONVERTERS:
+        refusals.refuse("precision", mapping.precision, "torchtitan runs FP8 tensorwise or rowwise and MXFP8 linears")
+    converter = CONVERTERS.get(mapping.precision)
     out["model.converters"] = [converter[0]] if converter else []
     if converter:
         out[f"{converter[0]}.recipe_name"] = converter[1]
     if converter and converter[0].endswith("float8"):
-        out["quantize.linear.float8.enable_fsdp_float8_all_gather"] = effective_param_gather(m)
-    elif quantized and effective_param_gather(m):
+        out["quantize.linear.float8.enable_fsdp_float8_all_gather"] = effective_param_gather(mapping)
+    elif quantized and effective_param_gather(mapping):
         refusals.refuse("low_precision_param_gather", True, "torchtitan all-gathers FP8 weights only for float8")
-    if m.bf16_first_last_blocks:
-        refusals.refuse("bf16_first_last_blocks", m.bf16_first_last_blocks, "torchtitan filters linears by name")
-    if m.optimizer_state != "fp32":
-        refusals.refuse("optimizer_state", m.optimizer_state, "torchtitan keeps Adam's moments in fp32")
+    if mapping.bf16_first_last_blocks:
+        refusals.refuse("bf16_first_last_blocks", mapping.bf16_first_last_blocks, "torchtitan filters linears by name")
+    if mapping.optimizer_state != "fp32":
+        refusals.refuse("optimizer_state", mapping.optimizer_state, "torchtitan keeps Adam's moments in fp32")
 
 
-def _kernels(m: Mapping, out: dict, refusals: Refusals) -> None:
-    if m.cuda_graphs != "none":
-        refusals.refuse("cuda_graphs", m.cuda_graphs, "torchtitan captures no CUDA graphs")
-    if not m.fused_attention:
+def _kernels(mapping: Mapping, out: dict, refusals: Refusals) -> None:
+    if mapping.cuda_graphs != "none":
+        refusals.refuse("cuda_graphs", mapping.cuda_graphs, "torchtitan captures no CUDA graphs")
+    if not mapping.fused_attention:
         refusals.refuse("fused_attention", False, "torchtitan's attention is SDPA / FlexAttention")
     async_tp = out.get("parallelism.enable_async_tensor_parallel", False)
-    if async_tp and not m.fused_activation:
+    if async_tp and not mapping.fused_activation:
         refusals.refuse("fused_activation", False, "torchtitan's async tensor parallelism compiles the model, "
                                                    "which fuses the activation")
-    wanted = (("model", m.fused_activation or async_tp), ("loss", m.fused_cross_entropy))
+    wanted = (("model", mapping.fused_activation or async_tp), ("loss", mapping.fused_cross_entropy))
     components = [name for name, on in wanted if on]
     out.update({"compile.enable": bool(components), "compile.components": components})
 

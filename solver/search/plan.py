@@ -204,13 +204,13 @@ def check_buyable(counts: list[int], domain: int, name: str) -> None:
 
 # ---- the plan ----
 
-def checkpoint_state_bytes(model: Model, c: Context) -> float:
+def checkpoint_state_bytes(model: Model, context: Context) -> float:
     """What a checkpoint writes: every parameter's weights as training keeps them (the
     datatype's bytes, or the precision recipe's stored weight) and its optimizer state (fp32
     master copy and Adam's two moments: costmodel.context's optimizer_bytes_per_param), the
     same terms costmodel.terms.stage_state sizes per GPU. Gradients are not checkpointed."""
-    weight = c.elem_bytes if c.recipe is None else c.recipe.weight_storage_bytes
-    return model.total_params * (weight + c.optimizer_bytes_per_param)
+    weight = context.elem_bytes if context.recipe is None else context.recipe.weight_storage_bytes
+    return model.total_params * (weight + context.optimizer_bytes_per_param)
 
 
 def phase_model(model: Model, phase: Phase) -> Model:
@@ -289,8 +289,8 @@ def choose(counts: list[CountPlan], target: Target) -> Choice:
     if len(counts) == 1 and target.deadline_days is None and target.budget_usd is None:
         return Choice(feasible[0], "the given count")
 
-    def price(c: CountPlan) -> float:
-        return c.cost.cost_usd if c.cost.cost_usd is not None else c.cost.gpu_hours
+    def price(plan: CountPlan) -> float:
+        return plan.cost.cost_usd if plan.cost.cost_usd is not None else plan.cost.gpu_hours
 
     ok = [c for c in feasible
           if (target.deadline_days is None or c.cost.wall_days <= target.deadline_days)
