@@ -17,7 +17,8 @@ RSS at load ~2, best 26.7300 s (tp2 cp2 ep8 etp1 pp1 dp512, mb 15), certified, 8
 8,491,891,584 mappings scored in 17 blocks. Most of that time builds the block tables
 (solver.search.cpsat.block_tables: the block's terms over the (tp, cp, ep, etp, microbatch)
 grid, costmodel/terms), not the search: the target is not met. After them (commit f778bb8
-and the next), load ~1: 43.6 s wall, 43.7 s CPU, 2.52 GB, the same answer: no measurable change.
+and the next), load ~1: 43.6 s wall, 43.7 s CPU, 2.52 GB, the same answer. Back to back at load ~0.9: main (30564d6) 52.0 s wall and CPU,
+2.51 GB; branch perf 46.6 s, 2.52 GB: within this machine's run-to-run noise (~10 %).
 """
 
 from __future__ import annotations
