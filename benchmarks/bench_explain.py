@@ -9,6 +9,9 @@ certified, the blocks scored, and the slowest rows. Target (issue 23): <= 30 s o
 2-core development machine: met, 22.9 s for 117 rows, all certified (270.5 s once the CP
 communication and hybrid sharding joined `full`, before the engine decided a block's memory
 and network checks once per combination of what they read).
+Issue 34 (target <= 15 s): main at 30564d6 23.0 s (23.9 s real, 21.1 s user) and branch perf
+(flag tables by parent indices, deeper projection cache) 23.5 s (24.4 s real, 22.0 s user),
+run back to back at load ~0.9: the same 117 rows and 351 blocks, no measurable gain; not met.
 """
 
 from __future__ import annotations

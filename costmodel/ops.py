@@ -122,7 +122,7 @@ def distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, by
     """(a row of each distinct combination of `columns`, each row's combination, the distinct
     combinations as bytes — an identity for memos): the columns (non-negative whole numbers)
     packed into one int64 key, mixed radix; by counting when the key range is small."""
-    columns = [np.asarray(column).astype(np.int64) for column in columns]
+    columns = [np.asarray(column).astype(np.int64, copy=False) for column in columns]
     key = np.zeros(len(columns[0]), dtype=np.int64)
     radices = []                            # (least value, values spanned) per column
     for column in columns:

@@ -324,26 +324,47 @@ def flag_combinations(space: Space, known: dict[str, int], num_networks: int,
     `names`: only those flags' columns (a set closed under the flags their conditions read)."""
     dims = tuple(dim for dim in space.flags if names is None or dim.name in names)
     position = {dim.name: i for i, dim in enumerate(dims)}
-    combos = np.zeros((1, 0), dtype=np.int64)
+    # each flag's column over the rows of its own step and each row's parent row of the step
+    # before (the table is gathered once at the end, not copied whole at every step); the
+    # columns a later flag's condition reads are kept at the current rows
+    read = {c.subject for dim in dims for c in dim.free_when if c.subject in position}
+    columns: list[np.ndarray] = []
+    parents: list[np.ndarray] = []
+    current: dict[str, np.ndarray] = {}
+    rows = 1
     for dim in dims:
         domain = dim.domain(num_networks, known)
         free = tuple(code for code in domain if space.admits(dim.name, code))
         pinned = free[:1] if free[:1] == domain[:1] else ()
         if not all(c.holds(known) for c in dim.free_when if c.subject in known):
-            may = np.zeros(len(combos), dtype=bool)
+            may = np.zeros(rows, dtype=bool)
         else:
-            may = np.ones(len(combos), dtype=bool)
+            may = np.ones(rows, dtype=bool)
             for c in dim.free_when:
                 if c.subject not in known:
-                    may &= np.asarray(c.holds_for(combos[:, position[c.subject]]), dtype=bool)
+                    may &= np.asarray(c.holds_for(current[c.subject]), dtype=bool)
         counts = np.where(may, len(free), len(pinned))
-        parent = np.repeat(np.arange(len(combos)), counts)
+        parent = np.repeat(np.arange(rows), counts)
         offset = np.arange(len(parent)) - np.repeat(np.cumsum(counts) - counts, counts)
         free_codes, pinned_codes = np.asarray(free, dtype=np.int64), np.asarray(pinned or (0,), dtype=np.int64)
-        column = np.where(may[parent], free_codes[np.minimum(offset, len(free) - 1)] if free else 0,
-                          pinned_codes[np.minimum(offset, len(pinned_codes) - 1)])
-        combos = np.column_stack([combos[parent], column])
+        columns.append(np.where(may[parent], free_codes[np.minimum(offset, len(free) - 1)] if free else 0,
+                                pinned_codes[np.minimum(offset, len(pinned_codes) - 1)]))
+        parents.append(parent)
+        current = {name: column[parent] for name, column in current.items()}
+        if dim.name in read:
+            current[dim.name] = columns[-1]
+        rows = len(parent)
+    combos = np.empty((rows, len(dims)), dtype=np.int64)
+    index = np.arange(rows)
+    for j in reversed(range(len(dims))):
+        combos[:, j] = columns[j][index]
+        index = parents[j][index]
     return combos
+
+
+PROJECTIONS_KEPT = 4096
+"""Flag projections kept (small tuples: `explain` asks ~1,000 distinct ones of one space, and
+256 of them evicted one another)."""
 
 
 def flag_projection(space: Space, names: tuple[str, ...], known: dict[str, int],
@@ -354,7 +375,7 @@ def flag_projection(space: Space, names: tuple[str, ...], known: dict[str, int],
     return list(_projection_cached(space, tuple(names), tuple(sorted(known.items())), num_networks))
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=PROJECTIONS_KEPT)
 def _projection_cached(space: Space, names: tuple[str, ...], known: tuple[tuple[str, int], ...],
                        num_networks: int) -> tuple[tuple[int, ...], ...]:
     # only the flags projected and those their conditions read, in turn: the others multiply
@@ -382,7 +403,7 @@ def coarse_facts(f: dict[str, int]) -> tuple[tuple[str, int], ...]:
                          **{k: f[k] for k in exact if k in f}}.items()))
 
 
-FLAG_TABLES_KEPT = 32
+FLAG_TABLES_KEPT = 64
 """Flag tables kept (one per space, skeleton facts and network count: a search asks a few;
 each can hold a few megabytes)."""
 
