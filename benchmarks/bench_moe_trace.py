@@ -20,6 +20,10 @@ categories:
     norm          the two RMSNorms (and the latent attention's inner ones), forward + backward
     other         every other element-wise kernel: RoPE, activation, router scores, residuals
 
+DeepSeek's recomputation (every RMSNorm and the MLA up-projections with their RoPE, rerun in
+backward) is added where it lands: the up-projections in dense_gemm, the norms in norm, RoPE in
+other.
+
 Backward's element-wise kernels cost twice forward's (costmodel.terms.layers). Communication
 (DeepEP) is overlapped in the trace and left out of both sides. Prints each category, the
 ratio and the layer's total; asserts nothing.
@@ -57,31 +61,31 @@ def trace_mapping(tokens: int) -> Mapping:
 
 
 def model_categories(c: Context, m, xp) -> dict:
-    """Seconds per category for one MoE layer, forward and backward."""
+    """Seconds per category for one MoE layer, forward and backward, with the recomputation the
+    trace runs: DeepSeek-V3 recomputes every RMSNorm and the MLA up-projections (with their RoPE)
+    in backward (DeepSeek-V3 technical report, arXiv 2412.19437, section 3.3.1)."""
     layers = block_layers(c, m, xp, "moe")
     block = block_forward(c, m, xp, layers)
     (attention,) = layers.by_name("attention")
-    (moe,) = layers.by_name("moe")
-    norms = layers.by_name("norm")
-    residuals = layers.by_name("residual")
+    norms = sum(layer.eltwise_s for layer in layers.by_name("norm"))
+    residuals = sum(layer.eltwise_s for layer in layers.by_name("residual"))
     tokens = m.microbatch * c.seq
     parts = moe_layer_forward(c, xp, tokens, m.tp, m.ep, m.etp)
+    projections = attention_projections(c, xp, tokens, tokens, m.tp, m.seq_par, norm_output_bytes(c),
+                                        norm_flops_per_elem(c))
     core = attention.attention_core_s
-    projections = attention.gemm_s - core
-    dense_fwd = projections + parts.shared_gemm_s
-    latent_norms = attention_projections(c, xp, tokens, tokens, m.tp, m.seq_par, norm_output_bytes(c),
-                                         norm_flops_per_elem(c)).eltwise_s
-    rope = attention.eltwise_s - latent_norms       # the fused core has no element-wise pass of its own
-    norm_s = 3 * (sum(layer.eltwise_s for layer in norms) + latent_norms)
+    dense_fwd = attention.gemm_s - core + parts.shared_gemm_s
+    rope = attention.eltwise_s - projections.eltwise_s     # the fused core has no element-wise pass of its own
+    moe_other = parts.eltwise_s - parts.permute_s
     return {
-        "dense_gemm": 2 * dense_fwd + 3 * parts.router_gemm_s,
+        "dense_gemm": 2 * dense_fwd + projections.up_s + 3 * parts.router_gemm_s,
         "grouped_gemm": 2 * parts.expert_gemm_s,
         "wgrad_gemm": dense_fwd + parts.expert_gemm_s,
         "attention": 3 * core + attention.kernel_recompute_s,
         "quantize": block.quantize_fwd_s + block.quantize_bwd_s,
         "permute": 3 * parts.permute_s,
-        "norm": norm_s,
-        "other": 3 * (rope + parts.eltwise_s - parts.permute_s + sum(r.eltwise_s for r in residuals)),
+        "norm": 4 * (norms + projections.eltwise_s),
+        "other": 4 * rope + 3 * (moe_other + residuals),
     }
 
 

@@ -48,8 +48,8 @@ dpsk::grouped_gemm's `m_grouped_fp8_ptp128c` is the experts' grouped GEMM (forwa
 activation gradient, 16 = 4 layers × 4 launches), `fp8_dptp128c_acc` the weight-gradient GEMMs
 accumulating into FP32 main gradients (60 launches on two streams), `fp8_ptp128c` the dense FP8
 GEMMs (MLA projections, shared expert; forward and activation gradient) and the three BF16
-`sm90_xmma_gemm_bf16` per layer the router's; the swiglu kernels that also cast to FP8 count as
-activation."""
+`sm90_xmma_gemm_bf16` per layer the router's; the SwiGLU kernels that also cast to FP8 count as
+quantisation (as the shared first reading counts them)."""
 
 
 def category(name: str) -> str:
