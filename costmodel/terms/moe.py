@@ -145,6 +145,12 @@ class MoeLayerForward:
     """r = (T/t)·k·c·p·x/E rows per local expert"""
     expert_activation_s: object = 0.0
     """the routed experts' activation (part of eltwise_s): what recompute_modules moe_act reruns"""
+    router_eltwise_s: object = 0.0
+    """the router's score function and top-k (part of eltwise_s)"""
+    permute_s: object = 0.0
+    """the permute and unpermute passes (part of eltwise_s: permutation_s)"""
+    shared_activation_s: object = 0.0
+    """the shared experts' activation (part of eltwise_s)"""
 
     @property
     def gemm_s(self):
@@ -208,6 +214,7 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep, etp) -> MoeLayerForward:
         matrix_flops=(2 * routed_tokens * h * router_cols + 2 * local * rows * h * (up_cols + f_cols)
                       + shared_flops),
         local_experts=local, rows_per_expert=rows, expert_activation_s=expert_act,
+        router_eltwise_s=router_eltwise, permute_s=permutations, shared_activation_s=shared_act,
     )
 
 
