@@ -68,8 +68,9 @@ class Model(BaseModel):
                                 "Default: attn_heads (multi-head). Must divide attn_heads.")
     mlp: MlpKind = Field("gelu", description="gelu | swiglu | geglu | squared_relu.")
     norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="layernorm | rmsnorm.")
-    position: Literal["learned", "rope"] = Field(
-        "learned", description="learned (a seq_size × hidden table) | rope (rotary, no parameters).")
+    position: Literal["learned", "rope", "none"] = Field(
+        "learned", description="learned (a seq_size × hidden table) | rope (rotary, no parameters) | none "
+                               "(no position encoding: Nemotron-H's attention layers).")
     tied_embeddings: Boolean = Field(True, description="The output layer shares the token embedding's weights.")
     bias: Boolean = Field(True, description="Linear layers and norms carry biases (Llama-class models have none).")
     dropout: Boolean = Field(
