@@ -30,6 +30,8 @@ _WINDOW_OR_NONE = Bound(0, limits.SEQ_SIZE.high, "tokens a query attends to; 0 =
 
 PATTERN_SYMBOLS = ("M", "*", "-", "E")
 """A layer pattern's symbols (Megatron-LM's hybrid_override_pattern): Mamba-2, attention, MLP, MoE."""
+PATTERN_KINDS = {"M": "mamba", "*": "attention_layer", "-": "mlp_layer", "E": "moe_layer"}
+"""The block kind (costmodel.terms.block.BLOCK_KINDS) of each symbol: a block of that one mixer."""
 
 MlpKind = Literal["gelu", "swiglu", "geglu", "squared_relu"]
 """The MLP's activation: GeLU (two matrices, GPT-2/3); SwiGLU and GeGLU (gated: three
@@ -353,7 +355,9 @@ class Model(BaseModel):
     @property
     def moe_block_params(self) -> int:
         """Parameters of one MoE block: attention, its biases and norms, router, shared and
-        routed experts."""
+        routed experts (a layer pattern's MoE layer: its norm, router, shared and routed experts)."""
+        if self.layer_pattern is not None:
+            return self.pattern_layer_params("E")
         return (self.attention_weight_params + self.attention_vector_params + self.router_params
                 + self.shared_expert_params + self.routed_expert_params)
 
@@ -413,6 +417,17 @@ class Model(BaseModel):
         """Layers of each symbol of the pattern, in the order M, *, -, E (those it has)."""
         return {symbol: self.layer_pattern.count(symbol) for symbol in PATTERN_SYMBOLS
                 if symbol in self.layer_pattern}
+
+    def pattern_context_fields(self) -> dict:
+        """The cost model's view of a pattern (costmodel.context.Context): its layers by block
+        kind and count, each kind's parameters, the Mamba shape; empty without a pattern."""
+        if self.layer_pattern is None:
+            return {}
+        kinds, counts = PATTERN_KINDS, self.pattern_counts
+        return {"kind_counts": tuple((kinds[symbol], float(count)) for symbol, count in counts.items()),
+                "kind_params": tuple((kinds[symbol], float(self.pattern_layer_params(symbol)))
+                                     for symbol in counts if symbol != "E"),
+                "mamba": self.mamba}
 
     def _pattern_blocks(self, active: bool) -> int:
         return sum(count * self.pattern_layer_params(symbol, active) for symbol, count in self.pattern_counts.items())
@@ -498,8 +513,8 @@ class Model(BaseModel):
         attention_fwd = 2 * s * (self.attn_width + self.out_width) * counts.get("*", 0) * CAUSAL_ATTENTION_SHARE
         scan_fwd = mamba_scan_flops_per_token(self.mamba, s) * counts["M"] if "M" in counts else 0.0
         return ModelFlops(matrix_params=matrix_params, matrix_per_token=6.0 * matrix_params,
-                          attention_per_token=3.0 * (attention_fwd + scan_fwd), seq_size=s,
-                          sparse=self.moe_blocks > 0)
+                          attention_per_token=3.0 * attention_fwd, seq_size=s, sparse=self.moe_blocks > 0,
+                          scan_per_token=3.0 * scan_fwd)
 
     def model_flops_per_sample(self) -> float:
         """Training FLOP per sequence with no recomputation (the MFU numerator): see ModelFlops."""
