@@ -66,6 +66,7 @@ def test_pattern_context_counts_each_kind():
         + HYBRID.embedding_params + HYBRID.output_params == HYBRID.total_params
 
 
+@pytest.mark.slow      # CP-SAT enumerates every solution: minutes on 2 shared cores
 def test_count_equals_enumeration_and_cp_sat_with_a_pattern():
     space = plain(get_space("full"))
     system = H100.with_overrides(offload_gib=64, offload_gbps=50)
