@@ -137,6 +137,8 @@ class Context:
     kind_params: tuple[tuple[str, float], ...] = ()
     """parameters of one block of each kind beyond dense and MoE blocks (Context.kind_param_count)"""
     mtp_extra_params: float = 0.0      # one module's norms and 2h → h projection (beside its block)
+    mamba: object = None
+    """a layer pattern's Mamba-2 shape (costmodel.terms.mamba.MambaShape), None without Mamba layers"""
 
     @property
     def latent(self) -> bool:
@@ -250,7 +252,7 @@ class Context:
             **_attention_fields(model), mtp_blocks=float(model.mtp_blocks), mtp_block_is_moe=model.mtp_block_is_moe,
             mtp_extra_params=float(model.mtp_module_params - (model.moe_block_params if model.mtp_block_is_moe
                                                               else model.block_params)),
-            **recipe_fields,
+            **recipe_fields, **model.pattern_context_fields(),
         )
 
 

@@ -16,6 +16,10 @@ def tp_fits(model, system, v) -> str | None:
     if model.kv_groups % tp:
         return (f"tensor_par({tp}) does not divide kv_heads({model.kv_groups}): each tensor-parallel rank "
                 f"holds whole key/value heads (Megatron-LM's rule for query groups)")
+    mamba = model.mamba
+    if mamba is not None and (mamba.heads % tp or mamba.groups % tp):
+        return (f"tensor_par({tp}) does not divide the Mamba-2 heads({mamba.heads}) and groups({mamba.groups}): "
+                f"Megatron-Core's MambaMixer splits both (mamba_mixer.py)")
     for name in ("hidden", "feedforward"):
         if getattr(model, name) % tp:
             return f"tensor_par({tp}) does not divide {name}({getattr(model, name)})"
@@ -27,6 +31,9 @@ def cp_fits(model, system, v) -> str | None:
     if cp > 1 and model.seq_size % (2 * cp):
         return (f"context_par({cp}) needs seq_size({model.seq_size}) divisible by 2·context_par = {2 * cp}: "
                 f"causal load balancing cuts the sequence into 2·cp chunks (Megatron-LM)")
+    if cp > 1 and model.layer_pattern is not None:
+        return (f"context_par({cp}) with a layer pattern is not modelled (Megatron-Core runs Mamba layers under "
+                f"context parallelism by an all-to-all to head sharding, mamba_context_parallel.py: not costed)")
     return None
 
 

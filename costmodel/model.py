@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, model_validator
 import costmodel.inputs.limits as limits
 from costmodel.inputs.limits import Bound
 from costmodel.terms.latent_attention import LatentAttention
+from costmodel.terms.mamba import MambaShape, mamba_scan_flops_per_token
 from costmodel.terms.model_flops import ModelFlops
 
 # The field types shared by the three inputs (model, system, mapping) live in costmodel.inputs.fields;
@@ -26,6 +27,11 @@ from costmodel.inputs.fields import (INPUT_CONFIG, Boolean, RealNumber, WholeNum
 
 _BLOCKS_OR_NONE = Bound(0, limits.NUM_BLOCKS.high, "a count of blocks; 0 = none")
 _WINDOW_OR_NONE = Bound(0, limits.SEQ_SIZE.high, "tokens a query attends to; 0 = no window")
+
+PATTERN_SYMBOLS = ("M", "*", "-", "E")
+"""A layer pattern's symbols (Megatron-LM's hybrid_override_pattern): Mamba-2, attention, MLP, MoE."""
+PATTERN_KINDS = {"M": "mamba", "*": "attention_layer", "-": "mlp_layer", "E": "moe_layer"}
+"""The block kind (costmodel.terms.block.BLOCK_KINDS) of each symbol: a block of that one mixer."""
 
 MlpKind = Literal["gelu", "swiglu", "geglu", "squared_relu"]
 """The MLP's activation: GeLU (two matrices, GPT-2/3); SwiGLU and GeGLU (gated: three
@@ -64,8 +70,9 @@ class Model(BaseModel):
                                 "Default: attn_heads (multi-head). Must divide attn_heads.")
     mlp: MlpKind = Field("gelu", description="gelu | swiglu | geglu | squared_relu.")
     norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="layernorm | rmsnorm.")
-    position: Literal["learned", "rope"] = Field(
-        "learned", description="learned (a seq_size × hidden table) | rope (rotary, no parameters).")
+    position: Literal["learned", "rope", "none"] = Field(
+        "learned", description="learned (a seq_size × hidden table) | rope (rotary, no parameters) | none "
+                               "(no position encoding: Nemotron-H's attention layers).")
     tied_embeddings: Boolean = Field(True, description="The output layer shares the token embedding's weights.")
     bias: Boolean = Field(True, description="Linear layers and norms carry biases (Llama-class models have none).")
     dropout: Boolean = Field(
@@ -115,6 +122,37 @@ class Model(BaseModel):
         0, ge=0, description="Multi-token prediction modules (DeepSeek-V3's num_nextn_predict_layers), each a "
                              "block of the last block's kind with two norms and a 2h → h projection, sharing the "
                              "embedding and output layer (DeepSeek-V3 §2.2); run on the last pipeline stage.")
+
+    # ---- layer patterns (hybrid models: Nemotron-H, Nemotron 3) ----
+    layer_pattern: str | None = Field(
+        None, description="One symbol per layer, Megatron-LM's hybrid_override_pattern: M a Mamba-2 layer, * an "
+                          "attention layer, - a dense MLP layer, E a mixture-of-experts layer; each a pre-norm "
+                          "residual layer of its own (num_blocks = the pattern's length). None: every block is "
+                          "attention + MLP (or MoE), as above.")
+    mamba: MambaShape | None = Field(None, description="The Mamba-2 mixers' shape (with M in layer_pattern).")
+
+    @model_validator(mode="after")
+    def _pattern(self) -> "Model":
+        pattern = self.layer_pattern
+        if pattern is None:
+            if self.mamba is not None:
+                raise ValueError("mamba given without layer_pattern: say which layers are Mamba-2 (M)")
+            return self
+        unknown = sorted(set(pattern) - set(PATTERN_SYMBOLS))
+        if unknown:
+            raise ValueError(f"layer_pattern {pattern!r}: unknown symbols {unknown} (M Mamba-2, * attention, "
+                             f"- MLP, E MoE)")
+        if len(pattern) != self.num_blocks:
+            raise ValueError(f"layer_pattern has {len(pattern)} layers, num_blocks({self.num_blocks}): give the same")
+        if ("M" in pattern) != (self.mamba is not None):
+            raise ValueError("layer_pattern with M needs mamba (its shape), and mamba needs an M in layer_pattern")
+        if ("E" in pattern) != bool(self.num_experts):
+            raise ValueError(f"layer_pattern {'with' if 'E' in pattern else 'without'} E and num_experts"
+                             f"({self.num_experts}): MoE layers (E) need the experts, and experts need E layers")
+        if self.moe_every != 1 or self.first_dense_blocks or self.sliding_window_blocks or self.mtp_blocks:
+            raise ValueError("layer_pattern places every layer: moe_every, first_dense_blocks, sliding_window_blocks "
+                             "and mtp_blocks are not read with it")
+        return self
 
     @model_validator(mode="after")
     def _heads_group(self) -> "Model":
@@ -272,6 +310,8 @@ class Model(BaseModel):
         `first_dense_blocks`, ⌊L / moe_every⌋ − ⌊k / moe_every⌋."""
         if not self.num_experts:
             return 0
+        if self.layer_pattern is not None:
+            return self.layer_pattern.count("E")
         return self.num_blocks // self.moe_every - self.first_dense_blocks // self.moe_every
 
     @property
@@ -315,7 +355,9 @@ class Model(BaseModel):
     @property
     def moe_block_params(self) -> int:
         """Parameters of one MoE block: attention, its biases and norms, router, shared and
-        routed experts."""
+        routed experts (a layer pattern's MoE layer: its norm, router, shared and routed experts)."""
+        if self.layer_pattern is not None:
+            return self.pattern_layer_params("E")
         return (self.attention_weight_params + self.attention_vector_params + self.router_params
                 + self.shared_expert_params + self.routed_expert_params)
 
@@ -343,8 +385,57 @@ class Model(BaseModel):
         then keeps a copy of the embedding on the last stage, not counted as a parameter)."""
         return self.norm_params + (0 if self.tied_embeddings else self.vocab_size * self.hidden)
 
+    # ---- a layer pattern's layers: each a pre-norm residual layer of one kind ----
+    def pattern_layer_params(self, symbol: str, active: bool = False) -> int:
+        """Parameters of one layer of a pattern (its pre-norm included): a Mamba-2 mixer's
+        (costmodel.terms.mamba), attention's projections and biases, a dense MLP's, or an MoE
+        layer's router, shared and routed experts (with `active`, k of the E routed experts)."""
+        if symbol == "M":
+            mixer = self.mamba.weight_params(self.hidden) + self.mamba.vector_params(self.hidden)
+        elif symbol == "*":
+            mixer = self.attention_weight_params + self.attention_vector_params - 2 * self.norm_params
+        elif symbol == "-":
+            mixer = self.mlp_matrices * self.hidden * self.feedforward + self._mlp_bias_params(self.feedforward)
+        else:
+            experts = self.experts_per_token if active else self.num_experts
+            mixer = self.router_params + self.shared_expert_params + experts * self.expert_params
+        return self.norm_params + mixer
+
+    def pattern_layer_weight_params(self, symbol: str) -> int:
+        """Matrix parameters one token multiplies by in one layer of a pattern."""
+        if symbol == "M":
+            return self.mamba.weight_params(self.hidden)
+        if symbol == "*":
+            return self.attention_weight_params
+        if symbol == "-":
+            return self.mlp_matrices * self.hidden * self.feedforward
+        return (self.router_params + self.shared_expert_weight_params
+                + self.experts_per_token * self.expert_weight_params)
+
+    @property
+    def pattern_counts(self) -> dict[str, int]:
+        """Layers of each symbol of the pattern, in the order M, *, -, E (those it has)."""
+        return {symbol: self.layer_pattern.count(symbol) for symbol in PATTERN_SYMBOLS
+                if symbol in self.layer_pattern}
+
+    def pattern_context_fields(self) -> dict:
+        """The cost model's view of a pattern (costmodel.context.Context): its layers by block
+        kind and count, each kind's parameters, the Mamba shape; empty without a pattern."""
+        if self.layer_pattern is None:
+            return {}
+        kinds, counts = PATTERN_KINDS, self.pattern_counts
+        return {"kind_counts": tuple((kinds[symbol], float(count)) for symbol, count in counts.items()),
+                "kind_params": tuple((kinds[symbol], float(self.pattern_layer_params(symbol)))
+                                     for symbol in counts if symbol != "E"),
+                "mamba": self.mamba}
+
+    def _pattern_blocks(self, active: bool) -> int:
+        return sum(count * self.pattern_layer_params(symbol, active) for symbol, count in self.pattern_counts.items())
+
     @property
     def total_params(self) -> int:
+        if self.layer_pattern is not None:
+            return self._pattern_blocks(False) + self.embedding_params + self.output_params
         blocks = self.dense_blocks * self.block_params + self.moe_blocks * self.moe_block_params
         return blocks + self.embedding_params + self.output_params
 
@@ -353,6 +444,8 @@ class Model(BaseModel):
         """Parameters one token uses: every one of a dense model; in MoE blocks the router, the
         shared experts and k of the E routed experts (the "active" count model cards quote,
         embeddings and output layer included)."""
+        if self.layer_pattern is not None:
+            return self._pattern_blocks(True) + self.embedding_params + self.output_params
         blocks = self.dense_blocks * self.block_params + self.moe_blocks * self.moe_block_active_params
         return blocks + self.embedding_params + self.output_params
 
@@ -395,6 +488,8 @@ class Model(BaseModel):
         """Training FLOP per token without recomputation, as Megatron-LM and NeMo count them, on
         the matrix parameters a token uses (a mixture-of-experts block: router, shared experts
         and k routed experts)."""
+        if self.layer_pattern is not None:
+            return self._pattern_model_flops()
         s, L = self.seq_size, self.num_blocks + self.mtp_blocks
         mtp_block = self.moe_block_active_weight_params if self.mtp_block_is_moe else self.block_weight_params
         mtp = self.mtp_blocks * (2 * self.hidden * self.hidden + mtp_block + self.hidden * self.vocab_size)
@@ -406,6 +501,20 @@ class Model(BaseModel):
         return ModelFlops(matrix_params=matrix_params, matrix_per_token=6.0 * matrix_params,
                           attention_per_token=3.0 * attention_fwd * CAUSAL_ATTENTION_SHARE, seq_size=s,
                           sparse=self.moe_blocks > 0)
+
+    def _pattern_model_flops(self) -> "ModelFlops":
+        """Model FLOP per token of a layer pattern: 6 × the matrix parameters a token uses in each
+        layer and the output layer; the attention core of its attention layers (causal half);
+        and 3 × its Mamba layers' SSD scans (costmodel.terms.mamba: the chunked scan's products,
+        which MFU counts as the attention core is counted)."""
+        s, counts = self.seq_size, self.pattern_counts
+        matrix_params = (sum(count * self.pattern_layer_weight_params(symbol) for symbol, count in counts.items())
+                         + self.hidden * self.vocab_size)
+        attention_fwd = 2 * s * (self.attn_width + self.out_width) * counts.get("*", 0) * CAUSAL_ATTENTION_SHARE
+        scan_fwd = mamba_scan_flops_per_token(self.mamba, s) * counts["M"] if "M" in counts else 0.0
+        return ModelFlops(matrix_params=matrix_params, matrix_per_token=6.0 * matrix_params,
+                          attention_per_token=3.0 * attention_fwd, seq_size=s, sparse=self.moe_blocks > 0,
+                          scan_per_token=3.0 * scan_fwd)
 
     def model_flops_per_sample(self) -> float:
         """Training FLOP per sequence with no recomputation (the MFU numerator): see ModelFlops."""

@@ -27,7 +27,8 @@ import warnings
 from typing import Any, Callable
 
 from costmodel.errors import InputError, shown
-from costmodel.inputs.hf_schemas import (_QK_NORM_TYPES, DeepseekV3Config, GPT2Config, GPTNeoXConfig, GptOssConfig, HFConfig,
+from costmodel.inputs.hf_hybrid import gemma3_text, llama4_text, nemotron_h
+from costmodel.inputs.hf_schemas import (_QK_NORM_TYPES, Gemma3TextConfig, Llama4TextConfig, NemotronHConfig, DeepseekV3Config, GPT2Config, GPTNeoXConfig, GptOssConfig, HFConfig,
                                   LlamaConfig, MistralConfig, MixtralConfig, NemotronConfig, Qwen2Config, Qwen2MoeConfig,
                                   Qwen3Config, Qwen3MoeConfig, _Attention)
 
@@ -252,13 +253,15 @@ READERS: dict[str, tuple[type[HFConfig], Callable[[Any, str], dict]]] = {
     "mixtral": (MixtralConfig, _mixtral), "qwen2_moe": (Qwen2MoeConfig, _qwen_moe),
     "qwen3_moe": (Qwen3MoeConfig, _qwen_moe), "qwen3": (Qwen3Config, _llama_like),
     "deepseek_v3": (DeepseekV3Config, _deepseek_v3), "gpt_oss": (GptOssConfig, _gpt_oss),
+    "nemotron_h": (NemotronHConfig, nemotron_h), "gemma3_text": (Gemma3TextConfig, gemma3_text),
+    "llama4_text": (Llama4TextConfig, llama4_text),
 }
 """The supported model_types: the schema of the fields each reads, and how it reads them."""
-MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss", "nemotron_h", "llama4_text")
 """The model_types whose experts are read into the model (others name theirs in a warning)."""
 
 
-_WINDOWED_TYPES = ("mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gpt_oss")
+_WINDOWED_TYPES = ("mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gpt_oss", "gemma3_text")
 """The model_types whose Transformers class reads sliding_window (the others ignore the field)."""
 
 
@@ -285,6 +288,9 @@ def _unmodelled(config: HFConfig, seq_size: int) -> list[str]:
     if isinstance(config, GPTNeoXConfig) and config.use_parallel_residual is not False:
         notes.append("use_parallel_residual true: attention and MLP in parallel is not modelled "
                      "(costed as two sequential sub-layers)")
+    if isinstance(config, Llama4TextConfig) and config.no_rope_layers and 0 in config.no_rope_layers:
+        notes.append(f"no_rope_layers: the {config.no_rope_layers.count(0)} layers without RoPE are costed with "
+                     f"its element-wise pass")
     if isinstance(config, GPT2Config) and config.add_cross_attention:
         notes.append("add_cross_attention true: cross-attention layers are not modelled")
     for field in ("num_experts", "num_local_experts", "n_routed_experts"):
@@ -323,6 +329,9 @@ def model_fields_from_hf(config: HFConfig, source: str, *, seq_size: int | None,
             warnings.warn(f"{source}: n_positions {limit}: the learned position table is counted as "
                           f"seq_size ({seq_size}) rows", UnmodelledFieldWarning, stacklevel=2)
     _window_read_or_refused(config, source, seq_size)
+    if isinstance(config, Llama4TextConfig) and seq_size > (config.attention_chunk_size or 8192):
+        raise InputError(f"{source}: seq_size {seq_size} > attention_chunk_size {config.attention_chunk_size or 8192}: "
+                         f"chunked attention over several chunks is not modelled")
     for note in _unmodelled(config, seq_size):
         warnings.warn(f"{source}: {note}", UnmodelledFieldWarning, stacklevel=2)
     return {"name": name, "seq_size": seq_size, "dropout": _trains_with_dropout(config), **fields}

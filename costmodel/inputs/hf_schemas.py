@@ -183,3 +183,60 @@ class GPTNeoXConfig(HFConfig):
     hidden_act: str | None = None
     attention_bias: Boolean | None = None
     use_parallel_residual: Boolean | None = None
+
+
+class NemotronHConfig(_Attention):
+    """nemotron_h (Nemotron-H, Nemotron 3): hybrid_override_pattern places Mamba-2 (M), attention
+    (*), MLP (-) and MoE (E) layers; the Mamba-2 mixer's mamba_* fields; the MoE layers'
+    n_routed_experts of moe_intermediate_size and a shared expert of
+    moe_shared_expert_intermediate_size (NVIDIA's configuration_nemotron_h.py)."""
+
+    hybrid_override_pattern: str | None = None
+    attention_head_dim: HeadSize = None
+    attention_bias: Boolean | None = None
+    mlp_bias: Boolean | None = None
+    mlp_hidden_act: str | None = None
+    mamba_num_heads: Heads = None
+    mamba_head_dim: HeadSize = None
+    ssm_state_size: HeadSize = None
+    n_groups: Heads = None
+    conv_kernel: Annotated[WholeNumber, AfterValidator(_at_least_one), within(limits.ATTN_SIZE)] | None = None
+    chunk_size: Tokens = None
+    use_conv_bias: Boolean | None = None
+    mamba_proj_bias: Boolean | None = None
+    n_routed_experts: Experts = None
+    n_shared_experts: Annotated[WholeNumber, within(limits.SHARED_EXPERTS)] | None = None
+    num_experts_per_tok: ExpertsPerToken = None
+    moe_intermediate_size: ExpertFeedforward = None
+    moe_shared_expert_intermediate_size: ExpertFeedforward = None
+    moe_latent_size: HeadSize = None
+    num_nextn_predict_layers: Annotated[WholeNumber, within(limits.NUM_BLOCKS_OR_NONE)] | None = None
+
+
+class Gemma3TextConfig(_Attention):
+    """gemma3_text (Gemma 3's text model; a gemma3 file's text_config): GeGLU, RMSNorm, an
+    RMSNorm on each query and key head, tied embeddings, layer_types (or sliding_window_pattern:
+    every n-th layer global) with sliding_window for the others."""
+
+    hidden_activation: str | None = None
+    attention_bias: Boolean | None = None
+    sliding_window_pattern: Annotated[WholeNumber, AfterValidator(_at_least_one), within(limits.NUM_BLOCKS)] | None = None
+    layer_types: list[str] | None = None
+
+
+class Llama4TextConfig(_Attention):
+    """llama4_text (Llama 4's text model; a llama4 file's text_config): every
+    interleave_moe_layer_step-th layer an MoE of num_local_experts experts of intermediate_size
+    with one shared expert of the same width, the others a dense MLP of intermediate_size_mlp;
+    chunked attention (attention_chunk_size) on the layers with RoPE, full attention without
+    RoPE on the no_rope_layers (1 = RoPE)."""
+
+    attention_bias: Boolean | None = None
+    intermediate_size_mlp: Feedforward = None
+    num_local_experts: Experts = None
+    num_experts_per_tok: ExpertsPerToken = None
+    interleave_moe_layer_step: Annotated[WholeNumber, AfterValidator(_at_least_one), within(limits.MOE_EVERY)] | None = None
+    moe_layers: LayerIndices | None = None
+    attention_chunk_size: Tokens = None
+    no_rope_layers: list[int] | None = None
+    use_qk_norm: Boolean | None = None

@@ -44,7 +44,9 @@ from dataclasses import dataclass
 
 from costmodel.context import Context
 from costmodel.terms.attention import attention_layer
+from costmodel.terms.block_memory import KIND_STORED
 from costmodel.terms.layers import BlockLayers, LayerCost, dense_mlp_layer, moe_mlp_layer, norm_layer, residual_layer
+from costmodel.terms.pattern_layers import PATTERN_STORED, mamba_layer
 from costmodel.terms.quantize import quantize_passes
 
 
@@ -71,15 +73,23 @@ LAYER_KINDS: dict[str, Callable[..., LayerCost]] = {
     "residual": residual_layer,
     "mlp": dense_mlp_layer,
     "moe": moe_mlp_layer,
+    "mamba": mamba_layer,
 }
 """Each kind of layer and the function that costs it, (context, mapping view, backend) → LayerCost."""
 
 BLOCK_KINDS: dict[str, tuple[str, ...]] = {
     "dense": ("norm", "attention", "residual", "norm", "mlp", "residual"),
     "moe": ("norm", "attention", "residual", "norm", "moe", "residual"),
+    "mamba": ("norm", "mamba", "residual"),
+    "attention_layer": ("norm", "attention", "residual"),
+    "mlp_layer": ("norm", "mlp", "residual"),
+    "moe_layer": ("norm", "moe", "residual"),
 }
 """The layers of each kind of block, in order (a pre-norm transformer block; with `moe` the
-mixture-of-experts layer in the MLP's place)."""
+mixture-of-experts layer in the MLP's place). A layer pattern's layers (costmodel.model
+layer_pattern: Mamba-2, attention, MLP, MoE) are blocks of one mixer each
+(costmodel.model.PATTERN_KINDS)."""
+KIND_STORED.update(PATTERN_STORED)     # a pattern layer's stored bytes are its own (costmodel.terms.pattern_layers)
 
 
 def has_experts(kind: str) -> bool:

@@ -25,10 +25,12 @@ class ModelFlops:
     attention_per_token: float  # 3 × 2 × 2·s·a·d × L × 1/2 (halved by the causal mask)
     seq_size: int
     sparse: bool = False        # a mixture-of-experts model: matrix_params are its active ones
+    scan_per_token: float = 0.0
+    """a layer pattern's Mamba-2 layers: 3 × their SSD chunked scans' products (costmodel.terms.mamba)"""
 
     @property
     def per_token(self) -> float:
-        return self.matrix_per_token + self.attention_per_token
+        return self.matrix_per_token + self.attention_per_token + self.scan_per_token
 
     @property
     def per_sequence(self) -> float:

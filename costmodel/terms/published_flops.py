@@ -37,7 +37,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MAKE_VOCAB_SIZE_DIVISIBLE_BY", "Throughput", "bridge_flops_per_token", "padded_vocab", "throughput"]
+from costmodel.terms.mamba import bridge_mamba_flops_per_token
+
+__all__ = ["MAKE_VOCAB_SIZE_DIVISIBLE_BY", "Throughput", "bridge_flops_per_token", "bridge_hybrid_flops_per_token",
+           "padded_vocab", "throughput"]
 
 MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
 """Megatron-Bridge's GPTModelProvider.make_vocab_size_divisible_by (src/megatron/bridge/models/gpt_provider.py)."""
@@ -50,9 +53,30 @@ def padded_vocab(vocab: float, tp: float, divisible_by: int = MAKE_VOCAB_SIZE_DI
     return -(-vocab // multiple) * multiple
 
 
+def bridge_hybrid_flops_per_token(c, tp: float) -> float:
+    """A layer pattern's model FLOP per token as Megatron-Bridge counts a hybrid model
+    (flop_utils.py `hybrid_flops`, 3 × forward): per attention layer 4·h·(a·d/h)·(h + h·g/a + s/2)
+    — its projections as if Q, K, V and the output were h wide, the core halved —, per MLP layer
+    4·h·f (×3/2 gated), per MoE layer 4·h·(k·f_e + f_s) (×3/2 gated), per Mamba layer
+    costmodel.terms.mamba.bridge_mamba_flops_per_token (its d_in = 2·h), and the logits 2·h·V'."""
+    h, s, a, g, d = c.hidden, c.seq, c.heads, c.kv_heads, c.head_size
+    counts = dict(c.kind_counts)
+    gate = 1.5 if c.gated_mlp else 1.0
+    forward = (counts.get("attention_layer", 0.0) * 4 * h * (a * d / h) * (h + h * g / a + s / 2)
+               + counts.get("mlp_layer", 0.0) * 4 * h * c.feedforward * gate
+               + counts.get("moe_layer", 0.0) * 4 * h * (c.experts_per_token * c.expert_feedforward
+                                                        + c.shared_feedforward) * gate
+               + 2 * h * padded_vocab(c.vocab, tp))
+    mamba = counts.get("mamba", 0.0) * bridge_mamba_flops_per_token(c.mamba, h) if c.mamba is not None else 0.0
+    return 3 * forward + mamba
+
+
 def bridge_flops_per_token(c, tp: float, mtp_layers: int = 0) -> float:
     """Model FLOP per token as Megatron-Bridge counts them (module docstring). `c` is the
-    problem's costmodel.context.Context (the model's dimensions); `tp` sets the padding."""
+    problem's costmodel.context.Context (the model's dimensions); `tp` sets the padding. A
+    layer pattern's: bridge_hybrid_flops_per_token."""
+    if "attention_layer" in dict(c.kind_counts) or c.mamba is not None:
+        return bridge_hybrid_flops_per_token(c, tp)
     h, f, s, a, g, d = c.hidden, c.feedforward, c.seq, c.heads, c.kv_heads, c.head_size
     expansion = 3.0 if c.gated_mlp else 2.0
     moe_blocks = c.moe_blocks

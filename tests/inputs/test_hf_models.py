@@ -97,9 +97,9 @@ def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
     path.write_text(json.dumps({"model_type": "deepseek_v2", "hidden_size": 5120}))
     with pytest.raises(InputError) as err:
         load_model(path, seq_size=4096)
-    assert str(err.value) == (f"{path}: model_type 'deepseek_v2' is not supported (supported: deepseek_v3, gpt2, "
-                              f"gpt_neox, gpt_oss, llama, mistral, mixtral, nemotron, qwen2, qwen2_moe, qwen3, "
-                              f"qwen3_moe)")
+    assert str(err.value) == (f"{path}: model_type 'deepseek_v2' is not supported (supported: deepseek_v3, gemma3_text, gpt2, "
+                              f"gpt_neox, gpt_oss, llama, llama4_text, mistral, mixtral, nemotron, nemotron_h, qwen2, qwen2_moe, "
+                              f"qwen3, qwen3_moe)")
 
 
 def test_missing_field_is_named(tmp_path):

@@ -1,0 +1,173 @@
+"""Layer patterns: Nemotron-H and Nemotron 3 (Mamba-2, attention, MLP and MoE layers by
+hybrid_override_pattern), Gemma 3 (sliding and global attention by sliding_window_pattern),
+Llama 4 Scout (interleaved MoE with a shared expert) — their parameter counts against the model
+cards, a Mamba-2 layer's FLOPs against the SSD paper's count, the degrees a Mamba layer allows,
+and the readers' errors.
+
+Counting rule (as tests/test_hf_models.py): every parameter of the checkpoint's text model,
+the input embedding and the untied output layer each counted once (tied: once); "active" is
+what one token uses (attention, Mamba, the router, the shared experts and k of the E routed
+experts, embeddings and output layer included); `active_params_without_embedding` leaves the
+input embedding out (a row lookup). Buffers that are not trained (the router's
+e_score_correction_bias) are not counted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from costmodel.context import window_core_ratio
+from costmodel.errors import InputError
+from costmodel.inputs.load import load_model
+from costmodel.model import Model
+from costmodel.terms.mamba import (MambaShape, bridge_mamba_flops_per_token, mamba_allows,
+                                   mamba_forward_flops_per_token, mamba_stored_bytes_per_token)
+
+MODELS = Path(__file__).resolve().parents[1] / "problems" / "models"
+
+
+def hf(name: str, seq: int = 8192) -> Model:
+    return load_model(MODELS / name / "config.json", seq_size=seq)
+
+
+# (model folder, published total, published active or None, relative tolerance of the total)
+CARDS = [
+    ("gemma-3-27b", 27.016e9, None, 0.005),       # Gemma 3 technical report Table 1: 1,416M embedding + 25,600M
+    ("nemotron-3-nano-30b-a3b", 31.6e9, None, 0.005),   # NVIDIA: "3.2B active (3.6B with embeddings), 31.6B total"
+]
+
+
+@pytest.mark.parametrize("name,total,_active,tolerance", CARDS)
+def test_total_parameters_match_the_model_card(name, total, _active, tolerance):
+    assert hf(name).total_params == pytest.approx(total, rel=tolerance)
+
+
+def test_nemotron_h_rounds_to_its_cards():
+    """The Nemotron-H cards (huggingface.co/nvidia/Nemotron-H-8B-Base-8K, -56B-Base-8K) state "8B" and "56B"
+    model parameters, whole billions: the counts (8.10 B, 56.32 B) round to them; 56.32 B is 0.58 % above
+    the round figure, which is all the card states."""
+    assert round(hf("nemotron-h-8b").total_params / 1e9) == 8
+    model = hf("nemotron-h-56b")
+    assert round(model.total_params / 1e9) == 56
+    assert model.pattern_counts == {"M": 54, "*": 10, "-": 54}     # NVIDIA's project page: 54 Mamba-2, 54 MLP, 10 attention
+
+
+def test_nemotron_3_nano_active_parameters_round_to_the_card():
+    """NVIDIA's Nemotron 3 page: "3.2B active (3.6B with embeddings), 31.6B total": the active count with the
+    embedding and output layer rounds to 3.6 B, without the input embedding to 3.2 B."""
+    model = hf("nemotron-3-nano-30b-a3b")
+    assert round(model.active_params / 1e9, 1) == 3.6
+    assert round(model.active_params_without_embedding / 1e9, 1) == 3.2
+    assert model.pattern_counts == {"M": 23, "*": 6, "E": 23}
+
+
+def test_llama_4_scout_text_model_against_its_card():
+    """Meta's card: 17B active, 109B total — the total includes the vision encoder and projector, which a text
+    model does not have: the text model counted here is 107.77 B (1.1 % below); the active count rounds to 17 B."""
+    model = hf("llama-4-scout")
+    assert round(model.active_params / 1e9) == 17
+    assert model.total_params == pytest.approx(109e9, rel=0.012)
+    assert model.total_params < 109e9
+
+
+def test_a_pattern_layer_counts_its_own_parameters():
+    """Nemotron-H 8B, arithmetic here: a Mamba layer's in_proj h·(2D + 2GN + H), out_proj D·h, conv
+    (D + 2GN)·(K + 1), A_log, D and dt_bias per head, the gated norm's D and the pre-norm's h."""
+    model = hf("nemotron-h-8b")
+    h, d, gn, heads = 4096, 128 * 64, 8 * 128, 128
+    mamba = h * (2 * d + 2 * gn + heads) + d * h + (d + 2 * gn) * 5 + 3 * heads + d + h
+    assert model.pattern_layer_params("M") == mamba
+    assert model.pattern_layer_params("-") == 2 * h * 21504 + h
+    assert model.pattern_layer_params("*") == 2 * h * 4096 + 2 * h * 1024 + h
+
+
+def _paper_ssd_flops(h, heads, p, groups, n, k, q):
+    """Forward FLOPs per token of a Mamba-2 layer written from Dao & Gu 2024 §6 (arXiv:2405.21060):
+    projections, the depthwise conv, and the chunked scan's four steps with chunk q."""
+    d = heads * p
+    projections = 2 * h * (2 * d + 2 * groups * n + heads) + 2 * d * h
+    conv = 2 * k * (d + 2 * groups * n)
+    diagonal = 2 * q * n * groups + 2 * q * p * heads          # C·Bᵀ per group, (L∘CBᵀ)·X per head
+    states = 2 * n * p * heads                                  # Bᵀ·X per chunk, over q tokens
+    passing = 2 * n * p * heads / q                             # one state update per chunk
+    output = 2 * n * p * heads                                  # C·state
+    return projections + conv + diagonal + states + passing + output
+
+
+@pytest.mark.parametrize("shape", [dict(h=4096, heads=128, p=64, groups=8, n=128, k=4, q=128),
+                                   dict(h=2688, heads=64, p=64, groups=8, n=128, k=4, q=256)])
+def test_mamba_forward_and_backward_flops_match_the_paper(shape):
+    mamba = MambaShape(heads=shape["heads"], head_dim=shape["p"], state_size=shape["n"], groups=shape["groups"],
+                       conv_kernel=shape["k"], chunk_size=shape["q"])
+    forward = sum(mamba_forward_flops_per_token(mamba, shape["h"], seq=8192).values())
+    expected = _paper_ssd_flops(**shape)
+    assert forward == pytest.approx(expected, rel=1e-12)
+    # backward: twice forward (activation gradient and weight gradient), so a training step 3×
+    assert 3 * forward == pytest.approx(3 * expected, rel=1e-12)
+
+
+def test_mamba_stored_activations_split_tp_ways():
+    mamba = MambaShape(heads=128, head_dim=64, state_size=128, groups=8)
+    whole = mamba_stored_bytes_per_token(mamba, 4096, 2.0, tp=1)
+    split = mamba_stored_bytes_per_token(mamba, 4096, 2.0, tp=8)
+    assert whole["in_proj_out"] == 2.0 * (2 * 8192 + 2 * 8 * 128 + 128)
+    assert split["in_proj_out"] == whole["in_proj_out"] / 8 and split["input"] == whole["input"]
+
+
+@pytest.mark.parametrize("tp,cp,allowed", [(1, 1, True), (8, 1, True), (16, 1, False), (2, 4, True),
+                                           (8, 2, True), (4, 64, False), (3, 1, False)])
+def test_mamba_degrees_megatron_allows(tp, cp, allowed):
+    """Nemotron-H 8B: 128 heads, 8 groups. tp divides heads and groups; tp·cp divides heads; the groups on a
+    TP rank divide by cp or divide cp (mamba_context_parallel.py)."""
+    assert mamba_allows(MambaShape(heads=128, head_dim=64, state_size=128, groups=8), tp, cp) is allowed
+
+
+def test_bridge_counts_mamba_on_twice_the_hidden_width():
+    """Megatron-Bridge's mamba_layer_flops takes d_in = 2·h whatever H·P is: for Nemotron 3 Nano (H·P 4096,
+    2·h 5376) its count is above the layer's own."""
+    nano = hf("nemotron-3-nano-30b-a3b").mamba
+    own = 3 * sum(mamba_forward_flops_per_token(nano, 2688, 8192).values())
+    assert bridge_mamba_flops_per_token(nano, 2688) > own
+
+
+def test_gemma_3_sliding_layers_cost_window_over_sequence():
+    """Gemma 3 27B at 32K tokens: 52 of its 62 layers attend over 1,024 tokens; a sliding layer's core does
+    (2·s·w − w²)/s² of a global layer's work, about 2·w/s."""
+    model = hf("gemma-3-27b", seq=32768)
+    assert model.window_blocks == 52 and model.sliding_window == 1024
+    ratio = window_core_ratio(1024, 32768)
+    assert ratio == pytest.approx((2 * 32768 * 1024 - 1024 ** 2) / 32768 ** 2)
+    assert ratio < 1 and ratio == pytest.approx(2 * 1024 / 32768, rel=0.02)
+
+
+def test_a_pattern_in_a_yaml_model_reads_as_in_a_config():
+    nano = hf("nemotron-3-nano-30b-a3b")
+    again = Model(**json.loads(nano.model_dump_json()))
+    assert again.total_params == nano.total_params and again.layer_pattern == nano.layer_pattern
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(layer_pattern="MX"), "unknown symbols"),
+    (dict(layer_pattern="M*M"), "num_blocks"),
+    (dict(mamba=None), "needs mamba"),
+])
+def test_bad_patterns_are_refused(change, words):
+    fields = json.loads(hf("nemotron-h-8b").model_dump_json())
+    fields.update(change)
+    with pytest.raises(ValidationError, match=words):
+        Model(**fields)
+
+
+def test_unmodelled_hybrid_fields_are_refused_by_name():
+    with pytest.raises(InputError, match="num_nextn_predict_layers"):
+        hf("nemotron-3-super")
+    with pytest.raises(InputError, match="attention_chunk_size"):
+        hf("llama-4-scout", seq=16384)
+
+
+def test_models_without_a_pattern_count_as_before():
+    model = hf("qwen3-30b-a3b", seq=4096)
+    assert model.layer_pattern is None and model.total_params == pytest.approx(30.532e9, rel=1e-4)
