@@ -105,9 +105,8 @@ class Space:
     cp_max: int
     """Largest context parallelism considered (1: none, as in Calculon's spaces)."""
     uneven_stages: bool
-    """Whether pp may leave the blocks uneven (pp > 2 dividing num_blocks + 2, the first and
-    last stages one block lighter, else a short last chunk: costmodel.terms.pipeline's layout
-    rule); the Calculon presets ask pp to divide the blocks."""
+    """Whether pp may leave the blocks uneven (costmodel.terms.pipeline's layout rule: pp > 2
+    dividing num_blocks + 2, else a short last chunk); the Calculon presets ask pp to divide them."""
     offered: tuple[tuple[str, tuple[int, ...]], ...]
     """Flags that offer fewer codes than they declare: (name, codes offered)."""
     batch_is_dp_above_cap: bool
@@ -301,9 +300,8 @@ def skeletons(model: Model, num_gpus: int, max_batch: int, space: Space) -> list
 
 
 def stage_interleavings(model: Model, pp: int, space: Space) -> tuple[int, ...]:
-    """The interleavings valid with pp stages (none when pp itself is not): pp's and
-    interleaving's declared rules (costmodel.terms.pipeline's layout rule,
-    `layout_interleavings`), and even stages only where the space asks for them."""
+    """The interleavings valid with pp stages (none when pp itself is not): pp's and interleaving's
+    declared rules (`layout_interleavings`), and even stages only where the space asks for them."""
     blocks = model.num_blocks
     if pp > blocks or _PP.fits(model, None, {"pp": pp}) or (blocks % pp and not space.uneven_stages):
         return ()
