@@ -30,7 +30,7 @@ from costmodel.calibration.fit import _gemm_bytes
 from costmodel.calibration.measurements import GemmData, load_gemm
 from costmodel.inputs.load import load_system
 from costmodel.ops import ArrayOps
-from costmodel.system import Datatype, GemmFit, System
+from costmodel.inputs.system import Datatype, GemmFit, System
 from costmodel.terms.kernel_time import gemm_time_s
 
 ROOT = Path(__file__).resolve().parents[1]

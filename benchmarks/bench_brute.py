@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from costmodel.inputs.load import load_model, load_system
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from solver.search.brute import default_workers, scan
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space

@@ -31,7 +31,7 @@ from costmodel.calibration.fit import Errors, grouped_gemm_predict, layer_errors
 from costmodel.calibration.measurements import load_gemm, load_grouped_gemm
 from costmodel.inputs.load import load_system
 from costmodel.ops import ArrayOps, Curve
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = {"h100-80g-nvl8": "h100-sxm-80g", "h200-141g-nvl8": "h200-sxm-141g"}

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from costmodel.inputs.load import load_model, load_system
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from solver.search.codesign import Grid, Target, codesign, least_in_sweep, sweep
 from solver.search.solve import SolverConfig
 from solver.space.declaration import get_space

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.evaluate import evaluate, evaluate_arrays_in_context, evaluate_in_context
 from costmodel.inputs.load import load_model, load_system
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from solver.space.enumerate import plan
 from solver.space.declaration import get_space
 

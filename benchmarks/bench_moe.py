@@ -18,7 +18,7 @@ from pathlib import Path
 
 from costmodel.evaluate import evaluate
 from costmodel.inputs.load import load_model, load_system
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from solver.search.brute import scan
 from solver.search.solve import SolverConfig, solve
 from solver.space.count import count_mappings

@@ -34,10 +34,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.evaluate import _scalar_fields
 from costmodel.inputs.load import load_model, load_system
-from costmodel.mapping import Mapping
+from costmodel.inputs.mapping import Mapping
 from costmodel.ops import ScalarOps
 from costmodel.terms.attention import attention_projections
 from costmodel.terms.block import block_forward, block_layers

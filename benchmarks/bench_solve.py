@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from costmodel.inputs.load import load_model, load_system
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from solver.search.brute import scan
 from solver.search.solve import SolverConfig, solve
 from solver.space.declaration import get_space

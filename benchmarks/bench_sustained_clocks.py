@@ -29,7 +29,7 @@ from costmodel.terms.kernel_time import gemm_time_s
 from costmodel.inputs.load import load_system
 from costmodel.ops import ArrayOps
 from costmodel.terms.step_terms import gemm_in_step
-from costmodel.system import Datatype, GemmFit
+from costmodel.inputs.system import Datatype, GemmFit
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS = {"h100-80g-nvl8": "h100-sxm-80g", "h200-141g-nvl8": "h200-sxm-141g"}

@@ -19,8 +19,8 @@ from pathlib import Path
 import yaml
 
 from costmodel.evaluate import evaluate
-from costmodel.model import Model
-from costmodel.system import System
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import System
 from costmodel.measured.validation import load_selene_data, selene_mapping
 
 ROOT = Path(__file__).resolve().parents[1]

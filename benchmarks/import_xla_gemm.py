@@ -33,7 +33,7 @@ from pathlib import Path
 from costmodel.calibration import fit as fitting
 from costmodel.calibration.measurements import load_gemm
 from costmodel.inputs.load import load_system
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = ROOT.parent / "shared" / "validation" / "public-kernels" / "xla-gemm-b200-h100.csv"

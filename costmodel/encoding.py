@@ -1,6 +1,6 @@
 """Mappings as columns of integers, so one call can score millions of them.
 
-`MappingArrays` holds one numpy array per mapping dimension of costmodel.dimensions, under
+`MappingArrays` holds one numpy array per mapping dimension of costmodel.space.dimensions, under
 the dimension's short name (`arrays.tp`, `arrays.recompute`); choices are stored as small
 integer codes in the order their Enum declares them. The datatype and kernel switches are
 per-problem constants, passed to the evaluator beside the arrays.
@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.dimensions import BY_NAME, DIMENSIONS
-from costmodel.kernels import Kernels
-from costmodel.mapping import Mapping
-from costmodel.system import Datatype
+from costmodel.space.dimensions import BY_NAME, DIMENSIONS
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.system import Datatype
 
 NAMES: tuple[str, ...] = tuple(d.name for d in DIMENSIONS)
 

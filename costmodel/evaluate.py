@@ -14,18 +14,18 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from costmodel.context import Context
-from costmodel.dimensions import (BLOCK, CHAIN, DIMENSIONS, GROUP_SPAN, NETWORK_CHECK, NETWORK_GROUPS, TIME_ONLY,
+from costmodel.terms.context import Context
+from costmodel.space.dimensions import (BLOCK, CHAIN, DIMENSIONS, GROUP_SPAN, NETWORK_CHECK, NETWORK_GROUPS, TIME_ONLY,
                                   touching)
 from costmodel.encoding import MappingArrays
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.terms.block_terms import BlockTerms, block_terms
 from costmodel.terms.iteration import IterationTerms, MemoryTerms, TimeTerms, iteration_terms
-from costmodel.mapping import Mapping, check_mapping_fits, model_with_attention_type
-from costmodel.model import Model, ModelFlops
+from costmodel.inputs.mapping import Mapping, check_mapping_fits, model_with_attention_type
+from costmodel.inputs.model import Model, ModelFlops
 from costmodel.ops import ArrayOps, ScalarOps, distinct_rows, spread
 from costmodel.terms.published_flops import Throughput, throughput
-from costmodel.system import Datatype, System
+from costmodel.inputs.system import Datatype, System
 from costmodel.inputs.units import GiB
 
 
@@ -44,7 +44,7 @@ def group_spans(m) -> tuple[tuple[str, object, object, object], ...]:
 def network_checks(c: Context, m, xp) -> dict:
     """Each parallel group of more than one GPU must fit in the network that carries it (a
     group of one fits any): the GPUs a group spans are its degrees' product (GROUP_SPAN, from
-    costmodel.dimensions.DEGREES): tp for TP, tp·cp for CP, etp·ep for EP, etp for expert TP,
+    costmodel.space.dimensions.DEGREES): tp for TP, tp·cp for CP, etp·ep for EP, etp for expert TP,
     tp·cp·pp for PP, tp·cp·pp·dp (all GPUs) for DP; one check `<degree>_network` each. A
     network marked must_be_filled, when a group of more than one GPU uses it, must be spanned
     whole by the widest such group on it (`network<k>_filled`)."""

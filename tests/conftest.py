@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from costmodel.choices import CPComm
+from costmodel.space.choices import CPComm
 from costmodel.encoding import code
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,7 +167,7 @@ def assert_block_floors_below_exact(model, system, gpus: int, max_batch: int, da
     they do not list (STRUCTURE_DIMENSIONS);
     returns the skeletons of the blocks checked (one entry per block with a feasible mapping).
     `space`: `full` unless given."""
-    from costmodel.context import Context
+    from costmodel.terms.context import Context
     from costmodel.evaluate import (STRUCTURE_DIMENSIONS, TIME_ONLY_DIMENSIONS, evaluate_arrays_in_context,
                                     structure_fits)
     from costmodel.ops import distinct_rows

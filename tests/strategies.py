@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from costmodel.mapping import Mapping, Recompute, ShardingStage, TPComm, TPOverlap
-from costmodel.model import Model
+from costmodel.inputs.mapping import Mapping, Recompute, ShardingStage, TPComm, TPOverlap
+from costmodel.inputs.model import Model
 from costmodel.terms.step_terms import WholeStep
-from costmodel.system import AttentionFit, Compute, Datatype, GemmFit, Memory, Network, System
+from costmodel.inputs.system import AttentionFit, Compute, Datatype, GemmFit, Memory, Network, System
 
 
 def divisors(n: int) -> list[int]:

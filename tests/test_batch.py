@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from conftest import H100_SYSTEM, MODELS_DIR
 from costmodel.errors import InputError
-from costmodel.model import Model
+from costmodel.inputs.model import Model
 from solver.study import runner as runner_module
 from solver.study.batch import Problem, load_batch, problem_id
 from solver.study.runner import run_batch
@@ -62,7 +62,7 @@ def test_grid_expands_in_file_order_with_readable_ids(batch_file):
 
 def test_id_of_the_paper_example():
     model = Model(**{**TOY, "name": "gpt-1t-256b"})
-    from costmodel.system import Datatype
+    from costmodel.inputs.system import Datatype
     assert problem_id(model, "h100-80g-nvl8", 4096, Datatype.float8, 3072, "full",
                       {"offload_gib": 1024, "offload_gbps": 100}) == "gpt-1t-256b__h100-80g-nvl8__g4096__fp8__off1024g100"
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import SYSTEMS_DIR
 from costmodel.calibration.shared_sm import power_scaled, shared_sm_attention_tflops, shared_sm_gemm
 from costmodel.inputs.load import load_system
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 
 B200 = load_system(SYSTEMS_DIR / "b200-180g-nvl8.yaml")
 DATATYPES = (Datatype.float8, Datatype.bfloat16)

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from costmodel.evaluate import evaluate, evaluate_arrays
 from costmodel.inputs.load import load_system
-from costmodel.model import Model
-from costmodel.system import Datatype
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype
 from solver.search.brute import scan
 from solver.search.distinct import top_groups
 from solver.cli.app import cli
@@ -32,7 +32,7 @@ SMALL = Model(name="small", hidden=2048, feedforward=8192, seq_size=2048, attn_h
 SMALL_YAML = "name: small\nhidden: 2048\nfeedforward: 8192\nseq_size: 2048\nattn_heads: 16\nattn_size: 128\nnum_blocks: 6\n"
 GPUS, CAP = 4, 8    # 152,608 mappings in FULL (13,045 feasible): small enough to score all at once in ~200 MB
 FULL = plain(SPACES["full"])   # the K/V ring and the whole group, as before cp_comm and hybrid sharding
-HBM_GIB = 4         # 2 GiB usable beside the system's 2 GiB runtime reserve (costmodel.system.RUNTIME_RESERVE_GIB)
+HBM_GIB = 4         # 2 GiB usable beside the system's 2 GiB runtime reserve (costmodel.inputs.system.RUNTIME_RESERVE_GIB)
 NVLINK_SIZE = 2     # 4 GPUs span two NVLink domains: with 2 GiB of usable HBM both network and HBM checks bind
 
 

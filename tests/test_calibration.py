@@ -18,7 +18,7 @@ from conftest import PROBLEMS, SYSTEMS_DIR
 from costmodel.calibration import calibrate_system
 from costmodel.calibration.fit import fit_network, sustained_drop
 from costmodel.calibration.measurements import load_gemm, load_nccl
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from costmodel.inputs.load import load_system
 from solver.cli.app import cli
 
@@ -65,11 +65,11 @@ def test_held_out_points_are_predicted_within_the_issue_bounds(calibrated):
 def test_calibrated_files_load_and_measured_h100_gemms_run_below_the_paper_assumption():
     # The issue's numbers: the measured FP8 plateau is ~0.64 of peak, not the 0.75-0.78 the
     # paper-era file assumed; so a big FP8 GEMM takes longer on the measured H100.
-    from costmodel.context import Context
+    from costmodel.terms.context import Context
     from costmodel.terms.layer_time import gemm_s
-    from costmodel.model import Model
+    from costmodel.inputs.model import Model
     from costmodel.ops import ScalarOps
-    from costmodel.system import Datatype
+    from costmodel.inputs.system import Datatype
 
     model = Model(name="m", hidden=8192, feedforward=32768, seq_size=8192, attn_heads=64, attn_size=128, num_blocks=8)
     times = {}
@@ -249,7 +249,7 @@ def test_whole_layers_follow_the_backward_is_twice_forward_rule(system):
     # (held-out) block GEMMs, forward + both gradients is predicted within the GEMM bounds.
     from costmodel.calibration.fit import layer_errors
     from costmodel.calibration.measurements import load_gemm
-    from costmodel.system import Datatype
+    from costmodel.inputs.system import Datatype
 
     loaded = load_system(SYSTEMS_DIR / f"{system}.yaml")
     for dtype, datatype, elem in (("bf16", Datatype.bfloat16, 2.0), ("fp8", Datatype.float8, 1.0)):

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from conftest import cases
 from costmodel.evaluate import Evaluation, evaluate
 from costmodel.inputs.load import load_system
-from costmodel.model import Model
-from costmodel.system import Datatype, System
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype, System
 from solver.cli.app import cli
 from solver.search.codesign import Grid, Target, codesign, least_in_sweep, reaches, sweep, system_at
 from solver.search.solve import SolverConfig, solve

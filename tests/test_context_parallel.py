@@ -10,17 +10,17 @@ import pytest
 from conftest import plain, solve_equals_brute_force
 
 from costmodel.terms.block_memory import block_stored_activation_bytes
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate
 from costmodel.terms.block_terms import cp_ring_terms
 from costmodel.terms.block import block_forward_times
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_system
-from costmodel.mapping import Mapping, check_mapping_fits
-from costmodel.model import Model
+from costmodel.inputs.mapping import Mapping, check_mapping_fits
+from costmodel.inputs.model import Model
 from costmodel.ops import ScalarOps
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from solver.space.declaration import get_space
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,11 +17,11 @@ from conftest import assert_block_floors_below_exact, solve_equals_brute_force, 
 from test_context_parallel import CASES, H100, MODEL, _mapping, gqa
 from test_space_count import make_system
 
-from costmodel.choices import CPComm
+from costmodel.space.choices import CPComm
 from costmodel.evaluate import evaluate
-from costmodel.kernels import Kernels
-from costmodel.mapping import Mapping
-from costmodel.system import Datatype
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.system import Datatype
 from solver.cli.app import cli
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space

@@ -13,8 +13,8 @@ from costmodel.encoding import MappingArrays
 from costmodel.evaluate import evaluate, evaluate_arrays
 from costmodel.terms.iteration import TIME_TERMS
 from costmodel.inputs.load import load_system
-from costmodel.mapping import Mapping
-from costmodel.model import Model
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
 from tests.strategies import mappings, models, systems
 
 

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from conftest import cases, plain, solve_equals_brute_force
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate, evaluate_arrays
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_system
-from costmodel.mapping import Mapping, check_mapping_fits
-from costmodel.model import Model
-from costmodel.system import Collective, Datatype
+from costmodel.inputs.mapping import Mapping, check_mapping_fits
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Collective, Datatype
 from solver.search.cpsat.surrogate import add_bounds
 from solver.search.cpsat.model import local_batches, structure_model
 from solver.search.solve import SolverConfig, solve

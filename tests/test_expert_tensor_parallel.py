@@ -15,14 +15,14 @@ from test_expert_parallel import moe
 from test_space_count import cp_sat_count, make_system
 
 import solver.search.engine as engine_module
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_system
-from costmodel.mapping import Mapping, check_mapping_fits
-from costmodel.model import Model
-from costmodel.system import Datatype
+from costmodel.inputs.mapping import Mapping, check_mapping_fits
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype
 from solver.cli.app import cli
 from solver.search.brute import scan
 from solver.space.count import count_mappings
@@ -157,7 +157,7 @@ def test_expert_gradients_reduce_over_edp_with_dp_and_cp_1():
 
 
 def test_the_ep_group_spans_etp_ep_gpus_and_lands_on_the_network_that_holds_it():
-    """The ep group's span is etp·ep (costmodel.dimensions.DEGREES): ep 16 with etp 1 spans
+    """The ep group's span is etp·ep (costmodel.space.dimensions.DEGREES): ep 16 with etp 1 spans
     16 GPUs, more than the 8 of NVLink, so on network 0 it is infeasible; ep 8 with etp 1 fits
     where ep 8 with etp 2 (16) does not."""
     big = moe(experts=16)

@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import cases
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_system
-from costmodel.model import Model
-from costmodel.system import Datatype
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype
 from solver.cli.app import cli
 from solver.search.brute import scan
 from solver.search.explain import explain

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.dimensions import NETWORK_GROUPS, BY_NAME
+from costmodel.space.dimensions import NETWORK_GROUPS, BY_NAME
 from costmodel.frameworks.launch import EMIT_CHOICES, emit
 from costmodel.inputs.load import load_model, load_system
-from costmodel.mapping import Mapping
+from costmodel.inputs.mapping import Mapping
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM = load_system(ROOT / "problems/systems/h100-80g-nvl8.yaml")

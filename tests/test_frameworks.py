@@ -22,7 +22,7 @@ from costmodel.frameworks.megatron import import_megatron
 from costmodel.frameworks.torchtitan import export_torchtitan, import_torchtitan
 from costmodel.evaluate import evaluate
 from costmodel.inputs.load import load_model, load_system
-from costmodel.mapping import Mapping
+from costmodel.inputs.mapping import Mapping
 from costmodel.measured.run_bridge import load_workload_settings
 from costmodel.measured.run_files import read_runs
 from costmodel.measured.run_mapping import map_run

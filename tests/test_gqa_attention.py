@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from costmodel.terms.block import block_forward_times
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.evaluate import _scalar_fields
 from costmodel.inputs.load import load_system
-from costmodel.mapping import Mapping
-from costmodel.model import Model
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
 from costmodel.ops import ScalarOps
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 
 ROOT = Path(__file__).resolve().parents[1]
 POINTS = json.loads((ROOT / "problems/measurements/h100-sxm-80g-gqa-attention.json").read_text())["points"]

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from costmodel.context import window_core_ratio
+from costmodel.terms.context import window_core_ratio
 from costmodel.errors import InputError
 from costmodel.inputs.load import load_model
-from costmodel.model import Model
-from costmodel.terms.mamba import (MambaShape, bridge_mamba_flops_per_token, mamba_allows,
+from costmodel.inputs.model import Model
+from costmodel.inputs.mamba import (MambaShape, bridge_mamba_flops_per_token, mamba_allows,
                                    mamba_forward_flops_per_token, mamba_stored_bytes_per_token)
 
 MODELS = Path(__file__).resolve().parents[1] / "problems" / "models"

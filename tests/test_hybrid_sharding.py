@@ -13,10 +13,10 @@ from conftest import assert_block_floors_below_exact, ring_only, solve_equals_br
 from test_solve import H100, small_model
 
 from costmodel.evaluate import evaluate
-from costmodel.kernels import Kernels
-from costmodel.mapping import Mapping
-from costmodel.model import Model
-from costmodel.system import Datatype, System
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype, System
 from solver.cli.app import cli
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space

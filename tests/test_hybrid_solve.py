@@ -14,15 +14,15 @@ from click.testing import CliRunner
 from conftest import cp_sat_solution_count, plain, solve_equals_brute_force
 from ortools.sat.python import cp_model
 
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.evaluate import evaluate_arrays
 from costmodel.inputs.load import load_system
-from costmodel.kernels import Kernels
-from costmodel.model import Model
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.model import Model
 from costmodel.ops import ScalarOps
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from costmodel.terms.block import block_forward_times
-from costmodel.terms.mamba import MambaShape, mamba_scan_flops_per_token
+from costmodel.inputs.mamba import MambaShape, mamba_scan_flops_per_token
 from solver.cli.app import cli
 from solver.search.cpsat.constraints import STRUCTURE, Problem
 from solver.search.cpsat.variables import Variables

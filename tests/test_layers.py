@@ -10,13 +10,13 @@ from dataclasses import replace
 import pytest
 
 import costmodel.terms.block as block
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.evaluate import _context_for, _scalar_fields, evaluate
-from costmodel.mapping import Mapping
-from costmodel.model import Model
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
 from costmodel.ops import ScalarOps
 from costmodel.inputs.load import load_system
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from costmodel.terms.block import BLOCK_KINDS, LAYER_KINDS, block_forward_times, block_layers
 from costmodel.terms.block_terms import block_terms
 from costmodel.terms.layer_time import eltwise_s

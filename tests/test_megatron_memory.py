@@ -42,7 +42,7 @@ import pytest
 
 from costmodel.evaluate import evaluate
 from costmodel.inputs.load import load_model, load_system
-from costmodel.mapping import Mapping
+from costmodel.inputs.mapping import Mapping
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = load_system(ROOT / "problems" / "systems" / "h100-80g-nvl8.yaml")

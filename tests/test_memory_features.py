@@ -13,7 +13,7 @@ from costmodel.errors import InputError
 from costmodel.evaluate import _context_for, _scalar_fields, evaluate
 from costmodel.terms.iteration import RESIDENT_BLOCKS, iteration_terms
 from costmodel.inputs.load import load_model, load_system
-from costmodel.mapping import Mapping
+from costmodel.inputs.mapping import Mapping
 from costmodel.ops import ScalarOps
 from costmodel.measured.run_files import read_runs
 from costmodel.measured.run_scoring import (

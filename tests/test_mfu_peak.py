@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.inputs.load import load_model, load_system
-from costmodel.kernels import Kernels
-from costmodel.precision import Precision
-from costmodel.system import Datatype
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.precision import Precision
+from costmodel.inputs.system import Datatype
 from solver.cli.app import cli
 from solver.report.tables import throughput_lead
 

@@ -12,14 +12,14 @@ import pytest
 from click.testing import CliRunner
 
 from costmodel.calibration.fit import GROUPED_GEMM_TEST_SHAPES
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.errors import InputError
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_model, load_system
-from costmodel.model import Model
+from costmodel.inputs.model import Model
 from costmodel.terms.moe import expert_rows, grouped_gemm_s, moe_communication, moe_layer_forward, moe_memory
 from costmodel.ops import ArrayOps, ScalarOps
-from costmodel.system import Collective, Datatype, System
+from costmodel.inputs.system import Collective, Datatype, System
 from solver.cli.app import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -371,7 +371,7 @@ def test_unpaired_passes_pay_their_dispatch_exposed(monkeypatch):
     import costmodel.terms.iteration as iteration
     from costmodel.terms.block_terms import block_terms
     from costmodel.evaluate import _context_for, _scalar_fields
-    from costmodel.mapping import Mapping
+    from costmodel.inputs.mapping import Mapping
     system = load_system(SYSTEMS / "b200-180g-nvl8.yaml")
     cases = (("gpt-oss-120b", 64, 1, 1, 8, 36, 1), ("deepseek-v3", 256, 8, 2, 32, 8, 9))
     for name, gpus, pp, vp, ep, stage_blocks, chunks in cases:
@@ -418,7 +418,7 @@ def _deepseek_block(recompute_modules):
     from costmodel.terms.block import block_forward_times
     from costmodel.terms.block_memory import block_stored_activation_bytes
     from costmodel.evaluate import _context_for, _scalar_fields
-    from costmodel.mapping import Mapping
+    from costmodel.inputs.mapping import Mapping
     model = load_model(ROOT / "problems/models/deepseek-v3/config.json", seq_size=4096)
     system = load_system(SYSTEMS / "b200-180g-nvl8.yaml")
     mapping = Mapping.model_validate({
@@ -445,7 +445,7 @@ def test_mla_up_proj_drops_q_k_v_and_reruns_the_up_projections():
 
 
 def test_mla_up_proj_needs_latent_attention():
-    from costmodel.mapping import Mapping, check_mapping_fits
+    from costmodel.inputs.mapping import Mapping, check_mapping_fits
     model = load_model(ROOT / "problems/models/qwen1.5-moe-a2.7b/config.json", seq_size=4096)
     mapping = Mapping.model_validate({
         "num_procs": 8, "tensor_par": 1, "pipeline_par": 1, "data_par": 8, "expert_par": 4, "batch_size": 8,

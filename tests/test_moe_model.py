@@ -11,7 +11,7 @@ import pytest
 from costmodel.errors import InputError
 from costmodel.inputs.hf import UnmodelledFieldWarning
 from costmodel.inputs.load import load_model
-from costmodel.model import Model
+from costmodel.inputs.model import Model
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "problems" / "models"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.inputs.load import load_model, load_system
 from costmodel.ops import ScalarOps
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from costmodel.terms.moe import moe_layer_forward
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def test_trace_reading_agrees_with_the_first_reading():
 @pytest.mark.parametrize("dispatcher", ["alltoall", "flex"])
 def test_moe_layer_named_eltwise_parts_add_up(dispatcher):
     """The named parts of an MoE layer's element-wise time are the whole of it."""
-    from costmodel.kernels import Kernels
+    from costmodel.inputs.kernels import Kernels
     model = load_model(ROOT / "problems/models/deepseek-v3/config.json", seq_size=4096)
     system = load_system(ROOT / "problems/systems/h800-80g-nvl8.yaml")
     c = Context.build(model, system, Datatype.bfloat16, Kernels(moe_dispatcher=dispatcher))

@@ -1,6 +1,6 @@
 """Adding a degree of parallelism touches its declaration only.
 
-A copy of the sources gets one more degree, `xp`, declared in costmodel/dimensions.py and
+A copy of the sources gets one more degree, `xp`, declared in costmodel/space/dimensions.py and
 nowhere else: its `Degree` (a group of xp GPUs folded into a stage, as etp is), its `split`
 dimension (values 1 and 2, read by no cost term) and its network flag. Run in a subprocess on
 that copy, every part that walks the declaration must take it in: the skeletons, the closed
@@ -84,11 +84,11 @@ CHECK = r"""
 import dataclasses, json
 import numpy as np
 from ortools.sat.python import cp_model
-from costmodel.choices import CPComm
-from costmodel.dimensions import BY_NAME, SPLIT_DEGREES
-from costmodel.kernels import Kernels
-from costmodel.model import Model
-from costmodel.system import Datatype, System
+from costmodel.space.choices import CPComm
+from costmodel.space.dimensions import BY_NAME, SPLIT_DEGREES
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype, System
 from solver.search.brute import scan
 from solver.search.cpsat.constraints import STRUCTURE, Problem
 from solver.search.cpsat.variables import Variables
@@ -169,7 +169,7 @@ def _copy(tmp_path_factory, name: str, edits: dict[str, tuple[tuple[str, str], .
     return root
 
 
-DECLARATION = "costmodel/dimensions.py"
+DECLARATION = "costmodel/space/dimensions.py"
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +227,7 @@ def test_the_lists_of_what_dimensions_touch_derive_from_the_declaration(monkeypa
 
     import numpy as np
 
-    import costmodel.dimensions as dimensions
+    import costmodel.space.dimensions as dimensions
     from costmodel.evaluate import BLOCK_DIMENSIONS, STRUCTURE_DIMENSIONS, TIME_ONLY_DIMENSIONS
     from solver.search.cpsat.block_tables import BLOCK_FLAGS, GRID_NETWORKS
 

@@ -17,18 +17,18 @@ from conftest import plain, solve_equals_brute_force
 
 from costmodel.terms.block import block_forward_times
 from costmodel.terms.block_memory import block_stored_activation_bytes
-from costmodel.context import MASK_BYTES, Context
+from costmodel.terms.context import MASK_BYTES, Context
 from costmodel.errors import InputError
 from costmodel.evaluate import _scalar_fields, evaluate
 from costmodel.terms.layer_time import SOFTMAX_STATS_BYTES
 from costmodel.inputs.load import load_model, load_system
-from costmodel.mapping import Mapping
+from costmodel.inputs.mapping import Mapping
 from costmodel.ops import ScalarOps
 from costmodel.terms.param_counts import ParameterCounts
-from costmodel.terms.pipeline import stage_blocks
+from costmodel.space.layout import stage_blocks
 from costmodel.measured.run_files import read_runs
 from costmodel.measured.run_mapping import map_run, mtp_layout
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from solver.cli.app import cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -280,8 +280,8 @@ TINY_GPT_OSS = dict(hidden=512, feedforward=512, seq_size=2048, attn_heads=8, at
 
 @pytest.mark.parametrize("fields", [TINY_DEEPSEEK, TINY_GPT_OSS], ids=["mla-mtp-first-dense", "window-sinks-biases"])
 def test_solve_equals_brute_force_on_the_new_architectures(fields):
-    from costmodel.kernels import Kernels
-    from costmodel.model import Model
+    from costmodel.inputs.kernels import Kernels
+    from costmodel.inputs.model import Model
     from solver.space.declaration import get_space
 
     model, system, gpus, max_batch = Model(**fields), H100.with_overrides(hbm_gib=8), 8, 16

@@ -8,8 +8,8 @@ import pytest
 
 from costmodel.evaluate import evaluate
 from costmodel.inputs.load import load_model, load_system
-from costmodel.mapping import Mapping
-from costmodel.system import RUNTIME_RESERVE_GIB
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.system import RUNTIME_RESERVE_GIB
 from costmodel.inputs.units import GiB
 from solver.study.batch import load_batch
 

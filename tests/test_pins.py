@@ -14,12 +14,12 @@ from click.testing import CliRunner
 from ortools.sat.python import cp_model
 
 from conftest import cp_sat_solution_count, plain, solve_equals_brute_force
-from costmodel.dimensions import BY_NAME
+from costmodel.space.dimensions import BY_NAME
 from costmodel.errors import InputError
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_system
-from costmodel.model import Model
-from costmodel.system import Datatype
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype
 from solver.cli.app import cli
 from solver.search.cpsat.constraints import STRUCTURE, Problem
 from solver.search.cpsat.variables import Variables

@@ -5,7 +5,7 @@ set_deepseek_v3_pipeline_model_parallel_layout), counted by hand."""
 import pytest
 
 from costmodel.errors import InputError
-from costmodel.terms.pipeline import layout_problem
+from costmodel.space.layout import layout_problem
 from costmodel.terms.pipeline_layout import layout_chunks, stage_layout
 
 

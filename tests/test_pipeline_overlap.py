@@ -11,14 +11,14 @@ import pytest
 from conftest import plain, solve_equals_brute_force
 
 from costmodel.evaluate import evaluate
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_system
-from costmodel.mapping import Mapping
-from costmodel.model import Model
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
 from costmodel.measured.run_files import read_runs
 from costmodel.measured.run_mapping import map_run
 from costmodel.measured.run_scoring import RunInputs
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from solver.space.declaration import get_space
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from conftest import REPO
 from costmodel.inputs.load import load_system
-from costmodel.model import Model
-from costmodel.system import Datatype
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype
 from costmodel.terms.training_cost import LLAMA3_FAILURE_RATE_PER_GPU_HOUR, Failures, failures, run_cost
 from solver.cli.app import cli
 from solver.search.brute import scan

@@ -11,11 +11,11 @@ import pytest
 from conftest import REPO, plain
 from test_expert_parallel import moe
 
-from costmodel.dimensions import GROUP_DEGREES
-from costmodel.kernels import Kernels
+from costmodel.space.dimensions import GROUP_DEGREES
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_system
-from costmodel.model import Model
-from costmodel.system import Datatype
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype
 from costmodel.terms.training_cost import LLAMA3_FAILURE_RATE_PER_GPU_HOUR
 from solver.search.engine import CountShare, Engine, Question
 from solver.search.plan import Phase, Settings, phase_model, plan

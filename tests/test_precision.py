@@ -1,4 +1,4 @@
-"""Precision recipes (costmodel.precision, costmodel.terms.quantize): each recipe's bytes and passes
+"""Precision recipes (costmodel.inputs.precision, costmodel.terms.quantize): each recipe's bytes and passes
 against a hand computation, stored activations, messages and weights by hand, scalar = array for
 every recipe, the datatype's costing unchanged (--datatype float8 is Calculon's all-FP8 still),
 and one-line errors for recipes a GPU does not run."""
@@ -16,18 +16,18 @@ from hypothesis import strategies as st
 from costmodel.terms.block import block_forward_times
 from costmodel.terms.block_memory import block_stored_activation_bytes
 from costmodel.terms.block_terms import block_terms
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.encoding import MappingArrays
 from costmodel.errors import InputError
 from costmodel.evaluate import _scalar_fields, evaluate, evaluate_arrays
 from costmodel.terms.iteration import MEMORY_TERMS, TIME_TERMS
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_model, load_system
-from costmodel.mapping import Mapping
-from costmodel.model import Model
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
 from costmodel.ops import ScalarOps
-from costmodel.precision import FORMATS, Precision, PrecisionSupport, RecipeCompute, recipe_costs
-from costmodel.system import Datatype
+from costmodel.inputs.precision import FORMATS, Precision, PrecisionSupport, RecipeCompute, recipe_costs
+from costmodel.inputs.system import Datatype
 from tests.strategies import mappings, models, systems
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -322,7 +322,7 @@ def test_float8_datatype_is_calculons_all_fp8_as_before():
     assert ev.hbm_bytes == pytest.approx(GOLDEN_FP8_HBM_BYTES, rel=1e-12)
 
 
-GOLDEN_FP8_ITERATION_S = 6.665188492804205     # computed before costmodel.precision existed
+GOLDEN_FP8_ITERATION_S = 6.665188492804205     # computed before costmodel.inputs.precision existed
 GOLDEN_FP8_HBM_BYTES = 27380532224.0
 
 

@@ -12,11 +12,11 @@ import yaml
 from click.testing import CliRunner
 from conftest import plain, solve_equals_brute_force
 
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_system
-from costmodel.model import Model
-from costmodel.precision import Precision
-from costmodel.system import Datatype
+from costmodel.inputs.model import Model
+from costmodel.inputs.precision import Precision
+from costmodel.inputs.system import Datatype
 from solver.cli.app import cli
 from solver.space.declaration import get_space
 

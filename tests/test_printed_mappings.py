@@ -22,8 +22,8 @@ from conftest import H100_SYSTEM
 from costmodel.encoding import NAMES, MappingArrays
 from costmodel.evaluate import evaluate, evaluate_arrays
 from costmodel.inputs.load import load_mapping, load_model, load_system
-from costmodel.kernels import Kernels
-from costmodel.system import Datatype
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.system import Datatype
 from solver.cli.app import cli
 from solver.space.declaration import get_space
 from solver.space.enumerate import iter_chunks

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from conftest import plain, solve_equals_brute_force
 
-from costmodel.choices import PipelineSchedule
+from costmodel.space.choices import PipelineSchedule
 from costmodel.evaluate import evaluate
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_system
-from costmodel.mapping import Mapping
-from costmodel.model import Model
-from costmodel.system import Datatype
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype
 from solver.space.count import count_mappings
 from solver.space.declaration import get_space
 from solver.space.pins import parse_pins, pinned

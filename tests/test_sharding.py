@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from conftest import plain
 
-from costmodel.choices import ShardingStage
+from costmodel.space.choices import ShardingStage
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate, evaluate_arrays
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_mapping, load_model, load_system
-from costmodel.mapping import Mapping
-from costmodel.model import Model
-from costmodel.system import Datatype
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype
 from solver.search.solve import SolveStatus, SolverConfig, solve
 from solver.space.declaration import get_space
 from solver.space.enumerate import enumerate_all

@@ -15,10 +15,10 @@ from ortools.sat.python import cp_model
 
 from conftest import cases, cp_sat_solution_count, examples, plain, solve_equals_brute_force
 from costmodel.evaluate import evaluate_arrays
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_model, load_system
-from costmodel.model import Model
-from costmodel.system import Datatype
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype
 from solver.search.brute import scan
 from solver.cli.app import cli
 from solver.space.count import count_mappings

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
-from costmodel.dimensions import DIMENSIONS
-from costmodel.mapping import check_mapping_fits
-from costmodel.model import Model
-from costmodel.system import Datatype, System
+from costmodel.space.dimensions import DIMENSIONS
+from costmodel.inputs.mapping import check_mapping_fits
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype, System
 from solver.cli.app import cli
 from solver.space.count import count_mappings
 from solver.space.declaration import SPACES, Space, get_space
@@ -396,7 +396,7 @@ def test_commands_have_help_with_an_example(name: str) -> None:
 
 # ---------------------------------------------------------------- walking the declaration
 def test_every_declared_dimension_agrees_in_count_enumeration_and_cp_sat():
-    """For every dimension of costmodel.dimensions and every value it takes, the closed-form
+    """For every dimension of costmodel.space.dimensions and every value it takes, the closed-form
     count, the enumeration and the solver's own CP-SAT model (its named constraints, with
     that one dimension pinned) count the same mappings; and each dimension has its column in
     the arrays, the CSV and the report."""

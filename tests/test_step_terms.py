@@ -19,7 +19,7 @@ from costmodel.calibration.measurements import load_gemm
 from costmodel.calibration.step_fit import FOLDS, fit_step, held_out, scores_with_step
 from costmodel.calibration.step_render import render_step
 from costmodel.terms.comm import collective_s
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.errors import InputError
 from costmodel.evaluate import _scalar_fields, evaluate
 from costmodel.terms.iteration import MEMORY_TERMS, output_layer_s
@@ -27,14 +27,14 @@ from costmodel.terms.kernel_time import gemm_time_s
 from costmodel.terms.layer_time import eltwise_s, gemm_s
 from costmodel.inputs.load import load_model, load_system
 from costmodel.measured.error_bands import BANDS_FILE
-from costmodel.mapping import Mapping
+from costmodel.inputs.mapping import Mapping
 from costmodel.ops import ArrayOps, ScalarOps
 from costmodel.terms.published_flops import bridge_flops_per_token, padded_vocab
 from costmodel.measured.run_files import read_runs
 from costmodel.measured.run_mapping import map_run
 from costmodel.measured.run_scoring import RunInputs, newest_per_configuration, split_dense
 from costmodel.terms.step_terms import WholeStep, gemm_in_step
-from costmodel.system import Collective, Datatype
+from costmodel.inputs.system import Collective, Datatype
 from costmodel.inputs.units import MICRO
 from solver.cli.app import cli
 

@@ -1,5 +1,5 @@
 """Every shipped system file against the precision recipes its GPU generation runs
-(costmodel.precision.MIN_COMPUTE_CAPABILITY: Transformer Engine's checks in
+(costmodel.inputs.precision.MIN_COMPUTE_CAPABILITY: Transformer Engine's checks in
 pytorch/quantization.py): each file states its compute capability and lists exactly the
 recipes that capability runs; a recipe a GPU cannot run is refused with the reason."""
 
@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from conftest import SYSTEMS_DIR
 from costmodel.inputs.load import load_system
-from costmodel.precision import Precision, recipes_for_capability
+from costmodel.inputs.precision import Precision, recipes_for_capability
 from solver.cli.app import cli
 
 SYSTEM_FILES = sorted(p.name for p in SYSTEMS_DIR.glob("*.yaml"))

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from costmodel.choices import Recompute, TPComm, TPOverlap
+from costmodel.space.choices import Recompute, TPComm, TPOverlap
 from costmodel.errors import InputError
 from costmodel.inputs.load import load_model, load_system, read_document
 from costmodel.measured.run_bridge import (BridgeRow, bridge_configuration, bridge_step_time_s, load_workload_settings,
@@ -20,10 +20,10 @@ from costmodel.measured.run_bridge import (BridgeRow, bridge_configuration, brid
 from costmodel.measured.run_files import read_runs, run_file_format
 from costmodel.measured.run_mapping import map_run
 from costmodel.ops import ScalarOps
-from costmodel.terms.pipeline import stage_blocks
+from costmodel.space.layout import stage_blocks
 from costmodel.measured.run_scoring import RunInputs, held_out_splits, newest_per_configuration, score_runs, split_dense
 from costmodel.measured.runs import Precision, Run, software_order
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from solver.cli.app import cli
 from tests.conftest import MODELS_DIR, PROBLEMS, SYSTEMS_DIR
 
@@ -164,7 +164,7 @@ def test_a_run_maps_onto_the_nearest_mapping():
     assert m.tensor_par_comm_type is TPComm.rs_ag and m.tensor_par_overlap is TPOverlap.ring
     assert m.activation_recompute is Recompute.full and m.recompute_blocks == 1   # 1 of a chunk's 2 blocks
     assert (m.tensor_par_net, m.pipeline_par_net, m.data_par_net) == (0, 1, 1)
-    # the recipe itself, in bfloat16 (costmodel.precision), no longer a gap
+    # the recipe itself, in bfloat16 (costmodel.inputs.precision), no longer a gap
     assert mapped.datatype is Datatype.bfloat16 and m.precision is Precision.mxfp8
     gaps = " | ".join(mapped.not_expressible)
     assert "precision" not in gaps

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 import solver.search.engine as engine_module
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.evaluate import evaluate
-from costmodel.kernels import Kernels
-from costmodel.mapping import Mapping
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.mapping import Mapping
 from costmodel.inputs.load import load_system
-from costmodel.model import Model
-from costmodel.system import Datatype
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype
 from solver.search.cpsat.block_tables import SplitKeys
 from solver.search.cpsat.tables import Tables
 from solver.space.count import count_mappings

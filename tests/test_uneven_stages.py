@@ -18,18 +18,18 @@ from hypothesis import strategies as st
 
 from costmodel.terms.layer_time import eltwise_s
 from costmodel.terms.comm import collective_s
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.encoding import MappingArrays
 from costmodel.errors import InputError
 from costmodel.evaluate import _scalar_fields, evaluate, evaluate_arrays
 from costmodel.terms.iteration import (ADAM_FLOPS_PER_PARAM, MEMORY_TERMS, TIME_TERMS, IterationTerms, block_terms,
                                  output_layer_s)
 from costmodel.inputs.load import load_mapping, load_model, load_system
-from costmodel.mapping import Mapping
+from costmodel.inputs.mapping import Mapping
 from costmodel.ops import ArrayOps, ScalarOps
 from costmodel.terms.pipeline import (end_chunk_blocks, layout_interleavings, layout_problem, stage_blocks,
                                       stage_blocks_in_flight)
-from costmodel.system import Collective
+from costmodel.inputs.system import Collective
 from solver.cli.app import cli
 from tests.strategies import mappings, models, systems
 

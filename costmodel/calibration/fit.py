@@ -29,7 +29,7 @@ from costmodel.calibration.measurements import AttentionData, EltwiseData, GemmD
 from costmodel.errors import InputError
 from costmodel.terms.kernel_time import GemmTiming, attention_time_s, gemm_time_s, hbm_pass_s
 from costmodel.ops import ArrayOps
-from costmodel.system import AttentionFit, GemmFit
+from costmodel.inputs.system import AttentionFit, GemmFit
 from costmodel.inputs.units import MICRO, TERA
 
 SIGNIFICANT_DIGITS = 3

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.errors import InputError
 from costmodel.inputs.load import parse, read_document
-from costmodel.model import RealNumber, WholeNumber
+from costmodel.inputs.model import RealNumber, WholeNumber
 
 # Points carry derived fields (tflops, gbps, ...) beside the measured ones: ignored, not errors.
 _POINT = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)

@@ -34,7 +34,7 @@ from costmodel.calibration.measurements import (gemm_split, load_adam, load_atte
                                                 load_grouped_gemm, load_nccl)
 from costmodel.errors import InputError
 from costmodel.inputs.load import parse, read_document
-from costmodel.system import Clocks, Datatype, System
+from costmodel.inputs.system import Clocks, Datatype, System
 from costmodel.inputs.units import gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 MARKER = re.compile(r"^(?P<indent>\s*)# mapsat-calibrate:\s*(?P<what>.*?)\s*$")

@@ -1,13 +1,13 @@
 """Kernel fields of a GPU that shares a measured GPU's SM (GB200, B300 and GB300 share the
 B200's): the measured GPU's GEMM fit as fractions of each file's own peak, at each GPU's own
-sustained clocks (costmodel.system.Clocks), and its attention rate scaled by the ratio of
+sustained clocks (costmodel.inputs.system.Clocks), and its attention rate scaled by the ratio of
 sustained clocks. tests/test_blackwell_files.py holds the shipped files to it.
 """
 
 from __future__ import annotations
 
 from costmodel.calibration.fit import POWER_ONSET_S, rounded
-from costmodel.system import Clocks, Datatype
+from costmodel.inputs.system import Clocks, Datatype
 
 
 def shared_sm_gemm(reference: dict, clocks: Clocks, datatype: Datatype, peak_tflops: float) -> dict:

@@ -19,9 +19,9 @@ from costmodel.frameworks.common import (FP8_FORMAT, RECIPE_OF_PRECISION, REDO_W
                                          megatron_redoes_gather, recompute_of, sharding_of, short_chunk_layout,
                                          stage_layout)
 from costmodel.frameworks.definitions import BRIDGE, check_field
-from costmodel.mapping import Mapping
-from costmodel.model import Model
-from costmodel.system import System
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import System
 
 __all__ = ["bridge_overrides", "export_bridge", "import_bridge", "parse_overrides"]
 

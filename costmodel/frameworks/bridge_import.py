@@ -10,9 +10,9 @@ from __future__ import annotations
 from costmodel.errors import InputError
 from costmodel.frameworks.common import PRECISION_OF_RECIPE, stated_stage_blocks
 from costmodel.measured.run_bridge import BRIDGE_SYSTEMS, FLEX_BACKEND_SMS, SYSTEM_SMS
-from costmodel.model import Model
-from costmodel.precision import Precision
-from costmodel.system import System
+from costmodel.inputs.model import Model
+from costmodel.inputs.precision import Precision
+from costmodel.inputs.system import System
 
 __all__ = ["bridge_settings", "system_sms"]
 

@@ -21,14 +21,15 @@ from pydantic import ValidationError
 
 from costmodel.errors import InputError
 from costmodel.inputs.load import describe_validation_error
-from costmodel.mapping import Mapping
+from costmodel.inputs.mapping import Mapping
 from costmodel.measured.run_mapping import map_run
 from costmodel.measured.runs import Run
-from costmodel.model import Model
+from costmodel.inputs.model import Model
 from costmodel.ops import ScalarOps
-from costmodel.precision import FORMATS, Precision
-from costmodel.system import System
-from costmodel.terms.pipeline import end_chunk_blocks, layout_problem, stage_blocks
+from costmodel.inputs.precision import FORMATS, Precision
+from costmodel.inputs.system import System
+from costmodel.terms.pipeline import end_chunk_blocks
+from costmodel.space.layout import layout_problem, stage_blocks
 from costmodel.terms.pipeline_layout import layout_string
 
 __all__ = ["Exported", "Layout", "Refusals", "check_layout", "cost_model_assumptions", "effective_param_gather",
@@ -162,7 +163,7 @@ def mapping_from_run_fields(fields: dict, extras: dict, model: Model, system: Sy
 PRECISION_OF_RECIPE: dict[tuple[str | None, str | None], Precision] = {
     ("fp8", "delayed"): Precision.fp8_delayed, ("fp8", "tensorwise"): Precision.fp8_tensorwise,
     ("fp8", "blockwise"): Precision.fp8_blockwise, ("fp8", "mxfp8"): Precision.mxfp8, ("fp4", "nvfp4"): Precision.nvfp4}
-"""Megatron-LM's (format family, recipe) → the precision recipe (costmodel.precision names them so)."""
+"""Megatron-LM's (format family, recipe) → the precision recipe (costmodel.inputs.precision names them so)."""
 RECIPE_OF_PRECISION = {precision: recipe for recipe, precision in PRECISION_OF_RECIPE.items()}
 FP8_FORMAT = {Precision.mxfp8: "e4m3"}
 """--fp8-format by recipe: hybrid (E4M3 forward, E5M2 gradients) for the FP8 recipes as

@@ -16,9 +16,9 @@ from costmodel.frameworks.bridge_import import bridge_settings
 from costmodel.frameworks.common import Exported
 from costmodel.frameworks.megatron import export_megatron, import_megatron, megatron_run_fields
 from costmodel.frameworks.torchtitan import export_torchtitan, import_torchtitan, torchtitan_run_fields
-from costmodel.mapping import Mapping
-from costmodel.model import Model
-from costmodel.system import System
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import System
 
 __all__ = ["EMIT_CHOICES", "emit", "framework_of_text", "launch_settings", "load_launch_mapping"]
 

@@ -20,9 +20,9 @@ from costmodel.frameworks.common import (FP8_FORMAT, RECIPE_OF_PRECISION, REDO_W
                                          short_chunk_layout, stage_layout)
 from costmodel.frameworks.definitions import megatron_parser
 from costmodel.frameworks.megatron_import import megatron_settings
-from costmodel.mapping import Mapping
-from costmodel.model import Model
-from costmodel.system import System
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import System
 
 __all__ = ["export_megatron", "import_megatron", "megatron_arguments", "megatron_run_fields"]
 

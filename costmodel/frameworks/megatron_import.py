@@ -13,8 +13,8 @@ import argparse
 
 from costmodel.errors import InputError
 from costmodel.frameworks.common import PRECISION_OF_RECIPE, stated_stage_blocks
-from costmodel.model import Model
-from costmodel.precision import Precision
+from costmodel.inputs.model import Model
+from costmodel.inputs.precision import Precision
 
 __all__ = ["megatron_settings"]
 

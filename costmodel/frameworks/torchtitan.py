@@ -18,10 +18,10 @@ from costmodel.frameworks.common import (Exported, Refusals, check_layout, cost_
                                          stage_layout)
 from costmodel.frameworks.definitions import TORCHTITAN, check_field
 from costmodel.frameworks.torchtitan_import import torchtitan_settings
-from costmodel.mapping import Mapping
-from costmodel.model import Model
-from costmodel.precision import Precision
-from costmodel.system import System
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
+from costmodel.inputs.precision import Precision
+from costmodel.inputs.system import System
 
 __all__ = ["export_torchtitan", "import_torchtitan", "torchtitan_fields", "torchtitan_run_fields"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from costmodel.errors import InputError
 from costmodel.frameworks.common import stated_stage_blocks
-from costmodel.model import Model
-from costmodel.precision import Precision
+from costmodel.inputs.model import Model
+from costmodel.inputs.precision import Precision
 
 __all__ = ["torchtitan_settings"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from costmodel.model import Model
+from costmodel.inputs.model import Model
 
 TP_MAX = 256
 """The largest tensor parallelism the mapping spaces consider (solver.space.declaration)."""

@@ -1,6 +1,6 @@
 """The field types of every input file (model, system, mapping, runs): whole numbers, real
 numbers and booleans as written in a file, a bound check naming its reason, and the
-configuration every input model shares. costmodel.model re-exports them.
+configuration every input model shares. costmodel.inputs.model re-exports them.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from costmodel.errors import InputError, shown
 from costmodel.inputs.hf_schemas import Gemma3TextConfig, Llama4TextConfig, NemotronHConfig
-from costmodel.model import PATTERN_SYMBOLS
+from costmodel.inputs.model import PATTERN_SYMBOLS
 
 
 def _field(config, source: str, field: str, default=...):
@@ -41,7 +41,7 @@ def nemotron_h(config: NemotronHConfig, source: str) -> dict:
     """nemotron_h: one layer per symbol of hybrid_override_pattern, each a pre-RMSNorm residual
     layer of one mixer (NemotronHBlock); attention without position encoding, grouped-query,
     head_dim (or attention_head_dim); the MLP squared ReLU (mlp_hidden_act relu2); the Mamba-2
-    mixers mamba_num_heads × mamba_head_dim wide (costmodel.terms.mamba)."""
+    mixers mamba_num_heads × mamba_head_dim wide (costmodel.inputs.mamba)."""
     pattern = _field(config, source, "hybrid_override_pattern")
     layers = _field(config, source, "num_hidden_layers", len(pattern))
     unknown = sorted(set(pattern) - set(PATTERN_SYMBOLS))

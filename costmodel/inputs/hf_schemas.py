@@ -12,7 +12,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 import costmodel.inputs.limits as limits
 from costmodel.inputs.limits import Bound
-from costmodel.model import Boolean, RealNumber, WholeNumber, within
+from costmodel.inputs.model import Boolean, RealNumber, WholeNumber, within
 
 # ---- the field types: a whole number within a bound of costmodel.inputs.limits, or null (absent)
 Hidden = Annotated[WholeNumber, within(limits.HIDDEN)] | None

@@ -44,7 +44,7 @@ def shown(value: float) -> str:
     return f"{value:g}"
 
 
-# ---- the model (costmodel.model.Model)
+# ---- the model (costmodel.inputs.model.Model)
 HIDDEN = Bound(1, 1 << 20, "the widest models built are 2^14-2^15 wide")
 FEEDFORWARD = Bound(1, 1 << 22, "4 × the widest hidden size")
 SEQ_SIZE = Bound(1, 1 << 24, "16M tokens, far past the longest trained context")
@@ -62,7 +62,7 @@ MOE_EVERY = Bound(1, 1 << 20, "every k-th block is a mixture-of-experts block, a
 CAPACITY_FACTOR = Bound(1.0, 1024.0, "the busiest expert's tokens over the mean: 1 is perfect balance, and below 1 "
                                      "tokens would be dropped (not modelled)")
 
-# ---- the system (costmodel.system.System)
+# ---- the system (costmodel.inputs.system.System)
 TFLOPS = Bound(1e-3, 1e6, "1 GFLOP/s to 1 EFLOP/s per GPU; an H100 does 989 TFLOP/s in bf16")
 CAPACITY_GIB = Bound(2.0**-10, 2.0**16, "1 MiB (the solver's memory unit) to 64 TiB per GPU")
 CAPACITY_GIB_OR_ZERO = Bound(0.0, 2.0**16, "none up to 64 TiB per GPU")

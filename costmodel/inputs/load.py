@@ -18,9 +18,9 @@ from pydantic import BaseModel, ValidationError
 
 from costmodel.errors import InputError, shown
 from costmodel.inputs.hf import config_schema, is_hf_config, model_fields_from_hf
-from costmodel.mapping import Mapping
-from costmodel.model import Model
-from costmodel.system import System
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import System
 
 T = TypeVar("T", bound=BaseModel)
 

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from costmodel.errors import InputError
-from costmodel.kernels import MoeDispatcher
+from costmodel.inputs.kernels import MoeDispatcher
 from costmodel.inputs.load import describe_validation_error, read_document
 from costmodel.measured.runs import PROBLEMS_DIR, CudaGraphs, Precision, Run
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from costmodel.errors import InputError
 from costmodel.frameworks.logs import is_log_runs, log_runs
 from costmodel.inputs.load import describe_validation_error, read_document
-from costmodel.model import Model
+from costmodel.inputs.model import Model
 from costmodel.measured.run_bridge import bridge_runs, is_bridge_rows
 from costmodel.measured.runs import Precision, Run
 

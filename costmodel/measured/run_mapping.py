@@ -7,7 +7,7 @@ one to one is mapped to the nearest expressible setting, and the gap is listed p
 
 | the run | the mapping | gap listed |
 | --- | --- | --- |
-| its precision recipe | that recipe (costmodel.precision), datatype bfloat16, with its FP8/FP4 weight all-gather and BF16 first/last blocks as the run states them | — |
+| its precision recipe | that recipe (costmodel.inputs.precision), datatype bfloat16, with its FP8/FP4 weight all-gather and BF16 first/last blocks as the run states them | — |
 | Megatron-FSDP | ZeRO stage 3 with its gradient double buffer (`megatron_fsdp`) | — |
 | activation offload of N blocks | N of each stage's blocks offloaded (`activation_offload_blocks`) when the system has offload memory, else none | only without offload memory, or with full recompute |
 | full recompute of N blocks per chunk | full, the first N of each chunk (`recompute_blocks`) | — |
@@ -32,18 +32,18 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from costmodel.choices import Recompute, TPComm, TPOverlap
-from costmodel.dimensions import BY_NAME, DEGREES, GROUP_SPAN, NETWORK_GROUPS
+from costmodel.space.choices import Recompute, TPComm, TPOverlap
+from costmodel.space.dimensions import BY_NAME, DEGREES, GROUP_SPAN, NETWORK_GROUPS
 from costmodel.errors import InputError
 from costmodel.inputs.load import describe_validation_error
-from costmodel.mapping import Mapping
+from costmodel.inputs.mapping import Mapping
 from costmodel.terms.memory_features import FEATURE_MODULES
-from costmodel.model import Model
+from costmodel.inputs.model import Model
 from costmodel.ops import ScalarOps
-from costmodel.terms.pipeline import layout_problem, stage_blocks
+from costmodel.space.layout import layout_problem, stage_blocks
 from costmodel.terms.pipeline_layout import layout_chunks, stage_layout
 from costmodel.measured.runs import Precision, Run
-from costmodel.system import Datatype, System
+from costmodel.inputs.system import Datatype, System
 
 __all__ = ["MappedRun", "datatype_for", "map_run", "network_for_span"]
 

@@ -28,10 +28,10 @@ from typing import Callable, Iterable, Iterator, Literal
 from costmodel.errors import InputError
 from costmodel.evaluate import evaluate
 from costmodel.inputs.load import load_model, load_system
-from costmodel.model import Model
+from costmodel.inputs.model import Model
 from costmodel.measured.run_mapping import map_run
 from costmodel.measured.runs import PROBLEMS_DIR, Precision, Run, software_order
-from costmodel.system import Datatype, System
+from costmodel.inputs.system import Datatype, System
 
 __all__ = ["ErrorSummary", "RunInputs", "RunScore", "RunStatus", "by_configuration", "by_precision", "by_system",
            "held_out_splits", "is_targeted", "newest_per_configuration", "score_run", "score_runs", "split_dense",
@@ -252,5 +252,5 @@ def summarize(scores: Iterable[RunScore], group_of: Callable[[RunScore], str] | 
 
 def is_targeted(score: RunScore) -> bool:
     """Whether a run counts toward the accuracy targets: NVFP4 is reported, not targeted
-    (its FP4 GEMMs run on the FP8 fit at the FP4 peak, unmeasured: costmodel.precision)."""
+    (its FP4 GEMMs run on the FP8 fit at the FP4 peak, unmeasured: costmodel.inputs.precision)."""
     return score.run.precision is not Precision.nvfp4

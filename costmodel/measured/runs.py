@@ -24,11 +24,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, model_validator
 
 import costmodel.inputs.limits as limits
-from costmodel.dimensions import data_parallel
-from costmodel.kernels import CudaGraphs, GradDatatype, MoeDispatcher
+from costmodel.space.dimensions import data_parallel
+from costmodel.inputs.kernels import CudaGraphs, GradDatatype, MoeDispatcher
 from costmodel.inputs.limits import Bound
-from costmodel.model import INPUT_CONFIG, Model, RealNumber, WholeNumber, within
-from costmodel.precision import Precision   # the recipes (costmodel.precision), read by runs
+from costmodel.inputs.model import INPUT_CONFIG, Model, RealNumber, WholeNumber, within
+from costmodel.inputs.precision import Precision   # the recipes (costmodel.inputs.precision), read by runs
 
 __all__ = ["PROBLEMS_DIR", "CudaGraphs", "Precision", "RecomputeGranularity", "Run", "software_order"]
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from importlib import resources
 
 from costmodel.evaluate import evaluate
-from costmodel.mapping import Mapping
-from costmodel.model import Model
-from costmodel.system import System
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import System
 from costmodel.inputs.units import GiB
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.context import MASK_BYTES, Context
-from costmodel.model import CAUSAL_ATTENTION_SHARE
+from costmodel.terms.context import MASK_BYTES, Context
+from costmodel.inputs.model import CAUSAL_ATTENTION_SHARE
 from costmodel.terms.kernel_time import attention_time_s
 from costmodel.terms.layer_time import (DROPOUT_FLOPS_PER_ELEM, ROPE_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM,
                                         SOFTMAX_STATS_BYTES, eltwise_s, gemm_s, matmul_s)
@@ -57,7 +57,7 @@ class AttentionProjections:
 
 def attention_projections(c: Context, xp, tokens, ln_tokens, t, gathered, norm_out, norm_flops) -> AttentionProjections:
     """QKV and the output projection (grouped-query attention: h → (a + 2g)·d/t and a·d/t → h),
-    or latent attention's five projections (costmodel.terms.latent_attention): the down projections
+    or latent attention's five projections (costmodel.inputs.latent_attention): the down projections
     h → r_q and h → r_kv + d_r whole on every tp rank, on the sequence-parallel shard
     (`ln_tokens`) as Megatron-LM's MLASelfAttention runs them, the up projections r_q → a·d_qk/t
     and r_kv → a·(d_n + d_v)/t and the output a·d_v/t → h on the gathered tokens."""

@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.terms.attention import attention_layer
 from costmodel.terms.block_memory import KIND_STORED
 from costmodel.terms.layers import BlockLayers, LayerCost, dense_mlp_layer, moe_mlp_layer, norm_layer, residual_layer
@@ -86,9 +86,9 @@ BLOCK_KINDS: dict[str, tuple[str, ...]] = {
     "moe_layer": ("norm", "moe", "residual"),
 }
 """The layers of each kind of block, in order (a pre-norm transformer block; with `moe` the
-mixture-of-experts layer in the MLP's place). A layer pattern's layers (costmodel.model
+mixture-of-experts layer in the MLP's place). A layer pattern's layers (costmodel.inputs.model
 layer_pattern: Mamba-2, attention, MLP, MoE) are blocks of one mixer each
-(costmodel.model.PATTERN_KINDS)."""
+(costmodel.inputs.model.PATTERN_KINDS)."""
 KIND_STORED.update(PATTERN_STORED)     # a pattern layer's stored bytes are its own (costmodel.terms.pattern_layers)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from costmodel.context import MASK_BYTES, Context
+from costmodel.terms.context import MASK_BYTES, Context
 from costmodel.terms.cp_buffers import cp_buffer_bytes
 from costmodel.terms.moe import moe_memory
 from costmodel.terms.layer_time import SOFTMAX_STATS_BYTES
@@ -124,7 +124,7 @@ def _attention_inputs_stored(c: Context, tokens, q_cols, kv_cols, heads, q):
     """Bytes the attention keeps of its inputs: Q, K, V (its BF16 inputs) and the output
     projection's input, the attention output. Quantized (`q` bytes per element of a quantized
     copy), a fused kernel's backward keeps that output in BF16, and the projection keeps either
-    the same tensor (costmodel.precision: projection_keeps_bf16_input) or its own copy. Latent
+    the same tensor (costmodel.inputs.precision: projection_keeps_bf16_input) or its own copy. Latent
     attention (Megatron-LM's MLASelfAttention) keeps Q and K (d_qk per head), V and the output
     (d_v; the output is the projection's input), and the compressed query and K/V twice each
     (the RMSNorms' inputs and the up projections' inputs, gathered)."""

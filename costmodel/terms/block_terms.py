@@ -13,10 +13,10 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from costmodel.terms.block import BlockForward, block_forward_times, has_experts
 from costmodel.terms.block_memory import StoredActivations, stored_activations
 from costmodel.terms.comm import collective_s, overlapped, tp_overlap_terms
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.terms.memory_features import offload_share, recompute_share, with_switches
 from costmodel.terms.moe import moe_communication
-from costmodel.system import Collective
+from costmodel.inputs.system import Collective
 
 AMAX_BYTES = 4.0
 """One fp32 amax per quantized tensor (per-tensor current scaling; NVFP4's per-tensor scale)."""

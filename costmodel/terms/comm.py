@@ -10,8 +10,8 @@ point-to-point send 1), and nothing when n = 1.
 
 from __future__ import annotations
 
-from costmodel.context import Context
-from costmodel.system import Collective
+from costmodel.terms.context import Context
+from costmodel.inputs.system import Collective
 
 # 'pipe' overlap splits the GEMM next to a collective into this many chunks, each chunk's
 # collective hiding behind the next chunk's compute; the first chunk stays exposed. Four

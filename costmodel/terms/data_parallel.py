@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 from costmodel.terms.block_terms import BlockTerms, offload_rate
 from costmodel.terms.comm import collective_s, overlapped
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.terms.layer_time import eltwise_s
 from costmodel.terms.pipeline_time import Stages
 from costmodel.terms.step_terms import OPTIMIZER_KERNELS
-from costmodel.system import Collective
+from costmodel.inputs.system import Collective
 
 # FLOP per parameter of an Adam step (moment updates, bias correction, square root, divide,
 # weight decay, update): about 12 element-wise operations.
@@ -151,7 +151,7 @@ def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardi
         across = 0.0
         net = sh.net
         if shard is not None:
-            # hybrid sharding (costmodel/dimensions.py `shard`): reduce-scatter and all-gather
+            # hybrid sharding (costmodel/space/dimensions.py `shard`): reduce-scatter and all-gather
             # within the shard group of `shard` neighbouring members — on network 0 when the
             # group fits one of its domains —, then the shard's 1/shard of the gradients
             # all-reduced once a step over the group/shard replicas on the group's network,
@@ -175,7 +175,7 @@ def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardi
     if c.quantized:
         gathered = c.recipe.weight_gather_bytes
         dense_weight_bytes = c.elem_bytes * (params.dense - params.blocks_dense) + gathered * params.blocks_dense
-    # The group's GPUs are tp·cp·pp apart (costmodel.dimensions' nesting): a window of the
+    # The group's GPUs are tp·cp·pp apart (costmodel.space.dimensions' nesting): a window of the
     # innermost domain's size (NVLink) that starts at one of them holds floor((size - 1)/(tp·cp·pp))
     # + 1 of them (costmodel.terms.comm.collective_s).
     stride = m.tp * m.cp * m.pp
@@ -202,7 +202,7 @@ def optimizer_step_s(c: Context, m, xp, sh: Sharding, params: StageParams):
                   + params.experts / xp.where(sh.optimizer, sh.expert_group, 1.0))
     e, g = c.elem_bytes, c.grad_bytes_per_param
     # It writes each new weight in the datatype; under a precision recipe a block's as the
-    # recipe keeps it (BF16, or the quantized shard and its amax read: costmodel.precision).
+    # recipe keeps it (BF16, or the quantized shard and its amax read: costmodel.inputs.precision).
     written = e
     if c.quantized:
         block_share = (params.blocks_dense + params.experts) / (params.dense + params.experts)

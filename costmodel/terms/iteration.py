@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from costmodel.terms.block_terms import BlockTerms, block_param_shares, block_terms, kind_terms, moe_block_param_shares
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.terms.data_parallel import ADAM_FLOPS_PER_PARAM, Sharding, gradient_sync, optimizer_step_s, stage_params
 from costmodel.terms.layer_time import RMSNORM_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
 from costmodel.terms.memory_features import recompute_share

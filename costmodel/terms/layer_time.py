@@ -5,7 +5,7 @@ Both modules import them from here, so neither imports the other's helpers (no c
 
 from __future__ import annotations
 
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.terms.kernel_time import gemm_time_s
 
 # FLOP per element of the element-wise layers (forward): layer norm = mean, variance,
@@ -40,7 +40,7 @@ def gemm_s(c: Context, xp, rows, cols, depth, num_bytes, batch=1.0, high_precisi
     (costmodel.terms.kernel_time.gemm_time_s), else the roofline on the step curves by FLOP; either
     pays the whole-step launch gap (in the fitted model's launch, costmodel.terms.step_terms). Under a
     precision recipe the blocks' GEMMs run at its rate, and `high_precision` ones (attention,
-    the output layer, the router) at BF16's (costmodel.context)."""
+    the output layer, the router) at BF16's (costmodel.terms.context)."""
     peak, curve, fit = c.matrix_flops_per_s, c.matrix_curve, c.gemm
     if high_precision and c.hp_matrix_flops_per_s is not None:
         peak, curve, fit = c.hp_matrix_flops_per_s, c.hp_matrix_curve, c.hp_gemm

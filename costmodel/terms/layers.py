@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from costmodel.context import MASK_BYTES, Context
+from costmodel.terms.context import MASK_BYTES, Context
 from costmodel.terms.layer_time import (ACTIVATION_FLOPS_PER_ELEM, LAYERNORM_FLOPS_PER_ELEM, RESIDUAL_FLOPS_PER_ELEM,
                                         RMSNORM_FLOPS_PER_ELEM, eltwise_s, matmul_s)
 from costmodel.terms.moe import moe_layer_forward, moe_quantized_gemms
@@ -141,7 +141,7 @@ def layer_tokens(c: Context, m, xp):
 
 def norm_output_bytes(c: Context) -> float:
     """Bytes per element a norm writes: delayed scaling's norm writes the FP8 copy of its
-    output itself (costmodel.precision), every other costing its datatype."""
+    output itself (costmodel.inputs.precision), every other costing its datatype."""
     return c.recipe.copy_bytes if c.quantized and c.recipe.format.norm_casts else c.elem_bytes
 
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from costmodel.ops import ScalarOps
-from costmodel.terms.pipeline import stage_blocks
+from costmodel.space.layout import stage_blocks
+from costmodel.space.layout import feature_problem  # noqa: F401 (read from here)
 
-__all__ = ["FEATURE_MODULES", "feature_problem", "offload_share", "recompute_share", "stage_offload_share",
+__all__ = ["FEATURE_MODULES", "offload_share", "recompute_share", "stage_offload_share",
            "with_switches"]
 
 FEATURE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "mla_up_proj")
@@ -59,25 +60,4 @@ def stage_offload_share(m, xp, blocks):
         return 1.0
     return xp.minimum(m.offload_blocks, blocks) / blocks
 
-
-def feature_problem(num_blocks: int, num_experts: int, mapping, latent: bool = False) -> str | None:
-    """Why a mapping's memory features cannot apply to a model of `num_blocks` blocks laid
-    out by the mapping (one line naming the field and both numbers); None when they can."""
-    first, middle, last = stage_blocks(ScalarOps, num_blocks, mapping.pp, mapping.pipeline_first_stage_blocks,
-                                       mapping.pipeline_last_stage_blocks, mapping.pipeline_interleaving)
-    fewest = int(min(first, middle, last))
-    n = mapping.activation_offload_blocks
-    if n is not None and n > fewest:
-        return (f"activation_offload_blocks({n}) > the {fewest} blocks of a pipeline stage (num_blocks {num_blocks}, "
-                f"pipeline_par {mapping.pp})")
-    chunk = fewest // mapping.pipeline_interleaving
-    n = mapping.recompute_blocks
-    if n is not None and n > chunk:
-        return (f"recompute_blocks({n}) > the {chunk} blocks of a pipeline chunk (num_blocks {num_blocks}, "
-                f"pipeline_par {mapping.pp}, pipeline_interleaving {mapping.pipeline_interleaving})")
-    if mapping.recompute_modules is not None and "moe_act" in mapping.recompute_modules and not num_experts:
-        return "recompute_modules: moe_act needs a mixture-of-experts model (num_experts > 0)"
-    if mapping.recompute_modules is not None and "mla_up_proj" in mapping.recompute_modules and not latent:
-        return "recompute_modules: mla_up_proj needs a model with latent attention (latent_attention)"
-    return None
 

@@ -1,7 +1,7 @@
 """One mixture-of-experts (MoE) layer on one GPU for one microbatch: router, token dispatch
 and combine, the experts' grouped GEMMs, the shared experts, and the memory the layer holds.
 
-The layer replaces the MLP of every `moe_every`-th block (costmodel.model). It runs as
+The layer replaces the MLP of every `moe_every`-th block (costmodel.inputs.model). It runs as
 Megatron-LM's MoELayer with the all-to-all token dispatcher (megatron/core/transformer/moe/:
 moe_layer.py, token_dispatcher.py `MoEAlltoAllTokenDispatcher`, experts.py) does:
 
@@ -21,7 +21,7 @@ Parallel layout, as Megatron-LM's:
   "When using MoE and tensor parallelism, sequence parallelism must be used"), so each GPU
   routes T/t tokens.
 - MoE parallel folding (Liu et al. 2025, arXiv 2504.14960; Megatron-LM's expert rank
-  generator, costmodel.dimensions.DEGREES): the expert layers regroup a pipeline stage's
+  generator, costmodel.space.dimensions.DEGREES): the expert layers regroup a pipeline stage's
   tp·cp·dp GPUs into etp × ep × edp, edp = tp·cp·dp/(ep·etp), each GPU keeping its T/t
   routed tokens. Each expert's width is split x ways (`--expert-tensor-parallel-size`;
   x = t is Megatron's default and the layout before folding).
@@ -67,11 +67,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.terms.comm import collective_s
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.terms.kernel_time import gemm_time_s
 from costmodel.terms.layer_time import ACTIVATION_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
 from costmodel.terms.quantize import GemmOperands
-from costmodel.system import Collective
+from costmodel.inputs.system import Collective
 
 # Top-k selection over a token's E router scores: about one compare and one select per score
 # (a k-way selection kept in registers; torch.topk on a few hundred values per row). Like every

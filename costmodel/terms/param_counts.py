@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from costmodel.model import Model
+from costmodel.inputs.model import Model
 
 
 @dataclass(frozen=True)
 class ParameterCounts:
-    """Parameter counts of one model (costmodel.model.Model's properties of the same names)."""
+    """Parameter counts of one model (costmodel.inputs.model.Model's properties of the same names)."""
 
     total: int
     """every parameter of the model, MTP modules excluded"""

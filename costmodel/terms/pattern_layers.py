@@ -1,5 +1,5 @@
 """A layer pattern's layers as cost records (costmodel.terms.layers.LayerCost) and what each
-keeps for backward: a Mamba-2 mixer (costmodel.terms.mamba), and the attention, MLP and MoE
+keeps for backward: a Mamba-2 mixer (costmodel.inputs.mamba), and the attention, MLP and MoE
 layers that a pattern places on their own (each a pre-norm residual layer, Megatron-Core's
 MambaStack / Nemotron-H's NemotronHBlock).
 
@@ -8,24 +8,24 @@ and groups, so every width below D, G, H is over tp):
 
     in_proj    GEMM T × (2D + 2GN + H)/tp × h        (column-parallel)
     conv1d     element-wise over T·(D + 2GN)/tp: 2·K FLOP per element, read and write
-    SSD scan   the chunked scan's products (costmodel.terms.mamba, Dao & Gu 2024 §6): batched
+    SSD scan   the chunked scan's products (costmodel.inputs.mamba, Dao & Gu 2024 §6): batched
                matrix products on tensor cores, timed as one GEMM of the same FLOPs with
                T rows, D/tp columns and the scan's FLOPs per row and column as its depth
     norm       RMSNormGated over T·D/tp: read y and z, write the output
     out_proj   GEMM T × h × D/tp                      (row-parallel)
 
-Backward: twice forward's work (costmodel.terms.mamba): the projections' activation and
+Backward: twice forward's work (costmodel.inputs.mamba): the projections' activation and
 weight gradients, the scan's backward kernels (activation gradient only: it has no weights)
 at twice its forward, the element-wise passes twice.
 """
 
 from __future__ import annotations
 
-from costmodel.context import MASK_BYTES, Context
+from costmodel.terms.context import MASK_BYTES, Context
 from costmodel.terms.block_memory import StoredActivations, block_stored_activation_bytes
 from costmodel.terms.layer_time import RMSNORM_FLOPS_PER_ELEM, eltwise_s, matmul_s
 from costmodel.terms.layers import LayerCost, layer_tokens
-from costmodel.terms.mamba import mamba_scan_flops_per_token, mamba_stored_bytes_per_token
+from costmodel.inputs.mamba import mamba_scan_flops_per_token, mamba_stored_bytes_per_token
 from costmodel.terms.quantize import GemmOperands
 
 __all__ = ["mamba_layer", "PATTERN_STORED"]
@@ -52,7 +52,7 @@ def mamba_layer(c: Context, m, xp) -> LayerCost:
 
 
 def _mamba_stored(c: Context, m, xp) -> StoredActivations:
-    """A Mamba layer's stored bytes (costmodel.terms.mamba.mamba_stored_bytes_per_token): its
+    """A Mamba layer's stored bytes (costmodel.inputs.mamba.mamba_stored_bytes_per_token): its
     input and norm output on the sequence-parallel shard (in_proj's input gathered unless the
     all-gather is redone), in_proj's output and the two D-wide tensors over tp. Full
     recomputation keeps the input only, and its backward needs the layer's whole set again."""

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 from costmodel.terms.block_terms import BlockTerms
 from costmodel.terms.comm import collective_s
-from costmodel.context import Context
-from costmodel.terms.pipeline import bubble_microbatches, end_chunk_blocks, stage_blocks
-from costmodel.system import Collective
+from costmodel.terms.context import Context
+from costmodel.terms.pipeline import bubble_microbatches, end_chunk_blocks
+from costmodel.space.layout import stage_blocks
+from costmodel.inputs.system import Collective
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ activation gradient and weight gradient, 2 FLOP per multiply-add:
 V' is Megatron's `calculate_padded_vocab_size`: V rounded up to a multiple of
 `make_vocab_size_divisible_by` (128, Megatron-Bridge's GPTModelProvider default) × tp.
 
-The MFU numerator of costmodel.model.ModelFlops halves the attention core the same way but
+The MFU numerator of costmodel.inputs.model.ModelFlops halves the attention core the same way but
 counts the unpadded vocabulary: the two differ by the padding, and a table's "TFLOP/s per GPU"
 is Bridge's.
 
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.terms.mamba import bridge_mamba_flops_per_token
+from costmodel.inputs.mamba import bridge_mamba_flops_per_token
 
 __all__ = ["MAKE_VOCAB_SIZE_DIVISIBLE_BY", "Throughput", "bridge_flops_per_token", "bridge_hybrid_flops_per_token",
            "padded_vocab", "throughput"]
@@ -58,7 +58,7 @@ def bridge_hybrid_flops_per_token(c, tp: float) -> float:
     (flop_utils.py `hybrid_flops`, 3 × forward): per attention layer 4·h·(a·d/h)·(h + h·g/a + s/2)
     — its projections as if Q, K, V and the output were h wide, the core halved —, per MLP layer
     4·h·f (×3/2 gated), per MoE layer 4·h·(k·f_e + f_s) (×3/2 gated), per Mamba layer
-    costmodel.terms.mamba.bridge_mamba_flops_per_token (its d_in = 2·h), and the logits 2·h·V'."""
+    costmodel.inputs.mamba.bridge_mamba_flops_per_token (its d_in = 2·h), and the logits 2·h·V'."""
     h, s, a, g, d = c.hidden, c.seq, c.heads, c.kv_heads, c.head_size
     counts = dict(c.kind_counts)
     gate = 1.5 if c.gated_mlp else 1.0
@@ -73,7 +73,7 @@ def bridge_hybrid_flops_per_token(c, tp: float) -> float:
 
 def bridge_flops_per_token(c, tp: float, mtp_layers: int = 0) -> float:
     """Model FLOP per token as Megatron-Bridge counts them (module docstring). `c` is the
-    problem's costmodel.context.Context (the model's dimensions); `tp` sets the padding. A
+    problem's costmodel.terms.context.Context (the model's dimensions); `tp` sets the padding. A
     layer pattern's: bridge_hybrid_flops_per_token."""
     if "attention_layer" in dict(c.kind_counts) or c.mamba is not None:
         return bridge_hybrid_flops_per_token(c, tp)

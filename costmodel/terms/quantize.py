@@ -1,5 +1,5 @@
 """The quantization passes of a precision recipe: element-wise HBM traffic before the
-quantized GEMMs of one block, one microbatch, one GPU (costmodel.precision says what each
+quantized GEMMs of one block, one microbatch, one GPU (costmodel.inputs.precision says what each
 recipe quantizes into; docs/cost-model.md, "Precision recipes", gives each pass and its source).
 
 For each GEMM of the block, the three operands are quantized by their own kernels (Transformer
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.terms.layer_time import eltwise_s
-from costmodel.precision import STOCHASTIC_ROUNDING_FLOPS_PER_ELEM
+from costmodel.inputs.precision import STOCHASTIC_ROUNDING_FLOPS_PER_ELEM
 
 __all__ = ["GemmOperands", "QuantizePasses", "quantize_passes"]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from costmodel.terms.block_terms import BlockTerms
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.terms.data_parallel import Sharding, StageParams
 from costmodel.terms.memory_features import stage_offload_share
 from costmodel.terms.pipeline import stage_blocks_in_flight

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from costmodel.context import Context
+from costmodel.terms.context import Context
 
 # Offloaded state keeps two blocks in HBM: the one computing and the one in transit
 # (the paper's reason why 128T needs 120 GiB of HBM).
@@ -49,7 +49,7 @@ def blocks_state(c: Context, m, xp, blocks, dense_params, expert_params, shards,
     block_params = dense_params + expert_params
     e, g = c.elem_bytes, c.grad_bytes_per_param
     # A precision recipe keeps each weight in BF16 or (low-precision param gather) as its
-    # quantized param, plus the quantized copies cached for the step (costmodel.precision).
+    # quantized param, plus the quantized copies cached for the step (costmodel.inputs.precision).
     stored, cached, gathered = e, 0.0, e
     if c.recipe is not None:
         stored, cached = c.recipe.weight_storage_bytes, c.recipe.weight_cache_bytes

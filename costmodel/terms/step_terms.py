@@ -43,8 +43,9 @@ from pydantic import BaseModel, Field
 
 import costmodel.inputs.limits as limits
 from costmodel.terms.kernel_time import AttentionTiming, GemmTiming
-from costmodel.model import INPUT_CONFIG, RealNumber, within
+from costmodel.inputs.model import INPUT_CONFIG, RealNumber, within
 from costmodel.inputs.units import MICRO, MILLI
+from costmodel.inputs.step import WholeStep  # noqa: F401 (read from here)
 
 __all__ = ["HEAD_KERNELS_FORWARD", "OPTIMIZER_KERNELS", "StepGaps", "WholeStep", "allocator_bytes",
            "attention_in_step", "gemm_in_step", "step_gaps"]
@@ -58,38 +59,6 @@ softmax-cross-entropy (costmodel.terms.iteration.output_layer_s times them)."""
 OPTIMIZER_KERNELS = 1.0
 """Kernels of the optimizer step as costmodel.terms.data_parallel times it: one fused (multi-tensor)
 Adam pass over this GPU's share of the parameters."""
-
-
-class WholeStep(BaseModel):
-    """What a whole training step costs beyond the sum of its kernels timed one at a time
-    (docs/cost-model.md, "Whole-step terms"): fitted to measured iterations by `mapsat calibrate
-    --runs`, the same values in every system file that states them (they describe the software
-    and the power limiter, not one GPU). Without this section a system has none of them (the A100
-    files: their step curves were fitted to whole Selene iterations, which include them)."""
-
-    model_config = INPUT_CONFIG
-
-    kernel_gap_us: Annotated[RealNumber, within(limits.LATENCY_US)] = Field(
-        ge=0, description="Idle time between two kernels of a step, µs: launch and stream synchronisation, which a "
-                          "microbenchmark's back-to-back timing leaves out. Added to each GEMM's and attention "
-                          "kernel's `launch_us` and each element-wise kernel's `hbm.latency_us`; CUDA graphs remove "
-                          "it (per-layer: inside the blocks; full-iteration: everywhere).")
-    power_window_ms: Annotated[RealNumber, within(limits.POWER_WINDOW_MS)] = Field(
-        0.0, ge=0, description="Sustained clocks, ms: every GEMM of a step runs at least at the clock a GEMM lasting "
-                               "this long at full rate reaches under the GEMM model's `power_drop` and `power_flops` "
-                               "(the power limiter has seen the step's earlier GEMMs). 0: each GEMM as timed alone.")
-    allocator_fragmentation: Annotated[RealNumber, within(limits.FRACTION)] = Field(
-        0.0, ge=0, description="Memory the caching allocator holds beyond live tensors at the peak, as a fraction of "
-                               "the memory allocated and freed every microbatch (activations, the recompute workspace, "
-                               "the loss's logits).")
-
-    @property
-    def kernel_gap_s(self) -> float:
-        return self.kernel_gap_us * MICRO
-
-    @property
-    def power_window_s(self) -> float:
-        return self.power_window_ms * MILLI
 
 
 @dataclass(frozen=True)
@@ -119,7 +88,7 @@ def gemm_in_step(timing: GemmTiming | None, gap_s: float, power_window_s: float,
     """A GEMM's fitted model as a step runs it: its launch plus the gap, and the sustained
     clocks' drop at least that of a GEMM lasting the power window at full rate (the FLOP its
     main loop does in that time at `peak_flops_per_s` · efficiency). On a GPU whose file states
-    its sustained clock (costmodel.system.Clocks) every GEMM pays the whole drop (as if the
+    its sustained clock (costmodel.inputs.system.Clocks) every GEMM pays the whole drop (as if the
     limiter had seen an endless GEMM: F' = ALWAYS_SUSTAINED_FLOPS) and the window does not apply."""
     if timing is None:
         return None

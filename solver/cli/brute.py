@@ -11,8 +11,8 @@ import costmodel.inputs.limits as limits
 from costmodel.errors import MapsatError
 from costmodel.evaluate import evaluate
 from costmodel.inputs.load import ensure_parent
-from costmodel.kernels import Kernels
-from costmodel.system import Datatype
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.system import Datatype
 from solver.cli.options import (BoundedInt, batch_header, datatype_option, load_problem, problem_options,
                                 space_and_cap, space_options, system_label, user_errors, wide_console)
 from solver.cli.progress import progress_line, quiet

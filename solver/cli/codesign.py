@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from costmodel.errors import InputError, MapsatError
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from solver.cli.options import (progress_line, batch_header, headroom_text, datatype_option, load_problem, problem_options, space_and_cap, space_options,
                                 user_errors, wide_console)
 from solver.report.figure import image_path

@@ -10,10 +10,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.context import Context
-from costmodel.dimensions import SPLIT_TEXT
-from costmodel.kernels import Kernels
-from costmodel.system import Datatype
+from costmodel.terms.context import Context
+from costmodel.space.dimensions import SPLIT_TEXT
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.system import Datatype
 import costmodel.inputs.limits as limits
 from solver.cli.options import (progress_line, quiet, BoundedInt, batch_header, datatype_option, load_problem, problem_options,
                                 space_and_cap, space_options, system_label, user_errors, wide_console,

@@ -8,9 +8,9 @@ from typing import Callable
 import click
 
 from costmodel.frameworks.launch import EMIT_CHOICES, emit
-from costmodel.mapping import Mapping
-from costmodel.model import Model
-from costmodel.system import System
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import System
 from solver.search.plan import PlanResult, phase_model
 
 __all__ = ["echo_emitted", "echo_plan_emitted", "emit_options"]

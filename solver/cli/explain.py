@@ -7,9 +7,9 @@ import sys
 import click
 from rich.table import Table
 
-from costmodel.dimensions import BY_NAME
+from costmodel.space.dimensions import BY_NAME
 from costmodel.errors import InputError, MapsatError
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from solver.cli.options import (batch_header, datatype_option, load_problem, problem_options,
                                 progress_line, space_and_cap, space_options, system_label, user_errors,
                                 wide_console)

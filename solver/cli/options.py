@@ -16,14 +16,14 @@ import click
 import costmodel.inputs.limits as limits
 from costmodel.inputs.advice import datatype_hint, model_warnings, override_warnings
 from costmodel.errors import MapsatError
-from costmodel.headroom import Headroom
+from costmodel.inputs.headroom import Headroom
 from costmodel.inputs.hf import UnmodelledFieldWarning
-from costmodel.kernels import ATTENTION_KERNELS, CUDA_GRAPHS, GRAD_DATATYPES, Kernels
+from costmodel.inputs.kernels import ATTENTION_KERNELS, CUDA_GRAPHS, GRAD_DATATYPES, Kernels
 from costmodel.inputs.limits import Bound
 from costmodel.inputs.load import load_model, load_system
-from costmodel.model import Model
-from costmodel.precision import OPTIMIZER_STATES, Precision
-from costmodel.system import Datatype, System
+from costmodel.inputs.model import Model
+from costmodel.inputs.precision import OPTIMIZER_STATES, Precision
+from costmodel.inputs.system import Datatype, System
 from costmodel.inputs.units import GiB
 from solver.cli.errors import debugging, one_line_errors
 from solver.cli.progress import progress_line, quiet  # noqa: F401 (the commands import progress_line from here)

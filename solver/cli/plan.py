@@ -9,7 +9,7 @@ import click
 
 import costmodel.inputs.limits as limits
 from costmodel.errors import InputError, MapsatError
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from costmodel.terms.training_cost import (DEFAULT_CHECKPOINT_GBPS, DEFAULT_PUE, DEFAULT_RESTART_MINUTES,
                                      DEFAULT_SNAPSHOT_GBPS, LLAMA3_FAILURE_RATE_PER_GPU_HOUR)
 from solver.cli.options import (BoundedFloat, BoundedInt, datatype_option, kernel_options, load_problem,

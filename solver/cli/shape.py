@@ -9,7 +9,7 @@ import click
 from rich.table import Table
 
 from costmodel.errors import InputError
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_system
 import costmodel.inputs.limits as limits
 from costmodel.inputs.limits import Bound

@@ -10,7 +10,7 @@ import click
 import costmodel.inputs.limits as limits
 from costmodel.errors import MapsatError
 from costmodel.terms.param_counts import ParameterCounts
-from costmodel.system import Datatype
+from costmodel.inputs.system import Datatype
 from solver.cli.emit import echo_emitted, emit_options
 from solver.cli.errors import debugging
 from solver.cli.options import (BoundedFloat, BoundedInt, batch_header, datatype_option, load_problem, problem_options,

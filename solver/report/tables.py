@@ -8,7 +8,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.dimensions import BY_NAME, CHAIN, DIMENSIONS, NETWORK_GROUPS
+from costmodel.space.dimensions import BY_NAME, CHAIN, DIMENSIONS, NETWORK_GROUPS
 from costmodel.evaluate import Evaluation
 from costmodel.inputs.units import GB, GiB
 from solver.search.distinct import equivalents_text
@@ -75,7 +75,7 @@ def _fields_by_name(mapping_fields: dict) -> dict:
 
 def mapping_summary(mapping_fields: dict) -> str:
     """A one-line description of a mapping (a Mapping's JSON fields) in the project's
-    vocabulary (costmodel.dimensions): the split, batch and microbatch, the interleaving
+    vocabulary (costmodel.space.dimensions): the split, batch and microbatch, the interleaving
     when pp > 1, each choice whose conditions on the split hold, the switches that are on,
     and the network of each parallel group."""
     v = _fields_by_name(mapping_fields)

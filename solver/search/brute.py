@@ -28,14 +28,14 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from costmodel.dimensions import DIMENSIONS, SPLIT_TEXT
-from costmodel.context import Context
+from costmodel.space.dimensions import DIMENSIONS, SPLIT_TEXT
+from costmodel.terms.context import Context
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import evaluate, evaluate_arrays
-from costmodel.kernels import Kernels
-from costmodel.mapping import Mapping
-from costmodel.model import Model
-from costmodel.system import Datatype, System
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype, System
 from costmodel.inputs.units import GiB
 from solver.search.distinct import equivalents, group_keys, top_groups
 from solver.space.enumerate import ChunkSpec, Plan, plan

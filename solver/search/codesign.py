@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 
 from costmodel.errors import InputError, InternalError
 from costmodel.evaluate import Evaluation, evaluate
-from costmodel.kernels import Kernels
-from costmodel.model import Model
-from costmodel.system import Datatype, System
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype, System
 from costmodel.inputs.units import GiB
 from solver.search.codesign_grid import (CAPACITY_KNOBS, ENUMERATED_KNOBS, KNOBS, MONOTONE_KNOBS, OUTER_KNOBS,
                                          Grid, System_, Target, Verdict, as_json, check_values, least_reaching, reaches,

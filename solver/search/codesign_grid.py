@@ -10,7 +10,7 @@ from typing import Callable
 
 from costmodel.errors import InputError
 from costmodel.evaluate import Evaluation
-from costmodel.system import System
+from costmodel.inputs.system import System
 from solver.search.explain import TIE_REL
 
 CAPACITY_KNOBS = ("hbm_gib", "offload_gib")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from costmodel.context import Context
-from costmodel.kernels import Kernels
-from costmodel.model import Model
-from costmodel.system import Datatype, System
+from costmodel.terms.context import Context
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype, System
 from solver.search.cpsat.block_tables import BlockTableCache
 
 __all__ = ["CountShare", "Shared"]

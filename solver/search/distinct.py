@@ -16,7 +16,7 @@ from typing import Mapping
 
 import numpy as np
 
-from costmodel.dimensions import BY_NAME, DIMENSIONS, BlockKey
+from costmodel.space.dimensions import BY_NAME, DIMENSIONS, BlockKey
 from costmodel.encoding import MappingArrays
 
 SKELETON = tuple(dim.name for dim in DIMENSIONS if not dim.is_flag)

@@ -41,13 +41,13 @@ from typing import Callable
 
 import numpy as np
 
-from costmodel.dimensions import FLAGS, SPLIT_TEXT, BlockKey
+from costmodel.space.dimensions import FLAGS, SPLIT_TEXT, BlockKey
 from costmodel.evaluate import (STRUCTURE_DIMENSIONS, TIME_ONLY_DIMENSIONS, capacity_fits, evaluate_arrays_in_context,
                                 structure_fits)
-from costmodel.kernels import Kernels
-from costmodel.model import Model
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.model import Model
 from costmodel.ops import distinct_rows
-from costmodel.system import Datatype, System
+from costmodel.inputs.system import Datatype, System
 from solver.search.count_share import CountShare
 from solver.search.distinct import SKELETON, TopGroups
 from solver.space.declaration import Space

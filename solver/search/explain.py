@@ -1,6 +1,6 @@
 """Why the best mapping wins: the certified best time for every value of every dimension.
 
-For each dimension of the space (costmodel.dimensions) and each value it takes, the best
+For each dimension of the space (costmodel.space.dimensions) and each value it takes, the best
 mapping with that one value fixed, certified like `solve`'s answer. One CP-SAT model of the
 space serves every question: the value is an *assumption* (a literal CP-SAT must take for
 that solve only), and so is each round's "beat the best so far" bound; every block the
@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from costmodel.dimensions import BY_NAME, DIMENSIONS, GROUP_SPAN, NETWORK_GROUPS
+from costmodel.space.dimensions import BY_NAME, DIMENSIONS, GROUP_SPAN, NETWORK_GROUPS
 from costmodel.evaluate import Evaluation, evaluate_in_context
-from costmodel.kernels import Kernels
-from costmodel.model import Model
-from costmodel.system import Datatype, System
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype, System
 from solver.search.cpsat.constraints import group_span_expressions
 from solver.search.engine import Engine, Key, Question
 from solver.search.solve import SolverConfig, binding_constraints

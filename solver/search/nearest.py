@@ -20,8 +20,8 @@ import re
 import time
 from collections.abc import Callable
 
-from costmodel.model import Model
-from costmodel.system import System
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import System
 from solver.space.declaration import Space
 from solver.space.enumerate import plan as enumerate_plan
 from solver.space.pins import pinned

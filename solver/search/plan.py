@@ -23,13 +23,13 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field, model_validator
 
 import costmodel.inputs.limits as limits
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.errors import InputError
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.limits import Bound
 from costmodel.inputs.load import parse, read_document
-from costmodel.model import INPUT_CONFIG, Model, RealNumber, WholeNumber, within
-from costmodel.system import Datatype, System
+from costmodel.inputs.model import INPUT_CONFIG, Model, RealNumber, WholeNumber, within
+from costmodel.inputs.system import Datatype, System
 from costmodel.terms.training_cost import Failures, RunCost, failures, run_cost, steps
 from solver.search.engine import CountShare
 from solver.search.solve import SolveResult, SolveStatus, SolverConfig, solve
@@ -207,7 +207,7 @@ def check_buyable(counts: list[int], domain: int, name: str) -> None:
 def checkpoint_state_bytes(model: Model, context: Context) -> float:
     """What a checkpoint writes: every parameter's weights as training keeps them (the
     datatype's bytes, or the precision recipe's stored weight) and its optimizer state (fp32
-    master copy and Adam's two moments: costmodel.context's optimizer_bytes_per_param), the
+    master copy and Adam's two moments: costmodel.terms.context's optimizer_bytes_per_param), the
     same terms costmodel.terms.stage_state sizes per GPU. Gradients are not checkpointed."""
     weight = context.elem_bytes if context.recipe is None else context.recipe.weight_storage_bytes
     return model.total_params * (weight + context.optimizer_bytes_per_param)

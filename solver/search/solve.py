@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 import costmodel.inputs.limits as limits
-from costmodel.context import Context
-from costmodel.dimensions import SPANS_TEXT, SPLIT_TEXT
+from costmodel.terms.context import Context
+from costmodel.space.dimensions import SPANS_TEXT, SPLIT_TEXT
 from costmodel.errors import InputError
 from costmodel.evaluate import Evaluation, evaluate_in_context, group_spans
-from costmodel.kernels import Kernels
-from costmodel.model import Model
-from costmodel.system import Datatype, System
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype, System
 from costmodel.inputs.units import GiB
 from solver.search.distinct import equivalents
 from solver.search.engine import SEARCHED_FLAGS, CountShare, Engine, OutOfTime, Question

@@ -21,10 +21,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
-from costmodel.dimensions import DIMENSIONS
-from costmodel.kernels import Kernels
-from costmodel.model import Model
-from costmodel.system import Datatype, System
+from costmodel.space.dimensions import DIMENSIONS
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype, System
 from solver.space.declaration import Skeleton, Space, coarse_facts, facts, skeletons
 
 

@@ -1,8 +1,8 @@
-"""The mapping space: which values each dimension of costmodel.dimensions may take for a
+"""The mapping space: which values each dimension of costmodel.space.dimensions may take for a
 model on N GPUs, under a named preset. Counting, enumeration, brute force and CP-SAT all
 read it.
 
-A mapping has two kinds of dimensions (costmodel.dimensions declares both):
+A mapping has two kinds of dimensions (costmodel.space.dimensions declares both):
 
 * the **skeleton** — tp, cp, ep, etp, pp, dp and the global batch, fixed by the (tp, cp, ep, etp, pp) split, and the
   pipeline interleaving and microbatch, chosen given the split independently of each other
@@ -31,13 +31,13 @@ from functools import lru_cache
 
 import numpy as np
 
-from costmodel.choices import PipelineSchedule, ShardingStage, TPOverlap
-from costmodel.dimensions import (BY_NAME, CHAIN, DEGREE, DEGREES, DIMENSIONS, FLAGS, GROUP_DEGREES, SKELETON_FACTS,
+from costmodel.space.choices import PipelineSchedule, ShardingStage, TPOverlap
+from costmodel.space.dimensions import (BY_NAME, CHAIN, DEGREE, DEGREES, DIMENSIONS, FLAGS, GROUP_DEGREES, SKELETON_FACTS,
                                   SPLIT_DEGREES, Condition, Dimension, skeleton_facts)
 from costmodel.errors import InputError
-from costmodel.model import Model
+from costmodel.inputs.model import Model
 from costmodel.terms.pipeline import layout_interleavings
-from costmodel.system import System
+from costmodel.inputs.system import System
 from solver.space.factor import divisors as factor_divisors
 
 __all__ = ["SKELETON_FACTS", "Condition", "FlagDimension", "Skeleton", "Space", "SPACES", "get_space", "skeletons",
@@ -212,13 +212,13 @@ class _SkeletonParts:
 
     @property
     def split(self) -> tuple[int, ...]:
-        """The split's degrees (costmodel.dimensions.SPLIT_DEGREES): what identifies the
+        """The split's degrees (costmodel.space.dimensions.SPLIT_DEGREES): what identifies the
         skeleton (dp and batch follow)."""
         return tuple(getattr(self, name) for name in SPLIT_DEGREES)
 
     @property
     def group(self) -> tuple[int, ...]:
-        """The degrees one block's cost reads (costmodel.dimensions.GROUP_DEGREES)."""
+        """The degrees one block's cost reads (costmodel.space.dimensions.GROUP_DEGREES)."""
         return tuple(getattr(self, name) for name in GROUP_DEGREES)
 
     @property
@@ -232,7 +232,7 @@ Skeleton = make_dataclass(
                  ("microbatches", tuple[int, ...])], bases=(_SkeletonParts,), frozen=True)
 Skeleton.__doc__ = """One valid split (SPLIT_DEGREES) with its dp, global batch, and the valid
 interleavings and microbatch sizes; every flag combination is allowed on top of it. Its fields
-are the degrees of costmodel.dimensions.DEGREES, in order, then batch, interleavings and
+are the degrees of costmodel.space.dimensions.DEGREES, in order, then batch, interleavings and
 microbatches."""
 Skeleton.__module__ = __name__
 
@@ -310,7 +310,7 @@ def stage_interleavings(model: Model, pp: int, space: Space) -> tuple[int, ...]:
 
 
 def facts(skeleton: Skeleton, system: System) -> dict[str, int]:
-    """The skeleton facts conditions may test (costmodel.dimensions.skeleton_facts)."""
+    """The skeleton facts conditions may test (costmodel.space.dimensions.skeleton_facts)."""
     return skeleton_facts(skeleton.degrees, system.offload is not None)
 
 

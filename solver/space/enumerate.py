@@ -22,10 +22,10 @@ from typing import Iterator
 
 import numpy as np
 
-from costmodel.dimensions import DIMENSIONS
+from costmodel.space.dimensions import DIMENSIONS
 from costmodel.encoding import MappingArrays
-from costmodel.model import Model
-from costmodel.system import System
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import System
 from solver.space.count import count_flag_combinations
 from solver.space.declaration import Skeleton, Space, coarse_facts, facts, flag_table, skeletons
 

@@ -20,11 +20,11 @@ from dataclasses import replace
 from typing import Iterable
 
 import costmodel.inputs.limits as limits
-from costmodel.dimensions import BY_NAME, DEGREE, DIMENSIONS, Dimension
+from costmodel.space.dimensions import BY_NAME, DEGREE, DIMENSIONS, Dimension
 from costmodel.errors import InputError, shown
 from costmodel.inputs.limits import Bound
-from costmodel.model import Model
-from costmodel.system import System
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import System
 from solver.space.declaration import Space
 
 _SWITCH_WORDS = {"on": 1, "off": 0, "true": 1, "false": 0, "yes": 1, "no": 0, "1": 1, "0": 0}

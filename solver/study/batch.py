@@ -15,15 +15,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 import costmodel.inputs.limits as limits
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.errors import InputError
-from costmodel.headroom import Headroom
-from costmodel.kernels import ATTENTION_KERNELS, GRAD_DATATYPES, PRECISION_DEFAULTS, Kernels
+from costmodel.inputs.headroom import Headroom
+from costmodel.inputs.kernels import ATTENTION_KERNELS, GRAD_DATATYPES, PRECISION_DEFAULTS, Kernels
 from costmodel.inputs.load import describe_validation_error, load_model, load_system, other_file_kind, parse, read_document
-from costmodel.model import Boolean, Model, RealNumber, within
-from costmodel.precision import OPTIMIZER_STATES, Precision
+from costmodel.inputs.model import Boolean, Model, RealNumber, within
+from costmodel.inputs.precision import OPTIMIZER_STATES, Precision
 from costmodel.inputs.advice import datatype_hint
-from costmodel.system import Datatype, System
+from costmodel.inputs.system import Datatype, System
 from costmodel.inputs.units import GiB
 from solver.space.declaration import SPACES
 from solver.space.pins import BATCH_CAP, default_batch_cap, parse_pins
@@ -152,10 +152,10 @@ class Problem:
     space: str
     time_limit_s: float
     offload_unbounded: bool = False  # offload bandwidth = HBM's, standing for "unbounded"
-    attention: str = "fused"         # the attention kernel (costmodel.kernels.ATTENTION_KERNELS)
+    attention: str = "fused"         # the attention kernel (costmodel.inputs.kernels.ATTENTION_KERNELS)
     fix: tuple[str, ...] = ()        # pins as --fix takes them ("tp=8"); a fixed batch is "batch=B"
-    grad_datatype: str = "float32"   # how gradients are kept (costmodel.kernels.GRAD_DATATYPES)
-    capacity_factor: float = 1.0     # MoE load imbalance (costmodel.kernels.Kernels.capacity_factor)
+    grad_datatype: str = "float32"   # how gradients are kept (costmodel.inputs.kernels.GRAD_DATATYPES)
+    capacity_factor: float = 1.0     # MoE load imbalance (costmodel.inputs.kernels.Kernels.capacity_factor)
     precision: dict = field(default_factory=dict)  # the precision settings not at their defaults (Kernels.precision_record)
 
     @property

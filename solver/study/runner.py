@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.errors import InputError, MapsatError
-from costmodel.kernels import PRECISION_DEFAULTS, Kernels
-from costmodel.model import Model
-from costmodel.system import Datatype, System
+from costmodel.inputs.kernels import PRECISION_DEFAULTS, Kernels
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype, System
 from solver.study.batch import Problem
 from solver.report.documents import json_safe
 

@@ -37,15 +37,15 @@ import numpy as np
 import yaml
 
 from costmodel.errors import InputError
-from costmodel.kernels import Kernels
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import ensure_directory, parse
-from costmodel.model import Model
-from costmodel.system import System
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import System
 
 SEQ_SIZE = 8192
 """Sequence length of every model in the paper's scaling study (brief: "sequence 8192")."""
 VOCAB_SIZE = 51200
-"""Megatron's padded GPT-2 vocabulary, the default of costmodel.model.Model."""
+"""Megatron's padded GPT-2 vocabulary, the default of costmodel.inputs.model.Model."""
 HIDDEN_STEP = 1024
 """Hidden sizes step by 1024 (brief)."""
 FEEDFORWARD_MULTIPLE = 4
@@ -280,7 +280,7 @@ def assess_shapes(shapes: list[Shape], *, gpus: int | None, system: System | Non
                   space: str = "calculon-2023", kernels: Kernels = Kernels(), datatype: str = "bfloat16",
                   time_limit_s: float = 60.0, solver_workers: int = 2) -> list[ShapeAssessment]:
     """Count each shape's mappings on `gpus` GPUs (closed form) and, with a system, solve it."""
-    from costmodel.system import Datatype
+    from costmodel.inputs.system import Datatype
     from solver.space.count import count_mappings
     from solver.space.declaration import get_space
 

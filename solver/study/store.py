@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from costmodel.dimensions import DIMENSIONS
+from costmodel.space.dimensions import DIMENSIONS
 from costmodel.errors import InputError
 from costmodel.inputs.units import GiB
 from solver.report.documents import gpu_hours_per_million_tokens, tokens_per_s_per_gpu

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import solver.search.solve as solve_module
-from costmodel.headroom import Headroom
+from costmodel.inputs.headroom import Headroom
 from costmodel.inputs.load import load_system
 from costmodel.inputs.units import GiB
 from solver.cli.app import cli

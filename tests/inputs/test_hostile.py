@@ -16,8 +16,8 @@ from ortools.sat.python import cp_model
 from conftest import H100_SYSTEM, MODEL_DATA, MODELS_DIR, SYSTEM_DATA, assert_block_floors_below_exact, plain
 from costmodel.errors import InputError, InternalError
 from costmodel.inputs.load import load_model, load_system
-from costmodel.model import Model
-from costmodel.system import Datatype, System
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype, System
 from solver.cli.app import cli
 from solver.search.cpsat import constraints
 from solver.search.cpsat.constraints import Problem

@@ -38,10 +38,10 @@ from conftest import H100_SYSTEM, MAPPING_DATA, MODEL_DATA, MODELS_DIR, SYSTEM_D
 from costmodel.errors import InputError
 from costmodel.inputs.hf import READERS
 from costmodel.inputs.load import load_mapping, load_model, load_system
-from costmodel.mapping import Mapping
-from costmodel.model import Model
-from costmodel.kernels import Kernels
-from costmodel.system import Datatype, System
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.system import Datatype, System
 from solver.cli.app import COMMANDS, cli
 from solver.cli.errors import MAX_ERROR_LINE
 from solver.search import codesign as codesign_module
@@ -162,7 +162,7 @@ def test_capacity_factor_below_one_is_one_line_on_the_mixtral_config():
 
 
 def test_an_error_raised_by_an_option_wrapper_is_one_line_and_debug_shows_it(files, monkeypatch):
-    from costmodel.kernels import Kernels
+    from costmodel.inputs.kernels import Kernels
 
     def refuse(*args, **kwargs):
         raise InputError("attention 'x' does not exist")
@@ -971,7 +971,7 @@ def test_every_recipe_on_every_system_answers_or_is_one_line_naming_why(system_f
     """Each recipe on each shipped system: a recipe the file lists is counted (exit 0); any other
     is one line naming the recipe, the GPU and, where the GPU's compute capability is below what
     Transformer Engine needs, that capability; no traceback."""
-    from costmodel.precision import Precision
+    from costmodel.inputs.precision import Precision
 
     system = load_system(system_file)
     listed = set(system.precision.recipes)

@@ -14,8 +14,8 @@ import yaml
 from conftest import A100_SYSTEM, H100_SYSTEM, MAPPINGS_DIR, MODELS_DIR, SYSTEMS_DIR
 from costmodel.errors import InputError
 from costmodel.inputs.load import load_mapping, load_model, load_system, read_document
-from costmodel.mapping import Mapping, Recompute, TPComm, check_mapping_fits
-from costmodel.system import Datatype, System
+from costmodel.inputs.mapping import Mapping, Recompute, TPComm, check_mapping_fits
+from costmodel.inputs.system import Datatype, System
 from costmodel.measured.validation import load_selene_data, selene_mapping
 from solver.cli.options import load_problem
 

@@ -12,17 +12,17 @@ from types import SimpleNamespace
 import numpy as np
 
 from costmodel.terms.comm import collective_s
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.errors import InputError
-from costmodel.choices import CPComm, PipelineSchedule, Recompute, TPComm
-from costmodel.dimensions import (DIMENSIONS, GROUP_DEGREES, NETWORK_CHECK, NETWORK_GROUPS, SPLIT_DEGREES,
+from costmodel.space.choices import CPComm, PipelineSchedule, Recompute, TPComm
+from costmodel.space.dimensions import (DIMENSIONS, GROUP_DEGREES, NETWORK_CHECK, NETWORK_GROUPS, SPLIT_DEGREES,
                                   SURROGATE_AXIS, TIME_ONLY, data_parallel, touching)
 from costmodel.encoding import MappingArrays, code
 from costmodel.terms.moe import moe_communication
 from costmodel.terms.iteration import block_terms, iteration_terms, output_layer_s
 from costmodel.evaluate import array_fields, cp_comm_heads_fit, distinct_block_terms, group_spans
 from costmodel.ops import ArrayOps
-from costmodel.system import Collective
+from costmodel.inputs.system import Collective
 from solver.space.declaration import Space
 
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from costmodel.dimensions import (
+from costmodel.space.dimensions import (
     BY_NAME,
     CHAIN,
     DEGREES,
@@ -25,9 +25,9 @@ from costmodel.dimensions import (
 )
 from costmodel.encoding import MappingArrays
 from costmodel.evaluate import Evaluation
-from costmodel.mapping import Mapping
-from costmodel.model import Model
-from costmodel.system import System
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.model import Model
+from costmodel.inputs.system import System
 from solver.space.declaration import SKELETON_FACTS, Space, stage_interleavings
 
 if TYPE_CHECKING:          # constraints add themselves to a CP-SAT model; Problem needs no OR-Tools
@@ -75,7 +75,7 @@ class ParallelSplit(Constraint):
 
 
 class DegreeRules(Constraint):
-    """Each degree of the split obeys its declared `fits` rule (costmodel.dimensions: tp
+    """Each degree of the split obeys its declared `fits` rule (costmodel.space.dimensions: tp
     divides the heads and widths, 2·cp divides seq_size, ep divides num_experts, etp
     expert_feedforward, ep·etp divides tp·cp·dp by MoE parallel folding, pp lays the blocks
     out) and its space limit (Degree.limit: tp_max, cp_max)."""
@@ -212,7 +212,7 @@ def _fact_literal(cpsat: cp_model.CpModel, variables: Variables, problem: Proble
         for part, degree in zip(parts, ("dp", "cp")):
             cpsat.AddImplication(part, either).WithName(f"{degree} > 1 -> dp_cp_gt1")
         return either
-    dim = getattr(variables, subject)                   # a degree's one-hot (costmodel.dimensions.DEGREES)
+    dim = getattr(variables, subject)                   # a degree's one-hot (costmodel.space.dimensions.DEGREES)
     return dim.is_[1].Not() if 1 in dim.is_ else cpsat.NewConstant(1)
 
 
@@ -273,7 +273,7 @@ def _dp_cp(split: tuple[int, ...], num_gpus: int) -> int:
 
 
 def group_span_expressions(variables: Variables, num_gpus: int) -> tuple:
-    """The GPUs each group of costmodel.dimensions.NETWORK_GROUPS spans (GROUP_SPAN), as
+    """The GPUs each group of costmodel.space.dimensions.NETWORK_GROUPS spans (GROUP_SPAN), as
     CP-SAT expressions over the smallest literals that know its degrees: a degree's one-hot,
     or a combination (Variables.combinations: the (tp, cp) and (ep, etp) pairs, the group, the
     split); a group spanning dp spans every GPU (tp·cp·pp·dp = N)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ortools.sat.python import cp_model
 
-from costmodel.dimensions import BlockKey
+from costmodel.space.dimensions import BlockKey
 from solver.search.cpsat.constraints import STRUCTURE, Problem
 from solver.search.cpsat.tables import local_batches_of
 from solver.search.cpsat.variables import Variables

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from costmodel.context import Context
+from costmodel.terms.context import Context
 from costmodel.inputs.units import MiB
 from solver.search.cpsat.loglinear import LogLinear, add_exp_term, add_log_var
 from solver.search.cpsat.tables import (ACT_CLASSES, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, TP_COMM_RS_AG,

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from costmodel.context import Context
-from costmodel.choices import ShardingStage
-from costmodel.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, BlockKey, data_parallel, subgroup_limit
+from costmodel.terms.context import Context
+from costmodel.space.choices import ShardingStage
+from costmodel.space.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, BlockKey, data_parallel, subgroup_limit
 from costmodel.terms.iteration import RESIDENT_BLOCKS, bubble_microbatches
 from costmodel.terms.pipeline import (EMBEDDING_AND_LOSS_BLOCKS, end_chunk_blocks, layout_interleavings, stage_blocks,
                                       stage_blocks_in_flight)

@@ -1,6 +1,6 @@
 """The CP-SAT variables of a mapping, built from the space declaration, and their decoding.
 
-Skeleton dimensions are integer variables (each degree of costmodel.dimensions.DEGREES, batch,
+Skeleton dimensions are integer variables (each degree of costmodel.space.dimensions.DEGREES, batch,
 interleaving, microbatch) with one Boolean per value (`tp[8]`, `pp[16]`, ...), linked both
 ways; flags get one Boolean per code (`recompute[full]`, `tp_net[1]`). Combinations of
 skeleton values that the objective and memory tables need — the group (GROUP_DEGREES, built
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from costmodel.dimensions import DEGREES, GROUP_DEGREES, SPLIT_DEGREES, BlockKey, subgroup_limit
+from costmodel.space.dimensions import DEGREES, GROUP_DEGREES, SPLIT_DEGREES, BlockKey, subgroup_limit
 
 from solver.space.declaration import Skeleton, Space, divisors
 
@@ -102,7 +102,7 @@ class Variables:
             model.AddExactlyOne(self.flags[dim.name].values()).WithName(f"{dim.name}: exactly one code")
 
     def __getattr__(self, name: str) -> OneHot:
-        """A degree's one-hot by its name (`v.tp`, `v.pp`: costmodel.dimensions.DEGREES)."""
+        """A degree's one-hot by its name (`v.tp`, `v.pp`: costmodel.space.dimensions.DEGREES)."""
         degrees = self.__dict__.get("degrees", {})
         if name in degrees:
             return degrees[name]
@@ -130,7 +130,7 @@ class Variables:
                               self.microbatch.is_[key.microbatch].Not()]).WithName(f"block {tuple(key)} scored")
 
     def pin(self, name: str, value: int) -> None:
-        """Fix dimension `name` (costmodel.dimensions) to `value` (a number, or a flag's code);
+        """Fix dimension `name` (costmodel.space.dimensions) to `value` (a number, or a flag's code);
         a value outside the variable's domain makes the model infeasible."""
         if name in self.flags:
             lits = self.flags[name]

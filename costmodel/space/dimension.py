@@ -1,4 +1,4 @@
-"""What a declared dimension of the mapping space holds (costmodel.dimensions declares them).
+"""What a declared dimension of the mapping space holds (costmodel.space.dimensions declares them).
 
 A `Dimension` says everything the rest of the code needs to know about one axis of the
 mapping space:
@@ -37,7 +37,7 @@ Kind = Literal["split", "per_split", "choice", "switch", "network", "subgroup"]
 
 
 class FreeCondition(Protocol):
-    """One condition of a flag's freedom (costmodel.dimensions.Condition: `subject op value`)."""
+    """One condition of a flag's freedom (costmodel.space.dimensions.Condition: `subject op value`)."""
 
     def holds(self, values: dict[str, int]) -> bool: ...
 
@@ -95,7 +95,7 @@ class Dimension:
     default: object = ...
     """For numbers: the value a mapping file may leave out (`...`: it must be given), or a
     function (values by short name, whether the model has experts) -> the value, where the
-    model decides (etp; costmodel.mapping.Mapping.with_model_defaults)."""
+    model decides (etp; costmodel.inputs.mapping.Mapping.with_model_defaults)."""
 
     @property
     def model_decides(self) -> bool:

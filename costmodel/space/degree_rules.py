@@ -1,12 +1,12 @@
 """The rules a mapping's numbers must satisfy for a model (tp, cp, ep, etp and MoE parallel
 folding, the pipeline layout, sequence parallelism's split, the shard group), as the `fits`
-functions of their declarations in costmodel.dimensions: each takes (model, system, values by
+functions of their declarations in costmodel.space.dimensions: each takes (model, system, values by
 short name) and returns why the value does not fit, or None."""
 
 from __future__ import annotations
 
-from costmodel.choices import TPComm
-from costmodel.terms.pipeline import layout_problem
+from costmodel.space.choices import TPComm
+from costmodel.space.layout import layout_problem
 
 
 def tp_fits(model, system, v) -> str | None:

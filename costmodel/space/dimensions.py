@@ -1,9 +1,9 @@
 """The dimensions of a mapping, each declared once.
 
 `DIMENSIONS` declares every axis of the mapping space, one `Dimension` each
-(costmodel.dimension says what a declaration holds); `DEGREES` the parallel groups.
+(costmodel.space.dimension says what a declaration holds); `DEGREES` the parallel groups.
 
-The Mapping schema (costmodel.mapping), the array encoding (costmodel.encoding), the
+The Mapping schema (costmodel.inputs.mapping), the array encoding (costmodel.encoding), the
 formulas' view (costmodel.evaluate), and in solver/ the space rules, count, enumeration,
 CP-SAT variables, stores and reports all read `DIMENSIONS`. docs/mapping-space.md says how
 to add one.
@@ -18,10 +18,10 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 import costmodel.inputs.limits as limits
-from costmodel.choices import CPComm, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
-from costmodel.degree_rules import (cp_fits, ep_fits, etp_default, etp_fits, interleaving_fits, pp_fits, seq_par_fits,
+from costmodel.space.choices import CPComm, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
+from costmodel.space.degree_rules import (cp_fits, ep_fits, etp_default, etp_fits, interleaving_fits, pp_fits, seq_par_fits,
                                      shard_fits, tp_fits)
-from costmodel.dimension import (BLOCK, MEMORY, NETWORK_CHECK, SURROGATE_AXIS, TIME_ONLY, Dimension, FitRule,
+from costmodel.space.dimension import (BLOCK, MEMORY, NETWORK_CHECK, SURROGATE_AXIS, TIME_ONLY, Dimension, FitRule,
                                  Touches)
 
 
@@ -129,7 +129,7 @@ class Condition:
 
 
 
-# ---- the rules any mapping must satisfy (costmodel.mapping.check_mapping_fits reads them) ----
+# ---- the rules any mapping must satisfy (costmodel.inputs.mapping.check_mapping_fits reads them) ----
 def _network_exists(dim_name: str) -> FitRule:
     def fits(model, system, values) -> str | None:
         index = values[dim_name]

@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 import costmodel.inputs.limits as limits
 from costmodel.errors import InputError
-from costmodel.model import INPUT_CONFIG, RealNumber, within
+from costmodel.inputs.model import INPUT_CONFIG, RealNumber, within
 
 __all__ = ["BF16_BYTES", "FORMATS", "HADAMARD_FLOPS_PER_ELEM", "MASTER_WEIGHT_BYTES", "OPTIMIZER_STATES",
            "OptimizerState", "Precision", "PrecisionSupport", "RecipeCompute", "RecipeCosts", "RecipeFormat",
@@ -240,7 +240,7 @@ def supported_precisions(system) -> tuple[Precision, ...]:
 
 
 def system_recipe(system, precision: Precision) -> RecipeCompute:
-    """How `precision`'s GEMMs run on `system` (a costmodel.system.System); an InputError naming
+    """How `precision`'s GEMMs run on `system` (a costmodel.inputs.system.System); an InputError naming
     the GPU and the recipes it has when it has not this one."""
     have = supported_precisions(system)
     if precision not in have:

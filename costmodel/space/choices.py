@@ -1,5 +1,5 @@
 """The categorical choices of a mapping, as enums (their order is their code order in
-costmodel.dimensions)."""
+costmodel.space.dimensions)."""
 
 from __future__ import annotations
 

@@ -4,14 +4,41 @@ turned into the SI timing the formulas read (costmodel.terms.kernel_time)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
 import costmodel.inputs.limits as limits
-from costmodel.terms.kernel_time import AttentionTiming, GemmTiming
-from costmodel.model import INPUT_CONFIG, RealNumber, WholeNumber, within
+from costmodel.inputs.model import INPUT_CONFIG, RealNumber, WholeNumber, within
 from costmodel.inputs.units import MICRO, tflops_to_flops_per_s
+
+
+@dataclass(frozen=True)
+class GemmTiming:
+    """Shape-aware GEMM time, SI (see `gemm_time_s`)."""
+
+    launch_s: float          # fixed cost of one kernel: launch, prologue, tail
+    efficiency: float        # fraction of the matrix peak the main loop reaches at full clocks
+    depth_overhead: float    # per-tile prologue/epilogue, in equivalent reduction steps (K elements)
+    fill_outputs: float      # output elements (batch·M·N) at which poor SM fill doubles the time
+    power_drop: float        # long GEMMs run at efficiency / (1 + power_drop) under the power limit
+    power_flops: float       # GEMM size (FLOP) at which half of that drop has set in
+    hbm_efficiency: float    # fraction of HBM bandwidth when the GEMM is bound by its operands' bytes
+    sustained_flops: float = 0.0  # a step's sustained clocks: the drop of a GEMM at least this large (FLOP)
+
+
+@dataclass(frozen=True)
+class AttentionTiming:
+    """Fused (FlashAttention) kernel time, SI (see `attention_time_s`)."""
+
+    launch_s: float
+    flops_per_s: float       # sustained rate on the full (non-causal) s²·d FLOP count of padded heads
+    head_size_overhead: float  # per-row overhead in equivalent head-size elements
+    seq_overhead: float      # per-tile overhead in equivalent key positions
+    fill_rows: float         # query rows (batch·heads·seq) at which poor SM fill doubles the time
+    head_size_step: float    # head sizes are padded up to a multiple of this (kernel templates)
+
 
 
 class GemmFit(BaseModel):

@@ -1,12 +1,12 @@
 """What a model's shape implies: its derived widths, its parameters (total, active, per block,
 per pattern layer, per multi-token-prediction module) and its FLOPs per token (the MFU
-numerator). costmodel.model.Model inherits these from ModelCounts; they read only its fields.
+numerator). costmodel.inputs.model.Model inherits these from ModelCounts; they read only its fields.
 """
 
 from __future__ import annotations
 
-from costmodel.terms.mamba import mamba_scan_flops_per_token
-from costmodel.terms.model_flops import ModelFlops
+from costmodel.inputs.mamba import mamba_scan_flops_per_token
+from costmodel.inputs.model_flops import ModelFlops
 
 PATTERN_SYMBOLS = ("M", "*", "-", "E")
 """A layer pattern's symbols (Megatron-LM's hybrid_override_pattern): Mamba-2, attention, MLP, MoE."""
@@ -20,7 +20,7 @@ tables count it: Megatron-Bridge's flop_utils.py ("a·d·s/2 · 2"); Megatron-LM
 
 
 class ModelCounts:
-    """The derived shape, parameter counts and FLOPs of a model (costmodel.model.Model)."""
+    """The derived shape, parameter counts and FLOPs of a model (costmodel.inputs.model.Model)."""
 
     # ---- derived shape ----
     @property
@@ -69,7 +69,7 @@ class ModelCounts:
     def attention_weight_params(self) -> int:
         """Matrix parameters of one block's attention: Q (h·a·d), K and V (2·h·g·d), output
         projection (a·d·h); under latent attention its five projections
-        (costmodel.terms.latent_attention)."""
+        (costmodel.inputs.latent_attention)."""
         if self.latent_attention is not None:
             return self.latent_attention.weight_params(self.hidden, self.attn_heads)
         return 2 * self.hidden * self.attn_width + 2 * self.hidden * self.kv_width
@@ -196,7 +196,7 @@ class ModelCounts:
     # ---- a layer pattern's layers: each a pre-norm residual layer of one kind ----
     def pattern_layer_params(self, symbol: str, active: bool = False) -> int:
         """Parameters of one layer of a pattern (its pre-norm included): a Mamba-2 mixer's
-        (costmodel.terms.mamba), attention's projections and biases, a dense MLP's, or an MoE
+        (costmodel.inputs.mamba), attention's projections and biases, a dense MLP's, or an MoE
         layer's router, shared and routed experts (with `active`, k of the E routed experts)."""
         if symbol == "M":
             mixer = self.mamba.weight_params(self.hidden) + self.mamba.vector_params(self.hidden)
@@ -227,7 +227,7 @@ class ModelCounts:
                 if symbol in self.layer_pattern}
 
     def pattern_context_fields(self) -> dict:
-        """The cost model's view of a pattern (costmodel.context.Context): its layers by block
+        """The cost model's view of a pattern (costmodel.terms.context.Context): its layers by block
         kind and count, each kind's parameters, the Mamba shape; empty without a pattern."""
         if self.layer_pattern is None:
             return {}
@@ -313,7 +313,7 @@ class ModelCounts:
     def _pattern_model_flops(self) -> "ModelFlops":
         """Model FLOP per token of a layer pattern: 6 × the matrix parameters a token uses in each
         layer and the output layer; the attention core of its attention layers (causal half);
-        and 3 × its Mamba layers' SSD scans (costmodel.terms.mamba: the chunked scan's products,
+        and 3 × its Mamba layers' SSD scans (costmodel.inputs.mamba: the chunked scan's products,
         which MFU counts as the attention core is counted)."""
         s, counts = self.seq_size, self.pattern_counts
         matrix_params = (sum(count * self.pattern_layer_weight_params(symbol) for symbol, count in counts.items())

@@ -6,12 +6,12 @@ from dataclasses import dataclass, replace
 
 from costmodel.errors import InputError
 from costmodel.terms.kernel_time import AttentionTiming, GemmTiming
-from costmodel.kernels import Kernels
-from costmodel.model import Model, ModelFlops
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.model import Model, ModelFlops
 from costmodel.ops import Curve
-from costmodel.precision import RecipeCosts, bf16_costs, recipe_costs, recipe_peak_name, system_recipe
+from costmodel.inputs.precision import RecipeCosts, bf16_costs, recipe_costs, recipe_peak_name, system_recipe
 from costmodel.terms.step_terms import attention_in_step, gemm_in_step, step_gaps
-from costmodel.system import Collective, Compute, Datatype, System
+from costmodel.inputs.system import Collective, Compute, Datatype, System
 
 # Passes over a 16-bit mask or bias are negligible; masks are 1 byte per element (Megatron
 # stores dropout masks as uint8), as in Korthikanti et al. 2022 §4.1.
@@ -26,7 +26,7 @@ GRAD_16BIT_BYTES_PER_PARAM = 2.0
 (Rajbhandari et al. 2020 §3.1). fp32 compute keeps fp32 gradients whatever the setting."""
 ADAM_MOMENT_BYTES_PER_PARAM = 8.0
 ADAM_BF16_MOMENT_BYTES_PER_PARAM = 4.0
-"""Kernels.optimizer_state "bf16": both moments in bf16 (costmodel.precision.OPTIMIZER_STATES)."""
+"""Kernels.optimizer_state "bf16": both moments in bf16 (costmodel.inputs.precision.OPTIMIZER_STATES)."""
 MASTER_WEIGHT_BYTES_PER_PARAM = 4.0
 
 
@@ -93,13 +93,13 @@ class Context:
     shared_feedforward: float = 0.0    # shared_experts · f_s: the shared experts run as one MLP of this width
     shared_expert_gate: bool = False   # an h × 1 sigmoid gate on the shared experts' output (Qwen2-MoE)
     moe_blocks: float = 0.0            # blocks with experts (the others are dense)
-    moe_block_params: float = 0.0      # parameters of one MoE block (costmodel.model.Model.moe_block_params)
+    moe_block_params: float = 0.0      # parameters of one MoE block (costmodel.inputs.model.Model.moe_block_params)
     routed_expert_params: float = 0.0  # the E routed experts of one MoE block (what ep splits)
     shared_expert_params: float = 0.0  # one MoE block's shared experts (split tp ways)
     router_params: float = 0.0         # one MoE block's router (and shared-expert gate): replicated
     capacity_factor: float = 1.0       # the busiest expert's tokens over the mean (Kernels.capacity_factor)
     grouped_gemm: GemmTiming | None = None   # the fitted grouped-GEMM model, if the system has one
-    # precision recipe (costmodel.precision): None is the datatype's costing (Calculon's). Under a
+    # precision recipe (costmodel.inputs.precision): None is the datatype's costing (Calculon's). Under a
     # recipe the matrix fields above are its quantized GEMMs', elem_bytes is BF16, and the GEMMs
     # that stay BF16 (attention, output layer, router) run on these (None: as the others).
     recipe: RecipeCosts | None = None
@@ -138,7 +138,7 @@ class Context:
     """parameters of one block of each kind beyond dense and MoE blocks (Context.kind_param_count)"""
     mtp_extra_params: float = 0.0      # one module's norms and 2h → h projection (beside its block)
     mamba: object = None
-    """a layer pattern's Mamba-2 shape (costmodel.terms.mamba.MambaShape), None without Mamba layers"""
+    """a layer pattern's Mamba-2 shape (costmodel.inputs.mamba.MambaShape), None without Mamba layers"""
 
     @property
     def latent(self) -> bool:

@@ -1,6 +1,6 @@
 """HBM headroom as the command line (--hbm-headroom) and batch files (hbm_headroom) give it: memory
 each GPU must leave free beyond the runtime reserve and the fitted allocator term. System keeps it
-as hbm_headroom_gib and hbm_headroom_percent (costmodel.system.System.usable_hbm_bytes)."""
+as hbm_headroom_gib and hbm_headroom_percent (costmodel.inputs.system.System.usable_hbm_bytes)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 import costmodel.inputs.limits as limits
 from costmodel.errors import InputError
-from costmodel.model import INPUT_CONFIG
+from costmodel.inputs.model import INPUT_CONFIG
 
 
 class Headroom(BaseModel):

@@ -1,4 +1,4 @@
-"""Model FLOP per token, the MFU numerator (costmodel.model.Model.model_flops builds it)."""
+"""Model FLOP per token, the MFU numerator (costmodel.inputs.model.Model.model_flops builds it)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class ModelFlops:
     plus the attention scores Q·Kᵀ and context ·V (2·s·a·d each per token, forward; 2·s·a·d_qk
     and 2·s·a·d_v under latent attention). Multi-token prediction modules add their blocks,
     their 2h → h projections and their logits. The attention terms are halved for the causal
-    mask (costmodel.model.CAUSAL_ATTENTION_SHARE) as published tables count them
+    mask (costmodel.inputs.model.CAUSAL_ATTENTION_SHARE) as published tables count them
     (Megatron-Bridge's flop_utils.py; the full s×s product would inflate MFU at long sequences:
     72.6 % instead of ~45 % for Llama 3.1 70B at 131K tokens); a sliding window does not reduce
     them. Element-wise work (norms, softmax, activations, the loss) is not counted."""
@@ -26,7 +26,7 @@ class ModelFlops:
     seq_size: int
     sparse: bool = False        # a mixture-of-experts model: matrix_params are its active ones
     scan_per_token: float = 0.0
-    """a layer pattern's Mamba-2 layers: 3 × their SSD chunked scans' products (costmodel.terms.mamba)"""
+    """a layer pattern's Mamba-2 layers: 3 × their SSD chunked scans' products (costmodel.inputs.mamba)"""
 
     @property
     def per_token(self) -> float:

@@ -15,10 +15,10 @@ from pydantic import BaseModel, Field, model_validator
 
 import costmodel.inputs.limits as limits
 from costmodel.inputs.limits import Bound
-from costmodel.terms.latent_attention import LatentAttention
-from costmodel.terms.mamba import MambaShape
-from costmodel.terms.model_flops import ModelFlops  # noqa: F401 (read from here)
-from costmodel.model_counts import (CAUSAL_ATTENTION_SHARE, GATED_MLPS, PATTERN_KINDS,  # noqa: F401 (read from here)
+from costmodel.inputs.latent_attention import LatentAttention
+from costmodel.inputs.mamba import MambaShape
+from costmodel.inputs.model_flops import ModelFlops  # noqa: F401 (read from here)
+from costmodel.inputs.model_counts import (CAUSAL_ATTENTION_SHARE, GATED_MLPS, PATTERN_KINDS,  # noqa: F401 (read from here)
                                     PATTERN_SYMBOLS, ModelCounts)
 
 # The field types shared by the three inputs (model, system, mapping) live in costmodel.inputs.fields;

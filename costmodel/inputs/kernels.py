@@ -9,7 +9,7 @@ from typing import Literal
 
 import costmodel.inputs.limits as limits
 from costmodel.errors import InputError
-from costmodel.precision import FORMATS, OPTIMIZER_STATES, OptimizerState, Precision
+from costmodel.inputs.precision import FORMATS, OPTIMIZER_STATES, OptimizerState, Precision
 
 ATTENTION_KERNELS = ("fused", "unfused")
 """How the attention core runs: one FlashAttention kernel, or four kernels through HBM."""
@@ -59,7 +59,7 @@ class Kernels:
     None) drops no token and caps nothing, so 1.0 is its best case. A problem setting, not
     searched: it is the router's, not the mapping's. Ignored by dense models."""
     precision: Precision | None = None
-    """The precision recipe (costmodel.precision): which tensors are quantized, into how many
+    """The precision recipe (costmodel.inputs.precision): which tensors are quantized, into how many
     bytes, by which passes. None: the datatype alone decides every byte (Calculon's costing;
     `--datatype float8` is its all-FP8). A setting of the problem, not searched: it changes
     the numerics of training."""

@@ -1,7 +1,7 @@
 """The execution strategy: how one model is mapped onto `num_procs` GPUs.
 
 The file format is Calculon's execution JSON, field for field. The fields of the mapping
-dimensions are made from their declaration (costmodel.dimensions: Calculon field name,
+dimensions are made from their declaration (costmodel.space.dimensions: Calculon field name,
 kind, meaning), so a new dimension needs no edit here; code reads the short names `tp`,
 `pp`, `dp`, ... through `Mapping.value(name)` or the properties below. Beyond Calculon, a
 file may state the blocks of the first and the last pipeline stage (Megatron-LM's uneven
@@ -18,16 +18,16 @@ from pydantic import (BaseModel, Field, create_model, field_serializer, field_va
                       model_validator)
 
 import costmodel.inputs.limits as limits
-from costmodel.choices import AttentionType, CPComm, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
-from costmodel.dimensions import BY_NAME, CHAIN, DEGREES, DIMENSIONS, Dimension
+from costmodel.space.choices import AttentionType, CPComm, PipelineSchedule, Recompute, ShardingStage, TPComm, TPOverlap
+from costmodel.space.dimensions import BY_NAME, CHAIN, DEGREES, DIMENSIONS, Dimension
 from costmodel.errors import InputError
-from costmodel.kernels import (PRECISION_DEFAULTS, CudaGraphs, GradDatatype, Kernels,
+from costmodel.inputs.kernels import (PRECISION_DEFAULTS, CudaGraphs, GradDatatype, Kernels,
                                MoeDispatcher)
-from costmodel.terms.memory_features import feature_problem
-from costmodel.model import INPUT_CONFIG, Boolean, Model, RealNumber, WholeNumber, _whole_number, within
-from costmodel.terms.pipeline import FIRST_FIELD, LAST_FIELD, layout_problem
-from costmodel.precision import OptimizerState, Precision
-from costmodel.system import Datatype, System
+from costmodel.space.layout import feature_problem
+from costmodel.inputs.model import INPUT_CONFIG, Boolean, Model, RealNumber, WholeNumber, _whole_number, within
+from costmodel.space.layout import FIRST_FIELD, LAST_FIELD, layout_problem
+from costmodel.inputs.precision import OptimizerState, Precision
+from costmodel.inputs.system import Datatype, System
 
 __all__ = ["AttentionType", "Mapping", "Recompute", "ShardingStage", "TPComm", "TPOverlap", "check_mapping_fits",
            "model_with_attention_type"]
@@ -294,7 +294,7 @@ class _MappingBase(BaseModel):
             raise ValueError(f"megatron_fsdp shards parameters: sharding_stage must be 3, not "
                              f"{self.sharding_stage.value}")
 
-    # ---- the short vocabulary (costmodel.dimensions) ----
+    # ---- the short vocabulary (costmodel.space.dimensions) ----
     def value(self, name: str) -> Any:
         """The value of dimension `name` (its short name), as the file holds it."""
         return getattr(self, BY_NAME[name].field)
@@ -305,7 +305,7 @@ class _MappingBase(BaseModel):
 
     def with_model_defaults(self, moe: bool) -> Mapping:
         """This mapping with the numbers its file left to the model resolved, by their
-        declared defaults (costmodel.dimensions: etp is tp for a mixture-of-experts model,
+        declared defaults (costmodel.space.dimensions: etp is tp for a mixture-of-experts model,
         `moe`, and 1 for a dense one)."""
         missing = [name for name, field in _MODEL_DECIDES.items() if getattr(self, field) is None]
         if not missing:
@@ -323,7 +323,7 @@ class _MappingBase(BaseModel):
 
     @property
     def kernels(self) -> Kernels:
-        """The kernel choices the file states (problem constants, costmodel.kernels)."""
+        """The kernel choices the file states (problem constants, costmodel.inputs.kernels)."""
         return Kernels(fused_activation=self.fused_activation, fused_attention=self.fused_attention,
                        grad_datatype=self.grad_datatype, capacity_factor=self.capacity_factor,
                        precision=self.precision, optimizer_state=self.optimizer_state,

@@ -17,11 +17,11 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 
 import costmodel.inputs.limits as limits
 from costmodel.errors import InputError
-from costmodel.headroom import Headroom
-from costmodel.kernel_fits import AttentionFit, Clocks, GemmFit, check_clock_drops  # noqa: F401 (read from here)
-from costmodel.model import INPUT_CONFIG, Boolean, RealNumber, WholeNumber, within
-from costmodel.precision import PrecisionSupport, check_support
-from costmodel.terms.step_terms import WholeStep
+from costmodel.inputs.headroom import Headroom
+from costmodel.inputs.kernel_fits import AttentionFit, Clocks, GemmFit, check_clock_drops  # noqa: F401 (read from here)
+from costmodel.inputs.model import INPUT_CONFIG, Boolean, RealNumber, WholeNumber, within
+from costmodel.inputs.precision import PrecisionSupport, check_support
+from costmodel.inputs.step import WholeStep
 from costmodel.inputs.units import MICRO, GiB, gbps_to_bytes_per_s, tflops_to_flops_per_s
 
 
@@ -251,7 +251,7 @@ class System(BaseModel):
     runtime_reserve_gib: Annotated[RealNumber, within(limits.CAPACITY_GIB_OR_ZERO)] = Field(
         RUNTIME_RESERVE_GIB, ge=0,
         description="HBM per GPU kept by the runtime (CUDA context, NCCL buffers, allocator fragmentation), "
-                    "GiB; counted against HBM capacity. Default: costmodel.system.RUNTIME_RESERVE_GIB.")
+                    "GiB; counted against HBM capacity. Default: costmodel.inputs.system.RUNTIME_RESERVE_GIB.")
     clocks: Clocks | None = Field(
         None, description="Peak and sustained SM clocks under the power cap (published readings); where kernels were "
                           "timed at full clock, the sustained clock's drop is their GEMM model's power_drop.")
