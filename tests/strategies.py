@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from costmodel.inputs.mapping import Mapping, Recompute, ShardingStage, TPComm, TPOverlap
 from costmodel.inputs.model import Model
-from costmodel.terms.step_terms import WholeStep
+from costmodel.inputs.step import WholeStep
 from costmodel.inputs.system import AttentionFit, Compute, Datatype, GemmFit, Memory, Network, System
 
 

@@ -22,7 +22,7 @@ from costmodel.inputs.load import load_system
 from costmodel.calibration.step_fit import scores_with_step
 from costmodel.measured.run_files import read_runs
 from costmodel.measured.run_scoring import RunInputs
-from costmodel.terms.step_terms import WholeStep
+from costmodel.inputs.step import WholeStep
 from solver.cli.app import cli
 
 ROOT = Path(__file__).resolve().parents[1]

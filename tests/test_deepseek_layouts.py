@@ -17,8 +17,7 @@ from costmodel.frameworks.megatron import export_megatron, import_megatron
 from costmodel.inputs.load import load_model, load_system
 from costmodel.inputs.mapping import Mapping
 from costmodel.ops import ScalarOps
-from costmodel.terms.pipeline import end_chunk_blocks, layout_interleavings
-from costmodel.space.layout import layout_problem, stage_blocks
+from costmodel.space.layout import end_chunk_blocks, layout_interleavings, layout_problem, stage_blocks
 from costmodel.terms.pipeline_layout import layout_chunks, layout_string
 from solver.cli.app import cli
 

@@ -33,7 +33,8 @@ from costmodel.terms.published_flops import bridge_flops_per_token, padded_vocab
 from costmodel.measured.run_files import read_runs
 from costmodel.measured.run_mapping import map_run
 from costmodel.measured.run_scoring import RunInputs, newest_per_configuration, split_dense
-from costmodel.terms.step_terms import WholeStep, gemm_in_step
+from costmodel.inputs.step import WholeStep
+from costmodel.terms.step_terms import gemm_in_step
 from costmodel.inputs.system import Collective, Datatype
 from costmodel.inputs.units import MICRO
 from solver.cli.app import cli

@@ -27,8 +27,8 @@ from costmodel.terms.iteration import (ADAM_FLOPS_PER_PARAM, MEMORY_TERMS, TIME_
 from costmodel.inputs.load import load_mapping, load_model, load_system
 from costmodel.inputs.mapping import Mapping
 from costmodel.ops import ArrayOps, ScalarOps
-from costmodel.terms.pipeline import (end_chunk_blocks, layout_interleavings, layout_problem, stage_blocks,
-                                      stage_blocks_in_flight)
+from costmodel.terms.pipeline import stage_blocks_in_flight
+from costmodel.space.layout import end_chunk_blocks, layout_interleavings, layout_problem, stage_blocks
 from costmodel.inputs.system import Collective
 from solver.cli.app import cli
 from tests.strategies import mappings, models, systems

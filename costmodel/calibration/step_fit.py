@@ -45,7 +45,7 @@ from costmodel.errors import InputError
 from costmodel.measured.run_scoring import (RunInputs, RunScore, newest_per_configuration, score_runs,
                                    split_dense)
 from costmodel.measured.runs import Precision, Run
-from costmodel.terms.step_terms import WholeStep
+from costmodel.inputs.step import WholeStep
 
 __all__ = ["FOLDS", "FittedStep", "HeldOut", "LOCO_TOLERANCE", "MAX_RUNS", "RELATIVE_SE_LIMIT", "STEP_PARAMETERS",
            "StepParameter", "blackwell_or_hopper", "current_step", "fit_pool", "fit_step", "held_out", "held_out_scores",

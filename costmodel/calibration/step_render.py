@@ -27,7 +27,7 @@ from costmodel.calibration.step_fit import (FOLDS, LOCO_TOLERANCE, STEP_PARAMETE
 from costmodel.errors import InputError
 from costmodel.inputs.load import parse
 from costmodel.measured.run_scoring import RunInputs, RunScore
-from costmodel.terms.step_terms import WholeStep
+from costmodel.inputs.step import WholeStep
 
 __all__ = ["RunsCalibration", "StepSummary", "calibrate_runs", "common_medians", "prior_step", "refusal", "render_step",
            "step_comment", "summary_of"]

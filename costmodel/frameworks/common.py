@@ -28,8 +28,7 @@ from costmodel.inputs.model import Model
 from costmodel.ops import ScalarOps
 from costmodel.inputs.precision import FORMATS, Precision
 from costmodel.inputs.system import System
-from costmodel.terms.pipeline import end_chunk_blocks
-from costmodel.space.layout import layout_problem, stage_blocks
+from costmodel.space.layout import end_chunk_blocks, layout_problem, stage_blocks
 from costmodel.terms.pipeline_layout import layout_string
 
 __all__ = ["Exported", "Layout", "Refusals", "check_layout", "cost_model_assumptions", "effective_param_gather",

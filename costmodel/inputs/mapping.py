@@ -23,9 +23,8 @@ from costmodel.space.dimensions import BY_NAME, CHAIN, DEGREES, DIMENSIONS, Dime
 from costmodel.errors import InputError
 from costmodel.inputs.kernels import (PRECISION_DEFAULTS, CudaGraphs, GradDatatype, Kernels,
                                MoeDispatcher)
-from costmodel.space.layout import feature_problem
 from costmodel.inputs.model import INPUT_CONFIG, Boolean, Model, RealNumber, WholeNumber, _whole_number, within
-from costmodel.space.layout import FIRST_FIELD, LAST_FIELD, layout_problem
+from costmodel.space.layout import FIRST_FIELD, LAST_FIELD, feature_problem, layout_problem
 from costmodel.inputs.precision import OptimizerState, Precision
 from costmodel.inputs.system import Datatype, System
 

@@ -20,9 +20,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from costmodel.ops import ScalarOps
-from costmodel.space.layout import stage_blocks
-from costmodel.space.layout import feature_problem  # noqa: F401 (read from here)
 
 __all__ = ["FEATURE_MODULES", "offload_share", "recompute_share", "stage_offload_share",
            "with_switches"]

@@ -41,57 +41,7 @@ layout (one mapping file's) reaches `stage_blocks` as scalars.
 
 from __future__ import annotations
 
-from functools import lru_cache
 
-from costmodel.space.layout import EMBEDDING_AND_LOSS_BLOCKS, _derived_layout_problem, layout_problem, stage_blocks  # noqa: F401 (read from here)
-
-
-def _derived_stage_blocks(xp, num_blocks, pp, v):
-    even = num_blocks / pp
-    # pp divides L: L/pp is whole (exactly so in floating point for L <= 2^20, pp <= 2^24)
-    is_even = xp.floor(even) == even
-    if xp.all(is_even):
-        return even, even, even
-    padded = (num_blocks + EMBEDDING_AND_LOSS_BLOCKS) / pp
-    embedding_and_loss = (pp > 2) & (xp.floor(padded) == padded)
-    full = v * chunk_blocks(xp, num_blocks, pp, v)
-    first = xp.where(is_even, even, xp.where(embedding_and_loss, padded - 1.0, full))
-    middle = xp.where(is_even, even, xp.where(embedding_and_loss, padded, full))
-    last = xp.where(is_even, even, xp.where(embedding_and_loss, padded - 1.0, num_blocks - (pp - 1) * full))
-    return first, xp.where(pp > 2, middle, xp.minimum(first, last)), last
-
-
-def chunk_blocks(xp, num_blocks, pp, v):
-    """c = ⌈L/(pp·v)⌉: the blocks of a full chunk by the layout rule (L/(pp·v) when even,
-    m/v with the embedding and the loss counted, the short-last-chunk rule's c)."""
-    virtual = pp * v
-    return xp.floor((num_blocks + virtual - 1) / virtual)
-
-
-def end_chunk_blocks(xp, num_blocks, pp, v, stated=None):
-    """(first, last): the blocks of a full chunk on the first and on the last stage (whose
-    first, respectively last, chunk is the short one). By the rule c = ⌈L/(pp·v)⌉ on both; for
-    a mapping file's layout, `stated` = its (first, middle, last) stage blocks: a stage's
-    blocks/v when v divides them (equal chunks), else a middle stage's chunk, middle/v."""
-    if stated is None:
-        chunk = chunk_blocks(xp, num_blocks, pp, v)
-        return chunk, chunk
-    first, middle, last = stated
-    return tuple(blocks / v if xp.floor(blocks / v) == blocks / v else middle / v for blocks in (first, last))
-
-
-@lru_cache(maxsize=4096)
-def layout_interleavings(num_blocks: int, pp: int) -> tuple[int, ...]:
-    """The interleavings with which the layout rule lays L blocks out on pp stages (none: pp
-    is not valid), ascending: divisors of the stage's share when pp divides L or L + 2, else
-    those the short-last-chunk rule accepts (a chunk holds a block: pp·v ≤ L + 1)."""
-    if pp == 1:
-        return (1,)
-    if num_blocks % pp == 0 or (pp > 2 and (num_blocks + EMBEDDING_AND_LOSS_BLOCKS) % pp == 0):
-        candidates = range(1, (num_blocks + EMBEDDING_AND_LOSS_BLOCKS) // pp + 1)
-    else:
-        candidates = range(1, (num_blocks + 1) // pp + 1)
-    return tuple(v for v in candidates if _derived_layout_problem(num_blocks, pp, v) is None)
 
 
 def bubble_microbatches(xp, p, v, microbatches):

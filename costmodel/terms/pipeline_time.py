@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from costmodel.terms.block_terms import BlockTerms
 from costmodel.terms.comm import collective_s
 from costmodel.terms.context import Context
-from costmodel.terms.pipeline import bubble_microbatches, end_chunk_blocks
-from costmodel.space.layout import stage_blocks
+from costmodel.terms.pipeline import bubble_microbatches
+from costmodel.space.layout import end_chunk_blocks, stage_blocks
 from costmodel.inputs.system import Collective
 
 

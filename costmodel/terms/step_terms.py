@@ -37,17 +37,10 @@ it gave before.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Annotated
 
-from pydantic import BaseModel, Field
+from costmodel.inputs.kernel_fits import AttentionTiming, GemmTiming
 
-import costmodel.inputs.limits as limits
-from costmodel.terms.kernel_time import AttentionTiming, GemmTiming
-from costmodel.inputs.model import INPUT_CONFIG, RealNumber, within
-from costmodel.inputs.units import MICRO, MILLI
-from costmodel.inputs.step import WholeStep  # noqa: F401 (read from here)
-
-__all__ = ["HEAD_KERNELS_FORWARD", "OPTIMIZER_KERNELS", "StepGaps", "WholeStep", "allocator_bytes",
+__all__ = ["HEAD_KERNELS_FORWARD", "OPTIMIZER_KERNELS", "StepGaps", "allocator_bytes",
            "attention_in_step", "gemm_in_step", "step_gaps"]
 
 ALWAYS_SUSTAINED_FLOPS = 1e300

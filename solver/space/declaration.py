@@ -36,7 +36,7 @@ from costmodel.space.dimensions import (BY_NAME, CHAIN, DEGREE, DEGREES, DIMENSI
                                   SPLIT_DEGREES, Condition, Dimension, skeleton_facts)
 from costmodel.errors import InputError
 from costmodel.inputs.model import Model
-from costmodel.terms.pipeline import layout_interleavings
+from costmodel.space.layout import layout_interleavings
 from costmodel.inputs.system import System
 from solver.space.factor import divisors as factor_divisors
 

@@ -20,8 +20,8 @@ from costmodel.terms.context import Context
 from costmodel.space.choices import ShardingStage
 from costmodel.space.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, BlockKey, data_parallel, subgroup_limit
 from costmodel.terms.iteration import RESIDENT_BLOCKS, bubble_microbatches
-from costmodel.terms.pipeline import (EMBEDDING_AND_LOSS_BLOCKS, end_chunk_blocks, layout_interleavings, stage_blocks,
-                                      stage_blocks_in_flight)
+from costmodel.terms.pipeline import stage_blocks_in_flight
+from costmodel.space.layout import EMBEDDING_AND_LOSS_BLOCKS, end_chunk_blocks, layout_interleavings, stage_blocks
 from costmodel.ops import ArrayOps, ScalarOps
 from solver.space.declaration import Space, flag_projection
 
