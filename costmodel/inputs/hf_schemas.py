@@ -44,6 +44,9 @@ def _list_of_indices(value: object) -> object:
 
 
 LayerIndices = Annotated[list[Annotated[WholeNumber, within(_LAYER)]], BeforeValidator(_list_of_indices)]
+RopeFlags = Annotated[list[Annotated[WholeNumber, within(Bound(0, 1, "1: the layer applies RoPE, 0: it does not"))]],
+                      BeforeValidator(_list_of_indices)]
+"""Llama 4's no_rope_layers: one flag per layer."""
 
 
 class HFConfig(BaseModel):
@@ -238,5 +241,5 @@ class Llama4TextConfig(_Attention):
     interleave_moe_layer_step: Annotated[WholeNumber, AfterValidator(_at_least_one), within(limits.MOE_EVERY)] | None = None
     moe_layers: LayerIndices | None = None
     attention_chunk_size: Tokens = None
-    no_rope_layers: list[int] | None = None
+    no_rope_layers: RopeFlags | None = None
     use_qk_norm: Boolean | None = None

@@ -33,7 +33,16 @@ heads, and the groups on a TP rank must divide by cp or divide cp (groups are re
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
+
+from pydantic import BaseModel, Field, model_validator
+
+import costmodel.inputs.limits as limits
+from costmodel.inputs.fields import INPUT_CONFIG, Boolean, WholeNumber, within
+from costmodel.inputs.limits import Bound
+
+_CONV_KERNEL = Bound(1, 1 << 10, "taps of a depthwise causal conv; Mamba-2 uses 4")
+_CHUNK = Bound(1, 1 << 16, "tokens per chunk of the SSD scan; Mamba-2 uses 128 or 256")
 
 __all__ = ["MambaShape", "mamba_forward_flops_per_token", "mamba_scan_flops_per_token", "mamba_allows",
            "mamba_stored_bytes_per_token", "mamba_scan_bytes_per_token", "bridge_mamba_flops_per_token"]
@@ -43,20 +52,27 @@ class MambaShape(BaseModel):
     """The shape of a Mamba-2 mixer (Hugging Face nemotron_h's mamba_* fields, Megatron-Core's
     mamba_num_heads, mamba_head_dim, mamba_state_dim, mamba_num_groups)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = INPUT_CONFIG
 
-    heads: int = Field(gt=0, description="H: SSM heads (mamba_num_heads).")
-    head_dim: int = Field(gt=0, description="P: channels per head (mamba_head_dim); D = H·P.")
-    state_size: int = Field(gt=0, description="N: the state per channel (ssm_state_size).")
-    groups: int = Field(gt=0, description="G: groups sharing B and C (n_groups); divides heads.")
-    conv_kernel: int = Field(4, gt=0, description="K: taps of the depthwise causal conv (conv_kernel).")
-    chunk_size: int = Field(128, gt=0, description="Q: tokens per chunk of the SSD scan (chunk_size).")
-    conv_bias: bool = Field(True, description="The conv has a bias per channel (use_conv_bias).")
-    proj_bias: bool = Field(False, description="in_proj and out_proj have biases (mamba_proj_bias).")
+    heads: Annotated[WholeNumber, within(limits.ATTN_HEADS)] = Field(description="H: SSM heads (mamba_num_heads).")
+    head_dim: Annotated[WholeNumber, within(limits.ATTN_SIZE)] = Field(
+        description="P: channels per head (mamba_head_dim); D = H·P.")
+    state_size: Annotated[WholeNumber, within(limits.ATTN_SIZE)] = Field(
+        description="N: the state per channel (ssm_state_size).")
+    groups: Annotated[WholeNumber, within(limits.ATTN_HEADS)] = Field(
+        description="G: groups sharing B and C (n_groups); divides heads.")
+    conv_kernel: Annotated[WholeNumber, within(_CONV_KERNEL)] = Field(
+        4, description="K: taps of the depthwise causal conv (conv_kernel).")
+    chunk_size: Annotated[WholeNumber, within(_CHUNK)] = Field(
+        128, description="Q: tokens per chunk of the SSD scan (chunk_size).")
+    conv_bias: Boolean = Field(True, description="The conv has a bias per channel (use_conv_bias).")
+    proj_bias: Boolean = Field(False, description="in_proj and out_proj have biases (mamba_proj_bias).")
 
-    def model_post_init(self, _context) -> None:
+    @model_validator(mode="after")
+    def _groups_divide_heads(self) -> "MambaShape":
         if self.heads % self.groups:
             raise ValueError(f"mamba groups({self.groups}) does not divide mamba heads({self.heads})")
+        return self
 
     @property
     def inner(self) -> int:
