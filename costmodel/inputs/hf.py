@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from costmodel.errors import InputError, shown
 from costmodel.inputs.hf_hybrid import gemma3_text, llama4_text, nemotron_h
-from costmodel.inputs.hf_schemas import (_QK_NORM_TYPES, Gemma3TextConfig, Llama4TextConfig, NemotronHConfig, DeepseekV3Config, GPT2Config, GPTNeoXConfig, GptOssConfig, HFConfig,
+from costmodel.inputs.hf_schemas import (config_field, _QK_NORM_TYPES, Gemma3TextConfig, Llama4TextConfig, NemotronHConfig, DeepseekV3Config, GPT2Config, GPTNeoXConfig, GptOssConfig, HFConfig,
                                   LlamaConfig, MistralConfig, MixtralConfig, NemotronConfig, Qwen2Config, Qwen2MoeConfig,
                                   Qwen3Config, Qwen3MoeConfig, _Attention)
 
@@ -43,17 +43,8 @@ _SILU = {"silu", "swish"}
 _SQUARED_RELU = {"relu2"}
 
 
-def _get(config: HFConfig, source: str, field: str, default: Any = ...) -> Any:
-    value = getattr(config, field)
-    if value is not None:
-        return value
-    if default is ...:
-        raise InputError(f"{source}: missing field '{field}' (a {config.model_type} config.json states it)")
-    return default
-
-
 def _activation(config: HFConfig, source: str, field: str, default: str, gated: bool) -> str:
-    act = _get(config, source, field, default)
+    act = config_field(config, source, field, default)
     if gated and act in _SILU:
         return "swiglu"
     if gated and act in _GELU:
@@ -70,23 +61,23 @@ def _activation(config: HFConfig, source: str, field: str, default: str, gated: 
 def _llama_like(config: _Attention, source: str) -> dict:
     """llama, mistral, qwen2 (and the attention of mixtral, qwen2_moe, qwen3_moe): RMSNorm, RoPE,
     a gated MLP, grouped-query attention."""
-    heads = _get(config, source, "num_attention_heads")
-    hidden = _get(config, source, "hidden_size")
+    heads = config_field(config, source, "num_attention_heads")
+    hidden = config_field(config, source, "hidden_size")
     if isinstance(config, Qwen2Config):
-        qkv_bias = _get(config, source, "qkv_bias", True)    # Qwen2MoeConfig's field; Qwen2 always
+        qkv_bias = config_field(config, source, "qkv_bias", True)    # Qwen2MoeConfig's field; Qwen2 always
     else:
-        qkv_bias = _get(config, source, "attention_bias", False)
-    mlp_bias = _get(config, source, "mlp_bias", False) if config.model_type == "llama" else False
+        qkv_bias = config_field(config, source, "attention_bias", False)
+    mlp_bias = config_field(config, source, "mlp_bias", False) if config.model_type == "llama" else False
     if config.model_type == "llama" and qkv_bias != mlp_bias:
         raise InputError(f"{source}: attention_bias {qkv_bias} with mlp_bias {mlp_bias} is not modelled "
                          f"(the model's biases are all on or all off, or on Q, K, V only)")
     return {
-        "hidden": hidden, "feedforward": _get(config, source, "intermediate_size"),
-        "attn_heads": heads, "kv_heads": _get(config, source, "num_key_value_heads", heads),
-        "attn_size": _get(config, source, "head_dim", hidden // heads),
-        "num_blocks": _get(config, source, "num_hidden_layers"), "vocab_size": _get(config, source, "vocab_size"),
+        "hidden": hidden, "feedforward": config_field(config, source, "intermediate_size"),
+        "attn_heads": heads, "kv_heads": config_field(config, source, "num_key_value_heads", heads),
+        "attn_size": config_field(config, source, "head_dim", hidden // heads),
+        "num_blocks": config_field(config, source, "num_hidden_layers"), "vocab_size": config_field(config, source, "vocab_size"),
         "mlp": _activation(config, source, "hidden_act", "silu", gated=True), "norm": "rmsnorm", "position": "rope",
-        "tied_embeddings": _get(config, source, "tie_word_embeddings", False),
+        "tied_embeddings": config_field(config, source, "tie_word_embeddings", False),
         "bias": mlp_bias, "qkv_bias": qkv_bias, **({"qk_norm": True} if config.model_type in _QK_NORM_TYPES else {}),
     }
 
@@ -95,8 +86,8 @@ def _mixtral(config: MixtralConfig, source: str) -> dict:
     """mixtral: Mistral's attention; every block's MLP is num_local_experts experts of
     intermediate_size, num_experts_per_tok of them per token (no shared expert)."""
     fields = _llama_like(config, source)
-    return {**fields, "num_experts": _get(config, source, "num_local_experts"),
-            "experts_per_token": _get(config, source, "num_experts_per_tok"),
+    return {**fields, "num_experts": config_field(config, source, "num_local_experts"),
+            "experts_per_token": config_field(config, source, "num_experts_per_tok"),
             "expert_feedforward": fields["feedforward"]}
 
 
@@ -107,9 +98,9 @@ def _qwen_moe(config: Qwen2MoeConfig | Qwen3MoeConfig, source: str) -> dict:
     shared_expert_intermediate_size with a sigmoid gate; the other blocks a dense MLP of
     intermediate_size."""
     fields = _llama_like(config, source)
-    experts = _get(config, source, "num_experts")
-    step = _get(config, source, "decoder_sparse_step", 1)
-    dense_only = _get(config, source, "mlp_only_layers", [])
+    experts = config_field(config, source, "num_experts")
+    step = config_field(config, source, "decoder_sparse_step", 1)
+    dense_only = config_field(config, source, "mlp_only_layers", [])
     layers = fields["num_blocks"]
     past = sorted(i for i in set(dense_only) if i >= layers)
     if past:
@@ -126,56 +117,56 @@ def _qwen_moe(config: Qwen2MoeConfig | Qwen3MoeConfig, source: str) -> dict:
         raise InputError(f"{source}: mlp_only_layers {shown(dense_only)} makes layers {shown(overridden)} dense "
                          f"among those decoder_sparse_step {step} makes sparse: not modelled (expert blocks are "
                          f"every decoder_sparse_step-th block)")
-    moe = {"num_experts": experts, "experts_per_token": _get(config, source, "num_experts_per_tok"),
-           "expert_feedforward": _get(config, source, "moe_intermediate_size"), "moe_every": step}
-    shared = _get(config, source, "shared_expert_intermediate_size") if isinstance(config, Qwen2MoeConfig) else 0
+    moe = {"num_experts": experts, "experts_per_token": config_field(config, source, "num_experts_per_tok"),
+           "expert_feedforward": config_field(config, source, "moe_intermediate_size"), "moe_every": step}
+    shared = config_field(config, source, "shared_expert_intermediate_size") if isinstance(config, Qwen2MoeConfig) else 0
     if shared:
         moe.update(shared_experts=1, shared_expert_feedforward=shared, shared_expert_gate=True)
     return {**fields, **moe}
 
 
 def _gpt2(config: GPT2Config, source: str) -> dict:
-    hidden = _get(config, source, "n_embd", 768)
-    heads = _get(config, source, "n_head", 12)
+    hidden = config_field(config, source, "n_embd", 768)
+    heads = config_field(config, source, "n_head", 12)
     return {
-        "hidden": hidden, "feedforward": _get(config, source, "n_inner", 4 * hidden),
+        "hidden": hidden, "feedforward": config_field(config, source, "n_inner", 4 * hidden),
         "attn_heads": heads, "attn_size": hidden // heads,
-        "num_blocks": _get(config, source, "n_layer", 12), "vocab_size": _get(config, source, "vocab_size", 50257),
+        "num_blocks": config_field(config, source, "n_layer", 12), "vocab_size": config_field(config, source, "vocab_size", 50257),
         "mlp": _activation(config, source, "activation_function", "gelu_new", gated=False),
         "norm": "layernorm", "position": "learned",
-        "tied_embeddings": _get(config, source, "tie_word_embeddings", True), "bias": True,
+        "tied_embeddings": config_field(config, source, "tie_word_embeddings", True), "bias": True,
     }
 
 
 def _gpt_neox(config: GPTNeoXConfig, source: str) -> dict:
-    hidden = _get(config, source, "hidden_size")
-    heads = _get(config, source, "num_attention_heads")
+    hidden = config_field(config, source, "hidden_size")
+    heads = config_field(config, source, "num_attention_heads")
     return {
-        "hidden": hidden, "feedforward": _get(config, source, "intermediate_size"),
+        "hidden": hidden, "feedforward": config_field(config, source, "intermediate_size"),
         "attn_heads": heads, "attn_size": hidden // heads,
-        "num_blocks": _get(config, source, "num_hidden_layers"), "vocab_size": _get(config, source, "vocab_size"),
+        "num_blocks": config_field(config, source, "num_hidden_layers"), "vocab_size": config_field(config, source, "vocab_size"),
         "mlp": _activation(config, source, "hidden_act", "gelu", gated=False), "norm": "layernorm",
-        "position": "rope", "tied_embeddings": _get(config, source, "tie_word_embeddings", False),
-        "bias": _get(config, source, "attention_bias", True),
+        "position": "rope", "tied_embeddings": config_field(config, source, "tie_word_embeddings", False),
+        "bias": config_field(config, source, "attention_bias", True),
     }
 
 
 def _nemotron(config: NemotronConfig, source: str) -> dict:
-    hidden = _get(config, source, "hidden_size")
-    heads = _get(config, source, "num_attention_heads")
-    qkv_bias = _get(config, source, "attention_bias", False)
-    mlp_bias = _get(config, source, "mlp_bias", False)
+    hidden = config_field(config, source, "hidden_size")
+    heads = config_field(config, source, "num_attention_heads")
+    qkv_bias = config_field(config, source, "attention_bias", False)
+    mlp_bias = config_field(config, source, "mlp_bias", False)
     if qkv_bias != mlp_bias:
         raise InputError(f"{source}: attention_bias {qkv_bias} with mlp_bias {mlp_bias} is not modelled")
     return {
-        "hidden": hidden, "feedforward": _get(config, source, "intermediate_size"),
-        "attn_heads": heads, "kv_heads": _get(config, source, "num_key_value_heads", heads),
-        "attn_size": _get(config, source, "head_dim", hidden // heads),
-        "num_blocks": _get(config, source, "num_hidden_layers"), "vocab_size": _get(config, source, "vocab_size"),
+        "hidden": hidden, "feedforward": config_field(config, source, "intermediate_size"),
+        "attn_heads": heads, "kv_heads": config_field(config, source, "num_key_value_heads", heads),
+        "attn_size": config_field(config, source, "head_dim", hidden // heads),
+        "num_blocks": config_field(config, source, "num_hidden_layers"), "vocab_size": config_field(config, source, "vocab_size"),
         "mlp": _activation(config, source, "hidden_act", "relu2", gated=False),
         # LayerNorm1P: a layer norm (scale and shift) whose scale is stored minus one
         "norm": "layernorm", "position": "rope",
-        "tied_embeddings": _get(config, source, "tie_word_embeddings", False), "bias": mlp_bias,
+        "tied_embeddings": config_field(config, source, "tie_word_embeddings", False), "bias": mlp_bias,
     }
 
 
@@ -188,36 +179,36 @@ def _deepseek_v3(config: DeepseekV3Config, source: str) -> dict:
     scoring_func (sigmoid: a few element-wise operations per score, as softmax), n_group and
     topk_group (group-limited routing), routed_scaling_factor, norm_topk_prob. The router's
     e_score_correction_bias is a buffer updated by a rule, not a trained parameter: not counted."""
-    heads = _get(config, source, "num_attention_heads", 128)
-    if _get(config, source, "attention_bias", False):
+    heads = config_field(config, source, "num_attention_heads", 128)
+    if config_field(config, source, "attention_bias", False):
         raise InputError(f"{source}: attention_bias true with latent attention is not modelled")
-    step = _get(config, source, "moe_layer_freq", 1)
+    step = config_field(config, source, "moe_layer_freq", 1)
     if step != 1:
         raise InputError(f"{source}: moe_layer_freq {step} is not modelled (every block after "
                          f"first_k_dense_replace has experts)")
     # q_lora_rank null (DeepSeek-V2-Lite) projects queries from h directly; absent, the default
     q_rank = 0 if "q_lora_rank" in config.model_fields_set and config.q_lora_rank is None else 1536
-    mla = {"q_lora_rank": _get(config, source, "q_lora_rank", q_rank), "kv_lora_rank": _get(config, source, "kv_lora_rank", 512),
-           "qk_nope_head_dim": _get(config, source, "qk_nope_head_dim", 128),
-           "qk_rope_head_dim": _get(config, source, "qk_rope_head_dim", 64),
-           "v_head_dim": _get(config, source, "v_head_dim", 128)}
-    blocks, dense = _get(config, source, "num_hidden_layers", 61), _get(config, source, "first_k_dense_replace", 3)
+    mla = {"q_lora_rank": config_field(config, source, "q_lora_rank", q_rank), "kv_lora_rank": config_field(config, source, "kv_lora_rank", 512),
+           "qk_nope_head_dim": config_field(config, source, "qk_nope_head_dim", 128),
+           "qk_rope_head_dim": config_field(config, source, "qk_rope_head_dim", 64),
+           "v_head_dim": config_field(config, source, "v_head_dim", 128)}
+    blocks, dense = config_field(config, source, "num_hidden_layers", 61), config_field(config, source, "first_k_dense_replace", 3)
     if dense >= blocks:
         raise InputError(f"{source}: first_k_dense_replace {dense} with num_hidden_layers {blocks}: no block would "
                          f"have experts (the first {dense} are dense)")
-    shared = _get(config, source, "n_shared_experts", 1)
-    width = _get(config, source, "moe_intermediate_size", 2048)
-    experts = _get(config, source, "n_routed_experts", 256)
+    shared = config_field(config, source, "n_shared_experts", 1)
+    width = config_field(config, source, "moe_intermediate_size", 2048)
+    experts = config_field(config, source, "n_routed_experts", 256)
     return {
-        "hidden": _get(config, source, "hidden_size", 7168), "feedforward": _get(config, source, "intermediate_size", 18432),
+        "hidden": config_field(config, source, "hidden_size", 7168), "feedforward": config_field(config, source, "intermediate_size", 18432),
         "attn_heads": heads, "attn_size": mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"], "latent_attention": mla,
-        "num_blocks": blocks, "vocab_size": _get(config, source, "vocab_size", 129280),
+        "num_blocks": blocks, "vocab_size": config_field(config, source, "vocab_size", 129280),
         "mlp": _activation(config, source, "hidden_act", "silu", gated=True), "norm": "rmsnorm", "position": "rope",
-        "tied_embeddings": _get(config, source, "tie_word_embeddings", False), "bias": False,
-        "num_experts": experts, "experts_per_token": _get(config, source, "num_experts_per_tok", 8),
+        "tied_embeddings": config_field(config, source, "tie_word_embeddings", False), "bias": False,
+        "num_experts": experts, "experts_per_token": config_field(config, source, "num_experts_per_tok", 8),
         "expert_feedforward": width, "first_dense_blocks": dense,
         **({"shared_experts": shared, "shared_expert_feedforward": width} if shared else {}),
-        "mtp_blocks": _get(config, source, "num_nextn_predict_layers", 0),
+        "mtp_blocks": config_field(config, source, "num_nextn_predict_layers", 0),
     }
 
 
@@ -230,20 +221,20 @@ def _gpt_oss(config: GptOssConfig, source: str) -> dict:
     clamped at swiglu_limit) costs the FLOP of a SwiGLU: read as one."""
     fields = _llama_like(config, source)
     blocks = fields["num_blocks"]
-    kinds = _get(config, source, "layer_types", ["sliding_attention" if i % 2 == 0 else "full_attention"
+    kinds = config_field(config, source, "layer_types", ["sliding_attention" if i % 2 == 0 else "full_attention"
                                                  for i in range(blocks)])
     unknown = sorted(set(kinds) - {"sliding_attention", "full_attention"})
     if len(kinds) != blocks or unknown:
         raise InputError(f"{source}: field 'layer_types' must list sliding_attention or full_attention for each of "
                          f"the {blocks} layers (got {len(kinds)} entries{', unknown ' + shown(unknown) if unknown else ''})")
     window_blocks = kinds.count("sliding_attention")
-    bias = _get(config, source, "attention_bias", True)
-    per_token = _get(config, source, "num_experts_per_tok", None)
+    bias = config_field(config, source, "attention_bias", True)
+    per_token = config_field(config, source, "num_experts_per_tok", None)
     return {**fields, "bias": bias, "qkv_bias": bias, "attention_sinks": True, "router_bias": True,
-            "num_experts": _get(config, source, "num_local_experts", 128),
-            "experts_per_token": per_token if per_token is not None else _get(config, source, "experts_per_token", 4),
+            "num_experts": config_field(config, source, "num_local_experts", 128),
+            "experts_per_token": per_token if per_token is not None else config_field(config, source, "experts_per_token", 4),
             "expert_feedforward": fields["feedforward"],
-            **({"sliding_window": _get(config, source, "sliding_window", 128), "sliding_window_blocks": window_blocks}
+            **({"sliding_window": config_field(config, source, "sliding_window", 128), "sliding_window_blocks": window_blocks}
                if window_blocks else {})}
 
 
@@ -321,7 +312,7 @@ def model_fields_from_hf(config: HFConfig, source: str, *, seq_size: int | None,
                          f"(max_position_embeddings is the context limit); give --seq-size (batch files: seq_size)")
     fields = READERS[config.model_type][1](config, source)
     if fields["position"] == "learned":
-        limit = _get(config, source, "n_positions", 1024)
+        limit = config_field(config, source, "n_positions", 1024)
         if seq_size > limit:
             raise InputError(f"{source}: seq_size {seq_size} exceeds the learned position table "
                              f"(n_positions {limit})")

@@ -6,17 +6,8 @@ registers them in READERS)."""
 from __future__ import annotations
 
 from costmodel.errors import InputError, shown
-from costmodel.inputs.hf_schemas import Gemma3TextConfig, Llama4TextConfig, NemotronHConfig
+from costmodel.inputs.hf_schemas import Gemma3TextConfig, config_field, Llama4TextConfig, NemotronHConfig
 from costmodel.inputs.model import PATTERN_SYMBOLS
-
-
-def _field(config, source: str, field: str, default=...):
-    value = getattr(config, field)
-    if value is not None:
-        return value
-    if default is ...:
-        raise InputError(f"{source}: missing field '{field}' (a {config.model_type} config.json states it)")
-    return default
 
 
 def _nemotron_h_experts(config: NemotronHConfig, source: str, pattern: str) -> dict:
@@ -30,11 +21,11 @@ def _nemotron_h_experts(config: NemotronHConfig, source: str, pattern: str) -> d
     if config.moe_latent_size:
         raise InputError(f"{source}: moe_latent_size {config.moe_latent_size} (latent MoE: experts run on a "
                          f"projected width) is not modelled")
-    shared_width = _field(config, source, "moe_shared_expert_intermediate_size", 0)
+    shared_width = config_field(config, source, "moe_shared_expert_intermediate_size", 0)
     shared = {"shared_experts": 1, "shared_expert_feedforward": shared_width} if shared_width else {}
-    return {"num_experts": _field(config, source, "n_routed_experts"),
-            "experts_per_token": _field(config, source, "num_experts_per_tok"),
-            "expert_feedforward": _field(config, source, "moe_intermediate_size"), **shared}
+    return {"num_experts": config_field(config, source, "n_routed_experts"),
+            "experts_per_token": config_field(config, source, "num_experts_per_tok"),
+            "expert_feedforward": config_field(config, source, "moe_intermediate_size"), **shared}
 
 
 def nemotron_h(config: NemotronHConfig, source: str) -> dict:
@@ -42,42 +33,42 @@ def nemotron_h(config: NemotronHConfig, source: str) -> dict:
     layer of one mixer (NemotronHBlock); attention without position encoding, grouped-query,
     head_dim (or attention_head_dim); the MLP squared ReLU (mlp_hidden_act relu2); the Mamba-2
     mixers mamba_num_heads × mamba_head_dim wide (costmodel.inputs.mamba)."""
-    pattern = _field(config, source, "hybrid_override_pattern")
-    layers = _field(config, source, "num_hidden_layers", len(pattern))
+    pattern = config_field(config, source, "hybrid_override_pattern")
+    layers = config_field(config, source, "num_hidden_layers", len(pattern))
     unknown = sorted(set(pattern) - set(PATTERN_SYMBOLS))
     if unknown or len(pattern) != layers:
         raise InputError(f"{source}: hybrid_override_pattern {shown(pattern)} must give one of M, *, -, E for each "
                          f"of the {layers} layers (num_hidden_layers; got {len(pattern)}"
                          f"{', unknown ' + shown(unknown) if unknown else ''})")
-    if _field(config, source, "num_nextn_predict_layers", 0):
+    if config_field(config, source, "num_nextn_predict_layers", 0):
         raise InputError(f"{source}: num_nextn_predict_layers {config.num_nextn_predict_layers} (multi-token "
                          f"prediction layers of a pattern) is not modelled")
-    act = _field(config, source, "mlp_hidden_act", "relu2")
+    act = config_field(config, source, "mlp_hidden_act", "relu2")
     if act != "relu2":
         raise InputError(f"{source}: field 'mlp_hidden_act' {shown(act)} is not modelled for nemotron_h "
                          f"(supported: relu2)")
-    hidden, heads = _field(config, source, "hidden_size"), _field(config, source, "num_attention_heads")
-    bias = _field(config, source, "mlp_bias", False)
-    if _field(config, source, "attention_bias", False) != bias:
+    hidden, heads = config_field(config, source, "hidden_size"), config_field(config, source, "num_attention_heads")
+    bias = config_field(config, source, "mlp_bias", False)
+    if config_field(config, source, "attention_bias", False) != bias:
         raise InputError(f"{source}: attention_bias {config.attention_bias} with mlp_bias {bias} is not modelled")
-    mamba = {"heads": _field(config, source, "mamba_num_heads"), "head_dim": _field(config, source, "mamba_head_dim"),
-             "state_size": _field(config, source, "ssm_state_size"), "groups": _field(config, source, "n_groups"),
-             "conv_kernel": _field(config, source, "conv_kernel", 4), "chunk_size": _field(config, source, "chunk_size", 128),
-             "conv_bias": _field(config, source, "use_conv_bias", True),
-             "proj_bias": _field(config, source, "mamba_proj_bias", False)}
+    mamba = {"heads": config_field(config, source, "mamba_num_heads"), "head_dim": config_field(config, source, "mamba_head_dim"),
+             "state_size": config_field(config, source, "ssm_state_size"), "groups": config_field(config, source, "n_groups"),
+             "conv_kernel": config_field(config, source, "conv_kernel", 4), "chunk_size": config_field(config, source, "chunk_size", 128),
+             "conv_bias": config_field(config, source, "use_conv_bias", True),
+             "proj_bias": config_field(config, source, "mamba_proj_bias", False)}
     head_dim = config.head_dim or config.attention_head_dim or hidden // heads
     return {
-        "hidden": hidden, "feedforward": _field(config, source, "intermediate_size"),
-        "attn_heads": heads, "kv_heads": _field(config, source, "num_key_value_heads", heads), "attn_size": head_dim,
-        "num_blocks": layers, "vocab_size": _field(config, source, "vocab_size"), "mlp": "squared_relu",
-        "norm": "rmsnorm", "position": "none", "tied_embeddings": _field(config, source, "tie_word_embeddings", False),
+        "hidden": hidden, "feedforward": config_field(config, source, "intermediate_size"),
+        "attn_heads": heads, "kv_heads": config_field(config, source, "num_key_value_heads", heads), "attn_size": head_dim,
+        "num_blocks": layers, "vocab_size": config_field(config, source, "vocab_size"), "mlp": "squared_relu",
+        "norm": "rmsnorm", "position": "none", "tied_embeddings": config_field(config, source, "tie_word_embeddings", False),
         "bias": bias, "layer_pattern": pattern, "mamba": mamba, **_nemotron_h_experts(config, source, pattern),
     }
 
 
 def _gemma3_layer_types(config: Gemma3TextConfig, source: str, layers: int) -> list[str]:
-    pattern = _field(config, source, "sliding_window_pattern", 6)
-    kinds = _field(config, source, "layer_types", ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+    pattern = config_field(config, source, "sliding_window_pattern", 6)
+    kinds = config_field(config, source, "layer_types", ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                                                    for i in range(layers)])
     unknown = sorted(set(kinds) - {"sliding_attention", "full_attention"})
     if len(kinds) != layers or unknown:
@@ -93,21 +84,21 @@ def gemma3_text(config: Gemma3TextConfig, source: str) -> dict:
     sliding_window_pattern-th layer) makes it global. Gemma's two further norms per layer
     (after attention and after the MLP, 2·h scales: 0.07 % of Gemma 3 27B's parameters) are
     not modelled."""
-    hidden, heads = _field(config, source, "hidden_size"), _field(config, source, "num_attention_heads")
-    layers = _field(config, source, "num_hidden_layers")
-    act = _field(config, source, "hidden_activation", "gelu_pytorch_tanh")
+    hidden, heads = config_field(config, source, "hidden_size"), config_field(config, source, "num_attention_heads")
+    layers = config_field(config, source, "num_hidden_layers")
+    act = config_field(config, source, "hidden_activation", "gelu_pytorch_tanh")
     if not act.startswith("gelu"):
         raise InputError(f"{source}: field 'hidden_activation' {shown(act)} is not modelled (supported: gelu)")
     sliding = _gemma3_layer_types(config, source, layers).count("sliding_attention")
-    bias = _field(config, source, "attention_bias", False)
+    bias = config_field(config, source, "attention_bias", False)
     return {
-        "hidden": hidden, "feedforward": _field(config, source, "intermediate_size"), "attn_heads": heads,
-        "kv_heads": _field(config, source, "num_key_value_heads", heads),
-        "attn_size": _field(config, source, "head_dim", 256), "num_blocks": layers,
-        "vocab_size": _field(config, source, "vocab_size", 262208), "mlp": "geglu", "norm": "rmsnorm",
-        "position": "rope", "tied_embeddings": _field(config, source, "tie_word_embeddings", True),
+        "hidden": hidden, "feedforward": config_field(config, source, "intermediate_size"), "attn_heads": heads,
+        "kv_heads": config_field(config, source, "num_key_value_heads", heads),
+        "attn_size": config_field(config, source, "head_dim", 256), "num_blocks": layers,
+        "vocab_size": config_field(config, source, "vocab_size", 262208), "mlp": "geglu", "norm": "rmsnorm",
+        "position": "rope", "tied_embeddings": config_field(config, source, "tie_word_embeddings", True),
         "bias": False, "qkv_bias": bias, "qk_norm": True,
-        **({"sliding_window": _field(config, source, "sliding_window", 4096), "sliding_window_blocks": sliding}
+        **({"sliding_window": config_field(config, source, "sliding_window", 4096), "sliding_window_blocks": sliding}
            if sliding else {}),
     }
 
@@ -120,21 +111,21 @@ def llama4_text(config: Llama4TextConfig, source: str) -> dict:
     without parameters. Chunked attention (attention_chunk_size) on the RoPE layers equals
     full causal attention when the sequence fits one chunk; longer sequences are refused
     (costmodel.inputs.hf checks the chunk against seq_size)."""
-    hidden, heads = _field(config, source, "hidden_size"), _field(config, source, "num_attention_heads")
-    layers = _field(config, source, "num_hidden_layers")
-    step = _field(config, source, "interleave_moe_layer_step", 1)
+    hidden, heads = config_field(config, source, "hidden_size"), config_field(config, source, "num_attention_heads")
+    layers = config_field(config, source, "num_hidden_layers")
+    step = config_field(config, source, "interleave_moe_layer_step", 1)
     if config.moe_layers is not None and sorted(config.moe_layers) != [i for i in range(layers) if (i + 1) % step == 0]:
         raise InputError(f"{source}: moe_layers {shown(config.moe_layers)} other than every "
                          f"interleave_moe_layer_step-th layer is not modelled")
-    width = _field(config, source, "intermediate_size")
+    width = config_field(config, source, "intermediate_size")
     return {
-        "hidden": hidden, "feedforward": _field(config, source, "intermediate_size_mlp"), "attn_heads": heads,
-        "kv_heads": _field(config, source, "num_key_value_heads", heads),
-        "attn_size": _field(config, source, "head_dim", hidden // heads), "num_blocks": layers,
-        "vocab_size": _field(config, source, "vocab_size"), "mlp": "swiglu", "norm": "rmsnorm", "position": "rope",
-        "tied_embeddings": _field(config, source, "tie_word_embeddings", False),
-        "bias": _field(config, source, "attention_bias", False),
-        "num_experts": _field(config, source, "num_local_experts"),
-        "experts_per_token": _field(config, source, "num_experts_per_tok"), "expert_feedforward": width,
+        "hidden": hidden, "feedforward": config_field(config, source, "intermediate_size_mlp"), "attn_heads": heads,
+        "kv_heads": config_field(config, source, "num_key_value_heads", heads),
+        "attn_size": config_field(config, source, "head_dim", hidden // heads), "num_blocks": layers,
+        "vocab_size": config_field(config, source, "vocab_size"), "mlp": "swiglu", "norm": "rmsnorm", "position": "rope",
+        "tied_embeddings": config_field(config, source, "tie_word_embeddings", False),
+        "bias": config_field(config, source, "attention_bias", False),
+        "num_experts": config_field(config, source, "num_local_experts"),
+        "experts_per_token": config_field(config, source, "num_experts_per_tok"), "expert_feedforward": width,
         "shared_experts": 1, "shared_expert_feedforward": width, "moe_every": step,
     }

@@ -6,11 +6,12 @@ costmodel.inputs.limits, a JSON boolean, or null (absent).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 import costmodel.inputs.limits as limits
+from costmodel.errors import InputError
 from costmodel.inputs.limits import Bound
 from costmodel.inputs.model import Boolean, RealNumber, WholeNumber, within
 
@@ -47,6 +48,17 @@ LayerIndices = Annotated[list[Annotated[WholeNumber, within(_LAYER)]], BeforeVal
 RopeFlags = Annotated[list[Annotated[WholeNumber, within(Bound(0, 1, "1: the layer applies RoPE, 0: it does not"))]],
                       BeforeValidator(_list_of_indices)]
 """Llama 4's no_rope_layers: one flag per layer."""
+
+
+def config_field(config: "HFConfig", source: str, field: str, default: Any = ...) -> Any:
+    """A config.json field's value, its default when the file leaves it out, or a one-line error
+    naming the file and the field when it is required."""
+    value = getattr(config, field)
+    if value is not None:
+        return value
+    if default is ...:
+        raise InputError(f"{source}: missing field '{field}' (a {config.model_type} config.json states it)")
+    return default
 
 
 class HFConfig(BaseModel):
