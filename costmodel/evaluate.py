@@ -177,7 +177,7 @@ def formula_view(codes: dict, as_float, as_index) -> SimpleNamespace:
     for each choice one Boolean per member, `<dimension>_<member>` (`recompute_full`,
     `tp_comm_rs_ag`, `tp_overlap_ring`, `zero_3`, `sched_zb_h1`: a '-' in a value reads '_'). Two derived names: `num_procs` = tp·cp·pp·dp and
     `seq_par` = tp_comm_rs_ag (sequence parallelism). `first_stage_blocks` and `last_stage_blocks`
-    are None: the stages' blocks follow pp by the layout rule (costmodel.terms.pipeline); one
+    are None: the stages' blocks follow pp by the layout rule (costmodel.space.layout); one
     mapping's view may state them (`_scalar_fields`)."""
     view = {}
     for name, _, kind, predicates in _VIEW:

@@ -77,7 +77,7 @@ class Layout:
 
 
 def stage_layout(mapping: Mapping, model: Model) -> Layout:
-    """The mapping's blocks per stage, stated or by the layout rule (costmodel.terms.pipeline)."""
+    """The mapping's blocks per stage, stated or by the layout rule (costmodel.space.layout)."""
     first, middle, last = stage_blocks(ScalarOps, model.num_blocks, mapping.pipeline_par,
                                        mapping.pipeline_first_stage_blocks, mapping.pipeline_last_stage_blocks,
                                        mapping.pipeline_interleaving)

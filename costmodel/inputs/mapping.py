@@ -6,7 +6,7 @@ kind, meaning), so a new dimension needs no edit here; code reads the short name
 `pp`, `dp`, ... through `Mapping.value(name)` or the properties below. Beyond Calculon, a
 file may state the blocks of the first and the last pipeline stage (Megatron-LM's uneven
 stages); they are not searched dimensions: left out, the layout follows pp by the rule of
-costmodel.terms.pipeline, and a mapping's JSON leaves them out too.
+costmodel.space.layout, and a mapping's JSON leaves them out too.
 """
 
 from __future__ import annotations
@@ -363,7 +363,7 @@ def check_mapping_fits(model: Model, system: System, mapping: Mapping) -> None:
     for dim in DIMENSIONS:
         if dim.name == "pp":
             # pp's and interleaving's `fits` is the even split the search spaces enumerate; a
-            # file may lay its blocks out by any rule costmodel.terms.pipeline accepts.
+            # file may lay its blocks out by any rule costmodel.space.layout accepts.
             reason = layout_problem(model.num_blocks, mapping.pp, mapping.pipeline_interleaving,
                                     mapping.pipeline_first_stage_blocks, mapping.pipeline_last_stage_blocks)
         elif dim.name == "interleaving":

@@ -83,7 +83,7 @@ def fold_problem(tp: int, cp: int, dp: int, ep: int, etp: int) -> str | None:
 
 
 def pp_fits(model, system, v) -> str | None:
-    # pp lays the blocks out by the layout rule of costmodel.terms.pipeline (even, the
+    # pp lays the blocks out by the layout rule of costmodel.space.layout (even, the
     # embedding and the loss counted as blocks, or a short last chunk: each valid with some
     # interleaving only when valid without); a preset may ask for even stages (Space.uneven_stages)
     return layout_problem(model.num_blocks, v["pp"], 1)

@@ -1,5 +1,5 @@
 """How a pipeline lays a model's blocks over its stages, and which layouts and memory features
-a model allows: the rules a mapping is checked against (costmodel.terms.pipeline times the
+a model allows: the rules a mapping is checked against (costmodel.terms.pipeline_time times the
 stages; docs/cost-model.md, "Pipeline").
 """
 

@@ -1,7 +1,7 @@
 """What a GPU keeps for the blocks of its pipeline stage (bytes): its share of their weights,
 gradients and optimizer state, the ZeRO buffer, and what of these HBM holds.
 
-Stages hold different numbers of blocks when they are uneven (costmodel.terms.pipeline), so
+Stages hold different numbers of blocks when they are uneven (costmodel.space.layout), so
 costmodel.terms.iteration asks for each stage it sizes: the first, the second and the last.
 Written against the backend interface of costmodel.ops, as the other formulas.
 """

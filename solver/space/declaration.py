@@ -105,7 +105,7 @@ class Space:
     cp_max: int
     """Largest context parallelism considered (1: none, as in Calculon's spaces)."""
     uneven_stages: bool
-    """Whether pp may leave the blocks uneven (costmodel.terms.pipeline's layout rule: pp > 2
+    """Whether pp may leave the blocks uneven (costmodel.space.layout's rule: pp > 2
     dividing num_blocks + 2, else a short last chunk); the Calculon presets ask pp to divide them."""
     offered: tuple[tuple[str, tuple[int, ...]], ...]
     """Flags that offer fewer codes than they declare: (name, codes offered)."""

@@ -115,7 +115,7 @@ class PipelineDivisibility(Constraint):
 
     def describe(self, problem):
         uneven = (", or pp > 2 divides num_blocks + 2 (first and last stages one block lighter), or else "
-                  "a short last chunk (costmodel.terms.pipeline)"
+                  "a short last chunk (costmodel.space.layout)"
                   if problem.space.uneven_stages else "")
         return (f"pp divides num_blocks ({problem.model.num_blocks}){uneven}; interleaving divides a stage's share; "
                 f"interleaving is 1 without pp")

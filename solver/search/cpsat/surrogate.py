@@ -326,7 +326,7 @@ def add_bounds(cpsat: cp_model.CpModel, variables: Variables, c: Context, num_gp
     `local_batch[(tp, cp, ep, etp, pp)]` is batch/dp of that split; `tables`: the exact model's
     tables over these variables' keys when already built (Tables of the same arguments)."""
     tables = tables or Tables(c, variables, num_gpus, space, len(c.net_size))
-    # Blocks per stage, bounded below for uneven layouts (costmodel.terms.pipeline): in time, the
+    # Blocks per stage, bounded below for uneven layouts (costmodel.space.layout): in time, the
     # last stage's (its blocks and the output layer never outlast the slowest stage); in
     # memory, what the first stage keeps alive per microbatch in flight (see stage_floors).
     time_blocks, memory_blocks = stage_floors(c.blocks, variables.pp.is_, variables)

@@ -342,7 +342,7 @@ STAGE_TERMS = ("dp_comm_s", "dp_per_microbatch_s", "optimizer_s", "weights_hbm_b
 def _stage_terms(c: Context, block_memo: dict | None, columns: dict) -> SimpleNamespace:
     """STAGE_TERMS and the DP reduction's once-a-step part (dp_once_s) of a grid of partial
     mappings, least row by row over the layouts of each row's pp: with a short last chunk
-    (costmodel.terms.pipeline) the end stages' blocks move with the interleaving, so the
+    (costmodel.space.layout) the end stages' blocks move with the interleaving, so the
     tables take the least over one interleaving per distinct layout; elsewhere the one
     layout (interleaving 1)."""
     pps = np.asarray(columns["pp"]).astype(np.int64)
