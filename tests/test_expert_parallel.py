@@ -186,7 +186,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", cases(CASES, slow={"8blocks-32gpu": "~10 s: brute force over 32 GPUs"}))
+@pytest.mark.parametrize("case", cases(CASES, slow={"8blocks-32gpu": "~10 s: brute force over 32 GPUs",
+                                                   "8x2-tight-hbm-16gpu": "~8 s: brute force over 16 GPUs",
+                                                   "top1-wide-experts-16gpu": "~7 s: brute force over 16 GPUs"}))
 def test_solve_equals_brute_force_on_moe_models(case):
     _, model, system, gpus, max_batch, ep_wins = case
     space = plain(get_space("full"))             # as before cp_comm and shard
@@ -196,6 +198,7 @@ def test_solve_equals_brute_force_on_moe_models(case):
         assert reference.best.mapping.ep > 1
 
 
+@pytest.mark.slow   # ~8 s: brute force over 16 GPUs (the default run keeps an 8-GPU MoE case)
 def test_solve_equals_brute_force_with_the_flex_dispatcher():
     # DeepEP / HybridEP dispatch (a problem setting): the search's per-key choice of the ep
     # network stays exact, as the dispatch only grows the block's time.

@@ -121,6 +121,7 @@ def test_grad_datatype_is_a_problem_setting_with_a_named_error():
                 grad_datatype="fp8")
 
 
+@pytest.mark.slow   # ~9 s: every block of the space (the default run keeps the other spaces' floor checks)
 def test_block_floors_take_zero_2_and_3_traffic_per_microbatch_and_stay_below_exact_times():
     """The block floors take ZeRO-2/3's reduction at each block's microbatch count (its
     traffic is linear in them: solver.search.cpsat.tables, dp_once + n · dp_per_microbatch).

@@ -297,7 +297,7 @@ def cp_sat_count(model: Model, system: System, num_gpus: int, max_batch: int, sp
     (8, 8, 8, 1, 4, 3, 2, False, 0, "all"),      # dp = 4 > cap 3: the two spaces differ
     (4, 4, 2, 8, 2, 4, 2, True, 0, "all"),       # offload and two networks
     (8, 8, 6, 4, 6, 4, 1, True, 0, "plain"),      # dp 6 > cap 4 with offload
-    (8, 4, 4, 8, 4, 4, 1, False, 4, "plain"),     # mixture of experts: ep·etp dividing tp·cp·dp
+    pytest.param(8, 4, 4, 8, 4, 4, 1, False, 4, "plain", marks=pytest.mark.slow),  # 8 s: MoE, ep·etp | tp·cp·dp
     (2, 2, 7, 8, 4, 2, 1, False, 0, "plain"),     # 7 blocks: pp 2 and 4 with a short last chunk, interleaved
     (4, 2, 5, 2, 4, 4, 1, False, 0, "plain"),     # 5 blocks: pp 2 (3, 2) and 4 (2, 1, ...: the last stage a block)
     pytest.param(12, 6, 4, 4, 6, 3, 1, True, 6, "all", marks=pytest.mark.slow),  # ep 1, 2, 3, 6; offload
