@@ -123,6 +123,7 @@ def mamba_scan_bytes_per_token(shape: MambaShape, seq, elem_bytes: float) -> flo
     chunk states (H·P·N fp32 per chunk) written by step 2 and read by step 4."""
     q = _chunk(shape, seq)
     per_token = elem_bytes * (2 * shape.inner + 2 * shape.groups * shape.state_size + shape.heads)
+    # the chunk states are fp32 (4 bytes), written once and read once
     return per_token + 2 * 4.0 * shape.heads * shape.head_dim * shape.state_size / q
 
 

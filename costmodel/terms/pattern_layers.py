@@ -21,6 +21,8 @@ at twice its forward, the element-wise passes twice.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from costmodel.terms.context import MASK_BYTES, Context
 from costmodel.terms.block_memory import StoredActivations, block_stored_activation_bytes
 from costmodel.terms.layer_time import RMSNORM_FLOPS_PER_ELEM, eltwise_s, matmul_s
@@ -41,6 +43,8 @@ def mamba_layer(c: Context, m, xp) -> LayerCost:
     scan = matmul_s(c, xp, tokens, inner, scan_flops / (2 * tokens * inner))
     e = c.elem_bytes
     conv = eltwise_s(c, xp, tokens * shape.conv_channels / t, 2.0 * shape.conv_kernel, 2 * e)
+    # RMSNormGated: the RMSNorm of y times SiLU(z), one multiply more per element than an RMSNorm
+    # (megatron/core/ssm/mamba_mixer.py, norm(y, z)); it reads y and z and writes the output
     gated_norm = eltwise_s(c, xp, tokens * inner, RMSNORM_FLOPS_PER_ELEM + 1.0, 3 * e)
     flops = 2 * tokens * h * (in_cols + inner) + scan_flops
     gathered = m.seq_par
@@ -81,7 +85,6 @@ def _mlp_side(c: Context, m, xp):
 def _attention_part(c: Context, m, xp) -> tuple:
     """(the attention half of a transformer block's StoredActivations, the MLP side's bytes): a
     block with no MLP (feedforward 0) less its second norm, mask and up-projection input."""
-    from dataclasses import replace
     whole = block_stored_activation_bytes(replace(c, feedforward=0.0), m, xp)
     return whole, _mlp_side(c, m, xp)
 
