@@ -11,6 +11,15 @@ over the 4 layers of the chunks (each layer runs once forward and once backward 
 DeepEP's dispatch and combine kernels run on their own stream, overlapped: they are counted
 apart (`communication`), not in the layer's compute.
 
+Two kernels of one category sometimes run at once on two streams (the weight-gradient GEMMs
+of two experts, streams 7 and 23): their summed durations count that time twice, so each
+category also gets its busy time, the union of its kernels' intervals (`busy_us_per_layer`).
+DeepSeek's GEMMs are persistent kernels of 112 thread blocks on the H800's 132 SMs: DualPipe
+leaves 20 SMs to the communication kernels running beside them (DeepSeek-V3 technical report,
+arXiv 2412.19437, section 3.2.2: "only 20 SMs are sufficient"); the reading records both counts
+(`gemm_thread_blocks`, from the GEMM kernels' grids; `device_sms`, from the trace's
+deviceProperties).
+
 Tokens per microbatch: the per-token FP8 cast of the layer input runs one thread block per
 token (grid 4096 × 128 threads, `per_token_cast_to_fp8_with_channels`): 4,096 tokens, one
 4K sequence. Writes layer.json (categories, µs per layer, kernel counts) into --out.
@@ -59,10 +68,26 @@ def category(name: str) -> str:
     raise AssertionError("the last category matches every name")
 
 
+GEMM_CATEGORIES = ("grouped_gemm", "wgrad_gemm", "dense_gemm")
+
+
+def busy_us(intervals: list[tuple[float, float]]) -> float:
+    """The time covered by the union of (start, end) intervals: kernels running at once count once."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if start > end:
+            total, end = total + stop - start, stop
+        elif stop > end:
+            total, end = total + stop - end, stop
+    return total
+
+
 def read_trace(path: Path) -> dict:
     trace = json.loads(path.read_text())
     seconds = defaultdict(float)
     counts = defaultdict(int)
+    intervals = defaultdict(list)
+    gemm_blocks = set()
     tokens = None
     for event in trace["traceEvents"]:
         if event.get("cat") != "kernel":
@@ -70,15 +95,25 @@ def read_trace(path: Path) -> dict:
         label = category(event["name"])
         seconds[label] += event["dur"]
         counts[label] += 1
+        intervals[label].append((event["ts"], event["ts"] + event["dur"]))
+        if label in GEMM_CATEGORIES and event["name"].startswith("void cutlass::device_kernel<dpsk"):
+            grid = event["args"]["grid"]
+            gemm_blocks.add(grid[0] * grid[1] * grid[2])
         if tokens is None and "per_token_cast_to_fp8_with_channels" in event["name"]:
             tokens = event["args"]["grid"][0]
     compute = sum(us for label, us in seconds.items() if label != "communication")
+    compute_busy = busy_us([iv for label, ivs in intervals.items() if label != "communication" for iv in ivs])
+    (blocks,) = gemm_blocks                    # one persistent grid for every DeepSeek GEMM
     return {
         "layers": LAYERS,
         "tokens_per_microbatch": tokens,
         "us_per_layer": {label: round(seconds[label] / LAYERS, 1) for label, _ in CATEGORIES},
+        "busy_us_per_layer": {label: round(busy_us(intervals[label]) / LAYERS, 1) for label, _ in CATEGORIES},
         "kernels": {label: counts[label] for label, _ in CATEGORIES},
         "compute_us_per_layer": round(compute / LAYERS, 1),
+        "compute_busy_us_per_layer": round(compute_busy / LAYERS, 1),
+        "gemm_thread_blocks": blocks,
+        "device_sms": trace["deviceProperties"][0]["numSms"],
     }
 
 

@@ -85,3 +85,27 @@ def test_trace_check_runs():
     predicted = bench.model_categories(c, _scalar_fields(mapping), ScalarOps)
     assert set(predicted) == set(bench.TRACE_CATEGORIES)
     assert all(seconds > 0 for seconds in predicted.values())
+
+
+def test_busy_time_counts_overlapping_kernels_once():
+    """Two kernels at once on two streams occupy the union of their intervals, not the sum."""
+    busy_us = _module("read_deepseek_trace").busy_us
+    assert busy_us([(0.0, 10.0), (5.0, 12.0), (20.0, 21.0), (20.5, 20.7)]) == pytest.approx(13.0)
+    assert busy_us([]) == 0.0
+
+
+def test_trace_reading_records_the_sms_its_gemms_held():
+    """The trace's DeepSeek GEMMs are persistent grids of 112 thread blocks on 132-SM H800s
+    (DualPipe's 20 SMs for communication, DeepSeek-V3 report §3.2.2); the weight-gradient GEMMs
+    overlap on two streams, so their busy time is below their summed durations."""
+    assert (READING["gemm_thread_blocks"], READING["device_sms"]) == (112, 132)
+    busy, summed = READING["busy_us_per_layer"], READING["us_per_layer"]
+    assert busy["wgrad_gemm"] < summed["wgrad_gemm"]
+    assert all(busy[label] == pytest.approx(summed[label]) for label in summed if label != "wgrad_gemm")
+    assert READING["compute_busy_us_per_layer"] < READING["compute_us_per_layer"]
+
+
+def test_only_compute_bound_categories_move_to_the_trace_sms():
+    bench = _module("bench_moe_trace")
+    scaled = bench.at_trace_sms({"dense_gemm": 1.0, "attention": 2.0, "quantize": 3.0}, READING)
+    assert scaled == pytest.approx({"dense_gemm": 132 / 112, "attention": 2 * 132 / 112, "quantize": 3.0})
