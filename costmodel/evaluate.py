@@ -19,7 +19,7 @@ from costmodel.space.dimensions import (BLOCK, CHAIN, DIMENSIONS, GROUP_SPAN, NE
                                   touching)
 from costmodel.encoding import MappingArrays
 from costmodel.inputs.kernels import Kernels
-from costmodel.terms.block_terms import BlockTerms, block_terms
+from costmodel.terms.block_terms import KindBlocks, kind_block_terms
 from costmodel.terms.iteration import IterationTerms, MemoryTerms, TimeTerms, iteration_terms
 from costmodel.inputs.mapping import Mapping, check_mapping_fits, model_with_attention_type
 from costmodel.inputs.model import Model, ModelFlops
@@ -318,8 +318,9 @@ def evaluate_arrays(model: Model, system: System, arrays: MappingArrays, datatyp
 
 
 
-def distinct_block_terms(c: Context, arrays: MappingArrays, memo: dict | None = None) -> BlockTerms:
-    """block_terms of every mapping in `arrays`, computed once per distinct combination of
+def distinct_block_terms(c: Context, arrays: MappingArrays, memo: dict | None = None) -> KindBlocks:
+    """kind_block_terms (each block kind's terms and their mean) of every mapping in `arrays`,
+    computed once per distinct combination of
     BLOCK_DIMENSIONS and spread back: a block of the search holds thousands of mappings
     (every ZeRO stage, schedule, DP network...) and a few dozen distinct blocks. `memo`:
     terms already computed in context `c`, by their distinct combinations (searches of one
@@ -328,7 +329,7 @@ def distinct_block_terms(c: Context, arrays: MappingArrays, memo: dict | None = 
     terms = None if memo is None else memo.get(identity)
     if terms is None:
         view = vars(array_fields(arrays.take(first)))
-        terms = block_terms(c, SimpleNamespace(**{name: value for name, value in view.items()
+        terms = kind_block_terms(c, SimpleNamespace(**{name: value for name, value in view.items()
                                                   if name in _BLOCK_VIEW_NAMES}), ArrayOps)
         if memo is not None:
             memo[identity] = terms

@@ -1,7 +1,7 @@
 """One transformer block in one iteration: compute, the exposed tensor-, context- and
 expert-parallel communication, recomputation and offload traffic of one block and one
-microbatch on one GPU, for a dense block and a mixture-of-experts block (costmodel.terms.moe), and
-the average block that costmodel.terms.iteration multiplies by the blocks of a stage.
+microbatch on one GPU, for each kind of block (costmodel.terms.block.BLOCK_KINDS): a stage sums
+its own blocks by kind (costmodel.terms.stage_kinds).
 
 Written against costmodel.ops: `m` may hold scalars (one mapping) or numpy arrays (many).
 """
@@ -69,8 +69,6 @@ class BlockTerms:
     def weight_grad_gemm_s(self):
         """The block's weight-gradient kernels (ZB-H1's W pass; costmodel.terms.layers)."""
         return self.forward.weight_grad_s
-
-
 
 
 def offload_rate(bytes_per_s: float) -> float:
@@ -292,8 +290,6 @@ def kind_terms(c: Context, m, xp, kind: str, forward: BlockForward | None = None
     )
 
 
-
-
 def moe_block_param_shares(c: Context, m) -> tuple:
     """Parameters of one MoE block on one GPU: (those reduced over dp·cp — attention and
     shared experts split tp ways, the router whole — and the E/ep local experts split etp
@@ -308,21 +304,6 @@ def kind_param_shares(c: Context, m, kind: str) -> tuple:
     if has_experts(kind):
         return moe_block_param_shares(c, m)
     return c.kind_param_count(kind) / m.tp, 0.0
-
-
-def block_param_shares(c: Context, m) -> tuple:
-    """One block's parameters on one GPU, averaged over the model's blocks by kind and count
-    (Context.block_kinds): (dense-group, expert) — see kind_param_shares; a dense model's are
-    (block_params/tp, 0)."""
-    present = c.block_kinds
-    dense, experts = kind_param_shares(c, m, present[0][0])
-    counted = present[0][1]
-    for kind, count in present[1:]:
-        counted += count
-        share = count / counted
-        kind_dense, kind_experts = kind_param_shares(c, m, kind)
-        dense, experts = (1 - share) * dense + share * kind_dense, (1 - share) * experts + share * kind_experts
-    return dense, experts
 
 
 def _mix(dense, moe, share):
@@ -358,13 +339,25 @@ class _KindForwards:
         return kind_terms(c, m, self.xp, kind, self.done[key])
 
 
-def block_terms(c: Context, m, xp) -> BlockTerms:
-    """The average block, one microbatch, one GPU: a dense model's block; for a
-    mixture-of-experts model the mean of its dense and MoE blocks weighted by their counts
-    (`moe_every`), so L/pp times it is a stage's total when its blocks mix as the model's do
-    (exact for moe_every = 1, and whenever moe_every divides blocks/pp).
+@dataclass(frozen=True)
+class KindBlocks:
+    """One block of each of the model's kinds (Context.block_kinds' order), one microbatch,
+    one GPU, and `mean`, their mean over the model's blocks (the search's floors read it; a
+    stage sums its own blocks, costmodel.terms.stage_kinds)."""
 
-    A mapping that recomputes N of each chunk's K blocks (recompute_blocks, Megatron-LM's
+    terms: tuple
+    mean: BlockTerms
+
+
+def block_terms(c: Context, m, xp) -> BlockTerms:
+    """The mean block of the model (KindBlocks.mean)."""
+    return kind_block_terms(c, m, xp).mean
+
+
+def kind_block_terms(c: Context, m, xp) -> KindBlocks:
+    """Each kind's block (kind_terms, with a mapping's recompute and offload mixes and a
+    recipe's BF16 blocks), and their mean weighted by the kinds' counts; the mean's recompute
+    workspace and offload bandwidth are the largest kind's. A mapping that recomputes N of each chunk's K blocks (recompute_blocks, Megatron-LM's
     recompute_method block) mixes the block recomputed in full and the block storing
     everything by N/K; one that offloads N of a stage's blocks' activations
     (activation_offload_blocks) mixes the offloading and the keeping block by N/(L/pp)
@@ -372,13 +365,32 @@ def block_terms(c: Context, m, xp) -> BlockTerms:
     offload bandwidth needed the offloading block's (peaks, not means). Each kind's forward
     is computed once (_KindForwards) and every mix reuses it."""
     kinds = _KindForwards(m, xp)
+    present = c.block_kinds
+    terms = tuple(_recompute_mixed(c, m, kinds, kind) for kind, _ in present)
+    mean, counted = terms[0], present[0][1]
+    for (_, count), kind_block in zip(present[1:], terms[1:]):
+        counted += count
+        mean = _mix(mean, kind_block, count / counted)
+    if len(terms) > 1:
+        workspace, needed = terms[0].activations.workspace, terms[0].offload_bytes_per_s_needed
+        for kind_block in terms[1:]:
+            workspace = xp.maximum(workspace, kind_block.activations.workspace)
+            needed = xp.maximum(needed, kind_block.offload_bytes_per_s_needed)
+        mean = replace(mean, activations=replace(mean.activations, workspace=workspace),
+                       offload_bytes_per_s_needed=needed)
+    return KindBlocks(terms, mean)
+
+
+def _recompute_mixed(c: Context, m, kinds: _KindForwards, kind: str) -> BlockTerms:
+    """One block of `kind`, with N of each chunk's blocks recomputed when the mapping says so."""
+    xp = kinds.xp
     share = recompute_share(c, m)
     if share is None:
-        return _offload_mixed(c, m, kinds)
+        return _offload_mixed(c, m, kinds, kind)
     recomputed = _offload_mixed(c, with_switches(m, recompute_full=True, recompute_attn_only=False,
-                                                 recompute_none=False), kinds)
+                                                 recompute_none=False), kinds, kind)
     stored = _offload_mixed(c, with_switches(m, recompute_full=False, recompute_attn_only=False,
-                                             recompute_none=True), kinds)
+                                             recompute_none=True), kinds, kind)
     mixed = _mix(stored, recomputed, share)
     workspace = xp.maximum(recomputed.activations.workspace, stored.activations.workspace)
     return replace(mixed, activations=replace(mixed.activations, workspace=workspace),
@@ -386,32 +398,21 @@ def block_terms(c: Context, m, xp) -> BlockTerms:
                                                          stored.offload_bytes_per_s_needed))
 
 
-def _offload_mixed(c: Context, m, kinds: _KindForwards) -> BlockTerms:
-    """The average block (block_terms) with N of a stage's blocks offloading their
-    activations when the mapping says so."""
+def _offload_mixed(c: Context, m, kinds: _KindForwards, kind: str) -> BlockTerms:
+    """One block of `kind` with N of a stage's blocks offloading their activations when the
+    mapping says so."""
     share = offload_share(c, m)
     if share is None:
-        return _precision_mixed(c, m, kinds)
-    offloading = _precision_mixed(c, m, kinds)
-    mixed = _mix(_precision_mixed(c, with_switches(m, activations_offload=False), kinds), offloading, share)
+        return _precision_mixed(c, m, kinds, kind)
+    offloading = _precision_mixed(c, m, kinds, kind)
+    mixed = _mix(_precision_mixed(c, with_switches(m, activations_offload=False), kinds, kind), offloading, share)
     return replace(mixed, offload_bytes_per_s_needed=offloading.offload_bytes_per_s_needed)
 
 
-def _precision_mixed(c: Context, m, kinds: _KindForwards) -> BlockTerms:
-    """The average block over the model's blocks and a recipe's BF16 first and last ones."""
+def _precision_mixed(c: Context, m, kinds: _KindForwards, kind: str) -> BlockTerms:
+    """One block of `kind`, mixed with its BF16 copy by the share of the model's blocks a
+    recipe keeps in BF16 (the first and last N: a model-wide share, not the stages that hold them)."""
     if c.quantized and c.recipe.bf16_block_share:
-        # The first and last N blocks a recipe keeps in BF16, by their share of the model's
-        # blocks (as the MoE mix: the model-wide average, not the stage that holds them).
-        return _mix(_kinds(c, m, kinds, False), _kinds(c.bf16_blocks(), m, kinds, True), c.recipe.bf16_block_share)
-    return _kinds(c, m, kinds, False)
-
-
-def _kinds(c: Context, m, kinds: _KindForwards, bf16: bool) -> BlockTerms:
-    """The average block over the model's block kinds (Context.block_kinds: dense and MoE
-    blocks by their counts), each weighted by its share of the model's blocks."""
-    present = c.block_kinds
-    mixed, counted = kinds.terms(c, m, present[0][0], bf16), present[0][1]
-    for kind, count in present[1:]:
-        counted += count
-        mixed = _mix(mixed, kinds.terms(c, m, kind, bf16), count / counted)
-    return mixed
+        return _mix(kinds.terms(c, m, kind, False), kinds.terms(c.bf16_blocks(), m, kind, True),
+                    c.recipe.bf16_block_share)
+    return kinds.terms(c, m, kind, False)

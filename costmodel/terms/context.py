@@ -10,6 +10,7 @@ from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.model import Model, ModelFlops
 from costmodel.ops import Curve
 from costmodel.inputs.precision import RecipeCosts, bf16_costs, recipe_costs, recipe_peak_name, system_recipe
+from costmodel.terms.stage_kinds import block_order
 from costmodel.terms.step_terms import attention_in_step, gemm_in_step, step_gaps
 from costmodel.inputs.system import Collective, Compute, Datatype, System
 
@@ -135,6 +136,9 @@ class Context:
     """the model's blocks by kind (costmodel.terms.block.BLOCK_KINDS) when it has kinds beyond
     dense and MoE blocks; empty: Context.block_kinds derives them"""
     kind_params: tuple[tuple[str, float], ...] = ()
+    kind_order: tuple[str, ...] = ()
+    """each block's kind, first to last (costmodel.terms.stage_kinds.block_order); empty:
+    Context.block_order derives it from block_kinds"""
     """parameters of one block of each kind beyond dense and MoE blocks (Context.kind_param_count)"""
     mtp_extra_params: float = 0.0      # one module's norms and 2h → h projection (beside its block)
     mamba: object = None
@@ -168,6 +172,11 @@ class Context:
         with experts."""
         kinds = self.kind_counts or (("dense", self.blocks - self.moe_blocks), ("moe", self.moe_blocks))
         return tuple((kind, count) for kind, count in kinds if count)
+
+    @property
+    def block_order(self) -> tuple[str, ...]:
+        """Each block's kind, first to last: `kind_order`, else block_kinds' kinds in turn."""
+        return self.kind_order or tuple(kind for kind, count in self.block_kinds for _ in range(int(count)))
 
     def kind_param_count(self, kind: str) -> float:
         """Parameters of one block of a kind without experts: `kind_params`' when stated, else a
@@ -252,7 +261,7 @@ class Context:
             **_attention_fields(model), mtp_blocks=float(model.mtp_blocks), mtp_block_is_moe=model.mtp_block_is_moe,
             mtp_extra_params=float(model.mtp_module_params - (model.moe_block_params if model.mtp_block_is_moe
                                                               else model.block_params)),
-            **recipe_fields, **model.pattern_context_fields(),
+            **recipe_fields, **model.pattern_context_fields(), kind_order=block_order(model),
         )
 
 

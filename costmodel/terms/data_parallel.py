@@ -14,6 +14,7 @@ from costmodel.terms.comm import collective_s, overlapped
 from costmodel.terms.context import Context
 from costmodel.terms.layer_time import eltwise_s
 from costmodel.terms.pipeline_time import Stages
+from costmodel.terms.stage_costs import StageBlocks, pick
 from costmodel.terms.step_terms import OPTIMIZER_KERNELS
 from costmodel.inputs.system import Collective
 
@@ -88,9 +89,11 @@ class StageParams:
     """the output layer's V·h weights a stage holds (0 when tied and pp = 1)"""
     blocks_dense: object = 0.0
     """the non-expert parameters of its blocks (`dense` less the embeddings and output layer)"""
+    block: BlockTerms | None = None
+    """the mean of its blocks (costmodel.terms.stage_costs)"""
 
 
-def stage_params(c: Context, m, xp, stages: Stages, dense_params, expert_params, mtp=None) -> StageParams:
+def stage_params(c: Context, m, xp, stages: Stages, sb: StageBlocks, mtp=None) -> StageParams:
     """Each stage reduces and steps its own parameters (first: its blocks and the embeddings;
     middle: its blocks; last: its blocks and the output layer; all of them when pp = 1).
 
@@ -107,17 +110,23 @@ def stage_params(c: Context, m, xp, stages: Stages, dense_params, expert_params,
         # modelled), and a copy of the embedding on the last stage when it is not the first.
         last_extra = (last_extra + (mtp.dense_params + mtp.expert_params) * t
                       + xp.where(p > 1, c.embedding_params, 0.0))
-    if stages.equal:                          # the blocks and the larger of the two extras
-        dense = stages.first * dense_params + xp.maximum(first_extra, last_extra) / t
-        blocks = stages.first
+    if stages.equal and sb.uniform:           # the blocks and the larger of the two extras
+        stage = sb.first
+        dense = stage.blocks * stage.dense_params + xp.maximum(first_extra, last_extra) / t
     else:
-        first_params = stages.first * dense_params + first_extra / t
-        middle_params = stages.middle * dense_params
-        last_params = stages.last * dense_params + last_extra / t
-        dense = xp.maximum(xp.maximum(first_params, last_params), middle_params)
-        last_most = last_params >= xp.maximum(first_params, middle_params)
-        blocks = xp.where(last_most, stages.last, xp.where(first_params >= middle_params, stages.first, stages.middle))
-    return StageParams(dense, blocks * expert_params, blocks, output_matrix, blocks * dense_params)
+        # each stage's own blocks: the first, every distinct middle one, the last
+        stage = sb.first
+        dense = stage.blocks * stage.dense_params + first_extra / t
+        for middle in sb.middles:
+            middle_params = middle.blocks * middle.dense_params
+            stage = pick(xp, middle_params > dense, middle, stage)
+            dense = xp.maximum(dense, middle_params)
+        last_params = sb.last.blocks * sb.last.dense_params + last_extra / t
+        last_most = last_params >= dense
+        stage = pick(xp, last_most, sb.last, stage)
+        dense = xp.maximum(last_params, dense)
+    return StageParams(dense, stage.blocks * stage.expert_params, stage.blocks, output_matrix,
+                       stage.blocks * stage.dense_params, stage.block)
 
 
 @dataclass(frozen=True)
@@ -133,8 +142,7 @@ class GradientSync:
     gathers too), before any overlap: the traffic is once-a-step part + microbatches × this"""
 
 
-def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Sharding,
-                  params: StageParams) -> GradientSync:
+def gradient_sync(c: Context, m, xp, stages: Stages, sh: Sharding, params: StageParams) -> GradientSync:
     """ZeRO 0 all-reduces the gradients once; 1 reduce-scatters them and all-gathers the
     updated 16-bit weights; 2 keeps only its gradient shard, so every microbatch's gradients
     are reduce-scattered as they appear (DeepSpeed's stage 2 under gradient accumulation); 3
@@ -188,6 +196,7 @@ def gradient_sync(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardi
     # Overlapped, each block's gradients reduce while the last microbatch's backward runs
     # through the blocks before it; the last block's reduction has nothing left to hide behind.
     # Stages 2 and 3 move data every microbatch, behind every microbatch's compute.
+    blk = params.block
     window = xp.where(sh.grads, microbatches * params.blocks * (blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s),
                       (params.blocks - 1) * (blk.block_bwd_s + blk.recompute_s))
     exposed, stolen = overlapped(dp_comm, window, xp.where(m.dp_overlap, 1.0, 0.0), xp.pick(c.net_usage, sh.net), xp)

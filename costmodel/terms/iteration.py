@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from costmodel.terms.block_terms import BlockTerms, block_param_shares, block_terms, kind_terms, moe_block_param_shares
+from costmodel.terms.block_terms import BlockTerms, KindBlocks, block_terms, kind_block_terms, kind_terms, moe_block_param_shares
 from costmodel.terms.context import Context
 from costmodel.terms.data_parallel import ADAM_FLOPS_PER_PARAM, Sharding, gradient_sync, optimizer_step_s, stage_params
 from costmodel.terms.layer_time import RMSNORM_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
 from costmodel.terms.memory_features import recompute_share
 from costmodel.terms.pipeline import blocks_in_flight, blocks_in_flight_last_stage, bubble_microbatches
 from costmodel.terms.pipeline_time import Stages, pipeline_time
+from costmodel.terms.stage_costs import stage_blocks_terms
 from costmodel.terms.stage_memory import stage_memory
 from costmodel.terms.stage_state import RESIDENT_BLOCKS
 from costmodel.terms.step_terms import HEAD_KERNELS_FORWARD
@@ -222,34 +223,34 @@ def unpaired_ep_s(c: Context, m, xp, blk: BlockTerms, pace_blocks, microbatches)
     return chunks * pace_blocks / v * blk.ep_unpaired_s
 
 
-def iteration_terms(c: Context, m, xp, blk: BlockTerms | None = None) -> IterationTerms:
-    """All named time (s), memory (bytes) and rate terms of one iteration: the block's
-    terms, the pipeline at its slowest stage, the gradient reduction and the optimizer step,
-    and the memory of the stages. `blk`: the block's terms of these mappings when the
-    caller has them (costmodel.evaluate computes them once per distinct block)."""
+def iteration_terms(c: Context, m, xp, kinds: KindBlocks | None = None) -> IterationTerms:
+    """All named time (s), memory (bytes) and rate terms of one iteration: each stage's own
+    blocks (costmodel.terms.stage_kinds, stage_costs), the pipeline at its slowest stage, the
+    gradient reduction and the optimizer step, and the memory of the stages. `kinds`: each
+    block kind's terms of these mappings when the caller has them (costmodel.evaluate
+    computes them once per distinct block)."""
     stages = Stages.of(c, m, xp)
     microbatches = stages.microbatches
-    if blk is None:
-        blk = block_terms(c, m, xp)                     # one block, one microbatch
-    # one block's parameters on this GPU: reduced over dp·cp, and (MoE experts) over
-    # edp = tp·cp·dp/(ep·etp)
-    dense_params, expert_params = block_param_shares(c, m)
+    if kinds is None:
+        kinds = kind_block_terms(c, m, xp)              # one block of each kind, one microbatch
+    sb = stage_blocks_terms(c, m, xp, kinds, stages)
     head_fwd = output_layer_s(c, m, xp)
     mtp = mtp_terms(c, m, xp) if c.mtp_blocks else None
     if mtp is None:
-        pipe = pipeline_time(c, m, xp, blk, stages, head_fwd)
+        pipe = pipeline_time(c, m, xp, sb, stages, head_fwd)
     else:
-        pipe = pipeline_time(c, m, xp, blk, stages, head_fwd + mtp.fwd_s, 2 * head_fwd + mtp.bwd_s)
+        pipe = pipeline_time(c, m, xp, sb, stages, head_fwd + mtp.fwd_s, 2 * head_fwd + mtp.bwd_s)
     sharding = Sharding.of(m, xp)
-    params = stage_params(c, m, xp, stages, dense_params, expert_params, mtp)
-    dp = gradient_sync(c, m, xp, blk, stages, sharding, params)
+    params = stage_params(c, m, xp, stages, sb, mtp)
+    dp = gradient_sync(c, m, xp, stages, sharding, params)
     # the optimizer step, and a precision recipe's once-a-step quantization of the weights
-    optimizer_s = optimizer_step_s(c, m, xp, sharding, params) + params.blocks * blk.forward.weight_quantize_s
-    mem = stage_memory(c, m, xp, blk, stages, sharding, params, dense_params, expert_params, mtp)
-    ep_unpaired_s = unpaired_ep_s(c, m, xp, blk, pipe.pace_blocks, microbatches)
+    optimizer_s = optimizer_step_s(c, m, xp, sharding, params) + params.blocks * params.block.forward.weight_quantize_s
+    mem = stage_memory(c, m, xp, sb, stages, sharding, params, mtp)
+    pace, pace_blocks = pipe.pace.block, pipe.pace.blocks
+    ep_unpaired_s = unpaired_ep_s(c, m, xp, pace, pace_blocks, microbatches)
     iteration_s = pipe.pipeline_s + ep_unpaired_s + dp.exposed_s + dp.stolen_s + optimizer_s
 
-    fw = blk.forward
+    fw = kinds.mean.forward             # (recomputation's FLOPs: the model's blocks, L times their mean)
     t, b = m.tp, m.microbatch
     model_flops = c.model_flops_per_sample * m.batch
     # (recompute_blocks: N/K of the blocks recompute in full, costmodel.terms.memory_features)
@@ -258,17 +259,17 @@ def iteration_terms(c: Context, m, xp, blk: BlockTerms | None = None) -> Iterati
     recompute_flops = c.blocks * t * m.cp / b * (fw.kernel_recompute_flops + xp.where(
         m.recompute_full, full_flops, xp.where(m.recompute_attn_only, fw.selective_recompute_flops, 0.0)))
     peak = iteration_s * m.num_procs * c.matrix_flops_per_s
-    per_pace_block = microbatches * pipe.pace_blocks     # blocks the pacing stage runs per iteration
+    per_pace_block = microbatches * pace_blocks     # blocks the pacing stage runs per iteration
     first_state = mem.first_state
     return IterationTerms(
         iteration_s=iteration_s,
-        forward_s=microbatches * (pipe.pace_blocks * blk.compute_fwd_s + pipe.pace_head_fwd_s),
-        backward_s=microbatches * (pipe.pace_blocks * blk.compute_bwd_s + pipe.pace_head_bwd_s),
-        recompute_s=per_pace_block * blk.recompute_s,
-        tp_comm_s=per_pace_block * (blk.tp_fwd_s + blk.tp_bwd_s),
-        cp_comm_s=per_pace_block * (blk.cp_fwd_s + blk.cp_bwd_s),
-        ep_comm_s=per_pace_block * (blk.ep_fwd_s + blk.ep_bwd_s) + ep_unpaired_s,
-        offload_s=per_pace_block * (blk.offload_fwd_s + blk.offload_bwd_s),
+        forward_s=microbatches * (pace_blocks * pace.compute_fwd_s + pipe.pace_head_fwd_s),
+        backward_s=microbatches * (pace_blocks * pace.compute_bwd_s + pipe.pace_head_bwd_s),
+        recompute_s=per_pace_block * pace.recompute_s,
+        tp_comm_s=per_pace_block * (pace.tp_fwd_s + pace.tp_bwd_s),
+        cp_comm_s=per_pace_block * (pace.cp_fwd_s + pace.cp_bwd_s),
+        ep_comm_s=per_pace_block * (pace.ep_fwd_s + pace.ep_bwd_s) + ep_unpaired_s,
+        offload_s=per_pace_block * (pace.offload_fwd_s + pace.offload_bwd_s),
         pp_comm_s=microbatches * pipe.pp_comm_micro_s,
         bubble_s=pipe.bubble_s,
         dp_comm_s=dp.exposed_s + dp.stolen_s,
@@ -280,7 +281,7 @@ def iteration_terms(c: Context, m, xp, blk: BlockTerms | None = None) -> Iterati
         sharding_buffer_bytes=first_state.sharding_buffer,
         embedding_bytes=mem.embedding_bytes,
         activations_bytes=mem.activations_bytes,
-        activation_workspace_bytes=blk.activations.workspace,
+        activation_workspace_bytes=sb.first.block.activations.workspace,
         output_layer_bytes=mem.output_layer_bytes,
         logits_bytes=mem.logits_bytes,
         last_stage_activations_bytes=mem.last_stage_activations_bytes,
@@ -295,7 +296,7 @@ def iteration_terms(c: Context, m, xp, blk: BlockTerms | None = None) -> Iterati
         optimizer_hbm_bytes=first_state.optimizer_hbm,
         activations_hbm_bytes=mem.activations_hbm_bytes,
         offload_bytes=mem.offload_bytes,
-        offload_bytes_per_s_needed=blk.offload_bytes_per_s_needed,
+        offload_bytes_per_s_needed=kinds.mean.offload_bytes_per_s_needed,
         mfu=model_flops / peak,
         hfu=(model_flops + recompute_flops * m.batch) / peak,
         sample_rate=m.batch / iteration_s,

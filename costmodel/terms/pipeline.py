@@ -69,6 +69,16 @@ def blocks_in_flight_second_stage(xp, blocks_per_stage, p, v, microbatches):
                     blocks_per_stage / v * xp.minimum(microbatches * v, p * v + p - 3))
 
 
+def blocks_in_flight_rank(xp, blocks_per_stage, p, v, microbatches, rank):
+    """Blocks alive at the peak on a GPU of pipeline rank `rank` (0 the first, p − 1 the
+    last): p − rank microbatches for 1F1B; interleaved, Megatron-LM's warm-up on that rank,
+    2·(p − 1 − rank) + (v − 1)·p chunks, plus one (`get_pp_rank_microbatches` in
+    megatron/core/pipeline_parallel/schedules.py); fewer if there are fewer microbatches. Rank 1
+    is blocks_in_flight_second_stage; a later middle rank keeps fewer of its own blocks."""
+    return xp.where(v == 1, blocks_per_stage * xp.minimum(p - rank, microbatches),
+                    blocks_per_stage / v * xp.minimum(microbatches * v, p * v + p - 1 - 2 * rank))
+
+
 def blocks_in_flight_last_stage(xp, blocks_per_stage, p, v, microbatches):
     """Blocks whose activations are alive at the peak on a last-stage GPU: one microbatch
     for 1F1B (its backward follows its forward at once); (p·v - p + 1) chunks when

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.terms.block_terms import BlockTerms
+from costmodel.terms.stage_costs import StageBlock, StageBlocks, pick
 from costmodel.terms.comm import collective_s
 from costmodel.terms.context import Context
 from costmodel.terms.pipeline import bubble_microbatches
@@ -53,39 +53,52 @@ class PipelineTime:
     bubble_s: object
     pp_comm_micro_s: object
     """one microbatch's stage-boundary sends (forward and back, over v chunks)"""
-    pace_blocks: object
-    """the blocks of the stage that sets the pace"""
+    pace: StageBlock
+    """the stage that sets the pace: its blocks and their mean block"""
     pace_head_fwd_s: object
     """the output layer's forward on the pacing stage (0 when a stage without it paces)"""
     pace_head_bwd_s: object
 
 
-def pipeline_time(c: Context, m, xp, blk: BlockTerms, stages: Stages, head_fwd_s, head_bwd_s=None) -> PipelineTime:
+def pipeline_time(c: Context, m, xp, sb: StageBlocks, stages: Stages, head_fwd_s, head_bwd_s=None) -> PipelineTime:
     """1F1B, interleaved over v chunks per stage, at the slowest stage's pace.
 
-    Each stage's microbatch takes its own time: the first its blocks (the embedding lookup,
-    passes over b·s·h elements, is not timed: ~2 % of a block's forward for Llama 3.1 405B
-    at tp 8, while the first stage holds a block fewer than the middle ones or, when even,
-    no output layer), a middle stage its blocks, the last its blocks and the output layer
-    (`head_fwd_s` forward, twice that backward unless `head_bwd_s` says: the multi-token
-    prediction modules of costmodel.terms.iteration.mtp_terms join the head). The slowest sets the
-    pace (the last on a tie, and always with equal stages)."""
+    Each stage's microbatch takes its own time, the sum of its own blocks (StageBlocks: its
+    blocks times their mean): the first its blocks (the embedding lookup, passes over b·s·h
+    elements, is not timed: ~2 % of a block's forward for Llama 3.1 405B at tp 8, while the
+    first stage holds a block fewer than the middle ones or, when even, no output layer), a
+    middle stage its blocks, the last its blocks and the output layer (`head_fwd_s` forward,
+    twice that backward unless `head_bwd_s` says: the multi-token prediction modules of
+    costmodel.terms.iteration.mtp_terms join the head). The slowest sets the pace (the last on
+    a tie, and always with equal stages of one kind)."""
     p, v = m.pp, m.interleaving
     if head_bwd_s is None:
         head_bwd_s = 2 * head_fwd_s
-    block_fwd_total = blk.block_fwd_s + blk.offload_fwd_s
-    block_bwd_total = blk.block_bwd_s + blk.recompute_s + blk.offload_bwd_s
-    if stages.equal:
-        pace_blocks, pace_head_fwd, pace_head_bwd = stages.last, head_fwd_s, head_bwd_s
+
+    def fwd_total(blk):
+        return blk.block_fwd_s + blk.offload_fwd_s
+
+    def bwd_total(blk):
+        return blk.block_bwd_s + blk.recompute_s + blk.offload_bwd_s
+
+    if stages.equal and sb.uniform:
+        pace, pace_head_fwd, pace_head_bwd = sb.last, head_fwd_s, head_bwd_s
     else:
-        block_total = block_fwd_total + block_bwd_total
-        fullest = xp.maximum(stages.first, stages.middle)      # of the stages without the output layer
-        last_paces = stages.last * block_total + (head_fwd_s + head_bwd_s) >= fullest * block_total
-        pace_blocks = xp.where(last_paces, stages.last, fullest)
+        # the slowest of the stages without the output layer (the first, a middle one)
+        fullest = sb.first
+        fullest_s = fullest.blocks * (fwd_total(fullest.block) + bwd_total(fullest.block))
+        for stage in sb.middles:
+            stage_s = stage.blocks * (fwd_total(stage.block) + bwd_total(stage.block))
+            fullest = pick(xp, stage_s > fullest_s, stage, fullest)
+            fullest_s = xp.maximum(stage_s, fullest_s)
+        last = sb.last
+        last_paces = last.blocks * (fwd_total(last.block) + bwd_total(last.block)) + (head_fwd_s + head_bwd_s) >= fullest_s
+        pace = pick(xp, last_paces, last, fullest)
         pace_head_fwd = xp.where(last_paces, head_fwd_s, 0.0)
         pace_head_bwd = xp.where(last_paces, head_bwd_s, 0.0)
-    stage_fwd = pace_blocks * block_fwd_total + pace_head_fwd
-    stage_bwd = pace_blocks * block_bwd_total + pace_head_bwd
+    blk, pace_blocks = pace.block, pace.blocks
+    stage_fwd = pace_blocks * fwd_total(blk) + pace_head_fwd
+    stage_bwd = pace_blocks * bwd_total(blk) + pace_head_bwd
     # Stage boundaries send the activation forward and its gradient back, split across the
     # tp ranks (Megatron's scatter-gather of pipeline tensors); v chunks mean v boundaries.
     p2p_s = collective_s(c, xp, Collective.p2p, p, blk.act_message_bytes / m.tp, m.pp_net)
@@ -109,4 +122,4 @@ def pipeline_time(c: Context, m, xp, blk: BlockTerms, stages: Stages, head_fwd_s
     weight_grad_s = pace_blocks * blk.weight_grad_gemm_s
     bubble_s = xp.where(zero_bubble, (p - 1) * (micro_s - 2 * weight_grad_s), bubble_micro * micro_s)
     pipeline_s = xp.where(zero_bubble, microbatches * micro_s + bubble_s, (microbatches + bubble_micro) * micro_s)
-    return PipelineTime(pipeline_s, bubble_s, pp_comm_micro, pace_blocks, pace_head_fwd, pace_head_bwd)
+    return PipelineTime(pipeline_s, bubble_s, pp_comm_micro, pace, pace_head_fwd, pace_head_bwd)

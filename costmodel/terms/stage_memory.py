@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.terms.block_terms import BlockTerms
 from costmodel.terms.context import Context
 from costmodel.terms.data_parallel import Sharding, StageParams
 from costmodel.terms.memory_features import stage_offload_share
-from costmodel.terms.pipeline import stage_blocks_in_flight
+from costmodel.terms.pipeline import blocks_in_flight_rank, stage_blocks_in_flight
 from costmodel.terms.pipeline_time import Stages
+from costmodel.terms.stage_costs import StageBlocks
 from costmodel.terms.stage_state import RESIDENT_BLOCKS, TRANSIT_BLOCKS, StageState, blocks_state, offloaded_bytes
 from costmodel.terms.step_terms import allocator_bytes
 
@@ -60,33 +60,55 @@ class StageMemory:
     """the largest of the three stages' offloaded state and activations"""
 
 
-def stage_memory(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Sharding, params: StageParams,
-                 dense_params, expert_params, mtp=None) -> StageMemory:
-    """What HBM holds on the first, the second and the last stage, and the offloaded bytes.
-    `dense_params` and `expert_params` are one block's on this GPU."""
+def activations_in_hbm(m, xp, blocks, blocks_alive, activations, act):
+    """A stage's stored activations in HBM. Offloaded: the share o of the stage's blocks that
+    offload (all of them unless activation_offload_blocks says N: o = N/blocks); the others
+    keep theirs. Every block offloading leaves two blocks' worth in HBM (the one computing and
+    the one in transit); some kept, the one computing is among them and one offloaded block
+    is in transit."""
+    share = stage_offload_share(m, xp, blocks)
+    offloaded = share * blocks_alive
+    in_flight = xp.where(share < 1.0, xp.minimum(TRANSIT_BLOCKS, offloaded), xp.minimum(RESIDENT_BLOCKS, offloaded))
+    return xp.where(m.activations_offload, activations - share * activations + in_flight * act.stored, activations)
+
+
+def stage_hbm(c: Context, state, activations_hbm, act):
+    """On every stage: its blocks' state, one block's recompute workspace, the runtime reserve,
+    its activations in flight, and what the allocator holds beyond them."""
+    return (state.weights_hbm + state.optimizer_hbm + act.workspace + c.runtime_reserve_bytes + activations_hbm
+            + allocator_bytes(c.allocator_fraction, act.workspace + activations_hbm))
+
+
+def fullest_middle(c: Context, m, xp, sb: StageBlocks, stages: Stages, state_of, shared_state=None):
+    """(HBM, stored activations in flight, state, blocks) of the middle stage holding the most
+    HBM: each distinct middle stage's own blocks, with its rank's activations in flight
+    (costmodel.terms.pipeline.blocks_in_flight_rank; of one kind, the second stage)."""
+    best = None
+    for stage in sb.middles:
+        state = shared_state if shared_state is not None else state_of(stage)
+        alive = blocks_in_flight_rank(xp, stage.blocks, m.pp, m.interleaving, stages.microbatches, stage.rank)
+        act = stage.block.activations
+        stored = act.stored * alive
+        hbm = stage_hbm(c, state, activations_in_hbm(m, xp, stage.blocks, alive, stored, act), act)
+        if best is None:
+            best = (hbm, stored, state, stage.blocks)
+            continue
+        more = hbm > best[0]
+        best = (xp.maximum(hbm, best[0]), xp.where(more, stored, best[1]),
+                StageState(*(xp.where(more, new, old) for new, old in zip(state, best[2]))),
+                xp.where(more, stage.blocks, best[3]))
+    return best
+
+
+def stage_memory(c: Context, m, xp, sb: StageBlocks, stages: Stages, sh: Sharding, params: StageParams,
+                 mtp=None) -> StageMemory:
+    """What HBM holds on the first, the fullest middle and the last stage, and the offloaded
+    bytes: each stage's own blocks (StageBlocks: their state, stored activations and
+    workspace; a middle stage's activations in flight are those of its rank)."""
     t, b = m.tp, m.microbatch
-    e, act = c.elem_bytes, blk.activations
+    e = c.elem_bytes
     shards, expert_shards = sh.shards(xp), sh.expert_shards(xp)
     state_per_param = e / shards[0] + c.grad_bytes_per_param / shards[1] + c.optimizer_bytes_per_param / shards[2]
-
-    def activations_in_hbm(blocks, blocks_alive, activations):
-        # offloaded: the share o of the stage's blocks that offload (all of them unless
-        # activation_offload_blocks says N: o = N/blocks); the others keep theirs. Every block
-        # offloading leaves two blocks' worth in HBM (the one computing and the one in transit);
-        # some kept, the one computing is among them and one offloaded block is in transit
-        share = stage_offload_share(m, xp, blocks)
-        offloaded = share * blocks_alive
-        in_flight = xp.where(share < 1.0, xp.minimum(TRANSIT_BLOCKS, offloaded),
-                             xp.minimum(RESIDENT_BLOCKS, offloaded))
-        return xp.where(m.activations_offload, activations - share * activations + in_flight * act.stored,
-                        activations)
-
-    def stage_hbm(state, activations_hbm):
-        # on every stage: its blocks' state, one block's recompute workspace, the runtime
-        # reserve, its activations in flight, and what the allocator holds beyond them
-        return (state.weights_hbm + state.optimizer_hbm + act.workspace + c.runtime_reserve_bytes + activations_hbm
-                + allocator_bytes(c.allocator_fraction, act.workspace + activations_hbm))
-
     embedding = c.embedding_params / t * state_per_param
     # The output layer (StageParams.output_matrix) and the final norm, replicated on every tp rank.
     output_layer = (params.output_matrix / t + c.final_norm_params) * state_per_param
@@ -105,32 +127,37 @@ def stage_memory(c: Context, m, xp, blk: BlockTerms, stages: Stages, sh: Shardin
                         + xp.where(m.pp > 1, embedding, 0.0))
         logits = logits * (1 + c.mtp_blocks)
     output_side = logits + allocator_bytes(c.allocator_fraction, logits)  # logits are freed every microbatch too
-    first, middle, last = stages.first, stages.middle, stages.last
-    first_state = blocks_state(c, m, xp, first, dense_params, expert_params, shards, expert_shards)
-    # (equal stages, and by the rule the first and the last, are one value: one state)
-    second_state, last_state = (first_state if blocks is first
-                                else blocks_state(c, m, xp, blocks, dense_params, expert_params, shards, expert_shards)
-                                for blocks in (middle, last))
-    first_alive, second_alive, last_alive = stage_blocks_in_flight(xp, first, middle, last, m.pp, m.interleaving,
-                                                                   stages.microbatches, stages.chunks)
-    activations, second_activations, last_activations = (act.stored * first_alive, act.stored * second_alive,
-                                                          act.stored * last_alive)
+    first, last = stages.first, stages.last
+
+    def state_of(stage):
+        return blocks_state(c, m, xp, stage.blocks, stage.dense_params, stage.expert_params, shards, expert_shards)
+
+    first_state = state_of(sb.first)
+    # (equal stages of one kind, and by the rule the first and the last, are one value: one state)
+    last_state = first_state if last is first and sb.uniform else state_of(sb.last)
+    middle_state = first_state if stages.middle is first and sb.uniform else None
+    first_alive, _, last_alive = stage_blocks_in_flight(xp, first, stages.middle, last, m.pp, m.interleaving,
+                                                        stages.microbatches, stages.chunks)
+    first_act, last_act = sb.first.block.activations, sb.last.block.activations
+    activations, last_activations = first_act.stored * first_alive, last_act.stored * last_alive
     if mtp is not None:
         last_activations = last_activations + mtp.stored_bytes
-    activations_hbm = activations_in_hbm(first, first_alive, activations)
+    activations_hbm = activations_in_hbm(m, xp, first, first_alive, activations, first_act)
     single_stage = m.pp == 1
-    first_hbm = (stage_hbm(first_state, activations_hbm) + embedding
+    first_hbm = (stage_hbm(c, first_state, activations_hbm, first_act) + embedding
                  + xp.where(single_stage, output_layer + output_side, 0.0))
-    second_hbm = stage_hbm(second_state, activations_in_hbm(middle, second_alive, second_activations))
-    last_hbm = (stage_hbm(last_state, activations_in_hbm(last, last_alive, last_activations)) + output_layer
-                + output_side + xp.where(single_stage, embedding, 0.0))
+    second_hbm, second_activations, second_state, second_blocks = fullest_middle(c, m, xp, sb, stages, state_of,
+                                                                                middle_state)
+    last_hbm = (stage_hbm(c, last_state, activations_in_hbm(m, xp, last, last_alive, last_activations, last_act),
+                          last_act)
+                + output_layer + output_side + xp.where(single_stage, embedding, 0.0))
     hbm = xp.maximum(xp.maximum(first_hbm, last_hbm), second_hbm)
     offload = offloaded_bytes(m, xp, first_state, stage_offload_share(m, xp, first) * activations)
-    if not stages.equal:                      # (equal, the first holds the most activations)
+    if not (stages.equal and sb.uniform):        # (equal, the first holds the most activations)
         offload = xp.maximum(
             xp.maximum(offload, offloaded_bytes(m, xp, last_state, stage_offload_share(m, xp, last) * last_activations)),
-            offloaded_bytes(m, xp, second_state, stage_offload_share(m, xp, middle) * second_activations))
-    first_allocator = allocator_bytes(c.allocator_fraction, act.workspace + activations_hbm
+            offloaded_bytes(m, xp, second_state, stage_offload_share(m, xp, second_blocks) * second_activations))
+    first_allocator = allocator_bytes(c.allocator_fraction, first_act.workspace + activations_hbm
                                       + xp.where(single_stage, logits, 0.0))
     return StageMemory(first_state, embedding, activations, output_layer, logits, last_activations, second_activations,
                        first_hbm, second_hbm, last_hbm, hbm, activations_hbm, first_allocator, offload)

@@ -19,7 +19,9 @@ from costmodel.space.dimensions import (DIMENSIONS, GROUP_DEGREES, NETWORK_CHECK
                                   SURROGATE_AXIS, TIME_ONLY, data_parallel, touching)
 from costmodel.encoding import MappingArrays, code
 from costmodel.terms.moe import moe_communication
-from costmodel.terms.iteration import block_terms, iteration_terms, output_layer_s
+from costmodel.terms.block_terms import kind_block_terms
+from solver.search.cpsat.kind_floors import least_kind_rows
+from costmodel.terms.iteration import iteration_terms, output_layer_s
 from costmodel.evaluate import array_fields, cp_comm_heads_fit, distinct_block_terms, group_spans
 from costmodel.ops import ArrayOps
 from costmodel.inputs.system import Collective
@@ -394,7 +396,8 @@ def _block_rows(c: Context, tm: np.ndarray, cols: dict, group_at: dict, expert_n
                                           **{name: tm[key, i] for name, i in group_at.items()},
                                           "microbatch": tm[key, len(group_at)],
                                           **{net: best[key] for net, best in expert_nets.items()}}))
-    blk = block_terms(c, ns, ArrayOps)
+    kinds = kind_block_terms(c, ns, ArrayOps)
+    blk = kinds.mean
     total = blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s + blk.offload_bwd_s
     fits = np.ones((), dtype=bool)
     for name, degree, span, net in group_spans(ns):
@@ -406,4 +409,6 @@ def _block_rows(c: Context, tm: np.ndarray, cols: dict, group_at: dict, expert_n
     out = {"block": total, "block_zb": total - 2 * blk.weight_grad_gemm_s,
            "compute": blk.compute_fwd_s + blk.compute_bwd_s, "head": output_layer_s(c, ns, ArrayOps),
            "p2p": p2p, "stored": blk.activations.stored, "workspace": blk.activations.workspace, "fits": fits}
+    if len(kinds.terms) > 1:
+        out.update(least_kind_rows(kinds))
     return out

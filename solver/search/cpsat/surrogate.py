@@ -192,6 +192,7 @@ def add_time_terms(cpsat: cp_model.CpModel, variables: Variables, tables: Tables
     """The objective: (n + (pp-1)/v) · (blocks · B + H + 2·v·P2P) as product terms, and the
     data-parallel reduction and the optimizer step as linear terms."""
     flag = variables.flag
+    several_kinds = tables.several_kinds
     # literals meaning "pp > 1": [] when always, None when never
     if 1 not in variables.pp.is_:
         pp_gt1: list | None = []
@@ -222,7 +223,7 @@ def add_time_terms(cpsat: cp_model.CpModel, variables: Variables, tables: Tables
                     if offers_zero_bubble(variables.space, variables.num_networks) else block)
     parts = {  # name -> (LogLinear of the part, literals that switch it on; None = never)
         "blocks": (LogLinear().add_table(logs.time_blocks, variables.pp.is_).plus(block), []),
-        "output_layer": (LogLinear().add_table(tables.head, variables.group_mb), []),
+        "output_layer": (_output_layer(tables, variables, several_kinds), []),
         "pp_send": (LogLinear().add_const(2.0).add_table(logs.il_values, variables.interleaving.is_)
                     .add_table(tables.p2p, variables.group_mb), pp_gt1),
     }
@@ -234,6 +235,8 @@ def add_time_terms(cpsat: cp_model.CpModel, variables: Variables, tables: Tables
             active = weight_active + part_active
             if weight_name == "bubble" and part_name == "blocks":
                 part = LogLinear().add_table(logs.time_blocks, variables.pp.is_).plus(bubble_block)
+            if weight_name == "bubble" and part_name == "output_layer" and several_kinds:
+                continue      # (a ZB-H1 bubble's pacing stage may hold no output layer)
             if weight_name == "bubble" and part_name == "output_layer":
                 # uneven stages paced by a middle stage carry no output layer in a ZB-H1
                 # bubble: count it in the bubble only where the layout is even
@@ -249,6 +252,17 @@ def add_time_terms(cpsat: cp_model.CpModel, variables: Variables, tables: Tables
                               [([flag("zero", z)], tables.optimizer[z]) for z in stages],
                               unit))
     return TimeTerms(terms, exp_terms, unit)
+
+
+def _output_layer(tables: Tables, variables: Variables, several_kinds: bool) -> LogLinear:
+    """ln of the output layer's share of a microbatch's time on the pacing stage: all of it;
+    with blocks of several kinds, whose stages sum their own blocks, 1/pp of it (the blocks'
+    part is then at most L/pp mean blocks, and the slowest stage at least the mean stage:
+    (L·mean + H)/pp)."""
+    head = LogLinear().add_table(tables.head, variables.group_mb)
+    if several_kinds:
+        head = head.add_table({p: 1.0 / p for p in variables.pp.is_}, variables.pp.is_)
+    return head
 
 
 def add_hbm_terms(cpsat: cp_model.CpModel, variables: Variables, tables: Tables, logs: SplitLogs,

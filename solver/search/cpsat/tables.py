@@ -25,6 +25,7 @@ from costmodel.space.layout import EMBEDDING_AND_LOSS_BLOCKS, end_chunk_blocks, 
 from costmodel.ops import ArrayOps, ScalarOps
 from solver.space.declaration import Space, flag_projection
 
+from solver.search.cpsat.kind_floors import distinct_layouts, mean_stage_micro
 from solver.search.cpsat.block_tables import (ACT_CLASSES, BLOCK_FLAGS, BLOCK_TABLES, FIT_SLACK,
                                               RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, SCHED_ZB_H1,
                                               TIME_FLOOR_SLACK, TP_COMM_RS_AG, BlockTableCache, Named, SplitKeys,
@@ -78,6 +79,8 @@ class Tables:
                  check: Callable[[], None] | None = None):
         tp_overlaps = space.codes("tp_overlap", pinned=False)
         cp_comms, shards = space.codes("cp_comm"), space.codes("shard")
+        self.several_kinds = len(c.block_kinds) > 1
+        """blocks of several kinds: the block tables' time is their mean (block_lower_bounds)"""
         self.tm_keys = list(v.group_mb)
         self.tp_keys = list(v.split)
         nets = list(range(networks))
@@ -248,6 +251,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
     microbatch) becomes a cut that gives CP-SAT's LP the bound its one-hot relaxation
     cannot."""
     blocks = c.blocks
+    several_kinds = len(c.block_kinds) > 1
     # every valid assignment of the flags a block reads (the space's own rules, tp, pp, dp > 1)
     known = {**{name: 2 for name, _ in NETWORK_GROUPS}, "dp_cp": 2, "offload": int(has_offload)}
     combos = sorted(flag_projection(space, BLOCK_FLAGS, known, num_networks))
@@ -278,8 +282,11 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         first, middle, last = stage_blocks(ArrayOps, blocks, p, interleaving=il)           # [V, 1] (or one value)
         equal = first is middle is last
         fullest, last_v = np.asarray(np.maximum(first, middle))[..., None], np.asarray(last)[..., None]
-        per_micro = np.broadcast_to(np.maximum(fullest * block, last_v * block + head[:, None]),
-                                    (len(ils), *block.shape))                           # [V, M, K]
+        if several_kinds:                     # (kind_floors.mean_stage_micro)
+            per_micro = np.broadcast_to(mean_stage_micro(blocks, p, block, head)[None], (len(ils), *block.shape))
+        else:
+            per_micro = np.broadcast_to(np.maximum(fullest * block, last_v * block + head[:, None]),
+                                        (len(ils), *block.shape))                       # [V, M, K]
         time = (n[None, :] + bubble)[:, :, None] * (per_micro + (2 * il * sends[None, :])[:, :, None])
         if zero_bubble and p > 1 and 1 in sk.interleavings:
             # ZB-H1 on the non-interleaved row: n microbatches + (p-1) bubble ones without W
@@ -287,7 +294,8 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
             row = sk.interleavings.index(1)
             sends_1 = (2 * sends)[:, None]
             # (uneven, a stage without the output layer may set the pace, with none in its bubble)
-            zb_head = head[:, None] if equal else 0.0
+            # (several kinds: even stages too may be paced by one without it)
+            zb_head = head[:, None] if equal and not several_kinds else 0.0
             last_1 = np.broadcast_to(last, il.shape)[row, 0]
             zb = n[:, None] * (per_micro[row] + sends_1) + (p - 1) * (last_1 * block_zb + zb_head + sends_1)
             time[row] = np.minimum(time[row], zb)
@@ -346,7 +354,7 @@ def _stage_terms(c: Context, block_memo: dict | None, columns: dict) -> SimpleNa
     tables take the least over one interleaving per distinct layout; elsewhere the one
     layout (interleaving 1)."""
     pps = np.asarray(columns["pp"]).astype(np.int64)
-    layouts = {p: _distinct_layouts(int(c.blocks), p) for p in set(pps.tolist())}
+    layouts = {p: distinct_layouts(c, p) for p in set(pps.tolist())}
     least: dict | None = None
     for k in range(max(len(ils) for ils in layouts.values())):
         il = np.array([layouts[p][min(k, len(layouts[p]) - 1)] for p in pps.tolist()], dtype=np.int64)
@@ -355,15 +363,6 @@ def _stage_terms(c: Context, block_memo: dict | None, columns: dict) -> SimpleNa
         values["dp_once_s"] = values["dp_comm_s"] - values["dp_per_microbatch_s"]
         least = values if least is None else {name: np.minimum(least[name], x) for name, x in values.items()}
     return SimpleNamespace(**least)
-
-
-def _distinct_layouts(blocks: int, pp: int) -> list[int]:
-    """One interleaving per distinct (first, middle, last) layout of pp stages, the least
-    giving it: [1] but with a short last chunk (and for a pp no interleaving lays out)."""
-    first_of: dict = {}
-    for il in layout_interleavings(blocks, pp) or (1,):
-        first_of.setdefault(stage_blocks(ScalarOps, blocks, pp, interleaving=il), il)
-    return list(first_of.values())
 
 
 def _rows_of(terms: SimpleNamespace, total: int, part: slice) -> SimpleNamespace:

@@ -1,0 +1,101 @@
+"""Each pipeline stage's own blocks as one mean block: the kinds it holds
+(costmodel.terms.stage_kinds) weighted by its counts, so `blocks × its mean` is the exact sum
+of its blocks' terms (time, stored activations, parameters), and its recompute workspace and
+offload bandwidth are the largest of the kinds it holds. A model of one kind has one block for
+every stage (the same object: the formulas reduce to the single-kind ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, is_dataclass, replace
+
+from costmodel.terms.block_terms import BlockTerms, KindBlocks, _mix, kind_param_shares
+from costmodel.terms.context import Context
+from costmodel.terms.stage_kinds import stage_blocks_of, stage_kinds
+
+
+@dataclass(frozen=True)
+class StageBlock:
+    """One stage: its blocks (all kinds), their mean block, and their parameters per block
+    on one GPU (dense-group, expert: kind_param_shares, weighted by the stage's counts)."""
+
+    blocks: object
+    block: BlockTerms
+    dense_params: object
+    expert_params: object
+    rank: object = 0.0
+    """the pipeline rank (a middle stage's lowest holding these blocks)"""
+
+
+@dataclass(frozen=True)
+class StageBlocks:
+    """The first, the last and the distinct middle stages (StageKinds.middles)."""
+
+    first: StageBlock
+    last: StageBlock
+    middles: tuple
+
+    @property
+    def uniform(self) -> bool:
+        """Every stage's mean block is the one kind's."""
+        return self.first.block is self.last.block and all(s.block is self.first.block for s in self.middles)
+
+
+def _weights(counts: tuple, xp):
+    """Each kind's share of a stage's blocks, cumulative as _mix takes them: count/counted."""
+    counted, shares = counts[0], []
+    for count in counts[1:]:
+        counted = counted + count
+        shares.append(count / xp.maximum(counted, 1.0))      # (no block yet: its count is 0 too)
+    return shares
+
+
+def stage_block(c: Context, m, xp, kb: KindBlocks, counts: tuple, blocks, rank=0.0) -> StageBlock:
+    """The StageBlock of a stage holding `counts` blocks of each kind (`blocks` in all)."""
+    shares = [kind_param_shares(c, m, kind) for kind, _ in c.block_kinds]
+    if len(kb.terms) == 1:
+        return StageBlock(blocks, kb.terms[0], shares[0][0], shares[0][1], rank)
+    mean, dense, experts = kb.terms[0], shares[0][0], shares[0][1]
+    for share, kind_block, (kind_dense, kind_experts) in zip(_weights(counts, xp), kb.terms[1:], shares[1:]):
+        mean = _mix(mean, kind_block, share)
+        dense, experts = (1 - share) * dense + share * kind_dense, (1 - share) * experts + share * kind_experts
+    workspace, needed = 0.0, 0.0
+    for count, kind_block in zip(counts, kb.terms):
+        workspace = xp.maximum(workspace, xp.where(count > 0, kind_block.activations.workspace, 0.0))
+        needed = xp.maximum(needed, xp.where(count > 0, kind_block.offload_bytes_per_s_needed, 0.0))
+    mean = replace(mean, activations=replace(mean.activations, workspace=workspace), offload_bytes_per_s_needed=needed)
+    return StageBlock(blocks, mean, dense, experts, rank)
+
+
+def stage_blocks_terms(c: Context, m, xp, kb: KindBlocks, stages) -> StageBlocks:
+    """The StageBlocks of a layout: the first and the last stage of `stages`' blocks
+    (costmodel.terms.pipeline_time.Stages) and every distinct middle one (of one kind, the
+    middle stage of `stages`)."""
+    if len(kb.terms) == 1:
+        one = (None,)
+        return StageBlocks(stage_block(c, m, xp, kb, one, stages.first), stage_block(c, m, xp, kb, one, stages.last),
+                           (stage_block(c, m, xp, kb, one, stages.middle, 1.0),))
+    sk = stage_kinds(c, m, xp)
+    first = stage_block(c, m, xp, kb, sk.first, stages.first)
+    last = stage_block(c, m, xp, kb, sk.last, stages.last)
+    return StageBlocks(first, last, tuple(stage_block(c, m, xp, kb, counts, stage_blocks_of(counts), rank)
+                                          for counts, rank in sk.middles))
+
+
+def pick(xp, condition, when_true, when_false):
+    """`when_true` where `condition` holds, else `when_false`, field by field (nested results
+    too; the layer records of blocks of unlike kinds are not picked: none is kept)."""
+    if when_true is when_false:
+        return when_true
+    if is_dataclass(when_true):
+        return type(when_true)(**{f.name: pick(xp, condition, getattr(when_true, f.name), getattr(when_false, f.name))
+                                  for f in fields(when_true)})
+    if isinstance(when_true, str):
+        return when_true
+    if isinstance(when_true, tuple):
+        if any(isinstance(x, str) for x in when_true):
+            return when_true
+        if len(when_true) != len(when_false):
+            return ()
+        return tuple(pick(xp, condition, a, b) for a, b in zip(when_true, when_false))
+    return xp.where(condition, when_true, when_false)
