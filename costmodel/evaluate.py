@@ -20,6 +20,7 @@ from costmodel.space.dimensions import (BLOCK, CHAIN, DIMENSIONS, GROUP_SPAN, NE
 from costmodel.encoding import MappingArrays
 from costmodel.inputs.kernels import Kernels
 from costmodel.terms.block_terms import KindBlocks, kind_block_terms
+from costmodel.terms.stage_costs import without_layers
 from costmodel.terms.iteration import IterationTerms, MemoryTerms, TimeTerms, iteration_terms
 from costmodel.inputs.mapping import Mapping, check_mapping_fits, model_with_attention_type
 from costmodel.inputs.model import Model, ModelFlops
@@ -319,9 +320,9 @@ def evaluate_arrays(model: Model, system: System, arrays: MappingArrays, datatyp
 
 
 def distinct_block_terms(c: Context, arrays: MappingArrays, memo: dict | None = None) -> KindBlocks:
-    """kind_block_terms (each block kind's terms and their mean) of every mapping in `arrays`,
-    computed once per distinct combination of
-    BLOCK_DIMENSIONS and spread back: a block of the search holds thousands of mappings
+    """kind_block_terms (each block kind's terms and their mean, without their layer records:
+    stage_costs.without_layers) of every mapping in `arrays`, computed once per distinct
+    combination of BLOCK_DIMENSIONS and spread back: a block of the search holds thousands of mappings
     (every ZeRO stage, schedule, DP network...) and a few dozen distinct blocks. `memo`:
     terms already computed in context `c`, by their distinct combinations (searches of one
     problem at several GPU counts meet the same blocks)."""
@@ -329,8 +330,8 @@ def distinct_block_terms(c: Context, arrays: MappingArrays, memo: dict | None = 
     terms = None if memo is None else memo.get(identity)
     if terms is None:
         view = vars(array_fields(arrays.take(first)))
-        terms = kind_block_terms(c, SimpleNamespace(**{name: value for name, value in view.items()
-                                                  if name in _BLOCK_VIEW_NAMES}), ArrayOps)
+        terms = without_layers(kind_block_terms(c, SimpleNamespace(**{name: value for name, value in view.items()
+                                                                     if name in _BLOCK_VIEW_NAMES}), ArrayOps))
         if memo is not None:
             memo[identity] = terms
     return spread(terms, inverse, len(first))

@@ -17,7 +17,7 @@ from costmodel.terms.layer_time import RMSNORM_FLOPS_PER_ELEM, eltwise_s, gemm_s
 from costmodel.terms.memory_features import recompute_share
 from costmodel.terms.pipeline import blocks_in_flight, blocks_in_flight_last_stage, bubble_microbatches
 from costmodel.terms.pipeline_time import Stages, pipeline_time
-from costmodel.terms.stage_costs import stage_blocks_terms
+from costmodel.terms.stage_costs import stage_blocks_terms, without_layers
 from costmodel.terms.stage_memory import stage_memory
 from costmodel.terms.stage_state import RESIDENT_BLOCKS
 from costmodel.terms.step_terms import HEAD_KERNELS_FORWARD
@@ -232,7 +232,7 @@ def iteration_terms(c: Context, m, xp, kinds: KindBlocks | None = None) -> Itera
     stages = Stages.of(c, m, xp)
     microbatches = stages.microbatches
     if kinds is None:
-        kinds = kind_block_terms(c, m, xp)              # one block of each kind, one microbatch
+        kinds = without_layers(kind_block_terms(c, m, xp))      # one block of each kind, one microbatch
     sb = stage_blocks_terms(c, m, xp, kinds, stages)
     head_fwd = output_layer_s(c, m, xp)
     mtp = mtp_terms(c, m, xp) if c.mtp_blocks else None

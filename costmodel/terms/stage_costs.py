@@ -41,6 +41,16 @@ class StageBlocks:
         return self.first.block is self.last.block and all(s.block is self.first.block for s in self.middles)
 
 
+def without_layers(kb: KindBlocks) -> KindBlocks:
+    """`kb` without its blocks' layer records (their sums, which every formula reads, stay):
+    what a stage's terms need, lighter to spread over many mappings and to mix."""
+    def plain(blk: BlockTerms) -> BlockTerms:
+        return replace(blk, forward=replace(blk.forward, layers=())) if blk.forward.layers else blk
+
+    terms = tuple(plain(blk) for blk in kb.terms)
+    return KindBlocks(terms, terms[0] if kb.mean is kb.terms[0] else plain(kb.mean))
+
+
 def _weights(counts: tuple, xp):
     """Each kind's share of a stage's blocks, cumulative as _mix takes them: count/counted."""
     counted, shares = counts[0], []

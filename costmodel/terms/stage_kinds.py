@@ -134,14 +134,6 @@ def stage_kinds(c, m, xp) -> StageKinds:
     return StageKinds(first_counts, last_counts, middles)
 
 
-def stage_sum(counts: tuple, values) -> object:
-    """Σ_kind counts[kind] · values[kind]: a stage's total of one per-block term."""
-    total = counts[0] * values[0]
-    for count, value in zip(counts[1:], values[1:]):
-        total = total + count * value
-    return total
-
-
 def stage_blocks_of(counts: tuple) -> object:
     """A stage's blocks, all kinds."""
     total = counts[0]

@@ -20,7 +20,7 @@ from costmodel.space.dimensions import (DIMENSIONS, GROUP_DEGREES, NETWORK_CHECK
 from costmodel.encoding import MappingArrays, code
 from costmodel.terms.moe import moe_communication
 from costmodel.terms.block_terms import kind_block_terms
-from solver.search.cpsat.kind_floors import least_kind_rows
+from solver.search.cpsat.kind_floors import KIND_BLOCK, KIND_MEMORY, kind_rows, least_kind_rows
 from costmodel.terms.iteration import iteration_terms, output_layer_s
 from costmodel.evaluate import array_fields, cp_comm_heads_fit, distinct_block_terms, group_spans
 from costmodel.ops import ArrayOps
@@ -346,8 +346,9 @@ def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
                 "compute": chunk.of(rows["compute"]).min().values,
                 "head": chunk.of(rows["head"]).min().values,
                 "p2p": chunk.of(rows["p2p"]).min().values,
-                "stored": chunk.of(rows["stored"]).min("cp_comm").sel(**first).values,
-                "workspace": chunk.of(rows["workspace"]).min("cp_comm").sel(**first).values}
+                **{name: chunk.of(values).min("cp_comm").sel(**first).values for name, values in rows.items()
+                   if name in ("stored", "workspace") or name.startswith(KIND_MEMORY)},
+                **{name: by_flags(values) for name, values in rows.items() if name.startswith(KIND_BLOCK)}}
 
     parts: dict[str, list] = {}
     for first_key in range(0, len(tm), keys_per_chunk):
@@ -372,15 +373,16 @@ def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
     out["block"] = by_block_flags(whole["block"])
     # the same block in a ZB-H1 bubble: less twice its weight-gradient GEMMs (costmodel.terms.iteration)
     out["block_zb"] = by_block_flags(whole["block_zb"])
+    # each kind's block, as "block" (a model of several kinds: kind_floors)
+    out.update({name: by_block_flags(values) for name, values in whole.items() if name.startswith(KIND_BLOCK)})
     out["compute"] = by_tm(whole["compute"])
     out["head"] = by_tm(3 * whole["head"])
     # With overlapped sends (costmodel.terms.pipeline_time) the exposed part can be 0: a lower bound.
     out["p2p"] = by_tm(whole["p2p"] * (0.0 if c.pp_comm_overlap else 1.0))
-    stored, workspace = Named(whole["stored"], memory_axes), Named(whole["workspace"], memory_axes)
-    out["stored"] = {(rc, cls): by_tm(stored.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc).values)
+    for name in ("stored", "workspace", *(name for name in whole if name.startswith(KIND_MEMORY))):
+        table = Named(whole[name], memory_axes)
+        out[name] = {(rc, cls): by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc).values)
                      for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
-    out["workspace"] = {(rc, cls): by_tm(workspace.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc).values)
-                        for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
     return out
 
 
@@ -411,4 +413,5 @@ def _block_rows(c: Context, tm: np.ndarray, cols: dict, group_at: dict, expert_n
            "p2p": p2p, "stored": blk.activations.stored, "workspace": blk.activations.workspace, "fits": fits}
     if len(kinds.terms) > 1:
         out.update(least_kind_rows(kinds))
+        out.update(kind_rows(kinds))
     return out

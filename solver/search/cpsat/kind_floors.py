@@ -3,11 +3,17 @@ a layer pattern's Mamba-2, attention, MLP and MoE layers): each pipeline stage's
 memory are the sums of its own blocks (costmodel.terms.stage_kinds), so a stage's blocks times
 the model's mean block bounds nothing stage by stage. What stays a lower bound:
 
-* time: the slowest stage takes at least the mean stage, (L · mean block + H)/pp (the stages'
-  blocks are the model's, each once, and the output layer H is on one of them) —
-  `mean_stage_micro`; the block tables' time stays the mean block's;
+* time: each stage takes at least Σ_kind count(stage, kind) · the kind's block floor (the
+  block tables keep one time table per kind, `KIND_BLOCK`), the last with the output layer H,
+  and the slowest stage at least the most of these — `stage_kind_micro` (the block floors);
+  the CP-SAT surrogate, whose time is blocks × one block table, takes the mean stage,
+  (L · mean block + H)/pp (the stages' blocks are the model's, each once, and H is on one of
+  them; solver.search.cpsat.surrogate's output layer at 1/pp);
+* memory: the first stage's stored activations per block at least its kinds' floors weighted
+  by its counts, its recompute workspace at least the largest floor of the kinds it holds
+  (one table per kind, `KIND_MEMORY`) — `first_stage_memory`;
 * one block of any stage — in a ZB-H1 bubble, its stored activations, its recompute
-  workspace — at least the least of the kinds' (`least_kind_rows`).
+  workspace — at least the least of the kinds' (`least_kind_rows`: the CP-SAT surrogate's).
 """
 
 from __future__ import annotations
@@ -21,10 +27,67 @@ from costmodel.ops import ScalarOps
 from costmodel.terms.stage_kinds import stage_kind_counts
 
 
-def mean_stage_micro(blocks, pp, mean_block, head):
-    """[M, K]: one microbatch on the mean stage, (L · mean block + output layer)/pp, of
-    `mean_block` [M, K] and `head` [M] (solver.search.cpsat.tables.block_lower_bounds)."""
-    return (blocks * mean_block + head[:, None]) / pp
+KIND_BLOCK = "block_kind_"
+"""The block tables of each kind's block time: "block_kind_0", "block_kind_1", ... in the
+order of Context.block_kinds (solver.search.cpsat.block_tables)."""
+KIND_MEMORY = ("stored_kind_", "workspace_kind_")
+"""... and of each kind's stored activations and recompute workspace."""
+
+
+def kind_rows(kinds) -> dict:
+    """Each kind's block rows of the block grid (solver.search.cpsat.block_tables): its time,
+    stored activations and workspace (KIND_BLOCK, KIND_MEMORY)."""
+    out = {}
+    for k, blk in enumerate(kinds.terms):
+        out[f"{KIND_BLOCK}{k}"] = block_time(blk)
+        out[f"{KIND_MEMORY[0]}{k}"] = blk.activations.stored
+        out[f"{KIND_MEMORY[1]}{k}"] = blk.activations.workspace
+    return out
+
+
+def kind_tables(block: dict, c=None) -> tuple:
+    """(time, stored, workspace): each kind's tables of the block tables `block`, in kind order
+    (none without `c`, a model of several kinds' context)."""
+    kinds = range(len(c.block_kinds)) if c else ()
+    return tuple([block[f"{prefix}{k}"] for k in kinds] for prefix in (KIND_BLOCK, *KIND_MEMORY))
+
+
+def group_kind_rows(tables, combos: list, classes: list, key: tuple) -> tuple:
+    """Each kind's block time, stored activations and workspace ([kinds, K] each) of one group
+    and microbatch `key` over the flag combinations (solver.search.cpsat.tables.GroupRows)."""
+    time = np.array([[table[cb][key] for cb in combos] for table in tables.kind_blocks])
+    memory = (np.array([[table[(cb[2], cls)][key] for cb, cls in zip(combos, classes)] for table in kind])
+              for kind in (tables.kind_stored, tables.kind_workspace))
+    return (time, *memory)
+
+
+def first_stage_memory(c, pp: int, interleavings, kind_stored, kind_workspace) -> tuple:
+    """([V, M, K], [V, M, K]): the first stage's stored activations per block (its kinds'
+    floors `kind_stored` [M, kinds, K] weighted by its counts: the stage's mean block, as
+    costmodel.terms.stage_costs costs it) and its workspace (the largest of `kind_workspace`
+    over the kinds it holds), for each interleaving (V)."""
+    kinds = tuple(kind for kind, _ in c.block_kinds)
+    counts = np.array([stage_kind_counts(c.block_order, kinds, pp, int(il))[0] for il in interleavings])  # [V, kinds]
+    shares = counts / counts.sum(axis=1, keepdims=True)
+    stored = np.einsum("vk,mkc->vmc", shares, kind_stored)
+    workspace = np.where(counts[:, None, :, None] > 0, kind_workspace[None], 0.0).max(axis=2)
+    return stored, workspace
+
+
+def stage_kind_micro(c, pp: int, interleavings, kind_block, head) -> np.ndarray:
+    """[V, M, K]: one microbatch on the slowest stage, bounded below stage by stage from each
+    kind's block floor: max over the stages of Σ_kind count(stage, kind) · kind_block[M, kind, K]
+    (+ the output layer `head` [M] on the last), for each interleaving of `interleavings` (V)."""
+    kinds = tuple(kind for kind, _ in c.block_kinds)
+    counts = np.array([stage_kind_counts(c.block_order, kinds, pp, int(il)) for il in interleavings])  # [V, pp, kinds]
+    stages = np.einsum("vpk,mkc->vpmc", counts, kind_block)
+    stages[:, -1] = stages[:, -1] + head[None, :, None]
+    return stages.max(axis=1)
+
+
+def block_time(blk) -> object:
+    """One block's time in a microbatch: forward, backward, recompute and exposed offload."""
+    return blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s + blk.offload_bwd_s
 
 
 def least_kind_rows(kinds) -> dict:
@@ -37,10 +100,9 @@ def least_kind_rows(kinds) -> dict:
 
 
 def zero_bubble_block(blk) -> object:
-    """One block's time in a ZB-H1 bubble: forward, backward, recompute and exposed offload,
-    less twice its weight-gradient GEMMs (costmodel.terms.pipeline_time)."""
-    return (blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s + blk.offload_bwd_s
-            - 2 * blk.weight_grad_gemm_s)
+    """One block's time in a ZB-H1 bubble: block_time less twice its weight-gradient GEMMs
+    (costmodel.terms.pipeline_time)."""
+    return block_time(blk) - 2 * blk.weight_grad_gemm_s
 
 
 def distinct_layouts(c, pp: int) -> list[int]:

@@ -25,7 +25,8 @@ from costmodel.space.layout import EMBEDDING_AND_LOSS_BLOCKS, end_chunk_blocks, 
 from costmodel.ops import ArrayOps, ScalarOps
 from solver.space.declaration import Space, flag_projection
 
-from solver.search.cpsat.kind_floors import distinct_layouts, mean_stage_micro
+from solver.search.cpsat.kind_floors import (distinct_layouts, first_stage_memory, group_kind_rows, kind_tables,
+                                             stage_kind_micro)
 from solver.search.cpsat.block_tables import (ACT_CLASSES, BLOCK_FLAGS, BLOCK_TABLES, FIT_SLACK,
                                               RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, SCHED_ZB_H1,
                                               TIME_FLOOR_SLACK, TP_COMM_RS_AG, BlockTableCache, Named, SplitKeys,
@@ -80,7 +81,7 @@ class Tables:
         tp_overlaps = space.codes("tp_overlap", pinned=False)
         cp_comms, shards = space.codes("cp_comm"), space.codes("shard")
         self.several_kinds = len(c.block_kinds) > 1
-        """blocks of several kinds: the block tables' time is their mean (block_lower_bounds)"""
+        """blocks of several kinds, each stage summing its own (solver.search.cpsat.kind_floors)"""
         self.tm_keys = list(v.group_mb)
         self.tp_keys = list(v.split)
         nets = list(range(networks))
@@ -92,6 +93,7 @@ class Tables:
             self.row_memo = {}
         self.block, self.block_zb, self.compute, self.head, self.p2p, self.stored, self.workspace = (
             block[name] for name in BLOCK_TABLES)
+        self.kind_blocks, self.kind_stored, self.kind_workspace = kind_tables(block, self.several_kinds and c)
 
         # ---- stage tables over (tp, cp, ep, etp, pp) × sharding stage × offload flags × net ----
         # (with one microbatch per replica: ZeRO-2/3 traffic grows with the microbatches, so
@@ -219,7 +221,8 @@ class GroupRows:
 
     def of(self, group: tuple, mb: int) -> tuple[np.ndarray, ...]:
         """(block time, ZB-H1 block time, stored activations, workspace) over the combinations,
-        and (output layer time, pipeline send time) of this group and microbatch."""
+        (output layer time, pipeline send time) of this group and microbatch, and each kind's
+        block time, stored activations and workspace (kind_floors.group_kind_rows)."""
         key = (*group, mb)
         rows = self.memo.get(key)
         if rows is None:
@@ -229,7 +232,7 @@ class GroupRows:
                 np.array([t.block_zb[cb][key] for cb in combos]),
                 np.array([t.stored[(cb[2], cl)][key] for cb, cl in zip(combos, self.classes)]),
                 np.array([t.workspace[(cb[2], cl)][key] for cb, cl in zip(combos, self.classes)]),
-                t.head[key], t.p2p.get(key))
+                t.head[key], t.p2p.get(key), *group_kind_rows(t, combos, self.classes, key))
         return rows
 
 
@@ -282,8 +285,8 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         first, middle, last = stage_blocks(ArrayOps, blocks, p, interleaving=il)           # [V, 1] (or one value)
         equal = first is middle is last
         fullest, last_v = np.asarray(np.maximum(first, middle))[..., None], np.asarray(last)[..., None]
-        if several_kinds:                     # (kind_floors.mean_stage_micro)
-            per_micro = np.broadcast_to(mean_stage_micro(blocks, p, block, head)[None], (len(ils), *block.shape))
+        if several_kinds:                     # each stage its own blocks (kind_floors.stage_kind_micro)
+            per_micro = stage_kind_micro(c, p, sk.interleavings, np.array([r[6] for r in per_mb]), head)
         else:
             per_micro = np.broadcast_to(np.maximum(fullest * block, last_v * block + head[:, None]),
                                         (len(ils), *block.shape))                       # [V, M, K]
@@ -293,20 +296,22 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
             block_zb = np.array([r[1] for r in per_mb])
             row = sk.interleavings.index(1)
             sends_1 = (2 * sends)[:, None]
-            # (uneven, a stage without the output layer may set the pace, with none in its bubble)
-            # (several kinds: even stages too may be paced by one without it)
+            # (uneven, or of several kinds, a stage without the output layer may set the pace)
             zb_head = head[:, None] if equal and not several_kinds else 0.0
             last_1 = np.broadcast_to(last, il.shape)[row, 0]
             zb = n[:, None] * (per_micro[row] + sends_1) + (p - 1) * (last_1 * block_zb + zb_head + sends_1)
             time[row] = np.minimum(time[row], zb)
-        stored = np.array([r[2] for r in per_mb])
-        workspace = np.array([r[3] for r in per_mb])
+        stored = np.array([r[2] for r in per_mb])[None]                                        # [1, M, K]
+        workspace = np.array([r[3] for r in per_mb])[None]
+        if several_kinds:                     # the first stage's own kinds ([V, M, K])
+            stored, workspace = first_stage_memory(c, p, sk.interleavings, np.array([r[7] for r in per_mb]),
+                                                   np.array([r[8] for r in per_mb]))
         # a first-stage GPU's (the tables' memory terms are the first stage's too)
         chunks = None if equal else end_chunk_blocks(ArrayOps, blocks, p, il)
         inflight = stage_blocks_in_flight(ArrayOps, first, middle, last, p, il, n[None, :], chunks)[0][:, :, None]
         inflight = np.broadcast_to(inflight, (len(ils), len(mbs), 1))                                # [V, M, 1]
-        all_activations = stored[None] * inflight                                                  # [V, M, K]
-        activations_hbm = np.where(a_off, np.minimum(RESIDENT_BLOCKS, inflight) * stored[None], all_activations)
+        all_activations = stored * inflight                                                        # [V, M, K]
+        activations_hbm = np.where(a_off, np.minimum(RESIDENT_BLOCKS, inflight) * stored, all_activations)
         activations_offloaded = np.where(a_off, all_activations, 0.0)
         # every (sharding stage z, optimizer offload o) at once, on a leading axis S: the same
         # sums, in the same order, as one (z, o) at a time
@@ -322,7 +327,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
             continue
         by_switch = np.array([[t.weights_hbm[(z, w)][at] for w in (0, 1)] for z, _, t in zo])   # [S, 2]
         weights = by_switch[:, w_index][:, None, None, :]                                          # [S, 1, 1, K]
-        memory = (weights + activations_hbm[None] + workspace[None, None]
+        memory = (weights + activations_hbm[None] + workspace[None]
                   + _on_s([t.optimizer_hbm[(z, o)][at] for z, o, t in zo])
                   + _on_s([t.embedding[z][at] for z, _, t in zo]))                          # [S, V, M, K]
         offloaded = (w_off * _on_s([t.weights_and_grads[z][at] for z, _, t in zo])
