@@ -115,6 +115,12 @@ class Model(ModelCounts, BaseModel):
                                 "sliding_window is given.")
     router_bias: Boolean = Field(False, description="A bias per expert on the router's logits (gpt-oss; "
                                                     "DeepSeek-V3's e_score_correction_bias): E parameters.")
+    yarn_rope: Boolean = Field(False, description="RoPE with YaRN scaling (Hugging Face's rope_scaling rope_type "
+                                                  "yarn: gpt-oss): no parameters; outside latent attention Megatron "
+                                                  "runs it unfused, as PyTorch operations.")
+    clamped_activation: Boolean = Field(False, description="The gated activation is clamped with a +1 on its linear "
+                                                           "half (gpt-oss's swiglu_limit): Megatron runs clamps and a "
+                                                           "cat before its fused kernel.")
     mtp_blocks: Annotated[WholeNumber, within(_BLOCKS_OR_NONE)] = Field(
         0, ge=0, description="Multi-token prediction modules (DeepSeek-V3's num_nextn_predict_layers), each a "
                              "block of the last block's kind with two norms and a 2h → h projection, sharing the "
@@ -172,6 +178,11 @@ class Model(ModelCounts, BaseModel):
                 raise ValueError("bias with latent_attention is not modelled (DeepSeek's projections have none)")
         if self.sliding_window_blocks is not None and self.sliding_window_blocks > self.num_blocks:
             raise ValueError(f"sliding_window_blocks({self.sliding_window_blocks}) > num_blocks({self.num_blocks})")
+        if self.yarn_rope and self.position != "rope":
+            raise ValueError(f"yarn_rope(True) with position({self.position!r}): YaRN scales rotary embeddings "
+                             f"(position rope)")
+        if self.clamped_activation and self.mlp not in ("swiglu", "geglu"):
+            raise ValueError(f"clamped_activation(True) with mlp({self.mlp!r}): only a gated activation is clamped")
         if self.sliding_window_blocks and not self.sliding_window:
             raise ValueError(f"sliding_window_blocks({self.sliding_window_blocks}) given with sliding_window(0)")
         return self
