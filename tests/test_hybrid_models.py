@@ -14,19 +14,26 @@ e_score_correction_bias) are not counted."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from costmodel.terms.context import window_core_ratio
+from costmodel.terms.block_memory import stored_activations
+from costmodel.terms.context import Context, window_core_ratio
 from costmodel.errors import InputError
-from costmodel.inputs.load import load_model
+from costmodel.evaluate import _scalar_fields
+from costmodel.inputs.load import load_model, load_system
+from costmodel.inputs.mapping import Mapping
 from costmodel.inputs.model import Model
+from costmodel.inputs.system import Datatype
+from costmodel.ops import ScalarOps
 from costmodel.inputs.mamba import (MambaShape, bridge_mamba_flops_per_token, mamba_allows,
                                    mamba_forward_flops_per_token, mamba_stored_bytes_per_token)
 
 MODELS = Path(__file__).resolve().parents[1] / "problems" / "models"
+H100 = load_system(MODELS.parent / "systems" / "h100-80g-nvl8.yaml")
 
 
 def hf(name: str, seq: int = 8192) -> Model:
@@ -115,6 +122,85 @@ def test_mamba_stored_activations_split_tp_ways():
     split = mamba_stored_bytes_per_token(mamba, 4096, 2.0, tp=8)
     assert whole["in_proj_out"] == 2.0 * (2 * 8192 + 2 * 8 * 128 + 128)
     assert split["in_proj_out"] == whole["in_proj_out"] / 8 and split["input"] == whole["input"]
+
+
+def _saved_by_a_megatron_mamba_layer(config: dict, tokens: int, tp: int, seq_par: bool, ag_redo: bool,
+                                     e: float = 2.0) -> dict:
+    """Bytes one Mamba layer saves for backward (BF16, one microbatch of `tokens` tokens, one GPU), tensor by
+    tensor, read from the code that runs it, written from the Hugging Face config's fields:
+
+    - Megatron-Core core_v0.16.0 (NVIDIA/Megatron-LM 3bec9aa97dda898d16ff5a89bac0ed2b6682b172):
+      models/mamba/mamba_layer_specs.py builds in_proj as TELayerNormColumnParallelLinear (the pre-norm fused
+      in) and out_proj as TERowParallelLinear; ssm/mamba_mixer.py `_ssm_training` (use_mamba_mem_eff_path,
+      the default) calls mamba_split_conv1d_scan_combined on `rearrange(zxBCdt).contiguous()` without
+      rmsnorm_weight or outproj_weight, then `self.norm(y)` (ExtendedRMSNorm, mamba_ssm's gated RMSNorm, one
+      group size D/G); ssm/mamba_layer.py adds the residual by bias_dropout_add (hidden_dropout).
+    - mamba_ssm v2.2.6.post3 (state-spaces/mamba 10b5d6358f27966f6a40e4bf0baa17a460688128):
+      ops/triton/ssd_combined.py MambaSplitConv1dScanCombinedFn.forward `ctx.save_for_backward(zxbcdt,
+      conv1d_weight, conv1d_bias, out_x, A, D, dt_bias, initial_states, seq_idx, rmsnorm_weight, rstd,
+      outproj_weight, outproj_bias)`: of activations zxbcdt and out_x (the scan's output before the z gate,
+      _chunk_scan_fwd allocates it in x's dtype); rstd is None without rmsnorm_weight; the rest are
+      parameters or None. ops/triton/layernorm_gated.py LayerNormFn.forward `ctx.save_for_backward(x, weight,
+      bias, mean, rstd, z)`: x and rstd (fp32, one per group per row; mean None for RMS, z None here).
+    - Transformer Engine's LayerNormLinear keeps its input, the norm's output (in_proj's input: the
+      sequence-parallel shard when the all-gather is redone in backward, else gathered) and rsigma (fp32 per
+      row); Linear keeps its input.
+    """
+    h, heads, p = config["hidden_size"], config["mamba_num_heads"], config["mamba_head_dim"]
+    groups, n = config["n_groups"], config["ssm_state_size"]
+    d = heads * p
+    shard = tokens / tp if seq_par else tokens          # the residual stream's rows on this GPU
+    in_proj_rows = shard if seq_par and ag_redo else tokens
+    dropout = config["hidden_dropout"] > 0
+    return {
+        "pre-norm input": e * shard * h,
+        "in_proj input": e * in_proj_rows * h,
+        "zxbcdt": e * tokens * (2 * d + 2 * groups * n + heads) / tp,
+        "out_x": e * tokens * d / tp,
+        "gated norm input": e * tokens * d / tp,
+        "out_proj input": e * tokens * d / tp,
+        "dropout mask": 1.0 * shard * h if dropout else 0.0,
+        "pre-norm rsigma": 4.0 * shard,
+        "gated norm rstd": 4.0 * tokens * groups / tp,
+    }
+
+
+_STATISTICS = ("pre-norm rsigma", "gated norm rstd")
+"""fp32 norm statistics, which the model leaves out as it does for a transformer block (Korthikanti et al.
+2022 count none): under 0.05 % of these layers' bytes, hence the stated tolerance of 0.1 %."""
+
+
+@pytest.mark.parametrize("name", ["nemotron-h-8b", "nemotron-3-nano-30b-a3b"])
+@pytest.mark.parametrize("tp,comm,ag_redo", [(1, "ar", False), (2, "rs_ag", True), (4, "rs_ag", False),
+                                             (8, "ar", False)])
+def test_mamba_stored_activations_are_what_megatron_core_saves(name, tp, comm, ag_redo):
+    """A Mamba layer's stored activations (block_memory.stored_activations, kind "mamba") against the tensors
+    Megatron-Core and mamba_ssm save for backward, counted above from the config's fields: equal to the
+    count without the fp32 norm statistics (1e-12), within 0.1 % of the count with them."""
+    seq = 8192
+    config = json.loads((MODELS / name / "config.json").read_text())
+    c = Context.build(hf(name, seq), H100, Datatype.bfloat16)
+    fields = dict(seq_par_ag_redo=ag_redo) if comm == "rs_ag" else {}
+    m = _scalar_fields(Mapping(num_procs=tp, tensor_par=tp, pipeline_par=1, data_par=1, batch_size=1,
+                               microbatch_size=1, tensor_par_comm_type=comm, **fields))
+    stored = stored_activations(c, m, ScalarOps, "mamba")
+    saved = _saved_by_a_megatron_mamba_layer(config, seq, tp, comm == "rs_ag", ag_redo)
+    without_statistics = sum(v for k, v in saved.items() if k not in _STATISTICS)
+    assert stored.stored == stored.full == pytest.approx(without_statistics, rel=1e-12)
+    assert stored.full == pytest.approx(sum(saved.values()), rel=1e-3)
+
+
+def test_mamba_stored_activations_under_full_recompute_and_dropout():
+    """Full recomputation keeps the layer's input only; a model trained with dropout keeps the residual add's
+    mask, one byte per element of the residual stream (as a transformer block's masks)."""
+    seq = 4096
+    c = Context.build(hf("nemotron-h-8b", seq), H100, Datatype.bfloat16)
+    m = _scalar_fields(Mapping(num_procs=1, tensor_par=1, pipeline_par=1, data_par=1, batch_size=1,
+                               microbatch_size=1, activation_recompute="full"))
+    stored = stored_activations(c, m, ScalarOps, "mamba")
+    assert stored.stored == 2.0 * seq * 4096 and stored.workspace == stored.full
+    with_dropout = stored_activations(replace(c, dropout=True), m, ScalarOps, "mamba")
+    assert with_dropout.full - stored.full == seq * 4096
 
 
 @pytest.mark.parametrize("tp,cp,allowed", [(1, 1, True), (8, 1, True), (16, 1, False), (2, 4, True),

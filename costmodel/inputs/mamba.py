@@ -133,15 +133,28 @@ def mamba_state_bytes(shape: MambaShape, seq, elem_bytes: float = 4.0) -> float:
     return shape.heads * shape.head_dim * shape.state_size * elem_bytes * -(-seq // _chunk(shape, seq))
 
 
-def mamba_stored_bytes_per_token(shape: MambaShape, hidden: int, elem_bytes: float, tp=1) -> dict:
-    """What a Mamba layer keeps for backward per token (bytes), by Megatron-Core's tensors:
-    the layer's input (the residual stream, h) and its norm's output (in_proj's input, h);
-    in_proj's output zxbcdt (2D + 2GN + H, split tp ways), which the fused
-    mamba_split_conv1d_scan_combined saves and from which it recomputes the conv and the scan in
-    backward; the gated norm's input y (D/tp) and out_proj's input (D/tp)."""
-    return {"input": elem_bytes * hidden, "norm": elem_bytes * hidden,
+def mamba_stored_bytes_per_token(shape: MambaShape, hidden: int, elem_bytes: float, tp=1,
+                                 gemm_input_bytes: float | None = None) -> dict:
+    """What a Mamba layer keeps for backward per token (bytes), tensor by tensor as Megatron-Core
+    (core_v0.16.0) and mamba_ssm (v2.2.6.post3) save them (docs/cost-model.md, Mamba-2):
+
+    input        the layer's input, h: the fused pre-norm's input (TELayerNormColumnParallelLinear)
+    norm         the pre-norm's output, in_proj's input, h (`gemm_input_bytes` each: a quantized
+                 copy under a precision recipe)
+    in_proj_out  zxBCdt, 2D + 2GN + H over tp: MambaSplitConv1dScanCombinedFn saves it and
+                 recomputes the conv (x, B, C) from it in backward
+    scan_out     out_x, the scan's output before the SiLU(z) gate, D/tp: the same function saves
+                 it for the gate's and D's gradients (ssd_combined.py, save_for_backward)
+    norm_in      the gated RMSNorm's input (y·SiLU(z)), D/tp: layernorm_gated.LayerNormFn saves it
+    out_proj_in  out_proj's input, the norm's output, D/tp (`gemm_input_bytes` each)
+
+    The norms' fp32 statistics (one per token, G/tp for the gated norm) are left out, as for a
+    transformer block (Korthikanti et al. 2022): under 0.1 % of the layer."""
+    gemm = elem_bytes if gemm_input_bytes is None else gemm_input_bytes
+    inner = elem_bytes * shape.inner / tp
+    return {"input": elem_bytes * hidden, "norm": gemm * hidden,
             "in_proj_out": elem_bytes * shape.in_proj_cols / tp,
-            "norm_in": elem_bytes * shape.inner / tp, "out_proj_in": elem_bytes * shape.inner / tp}
+            "scan_out": inner, "norm_in": inner, "out_proj_in": gemm * shape.inner / tp}
 
 
 def mamba_allows(shape: MambaShape, tp: int, cp: int) -> bool:

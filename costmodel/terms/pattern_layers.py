@@ -58,15 +58,18 @@ def mamba_layer(c: Context, m, xp) -> LayerCost:
 def _mamba_stored(c: Context, m, xp) -> StoredActivations:
     """A Mamba layer's stored bytes (costmodel.inputs.mamba.mamba_stored_bytes_per_token): its
     input and norm output on the sequence-parallel shard (in_proj's input gathered unless the
-    all-gather is redone), in_proj's output and the two D-wide tensors over tp. Full
-    recomputation keeps the input only, and its backward needs the layer's whole set again."""
+    all-gather is redone), in_proj's output and the three D-wide tensors over tp, and the
+    residual add's dropout mask (MambaLayer's hidden_dropout) when the model trains with dropout.
+    Full recomputation keeps the input only, and its backward needs the layer's whole set again."""
     tokens, _ = layer_tokens(c, m, xp)
-    parts = mamba_stored_bytes_per_token(c.mamba, c.hidden, c.elem_bytes, m.tp)
+    q = c.recipe.copy_bytes if c.quantized else c.elem_bytes
+    parts = mamba_stored_bytes_per_token(c.mamba, c.hidden, c.elem_bytes, m.tp, gemm_input_bytes=q)
     sp_split = xp.where(m.seq_par, m.tp, 1.0)
     gemm_split = xp.where(m.seq_par & m.seq_par_ag_redo, m.tp, 1.0)
     layer_input = tokens * parts["input"] / sp_split
-    full = (layer_input + tokens * parts["norm"] / gemm_split
-            + tokens * (parts["in_proj_out"] + parts["norm_in"] + parts["out_proj_in"]))
+    mask = (MASK_BYTES if c.dropout else 0.0) * tokens * c.hidden / sp_split
+    full = (layer_input + mask + tokens * parts["norm"] / gemm_split
+            + tokens * (parts["in_proj_out"] + parts["scan_out"] + parts["norm_in"] + parts["out_proj_in"]))
     return StoredActivations(stored=xp.where(m.recompute_full, layer_input, full), full=full,
                              workspace=xp.where(m.recompute_full, full, 0.0))
 
