@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from costmodel.terms.block import block_forward_times
 from costmodel.terms.block_memory import stored_activations
 from costmodel.terms.context import Context, window_core_ratio
 from costmodel.errors import InputError
@@ -272,6 +273,17 @@ def test_gemma_3_sliding_layers_cost_window_over_sequence():
     ratio = window_core_ratio(1024, 32768)
     assert ratio == pytest.approx((2 * 32768 * 1024 - 1024 ** 2) / 32768 ** 2)
     assert ratio < 1 and ratio == pytest.approx(2 * 1024 / 32768, rel=0.02)
+    # in the cost model: against the same model without the window, a block (the average of its 62) does
+    # 52/62 · (1 − ratio) less of the causal core's 2·a·d·s² FLOPs (QKᵀ and ·V halved), and its core's time is
+    # (10 + 52·ratio)/62 of the global one
+    m = _scalar_fields(Mapping(num_procs=1, tensor_par=1, pipeline_par=1, data_par=1, batch_size=1,
+                               microbatch_size=1))
+    windowed = block_forward_times(Context.build(model, H100, Datatype.bfloat16), m, ScalarOps)
+    full = model.model_copy(update={"sliding_window": 0, "sliding_window_blocks": None})
+    everywhere = block_forward_times(Context.build(full, H100, Datatype.bfloat16), m, ScalarOps)
+    core = 2 * 32 * 128 * 32768 ** 2
+    assert everywhere.matrix_flops - windowed.matrix_flops == pytest.approx(core * 52 / 62 * (1 - ratio), rel=1e-12)
+    assert windowed.attention_core_s == pytest.approx(everywhere.attention_core_s * (10 + 52 * ratio) / 62, rel=1e-12)
 
 
 def test_a_pattern_in_a_yaml_model_reads_as_in_a_config():
