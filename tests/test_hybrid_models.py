@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from costmodel.terms.block import block_forward_times
 from costmodel.terms.block_memory import stored_activations
 from costmodel.terms.context import Context, window_core_ratio
+from costmodel.terms.pattern_layers import mamba_layer
 from costmodel.errors import InputError
 from costmodel.evaluate import _scalar_fields
 from costmodel.inputs.load import load_model, load_system
@@ -160,6 +161,24 @@ def test_mamba_forward_and_backward_flops_match_the_paper(shape):
     assert forward == pytest.approx(expected, rel=1e-12)
     # backward: twice forward (activation gradient and weight gradient), so a training step 3×
     assert 3 * forward == pytest.approx(3 * expected, rel=1e-12)
+
+
+def test_mamba_backward_reruns_the_conv_and_part_of_the_scan():
+    """mamba_ssm v2.2.6.post3 (state-spaces/mamba 10b5d6358f27966f6a40e4bf0baa17a460688128),
+    ops/triton/ssd_combined.py: MambaSplitConv1dScanCombinedFn.backward reruns causal_conv1d_fwd ("Recompute x, B,
+    C") and _mamba_chunk_scan_combined_bwd reruns _bmm_chunk_fwd (C·Bᵀ, 2·Q·N per group and token),
+    _chunk_state_fwd (Bᵀ·X, 2·N·P per head and token) and _state_passing_fwd (2·N·P per head and chunk) whatever
+    the recompute setting. Nemotron-H 8B, 8,192 tokens, tp 2: those FLOPs, and time for them beside a backward
+    that stays twice the forward."""
+    seq, tp = 8192, 2
+    c = Context.build(hf("nemotron-h-8b", seq), H100, Datatype.bfloat16)
+    m = _scalar_fields(Mapping(num_procs=tp, tensor_par=tp, pipeline_par=1, data_par=1, batch_size=1,
+                               microbatch_size=1, tensor_par_comm_type="rs_ag", seq_par_ag_redo=True))
+    layer = mamba_layer(c, m, ScalarOps)
+    groups, q, n, heads, p = 8, 128, 128, 128, 64
+    per_token = 2 * groups * q * n + heads * 2 * n * p + heads * 2 * n * p / q
+    assert layer.kernel_recompute_flops == pytest.approx(seq * per_token / tp, rel=1e-12)
+    assert layer.kernel_recompute_s > 0 and layer.backward_s == pytest.approx(2 * layer.forward_s, rel=1e-12)
 
 
 def test_mamba_stored_activations_split_tp_ways():

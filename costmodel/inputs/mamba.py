@@ -20,9 +20,13 @@ One layer, forward, per token:
     norm       RMSNormGated over D (y · silu(z), normalised per group)
     out_proj   D → h                                                        2·D·h FLOP
 
-Backward does twice forward's FLOPs, activation gradient and weight gradient (the scan's
-backward kernels, mamba_chunk_scan_combined_bwd, recompute the chunk states and run the
-transposed products of steps 1-4: 2× forward's matrix work).
+Backward does twice forward's FLOPs, activation gradient and weight gradient (the transposed
+products of the projections and of the scan's steps 1-4). Beside them, whatever the recompute
+setting, the fused kernel's backward (mamba_ssm v2.2.6.post3, ops/triton/ssd_combined.py:
+MambaSplitConv1dScanCombinedFn.backward, _mamba_chunk_scan_combined_bwd) reruns the conv ("Recompute
+x, B, C") and, of the scan, C·Bᵀ (_bmm_chunk_fwd), the chunk states (_chunk_state_fwd) and the state
+passing (_state_passing_fwd): 2·G·Q·N + H·(2·N·P + 2·N·P/Q) per token
+(mamba_scan_recompute_flops_per_token), as a fused attention kernel reruns its scores.
 
 Tensor parallelism splits heads and groups (mamba_mixer.py asserts nheads % tp == 0 and
 ngroups % tp == 0; in_proj is column-parallel, out_proj row-parallel: one TP region per layer,
@@ -45,6 +49,7 @@ _CONV_KERNEL = Bound(1, 1 << 10, "taps of a depthwise causal conv; Mamba-2 uses 
 _CHUNK = Bound(1, 1 << 16, "tokens per chunk of the SSD scan; Mamba-2 uses 128 or 256")
 
 __all__ = ["MambaShape", "mamba_forward_flops_per_token", "mamba_scan_flops_per_token", "mamba_allows",
+           "mamba_scan_recompute_flops_per_token",
            "mamba_stored_bytes_per_token", "mamba_scan_bytes_per_token", "bridge_mamba_flops_per_token"]
 
 
@@ -110,6 +115,13 @@ def mamba_scan_flops_per_token(shape: MambaShape, seq) -> float:
     """The SSD chunked scan's forward FLOPs per token (all heads): the four steps above."""
     q, n, p = _chunk(shape, seq), shape.state_size, shape.head_dim
     return 2 * shape.groups * q * n + shape.heads * (2 * q * p + 4 * n * p + 2 * n * p / q)
+
+
+def mamba_scan_recompute_flops_per_token(shape: MambaShape, seq) -> float:
+    """What the scan's backward reruns of its forward per token (all heads): C·Bᵀ per group, the
+    chunk states and their passing (above)."""
+    q, n, p = _chunk(shape, seq), shape.state_size, shape.head_dim
+    return 2 * shape.groups * q * n + shape.heads * (2 * n * p + 2 * n * p / q)
 
 
 def mamba_forward_flops_per_token(shape: MambaShape, hidden: int, seq) -> dict:

@@ -16,7 +16,9 @@ and groups, so every width below D, G, H is over tp):
 
 Backward: twice forward's work (costmodel.inputs.mamba): the projections' activation and
 weight gradients, the scan's backward kernels (activation gradient only: it has no weights)
-at twice its forward, the element-wise passes twice.
+at twice its forward, the element-wise passes twice; and, as a fused attention kernel's scores
+(LayerCost.kernel_recompute_s), the conv and the scan's C·Bᵀ, chunk states and state passing
+that the fused kernel's backward reruns.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from costmodel.terms.context import MASK_BYTES, Context
 from costmodel.terms.block_memory import StoredActivations, block_stored_activation_bytes
 from costmodel.terms.layer_time import RMSNORM_FLOPS_PER_ELEM, eltwise_s, matmul_s
 from costmodel.terms.layers import LayerCost, layer_tokens
-from costmodel.inputs.mamba import mamba_scan_flops_per_token, mamba_stored_bytes_per_token
+from costmodel.inputs.mamba import (mamba_scan_flops_per_token, mamba_scan_recompute_flops_per_token,
+                                   mamba_stored_bytes_per_token)
 from costmodel.terms.quantize import GemmOperands
 
 __all__ = ["mamba_layer", "PATTERN_STORED"]
@@ -51,8 +54,12 @@ def mamba_layer(c: Context, m, xp) -> LayerCost:
     gemms = (GemmOperands(ln_tokens * h, tokens * in_cols, h * in_cols, gathered, False, t, norm_fed=True),
              GemmOperands(tokens * inner, ln_tokens * h, inner * h, False, gathered, t))
     eltwise = conv + gated_norm
+    # the fused kernel's backward reruns the conv and part of the scan (costmodel.inputs.mamba)
+    rerun_flops = tokens * mamba_scan_recompute_flops_per_token(shape, c.seq) / t
+    rerun = conv + matmul_s(c, xp, tokens, inner, rerun_flops / (2 * tokens * inner))
     return LayerCost("mamba", gemm_s=projections + scan, eltwise_s=eltwise, matrix_flops=flops, tp_regions=1.0,
-                     gemms=gemms, activation_grad_s=projections + 2 * scan + 2 * eltwise, weight_grad_s=projections)
+                     gemms=gemms, activation_grad_s=projections + 2 * scan + 2 * eltwise, weight_grad_s=projections,
+                     kernel_recompute_s=rerun, kernel_recompute_flops=rerun_flops)
 
 
 def _mamba_stored(c: Context, m, xp) -> StoredActivations:
