@@ -207,9 +207,11 @@ def _saved_by_a_megatron_mamba_layer(config: dict, tokens: int, tp: int, seq_par
       _chunk_scan_fwd allocates it in x's dtype); rstd is None without rmsnorm_weight; the rest are
       parameters or None. ops/triton/layernorm_gated.py LayerNormFn.forward `ctx.save_for_backward(x, weight,
       bias, mean, rstd, z)`: x and rstd (fp32, one per group per row; mean None for RMS, z None here).
-    - Transformer Engine's LayerNormLinear keeps its input, the norm's output (in_proj's input: the
-      sequence-parallel shard when the all-gather is redone in backward, else gathered) and rsigma (fp32 per
-      row); Linear keeps its input.
+    - Transformer Engine v2.8 (NVIDIA/TransformerEngine 40c69e751a47ec87786283e125c5eb264101270f),
+      pytorch/module/layernorm_linear.py `prepare_for_saving(inputmat, weightmat, weight, bias, ln_weight, ln_out,
+      mu, rsigma)`: the input, the norm's output (in_proj's input; under sequence parallelism TE frees the gathered
+      copy and keeps its shard, re-gathering in backward — the mapping's seq_par_ag_redo; not redone, the gathered
+      tensor) and rsigma (fp32 per row); pytorch/module/linear.py keeps its input.
     """
     h, heads, p = config["hidden_size"], config["mamba_num_heads"], config["mamba_head_dim"]
     groups, n = config["n_groups"], config["ssm_state_size"]
