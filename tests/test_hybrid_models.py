@@ -26,9 +26,11 @@ from costmodel.terms.context import Context, window_core_ratio
 from costmodel.terms.pattern_layers import mamba_layer
 from costmodel.errors import InputError
 from costmodel.evaluate import _scalar_fields
+from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.load import load_model, load_system
 from costmodel.inputs.mapping import Mapping
 from costmodel.inputs.model import Model
+from costmodel.inputs.precision import Precision
 from costmodel.inputs.system import Datatype
 from costmodel.ops import ScalarOps
 from costmodel.inputs.mamba import (MambaShape, bridge_mamba_flops_per_token, mamba_allows,
@@ -268,6 +270,24 @@ def test_mamba_stored_activations_under_full_recompute_and_dropout():
     assert stored.stored == 2.0 * seq * 4096 and stored.workspace == stored.full
     with_dropout = stored_activations(replace(c, dropout=True), m, ScalarOps, "mamba")
     assert with_dropout.full - stored.full == seq * 4096
+
+
+def test_mamba_stored_gemm_inputs_under_fp8_are_quantized_copies():
+    """Under an FP8 recipe Transformer Engine keeps a GEMM's input as its quantized copy (v2.8
+    pytorch/module/linear.py and layernorm_linear.py); Megatron-Core's MambaMixer does not ask out_proj to keep its
+    BF16 input (core_v0.16.0 calls set_save_original_input for attention's linear_proj, the MoE experts' fc2, never
+    for the Mamba layer). So in_proj's input (h) and out_proj's (D) drop from 2 bytes to the copy's; the rest of
+    the layer is BF16 as before."""
+    seq = 4096
+    model = hf("nemotron-h-8b", seq)
+    m = _scalar_fields(Mapping(num_procs=1, tensor_par=1, pipeline_par=1, data_par=1, batch_size=1,
+                               microbatch_size=1))
+    bf16 = stored_activations(Context.build(model, H100, Datatype.bfloat16), m, ScalarOps, "mamba")
+    fp8 = Context.build(model, H100, Datatype.bfloat16, Kernels(precision=Precision.fp8_tensorwise))
+    copy = fp8.recipe.copy_bytes
+    assert 1.0 <= copy < 2.0
+    assert bf16.full - stored_activations(fp8, m, ScalarOps, "mamba").full == pytest.approx(
+        (2.0 - copy) * seq * (4096 + 8192), rel=1e-12)
 
 
 @pytest.mark.parametrize("tp,cp,allowed", [(1, 1, True), (8, 1, True), (16, 1, False), (2, 4, True),
