@@ -106,6 +106,11 @@ class Model(ModelCounts, BaseModel):
         None, description="Multi-head latent attention (DeepSeek-V3): its ranks and head sizes; attn_size is then "
                           "the query/key head width qk_nope_head_dim + qk_rope_head_dim.")
     qk_norm: Boolean = Field(False, description="An RMSNorm over each query and key head (Qwen3): 2·d parameters.")
+    output_norms: Boolean = Field(False, description="A norm on the attention's and the MLP's outputs before each "
+                                                     "residual add, beside the two pre-norms (Gemma 2/3's "
+                                                     "post_attention_layernorm, post_feedforward_layernorm): two more "
+                                                     "norms' parameters per block; their element-wise passes are "
+                                                     "not timed (as qk_norm's).")
     attention_sinks: Boolean = Field(False, description="A learned logit per head joins each softmax (gpt-oss): "
                                                         "a parameters per block, negligible FLOP.")
     sliding_window: Annotated[WholeNumber, within(_WINDOW_OR_NONE)] = Field(
