@@ -7,7 +7,9 @@ train.json read by benchmarks/read_deepseek_trace.py): one MoE layer's kernels, 
 backward (activation and weight gradient), 4,096 tokens per microbatch, EP 64, TP 1, FP8 with
 128-wide block scales. The model: problems/models/deepseek-v3 on problems/systems/h800-80g-nvl8.yaml
 at that mapping (tp 1, ep 64, etp 1, microbatch 1, sequence 4,096, fp8-blockwise, fused
-attention), one MoE block's layers (costmodel.terms.block.block_layers) split into the trace's
+attention; full-iteration CUDA graphs, so that no kernel carries the step's launch gap: the
+trace's categories are kernel time, and the idle time between kernels is in none of them),
+one MoE block's layers (costmodel.terms.block.block_layers) split into the trace's
 categories:
 
     dense_gemm    the attention projections and the shared experts, forward + activation gradient,
@@ -68,7 +70,8 @@ def trace_mapping(tokens: int) -> Mapping:
     """The trace's layout for one layer: tp 1, ep 64 over 64 GPUs, one sequence per microbatch."""
     return Mapping(num_procs=64, tensor_par=1, expert_par=64, pipeline_par=1, data_par=64, batch_size=64,
                    microbatch_size=1, datatype="bfloat16", precision="fp8-blockwise", fused_attention=True,
-                   fused_activation=True, expert_tensor_par=1, moe_dispatcher="flex")
+                   fused_activation=True, expert_tensor_par=1, moe_dispatcher="flex",
+                   cuda_graphs="full-iteration")
 
 
 def model_categories(c: Context, m, xp) -> dict:

@@ -174,14 +174,18 @@ def _print_sections(report: RunsReport, prefix: str, summary_title: str, left_ou
 
 
 def moe_targets(report: RunsReport) -> list[dict]:
-    """The MoE accuracy targets with the figures reached. Nothing is fitted on the MoE rows (the
-    whole-step terms are the dense rows' and the single H200's), so leaving a configuration out
-    changes nothing: the out-of-sample figure is the in-sample one."""
+    """The MoE accuracy targets (the MoE-layers issue's) with the figures reached. Nothing is fitted
+    on the MoE rows (the whole-step terms are the dense rows' and the single H200's; the MoE
+    layer's kernel inventory is counted from the code), so leaving a configuration out changes
+    nothing: the out-of-sample figure is the in-sample one."""
     scored = first_summary(report.overall)
     with_infeasible = first_summary(predicted_summary(report.newest))
-    rows = [("MoE rows scored, median |error| (out of sample: nothing fitted on them)", scored, 0.08),
-            ("MoE rows scored, leave one configuration out, median |error|", scored, 0.10),
-            ("MoE rows with memory-infeasible ones by predicted time, median |error|", with_infeasible, 0.08)]
+    gpt_oss = [abs(s.time_error) for s in report.newest
+               if s.status == "scored" and s.time_error is not None and "gpt_oss" in s.run.name]
+    rows = [("MoE rows scored, median |error| (out of sample: nothing fitted on them)", scored, 0.10),
+            ("MoE rows scored, leave one configuration out, median |error|", scored, 0.12),
+            ("MoE rows with memory-infeasible ones by predicted time, median |error|", with_infeasible, 0.10),
+            ("GPT-OSS rows scored, largest |error| (every row within)", max(gpt_oss, default=None), 0.15)]
     return [{"what": what, "figure": figure, "bound": bound, "met": None if figure is None else figure <= bound}
             for what, figure, bound in rows]
 

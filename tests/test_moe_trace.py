@@ -68,8 +68,9 @@ def test_moe_layer_named_eltwise_parts_add_up(dispatcher):
     system = load_system(ROOT / "problems/systems/h800-80g-nvl8.yaml")
     c = Context.build(model, system, Datatype.bfloat16, Kernels(moe_dispatcher=dispatcher))
     layer = moe_layer_forward(c, ScalarOps, 4096.0, 1.0, 64.0, 1.0)
-    parts = layer.router_eltwise_s + layer.permute_s + layer.expert_activation_s + layer.shared_activation_s
-    assert layer.permute_s > 0 and layer.router_eltwise_s > 0
+    parts = (layer.router_eltwise_s + layer.permute_s + layer.expert_activation_s + layer.shared_activation_s
+             + layer.launches_s)
+    assert layer.permute_s > 0 and layer.router_eltwise_s > 0 and layer.launches_s > 0
     assert parts == pytest.approx(layer.eltwise_s, rel=1e-12)
 
 

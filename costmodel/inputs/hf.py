@@ -218,7 +218,9 @@ def _gpt_oss(config: GptOssConfig, source: str) -> dict:
     experts and the router, one learned sink logit per head, and the blocks whose layer_types
     entry is sliding_attention attend over sliding_window tokens (default: the even-numbered
     blocks, Transformers' default layer_types). Its SwiGLU variant (x·σ(1.702·x)·(y + 1),
-    clamped at swiglu_limit) costs the FLOP of a SwiGLU: read as one."""
+    clamped at swiglu_limit) costs the FLOP of a SwiGLU: read as one, clamped
+    (`clamped_activation`: every gpt-oss config clamps, Transformers' default limit is 7.0);
+    rope_scaling of rope_type yarn is `yarn_rope`."""
     fields = _llama_like(config, source)
     blocks = fields["num_blocks"]
     kinds = config_field(config, source, "layer_types", ["sliding_attention" if i % 2 == 0 else "full_attention"
@@ -230,7 +232,10 @@ def _gpt_oss(config: GptOssConfig, source: str) -> dict:
     window_blocks = kinds.count("sliding_attention")
     bias = config_field(config, source, "attention_bias", True)
     per_token = config_field(config, source, "num_experts_per_tok", None)
+    scaling = config_field(config, source, "rope_scaling", None)
     return {**fields, "bias": bias, "qkv_bias": bias, "attention_sinks": True, "router_bias": True,
+            "yarn_rope": scaling is not None and scaling.kind == "yarn",
+            "clamped_activation": True,
             "num_experts": config_field(config, source, "num_local_experts", 128),
             "experts_per_token": per_token if per_token is not None else config_field(config, source, "experts_per_token", 4),
             "expert_feedforward": fields["feedforward"],

@@ -82,8 +82,7 @@ def gemma3_text(config: Gemma3TextConfig, source: str) -> dict:
     RMSNorm, RoPE, an RMSNorm on each query and key head, tied embeddings; layer i (from 0)
     attends over sliding_window tokens unless layer_types (default: every
     sliding_window_pattern-th layer) makes it global. Gemma's two further norms per layer
-    (after attention and after the MLP, 2·h scales: 0.07 % of Gemma 3 27B's parameters) are
-    not modelled."""
+    (post_attention_layernorm, post_feedforward_layernorm: output_norms) count as parameters."""
     hidden, heads = config_field(config, source, "hidden_size"), config_field(config, source, "num_attention_heads")
     layers = config_field(config, source, "num_hidden_layers")
     act = config_field(config, source, "hidden_activation", "gelu_pytorch_tanh")
@@ -97,7 +96,7 @@ def gemma3_text(config: Gemma3TextConfig, source: str) -> dict:
         "attn_size": config_field(config, source, "head_dim", 256), "num_blocks": layers,
         "vocab_size": config_field(config, source, "vocab_size", 262208), "mlp": "geglu", "norm": "rmsnorm",
         "position": "rope", "tied_embeddings": config_field(config, source, "tie_word_embeddings", True),
-        "bias": False, "qkv_bias": bias, "qk_norm": True,
+        "bias": False, "qkv_bias": bias, "qk_norm": True, "output_norms": True,
         **({"sliding_window": config_field(config, source, "sliding_window", 4096), "sliding_window_blocks": sliding}
            if sliding else {}),
     }

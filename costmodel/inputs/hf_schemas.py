@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 import costmodel.inputs.limits as limits
 from costmodel.errors import InputError
@@ -147,16 +147,36 @@ class DeepseekV3Config(_Attention):
     scoring_func: str | None = None
 
 
+class RopeScaling(BaseModel):
+    """rope_scaling: only its kind is read (`rope_type`, older files `type`)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+    rope_type: str | None = None
+    type: str | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> "RopeScaling":
+        if self.kind is None:
+            raise ValueError("rope_scaling names no rope_type (or type)")
+        return self
+
+    @property
+    def kind(self) -> str | None:
+        return self.rope_type or self.type
+
+
 class GptOssConfig(_Attention):
     """gpt_oss: grouped-query attention with biases and sinks, layer_types alternating
     sliding_attention (sliding_window) and full_attention, every block an MoE of
-    num_local_experts experts with biases and a router with a bias, no shared expert."""
+    num_local_experts experts with biases and a router with a bias, no shared expert;
+    rope_scaling (its kind: YaRN)."""
 
     attention_bias: Boolean | None = None
     num_local_experts: Experts = None
     num_experts_per_tok: ExpertsPerToken = None
     experts_per_token: ExpertsPerToken = None
     layer_types: list[str] | None = None
+    rope_scaling: RopeScaling | None = None
 
 
 class _QwenExperts(BaseModel):

@@ -20,9 +20,13 @@ One layer, forward, per token:
     norm       RMSNormGated over D (y · silu(z), normalised per group)
     out_proj   D → h                                                        2·D·h FLOP
 
-Backward does twice forward's FLOPs, activation gradient and weight gradient (the scan's
-backward kernels, mamba_chunk_scan_combined_bwd, recompute the chunk states and run the
-transposed products of steps 1-4: 2× forward's matrix work).
+Backward does twice forward's FLOPs, activation gradient and weight gradient (the transposed
+products of the projections and of the scan's steps 1-4). Beside them, whatever the recompute
+setting, the fused kernel's backward (mamba_ssm v2.2.6.post3, ops/triton/ssd_combined.py:
+MambaSplitConv1dScanCombinedFn.backward, _mamba_chunk_scan_combined_bwd) reruns the conv ("Recompute
+x, B, C") and, of the scan, C·Bᵀ (_bmm_chunk_fwd), the chunk states (_chunk_state_fwd) and the state
+passing (_state_passing_fwd): 2·G·Q·N + H·(2·N·P + 2·N·P/Q) per token
+(mamba_scan_recompute_flops_per_token), as a fused attention kernel reruns its scores.
 
 Tensor parallelism splits heads and groups (mamba_mixer.py asserts nheads % tp == 0 and
 ngroups % tp == 0; in_proj is column-parallel, out_proj row-parallel: one TP region per layer,
@@ -45,6 +49,7 @@ _CONV_KERNEL = Bound(1, 1 << 10, "taps of a depthwise causal conv; Mamba-2 uses 
 _CHUNK = Bound(1, 1 << 16, "tokens per chunk of the SSD scan; Mamba-2 uses 128 or 256")
 
 __all__ = ["MambaShape", "mamba_forward_flops_per_token", "mamba_scan_flops_per_token", "mamba_allows",
+           "mamba_scan_recompute_flops_per_token",
            "mamba_stored_bytes_per_token", "mamba_scan_bytes_per_token", "bridge_mamba_flops_per_token"]
 
 
@@ -112,6 +117,13 @@ def mamba_scan_flops_per_token(shape: MambaShape, seq) -> float:
     return 2 * shape.groups * q * n + shape.heads * (2 * q * p + 4 * n * p + 2 * n * p / q)
 
 
+def mamba_scan_recompute_flops_per_token(shape: MambaShape, seq) -> float:
+    """What the scan's backward reruns of its forward per token (all heads): C·Bᵀ per group, the
+    chunk states and their passing (above)."""
+    q, n, p = _chunk(shape, seq), shape.state_size, shape.head_dim
+    return 2 * shape.groups * q * n + shape.heads * (2 * n * p + 2 * n * p / q)
+
+
 def mamba_forward_flops_per_token(shape: MambaShape, hidden: int, seq) -> dict:
     """A Mamba-2 layer's forward FLOPs per token by part (matrix: in_proj, out_proj; conv; scan)."""
     return {"in_proj": 2 * hidden * shape.in_proj_cols, "conv": 2 * shape.conv_kernel * shape.conv_channels,
@@ -133,15 +145,28 @@ def mamba_state_bytes(shape: MambaShape, seq, elem_bytes: float = 4.0) -> float:
     return shape.heads * shape.head_dim * shape.state_size * elem_bytes * -(-seq // _chunk(shape, seq))
 
 
-def mamba_stored_bytes_per_token(shape: MambaShape, hidden: int, elem_bytes: float, tp=1) -> dict:
-    """What a Mamba layer keeps for backward per token (bytes), by Megatron-Core's tensors:
-    the layer's input (the residual stream, h) and its norm's output (in_proj's input, h);
-    in_proj's output zxbcdt (2D + 2GN + H, split tp ways), which the fused
-    mamba_split_conv1d_scan_combined saves and from which it recomputes the conv and the scan in
-    backward; the gated norm's input y (D/tp) and out_proj's input (D/tp)."""
-    return {"input": elem_bytes * hidden, "norm": elem_bytes * hidden,
+def mamba_stored_bytes_per_token(shape: MambaShape, hidden: int, elem_bytes: float, tp=1,
+                                 gemm_input_bytes: float | None = None) -> dict:
+    """What a Mamba layer keeps for backward per token (bytes), tensor by tensor as Megatron-Core
+    (core_v0.16.0) and mamba_ssm (v2.2.6.post3) save them (docs/cost-model.md, Mamba-2):
+
+    input        the layer's input, h: the fused pre-norm's input (TELayerNormColumnParallelLinear)
+    norm         the pre-norm's output, in_proj's input, h (`gemm_input_bytes` each: a quantized
+                 copy under a precision recipe)
+    in_proj_out  zxBCdt, 2D + 2GN + H over tp: MambaSplitConv1dScanCombinedFn saves it and
+                 recomputes the conv (x, B, C) from it in backward
+    scan_out     out_x, the scan's output before the SiLU(z) gate, D/tp: the same function saves
+                 it for the gate's and D's gradients (ssd_combined.py, save_for_backward)
+    norm_in      the gated RMSNorm's input (y·SiLU(z)), D/tp: layernorm_gated.LayerNormFn saves it
+    out_proj_in  out_proj's input, the norm's output, D/tp (`gemm_input_bytes` each)
+
+    The norms' fp32 statistics (one per token, G/tp for the gated norm) are left out, as for a
+    transformer block (Korthikanti et al. 2022): under 0.1 % of the layer."""
+    gemm = elem_bytes if gemm_input_bytes is None else gemm_input_bytes
+    inner = elem_bytes * shape.inner / tp
+    return {"input": elem_bytes * hidden, "norm": gemm * hidden,
             "in_proj_out": elem_bytes * shape.in_proj_cols / tp,
-            "norm_in": elem_bytes * shape.inner / tp, "out_proj_in": elem_bytes * shape.inner / tp}
+            "scan_out": inner, "norm_in": inner, "out_proj_in": gemm * shape.inner / tp}
 
 
 def mamba_allows(shape: MambaShape, tp: int, cp: int) -> bool:

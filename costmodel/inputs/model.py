@@ -106,6 +106,11 @@ class Model(ModelCounts, BaseModel):
         None, description="Multi-head latent attention (DeepSeek-V3): its ranks and head sizes; attn_size is then "
                           "the query/key head width qk_nope_head_dim + qk_rope_head_dim.")
     qk_norm: Boolean = Field(False, description="An RMSNorm over each query and key head (Qwen3): 2·d parameters.")
+    output_norms: Boolean = Field(False, description="A norm on the attention's and the MLP's outputs before each "
+                                                     "residual add, beside the two pre-norms (Gemma 2/3's "
+                                                     "post_attention_layernorm, post_feedforward_layernorm): two more "
+                                                     "norms' parameters per block; their element-wise passes are "
+                                                     "not timed (as qk_norm's).")
     attention_sinks: Boolean = Field(False, description="A learned logit per head joins each softmax (gpt-oss): "
                                                         "a parameters per block, negligible FLOP.")
     sliding_window: Annotated[WholeNumber, within(_WINDOW_OR_NONE)] = Field(
@@ -115,6 +120,12 @@ class Model(ModelCounts, BaseModel):
                                 "sliding_window is given.")
     router_bias: Boolean = Field(False, description="A bias per expert on the router's logits (gpt-oss; "
                                                     "DeepSeek-V3's e_score_correction_bias): E parameters.")
+    yarn_rope: Boolean = Field(False, description="RoPE with YaRN scaling (Hugging Face's rope_scaling rope_type "
+                                                  "yarn: gpt-oss): no parameters; outside latent attention Megatron "
+                                                  "runs it unfused, as PyTorch operations.")
+    clamped_activation: Boolean = Field(False, description="The gated activation is clamped with a +1 on its linear "
+                                                           "half (gpt-oss's swiglu_limit): Megatron runs clamps and a "
+                                                           "cat before its fused kernel.")
     mtp_blocks: Annotated[WholeNumber, within(_BLOCKS_OR_NONE)] = Field(
         0, ge=0, description="Multi-token prediction modules (DeepSeek-V3's num_nextn_predict_layers), each a "
                              "block of the last block's kind with two norms and a 2h → h projection, sharing the "
@@ -172,6 +183,11 @@ class Model(ModelCounts, BaseModel):
                 raise ValueError("bias with latent_attention is not modelled (DeepSeek's projections have none)")
         if self.sliding_window_blocks is not None and self.sliding_window_blocks > self.num_blocks:
             raise ValueError(f"sliding_window_blocks({self.sliding_window_blocks}) > num_blocks({self.num_blocks})")
+        if self.yarn_rope and self.position != "rope":
+            raise ValueError(f"yarn_rope(True) with position({self.position!r}): YaRN scales rotary embeddings "
+                             f"(position rope)")
+        if self.clamped_activation and self.mlp not in ("swiglu", "geglu"):
+            raise ValueError(f"clamped_activation(True) with mlp({self.mlp!r}): only a gated activation is clamped")
         if self.sliding_window_blocks and not self.sliding_window:
             raise ValueError(f"sliding_window_blocks({self.sliding_window_blocks}) given with sliding_window(0)")
         return self

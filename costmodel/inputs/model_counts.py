@@ -91,14 +91,15 @@ class ModelCounts:
     @property
     def attention_vector_params(self) -> int:
         """Biases and norms of one block outside its MLP: QKV bias a·d + 2·g·d, projection bias h,
-        two norms; and where the model has them, the query and key head norms (2·d scales),
-        the attention sinks (a logits) and latent attention's norms (r_q + r_kv)."""
+        two norms (four with output_norms); and where the model has them, the query and key head
+        norms (2·d scales), the attention sinks (a logits) and latent attention's norms (r_q + r_kv)."""
         qkv_bias = self.bias if self.qkv_bias is None else self.qkv_bias
         biases = (self.attn_width + 2 * self.kv_width if qkv_bias else 0) + (self.hidden if self.bias else 0)
         head_norms = (2 if self.norm == "layernorm" else 1) * 2 * self.attn_size if self.qk_norm else 0
         sinks = self.attn_heads if self.attention_sinks else 0
         latent = self.latent_attention.norm_params if self.latent_attention is not None else 0
-        return biases + 2 * self.norm_params + head_norms + sinks + latent
+        norms = (4 if self.output_norms else 2) * self.norm_params
+        return biases + norms + head_norms + sinks + latent
 
     @property
     def block_vector_params(self) -> int:

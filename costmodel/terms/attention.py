@@ -184,6 +184,39 @@ def unfused_core(c: Context, m, xp) -> AttentionCore:
                          kernel_recompute_flops=0.0, selective_s=core_gemm + core_eltwise, selective_flops=core_flops)
 
 
+UNFUSED_ROPE_PASSES = ((1.0, 1.0, 2.0), (0.5, 1.0, 2.0), (1.0, 0.0, 2.0), (1.0, 1.0, 2.0), (1.0, 1.0, 3.0),
+                       (1.0, 0.0, 2.0))
+"""Megatron-Core's _apply_rotary_pos_emb_bshd on one tensor t as PyTorch runs it (megatron/core/
+models/common/embeddings/rope_utils.py, core_r0.17.0 l.95-126), each a kernel over t: (share of
+t's elements, FLOP and bytes per element by e): t·cos, −x₂ of rotate_half (half of t), its cat,
+·sin, the add, and the cat with the unrotated columns."""
+UNFUSED_ROPE_TABLE_KERNELS = 6.0
+"""the same call's kernels on the s × d frequency table: cos and sin, each scaled by mscale and
+cast to t's datatype (bytes negligible: a latency each)."""
+
+
+def unfused_rope_s(c: Context, xp, q_elems, k_elems):
+    """RoPE applied as PyTorch operations to Q and to K (`UNFUSED_ROPE_PASSES` over each, and
+    `UNFUSED_ROPE_TABLE_KERNELS` each): how Megatron runs YaRN outside latent attention, whose
+    rotary fusion Megatron-Bridge turns off for a position embedding other than rope
+    (src/megatron/bridge/training/utils/fusions.py; gpt-oss's position_embedding_type yarn)."""
+    e, total = c.elem_bytes, 0.0
+    for elems in (q_elems, k_elems):
+        for share, flops, units in UNFUSED_ROPE_PASSES:
+            total = total + eltwise_s(c, xp, share * elems, flops, units * e)
+        total = total + UNFUSED_ROPE_TABLE_KERNELS * c.hbm_latency_s
+    return total
+
+
+def _rope_s(c: Context, xp, tokens, t, rope_elems):
+    """RoPE rotating Q and K in place: one fused pass (read and write), or unfused (`unfused_rope_s`)."""
+    if not c.rope:
+        return 0.0
+    if c.unfused_rope:
+        return unfused_rope_s(c, xp, tokens * c.heads / t * c.head_size, tokens * c.kv_heads / t * c.head_size)
+    return eltwise_s(c, xp, rope_elems, ROPE_FLOPS_PER_ELEM, 2 * c.elem_bytes)
+
+
 def attention_layer(c: Context, m, xp) -> LayerCost:
     """The attention layer: its projections, its core (fused or unfused), and RoPE rotating Q
     and K in place (one pass, read and write). recompute_modules core_attn reruns the unfused
@@ -193,7 +226,7 @@ def attention_layer(c: Context, m, xp) -> LayerCost:
     att = attention_projections(c, xp, tokens, ln_tokens, m.tp, m.seq_par, norm_output_bytes(c),
                                 norm_flops_per_elem(c))
     core = fused_core(c, m, xp) if c.fused_attention else unfused_core(c, m, xp)
-    rope = eltwise_s(c, xp, att.rope_elems, ROPE_FLOPS_PER_ELEM, 2 * c.elem_bytes) if c.rope else 0.0
+    rope = _rope_s(c, xp, tokens, m.tp, att.rope_elems)
     return LayerCost(
         "attention",
         gemm_s=att.in_s + core.gemm_s + att.out_s,

@@ -122,6 +122,10 @@ class Context:
     moe_comm_overlap: bool = False     # EP dispatch/combine beside another microbatch's compute
     moe_dispatcher_sm_share: float | None = None   # SMs the flex dispatcher holds while hidden (Kernels)
     fused_cross_entropy: bool = True   # Megatron's fused loss (6 bytes per logit) or eager PyTorch's (12)
+    expert_bias: bool = False          # the routed experts carry biases (gpt-oss: Model.bias with experts)
+    router_has_bias: bool = False      # the router's logits carry a bias (Model.router_bias)
+    clamped_activation: bool = False   # the experts' gate is clamped (Model.clamped_activation)
+    unfused_rope: bool = False         # RoPE as PyTorch operations (Model.yarn_rope outside latent attention)
     # attention variants (costmodel.terms.block): latent attention's widths, and the sliding window's
     # share of the attention core's work
     v_head_size: float = 0.0           # d_v: a value head's width (0: head_size, d_qk = d_v)
@@ -316,6 +320,9 @@ def _moe_fields(model: Model) -> dict:
         shared_expert_gate=model.shared_expert_gate, moe_blocks=float(model.moe_blocks),
         moe_block_params=float(model.moe_block_params), routed_expert_params=float(model.routed_expert_params),
         shared_expert_params=float(model.shared_expert_params), router_params=float(model.router_params),
+        expert_bias=bool(model.num_experts) and model.bias, router_has_bias=model.router_bias,
+        clamped_activation=model.clamped_activation,
+        unfused_rope=model.yarn_rope and model.latent_attention is None,
     )
 
 

@@ -206,5 +206,6 @@ def moe_mlp_layer(c: Context, m, xp) -> LayerCost:
     layer = moe_layer_forward(c, xp, tokens, m.tp, m.ep, m.etp)
     return LayerCost("moe", gemm_s=layer.gemm_s, eltwise_s=layer.eltwise_s, matrix_flops=layer.matrix_flops,
                      tp_regions=float(c.shared_feedforward > 0),
+                     activation_grad_s=layer.gemm_s + 2 * layer.eltwise_s + layer.launches_backward_extra_s,
                      modules=(("moe_act", layer.expert_activation_s, 0.0),),
                      gemms=moe_quantized_gemms(c, tokens, m.tp, m.ep, m.etp))

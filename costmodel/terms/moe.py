@@ -70,6 +70,7 @@ from costmodel.terms.comm import collective_s
 from costmodel.terms.context import Context
 from costmodel.terms.kernel_time import gemm_time_s
 from costmodel.terms.layer_time import ACTIVATION_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
+from costmodel.terms.moe_kernels import moe_launches
 from costmodel.terms.quantize import GemmOperands
 from costmodel.inputs.system import Collective
 
@@ -151,6 +152,11 @@ class MoeLayerForward:
     """the permute and unpermute passes (part of eltwise_s: permutation_s)"""
     shared_activation_s: object = 0.0
     """the shared experts' activation (part of eltwise_s)"""
+    launches_s: object = 0.0
+    """the kernels and host synchronisations the terms above do not time (part of eltwise_s;
+    costmodel.terms.moe_kernels), its activation's part in expert_activation_s too"""
+    launches_backward_extra_s: object = 0.0
+    """what backward's untimed kernels cost beyond twice launches_s"""
 
     @property
     def gemm_s(self):
@@ -208,13 +214,16 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep, etp) -> MoeLayerForward:
     else:
         shared, shared_act, shared_flops = 0.0, 0.0, 0.0
 
+    launches = moe_launches(c, xp, local)
+    expert_act = expert_act + launches.activation_s
     return MoeLayerForward(
         router_gemm_s=router, expert_gemm_s=experts, shared_gemm_s=shared,
-        eltwise_s=router_eltwise + expert_act + permutations + shared_act,
+        eltwise_s=router_eltwise + expert_act + permutations + shared_act + launches.forward_s - launches.activation_s,
         matrix_flops=(2 * routed_tokens * h * router_cols + 2 * local * rows * h * (up_cols + f_cols)
                       + shared_flops),
         local_experts=local, rows_per_expert=rows, expert_activation_s=expert_act,
         router_eltwise_s=router_eltwise, permute_s=permutations, shared_activation_s=shared_act,
+        launches_s=launches.forward_s - launches.activation_s, launches_backward_extra_s=launches.backward_extra_s,
     )
 
 

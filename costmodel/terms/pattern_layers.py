@@ -16,7 +16,9 @@ and groups, so every width below D, G, H is over tp):
 
 Backward: twice forward's work (costmodel.inputs.mamba): the projections' activation and
 weight gradients, the scan's backward kernels (activation gradient only: it has no weights)
-at twice its forward, the element-wise passes twice.
+at twice its forward, the element-wise passes twice; and, as a fused attention kernel's scores
+(LayerCost.kernel_recompute_s), the conv and the scan's C·Bᵀ, chunk states and state passing
+that the fused kernel's backward reruns.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from costmodel.terms.context import MASK_BYTES, Context
 from costmodel.terms.block_memory import StoredActivations, block_stored_activation_bytes
 from costmodel.terms.layer_time import RMSNORM_FLOPS_PER_ELEM, eltwise_s, matmul_s
 from costmodel.terms.layers import LayerCost, layer_tokens
-from costmodel.inputs.mamba import mamba_scan_flops_per_token, mamba_stored_bytes_per_token
+from costmodel.inputs.mamba import (mamba_scan_flops_per_token, mamba_scan_recompute_flops_per_token,
+                                   mamba_stored_bytes_per_token)
 from costmodel.terms.quantize import GemmOperands
 
 __all__ = ["mamba_layer", "PATTERN_STORED"]
@@ -51,22 +54,29 @@ def mamba_layer(c: Context, m, xp) -> LayerCost:
     gemms = (GemmOperands(ln_tokens * h, tokens * in_cols, h * in_cols, gathered, False, t, norm_fed=True),
              GemmOperands(tokens * inner, ln_tokens * h, inner * h, False, gathered, t))
     eltwise = conv + gated_norm
+    # the fused kernel's backward reruns the conv and part of the scan (costmodel.inputs.mamba)
+    rerun_flops = tokens * mamba_scan_recompute_flops_per_token(shape, c.seq) / t
+    rerun = conv + matmul_s(c, xp, tokens, inner, rerun_flops / (2 * tokens * inner))
     return LayerCost("mamba", gemm_s=projections + scan, eltwise_s=eltwise, matrix_flops=flops, tp_regions=1.0,
-                     gemms=gemms, activation_grad_s=projections + 2 * scan + 2 * eltwise, weight_grad_s=projections)
+                     gemms=gemms, activation_grad_s=projections + 2 * scan + 2 * eltwise, weight_grad_s=projections,
+                     kernel_recompute_s=rerun, kernel_recompute_flops=rerun_flops)
 
 
 def _mamba_stored(c: Context, m, xp) -> StoredActivations:
     """A Mamba layer's stored bytes (costmodel.inputs.mamba.mamba_stored_bytes_per_token): its
     input and norm output on the sequence-parallel shard (in_proj's input gathered unless the
-    all-gather is redone), in_proj's output and the two D-wide tensors over tp. Full
-    recomputation keeps the input only, and its backward needs the layer's whole set again."""
+    all-gather is redone), in_proj's output and the three D-wide tensors over tp, and the
+    residual add's dropout mask (MambaLayer's hidden_dropout) when the model trains with dropout.
+    Full recomputation keeps the input only, and its backward needs the layer's whole set again."""
     tokens, _ = layer_tokens(c, m, xp)
-    parts = mamba_stored_bytes_per_token(c.mamba, c.hidden, c.elem_bytes, m.tp)
+    q = c.recipe.copy_bytes if c.quantized else c.elem_bytes
+    parts = mamba_stored_bytes_per_token(c.mamba, c.hidden, c.elem_bytes, m.tp, gemm_input_bytes=q)
     sp_split = xp.where(m.seq_par, m.tp, 1.0)
     gemm_split = xp.where(m.seq_par & m.seq_par_ag_redo, m.tp, 1.0)
     layer_input = tokens * parts["input"] / sp_split
-    full = (layer_input + tokens * parts["norm"] / gemm_split
-            + tokens * (parts["in_proj_out"] + parts["norm_in"] + parts["out_proj_in"]))
+    mask = (MASK_BYTES if c.dropout else 0.0) * tokens * c.hidden / sp_split
+    full = (layer_input + mask + tokens * parts["norm"] / gemm_split
+            + tokens * (parts["in_proj_out"] + parts["scan_out"] + parts["norm_in"] + parts["out_proj_in"]))
     return StoredActivations(stored=xp.where(m.recompute_full, layer_input, full), full=full,
                              workspace=xp.where(m.recompute_full, full, 0.0))
 

@@ -1,0 +1,137 @@
+"""Every kernel one mixture-of-experts layer launches, as Megatron-Core runs it, and what the
+ones the layer's formulas do not time cost (costmodel.terms.moe times the layer's bulk work:
+router GEMM, score function and top-k, permutations, grouped GEMMs, activation, shared
+experts; docs/cost-model.md, "The MoE layer's kernel inventory").
+
+A step launches each kernel from the host. Timed one at a time, a kernel costs its GPU
+latency; in a step each also pays the launch gap (`step.kernel_gap_us`, costmodel.terms.
+step_terms), and the small kernels of an MoE layer — on router-sized tensors, or one per local
+expert — cost little more than that. The inventory counts them from the code the published
+rows ran (Megatron-Core core_r0.17.0 d7288711 and Transformer Engine 2.12–2.14, the 26.02–26.04
+containers; megatron/core/transformer/moe/{router,moe_utils,token_dispatcher,experts}.py,
+megatron/core/fusions/fused_bias_geglu.py, transformer_engine/pytorch/module/grouped_linear.py):
+
+    forward                                            kernels             host syncs
+    router GEMM (timed), fused score function + top-k  2
+    all-to-all preprocess: token counts, splits         6 + 4 copies        1 (d2h_event.synchronize)
+    fused permute: row-id map and permute               4
+    sort / unsort by local expert (E/ep > 1)            2 + 3
+    fc1, fc2: one cuBLAS GEMM per local expert          2·L                 (TE multi_stream_cublas_gemm)
+    activation: fused kernel                            1
+      clamped (gpt-oss): 2 clamps, cat, the offset's    + 4                 1 (torch.tensor(offset, device))
+      copy to the GPU
+    expert biases (fc2 bias × probs, per expert)        2·L + 1             (experts.py _apply_bias)
+    fused unpermute                                     1
+    backward
+    unpermute, unsort, sort, permute                    4 (3 with one local expert)
+    fc1, fc2 activation and weight gradients            4·L
+    activation backward: fused 1; clamped ~11
+    expert biases: dbias and dprob per expert, cats     4·L + 3, + 2·L main-gradient adds
+    router GEMMs, top-k backward, gradient merge,       6, + router bias gradient and its add 2
+    the router weight's main-gradient add
+
+L = E/ep local experts. A precision recipe quantizes each expert's operands in its own kernel
+(TE split_quantize: "quantize kernels individually"): the X and dY of fc1 and fc2, L each, where
+the formulas time one pass per operand. The flex dispatcher's (DeepEP, HybridEP) own kernels
+are not counted beyond the permutations the formulas time (not read), nor the aux loss, the
+force-balancing noise of benchmark runs, or the shared experts beyond their GEMMs and gate.
+
+Costs, one microbatch: each kernel beyond the timed ones its GPU latency plus the gap; each host
+synchronisation one gap (the GPU idles until the host launches the next kernel). CUDA graphs
+remove the gap where they capture: per-layer graphs (Megatron's cuda_graph_scope attn,
+moe_router, moe_preprocess) capture the router and the preprocess, not the dispatch and the
+experts, so those keep the gap and the timed kernels there pay it as well; a full-iteration
+graph captures everything. Backward's counts are its own; `backward_extra_s` is what backward
+costs beyond twice the forward's timed kernels (the rule the formulas follow).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.terms.context import Context
+
+__all__ = ["MoeLaunches", "moe_launches"]
+
+PREPROCESS_KERNELS = 6.0
+"""token_dispatcher.py preprocess: routing_map.sum, the input splits' sum, a contiguous copy and three
+more sums (core_r0.17.0 l.513-562)."""
+PREPROCESS_COPIES = 4.0
+"""the device-to-host copies of tokens_per_expert and the splits (l.867-899)."""
+PERMUTE_KERNELS = 4.0
+"""TE's fused permute: three row-id-map passes and the permute (transformer_engine/pytorch/triton/permutation.py)."""
+SORT_KERNELS, UNSORT_KERNELS = 2.0, 3.0
+"""sort_chunks_by_idxs before the experts, and after them a transposed copy and the sort back (l.737, 772-777)."""
+CLAMP_KERNELS_FORWARD = 4.0
+"""fused_bias_geglu.py l.424-434: two clamps, a cat, and the offset copied to the GPU, before the compiled kernel."""
+CLAMP_KERNELS_BACKWARD = 10.0
+"""beyond the compiled kernel's backward: clamp_backward's fill, compare and where (3 and 5 kernels,
+PyTorch FunctionsManual.cpp) and the split's cat."""
+ROUTER_BACKWARD_KERNELS = 4.0
+"""beside the router's two backward GEMMs: the fused top-k's backward (two kernels), the merge of the
+router's and the permutation's input gradients, and the main-gradient add of the router's weight
+(distributed_data_parallel.py l.441-445); a router bias adds its gradient's sum and its add."""
+
+
+@dataclass(frozen=True)
+class MoeLaunches:
+    """What one MoE layer's untimed kernels and host synchronisations cost, one microbatch."""
+
+    forward_s: object
+    backward_extra_s: object
+    activation_s: object
+    """the part of forward_s in the activation (what recompute_modules moe_act reruns)"""
+    forward_kernels: object
+    backward_kernels: object
+
+
+ROUTER_TIMED = 3.0
+"""the router's kernels the formulas time: its GEMM, the softmax and the top-k."""
+
+
+def _shared_kernels(c: Context) -> float:
+    """The shared experts' forward kernels: two GEMMs and, gated or unfused, the activation."""
+    if not c.shared_feedforward:
+        return 0.0
+    return 3.0 if c.gated_mlp or not c.fused_activation else 2.0
+
+
+def _timed_expert_forward(c: Context, xp, local):
+    """Kernels the MoE formulas time in forward beside the router's (costmodel.terms.moe.
+    moe_layer_forward): two expert GEMMs, the activation, the permutations, the shared experts."""
+    activation = 1.0 if c.gated_mlp or not c.fused_activation else 0.0
+    permutes = 2.0 if c.moe_flex_dispatcher else 2.0 + xp.where(local > 1, 2.0, 0.0)
+    return 2.0 + activation + permutes + _shared_kernels(c)
+
+
+def moe_launches(c: Context, xp, local) -> MoeLaunches:
+    """The inventory's kernels beyond the timed ones, and their cost, for `local` experts per GPU."""
+    several = xp.where(local > 1, 1.0, 0.0)
+    quantized = 1.0 if c.recipe is not None and c.recipe.format.quantized else 0.0
+    bias = 1.0 if c.expert_bias else 0.0
+    clamp = 1.0 if c.clamped_activation else 0.0
+    alltoall = 0.0 if c.moe_flex_dispatcher else 1.0
+    shared = _shared_kernels(c)
+
+    router_fwd = 2.0 + alltoall * (PREPROCESS_KERNELS + PREPROCESS_COPIES)
+    permutes_fwd = alltoall * (PERMUTE_KERNELS + 1.0 + several * (SORT_KERNELS + UNSORT_KERNELS)) + (1 - alltoall) * 2.0
+    permutes_bwd = alltoall * (3.0 + several) + (1 - alltoall) * 2.0
+    expert_fwd = (permutes_fwd + 2 * local + 1.0 + clamp * CLAMP_KERNELS_FORWARD + bias * (2 * local + 1) + shared
+                  + quantized * 2 * (local - 1))
+    router_bwd = 2.0 + ROUTER_BACKWARD_KERNELS + (2.0 if c.router_has_bias else 0.0)
+    expert_bwd = (permutes_bwd + 4 * local + 1.0 + clamp * CLAMP_KERNELS_BACKWARD
+                  + bias * (6 * local + 3) + 2 * shared + quantized * 2 * (local - 1))
+    timed_expert_fwd = _timed_expert_forward(c, xp, local)
+
+    latency = c.hbm_latency_s - c.kernel_gap_s           # the GPU's own cost of a small kernel
+    router_gap = c.kernel_gap_s                          # captured by per-layer graphs
+    expert_gap = c.kernel_gap_s + c.outer_gap_extra_s    # captured only by a full-iteration graph
+    syncs_fwd = alltoall + clamp
+    forward = ((router_fwd - ROUTER_TIMED) * (latency + router_gap)
+               + (expert_fwd - timed_expert_fwd) * (latency + expert_gap)
+               + timed_expert_fwd * c.outer_gap_extra_s + syncs_fwd * expert_gap)
+    backward = ((router_bwd - 2 * ROUTER_TIMED) * (latency + router_gap)
+                + (expert_bwd - 2 * timed_expert_fwd) * (latency + expert_gap)
+                + 2 * timed_expert_fwd * c.outer_gap_extra_s)
+    activation = clamp * (CLAMP_KERNELS_FORWARD * (latency + expert_gap) + expert_gap)
+    return MoeLaunches(forward, backward - 2 * forward, activation, router_fwd + expert_fwd, router_bwd + expert_bwd)

@@ -1,0 +1,98 @@
+"""The MoE layer's kernel inventory (costmodel.terms.moe_kernels) and RoPE run unfused
+(costmodel.terms.attention.unfused_rope_s): what the formulas time beside the bulk kernels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from costmodel.inputs.kernels import Kernels
+from costmodel.inputs.load import load_model, load_system
+from costmodel.inputs.system import Datatype
+from costmodel.ops import ScalarOps
+from costmodel.terms.attention import unfused_rope_s
+from costmodel.terms.context import Context
+from costmodel.terms.moe_kernels import moe_launches
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT_OSS = load_model(ROOT / "problems/models/gpt-oss-120b/config.json", seq_size=4096)
+H100 = load_system(ROOT / "problems/systems/h100-80g-nvl8.yaml")
+
+
+def _context(graphs: str = "none", model=GPT_OSS, **kernels) -> Context:
+    return Context.build(model, H100, Datatype.bfloat16, Kernels(cuda_graphs=graphs, **kernels))
+
+
+def _gpt_oss_forward_kernels(local: int) -> int:
+    """Megatron-Core core_r0.17.0's forward of a gpt-oss MoE layer (BF16, all-to-all dispatcher,
+    fused router and permute, expert biases, clamped quick-GeGLU), counted from the code
+    (force-balancing noise of benchmark runs aside): router GEMM 1, fused top-k 1, preprocess
+    6 + 4 device-to-host copies, fused permute 4, sort 2, fc1 L, 2 clamps + cat + the offset's copy
+    + the compiled activation 5, fc2 L, _apply_bias 2L + 1, unsort 3, unpermute 1."""
+    return 1 + 1 + 6 + 4 + 4 + 2 + local + 5 + local + (2 * local + 1) + 3 + 1
+
+
+def _gpt_oss_backward_kernels(local: int) -> int:
+    """Its backward (the activation's recompute apart, rerun by recompute_modules moe_act):
+    unpermute, unsort, sort, permute 4; fc1 and fc2 gradients 4L; the activation's 1 + 10;
+    _apply_bias 4L + 3 and the bias gradients' main-gradient adds 2L; router GEMMs 2, top-k
+    backward 2, gradient merge 1, the router weight's add 1, its bias's sum and add 2."""
+    return 4 + 4 * local + 11 + (4 * local + 3) + 2 * local + 2 + 2 + 1 + 1 + 2
+
+
+@pytest.mark.parametrize("ep", [8, 64])
+def test_gpt_oss_layer_launches_every_kernel_of_megatron_core(ep):
+    local = 128 // ep
+    launches = moe_launches(_context(), ScalarOps, float(local))
+    assert launches.forward_kernels == _gpt_oss_forward_kernels(local)
+    assert launches.backward_kernels == _gpt_oss_backward_kernels(local)
+
+
+def test_cuda_graphs_take_the_launch_gap_where_they_capture():
+    """Eager: every untimed kernel pays its latency and the gap, each host sync a gap; per-layer
+    graphs capture the router and the preprocess only; a full-iteration graph everything."""
+    eager, per_layer, full = (moe_launches(_context(graphs), ScalarOps, 16.0)
+                              for graphs in ("none", "per-layer", "full-iteration"))
+    assert eager.forward_s > per_layer.forward_s > full.forward_s > 0
+    c_full, c_eager = _context("full-iteration"), _context()
+    latency = c_full.hbm_latency_s
+    assert c_eager.hbm_latency_s - c_eager.kernel_gap_s == pytest.approx(latency)
+    untimed = eager.forward_kernels - (3 + 2 + 1 + 4)      # router 3, expert GEMMs 2, activation 1, permutes 4
+    assert full.forward_s == pytest.approx(untimed * latency, rel=1e-12)
+    syncs = 2                                              # the splits' d2h_event, the clamp offset's copy
+    assert eager.forward_s == pytest.approx(untimed * (latency + c_eager.kernel_gap_s) + syncs * c_eager.kernel_gap_s,
+                                            rel=1e-12)
+
+
+def test_a_model_without_biases_or_clamp_launches_fewer():
+    plain = GPT_OSS.model_copy(update={"bias": False, "qkv_bias": False, "clamped_activation": False,
+                                       "router_bias": False})
+    ours, theirs = moe_launches(_context(model=plain), ScalarOps, 16.0), moe_launches(_context(), ScalarOps, 16.0)
+    assert theirs.forward_kernels - ours.forward_kernels == (2 * 16 + 1) + 4
+    assert ours.activation_s == 0.0 < theirs.activation_s
+
+
+def test_the_flex_dispatcher_has_no_all_to_all_preprocess():
+    alltoall = moe_launches(_context(), ScalarOps, 16.0)
+    flex = moe_launches(_context(moe_dispatcher="flex"), ScalarOps, 16.0)
+    assert alltoall.forward_kernels - flex.forward_kernels == (6 + 4) + (4 + 1 + 2 + 3) - 2
+
+
+def test_unfused_rope_is_twelve_element_bytes_and_its_table_kernels():
+    """Per tensor: t·cos (2e), −x₂ (e over half: e), cat (2e), ·sin (2e), add (3e), cat (2e) =
+    12 bytes of e per element, plus 6 kernels on the frequency table (latency only)."""
+    c = _context("full-iteration")
+    q, k = 4096.0 * 4096, 4096.0 * 512
+    time_s = unfused_rope_s(c, ScalarOps, q, k)
+    assert time_s > 12 * c.hbm_latency_s
+    bytes_moved = 12 * c.elem_bytes * (q + k)
+    assert time_s - 24 * c.hbm_latency_s == pytest.approx(bytes_moved / c.hbm_bytes_per_s, rel=0.5)
+
+
+def test_yarn_is_read_and_runs_unfused_outside_latent_attention():
+    assert GPT_OSS.yarn_rope and GPT_OSS.clamped_activation and _context().unfused_rope
+    deepseek = load_model(ROOT / "problems/models/deepseek-v3/config.json", seq_size=4096)
+    llama = load_model(ROOT / "problems/models/llama-3.1-8b/config.json", seq_size=4096)
+    assert not _context(model=deepseek).unfused_rope       # latent attention: its own fused RoPE
+    assert not llama.yarn_rope                             # rope_type llama3: the plain rotary kernel
