@@ -369,7 +369,7 @@ def test_unpaired_passes_pay_their_dispatch_exposed(monkeypatch):
     # runs its dispatch and combine exposed. Checked against the iteration with every pass
     # overlapped, and the block's dispatch from moe_communication.
     import costmodel.terms.iteration as iteration
-    from costmodel.terms.block_terms import block_terms
+    from costmodel.terms.block_terms import block_terms, kind_block_terms
     from costmodel.evaluate import _context_for, _scalar_fields
     from costmodel.inputs.mapping import Mapping
     system = load_system(SYSTEMS / "b200-180g-nvl8.yaml")
@@ -392,7 +392,9 @@ def test_unpaired_passes_pay_their_dispatch_exposed(monkeypatch):
         monkeypatch.setattr(iteration, "unpaired_ep_s", lambda *args: 0.0)
         all_paired = iteration.iteration_terms(c, m, ScalarOps).iteration_s
         monkeypatch.undo()
-        assert with_unpaired - all_paired == pytest.approx(chunks * stage_blocks / vp * blk.ep_unpaired_s)
+        # (the pacing last stage's own blocks, all MoE blocks: costmodel.terms.stage_kinds)
+        moe = kind_block_terms(c, m, ScalarOps).terms[-1]
+        assert with_unpaired - all_paired == pytest.approx(chunks * stage_blocks / vp * moe.ep_unpaired_s)
 
 
 def test_flex_and_overlap_backends_agree():

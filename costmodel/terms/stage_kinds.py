@@ -34,26 +34,25 @@ def block_order(model: Model) -> tuple[str, ...]:
                  else "dense" for i in range(1, model.num_blocks + 1))
 
 
-def chunk_sizes(num_blocks: int, pp: int, v: int, first=None, last=None) -> list[list[int]]:
+def chunk_sizes(num_blocks: int, pp: int, v: int, first=None, last=None) -> list[list[float]]:
     """Blocks of each chunk of each stage, `[rank][chunk]`, by the layout rule (or the
-    mapping file's first and last stage blocks)."""
+    mapping file's first and last stage blocks; stages that do not split into whole blocks —
+    a mapping the layout checks refuse — keep their fractions)."""
     first_b, middle_b, last_b = stage_blocks(ScalarOps, num_blocks, pp, first, last, v)
     if pp == 1:
-        return [[int(first_b)]] if v == 1 else [[int(first_b) // v] * v]
+        return [[first_b / v] * v]
     stated = None if first is None and last is None else (first_b, middle_b, last_b)
-    if first_b == middle_b == last_b and stated is None:
-        return [[int(first_b) // v] * v for _ in range(pp)]
     full_first, full_last = end_chunk_blocks(ScalarOps, num_blocks, pp, v, stated)
     sizes = []
     for rank in range(pp):
         if rank == 0:
-            chunks = [int(full_first)] * v
-            chunks[0] -= int(full_first * v - first_b)
+            chunks = [full_first] * v
+            chunks[0] -= full_first * v - first_b
         elif rank == pp - 1:
-            chunks = [int(full_last)] * v
-            chunks[-1] -= int(full_last * v - last_b)
+            chunks = [full_last] * v
+            chunks[-1] -= full_last * v - last_b
         else:
-            chunks = [int(middle_b) // v] * v
+            chunks = [middle_b / v] * v
         sizes.append(chunks)
     return sizes
 
@@ -61,17 +60,26 @@ def chunk_sizes(num_blocks: int, pp: int, v: int, first=None, last=None) -> list
 @lru_cache(maxsize=4096)
 def stage_kind_counts(order: tuple[str, ...], kinds: tuple[str, ...], pp: int, v: int, first=None,
                       last=None) -> np.ndarray:
-    """[pp, K]: the blocks of each kind (`kinds`' order) each stage holds."""
+    """[pp, K]: the blocks of each kind (`kinds`' order) each stage holds: the chunks, in
+    virtual-stage order, take the blocks in turn (a fraction of a block counts its fraction)."""
     sizes = chunk_sizes(len(order), pp, v, first, last)
+    upto = np.zeros((len(order) + 1, len(kinds)))      # upto[i]: each kind's blocks among the first i
+    for i, kind in enumerate(order):
+        upto[i + 1] = upto[i]
+        upto[i + 1, kinds.index(kind)] += 1
+
+    def before(x: float) -> np.ndarray:
+        whole = min(int(np.floor(x)), len(order) - 1)
+        return upto[whole] + (x - whole) * (upto[whole + 1] - upto[whole])
+
     counts = np.zeros((pp, len(kinds)))
-    index = {kind: k for k, kind in enumerate(kinds)}
-    start = 0
+    start = 0.0
     for chunk in range(v):
         for rank in range(pp):
-            for kind in order[start:start + sizes[rank][chunk]]:
-                counts[rank, index[kind]] += 1
-            start += sizes[rank][chunk]
-    if start != len(order):
+            end = start + sizes[rank][chunk]
+            counts[rank] += before(end) - before(start)
+            start = end
+    if abs(start - len(order)) > 1e-9 * len(order):
         raise ValueError(f"layout of pp {pp}, vp {v} holds {start} blocks, not the model's {len(order)}")
     return counts
 
