@@ -102,9 +102,10 @@ def _rows(c, pp: int, v: int, first, last) -> tuple:
     """(first counts, last counts, ((middle counts, rank), ...)) of one layout, scalars."""
     kinds = tuple(kind for kind, _ in c.block_kinds)
     counts = stage_kind_counts(c.block_order, kinds, pp, v, first, last)
+    counts = counts.tolist()                           # (Python floats: one mapping's terms stay scalars)
     first_row, last_row = tuple(counts[0]), tuple(counts[-1])
     if pp <= 2:
-        return first_row, last_row, ((tuple(np.minimum(counts[0], counts[-1])), 1.0),)
+        return first_row, last_row, ((tuple(map(min, counts[0], counts[-1])), 1.0),)
     middles: dict = {}
     for rank in range(1, pp - 1):
         middles.setdefault(tuple(counts[rank]), float(rank))
