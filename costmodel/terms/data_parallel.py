@@ -14,7 +14,7 @@ from costmodel.terms.comm import collective_s, overlapped
 from costmodel.terms.context import Context
 from costmodel.terms.layer_time import eltwise_s
 from costmodel.terms.pipeline_time import Stages
-from costmodel.terms.stage_costs import StageBlocks, pick
+from costmodel.terms.stage_costs import StageBlocks, StageMean, pick
 from costmodel.terms.step_terms import OPTIMIZER_KERNELS
 from costmodel.inputs.system import Collective
 
@@ -89,7 +89,7 @@ class StageParams:
     """the output layer's V·h weights a stage holds (0 when tied and pp = 1)"""
     blocks_dense: object = 0.0
     """the non-expert parameters of its blocks (`dense` less the embeddings and output layer)"""
-    block: BlockTerms | None = None
+    block: BlockTerms | StageMean | None = None
     """the mean of its blocks (costmodel.terms.stage_costs)"""
 
 

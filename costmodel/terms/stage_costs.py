@@ -1,7 +1,7 @@
 """Each pipeline stage's own blocks as one mean block: the kinds it holds
 (costmodel.terms.stage_kinds) weighted by its counts, so `blocks × its mean` is the exact sum
-of its blocks' terms (time, stored activations, parameters), and its recompute workspace and
-offload bandwidth are the largest of the kinds it holds. A model of one kind has one block for
+of its blocks' terms (time, stored activations, parameters), and its recompute workspace is
+the largest of the kinds it holds. A model of one kind has one block for
 every stage (the same object: the formulas reduce to the single-kind ones).
 """
 
@@ -15,12 +15,64 @@ from costmodel.terms.stage_kinds import stage_blocks_of, stage_kinds
 
 
 @dataclass(frozen=True)
+class StageForward:
+    """What the stage formulas read of a block's forward (BlockForward's names)."""
+
+    weight_grad_s: object
+    weight_quantize_s: object
+
+
+@dataclass(frozen=True)
+class StageActivations:
+    """What the stage formulas read of a block's stored activations (StoredActivations')."""
+
+    stored: object
+    workspace: object
+
+
+@dataclass(frozen=True)
+class StageMean:
+    """The mean of a stage's blocks of several kinds: the terms of BlockTerms the stage
+    formulas read, by the same names (a model of one kind keeps its BlockTerms)."""
+
+    compute_fwd_s: object
+    compute_bwd_s: object
+    tp_fwd_s: object
+    tp_bwd_s: object
+    cp_fwd_s: object
+    cp_bwd_s: object
+    ep_fwd_s: object
+    ep_bwd_s: object
+    ep_unpaired_s: object
+    block_fwd_s: object
+    block_bwd_s: object
+    recompute_s: object
+    offload_fwd_s: object
+    offload_bwd_s: object
+    act_message_bytes: object
+    forward: StageForward
+    activations: StageActivations
+
+    @property
+    def weight_grad_gemm_s(self):
+        return self.forward.weight_grad_s
+
+    @staticmethod
+    def of(blk: BlockTerms) -> "StageMean":
+        """One block's terms that a stage reads."""
+        names = [f.name for f in fields(StageMean) if f.name not in ("forward", "activations")]
+        return StageMean(**{name: getattr(blk, name) for name in names},
+                         forward=StageForward(blk.forward.weight_grad_s, blk.forward.weight_quantize_s),
+                         activations=StageActivations(blk.activations.stored, blk.activations.workspace))
+
+
+@dataclass(frozen=True)
 class StageBlock:
     """One stage: its blocks (all kinds), their mean block, and their parameters per block
     on one GPU (dense-group, expert: kind_param_shares, weighted by the stage's counts)."""
 
     blocks: object
-    block: BlockTerms
+    block: BlockTerms | StageMean
     dense_params: object
     expert_params: object
     rank: object = 0.0
@@ -65,15 +117,15 @@ def stage_block(c: Context, m, xp, kb: KindBlocks, counts: tuple, blocks, rank=0
     shares = [kind_param_shares(c, m, kind) for kind, _ in c.block_kinds]
     if len(kb.terms) == 1:
         return StageBlock(blocks, kb.terms[0], shares[0][0], shares[0][1], rank)
-    mean, dense, experts = kb.terms[0], shares[0][0], shares[0][1]
-    for share, kind_block, (kind_dense, kind_experts) in zip(_weights(counts, xp), kb.terms[1:], shares[1:]):
+    kinds = [StageMean.of(blk) for blk in kb.terms]
+    mean, dense, experts = kinds[0], shares[0][0], shares[0][1]
+    for share, kind_block, (kind_dense, kind_experts) in zip(_weights(counts, xp), kinds[1:], shares[1:]):
         mean = _mix(mean, kind_block, share)
         dense, experts = (1 - share) * dense + share * kind_dense, (1 - share) * experts + share * kind_experts
-    workspace, needed = 0.0, 0.0
-    for count, kind_block in zip(counts, kb.terms):
+    workspace = 0.0
+    for count, kind_block in zip(counts, kinds):
         workspace = xp.maximum(workspace, xp.where(count > 0, kind_block.activations.workspace, 0.0))
-        needed = xp.maximum(needed, xp.where(count > 0, kind_block.offload_bytes_per_s_needed, 0.0))
-    mean = replace(mean, activations=replace(mean.activations, workspace=workspace), offload_bytes_per_s_needed=needed)
+    mean = replace(mean, activations=replace(mean.activations, workspace=workspace))
     return StageBlock(blocks, mean, dense, experts, rank)
 
 
