@@ -345,13 +345,13 @@ def _stage_terms(c: Context, block_memo: dict | None, columns: dict) -> SimpleNa
     (costmodel.space.layout) the end stages' blocks move with the interleaving, so the
     tables take the least over one interleaving per distinct layout; elsewhere the one
     layout (interleaving 1)."""
-    pps = np.asarray(columns["pp"]).astype(np.int64)
-    layouts = {p: _distinct_layouts(int(c.blocks), p) for p in set(pps.tolist())}
+    pp_values, pp_of_row = np.unique(np.asarray(columns["pp"]).astype(np.int64), return_inverse=True)
+    layouts = [_distinct_layouts(int(c.blocks), p) for p in pp_values.tolist()]
     least: dict | None = None
-    for k in range(max(len(ils) for ils in layouts.values())):
-        il = np.array([layouts[p][min(k, len(layouts[p]) - 1)] for p in pps.tolist()], dtype=np.int64)
+    for k in range(max(len(ils) for ils in layouts)):
+        il = np.array([ils[min(k, len(ils) - 1)] for ils in layouts], dtype=np.int64)[pp_of_row.ravel()]
         terms = _grid_terms(c, block_memo, **columns, interleaving=il)
-        values = {name: np.broadcast_to(getattr(terms, name), (len(pps),)) for name in STAGE_TERMS}
+        values = {name: np.broadcast_to(getattr(terms, name), (len(il),)) for name in STAGE_TERMS}
         values["dp_once_s"] = values["dp_comm_s"] - values["dp_per_microbatch_s"]
         least = values if least is None else {name: np.minimum(least[name], x) for name, x in values.items()}
     return SimpleNamespace(**least)
