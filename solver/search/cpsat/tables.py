@@ -344,16 +344,25 @@ def _stage_terms(c: Context, block_memo: dict | None, columns: dict) -> SimpleNa
     mappings, least row by row over the layouts of each row's pp: with a short last chunk
     (costmodel.space.layout) the end stages' blocks move with the interleaving, so the
     tables take the least over one interleaving per distinct layout; elsewhere the one
-    layout (interleaving 1)."""
+    layout (interleaving 1). The k-th layouts are evaluated on the rows whose pp has one
+    only (the terms are row by row)."""
     pp_values, pp_of_row = np.unique(np.asarray(columns["pp"]).astype(np.int64), return_inverse=True)
+    pp_of_row = pp_of_row.ravel()
     layouts = [_distinct_layouts(int(c.blocks), p) for p in pp_values.tolist()]
-    least: dict | None = None
+    layouts_of_row = np.array([len(ils) for ils in layouts])[pp_of_row]
+    least: dict = {}
     for k in range(max(len(ils) for ils in layouts)):
-        il = np.array([ils[min(k, len(ils) - 1)] for ils in layouts], dtype=np.int64)[pp_of_row.ravel()]
-        terms = _grid_terms(c, block_memo, **columns, interleaving=il)
-        values = {name: np.broadcast_to(getattr(terms, name), (len(il),)) for name in STAGE_TERMS}
+        rows = np.flatnonzero(layouts_of_row > k)
+        il = np.array([ils[min(k, len(ils) - 1)] for ils in layouts], dtype=np.int64)[pp_of_row[rows]]
+        part = {name: (value[rows] if np.ndim(value) else value) for name, value in columns.items()}
+        terms = _grid_terms(c, block_memo, **part, interleaving=il)
+        values = {name: np.broadcast_to(getattr(terms, name), (len(rows),)) for name in STAGE_TERMS}
         values["dp_once_s"] = values["dp_comm_s"] - values["dp_per_microbatch_s"]
-        least = values if least is None else {name: np.minimum(least[name], x) for name, x in values.items()}
+        for name, value in values.items():
+            if k == 0:
+                least[name] = np.array(value)
+            else:
+                least[name][rows] = np.minimum(least[name][rows], value)
     return SimpleNamespace(**least)
 
 
