@@ -26,7 +26,7 @@ from costmodel.inputs.system import Collective
 from solver.space.declaration import Space
 
 
-TABLE_CHUNK_ROWS = 1 << 18
+TABLE_CHUNK_ROWS = 1 << 20
 """Rows of the block grid evaluated at once (a whole number of keys): bounds the memory the
 block's intermediate terms take while the tables are built."""
 
