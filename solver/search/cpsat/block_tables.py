@@ -366,38 +366,37 @@ def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
 
 FLAG_AXES = {"tp_comm": (0, 1, 2), "seq_par_ag_redo": (False, True), "recompute": RECOMPUTES,
              "weight_offload": (False, True), "activations_offload": (False, True)}
-"""The axes the block and block_zb arrays keep after the key (_group_tables' grid, in its
-order, less the axes they are minimised over); stored and workspace keep the first three."""
+"""The axes the block time arrays (block, block_zb) keep after the key (_group_tables' grid,
+in its order, less the axes they are minimised over); the memory arrays (stored, workspace)
+keep the first three."""
 
 
 def _keyed_tables(c: Context, tm_keys: list, whole: dict[str, np.ndarray]) -> dict:
-    """The BLOCK_TABLES as dicts keyed by group (and by flag combination where they have
-    one) from _group_tables' arrays over the groups `tm_keys`, in that order."""
+    """The tables as dicts keyed by group (and by flag combination where they have one) from
+    _group_tables' arrays over the groups `tm_keys`, in that order; each read by its axes:
+    those keeping every FLAG_AXES (block times) one table per combination of the flags a
+    block reads (BLOCK_FLAGS), those keeping the first three (memory) one per recompute
+    setting and activation class (ACT_CLASSES), the others (the key alone) one."""
     def by_tm(values: np.ndarray) -> dict:
         return dict(zip(tm_keys, values.tolist()))
 
     def by_block_flags(values: np.ndarray) -> dict:
-        """One table per combination of the flags a block reads (BLOCK_FLAGS)."""
         table = Named(values, {"key": (), **FLAG_AXES})
         return {(comm, redo, rc, w, a): by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=bool(redo), recompute=rc,
                                                         weight_offload=bool(w), activations_offload=bool(a)).values)
                 for comm in range(3) for redo in (0, 1) for rc in RECOMPUTES for w in (0, 1) for a in (0, 1)}
 
     def by_class(values: np.ndarray) -> dict:
-        """One table per recompute setting and activation class (ACT_CLASSES)."""
         table = Named(values, {"key": (), **{k: FLAG_AXES[k] for k in ("tp_comm", "seq_par_ag_redo", "recompute")}})
         return {(rc, cls): by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc).values)
                 for rc in RECOMPUTES for cls, (comm, redo) in ACT_CLASS_ROWS.items()}
 
-    # one block, one microbatch, forward + backward + recompute + exposed TP and offload:
-    # exact for every flag combination the block reads; and the same block in a ZB-H1 bubble:
-    # less twice its weight-gradient GEMMs (costmodel.terms.iteration)
-    out = {"block": by_block_flags(whole["block"]), "block_zb": by_block_flags(whole["block_zb"]),
-           "compute": by_tm(whole["compute"]), "head": by_tm(3 * whole["head"]),
-           # With overlapped sends (costmodel.terms.pipeline_time) the exposed part can be 0: a lower bound.
-           "p2p": by_tm(whole["p2p"] * (0.0 if c.pp_comm_overlap else 1.0))}
-    out["stored"], out["workspace"] = by_class(whole["stored"]), by_class(whole["workspace"])
-    return out
+    # the output layer's three passes (forward, and backward twice its time); with overlapped
+    # sends (costmodel.terms.pipeline_time) the exposed part can be 0: a lower bound
+    scale = {"head": 3, "p2p": 0.0 if c.pp_comm_overlap else 1.0}
+    readers = {1 + len(FLAG_AXES): by_block_flags, 4: by_class, 1: by_tm}
+    return {name: readers[values.ndim](values * scale[name] if name in scale else values)
+            for name, values in whole.items()}
 
 
 def _block_rows(c: Context, tm: np.ndarray, cols: dict, group_at: dict, expert_nets: dict,
@@ -421,6 +420,9 @@ def _block_rows(c: Context, tm: np.ndarray, cols: dict, group_at: dict, expert_n
     fits = fits & cp_comm_heads_fit(c, ns)
     p2p = functools.reduce(np.minimum, [collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
                                                      np.intp(k)) for k in nets])
+    # one block, one microbatch, forward + backward + recompute + exposed TP and offload (exact
+    # for every flag combination the block reads); in a ZB-H1 bubble, less twice its
+    # weight-gradient GEMMs (costmodel.terms.iteration)
     out = {"block": total, "block_zb": total - 2 * blk.weight_grad_gemm_s,
            "compute": blk.compute_fwd_s + blk.compute_bwd_s, "head": output_layer_s(c, ns, ArrayOps),
            "p2p": p2p, "stored": blk.activations.stored, "workspace": blk.activations.workspace, "fits": fits}
