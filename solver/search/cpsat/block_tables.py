@@ -169,9 +169,8 @@ class Named:
 
 
 def _one_of_repeats(arrays: list[np.ndarray], axis: tuple) -> list[np.ndarray]:
-    """`arrays` (of one shape) cut to their first entry along each axis of `axis` that every
-    one of them only repeats (a broadcast axis: stride 0): a minimum over such an axis is
-    that entry, so the cut arrays give the same minima without reading the repeats."""
+    """`arrays` (of one shape) cut to their first entry along each axis of `axis` all of them only
+    repeat (stride 0, broadcast): the same minima over `axis`, without reading the repeats."""
     cut = tuple(slice(0, 1) if i in axis and all(a.strides[i] == 0 for a in arrays) else slice(None)
                 for i in range(arrays[0].ndim))
     return [a[cut] for a in arrays]
@@ -314,9 +313,8 @@ def _unlimited() -> None:
 
 def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, block_nets: dict,
                   cp_comms: list, check: Callable[[], None]) -> dict[str, np.ndarray]:
-    """_block_tables' values over groups `tm_keys` that all have cp = 1 or all cp > 1, as
-    arrays (key axis first, then FLAG_AXES: _keyed_tables): the grid's TP and CP network
-    axes `block_nets` (_block_net_axes), its CP communication axis `cp_comms`."""
+    """_block_tables' arrays (key axis first: _keyed_tables) over groups `tm_keys` all with cp = 1 or all
+    cp > 1: the grid's TP and CP network axes `block_nets` (_block_net_axes), CP communications `cp_comms`."""
     nets = list(range(networks))
     tm = np.array(tm_keys, dtype=float)
     # ---- block tables over (tp, cp, ep, etp, microbatch) × comm × overlap × redo ×
@@ -366,31 +364,25 @@ def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
 
 FLAG_AXES = {"tp_comm": (0, 1, 2), "seq_par_ag_redo": (False, True), "recompute": RECOMPUTES,
              "weight_offload": (False, True), "activations_offload": (False, True)}
-"""The axes the block time arrays (block, block_zb) keep after the key (_group_tables' grid,
-in its order, less the axes they are minimised over); the memory arrays (stored, workspace)
-keep the first three."""
+"""The axes the block time arrays keep after the key (_group_tables' grid, in its order, less
+those minimised over); the memory arrays (stored, workspace) keep the first three."""
 
 
 def _keyed_tables(c: Context, tm_keys: list, whole: dict[str, np.ndarray]) -> dict:
-    """The tables as dicts keyed by group (and by flag combination where they have one) from
-    _group_tables' arrays over the groups `tm_keys`, in that order; each read by its axes:
-    those keeping every FLAG_AXES (block times) one table per combination of the flags a
-    block reads (BLOCK_FLAGS), those keeping the first three (memory) one per recompute
-    setting and activation class (ACT_CLASSES), the others (the key alone) one."""
+    """_group_tables' arrays over groups `tm_keys` as dicts keyed by group, by their axes: with every
+    FLAG_AXES, one per combination of BLOCK_FLAGS; with the first three (memory), one per
+    recompute setting and activation class (ACT_CLASSES); with the key alone, one."""
     def by_tm(values: np.ndarray) -> dict:
         return dict(zip(tm_keys, values.tolist()))
-
     def by_block_flags(values: np.ndarray) -> dict:
         table = Named(values, {"key": (), **FLAG_AXES})
         return {(comm, redo, rc, w, a): by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=bool(redo), recompute=rc,
                                                         weight_offload=bool(w), activations_offload=bool(a)).values)
                 for comm in range(3) for redo in (0, 1) for rc in RECOMPUTES for w in (0, 1) for a in (0, 1)}
-
     def by_class(values: np.ndarray) -> dict:
         table = Named(values, {"key": (), **{k: FLAG_AXES[k] for k in ("tp_comm", "seq_par_ag_redo", "recompute")}})
         return {(rc, cls): by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc).values)
                 for rc in RECOMPUTES for cls, (comm, redo) in ACT_CLASS_ROWS.items()}
-
     # the output layer's three passes (forward, and backward twice its time); with overlapped
     # sends (costmodel.terms.pipeline_time) the exposed part can be 0: a lower bound
     scale = {"head": 3, "p2p": 0.0 if c.pp_comm_overlap else 1.0}
@@ -420,9 +412,8 @@ def _block_rows(c: Context, tm: np.ndarray, cols: dict, group_at: dict, expert_n
     fits = fits & cp_comm_heads_fit(c, ns)
     p2p = functools.reduce(np.minimum, [collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
                                                      np.intp(k)) for k in nets])
-    # one block, one microbatch, forward + backward + recompute + exposed TP and offload (exact
-    # for every flag combination the block reads); in a ZB-H1 bubble, less twice its
-    # weight-gradient GEMMs (costmodel.terms.iteration)
+    # one block, one microbatch, forward + backward + recompute + exposed TP and offload (exact per flag
+    # combination it reads); in a ZB-H1 bubble, less twice its weight-gradient GEMMs (terms.iteration)
     out = {"block": total, "block_zb": total - 2 * blk.weight_grad_gemm_s,
            "compute": blk.compute_fwd_s + blk.compute_bwd_s, "head": output_layer_s(c, ns, ArrayOps),
            "p2p": p2p, "stored": blk.activations.stored, "workspace": blk.activations.workspace, "fits": fits}

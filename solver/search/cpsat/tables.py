@@ -341,28 +341,23 @@ STAGE_TERMS = ("dp_comm_s", "dp_per_microbatch_s", "optimizer_s", "weights_hbm_b
 
 def _stage_terms(c: Context, block_memo: dict | None, columns: dict) -> SimpleNamespace:
     """STAGE_TERMS and the DP reduction's once-a-step part (dp_once_s) of a grid of partial
-    mappings, least row by row over the layouts of each row's pp: with a short last chunk
-    (costmodel.space.layout) the end stages' blocks move with the interleaving, so the
-    tables take the least over one interleaving per distinct layout; elsewhere the one
-    layout (interleaving 1). The k-th layouts are evaluated on the rows whose pp has one
-    only (the terms are row by row)."""
+    mappings, least row by row over one interleaving per distinct layout of each row's pp (with
+    a short last chunk, costmodel.space.layout, the end stages' blocks move with the interleaving;
+    elsewhere one layout, interleaving 1): a k-th layout on the rows whose pp has one."""
     pp_values, pp_of_row = np.unique(np.asarray(columns["pp"]).astype(np.int64), return_inverse=True)
-    pp_of_row = pp_of_row.ravel()
     layouts = [_distinct_layouts(int(c.blocks), p) for p in pp_values.tolist()]
-    layouts_of_row = np.array([len(ils) for ils in layouts])[pp_of_row]
+    layouts_of_row, pp_of_row = np.array([len(ils) for ils in layouts])[pp_of_row.ravel()], pp_of_row.ravel()
     least: dict = {}
     for k in range(max(len(ils) for ils in layouts)):
         rows = np.flatnonzero(layouts_of_row > k)
         il = np.array([ils[min(k, len(ils) - 1)] for ils in layouts], dtype=np.int64)[pp_of_row[rows]]
-        part = {name: (value[rows] if np.ndim(value) else value) for name, value in columns.items()}
-        terms = _grid_terms(c, block_memo, **part, interleaving=il)
+        terms = _grid_terms(c, block_memo, **{name: (v[rows] if np.ndim(v) else v) for name, v in columns.items()},
+                            interleaving=il)
         values = {name: np.broadcast_to(getattr(terms, name), (len(rows),)) for name in STAGE_TERMS}
         values["dp_once_s"] = values["dp_comm_s"] - values["dp_per_microbatch_s"]
         for name, value in values.items():
-            if k == 0:
-                least[name] = np.array(value)
-            else:
-                least[name][rows] = np.minimum(least[name][rows], value)
+            least[name] = least[name] if k else np.array(value)          # (k = 0: every row)
+            least[name][rows] = np.minimum(least[name][rows], value)
     return SimpleNamespace(**least)
 
 
