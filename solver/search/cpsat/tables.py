@@ -341,19 +341,23 @@ STAGE_TERMS = ("dp_comm_s", "dp_per_microbatch_s", "optimizer_s", "weights_hbm_b
 
 def _stage_terms(c: Context, block_memo: dict | None, columns: dict) -> SimpleNamespace:
     """STAGE_TERMS and the DP reduction's once-a-step part (dp_once_s) of a grid of partial
-    mappings, least row by row over the layouts of each row's pp: with a short last chunk
-    (costmodel.space.layout) the end stages' blocks move with the interleaving, so the
-    tables take the least over one interleaving per distinct layout; elsewhere the one
-    layout (interleaving 1)."""
-    pps = np.asarray(columns["pp"]).astype(np.int64)
-    layouts = {p: _distinct_layouts(int(c.blocks), p) for p in set(pps.tolist())}
-    least: dict | None = None
-    for k in range(max(len(ils) for ils in layouts.values())):
-        il = np.array([layouts[p][min(k, len(layouts[p]) - 1)] for p in pps.tolist()], dtype=np.int64)
-        terms = _grid_terms(c, block_memo, **columns, interleaving=il)
-        values = {name: np.broadcast_to(getattr(terms, name), (len(pps),)) for name in STAGE_TERMS}
+    mappings, least row by row over one interleaving per distinct layout of each row's pp (with
+    a short last chunk, costmodel.space.layout, the end stages' blocks move with the interleaving;
+    elsewhere one layout, interleaving 1): a k-th layout on the rows whose pp has one."""
+    pp_values, pp_of_row = np.unique(np.asarray(columns["pp"]).astype(np.int64), return_inverse=True)
+    layouts = [_distinct_layouts(int(c.blocks), p) for p in pp_values.tolist()]
+    layouts_of_row, pp_of_row = np.array([len(ils) for ils in layouts])[pp_of_row.ravel()], pp_of_row.ravel()
+    least: dict = {}
+    for k in range(max(len(ils) for ils in layouts)):
+        rows = np.flatnonzero(layouts_of_row > k)
+        il = np.array([ils[min(k, len(ils) - 1)] for ils in layouts], dtype=np.int64)[pp_of_row[rows]]
+        terms = _grid_terms(c, block_memo, **{name: (v[rows] if np.ndim(v) else v) for name, v in columns.items()},
+                            interleaving=il)
+        values = {name: np.broadcast_to(getattr(terms, name), (len(rows),)) for name in STAGE_TERMS}
         values["dp_once_s"] = values["dp_comm_s"] - values["dp_per_microbatch_s"]
-        least = values if least is None else {name: np.minimum(least[name], x) for name, x in values.items()}
+        for name, value in values.items():
+            least[name] = least[name] if k else np.array(value)          # (k = 0: every row)
+            least[name][rows] = np.minimum(least[name][rows], value)
     return SimpleNamespace(**least)
 
 
