@@ -19,6 +19,9 @@ RSS at load ~2, best 26.7300 s (tp2 cp2 ep8 etp1 pp1 dp512, mb 15), certified, 8
 grid, costmodel/terms), not the search: the target is not met. After them (commit f778bb8
 and the next), load ~1: 43.6 s wall, 43.7 s CPU, 2.52 GB, the same answer. Back to back at load ~0.9: main (30564d6) 52.0 s wall and CPU,
 2.51 GB; branch perf 46.6 s, 2.52 GB: within this machine's run-to-run noise (~10 %).
+Since the MoE kernel inventory (267 billion mappings, 6.9 GB): 79.5 s CPU at 03e6cf2, 60.0 s
+on branch perf (block-table minima, one dict conversion, the stage tables' later layouts on
+their own rows), the same answer; every figure in docs/benchmarks.md. Not met.
 """
 
 from __future__ import annotations

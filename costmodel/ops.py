@@ -122,17 +122,21 @@ def distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, by
     """(a row of each distinct combination of `columns`, each row's combination, the distinct
     combinations as bytes — an identity for memos): the columns (non-negative whole numbers)
     packed into one int64 key, mixed radix; by counting when the key range is small."""
-    columns = [np.asarray(column).astype(np.int64, copy=False) for column in columns]
+    # (columns that cast to int64 safely join the key as they are, widened by the addition;
+    # others, floats, are converted)
+    columns = [column if np.can_cast(column.dtype, np.int64) else column.astype(np.int64)
+               for column in map(np.asarray, columns)]
     key = np.zeros(len(columns[0]), dtype=np.int64)
     radices = []                            # (least value, values spanned) per column
     for column in columns:
         low = int(column.min()) if len(column) else 0
         radices.append((low, int(column.max()) - low + 1 if len(column) else 1))
         if np.prod([r for _, r in radices], dtype=float) >= 2.0 ** 62:
-            rows, first, inverse = np.unique(np.column_stack(columns), axis=0, return_index=True, return_inverse=True)
+            wide = np.column_stack([column.astype(np.int64, copy=False) for column in columns])
+            rows, first, inverse = np.unique(wide, axis=0, return_index=True, return_inverse=True)
             return first, inverse.ravel(), rows.tobytes()
         if radices[-1][1] > 1:
-            key = key * radices[-1][1] + (column - low)
+            key = key * radices[-1][1] + column - low
     span = math.prod(r for _, r in radices)
     if span > 4 * len(key) + 1024:
         keys, first, inverse = np.unique(key, return_index=True, return_inverse=True)

@@ -37,8 +37,8 @@ def _gpt_oss_backward_kernels(local: int) -> int:
     """Its backward (the activation's recompute apart, rerun by recompute_modules moe_act):
     unpermute, unsort, sort, permute 4; fc1 and fc2 gradients 4L; the activation's 1 + 10;
     _apply_bias 4L + 3 and the bias gradients' main-gradient adds 2L; router GEMMs 2, top-k
-    backward 2, gradient merge 1, the router weight's add 1, its bias's sum and add 2."""
-    return 4 + 4 * local + 11 + (4 * local + 3) + 2 * local + 2 + 2 + 1 + 1 + 2
+    backward 1, gradient merge 1, the router weight's add 1, its bias's sum and add 2."""
+    return 4 + 4 * local + 11 + (4 * local + 3) + 2 * local + 2 + 1 + 1 + 1 + 2
 
 
 @pytest.mark.parametrize("ep", [8, 64])
@@ -73,10 +73,16 @@ def test_a_model_without_biases_or_clamp_launches_fewer():
     assert ours.activation_s == 0.0 < theirs.activation_s
 
 
-def test_the_flex_dispatcher_has_no_all_to_all_preprocess():
+def test_the_flex_dispatcher_launches_hybrideps_kernels():
+    """HybridEP (DeepEP 34152ae): forward 12 kernels beside its communication (memset, scan,
+    permute_preprocessing, pad_tokens_per_expert; the dispatch's update and two device syncs; the
+    permute; the combine's unpermute, update and two device syncs) where the all-to-all path has its
+    preprocess (6 + 4 copies), fused permute 4, sort 2, unsort 3 and unpermute 1; backward 8 where
+    it has 4."""
     alltoall = moe_launches(_context(), ScalarOps, 16.0)
     flex = moe_launches(_context(moe_dispatcher="flex"), ScalarOps, 16.0)
-    assert alltoall.forward_kernels - flex.forward_kernels == (6 + 4) + (4 + 1 + 2 + 3) - 2
+    assert alltoall.forward_kernels - flex.forward_kernels == (6 + 4) + (4 + 2 + 3 + 1) - 12
+    assert flex.backward_kernels - alltoall.backward_kernels == 8 - 4
 
 
 def test_unfused_rope_is_twelve_element_bytes_and_its_table_kernels():

@@ -22,19 +22,22 @@ megatron/core/fusions/fused_bias_geglu.py, transformer_engine/pytorch/module/gro
       copy to the GPU
     expert biases (fc2 bias × probs, per expert)        2·L + 1             (experts.py _apply_bias)
     fused unpermute                                     1
+    flex dispatcher (HybridEP) in place of the above    12                  1 (before the dispatch)
+      preprocess, permutes and sorts
     backward
     unpermute, unsort, sort, permute                    4 (3 with one local expert)
     fc1, fc2 activation and weight gradients            4·L
     activation backward: fused 1; clamped ~11
     expert biases: dbias and dprob per expert, cats     4·L + 3, + 2·L main-gradient adds
-    router GEMMs, top-k backward, gradient merge,       6, + router bias gradient and its add 2
+    router GEMMs, top-k backward, gradient merge,       5, + router bias gradient and its add 2
     the router weight's main-gradient add
 
 L = E/ep local experts. A precision recipe quantizes each expert's operands in its own kernel
 (TE split_quantize: "quantize kernels individually"): the X and dY of fc1 and fc2, L each, where
-the formulas time one pass per operand. The flex dispatcher's (DeepEP, HybridEP) own kernels
-are not counted beyond the permutations the formulas time (not read), nor the aux loss, the
-force-balancing noise of benchmark runs, or the shared experts beyond their GEMMs and gate.
+the formulas time one pass per operand (the weights' scale swizzles are timed there too). The
+flex dispatcher has no all-to-all preprocess; its own kernels and its host sync are HybridEP's
+(FLEX_FORWARD_KERNELS). Not counted: the aux loss and its scaler, a float32 router's casts, the
+expert-bias update (once a step), and the force-balancing noise of benchmark runs.
 
 Costs, one microbatch: each kernel beyond the timed ones its GPU latency plus the gap; each host
 synchronisation one gap (the GPU idles until the host launches the next kernel). CUDA graphs
@@ -67,10 +70,22 @@ CLAMP_KERNELS_FORWARD = 4.0
 CLAMP_KERNELS_BACKWARD = 10.0
 """beyond the compiled kernel's backward: clamp_backward's fill, compare and where (3 and 5 kernels,
 PyTorch FunctionsManual.cpp) and the split's cat."""
-ROUTER_BACKWARD_KERNELS = 4.0
-"""beside the router's two backward GEMMs: the fused top-k's backward (two kernels), the merge of the
-router's and the permutation's input gradients, and the main-gradient add of the router's weight
-(distributed_data_parallel.py l.441-445); a router bias adds its gradient's sum and its add."""
+ROUTER_BACKWARD_KERNELS = 3.0
+"""beside the router's two backward GEMMs: the fused top-k's backward (TE fused_topk_with_score_function's
+backward kernel), the merge of the router's and the permutation's input gradients, and the
+main-gradient add of the router's weight (distributed_data_parallel.py l.441-445); a router bias
+adds its gradient's sum and its add."""
+FLEX_FORWARD_KERNELS, FLEX_BACKWARD_KERNELS = 12.0, 8.0
+"""The flex dispatcher's kernels beside its communication, HybridEP's (DeepEP commit 34152ae, Megatron-Core's
+pin; hybrid_ep_backend.cuh, executor.cu, permute.cu): forward the routing map's memset and scan,
+permute_preprocessing, pad_tokens_per_expert, the dispatch's expected-value update and two device syncs, the
+permute, and the combine's unpermute, update and two device syncs; backward the same four around each
+pass's communication, twice. One host sync a forward: cudaStreamSynchronize before the dispatch
+(non_blocking False, dropless). DeepEP's normal kernels launch about ten more a forward (setup_metadata's
+top-k, get_dispatch_layout, notify_dispatch, the multihot conversion, TE's padded permute: offsets, zero
+fills, row-id map) and synchronise five times (the CPU waits on notify_dispatch's count; the padded
+permute's copies and .item()s; the experts' tokens_per_expert.tolist()): the mapping does not say which
+backend runs, so the flex dispatcher is costed as HybridEP, the fewer."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +129,9 @@ def moe_launches(c: Context, xp, local) -> MoeLaunches:
     shared = _shared_kernels(c)
 
     router_fwd = 2.0 + alltoall * (PREPROCESS_KERNELS + PREPROCESS_COPIES)
-    permutes_fwd = alltoall * (PERMUTE_KERNELS + 1.0 + several * (SORT_KERNELS + UNSORT_KERNELS)) + (1 - alltoall) * 2.0
-    permutes_bwd = alltoall * (3.0 + several) + (1 - alltoall) * 2.0
+    permutes_fwd = (alltoall * (PERMUTE_KERNELS + 1.0 + several * (SORT_KERNELS + UNSORT_KERNELS))
+                    + (1 - alltoall) * FLEX_FORWARD_KERNELS)
+    permutes_bwd = alltoall * (3.0 + several) + (1 - alltoall) * FLEX_BACKWARD_KERNELS
     expert_fwd = (permutes_fwd + 2 * local + 1.0 + clamp * CLAMP_KERNELS_FORWARD + bias * (2 * local + 1) + shared
                   + quantized * 2 * (local - 1))
     router_bwd = 2.0 + ROUTER_BACKWARD_KERNELS + (2.0 if c.router_has_bias else 0.0)
@@ -126,7 +142,7 @@ def moe_launches(c: Context, xp, local) -> MoeLaunches:
     latency = c.hbm_latency_s - c.kernel_gap_s           # the GPU's own cost of a small kernel
     router_gap = c.kernel_gap_s                          # captured by per-layer graphs
     expert_gap = c.kernel_gap_s + c.outer_gap_extra_s    # captured only by a full-iteration graph
-    syncs_fwd = alltoall + clamp
+    syncs_fwd = 1.0 + clamp                              # the dispatcher's, the clamp offset's
     forward = ((router_fwd - ROUTER_TIMED) * (latency + router_gap)
                + (expert_fwd - timed_expert_fwd) * (latency + expert_gap)
                + timed_expert_fwd * c.outer_gap_extra_s + syncs_fwd * expert_gap)

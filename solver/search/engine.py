@@ -66,7 +66,7 @@ SEARCHED_FLAGS = ("recompute", "tp_comm", "zero", "seq_par_ag_redo", "weight_off
 change only time, never memory: the surrogate takes their best case, and the exact scoring
 of a block tries every value."""
 FLAG_NAMES = tuple(dim.name for dim in FLAGS)
-CLASSES_KEPT = 16
+CLASSES_KEPT = 128
 """(flag table, columns) pairs whose row classes are kept (Engine._classes_of): ~MB each."""
 
 Key = BlockKey

@@ -19,16 +19,15 @@ from costmodel.space.dimensions import (DIMENSIONS, GROUP_DEGREES, NETWORK_CHECK
                                   SURROGATE_AXIS, TIME_ONLY, data_parallel, touching)
 from costmodel.encoding import MappingArrays, code
 from costmodel.terms.moe import moe_communication
-from costmodel.terms.block_terms import kind_block_terms
-from solver.search.cpsat.kind_floors import KIND_BLOCK, KIND_MEMORY, kind_rows, least_kind_rows
 from costmodel.terms.iteration import iteration_terms, output_layer_s
+from solver.search.cpsat.kind_floors import kind_block_rows, reduced_kind_rows
 from costmodel.evaluate import array_fields, cp_comm_heads_fit, distinct_block_terms, group_spans
 from costmodel.ops import ArrayOps
 from costmodel.inputs.system import Collective
 from solver.space.declaration import Space
 
 
-TABLE_CHUNK_ROWS = 1 << 18
+TABLE_CHUNK_ROWS = 1 << 20
 """Rows of the block grid evaluated at once (a whole number of keys): bounds the memory the
 block's intermediate terms take while the tables are built."""
 
@@ -50,6 +49,8 @@ RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE = (code("recompute", r) for 
                                                       (Recompute.full, Recompute.attn_only, Recompute.none))
 RECOMPUTES = (RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE)
 TP_COMM_RS_AG = code("tp_comm", TPComm.rs_ag)
+ACT_CLASS_ROWS = {"no_sp": (0, False), "sp": (TP_COMM_RS_AG, False), "sp_redo": (TP_COMM_RS_AG, True)}
+"""The (TP communication, AG redo) that realise each of ACT_CLASSES."""
 SCHED_ZB_H1 = code("sched", PipelineSchedule.zb_h1)
 BLOCK_TABLE_KEY = ("tp_comm", "seq_par_ag_redo", "recompute", "weight_offload", "activations_offload")
 """How the block tables' keys list the flags they keep one table per code of (`_group_tables`
@@ -156,11 +157,24 @@ class Named:
         and the constraints exclude it), the plain minimum, a lower bound still."""
         names = names or tuple(n for n in self.axes if n != "key")
         axis = tuple(self._axis(n) for n in names)
-        plain = self.values.min(axis=axis)
-        if where is not None:
-            masked = np.where(where.values, self.values, np.inf).min(axis=axis)
-            plain = np.where(np.isfinite(masked), masked, plain)
-        return Named(plain, {k: v for k, v in self.axes.items() if k not in names})
+        kept = {k: v for k, v in self.axes.items() if k not in names}
+        if where is None:
+            (values,) = _one_of_repeats([self.values], axis)
+            return Named(values.min(axis=axis), kept)
+        values, allowed = _one_of_repeats([self.values, np.broadcast_to(where.values, self.values.shape)], axis)
+        least = np.where(allowed, values, np.inf).min(axis=axis)
+        none_allowed = ~np.isfinite(least)
+        if none_allowed.any():
+            least = np.where(none_allowed, values.min(axis=axis), least)
+        return Named(least, kept)
+
+
+def _one_of_repeats(arrays: list[np.ndarray], axis: tuple) -> list[np.ndarray]:
+    """`arrays` (of one shape) cut to their first entry along each axis of `axis` all of them only
+    repeat (stride 0, broadcast): the same minima over `axis`, without reading the repeats."""
+    cut = tuple(slice(0, 1) if i in axis and all(a.strides[i] == 0 for a in arrays) else slice(None)
+                for i in range(arrays[0].ndim))
+    return [a[cut] for a in arrays]
 
 
 class SplitKeys:
@@ -287,14 +301,11 @@ def _block_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int,
     group of one reads neither), so those axes never multiply the cp = 1 groups' rows."""
     at = GROUP_DEGREES.index("cp")
     parts = [[k for k in tm_keys if k[at] == 1], [k for k in tm_keys if k[at] > 1]]
-    tables = [_group_tables(c, keys, tp_overlaps, networks, _block_net_axes(keys, networks),
+    wholes = [_group_tables(c, keys, tp_overlaps, networks, _block_net_axes(keys, networks),
                             list(cp_comms or ALL_CP_COMMS) if keys[0][at] > 1 else [0], check or _unlimited)
               for keys in parts if keys]
-    out = tables[0]
-    for more in tables[1:]:
-        for name, table in more.items():
-            _merge(out[name], table)
-    return out
+    whole = {name: np.concatenate([part[name] for part in wholes]) for name in wholes[0]}
+    return _keyed_tables(c, [k for keys in parts for k in keys], whole)
 
 
 def _unlimited() -> None:
@@ -302,22 +313,18 @@ def _unlimited() -> None:
 
 
 def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, block_nets: dict,
-                  cp_comms: list, check: Callable[[], None]) -> dict:
-    """_block_tables over groups `tm_keys` that all have cp = 1 or all cp > 1: the grid's TP and
-    CP network axes `block_nets` (_block_net_axes), its CP communication axis `cp_comms`."""
+                  cp_comms: list, check: Callable[[], None]) -> dict[str, np.ndarray]:
+    """_block_tables' arrays (key axis first: _keyed_tables) over groups `tm_keys` all with cp = 1 or all
+    cp > 1: the grid's TP and CP network axes `block_nets` (_block_net_axes), CP communications `cp_comms`."""
     nets = list(range(networks))
     tm = np.array(tm_keys, dtype=float)
-
-    def by_tm(values: np.ndarray) -> dict:
-        return {k: float(x) for k, x in zip(tm_keys, values)}
-
     # ---- block tables over (tp, cp, ep, etp, microbatch) × comm × overlap × redo ×
     # recompute × offloads × the TP and CP networks; the EP and ETP networks per key ----
     group_at = {name: i for i, name in enumerate(GROUP_DEGREES)}
     keys = _namespace(**{name: tm[:, i] for name, i in group_at.items()}, microbatch=tm[:, len(group_at)])
     expert_nets = best_expert_networks(c, keys, networks)
     axes = dict(tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2], cp_comm=cp_comms, seq_par_ag_redo=[False, True],
-                recompute=[RECOMPUTE_FULL, RECOMPUTE_ATTN_ONLY, RECOMPUTE_NONE], weight_offload=[False, True],
+                recompute=list(RECOMPUTES), weight_offload=[False, True],
                 activations_offload=[False, True], **{net: list(axis) for net, axis in block_nets.items()})
     # (evaluated a few keys at a time and reduced to what the tables keep per key: the
     # block's terms over the whole grid would take gigabytes)
@@ -325,9 +332,7 @@ def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
     rows_per_key = math.prod(len(axis) for axis in axes.values())
     keys_per_chunk = max(1, TABLE_CHUNK_ROWS // rows_per_key)
     networks_axes = tuple(block_nets)
-    # activation classes: the (TP communication, AG redo) that realise each class, with
-    # no offload, TP overlap and networks at their first values (memory reads none of them)
-    cls_rows = {"no_sp": (0, False), "sp": (TP_COMM_RS_AG, False), "sp_redo": (TP_COMM_RS_AG, True)}
+    # memory at no offload, TP overlap and networks at their first values (it reads none of them)
     first = dict(tp_overlap=0, weight_offload=False, activations_offload=False, **{net: 0 for net in block_nets})
 
     def reduced(chunk: Named, rows: dict) -> dict[str, np.ndarray]:
@@ -346,9 +351,7 @@ def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
                 "compute": chunk.of(rows["compute"]).min().values,
                 "head": chunk.of(rows["head"]).min().values,
                 "p2p": chunk.of(rows["p2p"]).min().values,
-                **{name: chunk.of(values).min("cp_comm").sel(**first).values for name, values in rows.items()
-                   if name in ("stored", "workspace") or name.startswith(KIND_MEMORY)},
-                **{name: by_flags(values) for name, values in rows.items() if name.startswith(KIND_BLOCK)}}
+                **reduced_kind_rows(rows, lambda values: chunk.of(values).sel(**first).min("cp_comm").values, by_flags)}
 
     parts: dict[str, list] = {}
     for first_key in range(0, len(tm), keys_per_chunk):
@@ -356,34 +359,36 @@ def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
         cols, chunk = Named.open_grid(key=np.arange(first_key, min(len(tm), first_key + keys_per_chunk)), **axes)
         for name, values in reduced(chunk, _block_rows(c, tm, cols, group_at, expert_nets, size, nets)).items():
             parts.setdefault(name, []).append(values)
-    flag_axes = {k: v for k, v in chunk.axes.items() if k not in (*networks_axes, "tp_overlap", "cp_comm")}
-    memory_axes = {k: v for k, v in chunk.axes.items() if k not in (*first, "cp_comm")}
-    whole = {name: np.concatenate(chunks) for name, chunks in parts.items()}
+    return {name: np.concatenate(chunks) for name, chunks in parts.items()}
 
+
+FLAG_AXES = {"tp_comm": (0, 1, 2), "seq_par_ag_redo": (False, True), "recompute": RECOMPUTES,
+             "weight_offload": (False, True), "activations_offload": (False, True)}
+"""The axes the block time arrays keep after the key (_group_tables' grid, in its order, less
+those minimised over); the memory arrays (stored, workspace) keep the first three."""
+
+
+def _keyed_tables(c: Context, tm_keys: list, whole: dict[str, np.ndarray]) -> dict:
+    """_group_tables' arrays over groups `tm_keys` as dicts keyed by group, by their axes: with every
+    FLAG_AXES, one per combination of BLOCK_FLAGS; with the first three (memory), one per
+    recompute setting and activation class (ACT_CLASSES); with the key alone, one."""
+    def by_tm(values: np.ndarray) -> dict:
+        return dict(zip(tm_keys, values.tolist()))
     def by_block_flags(values: np.ndarray) -> dict:
-        """One table per combination of the flags a block reads (BLOCK_FLAGS)."""
-        table = Named(values, flag_axes)
+        table = Named(values, {"key": (), **FLAG_AXES})
         return {(comm, redo, rc, w, a): by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=bool(redo), recompute=rc,
                                                         weight_offload=bool(w), activations_offload=bool(a)).values)
                 for comm in range(3) for redo in (0, 1) for rc in RECOMPUTES for w in (0, 1) for a in (0, 1)}
-
-    out = {}
-    # one block, one microbatch, forward + backward + recompute + exposed TP and offload:
-    # exact for every flag combination the block reads
-    out["block"] = by_block_flags(whole["block"])
-    # the same block in a ZB-H1 bubble: less twice its weight-gradient GEMMs (costmodel.terms.iteration)
-    out["block_zb"] = by_block_flags(whole["block_zb"])
-    # each kind's block, as "block" (a model of several kinds: kind_floors)
-    out.update({name: by_block_flags(values) for name, values in whole.items() if name.startswith(KIND_BLOCK)})
-    out["compute"] = by_tm(whole["compute"])
-    out["head"] = by_tm(3 * whole["head"])
-    # With overlapped sends (costmodel.terms.pipeline_time) the exposed part can be 0: a lower bound.
-    out["p2p"] = by_tm(whole["p2p"] * (0.0 if c.pp_comm_overlap else 1.0))
-    for name in ("stored", "workspace", *(name for name in whole if name.startswith(KIND_MEMORY))):
-        table = Named(whole[name], memory_axes)
-        out[name] = {(rc, cls): by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc).values)
-                     for rc in RECOMPUTES for cls, (comm, redo) in cls_rows.items()}
-    return out
+    def by_class(values: np.ndarray) -> dict:
+        table = Named(values, {"key": (), **{k: FLAG_AXES[k] for k in ("tp_comm", "seq_par_ag_redo", "recompute")}})
+        return {(rc, cls): by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc).values)
+                for rc in RECOMPUTES for cls, (comm, redo) in ACT_CLASS_ROWS.items()}
+    # the output layer's three passes (forward, and backward twice its time); with overlapped
+    # sends (costmodel.terms.pipeline_time) the exposed part can be 0: a lower bound
+    scale = {"head": 3, "p2p": 0.0 if c.pp_comm_overlap else 1.0}
+    readers = {1 + len(FLAG_AXES): by_block_flags, 4: by_class, 1: by_tm}
+    return {name: readers[values.ndim](values * scale[name] if name in scale else values)
+            for name, values in whole.items()}
 
 
 def _block_rows(c: Context, tm: np.ndarray, cols: dict, group_at: dict, expert_nets: dict,
@@ -398,8 +403,7 @@ def _block_rows(c: Context, tm: np.ndarray, cols: dict, group_at: dict, expert_n
                                           **{name: tm[key, i] for name, i in group_at.items()},
                                           "microbatch": tm[key, len(group_at)],
                                           **{net: best[key] for net, best in expert_nets.items()}}))
-    kinds = kind_block_terms(c, ns, ArrayOps)
-    blk = kinds.mean
+    blk, kind_rows = kind_block_rows(c, ns)            # (the mean block; kind_floors: each kind's rows)
     total = blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s + blk.offload_bwd_s
     fits = np.ones((), dtype=bool)
     for name, degree, span, net in group_spans(ns):
@@ -408,10 +412,9 @@ def _block_rows(c: Context, tm: np.ndarray, cols: dict, group_at: dict, expert_n
     fits = fits & cp_comm_heads_fit(c, ns)
     p2p = functools.reduce(np.minimum, [collective_s(c, ArrayOps, Collective.p2p, 2.0, blk.act_message_bytes / ns.tp,
                                                      np.intp(k)) for k in nets])
+    # one block, one microbatch, forward + backward + recompute + exposed TP and offload (exact per flag
+    # combination it reads); in a ZB-H1 bubble, less twice its weight-gradient GEMMs (terms.iteration)
     out = {"block": total, "block_zb": total - 2 * blk.weight_grad_gemm_s,
            "compute": blk.compute_fwd_s + blk.compute_bwd_s, "head": output_layer_s(c, ns, ArrayOps),
            "p2p": p2p, "stored": blk.activations.stored, "workspace": blk.activations.workspace, "fits": fits}
-    if len(kinds.terms) > 1:
-        out.update(least_kind_rows(kinds))
-        out.update(kind_rows(kinds))
-    return out
+    return {**out, **kind_rows}

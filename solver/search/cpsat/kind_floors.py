@@ -23,7 +23,8 @@ import functools
 import numpy as np
 
 from costmodel.space.layout import layout_interleavings, layout_problem, stage_blocks
-from costmodel.ops import ScalarOps
+from costmodel.ops import ArrayOps, ScalarOps
+from costmodel.terms.block_terms import kind_block_terms
 from costmodel.terms.stage_kinds import stage_kind_counts
 
 
@@ -32,6 +33,26 @@ KIND_BLOCK = "block_kind_"
 order of Context.block_kinds (solver.search.cpsat.block_tables)."""
 KIND_MEMORY = ("stored_kind_", "workspace_kind_")
 """... and of each kind's stored activations and recompute workspace."""
+
+
+def kind_block_rows(c, ns) -> tuple:
+    """(the model's mean block, the block grid's rows of several kinds) of a chunk of the block
+    grid `ns` (solver.search.cpsat.block_tables._block_rows): with one kind, no more rows; with
+    several, each kind's (kind_rows) and the least kind's that replace the mean's
+    (least_kind_rows)."""
+    kinds = kind_block_terms(c, ns, ArrayOps)
+    if len(kinds.terms) == 1:
+        return kinds.mean, {}
+    return kinds.mean, {**least_kind_rows(kinds), **kind_rows(kinds)}
+
+
+def reduced_kind_rows(rows: dict, memory, time) -> dict:
+    """The block grid's rows reduced per key (solver.search.cpsat.block_tables): the stored
+    activations and workspace, the mean block's and each kind's, by `memory`; each kind's
+    time by `time` (as the mean block's)."""
+    return {**{name: memory(values) for name, values in rows.items()
+               if name in ("stored", "workspace") or name.startswith(KIND_MEMORY)},
+            **{name: time(values) for name, values in rows.items() if name.startswith(KIND_BLOCK)}}
 
 
 def kind_rows(kinds) -> dict:

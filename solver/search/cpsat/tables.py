@@ -80,8 +80,7 @@ class Tables:
                  check: Callable[[], None] | None = None):
         tp_overlaps = space.codes("tp_overlap", pinned=False)
         cp_comms, shards = space.codes("cp_comm"), space.codes("shard")
-        self.several_kinds = len(c.block_kinds) > 1
-        """blocks of several kinds, each stage summing its own (solver.search.cpsat.kind_floors)"""
+        self.several_kinds = len(c.block_kinds) > 1       # (each stage sums its own: kind_floors)
         self.tm_keys = list(v.group_mb)
         self.tp_keys = list(v.split)
         nets = list(range(networks))
@@ -221,8 +220,7 @@ class GroupRows:
 
     def of(self, group: tuple, mb: int) -> tuple[np.ndarray, ...]:
         """(block time, ZB-H1 block time, stored activations, workspace) over the combinations,
-        (output layer time, pipeline send time) of this group and microbatch, and each kind's
-        block time, stored activations and workspace (kind_floors.group_kind_rows)."""
+        (output layer time, pipeline send time) of this group and microbatch, kind_floors' rows."""
         key = (*group, mb)
         rows = self.memo.get(key)
         if rows is None:
@@ -254,7 +252,6 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
     microbatch) becomes a cut that gives CP-SAT's LP the bound its one-hot relaxation
     cannot."""
     blocks = c.blocks
-    several_kinds = len(c.block_kinds) > 1
     # every valid assignment of the flags a block reads (the space's own rules, tp, pp, dp > 1)
     known = {**{name: 2 for name, _ in NETWORK_GROUPS}, "dp_cp": 2, "offload": int(has_offload)}
     combos = sorted(flag_projection(space, BLOCK_FLAGS, known, num_networks))
@@ -285,7 +282,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         first, middle, last = stage_blocks(ArrayOps, blocks, p, interleaving=il)           # [V, 1] (or one value)
         equal = first is middle is last
         fullest, last_v = np.asarray(np.maximum(first, middle))[..., None], np.asarray(last)[..., None]
-        if several_kinds:                     # each stage its own blocks (kind_floors.stage_kind_micro)
+        if tables.several_kinds:              # each stage its own blocks (kind_floors.stage_kind_micro)
             per_micro = stage_kind_micro(c, p, sk.interleavings, np.array([r[6] for r in per_mb]), head)
         else:
             per_micro = np.broadcast_to(np.maximum(fullest * block, last_v * block + head[:, None]),
@@ -297,13 +294,12 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
             row = sk.interleavings.index(1)
             sends_1 = (2 * sends)[:, None]
             # (uneven, or of several kinds, a stage without the output layer may set the pace)
-            zb_head = head[:, None] if equal and not several_kinds else 0.0
+            zb_head = head[:, None] if equal and not tables.several_kinds else 0.0
             last_1 = np.broadcast_to(last, il.shape)[row, 0]
             zb = n[:, None] * (per_micro[row] + sends_1) + (p - 1) * (last_1 * block_zb + zb_head + sends_1)
             time[row] = np.minimum(time[row], zb)
-        stored = np.array([r[2] for r in per_mb])[None]                                        # [1, M, K]
-        workspace = np.array([r[3] for r in per_mb])[None]
-        if several_kinds:                     # the first stage's own kinds ([V, M, K])
+        stored, workspace = (np.array([r[i] for r in per_mb])[None] for i in (2, 3))       # [1, M, K]
+        if tables.several_kinds:              # the first stage's own kinds ([V, M, K])
             stored, workspace = first_stage_memory(c, p, sk.interleavings, np.array([r[7] for r in per_mb]),
                                                    np.array([r[8] for r in per_mb]))
         # a first-stage GPU's (the tables' memory terms are the first stage's too)
@@ -354,19 +350,23 @@ STAGE_TERMS = ("dp_comm_s", "dp_per_microbatch_s", "optimizer_s", "weights_hbm_b
 
 def _stage_terms(c: Context, block_memo: dict | None, columns: dict) -> SimpleNamespace:
     """STAGE_TERMS and the DP reduction's once-a-step part (dp_once_s) of a grid of partial
-    mappings, least row by row over the layouts of each row's pp: with a short last chunk
-    (costmodel.space.layout) the end stages' blocks move with the interleaving, so the
-    tables take the least over one interleaving per distinct layout; elsewhere the one
-    layout (interleaving 1)."""
-    pps = np.asarray(columns["pp"]).astype(np.int64)
-    layouts = {p: distinct_layouts(c, p) for p in set(pps.tolist())}
-    least: dict | None = None
-    for k in range(max(len(ils) for ils in layouts.values())):
-        il = np.array([layouts[p][min(k, len(layouts[p]) - 1)] for p in pps.tolist()], dtype=np.int64)
-        terms = _grid_terms(c, block_memo, **columns, interleaving=il)
-        values = {name: np.broadcast_to(getattr(terms, name), (len(pps),)) for name in STAGE_TERMS}
+    mappings, least row by row over one interleaving per distinct layout of each row's pp (with
+    a short last chunk, costmodel.space.layout, the end stages' blocks move with the interleaving;
+    elsewhere one layout, interleaving 1): a k-th layout on the rows whose pp has one."""
+    pp_values, pp_of_row = np.unique(np.asarray(columns["pp"]).astype(np.int64), return_inverse=True)
+    layouts = [distinct_layouts(c, p) for p in pp_values.tolist()]
+    layouts_of_row, pp_of_row = np.array([len(ils) for ils in layouts])[pp_of_row.ravel()], pp_of_row.ravel()
+    least: dict = {}
+    for k in range(max(len(ils) for ils in layouts)):
+        rows = np.flatnonzero(layouts_of_row > k)
+        il = np.array([ils[min(k, len(ils) - 1)] for ils in layouts], dtype=np.int64)[pp_of_row[rows]]
+        terms = _grid_terms(c, block_memo, **{name: (v[rows] if np.ndim(v) else v) for name, v in columns.items()},
+                            interleaving=il)
+        values = {name: np.broadcast_to(getattr(terms, name), (len(rows),)) for name in STAGE_TERMS}
         values["dp_once_s"] = values["dp_comm_s"] - values["dp_per_microbatch_s"]
-        least = values if least is None else {name: np.minimum(least[name], x) for name, x in values.items()}
+        for name, value in values.items():
+            least[name] = least[name] if k else np.array(value)          # (k = 0: every row)
+            least[name][rows] = np.minimum(least[name][rows], value)
     return SimpleNamespace(**least)
 
 
