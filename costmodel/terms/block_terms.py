@@ -306,12 +306,12 @@ def kind_param_shares(c: Context, m, kind: str) -> tuple:
     return c.kind_param_count(kind) / m.tp, 0.0
 
 
-def _mix(dense, moe, share):
+def mix_terms(dense, moe, share):
     """(1 - share)·dense + share·moe, field by field (nested results too); a block's layers are
     both kinds' records, each weighted by its kind's share (their sum is the mixed block)."""
     if is_dataclass(dense):
         return type(dense)(**{f.name: (_weighted_layers(dense.layers, moe.layers, share) if f.name == "layers"
-                                       else _mix(getattr(dense, f.name), getattr(moe, f.name), share))
+                                       else mix_terms(getattr(dense, f.name), getattr(moe, f.name), share))
                               for f in fields(dense)})
     if isinstance(dense, (str, tuple)):          # a record's name, modules and operands: not mixed
         return dense
@@ -370,7 +370,7 @@ def kind_block_terms(c: Context, m, xp) -> KindBlocks:
     mean, counted = terms[0], present[0][1]
     for (_, count), kind_block in zip(present[1:], terms[1:]):
         counted += count
-        mean = _mix(mean, kind_block, count / counted)
+        mean = mix_terms(mean, kind_block, count / counted)
     if len(terms) > 1:
         workspace, needed = terms[0].activations.workspace, terms[0].offload_bytes_per_s_needed
         for kind_block in terms[1:]:
@@ -391,7 +391,7 @@ def _recompute_mixed(c: Context, m, kinds: _KindForwards, kind: str) -> BlockTer
                                                  recompute_none=False), kinds, kind)
     stored = _offload_mixed(c, with_switches(m, recompute_full=False, recompute_attn_only=False,
                                              recompute_none=True), kinds, kind)
-    mixed = _mix(stored, recomputed, share)
+    mixed = mix_terms(stored, recomputed, share)
     workspace = xp.maximum(recomputed.activations.workspace, stored.activations.workspace)
     return replace(mixed, activations=replace(mixed.activations, workspace=workspace),
                    offload_bytes_per_s_needed=xp.maximum(recomputed.offload_bytes_per_s_needed,
@@ -405,7 +405,7 @@ def _offload_mixed(c: Context, m, kinds: _KindForwards, kind: str) -> BlockTerms
     if share is None:
         return _precision_mixed(c, m, kinds, kind)
     offloading = _precision_mixed(c, m, kinds, kind)
-    mixed = _mix(_precision_mixed(c, with_switches(m, activations_offload=False), kinds, kind), offloading, share)
+    mixed = mix_terms(_precision_mixed(c, with_switches(m, activations_offload=False), kinds, kind), offloading, share)
     return replace(mixed, offload_bytes_per_s_needed=offloading.offload_bytes_per_s_needed)
 
 
@@ -413,6 +413,6 @@ def _precision_mixed(c: Context, m, kinds: _KindForwards, kind: str) -> BlockTer
     """One block of `kind`, mixed with its BF16 copy by the share of the model's blocks a
     recipe keeps in BF16 (the first and last N: a model-wide share, not the stages that hold them)."""
     if c.quantized and c.recipe.bf16_block_share:
-        return _mix(kinds.terms(c, m, kind, False), kinds.terms(c.bf16_blocks(), m, kind, True),
+        return mix_terms(kinds.terms(c, m, kind, False), kinds.terms(c.bf16_blocks(), m, kind, True),
                     c.recipe.bf16_block_share)
     return kinds.terms(c, m, kind, False)

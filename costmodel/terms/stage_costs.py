@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass, replace
 
-from costmodel.terms.block_terms import BlockTerms, KindBlocks, _mix, kind_param_shares
+from costmodel.terms.block_terms import BlockTerms, KindBlocks, mix_terms, kind_param_shares
 from costmodel.terms.context import Context
 from costmodel.terms.stage_kinds import stage_blocks_of, stage_kinds
 
@@ -104,7 +104,7 @@ def without_layers(kb: KindBlocks) -> KindBlocks:
 
 
 def _weights(counts: tuple, xp):
-    """Each kind's share of a stage's blocks, cumulative as _mix takes them: count/counted."""
+    """Each kind's share of a stage's blocks, cumulative as mix_terms takes them: count/counted."""
     counted, shares = counts[0], []
     for count in counts[1:]:
         counted = counted + count
@@ -120,7 +120,7 @@ def stage_block(c: Context, m, xp, kb: KindBlocks, counts: tuple, blocks, rank=0
     kinds = [StageMean.of(blk) for blk in kb.terms]
     mean, dense, experts = kinds[0], shares[0][0], shares[0][1]
     for share, kind_block, (kind_dense, kind_experts) in zip(_weights(counts, xp), kinds[1:], shares[1:]):
-        mean = _mix(mean, kind_block, share)
+        mean = mix_terms(mean, kind_block, share)
         dense, experts = (1 - share) * dense + share * kind_dense, (1 - share) * experts + share * kind_experts
     workspace = 0.0
     for count, kind_block in zip(counts, kinds):
