@@ -56,6 +56,7 @@ VARIANTS = {
 }
 MOE_VARIANTS = {"expert_par": {"expert_par": 2}, "expert_tensor_par": {"expert_tensor_par": 1},
                 "moe_dispatcher": {"moe_dispatcher": "flex"}, "moe_comm_overlap": {"moe_comm_overlap": True},
+                "moe_flex_backend": {"moe_dispatcher": "flex", "moe_flex_backend": "hybridep"},
                 "moe_dispatcher_sm_share": {"moe_dispatcher": "flex", "moe_comm_overlap": True,
                                             "moe_dispatcher_sm_share": 20 / 132}}
 NOT_FRAMEWORK_SETTINGS = ({BY_NAME[net].field for _, net in NETWORK_GROUPS}
@@ -88,7 +89,8 @@ def test_changing_a_field_changes_the_framework_text(framework, field):
 
 @pytest.mark.parametrize("framework", EMIT_CHOICES)
 @pytest.mark.parametrize("change", [{}, {"moe_dispatcher": "flex"},
-                                    {"moe_dispatcher": "flex", "moe_comm_overlap": True}])
+                                    {"moe_dispatcher": "flex", "moe_comm_overlap": True},
+                                    {"moe_dispatcher": "flex", "moe_flex_backend": "hybridep"}])
 def test_a_moe_mapping_reads_back_as_itself(framework, change):
     from costmodel.frameworks.launch import load_launch_mapping
     mapping = Mapping.model_validate({**MOE_BASE, **change})

@@ -80,9 +80,36 @@ def test_the_flex_dispatcher_launches_hybrideps_kernels():
     preprocess (6 + 4 copies), fused permute 4, sort 2, unsort 3 and unpermute 1; backward 8 where
     it has 4."""
     alltoall = moe_launches(_context(), ScalarOps, 16.0)
-    flex = moe_launches(_context(moe_dispatcher="flex"), ScalarOps, 16.0)
+    flex = moe_launches(_context(moe_dispatcher="flex", moe_flex_backend="hybridep"), ScalarOps, 16.0)
     assert alltoall.forward_kernels - flex.forward_kernels == (6 + 4) + (4 + 2 + 3 + 1) - 12
     assert flex.backward_kernels - alltoall.backward_kernels == 8 - 4
+
+
+def _deepep_forward_kernels() -> int:
+    """Megatron-Core core_r0.17.0 _DeepepManager and fused_a2a.py with TE 2.12, counted from the
+    code: setup_metadata's topk 1; get_dispatch_layout, notify_dispatch, dispatch 3;
+    _indices_to_multihot (experimental fusions off): zeros 2, `indices != -1` 1, `indices[mask]` 2,
+    arange 1, mask.sum 1, repeat_interleave 2, index_put 2, `probs[mask]` 2, .bool() 1 = 14;
+    moe_permute_and_pad_with_probs: copy to the GPU, divide, ceil, multiply, long, torch.equal,
+    sum for .item() = 7, row-id map 3 + permute 1; unpermute 1; cached_notify_combine, combine 2."""
+    return 1 + 3 + (2 + 1 + 2 + 1 + 1 + 2 + 2 + 2 + 1) + 7 + (3 + 1) + 1 + 2
+
+
+def test_deepep_launches_its_own_kernels_and_waits_on_the_host_six_times():
+    """DeepEP against HybridEP on the same layer: 32 forward kernels against 12, 13 backward against
+    8, and 6 host syncs a forward against 1 (notify_dispatch's counts; the two masked gathers and
+    repeat_interleave; torch.equal and .item() in the padded permute): each extra kernel costs its
+    latency and the launch gap, each extra sync one gap (no CUDA graphs)."""
+    hybrid_c = _context(moe_dispatcher="flex", moe_flex_backend="hybridep")
+    deep_c = _context(moe_dispatcher="flex", moe_flex_backend="deepep")
+    hybrid, deep = moe_launches(hybrid_c, ScalarOps, 16.0), moe_launches(deep_c, ScalarOps, 16.0)
+    assert _deepep_forward_kernels() == 32
+    assert deep.forward_kernels - hybrid.forward_kernels == _deepep_forward_kernels() - 12
+    assert deep.backward_kernels - hybrid.backward_kernels == 13 - 8
+    gap = deep_c.kernel_gap_s + deep_c.outer_gap_extra_s
+    latency = deep_c.hbm_latency_s - deep_c.kernel_gap_s
+    assert deep.forward_s - hybrid.forward_s == pytest.approx((32 - 12) * (latency + gap) + (6 - 1) * gap, rel=1e-12)
+    assert Kernels().moe_flex_backend == "deepep"       # Megatron-LM's default moe_flex_dispatcher_backend
 
 
 def test_unfused_rope_is_twelve_element_bytes_and_its_table_kernels():

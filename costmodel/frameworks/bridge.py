@@ -123,14 +123,14 @@ def _kernels(mapping: Mapping, model: Model, system: System, out: dict, refusals
                     "comm_overlap.overlap_moe_expert_parallel_comm": mapping.moe_comm_overlap,
                     "comm_overlap.delay_wgrad_compute": mapping.moe_comm_overlap})
         if mapping.moe_dispatcher == "flex":
-            out["model.moe_flex_dispatcher_backend"] = "deepep"
+            out["model.moe_flex_dispatcher_backend"] = mapping.moe_flex_backend
     if mapping.moe_dispatcher_sm_share is not None:
         sms = system_sms(system)
         if sms is None or mapping.moe_dispatcher != "flex":
             refusals.refuse("moe_dispatcher_sm_share", mapping.moe_dispatcher_sm_share,
                             f"an SM count needs the flex dispatcher on a GPU of known SMs, not {system.name!r}")
         else:
-            out["model.moe_deepep_num_sms"] = round(mapping.moe_dispatcher_sm_share * sms)
+            out[f"model.moe_{mapping.moe_flex_backend}_num_sms"] = round(mapping.moe_dispatcher_sm_share * sms)
     out.update(_CUDA_GRAPHS.get(mapping.cuda_graphs, {}))
     out.update({"model.cross_entropy_loss_fusion": mapping.fused_cross_entropy,
                 "model.bias_activation_fusion": mapping.fused_activation})

@@ -10,6 +10,7 @@ from __future__ import annotations
 from costmodel.errors import InputError
 from costmodel.frameworks.common import PRECISION_OF_RECIPE, stated_stage_blocks
 from costmodel.measured.run_bridge import BRIDGE_SYSTEMS, FLEX_BACKEND_SMS, SYSTEM_SMS
+from costmodel.inputs.kernels import MOE_FLEX_BACKENDS
 from costmodel.inputs.model import Model
 from costmodel.inputs.precision import Precision
 from costmodel.inputs.system import System
@@ -116,6 +117,11 @@ def _kernels(overrides: dict, model: Model, system: System | None, where: str) -
     overlap = bool(overrides.get("comm_overlap.overlap_moe_expert_parallel_comm"))
     fields.update(moe_dispatcher=dispatcher, moe_comm_overlap=overlap)
     backend = overrides.get("model.moe_flex_dispatcher_backend", "deepep")
+    if dispatcher == "flex":
+        if backend not in MOE_FLEX_BACKENDS:
+            raise InputError(f"{where}: model.moe_flex_dispatcher_backend={backend} is not costed: give "
+                             f"{' or '.join(MOE_FLEX_BACKENDS)}")
+        fields["moe_flex_backend"] = backend
     sms = overrides.get(f"model.moe_{backend}_num_sms") or FLEX_BACKEND_SMS.get(backend)
     if dispatcher == "flex" and overlap and sms and system_sms(system):
         fields["moe_dispatcher_sm_share"] = sms / system_sms(system)

@@ -137,7 +137,7 @@ def _kernels(mapping: Mapping, model: Model, out: list) -> None:
     if model.num_experts:
         out.append(("--moe-token-dispatcher-type", moe_dispatcher_text(mapping)))
         if mapping.moe_dispatcher == "flex":
-            out.append(("--moe-flex-dispatcher-backend", "deepep"))
+            out.append(("--moe-flex-dispatcher-backend", mapping.moe_flex_backend))
         if mapping.moe_comm_overlap:
             out += [("--overlap-moe-expert-parallel-comm",), ("--delay-wgrad-compute",)]
     if mapping.cuda_graphs != "none":

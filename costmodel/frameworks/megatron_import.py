@@ -13,6 +13,7 @@ import argparse
 
 from costmodel.errors import InputError
 from costmodel.frameworks.common import PRECISION_OF_RECIPE, stated_stage_blocks
+from costmodel.inputs.kernels import MOE_FLEX_BACKENDS
 from costmodel.inputs.model import Model
 from costmodel.inputs.precision import Precision
 
@@ -118,6 +119,12 @@ def _kernels(args: argparse.Namespace, model: Model, where: str) -> dict:
             raise InputError(f"{where}: --moe-token-dispatcher-type allgather (Megatron-LM's default) is not costed: "
                              f"give alltoall or flex")
         fields.update(moe_dispatcher=dispatcher, moe_comm_overlap=args.overlap_moe_expert_parallel_comm)
+        backend = getattr(args, "moe_flex_dispatcher_backend", None) or "deepep"
+        if dispatcher == "flex":
+            if backend not in MOE_FLEX_BACKENDS:
+                raise InputError(f"{where}: --moe-flex-dispatcher-backend {backend} is not costed: give "
+                                 f"{' or '.join(MOE_FLEX_BACKENDS)}")
+            fields["moe_flex_backend"] = backend
     return fields
 
 

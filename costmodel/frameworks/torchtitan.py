@@ -98,6 +98,8 @@ def _model_parallel(mapping: Mapping, model: Model, out: dict, refusals: Refusal
                     else "standard"})
         if mapping.moe_comm_overlap:
             refusals.refuse("moe_comm_overlap", True, "torchtitan overlaps expert dispatch only inside DualPipeV")
+        if mapping.moe_dispatcher == "flex" and mapping.moe_flex_backend != "deepep":
+            refusals.refuse("moe_flex_backend", mapping.moe_flex_backend, "torchtitan's flex backend is DeepEP")
 
 
 def _batch_and_memory(mapping: Mapping, model: Model, out: dict, refusals: Refusals) -> None:

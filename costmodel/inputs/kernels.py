@@ -17,6 +17,11 @@ ATTENTION_KERNELS = ("fused", "unfused")
 CudaGraphs = Literal["none", "per-layer", "full-iteration"]
 MoeDispatcher = Literal["alltoall", "flex"]
 MOE_DISPATCHERS = ("alltoall", "flex")
+MoeFlexBackend = Literal["deepep", "hybridep"]
+MOE_FLEX_BACKENDS = ("deepep", "hybridep")
+"""The flex dispatcher's library (Megatron-LM's `moe_flex_dispatcher_backend`, default deepep:
+megatron/core/transformer/transformer_config.py): DeepEP's normal kernels, or HybridEP's. They
+launch different kernels around the same communication (costmodel.terms.moe_kernels)."""
 CUDA_GRAPHS: tuple[str, ...] = ("none", "per-layer", "full-iteration")
 """How CUDA graphs were captured: none; each block's forward and backward (Transformer Engine's
 `make_graphed_callables`, Megatron-Core's per-layer graphs); the whole forward and backward
@@ -86,6 +91,9 @@ class Kernels:
     between separate permute and unpermute passes) or flex (DeepEP / HybridEP: permutation fused
     into the dispatch and combine kernels, each token sent once per destination GPU:
     costmodel.terms.moe). A setting of the problem, not searched."""
+    moe_flex_backend: MoeFlexBackend = "deepep"
+    """With the flex dispatcher: the library that runs it (MOE_FLEX_BACKENDS; Megatron-LM's
+    `moe_flex_dispatcher_backend`). A setting of the problem, not searched."""
     moe_comm_overlap: bool = False
     """Megatron-LM's overlap_moe_expert_parallel_comm (with delay_wgrad_compute): the dispatch and
     combine of one microbatch run beside another microbatch's forward and backward compute
@@ -107,6 +115,9 @@ class Kernels:
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise InputError(f"moe_dispatcher {self.moe_dispatcher!r} does not exist (choose from "
                              f"{', '.join(MOE_DISPATCHERS)})")
+        if self.moe_flex_backend not in MOE_FLEX_BACKENDS:
+            raise InputError(f"moe_flex_backend {self.moe_flex_backend!r} does not exist (choose from "
+                             f"{', '.join(MOE_FLEX_BACKENDS)})")
         if self.grad_datatype not in GRAD_DATATYPES:
             raise InputError(f"grad_datatype {self.grad_datatype!r} does not exist (choose from "
                              f"{', '.join(GRAD_DATATYPES)})")
@@ -174,8 +185,8 @@ class Kernels:
                 "grad_datatype": self.grad_datatype, "capacity_factor": self.capacity_factor,
                 **self.precision_settings, "cuda_graphs": self.cuda_graphs,
                 "fused_cross_entropy": self.fused_cross_entropy, "pipeline_comm_overlap": self.pp_comm_overlap,
-                "moe_dispatcher": self.moe_dispatcher, "moe_comm_overlap": self.moe_comm_overlap,
-                "moe_dispatcher_sm_share": self.moe_dispatcher_sm_share}
+                "moe_dispatcher": self.moe_dispatcher, "moe_flex_backend": self.moe_flex_backend,
+                "moe_comm_overlap": self.moe_comm_overlap, "moe_dispatcher_sm_share": self.moe_dispatcher_sm_share}
 
     @property
     def precision_record(self) -> dict:

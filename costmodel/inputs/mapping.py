@@ -22,7 +22,7 @@ from costmodel.space.choices import AttentionType, CPComm, PipelineSchedule, Rec
 from costmodel.space.dimensions import BY_NAME, CHAIN, DEGREES, DIMENSIONS, Dimension
 from costmodel.errors import InputError
 from costmodel.inputs.kernels import (PRECISION_DEFAULTS, CudaGraphs, GradDatatype, Kernels,
-                               MoeDispatcher)
+                               MoeDispatcher, MoeFlexBackend)
 from costmodel.inputs.model import INPUT_CONFIG, Boolean, Model, RealNumber, WholeNumber, _whole_number, within
 from costmodel.space.layout import FIRST_FIELD, LAST_FIELD, feature_problem, layout_problem
 from costmodel.inputs.precision import OptimizerState, Precision
@@ -120,6 +120,9 @@ class _MappingBase(BaseModel):
     moe_dispatcher: MoeDispatcher = Field(
         "alltoall", description="Mixture-of-experts token dispatcher (Megatron-LM's moe_token_dispatcher_type): "
                                 "alltoall, or flex (DeepEP / HybridEP); a setting of the problem, not searched.")
+    moe_flex_backend: MoeFlexBackend = Field(
+        "deepep", description="With moe_dispatcher flex: the library that runs it, deepep or hybridep (Megatron-LM's "
+                              "moe_flex_dispatcher_backend, default deepep); a setting of the problem, not searched.")
     moe_comm_overlap: Boolean = Field(
         False, description="Expert-parallel dispatch and combine beside another microbatch's compute (Megatron-LM's "
                            "overlap_moe_expert_parallel_comm); a setting of the problem, not searched.")
@@ -221,7 +224,7 @@ class _MappingBase(BaseModel):
         # ... and without the precision, CUDA-graph and loss settings left at their defaults.
         for name, default in (*PRECISION_DEFAULTS.items(), ("cuda_graphs", "none"), ("fused_cross_entropy", True),
                               ("pipeline_comm_overlap", False), ("moe_dispatcher", "alltoall"),
-                              ("moe_comm_overlap", False), ("moe_dispatcher_sm_share", None)):
+                              ("moe_flex_backend", "deepep"), ("moe_comm_overlap", False), ("moe_dispatcher_sm_share", None)):
             if name in data and data[name] == default:
                 del data[name]
         return data
@@ -330,7 +333,7 @@ class _MappingBase(BaseModel):
                        bf16_first_last_blocks=self.bf16_first_last_blocks,
                        cuda_graphs=self.cuda_graphs, fused_cross_entropy=self.fused_cross_entropy,
                        pp_comm_overlap=self.pipeline_comm_overlap, moe_dispatcher=self.moe_dispatcher,
-                       moe_comm_overlap=self.moe_comm_overlap, moe_dispatcher_sm_share=self.moe_dispatcher_sm_share)
+                       moe_flex_backend=self.moe_flex_backend, moe_comm_overlap=self.moe_comm_overlap, moe_dispatcher_sm_share=self.moe_dispatcher_sm_share)
 
     @property
     def optimizer_sharding(self) -> bool:

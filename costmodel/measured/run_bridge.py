@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from costmodel.errors import InputError
-from costmodel.inputs.kernels import MoeDispatcher
+from costmodel.inputs.kernels import MoeDispatcher, MoeFlexBackend
 from costmodel.inputs.load import describe_validation_error, read_document
 from costmodel.measured.runs import PROBLEMS_DIR, CudaGraphs, Precision, Run
 
@@ -133,7 +133,7 @@ class WorkloadSettings(BaseModel):
     moe_dispatcher: MoeDispatcher | None = Field(
         None, description="moe_token_dispatcher_type as the run set it: flex where the preset names a flex backend "
                           "the GPU takes (apply_flex_dispatcher_backend), else alltoall; None for dense rows.")
-    moe_flex_backend: str | None = Field(None, description="moe_flex_dispatcher_backend (deepep, hybridep).")
+    moe_flex_backend: MoeFlexBackend | None = Field(None, description="moe_flex_dispatcher_backend (deepep, hybridep).")
     moe_comm_overlap: bool = Field(False, description="moe_a2a_overlap: overlap_moe_expert_parallel_comm and "
                                                       "delay_wgrad_compute.")
     pipeline_layout: str | None = Field(
@@ -243,6 +243,8 @@ def _settings_fields(row: BridgeRow, settings: WorkloadSettings | None) -> tuple
         fields.update(recompute="selective", recompute_modules=settings.recompute_modules)
     if settings.moe_dispatcher is not None:
         fields.update(moe_dispatcher=settings.moe_dispatcher, moe_comm_overlap=settings.moe_comm_overlap)
+        if settings.moe_dispatcher == "flex" and settings.moe_flex_backend is not None:
+            fields.update(moe_flex_backend=settings.moe_flex_backend)
         share = dispatcher_sm_share(row.system, settings)
         if share is not None:
             fields.update(moe_dispatcher_sm_share=share)

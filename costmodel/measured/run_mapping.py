@@ -196,7 +196,8 @@ def map_run(run: Run, model: Model, system: System) -> MappedRun:
         "low_precision_param_gather": run.low_precision_param_gather if run.precision is not Precision.bf16 else None,
         "bf16_first_last_blocks": run.bf16_first_last_blocks,
         "cuda_graphs": run.cuda_graphs, "fused_cross_entropy": run.fused_cross_entropy,
-        "moe_dispatcher": run.moe_dispatcher, "moe_comm_overlap": run.moe_comm_overlap,
+        "moe_dispatcher": run.moe_dispatcher, "moe_flex_backend": run.moe_flex_backend,
+        "moe_comm_overlap": run.moe_comm_overlap,
         "moe_dispatcher_sm_share": run.moe_dispatcher_sm_share,
         "grad_datatype": run.grad_datatype,
         # Megatron-Bridge's CommOverlapConfig turns overlap_p2p_comm on whenever vp > 1

@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, model_validator
 
 import costmodel.inputs.limits as limits
 from costmodel.space.dimensions import data_parallel
-from costmodel.inputs.kernels import CudaGraphs, GradDatatype, MoeDispatcher
+from costmodel.inputs.kernels import CudaGraphs, GradDatatype, MoeDispatcher, MoeFlexBackend
 from costmodel.inputs.limits import Bound
 from costmodel.inputs.model import INPUT_CONFIG, Model, RealNumber, WholeNumber, within
 from costmodel.inputs.precision import Precision   # the recipes (costmodel.inputs.precision), read by runs
@@ -108,6 +108,8 @@ class Run(BaseModel):
         "float32", description="Gradients kept and reduced in float32 (Megatron's grad_reduce_in_fp32) or 16bit.")
     moe_dispatcher: MoeDispatcher = Field(
         "alltoall", description="Megatron-LM's moe_token_dispatcher_type: alltoall, or flex (DeepEP / HybridEP).")
+    moe_flex_backend: MoeFlexBackend = Field(
+        "deepep", description="With the flex dispatcher: Megatron-LM's moe_flex_dispatcher_backend, deepep or hybridep.")
     moe_comm_overlap: bool = Field(
         False, description="Megatron-LM's overlap_moe_expert_parallel_comm (Megatron-Bridge's moe_a2a_overlap).")
     moe_dispatcher_sm_share: float | None = Field(

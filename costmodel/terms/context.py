@@ -119,6 +119,7 @@ class Context:
     dropout: bool = True               # dropout masks stored and applied (a model trained with dropout)
     pp_comm_overlap: bool = False      # interleaved schedules' sends beside compute (Megatron's overlap_p2p_comm)
     moe_flex_dispatcher: bool = False  # DeepEP/HybridEP dispatch (Kernels.moe_dispatcher == "flex")
+    moe_flex_backend: str = "deepep"   # the flex dispatcher's library (Kernels.moe_flex_backend)
     moe_comm_overlap: bool = False     # EP dispatch/combine beside another microbatch's compute
     moe_dispatcher_sm_share: float | None = None   # SMs the flex dispatcher holds while hidden (Kernels)
     fused_cross_entropy: bool = True   # Megatron's fused loss (6 bytes per logit) or eager PyTorch's (12)
@@ -330,7 +331,8 @@ def _kernel_fields(kernels: Kernels) -> dict:
     """The kernel and runtime settings the formulas read."""
     return dict(
         fused_cross_entropy=kernels.fused_cross_entropy, pp_comm_overlap=kernels.pp_comm_overlap,
-        moe_flex_dispatcher=kernels.moe_dispatcher == "flex", moe_comm_overlap=kernels.moe_comm_overlap,
+        moe_flex_dispatcher=kernels.moe_dispatcher == "flex", moe_flex_backend=kernels.moe_flex_backend,
+        moe_comm_overlap=kernels.moe_comm_overlap,
         moe_dispatcher_sm_share=kernels.moe_dispatcher_sm_share if kernels.moe_dispatcher == "flex" else None,
     )
 

@@ -22,8 +22,8 @@ megatron/core/fusions/fused_bias_geglu.py, transformer_engine/pytorch/module/gro
       copy to the GPU
     expert biases (fc2 bias × probs, per expert)        2·L + 1             (experts.py _apply_bias)
     fused unpermute                                     1
-    flex dispatcher (HybridEP) in place of the above    12                  1 (before the dispatch)
-      preprocess, permutes and sorts
+    flex dispatcher in place of the above: HybridEP     12                  1 (before the dispatch)
+      preprocess, permutes and sorts; DeepEP            32                  6
     backward
     unpermute, unsort, sort, permute                    4 (3 with one local expert)
     fc1, fc2 activation and weight gradients            4·L
@@ -31,12 +31,13 @@ megatron/core/fusions/fused_bias_geglu.py, transformer_engine/pytorch/module/gro
     expert biases: dbias and dprob per expert, cats     4·L + 3, + 2·L main-gradient adds
     router GEMMs, top-k backward, gradient merge,       5, + router bias gradient and its add 2
     the router weight's main-gradient add
+    flex dispatcher in place of the permutes: HybridEP  8; DeepEP 13
 
 L = E/ep local experts. A precision recipe quantizes each expert's operands in its own kernel
 (TE split_quantize: "quantize kernels individually"): the X and dY of fc1 and fc2, L each, where
 the formulas time one pass per operand (the weights' scale swizzles are timed there too). The
-flex dispatcher has no all-to-all preprocess; its own kernels and its host sync are HybridEP's
-(FLEX_FORWARD_KERNELS). Not counted: the aux loss and its scaler, a float32 router's casts, the
+flex dispatcher has no all-to-all preprocess; its own kernels and host syncs are its backend's
+(FLEX_KERNELS). Not counted: the aux loss and its scaler, a float32 router's casts, the
 expert-bias update (once a step), and the force-balancing noise of benchmark runs.
 
 Costs, one microbatch: each kernel beyond the timed ones its GPU latency plus the gap; each host
@@ -75,17 +76,32 @@ ROUTER_BACKWARD_KERNELS = 3.0
 backward kernel), the merge of the router's and the permutation's input gradients, and the
 main-gradient add of the router's weight (distributed_data_parallel.py l.441-445); a router bias
 adds its gradient's sum and its add."""
-FLEX_FORWARD_KERNELS, FLEX_BACKWARD_KERNELS = 12.0, 8.0
-"""The flex dispatcher's kernels beside its communication, HybridEP's (DeepEP commit 34152ae, Megatron-Core's
-pin; hybrid_ep_backend.cuh, executor.cu, permute.cu): forward the routing map's memset and scan,
-permute_preprocessing, pad_tokens_per_expert, the dispatch's expected-value update and two device syncs, the
-permute, and the combine's unpermute, update and two device syncs; backward the same four around each
-pass's communication, twice. One host sync a forward: cudaStreamSynchronize before the dispatch
-(non_blocking False, dropless). DeepEP's normal kernels launch about ten more a forward (setup_metadata's
-top-k, get_dispatch_layout, notify_dispatch, the multihot conversion, TE's padded permute: offsets, zero
-fills, row-id map) and synchronise five times (the CPU waits on notify_dispatch's count; the padded
-permute's copies and .item()s; the experts' tokens_per_expert.tolist()): the mapping does not say which
-backend runs, so the flex dispatcher is costed as HybridEP, the fewer."""
+FLEX_KERNELS = {"hybridep": (12.0, 8.0, 1.0), "deepep": (32.0, 13.0, 6.0)}
+"""The flex dispatcher's kernels beside its communication, forward and backward, and its host syncs a
+forward, by backend (Kernels.moe_flex_backend; Megatron-Core core_r0.17.0 token_dispatcher.py
+_HybridEPManager / _DeepepManager, fused_a2a.py; TE 2.12 permutation.py).
+
+HybridEP (DeepEP commit 34152ae, Megatron-Core's pin; hybrid_ep_backend.cuh, executor.cu, permute.cu):
+forward the routing map's memset and scan, permute_preprocessing, pad_tokens_per_expert, the dispatch's
+expected-value update and two device syncs, the permute, and the combine's unpermute, update and two
+device syncs (12); backward the same four around each pass's communication, twice (8). One host sync a
+forward: cudaStreamSynchronize before the dispatch (non_blocking False, dropless).
+
+DeepEP's normal kernels (32 forward): setup_metadata's top-k (1); get_dispatch_layout, notify_dispatch
+and dispatch (3; the host waits for notify_dispatch's received counts: 1 sync); _indices_to_multihot
+with the experimental fusions off (Megatron's default: two zero fills, the mask, two boolean-mask
+gathers of two kernels each, an arange, the mask's row sums, repeat_interleave's scan and copy, two
+index_put, the cast to bool: 14 kernels; the two masked gathers and repeat_interleave each wait for a
+count: 3 syncs); TE's moe_permute_and_pad_with_probs, which every DeepEP permute takes (tokens_per_expert
+is passed): tokens_per_expert copied to the GPU, divided, rounded up, multiplied and cast, compared with
+torch.equal, summed for .item() (7; the compare and the .item() wait: 2 syncs), then the row-id map's
+three passes and the permute (4); the unpermute (1); cached_notify_combine and combine (2). Backward
+(13): the combine's backward as a cached dispatch (notify and dispatch, 2), the unpermute's and the
+permute's backward (3), the masked gathers' backward (zero fill, index_put, gather: 3), the dispatch's
+backward as a combine (notify, combine and the probabilities' float cast: 3), the top-k's backward
+(zero fill and scatter: 2). DeepEP thus launches 20 more kernels and 5 more host syncs a forward than
+HybridEP; the padding branch (pad lengths, cumsum, zeros, cat: 4) runs only when an expert's count is
+not a multiple of the alignment, and is not counted."""
 
 
 @dataclass(frozen=True)
@@ -126,12 +142,13 @@ def moe_launches(c: Context, xp, local) -> MoeLaunches:
     bias = 1.0 if c.expert_bias else 0.0
     clamp = 1.0 if c.clamped_activation else 0.0
     alltoall = 0.0 if c.moe_flex_dispatcher else 1.0
+    flex_forward, flex_backward, flex_syncs = FLEX_KERNELS[c.moe_flex_backend]
     shared = _shared_kernels(c)
 
     router_fwd = 2.0 + alltoall * (PREPROCESS_KERNELS + PREPROCESS_COPIES)
     permutes_fwd = (alltoall * (PERMUTE_KERNELS + 1.0 + several * (SORT_KERNELS + UNSORT_KERNELS))
-                    + (1 - alltoall) * FLEX_FORWARD_KERNELS)
-    permutes_bwd = alltoall * (3.0 + several) + (1 - alltoall) * FLEX_BACKWARD_KERNELS
+                    + (1 - alltoall) * flex_forward)
+    permutes_bwd = alltoall * (3.0 + several) + (1 - alltoall) * flex_backward
     expert_fwd = (permutes_fwd + 2 * local + 1.0 + clamp * CLAMP_KERNELS_FORWARD + bias * (2 * local + 1) + shared
                   + quantized * 2 * (local - 1))
     router_bwd = 2.0 + ROUTER_BACKWARD_KERNELS + (2.0 if c.router_has_bias else 0.0)
@@ -142,7 +159,7 @@ def moe_launches(c: Context, xp, local) -> MoeLaunches:
     latency = c.hbm_latency_s - c.kernel_gap_s           # the GPU's own cost of a small kernel
     router_gap = c.kernel_gap_s                          # captured by per-layer graphs
     expert_gap = c.kernel_gap_s + c.outer_gap_extra_s    # captured only by a full-iteration graph
-    syncs_fwd = 1.0 + clamp                              # the dispatcher's, the clamp offset's
+    syncs_fwd = alltoall + (1 - alltoall) * flex_syncs + clamp   # the dispatcher's, the clamp offset's
     forward = ((router_fwd - ROUTER_TIMED) * (latency + router_gap)
                + (expert_fwd - timed_expert_fwd) * (latency + expert_gap)
                + timed_expert_fwd * c.outer_gap_extra_s + syncs_fwd * expert_gap)

@@ -116,14 +116,15 @@ def test_shipped_mapping_loads_and_fits_its_model(path):
     # layout, the precision recipe's settings, CUDA graphs, the loss, the pipeline sends' overlap
     # and the memory features of today's runs (mapsat's additions, optional: pp's rule, the
     # datatype's costing, none, the fused loss, exposed sends and the searched recompute when left
-    # out; the MoE dispatcher, its overlap and SM share: alltoall, none, unset) are not Calculon's; nor is expert
+    # out; the MoE dispatcher, its backend, overlap and SM share: alltoall, deepep, none, unset) are not Calculon's; nor is expert
     # tensor parallelism, whose default (tp for an MoE model, 1 for a dense one) follows the model, with its
     # network; nor the CP communication and the shard group, whose defaults (the p2p ring, the whole dp·cp group)
     # these runs used — but Llama 3's 131K run, which states its all-gather CP and ZeRO over its 8 DP ranks.
     calculon = set(Mapping.model_fields) - {"pipeline_first_stage_blocks", "pipeline_last_stage_blocks",
                                             "precision", "optimizer_state", "low_precision_param_gather",
                                             "bf16_first_last_blocks", "cuda_graphs", "fused_cross_entropy",
-                                            "pipeline_comm_overlap", "moe_dispatcher", "moe_comm_overlap", "moe_dispatcher_sm_share",
+                                            "pipeline_comm_overlap", "moe_dispatcher", "moe_flex_backend", "moe_comm_overlap",
+                                            "moe_dispatcher_sm_share",
                                             "recompute_blocks", "recompute_modules",
                                             "megatron_fsdp", "activation_offload_blocks",
                                             "expert_tensor_par", "expert_tensor_par_net", "context_par_comm",
