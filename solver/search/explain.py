@@ -19,6 +19,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from ortools.sat.python import cp_model
 
@@ -107,6 +108,7 @@ class Explorer(Engine):
         self.config = config
         self.literals: dict[tuple[str, int], cp_model.IntVar] = {}   # one assumption literal per pin
         self._offers: dict[tuple, bool] = {}     # (split, flag, code) -> whether the split can take it
+        self._keys_by_value: dict[str, dict[int, frozenset]] = {}   # split dimension -> value -> its blocks
 
     def _compatible(self, key: Key, name: str | None, value: int | None) -> bool:
         """Whether a block can hold a feasible mapping with the pinned value: a split value
@@ -120,6 +122,35 @@ class Explorer(Engine):
             return self._flag_offers(key.split, name, value)
         own = {"interleaving": key.interleaving, "microbatch": key.microbatch}
         return (own[name] if name in own else getattr(skeleton, name)) == value
+
+    def _allowed(self, name: str | None, value: int | None) -> Callable[[Key], bool]:
+        """`_compatible` with the pin fixed, as the search asks it of every block many times: the
+        engine's blocks that take a split dimension's value are found once (grouped by that
+        dimension's value), a flag's per split; any other block is asked directly."""
+        if name is None:
+            return lambda key: True
+        if BY_NAME[name].is_flag:
+            offers: dict[tuple, bool] = {}
+
+            def flag_blocks(key: Key) -> bool:
+                held = offers.get(key.split)
+                if held is None:
+                    held = offers[key.split] = self._flag_offers(key.split, name, value)
+                return held
+            return flag_blocks
+        universe = self.block_floors
+        if name not in self._keys_by_value:
+            groups: dict[int, set] = {}
+            for key in universe:
+                own = {"interleaving": key.interleaving, "microbatch": key.microbatch}
+                held = own[name] if name in own else getattr(self.plan.skeletons[self.index[key.split]], name)
+                groups.setdefault(held, set()).add(key)
+            self._keys_by_value[name] = {held: frozenset(keys) for held, keys in groups.items()}
+        allowed = self._keys_by_value[name].get(value, frozenset())
+
+        def blocks(key: Key) -> bool:
+            return key in allowed if key in universe else self._compatible(key, name, value)
+        return blocks
 
     def _flag_offers(self, split: tuple, name: str, value: int) -> bool:
         if (split, name, value) not in self._offers:
@@ -181,7 +212,7 @@ class Explorer(Engine):
         flag_pin = name is not None and BY_NAME[name].is_flag
         split_pin = name in BY_NAME and not BY_NAME[name].is_flag
         return self.best_of(Question(
-            blocks=lambda key: self._compatible(key, name, value),
+            blocks=self._allowed(name, value),
             rows=(lambda block: block.flags[name] == value) if flag_pin else None,
             assumptions=tuple(self._assumption(name, value)),
             ranked=self._pinned_ranking(name, value) if name in FLOOR_FLAGS else None,
