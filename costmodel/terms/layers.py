@@ -45,9 +45,8 @@ from costmodel.terms.layer_time import (ACTIVATION_FLOPS_PER_ELEM, LAYERNORM_FLO
 from costmodel.terms.moe import moe_layer_forward, moe_memory, moe_quantized_gemms
 from costmodel.terms.quantize import GemmOperands
 
-__all__ = ["LayerCost", "ModuleRerun", "BlockLayers", "dense_mlp_layer", "moe_mlp_layer", "norm_layer", "residual_layer",
-           "layer_tokens", "norm_output_bytes",
-           "stored_gemm_input_bytes", "dropout_mask_bytes"]
+__all__ = ["LayerCost", "ModuleRerun", "BlockLayers", "dense_mlp_layer", "moe_mlp_layer", "norm_layer",
+           "residual_layer", "layer_tokens", "norm_output_bytes", "stored_gemm_input_bytes", "dropout_mask_bytes"]
 
 
 @dataclass(frozen=True)
