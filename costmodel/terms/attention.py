@@ -14,7 +14,8 @@ from costmodel.inputs.model import CAUSAL_ATTENTION_SHARE
 from costmodel.terms.kernel_time import attention_time_s
 from costmodel.terms.layer_time import (DROPOUT_FLOPS_PER_ELEM, ROPE_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM,
                                         SOFTMAX_STATS_BYTES, eltwise_s, gemm_s, matmul_s)
-from costmodel.terms.layers import LayerCost, layer_tokens, norm_flops_per_elem, norm_output_bytes
+from costmodel.terms.layers import (LayerCost, ModuleRerun, dropout_mask_bytes, layer_tokens, norm_flops_per_elem,
+                                    norm_output_bytes, stored_gemm_input_bytes)
 from costmodel.terms.quantize import GemmOperands
 
 
@@ -103,6 +104,9 @@ class AttentionCore:
     selective_s: object
     """what attn_only (or recompute_modules core_attn) reruns: the unfused core (0 when fused)"""
     selective_flops: object
+    stored_bytes: object
+    """what it keeps for backward: the softmax output, its dropout mask and the dropout's output
+    (unfused; Korthikanti et al. 2022 §4's 5·a·s²·b), or one fp32 log-sum-exp per query row (fused)"""
 
 
 def _core_shape(c: Context, m):
@@ -158,7 +162,8 @@ def fused_core(c: Context, m, xp) -> AttentionCore:
         core_gemm, kernel_recompute = scale * core_gemm, scale * kernel_recompute
         core_flops, causal_score_flops = scale * core_flops, scale * causal_score_flops
     return AttentionCore(gemm_s=core_gemm, eltwise_s=0.0, flops=core_flops, kernel_recompute_s=kernel_recompute,
-                         kernel_recompute_flops=causal_score_flops, selective_s=0.0, selective_flops=0.0)
+                         kernel_recompute_flops=causal_score_flops, selective_s=0.0, selective_flops=0.0,
+                         stored_bytes=SOFTMAX_STATS_BYTES * b * heads * q_len)
 
 
 def unfused_core(c: Context, m, xp) -> AttentionCore:
@@ -181,7 +186,8 @@ def unfused_core(c: Context, m, xp) -> AttentionCore:
     dropout = eltwise_s(c, xp, score_elems, DROPOUT_FLOPS_PER_ELEM, 2 * e + MASK_BYTES) if c.dropout else 0.0
     core_gemm, core_eltwise = scores + context, softmax + dropout
     return AttentionCore(gemm_s=core_gemm, eltwise_s=core_eltwise, flops=core_flops, kernel_recompute_s=0.0,
-                         kernel_recompute_flops=0.0, selective_s=core_gemm + core_eltwise, selective_flops=core_flops)
+                         kernel_recompute_flops=0.0, selective_s=core_gemm + core_eltwise, selective_flops=core_flops,
+                         stored_bytes=(2 * e + dropout_mask_bytes(c)) * b * heads * q_len * s)
 
 
 UNFUSED_ROPE_PASSES = ((1.0, 1.0, 2.0), (0.5, 1.0, 2.0), (1.0, 0.0, 2.0), (1.0, 1.0, 2.0), (1.0, 1.0, 3.0),
@@ -217,16 +223,53 @@ def _rope_s(c: Context, xp, tokens, t, rope_elems):
     return eltwise_s(c, xp, rope_elems, ROPE_FLOPS_PER_ELEM, 2 * c.elem_bytes)
 
 
+def stored_projection_bytes(c: Context, tokens, t):
+    """Bytes the attention keeps of its projections' tensors on this GPU: Q, K, V (its BF16
+    inputs) and the output projection's input, the attention output. Quantized, a fused
+    kernel's backward keeps that output in BF16, and the projection keeps either the same
+    tensor (costmodel.inputs.precision: projection_keeps_bf16_input) or its own copy. Latent
+    attention (Megatron-LM's MLASelfAttention) keeps Q and K (d_qk per head), V and the output
+    (d_v; the output is the projection's input), and the compressed query and K/V twice each
+    (the RMSNorms' inputs and the up projections' inputs, gathered)."""
+    e, q = c.elem_bytes, stored_gemm_input_bytes(c)
+    heads = c.heads / t
+    q_cols, kv_cols = heads * c.head_size, c.kv_heads / t * c.head_size
+    projection_input = e * tokens * q_cols
+    if c.quantized:
+        keeps_bf16 = c.recipe.format.projection_keeps_bf16_input
+        projection_input = (e * tokens * q_cols if keeps_bf16 or c.fused_attention else 0.0) + (
+            0.0 if keeps_bf16 else q * tokens * q_cols)
+    if not c.latent:
+        return e * tokens * (q_cols + 2 * kv_cols) + projection_input
+    out_cols = heads * c.value_head_size
+    projection_input = projection_input / q_cols * out_cols
+    return (e * tokens * (2 * q_cols + out_cols) + projection_input
+            + 2 * e * tokens * (c.q_lora_rank + c.kv_lora_rank))
+
+
 def attention_layer(c: Context, m, xp) -> LayerCost:
     """The attention layer: its projections, its core (fused or unfused), and RoPE rotating Q
     and K in place (one pass, read and write). recompute_modules core_attn reruns the unfused
     core; mla_up_proj latent attention's up projections and the RoPE on their output
-    (Megatron-LM multi_latent_attention.py, recompute_up_proj)."""
+    (Megatron-LM multi_latent_attention.py, recompute_up_proj).
+
+    It keeps the QKV projection's input (the norm's output, gathered under sequence
+    parallelism; latent attention's down projections read it on the sequence-parallel shard
+    and keep that shard), its projections' tensors (stored_projection_bytes) and its core's
+    (AttentionCore.stored_bytes). attn_only and core_attn drop the unfused core; layernorm the
+    norm's output; mla_up_proj latent attention's Q, K and V, the up projections' outputs (a·d_qk
+    twice and a·d_v per token over tp: Megatron-LM discards them after the core's forward and
+    reruns the up projections before its backward)."""
     tokens, ln_tokens = layer_tokens(c, m, xp)
     att = attention_projections(c, xp, tokens, ln_tokens, m.tp, m.seq_par, norm_output_bytes(c),
                                 norm_flops_per_elem(c))
     core = fused_core(c, m, xp) if c.fused_attention else unfused_core(c, m, xp)
     rope = _rope_s(c, xp, tokens, m.tp, att.rope_elems)
+    heads, q = c.heads / m.tp, stored_gemm_input_bytes(c)
+    norm_output = q * ln_tokens * c.hidden if c.latent else 0.0
+    gathered = 0.0 if c.latent else q * tokens * c.hidden
+    recomputed_core = 0.0 if c.fused_attention else core.stored_bytes
+    up_outputs = c.elem_bytes * tokens * (2 * heads * c.head_size + c.value_head_size * heads) if c.latent else 0.0
     return LayerCost(
         "attention",
         gemm_s=att.in_s + core.gemm_s + att.out_s,
@@ -236,6 +279,10 @@ def attention_layer(c: Context, m, xp) -> LayerCost:
         selective_recompute_s=core.selective_s, selective_recompute_flops=core.selective_flops,
         kernel_recompute_s=core.kernel_recompute_s, kernel_recompute_flops=core.kernel_recompute_flops,
         tp_regions=1.0,
-        modules=(("core_attn", core.selective_s, core.selective_flops),
-                 ("mla_up_proj", att.up_s + rope if c.latent else 0.0, att.up_flops)),
-        gemms=att.gemms)
+        modules=(ModuleRerun("core_attn", core.selective_s, core.selective_flops, dropped_bytes=recomputed_core),
+                 ModuleRerun("mla_up_proj", att.up_s + rope if c.latent else 0.0, att.up_flops,
+                             dropped_bytes=up_outputs),
+                 ModuleRerun("layernorm", dropped_bytes=norm_output, dropped_gathered_bytes=gathered)),
+        gemms=att.gemms,
+        stored_bytes=norm_output + stored_projection_bytes(c, tokens, m.tp) + core.stored_bytes,
+        stored_gathered_bytes=gathered, selective_dropped_bytes=recomputed_core)

@@ -44,9 +44,8 @@ from dataclasses import dataclass
 
 from costmodel.terms.context import Context
 from costmodel.terms.attention import attention_layer
-from costmodel.terms.block_memory import KIND_STORED
 from costmodel.terms.layers import BlockLayers, LayerCost, dense_mlp_layer, moe_mlp_layer, norm_layer, residual_layer
-from costmodel.terms.pattern_layers import PATTERN_STORED, mamba_layer
+from costmodel.terms.pattern_layers import mamba_layer
 from costmodel.terms.quantize import quantize_passes
 
 
@@ -89,7 +88,6 @@ BLOCK_KINDS: dict[str, tuple[str, ...]] = {
 mixture-of-experts layer in the MLP's place). A layer pattern's layers (costmodel.inputs.model
 layer_pattern: Mamba-2, attention, MLP, MoE) are blocks of one mixer each
 (costmodel.inputs.model.PATTERN_KINDS)."""
-KIND_STORED.update(PATTERN_STORED)     # a pattern layer's stored bytes are its own (costmodel.terms.pattern_layers)
 
 
 def has_experts(kind: str) -> bool:
@@ -110,8 +108,10 @@ def block_layers(c: Context, m, xp, kind: str = "dense") -> BlockLayers:
 def block_forward(c: Context, m, xp, layers: BlockLayers) -> BlockForward:
     """A block's forward as the sum of its layers' records, with a precision recipe's
     quantization passes over all of their GEMM operands (none without one), and what
-    recompute_modules reruns when the mapping names them."""
+    recompute_modules reruns when the mapping names them. Its stored input (what full
+    recomputation keeps) is its first layer's."""
     sums = layers.sums()
+    sums["stored_input_bytes"] = layers.layers[0].stored_input_bytes
     selective_s, selective_flops = sums["selective_recompute_s"], sums["selective_recompute_flops"]
     if m.recompute_modules is not None:
         selective_s, selective_flops = layers.module_s(m.recompute_modules)

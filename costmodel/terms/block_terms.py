@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, is_dataclass, replace
 
 from costmodel.terms.block import BlockForward, block_forward_times, has_experts
-from costmodel.terms.block_memory import StoredActivations, stored_activations
+from costmodel.terms.block_memory import StoredActivations, block_stored
 from costmodel.terms.comm import collective_s, overlapped, tp_overlap_terms
 from costmodel.terms.context import Context
 from costmodel.terms.memory_features import offload_share, recompute_share, with_switches
@@ -26,9 +26,6 @@ FORWARD_READS = ("tp", "cp", "ep", "etp", "microbatch", "seq_par", "recompute_mo
 """What block_forward_times reads of a mapping (its compute does not depend on the networks,
 overlaps, offloads or recompute setting: a grid of those computes it once per distinct
 combination of these, ArrayOps.per_distinct)."""
-STORED_READS = ("tp", "cp", "ep", "etp", "microbatch", "seq_par", "seq_par_ag_redo", "recompute_full",
-                "recompute_attn_only", "recompute_modules", "cp_comm_all_gather", "cp_comm_a2a")
-"""What block_stored_activation_bytes reads of a mapping."""
 
 
 @dataclass(frozen=True)
@@ -266,7 +263,7 @@ def kind_terms(c: Context, m, xp, kind: str, forward: BlockForward | None = None
     recompute = fw.kernel_recompute_s + xp.where(m.recompute_full, block_fwd,
                                                     xp.where(m.recompute_attn_only, fw.selective_recompute_s, 0.0))
 
-    act = xp.per_distinct(lambda v: stored_activations(c, v, xp, kind), m, STORED_READS)
+    act = block_stored(c, m, xp, fw)     # the layers' records under the mapping's recompute setting
     off_fwd_bytes, off_bwd_bytes, off_fwd_s, off_bwd_s = offload_traffic(c, m, xp, kind, act)
     return BlockTerms(
         forward=fw,

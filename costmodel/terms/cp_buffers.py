@@ -5,15 +5,17 @@ attention runs, in forward and again in backward."""
 from __future__ import annotations
 
 
-def cp_buffer_bytes(c, m, xp, tokens, kv_cols, q_cols):
+def cp_buffer_bytes(c, m, xp):
     """The K/V ring keeps two chunks in flight beside the local one (receive and send
     buffers, TransformerEngine's double buffering). all_gather keeps the gathered K and V
     and, in backward, their full-sequence gradients (TE AttnFuncWithCPAndKVAllGather.backward:
     k_ag, v_ag and dk = zeros(k.shape[0]·cp_size)): 2·cp chunks. a2a keeps the re-sharded Q, K,
     V and output beside the originals (the all-to-alls' outputs: the same bytes, whole
-    sequence and heads/cp). 0 when cp = 1. `tokens`: this GPU's b·s/cp; `kv_cols`, `q_cols`:
-    its K (or V) and Q columns (latent attention: heads × (d_qk + d_v) for either pair)."""
+    sequence and heads/cp). 0 when cp = 1. Over this GPU's b·s/cp tokens, its K (or V) and Q
+    columns (latent attention: heads × (d_qk + d_v) for either pair)."""
     e, heads = c.elem_bytes, c.heads / m.tp
+    tokens = m.microbatch * (c.seq / m.cp)
+    q_cols, kv_cols = heads * c.head_size, c.kv_heads / m.tp * c.head_size
     latent = heads * (c.head_size + c.value_head_size)
     kv_local = e * tokens * (latent if c.latent else 2 * kv_cols)
     q_and_out = e * tokens * (latent if c.latent else 2 * q_cols)

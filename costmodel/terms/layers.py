@@ -3,10 +3,11 @@
 Each kind of layer is a function of the problem (Context), the mapping's view `m` and the
 backend `xp` that returns one frozen LayerCost: its forward kernels' time and matrix FLOPs,
 what its backward does (activation gradient and weight gradient), what recomputation reruns
-of it, and the GEMM operands a precision recipe quantizes. A block is the sum of its layers'
+of it, the GEMM operands a precision recipe quantizes, and the bytes it keeps for backward,
+split by what each recompute setting drops of them. A block is the sum of its layers'
 records (`block_forward`); costmodel.terms.block_terms adds the block's communication,
-recomputation and offload traffic, and costmodel.terms.iteration multiplies blocks into
-stages.
+recomputation and offload traffic, costmodel.terms.block_memory applies the recompute setting
+to the records' stored bytes, and costmodel.terms.iteration multiplies blocks into stages.
 
 The layer kinds (forward, b = microbatch, T = b·s/cp tokens on this GPU, h hidden, e bytes
 per element; costmodel.terms.block states the layers' formulas and their sources):
@@ -23,6 +24,14 @@ writes the input gradient): activation gradient = GEMMs + 2 × element-wise, wei
 GEMMs (the fused attention kernel's backward is counted with them, as Zero Bubble's W pass
 takes the block's forward GEMM time; Qi et al. 2023).
 
+Stored bytes (Korthikanti et al. 2022 §4, one microbatch, one GPU, 16-bit: 34·s·b·h + 5·a·s²·b
+for a block with no parallelism; Megatron-Core's saved tensors): a norm keeps its input, a
+residual its dropout mask, a GEMM its input (a quantized copy under a recipe), an activation
+its inputs and output, the attention core its softmax output, mask and output (a fused kernel
+its softmax statistics). Tensors sequence parallelism shards (a norm's input, a mask) are
+split tp ways with it on; the GEMM inputs its all-gather produces are kept whole
+(`stored_gathered_bytes`) unless backward redoes the all-gather (seq_par_ag_redo).
+
 Written against costmodel.ops: every time and FLOP count may be a scalar or a numpy array.
 """
 
@@ -33,11 +42,30 @@ from dataclasses import dataclass, fields
 from costmodel.terms.context import MASK_BYTES, Context
 from costmodel.terms.layer_time import (ACTIVATION_FLOPS_PER_ELEM, LAYERNORM_FLOPS_PER_ELEM, RESIDUAL_FLOPS_PER_ELEM,
                                         RMSNORM_FLOPS_PER_ELEM, eltwise_s, matmul_s)
-from costmodel.terms.moe import moe_layer_forward, moe_quantized_gemms
+from costmodel.terms.moe import moe_layer_forward, moe_memory, moe_quantized_gemms
 from costmodel.terms.quantize import GemmOperands
 
-__all__ = ["LayerCost", "BlockLayers", "dense_mlp_layer", "moe_mlp_layer", "norm_layer", "residual_layer",
-           "layer_tokens", "norm_output_bytes"]
+__all__ = ["LayerCost", "ModuleRerun", "BlockLayers", "dense_mlp_layer", "moe_mlp_layer", "norm_layer",
+           "residual_layer", "layer_tokens", "norm_output_bytes", "stored_gemm_input_bytes", "dropout_mask_bytes"]
+
+
+@dataclass(frozen=True)
+class ModuleRerun:
+    """What one of Megatron-LM's recompute_modules (transformer_config.py) reruns of a layer, and
+    the stored bytes it drops (they are recomputed before the layer's backward)."""
+
+    module: str
+    """core_attn, layernorm, mlp, moe_act or mla_up_proj"""
+    seconds: object = 0.0
+    flops: object = 0.0
+    dropped_bytes: object = 0.0
+    """of the layer's stored_bytes"""
+    dropped_gathered_bytes: object = 0.0
+    """of its stored_gathered_bytes"""
+
+    def scaled(self, share) -> "ModuleRerun":
+        return ModuleRerun(self.module, share * self.seconds, share * self.flops, share * self.dropped_bytes,
+                           share * self.dropped_gathered_bytes)
 
 
 @dataclass(frozen=True)
@@ -61,7 +89,7 @@ class LayerCost:
     """what a fused attention kernel redoes in its backward whatever the recompute setting"""
     kernel_recompute_flops: object = 0.0
     modules: tuple = ()
-    """(recompute module, seconds, FLOPs): what each of Megatron-LM's recompute_modules reruns of it"""
+    """ModuleRerun: what each of Megatron-LM's recompute_modules reruns of it and drops of its stored bytes"""
     gemms: tuple = ()
     """its GEMMs' operands as a precision recipe quantizes them (costmodel.terms.quantize.GemmOperands)"""
     tp_regions: object = 0.0
@@ -71,6 +99,20 @@ class LayerCost:
     """backward's activation-gradient kernels (None: GEMMs + 2 × element-wise)"""
     weight_grad_s: object = None
     """backward's weight-gradient kernels (None: as long as the forward GEMMs)"""
+    stored_bytes: object = 0.0
+    """bytes it keeps from forward to backward with nothing recomputed, its gathered GEMM inputs apart"""
+    stored_gathered_bytes: object = 0.0
+    """the GEMM inputs sequence parallelism's all-gather produces, kept whole (b·s/cp tokens; the
+    input itself without sequence parallelism), or as their tp shard when backward redoes the
+    all-gather (seq_par_ag_redo)"""
+    stored_input_bytes: object = 0.0
+    """its input as kept: what full recomputation keeps of a block this layer opens (a block's
+    record: its first layer's)"""
+    selective_dropped_bytes: object = 0.0
+    """what recompute attn_only drops of its stored bytes (the unfused attention core; a fused
+    kernel keeps its softmax statistics)"""
+    transient_bytes: object = 0.0
+    """transient bytes while it runs, beside the stored ones (an MoE layer's all-to-all buffers)"""
 
     def __post_init__(self):
         if self.activation_grad_s is None:
@@ -85,8 +127,7 @@ class LayerCost:
     def scaled(self, share) -> "LayerCost":
         """This record weighted by `share` (a kind's share of a mixed block's layers)."""
         return LayerCost(self.name, **{name: share * getattr(self, name) for name in _SUMMED},
-                         modules=tuple((module, share * seconds, share * flops) for module, seconds, flops in self.modules),
-                         gemms=self.gemms)
+                         modules=tuple(rerun.scaled(share) for rerun in self.modules), gemms=self.gemms)
 
     @property
     def backward_s(self):
@@ -117,12 +158,21 @@ class BlockLayers:
     def module_s(self, modules) -> tuple:
         """(seconds, FLOPs) the named recompute_modules rerun of this block."""
         seconds, flops = 0.0, 0.0
-        for name in modules:
-            for layer in self.layers:
-                for module, module_seconds, module_flops in layer.modules:
-                    if module == name:
-                        seconds, flops = seconds + module_seconds, flops + module_flops
+        for rerun in self.reruns(modules):
+            seconds, flops = seconds + rerun.seconds, flops + rerun.flops
         return seconds, flops
+
+    def module_dropped(self, module: str) -> tuple:
+        """(stored bytes, gathered GEMM-input bytes) one of recompute_modules drops of this block."""
+        dropped, gathered = 0.0, 0.0
+        for rerun in self.reruns((module,)):
+            dropped, gathered = dropped + rerun.dropped_bytes, gathered + rerun.dropped_gathered_bytes
+        return dropped, gathered
+
+    def reruns(self, modules) -> tuple:
+        """The layers' ModuleRerun entries of the named modules, module by module, layer by layer."""
+        return tuple(rerun for name in modules for layer in self.layers for rerun in layer.modules
+                     if rerun.module == name)
 
     @property
     def gemms(self) -> tuple:
@@ -149,21 +199,38 @@ def norm_flops_per_elem(c: Context) -> float:
     return RMSNORM_FLOPS_PER_ELEM if c.rmsnorm else LAYERNORM_FLOPS_PER_ELEM
 
 
+def stored_gemm_input_bytes(c: Context) -> float:
+    """Bytes per element a GEMM keeps of its input for its weight gradient: under a precision
+    recipe one quantized copy (the columnwise one, or the rowwise shard a per-tensor FP8 gather
+    re-gathers; TE module/linear.py, "Discard unneeded data in input tensor"), else the datatype's."""
+    return c.recipe.copy_bytes if c.quantized else c.elem_bytes
+
+
+def dropout_mask_bytes(c: Context) -> float:
+    """Bytes per element of a dropout mask: none when the model trains without dropout."""
+    return MASK_BYTES if c.dropout else 0.0
+
+
 def norm_layer(c: Context, m, xp) -> LayerCost:
-    """One LayerNorm or RMSNorm over the block's h-wide activation: read it, write its output."""
+    """One LayerNorm or RMSNorm over the block's h-wide activation: read it, write its output.
+    It keeps its input for backward (on the sequence-parallel shard), the block's input when it
+    opens the block; its output is kept by the GEMM it feeds (that layer's record)."""
     _, ln_tokens = layer_tokens(c, m, xp)
     seconds = eltwise_s(c, xp, ln_tokens * c.hidden, norm_flops_per_elem(c), c.elem_bytes + norm_output_bytes(c))
-    return LayerCost("norm", eltwise_s=seconds, modules=(("layernorm", seconds, 0.0),))
+    kept = c.elem_bytes * ln_tokens * c.hidden
+    return LayerCost("norm", eltwise_s=seconds, modules=(ModuleRerun("layernorm", seconds, 0.0),),
+                     stored_bytes=kept, stored_input_bytes=kept)
 
 
 def residual_layer(c: Context, m, xp) -> LayerCost:
     """One residual add with its dropout in the same pass (Megatron-LM's fused
     bias-dropout-add): read both operands, write the sum, and read and write the mask only
-    when the model trains with dropout."""
+    when the model trains with dropout. It keeps the mask (on the sequence-parallel shard)."""
     _, ln_tokens = layer_tokens(c, m, xp)
-    mask = MASK_BYTES if c.dropout else 0.0
+    mask = dropout_mask_bytes(c)
     return LayerCost("residual", eltwise_s=eltwise_s(c, xp, ln_tokens * c.hidden, RESIDUAL_FLOPS_PER_ELEM,
-                                                      3 * c.elem_bytes + mask))
+                                                      3 * c.elem_bytes + mask),
+                     stored_bytes=mask * ln_tokens * c.hidden)
 
 
 def gated_activation_s(c: Context, xp, elems):
@@ -182,7 +249,12 @@ def gated_activation_s(c: Context, xp, elems):
 def dense_mlp_layer(c: Context, m, xp) -> LayerCost:
     """The dense MLP, split tp ways: h→f (gated: h→2f, gate and up side by side), the
     activation or gate, f→h. Its inputs are the norm's output, gathered under sequence
-    parallelism, and its output gradient likewise (the recipe's operands)."""
+    parallelism, and its output gradient likewise (the recipe's operands). It keeps the up
+    projection's input (the norm's output, gathered; recompute_modules layernorm drops it) and
+    its intermediates (recompute_modules mlp drops them): GeLU / squared ReLU the activation's
+    input and output (2·f), gated the h→2f output (both operands of the gate) and the gate's
+    output (3·f; eager, the activation's output as well, an operand of the product); the
+    output, the down projection's input, as its quantized copy under a recipe."""
     tokens, ln_tokens = layer_tokens(c, m, xp)
     h, t = c.hidden, m.tp
     f_cols = c.feedforward / t
@@ -193,19 +265,36 @@ def dense_mlp_layer(c: Context, m, xp) -> LayerCost:
     gathered = m.seq_par
     gemms = (GemmOperands(ln_tokens * h, tokens * up_cols, h * up_cols, gathered, False, t, norm_fed=True),
              GemmOperands(tokens * f_cols, ln_tokens * h, f_cols * h, False, gathered, t))
+    e, q = c.elem_bytes, stored_gemm_input_bytes(c)
+    intermediates = ((2 if c.gated_mlp else 1) * e + q) * tokens * c.feedforward / t
+    if c.gated_mlp and not c.fused_activation:
+        intermediates = intermediates + e * tokens * c.feedforward / t
+    up_input = q * tokens * h
     return LayerCost("mlp", gemm_s=gemm, eltwise_s=activation, matrix_flops=flops, tp_regions=1.0,
-                     modules=(("mlp", gemm + activation, flops),), gemms=gemms)
+                     modules=(ModuleRerun("mlp", gemm + activation, flops, dropped_bytes=intermediates),
+                              ModuleRerun("layernorm", dropped_gathered_bytes=up_input)),
+                     gemms=gemms, stored_bytes=intermediates, stored_gathered_bytes=up_input)
 
 
 def moe_mlp_layer(c: Context, m, xp) -> LayerCost:
     """A mixture-of-experts layer in the MLP's place (costmodel.terms.moe.moe_layer_forward on
     this GPU's tokens: router, grouped expert GEMMs, shared experts); its collectives are
     timed in costmodel.terms.block_terms. It keeps a tensor-parallel region's collectives only
-    around its shared experts, and gathers and scatters its routed rows instead."""
+    around its shared experts, and gathers and scatters its routed rows instead. It keeps its
+    input as a dense MLP does (the norm's output, gathered; recompute_modules layernorm drops
+    it) and the layer's own tensors (costmodel.terms.moe.moe_memory: recompute_modules moe_act
+    drops the routed experts' activation output, one f_e-wide tensor of their 2, gated 3), and
+    holds one all-to-all's send and receive buffers while it runs."""
     tokens, _ = layer_tokens(c, m, xp)
     layer = moe_layer_forward(c, xp, tokens, m.tp, m.ep, m.etp)
+    memory = moe_memory(c, xp, tokens, m.tp, m.ep, m.etp)
+    up_input = stored_gemm_input_bytes(c) * tokens * c.hidden
+    activation_output = memory.expert_intermediate_bytes / (3 if c.gated_mlp else 2)
     return LayerCost("moe", gemm_s=layer.gemm_s, eltwise_s=layer.eltwise_s, matrix_flops=layer.matrix_flops,
                      tp_regions=float(c.shared_feedforward > 0),
                      activation_grad_s=layer.gemm_s + 2 * layer.eltwise_s + layer.launches_backward_extra_s,
-                     modules=(("moe_act", layer.expert_activation_s, 0.0),),
-                     gemms=moe_quantized_gemms(c, tokens, m.tp, m.ep, m.etp))
+                     modules=(ModuleRerun("moe_act", layer.expert_activation_s, 0.0, dropped_bytes=activation_output),
+                              ModuleRerun("layernorm", dropped_gathered_bytes=up_input)),
+                     gemms=moe_quantized_gemms(c, tokens, m.tp, m.ep, m.etp),
+                     stored_bytes=memory.stored_bytes, stored_gathered_bytes=up_input,
+                     transient_bytes=memory.all_to_all_buffer_bytes)

@@ -1,7 +1,8 @@
-"""A layer pattern's layers as cost records (costmodel.terms.layers.LayerCost) and what each
-keeps for backward: a Mamba-2 mixer (costmodel.inputs.mamba), and the attention, MLP and MoE
-layers that a pattern places on their own (each a pre-norm residual layer, Megatron-Core's
-MambaStack / Nemotron-H's NemotronHBlock).
+"""A layer pattern's own layer as a cost record (costmodel.terms.layers.LayerCost): a Mamba-2
+mixer (costmodel.inputs.mamba). The attention, MLP and MoE layers that a pattern places on
+their own (each a pre-norm residual layer, Megatron-Core's MambaStack / Nemotron-H's
+NemotronHBlock) are a transformer block's layers (costmodel.terms.block.BLOCK_KINDS), their
+stored bytes those layers' records.
 
 The Mamba-2 layer, one microbatch, one GPU (T = b·s tokens; tensor parallelism splits heads
 and groups, so every width below D, G, H is over tp):
@@ -19,21 +20,24 @@ weight gradients, the scan's backward kernels (activation gradient only: it has 
 at twice its forward, the element-wise passes twice; and, as a fused attention kernel's scores
 (LayerCost.kernel_recompute_s), the conv and the scan's C·Bᵀ, chunk states and state passing
 that the fused kernel's backward reruns.
+
+Stored (costmodel.inputs.mamba.mamba_stored_bytes_per_token, the tensors Megatron-Core and
+mamba_ssm save): in_proj's input, the pre-norm's output (gathered under sequence parallelism
+unless the all-gather is redone), in_proj's output and the three D-wide tensors over tp; the
+layer's input and its residual's dropout mask are the block's norm and residual records.
+No recompute module drops any of it; full recomputation keeps the block's input.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from costmodel.terms.context import MASK_BYTES, Context
-from costmodel.terms.block_memory import StoredActivations, block_stored_activation_bytes
+from costmodel.terms.context import Context
 from costmodel.terms.layer_time import RMSNORM_FLOPS_PER_ELEM, eltwise_s, matmul_s
-from costmodel.terms.layers import LayerCost, layer_tokens
+from costmodel.terms.layers import LayerCost, layer_tokens, stored_gemm_input_bytes
 from costmodel.inputs.mamba import (mamba_scan_flops_per_token, mamba_scan_recompute_flops_per_token,
                                    mamba_stored_bytes_per_token)
 from costmodel.terms.quantize import GemmOperands
 
-__all__ = ["mamba_layer", "PATTERN_STORED"]
+__all__ = ["mamba_layer"]
 
 
 def mamba_layer(c: Context, m, xp) -> LayerCost:
@@ -57,71 +61,10 @@ def mamba_layer(c: Context, m, xp) -> LayerCost:
     # the fused kernel's backward reruns the conv and part of the scan (costmodel.inputs.mamba)
     rerun_flops = tokens * mamba_scan_recompute_flops_per_token(shape, c.seq) / t
     rerun = conv + matmul_s(c, xp, tokens, inner, rerun_flops / (2 * tokens * inner))
+    parts = mamba_stored_bytes_per_token(shape, h, e, t, gemm_input_bytes=stored_gemm_input_bytes(c))
     return LayerCost("mamba", gemm_s=projections + scan, eltwise_s=eltwise, matrix_flops=flops, tp_regions=1.0,
                      gemms=gemms, activation_grad_s=projections + 2 * scan + 2 * eltwise, weight_grad_s=projections,
-                     kernel_recompute_s=rerun, kernel_recompute_flops=rerun_flops)
-
-
-def _mamba_stored(c: Context, m, xp) -> StoredActivations:
-    """A Mamba layer's stored bytes (costmodel.inputs.mamba.mamba_stored_bytes_per_token): its
-    input and norm output on the sequence-parallel shard (in_proj's input gathered unless the
-    all-gather is redone), in_proj's output and the three D-wide tensors over tp, and the
-    residual add's dropout mask (MambaLayer's hidden_dropout) when the model trains with dropout.
-    Full recomputation keeps the input only, and its backward needs the layer's whole set again."""
-    tokens, _ = layer_tokens(c, m, xp)
-    q = c.recipe.copy_bytes if c.quantized else c.elem_bytes
-    parts = mamba_stored_bytes_per_token(c.mamba, c.hidden, c.elem_bytes, m.tp, gemm_input_bytes=q)
-    sp_split = xp.where(m.seq_par, m.tp, 1.0)
-    gemm_split = xp.where(m.seq_par & m.seq_par_ag_redo, m.tp, 1.0)
-    layer_input = tokens * parts["input"] / sp_split
-    mask = (MASK_BYTES if c.dropout else 0.0) * tokens * c.hidden / sp_split
-    full = (layer_input + mask + tokens * parts["norm"] / gemm_split
-            + tokens * (parts["in_proj_out"] + parts["scan_out"] + parts["norm_in"] + parts["out_proj_in"]))
-    return StoredActivations(stored=xp.where(m.recompute_full, layer_input, full), full=full,
-                             workspace=xp.where(m.recompute_full, full, 0.0))
-
-
-def _mlp_side(c: Context, m, xp):
-    """What a transformer block stores for its MLP half beside the MLP's own tensors: the
-    second norm's input, the second dropout mask, the up projection's input (gathered)."""
-    tokens, _ = layer_tokens(c, m, xp)
-    q = c.recipe.copy_bytes if c.quantized else c.elem_bytes
-    sp_split = xp.where(m.seq_par, m.tp, 1.0)
-    gemm_split = xp.where(m.seq_par & m.seq_par_ag_redo, m.tp, 1.0)
-    mask = MASK_BYTES if c.dropout else 0.0
-    return (c.elem_bytes + mask) * tokens * c.hidden / sp_split + q * tokens * c.hidden / gemm_split
-
-
-def _attention_part(c: Context, m, xp) -> tuple:
-    """(the attention half of a transformer block's StoredActivations, the MLP side's bytes): a
-    block with no MLP (feedforward 0) less its second norm, mask and up-projection input."""
-    whole = block_stored_activation_bytes(replace(c, feedforward=0.0), m, xp)
-    return whole, _mlp_side(c, m, xp)
-
-
-def _attention_stored(c: Context, m, xp) -> StoredActivations:
-    """An attention layer of a pattern: the attention half of block_stored_activation_bytes."""
-    whole, side = _attention_part(c, m, xp)
-    return StoredActivations(stored=xp.where(m.recompute_full, whole.stored, whole.stored - side),
-                             full=whole.full - side, workspace=whole.workspace - xp.where(m.recompute_full, side, 0.0))
-
-
-def _mlp_half(c: Context, m, xp, moe: bool) -> StoredActivations:
-    """An MLP or MoE layer of a pattern: a transformer block's bytes less its attention half."""
-    block = block_stored_activation_bytes(c, m, xp, moe)
-    attention, side = _attention_part(c, m, xp)
-    tokens, _ = layer_tokens(c, m, xp)
-    layer_input = c.elem_bytes * tokens * c.hidden / xp.where(m.seq_par, m.tp, 1.0)
-    kept = block.stored - attention.stored + side
-    return StoredActivations(stored=xp.where(m.recompute_full, layer_input, kept),
-                             full=block.full - attention.full + side,
-                             workspace=block.workspace - attention.workspace + xp.where(m.recompute_full, side, 0.0))
-
-
-PATTERN_STORED = {
-    "mamba": _mamba_stored,
-    "attention_layer": _attention_stored,
-    "mlp_layer": lambda c, m, xp: _mlp_half(c, m, xp, False),
-    "moe_layer": lambda c, m, xp: _mlp_half(c, m, xp, True),
-}
-"""What each pattern layer kind keeps for backward (costmodel.terms.block_memory.KIND_STORED)."""
+                     kernel_recompute_s=rerun, kernel_recompute_flops=rerun_flops,
+                     stored_bytes=tokens * (parts["in_proj_out"] + parts["scan_out"] + parts["norm_in"]
+                                            + parts["out_proj_in"]),
+                     stored_gathered_bytes=tokens * parts["norm"])
