@@ -144,10 +144,10 @@ class Named:
         for name, pick in picks.items():
             axis = list(axes).index(name)
             if isinstance(pick, (list, tuple)):
-                values = np.take(values, [axes[name].index(p) for p in pick], axis=axis)
-                axes[name] = tuple(pick)
-            else:
-                values = np.take(values, axes[name].index(pick), axis=axis)
+                if tuple(pick) != axes[name]:         # (the whole axis in its order: nothing to take)
+                    values, axes[name] = np.take(values, [axes[name].index(p) for p in pick], axis=axis), tuple(pick)
+            else:                                     # (a view: the entries are read, not copied)
+                values = values[(slice(None),) * axis + (axes[name].index(pick),)]
                 del axes[name]
         return Named(values, axes)
 
@@ -374,17 +374,17 @@ def _keyed_tables(c: Context, tm_keys: list, whole: dict[str, np.ndarray]) -> di
     recompute setting and activation class (ACT_CLASSES); with the key alone, one."""
     def by_tm(values: np.ndarray) -> dict:
         return dict(zip(tm_keys, values.tolist()))
+    def by_flags_first(values: np.ndarray, axes: tuple) -> np.ndarray:     # (one copy, key axis last)
+        return np.ascontiguousarray(values.reshape(len(values), -1).T).reshape(*(len(FLAG_AXES[k]) for k in axes), -1)
     def by_block_flags(values: np.ndarray) -> dict:
-        table = Named(values, {"key": (), **FLAG_AXES})
-        return {(comm, redo, rc, w, a): by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=bool(redo), recompute=rc,
-                                                        weight_offload=bool(w), activations_offload=bool(a)).values)
+        rows = by_flags_first(values, tuple(FLAG_AXES))
+        return {(comm, redo, rc, w, a): by_tm(rows[comm, redo, RECOMPUTES.index(rc), w, a])
                 for comm in range(3) for redo in (0, 1) for rc in RECOMPUTES for w in (0, 1) for a in (0, 1)}
     def by_class(values: np.ndarray) -> dict:
-        table = Named(values, {"key": (), **{k: FLAG_AXES[k] for k in ("tp_comm", "seq_par_ag_redo", "recompute")}})
-        return {(rc, cls): by_tm(table.sel(tp_comm=comm, seq_par_ag_redo=redo, recompute=rc).values)
+        rows = by_flags_first(values, ("tp_comm", "seq_par_ag_redo", "recompute"))
+        return {(rc, cls): by_tm(rows[comm, int(redo), RECOMPUTES.index(rc)])
                 for rc in RECOMPUTES for cls, (comm, redo) in ACT_CLASS_ROWS.items()}
-    # the output layer's three passes (forward, and backward twice its time); with overlapped
-    # sends (costmodel.terms.pipeline_time) the exposed part can be 0: a lower bound
+    # the output layer's 3 passes (backward twice the forward); overlapped sends' exposed part can be 0 (pipeline_time)
     scale = {"head": 3, "p2p": 0.0 if c.pp_comm_overlap else 1.0}
     readers = {1 + len(FLAG_AXES): by_block_flags, 4: by_class, 1: by_tm}
     return {name: readers[values.ndim](values * scale[name] if name in scale else values)

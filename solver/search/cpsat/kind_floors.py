@@ -43,7 +43,8 @@ def kind_block_rows(c, ns) -> tuple:
     kinds = kind_block_terms(c, ns, ArrayOps)
     if len(kinds.terms) == 1:
         return kinds.mean, {}
-    return kinds.mean, {**least_kind_rows(kinds), **kind_rows(kinds)}
+    times = [block_time(blk) for blk in kinds.terms]          # (each kind's, summed once)
+    return kinds.mean, {**least_kind_rows(kinds, times), **kind_rows(kinds, times)}
 
 
 def reduced_kind_rows(rows: dict, memory, time) -> dict:
@@ -55,12 +56,13 @@ def reduced_kind_rows(rows: dict, memory, time) -> dict:
             **{name: time(values) for name, values in rows.items() if name.startswith(KIND_BLOCK)}}
 
 
-def kind_rows(kinds) -> dict:
-    """Each kind's block rows of the block grid (solver.search.cpsat.block_tables): its time,
-    stored activations and workspace (KIND_BLOCK, KIND_MEMORY)."""
+def kind_rows(kinds, times: list | None = None) -> dict:
+    """Each kind's block rows of the block grid (solver.search.cpsat.block_tables): its time
+    (block_time, or `times` where given), stored activations and workspace (KIND_BLOCK, KIND_MEMORY)."""
     out = {}
+    times = times or [block_time(blk) for blk in kinds.terms]
     for k, blk in enumerate(kinds.terms):
-        out[f"{KIND_BLOCK}{k}"] = block_time(blk)
+        out[f"{KIND_BLOCK}{k}"] = times[k]
         out[f"{KIND_MEMORY[0]}{k}"] = blk.activations.stored
         out[f"{KIND_MEMORY[1]}{k}"] = blk.activations.workspace
     return out
@@ -111,19 +113,16 @@ def block_time(blk) -> object:
     return blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s + blk.offload_fwd_s + blk.offload_bwd_s
 
 
-def least_kind_rows(kinds) -> dict:
+def least_kind_rows(kinds, times: list | None = None) -> dict:
     """The block tables' rows (solver.search.cpsat.block_tables) one block of any stage
     bounds, the least over the kinds (costmodel.terms.block_terms.KindBlocks): its time in a
-    ZB-H1 bubble, its stored activations and its recompute workspace."""
-    return {name: functools.reduce(np.minimum, [of(kind) for kind in kinds.terms])
-            for name, of in (("block_zb", zero_bubble_block), ("stored", lambda k: k.activations.stored),
-                             ("workspace", lambda k: k.activations.workspace))}
-
-
-def zero_bubble_block(blk) -> object:
-    """One block's time in a ZB-H1 bubble: block_time less twice its weight-gradient GEMMs
-    (costmodel.terms.pipeline_time)."""
-    return block_time(blk) - 2 * blk.weight_grad_gemm_s
+    ZB-H1 bubble, its stored activations and its recompute workspace. `times`: each kind's
+    block_time where already summed."""
+    times = times or [block_time(blk) for blk in kinds.terms]
+    zero_bubble = [time - 2 * blk.weight_grad_gemm_s for time, blk in zip(times, kinds.terms)]
+    return {name: functools.reduce(np.minimum, values)
+            for name, values in (("block_zb", zero_bubble), ("stored", [k.activations.stored for k in kinds.terms]),
+                                 ("workspace", [k.activations.workspace for k in kinds.terms]))}
 
 
 def distinct_layouts(c, pp: int) -> list[int]:
