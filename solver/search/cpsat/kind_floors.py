@@ -75,13 +75,20 @@ def kind_tables(block: dict, c=None) -> tuple:
     return tuple([block[f"{prefix}{k}"] for k in kinds] for prefix in (KIND_BLOCK, *KIND_MEMORY))
 
 
-def group_kind_rows(tables, combos: list, classes: list, key: tuple) -> tuple:
-    """Each kind's block time, stored activations and workspace ([kinds, K] each) of one group
-    and microbatch `key` over the flag combinations (solver.search.cpsat.tables.GroupRows)."""
-    time = np.array([[table[cb][key] for cb in combos] for table in tables.kind_blocks])
-    memory = (np.array([[table[(cb[2], cls)][key] for cb, cls in zip(combos, classes)] for table in kind])
+def key_columns(tables: list, keys: list) -> np.ndarray:
+    """[len(keys), len(tables)]: the values of each of `tables` (dicts keyed by group and
+    microbatch) at `keys`, read in bulk (solver.search.cpsat.tables.GroupRows)."""
+    return np.stack([np.fromiter(map(table.__getitem__, keys), float, len(keys)) for table in tables], axis=1) \
+        if tables else np.empty((len(keys), 0))
+
+
+def group_kind_columns(tables, combos: list, classes: list, keys: list) -> tuple:
+    """Each kind's block time, stored activations and workspace ([len(keys), kinds, K] each) of
+    the groups and microbatches `keys` over the flag combinations (tables.GroupRows)."""
+    time = [key_columns([table[cb] for cb in combos], keys) for table in tables.kind_blocks]
+    memory = ([key_columns([table[(cb[2], cls)] for cb, cls in zip(combos, classes)], keys) for table in kind]
               for kind in (tables.kind_stored, tables.kind_workspace))
-    return (time, *memory)
+    return tuple(np.stack(kinds, axis=1) if kinds else np.empty((len(keys), 0)) for kinds in (time, *memory))
 
 
 def first_stage_memory(c, pp: int, interleavings, kind_stored, kind_workspace) -> tuple:

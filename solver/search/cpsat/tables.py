@@ -25,8 +25,8 @@ from costmodel.space.layout import EMBEDDING_AND_LOSS_BLOCKS, end_chunk_blocks, 
 from costmodel.ops import ArrayOps, ScalarOps
 from solver.space.declaration import Space, flag_projection
 
-from solver.search.cpsat.kind_floors import (distinct_layouts, first_stage_memory, group_kind_rows, kind_tables,
-                                             stage_kind_micro)
+from solver.search.cpsat.kind_floors import (distinct_layouts, first_stage_memory, group_kind_columns, key_columns,
+                                             kind_tables, stage_kind_micro)
 from solver.search.cpsat.block_tables import (ACT_CLASSES, BLOCK_FLAGS, BLOCK_TABLES, FIT_SLACK,
                                               RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, SCHED_ZB_H1,
                                               TIME_FLOOR_SLACK, TP_COMM_RS_AG, BlockTableCache, Named, SplitKeys,
@@ -208,30 +208,30 @@ class Tables:
 
 
 class GroupRows:
-    """The block tables' values of one (tp, cp, ep, etp) group and microbatch over the flag
-    combinations `combos` (block_lower_bounds' K axis), as arrays built once per group and
-    kept in the Tables' row memo (shared by the GPU counts of one BlockTableCache)."""
+    """The block tables' values of each (tp, cp, ep, etp) group and microbatch over the flag combinations
+    `combos` (block_lower_bounds' K axis), read in bulk and kept in the Tables' row memo (shared by
+    the GPU counts of one BlockTableCache)."""
 
     def __init__(self, tables: Tables, combos: list[tuple[int, ...]]):
         self.tables, self.combos = tables, combos
         self.classes = ["sp_redo" if (comm == TP_COMM_RS_AG and redo) else ("sp" if comm == TP_COMM_RS_AG else "no_sp")
                         for comm, redo, rc, w, a in combos]
         self.memo = tables.row_memo.setdefault(tuple(combos), {})
+        self._fill([key for key in tables.tm_keys if key not in self.memo])
+
+    def _fill(self, keys: list) -> None:                  # (each key's rows: views of one array per table)
+        t, combos = self.tables, self.combos
+        memory = [[table[(cb[2], cl)] for cb, cl in zip(combos, self.classes)] for table in (t.stored, t.workspace)]
+        columns = (*(key_columns([table[cb] for cb in combos], keys) for table in (t.block, t.block_zb)),
+                   *(key_columns(tables, keys) for tables in memory), key_columns([t.head], keys)[:, 0],
+                   *group_kind_columns(t, combos, self.classes, keys))           # (the kinds' after p2p's)
+        for i, key in enumerate(keys):
+            self.memo[key] = (*(column[i] for column in columns[:5]), t.p2p.get(key), *(k[i] for k in columns[5:]))
 
     def of(self, group: tuple, mb: int) -> tuple[np.ndarray, ...]:
         """(block time, ZB-H1 block time, stored activations, workspace) over the combinations,
         (output layer time, pipeline send time) of this group and microbatch, kind_floors' rows."""
-        key = (*group, mb)
-        rows = self.memo.get(key)
-        if rows is None:
-            t, combos = self.tables, self.combos
-            rows = self.memo[key] = (
-                np.array([t.block[cb][key] for cb in combos]),
-                np.array([t.block_zb[cb][key] for cb in combos]),
-                np.array([t.stored[(cb[2], cl)][key] for cb, cl in zip(combos, self.classes)]),
-                np.array([t.workspace[(cb[2], cl)][key] for cb, cl in zip(combos, self.classes)]),
-                t.head[key], t.p2p.get(key), *group_kind_rows(t, combos, self.classes, key))
-        return rows
+        return self.memo[(*group, mb)]
 
 
 def offers_zero_bubble(space: Space, num_networks: int) -> bool:
