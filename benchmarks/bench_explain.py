@@ -13,7 +13,8 @@ Issue 34 (target <= 15 s): main at 30564d6 23.0 s (23.9 s real, 21.1 s user) and
 (flag tables by parent indices, deeper projection cache) 23.5 s (24.4 s real, 22.0 s user),
 run back to back at load ~0.9: the same 117 rows and 351 blocks, no measurable gain; not met.
 Later (docs/benchmarks.md): 03e6cf2 23.2 s and 22.8 s, branch perf 21.8 s and 21.5 s, run
-alternately at load ~2.2; not met.
+alternately at load ~2.2; not met. Back to back at load ~3 (2026-11-28): main 1a79d91 30.9 s
+(19.1 s user), branch perf 9289eda 28.4 s (19.1 s user): no measurable change; not met.
 """
 
 from __future__ import annotations

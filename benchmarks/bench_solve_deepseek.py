@@ -22,6 +22,9 @@ and the next), load ~1: 43.6 s wall, 43.7 s CPU, 2.52 GB, the same answer. Back 
 Since the MoE kernel inventory (267 billion mappings, 6.9 GB): 79.5 s CPU at 03e6cf2, 60.0 s
 on branch perf (block-table minima, one dict conversion, the stage tables' later layouts on
 their own rows), the same answer; every figure in docs/benchmarks.md. Not met.
+Since the per-kind floors (75 blocks scored, 8.76 GB), back to back at load ~3: main 1a79d91
+88.6 s CPU (90.5 s wall), branch perf 9289eda 75.7 s CPU (76.4 s wall; table views, bulk
+reads of the floors' rows), the same answer. Not met.
 """
 
 from __future__ import annotations
