@@ -61,41 +61,41 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     (costmodel.terms.moe.moe_memory) replace the MLP intermediates, and its all-to-all send and
     receive buffers join the workspace.
     """
-    e, h, f, s, d = c.elem_bytes, c.hidden, c.feedforward, c.seq, c.head_size
-    mask = MASK_BYTES if c.dropout else 0.0             # a dropout mask's bytes per element
+    e, h, f, s, d = c.precision.elem_bytes, c.model.hidden, c.model.feedforward, c.model.seq, c.model.head_size
+    mask = MASK_BYTES if c.model.dropout else 0.0             # a dropout mask's bytes per element
     t = m.tp
     b = m.microbatch
     q_len = s / m.cp                                     # this GPU's share of the sequence
     tokens = b * q_len
-    heads = c.heads / t
+    heads = c.model.heads / t
     q_cols = heads * d
-    kv_cols = c.kv_heads / t * d
+    kv_cols = c.model.kv_heads / t * d
     sp_split = xp.where(m.seq_par, t, 1.0)
     gemm_inputs_split = xp.where(m.seq_par & m.seq_par_ag_redo, t, 1.0)
 
     # A GEMM's input is kept for its weight gradient: under a precision recipe as one quantized
     # copy (the columnwise one, or the rowwise shard a per-tensor FP8 gather re-gathers; TE
     # module/linear.py, "Discard unneeded data in input tensor"), else in the datatype.
-    q = c.recipe.copy_bytes if c.quantized else e
+    q = c.precision.recipe.copy_bytes if c.precision.quantized else e
     layernorm_inputs = 2 * e * tokens * h / sp_split
     dropout_masks = 2 * mask * tokens * h / sp_split
     gemm_inputs = 2 * q * tokens * h / gemm_inputs_split
     qkv_and_proj = _attention_inputs_stored(c, tokens, q_cols, kv_cols, heads, q)
-    if c.latent:
+    if c.model.latent:
         # latent attention's down projections read the norm's output on the sequence-parallel
         # shard, kept as that shard
         gemm_inputs = q * tokens * h / gemm_inputs_split + q * tokens * h / sp_split
     # GeLU / squared ReLU: the activation's input and output (2·f); gated: the h→2f output
     # (both operands of the gate) and the gate's output (3·f). The output, the down
     # projection's input, is kept as its quantized copy under a recipe.
-    mlp_intermediates = ((2 if c.gated_mlp else 1) * e + q) * tokens * f / t
-    if c.gated_mlp and not c.fused_activation:      # eager: the activation's output, an operand of the product
+    mlp_intermediates = ((2 if c.model.gated_mlp else 1) * e + q) * tokens * f / t
+    if c.model.gated_mlp and not c.settings.fused_activation:      # eager: the activation's output, an operand of the product
         mlp_intermediates = mlp_intermediates + e * tokens * f / t
     dispatch_buffers = 0.0
     if moe:
         layer = moe_memory(c, xp, tokens, t, m.ep, m.etp)
         mlp_intermediates, dispatch_buffers = layer.stored_bytes, layer.all_to_all_buffer_bytes
-    if c.fused_attention:
+    if c.settings.fused_attention:
         attention_core = SOFTMAX_STATS_BYTES * b * heads * q_len
         core_recomputed = False
     else:
@@ -106,7 +106,7 @@ def block_stored_activation_bytes(c: Context, m, xp, moe: bool = False) -> Store
     full = everything + attention_core
     stored = xp.where(core_recomputed, everything, full)
     if m.recompute_modules is not None:
-        up_outputs = e * tokens * (2 * q_cols + c.value_head_size * heads) if c.latent else 0.0
+        up_outputs = e * tokens * (2 * q_cols + c.model.value_head_size * heads) if c.model.latent else 0.0
         stored, dropped_workspace = _selective_stored(c, m, xp, moe, full, attention_core, gemm_inputs,
                                                       mlp_intermediates, tokens, up_outputs)
         core_recomputed = False          # (its bytes are in dropped_workspace)
@@ -128,18 +128,18 @@ def _attention_inputs_stored(c: Context, tokens, q_cols, kv_cols, heads, q):
     attention (Megatron-LM's MLASelfAttention) keeps Q and K (d_qk per head), V and the output
     (d_v; the output is the projection's input), and the compressed query and K/V twice each
     (the RMSNorms' inputs and the up projections' inputs, gathered)."""
-    e = c.elem_bytes
+    e = c.precision.elem_bytes
     projection_input = e * tokens * q_cols
-    if c.quantized:
-        keeps_bf16 = c.recipe.format.projection_keeps_bf16_input
-        projection_input = (e * tokens * q_cols if keeps_bf16 or c.fused_attention else 0.0) + (
+    if c.precision.quantized:
+        keeps_bf16 = c.precision.recipe.format.projection_keeps_bf16_input
+        projection_input = (e * tokens * q_cols if keeps_bf16 or c.settings.fused_attention else 0.0) + (
             0.0 if keeps_bf16 else q * tokens * q_cols)
-    if not c.latent:
+    if not c.model.latent:
         return e * tokens * (q_cols + 2 * kv_cols) + projection_input
-    out_cols = heads * c.value_head_size
+    out_cols = heads * c.model.value_head_size
     projection_input = projection_input / q_cols * out_cols
     return (e * tokens * (2 * q_cols + out_cols) + projection_input
-            + 2 * e * tokens * (c.q_lora_rank + c.kv_lora_rank))
+            + 2 * e * tokens * (c.model.q_lora_rank + c.model.kv_lora_rank))
 
 
 def _selective_stored(c: Context, m, xp, moe: bool, full, attention_core, gemm_inputs, mlp_intermediates, tokens,
@@ -155,11 +155,11 @@ def _selective_stored(c: Context, m, xp, moe: bool, full, attention_core, gemm_i
     projections before its backward). The workspace is the
     largest module's dropped bytes, alive while its backward recomputes it."""
     modules = m.recompute_modules
-    dropped = {"core_attn": 0.0 if c.fused_attention else attention_core, "layernorm": gemm_inputs,
+    dropped = {"core_attn": 0.0 if c.settings.fused_attention else attention_core, "layernorm": gemm_inputs,
                "mlp": 0.0 if moe else mlp_intermediates, "moe_act": 0.0, "mla_up_proj": up_outputs}
     if moe:
         layer = moe_memory(c, xp, tokens, m.tp, m.ep, m.etp)
-        dropped["moe_act"] = layer.expert_intermediate_bytes / (3 if c.gated_mlp else 2)
+        dropped["moe_act"] = layer.expert_intermediate_bytes / (3 if c.model.gated_mlp else 2)
     gone = [dropped[name] for name in modules]
     workspace = 0.0
     for bytes_ in gone:

@@ -135,24 +135,24 @@ class BlockLayers:
 def layer_tokens(c: Context, m, xp):
     """(T, the tokens a norm or residual acts on): b·s/cp tokens on this GPU, and the
     sequence-parallel shard T/tp when SP is on (the whole activation otherwise)."""
-    tokens = m.microbatch * c.seq / m.cp
+    tokens = m.microbatch * c.model.seq / m.cp
     return tokens, xp.where(m.seq_par, tokens / m.tp, tokens)
 
 
 def norm_output_bytes(c: Context) -> float:
     """Bytes per element a norm writes: delayed scaling's norm writes the FP8 copy of its
     output itself (costmodel.inputs.precision), every other costing its datatype."""
-    return c.recipe.copy_bytes if c.quantized and c.recipe.format.norm_casts else c.elem_bytes
+    return c.precision.recipe.copy_bytes if c.precision.quantized and c.precision.recipe.format.norm_casts else c.precision.elem_bytes
 
 
 def norm_flops_per_elem(c: Context) -> float:
-    return RMSNORM_FLOPS_PER_ELEM if c.rmsnorm else LAYERNORM_FLOPS_PER_ELEM
+    return RMSNORM_FLOPS_PER_ELEM if c.model.rmsnorm else LAYERNORM_FLOPS_PER_ELEM
 
 
 def norm_layer(c: Context, m, xp) -> LayerCost:
     """One LayerNorm or RMSNorm over the block's h-wide activation: read it, write its output."""
     _, ln_tokens = layer_tokens(c, m, xp)
-    seconds = eltwise_s(c, xp, ln_tokens * c.hidden, norm_flops_per_elem(c), c.elem_bytes + norm_output_bytes(c))
+    seconds = eltwise_s(c, xp, ln_tokens * c.model.hidden, norm_flops_per_elem(c), c.precision.elem_bytes + norm_output_bytes(c))
     return LayerCost("norm", eltwise_s=seconds, modules=(("layernorm", seconds, 0.0),))
 
 
@@ -161,9 +161,9 @@ def residual_layer(c: Context, m, xp) -> LayerCost:
     bias-dropout-add): read both operands, write the sum, and read and write the mask only
     when the model trains with dropout."""
     _, ln_tokens = layer_tokens(c, m, xp)
-    mask = MASK_BYTES if c.dropout else 0.0
-    return LayerCost("residual", eltwise_s=eltwise_s(c, xp, ln_tokens * c.hidden, RESIDUAL_FLOPS_PER_ELEM,
-                                                      3 * c.elem_bytes + mask))
+    mask = MASK_BYTES if c.model.dropout else 0.0
+    return LayerCost("residual", eltwise_s=eltwise_s(c, xp, ln_tokens * c.model.hidden, RESIDUAL_FLOPS_PER_ELEM,
+                                                      3 * c.precision.elem_bytes + mask))
 
 
 def gated_activation_s(c: Context, xp, elems):
@@ -172,11 +172,11 @@ def gated_activation_s(c: Context, xp, elems):
     (eager PyTorch's silu(x) * y) the activation writes f and the product reads both: two
     passes. Not gated: a fused GeLU (or squared ReLU) runs in the up GEMM's epilogue, no pass
     of its own; unfused, one pass."""
-    e, act_flops = c.elem_bytes, ACTIVATION_FLOPS_PER_ELEM[c.mlp]
-    if c.gated_mlp:
+    e, act_flops = c.precision.elem_bytes, ACTIVATION_FLOPS_PER_ELEM[c.model.mlp]
+    if c.model.gated_mlp:
         seconds = eltwise_s(c, xp, elems, act_flops, 3 * e)
-        return seconds if c.fused_activation else seconds + eltwise_s(c, xp, elems, 1.0, 2 * e)
-    return 0.0 if c.fused_activation else eltwise_s(c, xp, elems, act_flops, 2 * e)
+        return seconds if c.settings.fused_activation else seconds + eltwise_s(c, xp, elems, 1.0, 2 * e)
+    return 0.0 if c.settings.fused_activation else eltwise_s(c, xp, elems, act_flops, 2 * e)
 
 
 def dense_mlp_layer(c: Context, m, xp) -> LayerCost:
@@ -184,9 +184,9 @@ def dense_mlp_layer(c: Context, m, xp) -> LayerCost:
     activation or gate, f→h. Its inputs are the norm's output, gathered under sequence
     parallelism, and its output gradient likewise (the recipe's operands)."""
     tokens, ln_tokens = layer_tokens(c, m, xp)
-    h, t = c.hidden, m.tp
-    f_cols = c.feedforward / t
-    up_cols = 2 * f_cols if c.gated_mlp else f_cols
+    h, t = c.model.hidden, m.tp
+    f_cols = c.model.feedforward / t
+    up_cols = 2 * f_cols if c.model.gated_mlp else f_cols
     gemm = matmul_s(c, xp, tokens, up_cols, h) + matmul_s(c, xp, tokens, h, f_cols)
     flops = 2 * tokens * h * (up_cols + f_cols)
     activation = gated_activation_s(c, xp, tokens * f_cols)
@@ -205,7 +205,7 @@ def moe_mlp_layer(c: Context, m, xp) -> LayerCost:
     tokens, _ = layer_tokens(c, m, xp)
     layer = moe_layer_forward(c, xp, tokens, m.tp, m.ep, m.etp)
     return LayerCost("moe", gemm_s=layer.gemm_s, eltwise_s=layer.eltwise_s, matrix_flops=layer.matrix_flops,
-                     tp_regions=float(c.shared_feedforward > 0),
+                     tp_regions=float(c.model.shared_feedforward > 0),
                      activation_grad_s=layer.gemm_s + 2 * layer.eltwise_s + layer.launches_backward_extra_s,
                      modules=(("moe_act", layer.expert_activation_s, 0.0),),
                      gemms=moe_quantized_gemms(c, tokens, m.tp, m.ep, m.etp))

@@ -38,13 +38,13 @@ __all__ = ["mamba_layer", "PATTERN_STORED"]
 
 def mamba_layer(c: Context, m, xp) -> LayerCost:
     """One Mamba-2 mixer: its two projections, conv, chunked scan and gated norm (above)."""
-    shape, h, t = c.mamba, c.hidden, m.tp
+    shape, h, t = c.model.mamba, c.model.hidden, m.tp
     tokens, ln_tokens = layer_tokens(c, m, xp)
     in_cols, inner = shape.in_proj_cols / t, shape.inner / t
     projections = matmul_s(c, xp, tokens, in_cols, h) + matmul_s(c, xp, tokens, h, inner)
-    scan_flops = tokens * mamba_scan_flops_per_token(shape, c.seq) / t
+    scan_flops = tokens * mamba_scan_flops_per_token(shape, c.model.seq) / t
     scan = matmul_s(c, xp, tokens, inner, scan_flops / (2 * tokens * inner))
-    e = c.elem_bytes
+    e = c.precision.elem_bytes
     conv = eltwise_s(c, xp, tokens * shape.conv_channels / t, 2.0 * shape.conv_kernel, 2 * e)
     # RMSNormGated: the RMSNorm of y times SiLU(z), one multiply more per element than an RMSNorm
     # (megatron/core/ssm/mamba_mixer.py, norm(y, z)); it reads y and z and writes the output
@@ -55,7 +55,7 @@ def mamba_layer(c: Context, m, xp) -> LayerCost:
              GemmOperands(tokens * inner, ln_tokens * h, inner * h, False, gathered, t))
     eltwise = conv + gated_norm
     # the fused kernel's backward reruns the conv and part of the scan (costmodel.inputs.mamba)
-    rerun_flops = tokens * mamba_scan_recompute_flops_per_token(shape, c.seq) / t
+    rerun_flops = tokens * mamba_scan_recompute_flops_per_token(shape, c.model.seq) / t
     rerun = conv + matmul_s(c, xp, tokens, inner, rerun_flops / (2 * tokens * inner))
     return LayerCost("mamba", gemm_s=projections + scan, eltwise_s=eltwise, matrix_flops=flops, tp_regions=1.0,
                      gemms=gemms, activation_grad_s=projections + 2 * scan + 2 * eltwise, weight_grad_s=projections,
@@ -69,12 +69,12 @@ def _mamba_stored(c: Context, m, xp) -> StoredActivations:
     residual add's dropout mask (MambaLayer's hidden_dropout) when the model trains with dropout.
     Full recomputation keeps the input only, and its backward needs the layer's whole set again."""
     tokens, _ = layer_tokens(c, m, xp)
-    q = c.recipe.copy_bytes if c.quantized else c.elem_bytes
-    parts = mamba_stored_bytes_per_token(c.mamba, c.hidden, c.elem_bytes, m.tp, gemm_input_bytes=q)
+    q = c.precision.recipe.copy_bytes if c.precision.quantized else c.precision.elem_bytes
+    parts = mamba_stored_bytes_per_token(c.model.mamba, c.model.hidden, c.precision.elem_bytes, m.tp, gemm_input_bytes=q)
     sp_split = xp.where(m.seq_par, m.tp, 1.0)
     gemm_split = xp.where(m.seq_par & m.seq_par_ag_redo, m.tp, 1.0)
     layer_input = tokens * parts["input"] / sp_split
-    mask = (MASK_BYTES if c.dropout else 0.0) * tokens * c.hidden / sp_split
+    mask = (MASK_BYTES if c.model.dropout else 0.0) * tokens * c.model.hidden / sp_split
     full = (layer_input + mask + tokens * parts["norm"] / gemm_split
             + tokens * (parts["in_proj_out"] + parts["scan_out"] + parts["norm_in"] + parts["out_proj_in"]))
     return StoredActivations(stored=xp.where(m.recompute_full, layer_input, full), full=full,
@@ -85,17 +85,17 @@ def _mlp_side(c: Context, m, xp):
     """What a transformer block stores for its MLP half beside the MLP's own tensors: the
     second norm's input, the second dropout mask, the up projection's input (gathered)."""
     tokens, _ = layer_tokens(c, m, xp)
-    q = c.recipe.copy_bytes if c.quantized else c.elem_bytes
+    q = c.precision.recipe.copy_bytes if c.precision.quantized else c.precision.elem_bytes
     sp_split = xp.where(m.seq_par, m.tp, 1.0)
     gemm_split = xp.where(m.seq_par & m.seq_par_ag_redo, m.tp, 1.0)
-    mask = MASK_BYTES if c.dropout else 0.0
-    return (c.elem_bytes + mask) * tokens * c.hidden / sp_split + q * tokens * c.hidden / gemm_split
+    mask = MASK_BYTES if c.model.dropout else 0.0
+    return (c.precision.elem_bytes + mask) * tokens * c.model.hidden / sp_split + q * tokens * c.model.hidden / gemm_split
 
 
 def _attention_part(c: Context, m, xp) -> tuple:
     """(the attention half of a transformer block's StoredActivations, the MLP side's bytes): a
     block with no MLP (feedforward 0) less its second norm, mask and up-projection input."""
-    whole = block_stored_activation_bytes(replace(c, feedforward=0.0), m, xp)
+    whole = block_stored_activation_bytes(replace(c, model=replace(c.model, feedforward=0.0)), m, xp)
     return whole, _mlp_side(c, m, xp)
 
 
@@ -111,7 +111,7 @@ def _mlp_half(c: Context, m, xp, moe: bool) -> StoredActivations:
     block = block_stored_activation_bytes(c, m, xp, moe)
     attention, side = _attention_part(c, m, xp)
     tokens, _ = layer_tokens(c, m, xp)
-    layer_input = c.elem_bytes * tokens * c.hidden / xp.where(m.seq_par, m.tp, 1.0)
+    layer_input = c.precision.elem_bytes * tokens * c.model.hidden / xp.where(m.seq_par, m.tp, 1.0)
     kept = block.stored - attention.stored + side
     return StoredActivations(stored=xp.where(m.recompute_full, layer_input, kept),
                              full=block.full - attention.full + side,
