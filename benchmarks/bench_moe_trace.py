@@ -83,7 +83,7 @@ def model_categories(c: Context, m, xp) -> dict:
     (attention,) = layers.by_name("attention")
     norms = sum(layer.eltwise_s for layer in layers.by_name("norm"))
     residuals = sum(layer.eltwise_s for layer in layers.by_name("residual"))
-    tokens = m.microbatch * c.seq
+    tokens = m.microbatch * c.model.seq
     parts = moe_layer_forward(c, xp, tokens, m.tp, m.ep, m.etp)
     projections = attention_projections(c, xp, tokens, tokens, m.tp, m.seq_par, norm_output_bytes(c),
                                         norm_flops_per_elem(c))

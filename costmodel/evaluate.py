@@ -52,14 +52,14 @@ def network_checks(c: Context, m, xp) -> dict:
     spans = group_spans(m)
     checks = {}
     for name, degree, span, net in spans:
-        checks[f"{name}_network"] = (degree == 1) | (span <= xp.pick(c.net_size, net))
-    for k, must_fill in enumerate(c.net_must_fill):
+        checks[f"{name}_network"] = (degree == 1) | (span <= xp.pick(c.net.size, net))
+    for k, must_fill in enumerate(c.net.must_fill):
         if not must_fill:
             continue
         widest = 0.0
         for _, degree, span, net in spans:
             widest = xp.maximum(widest, xp.where((degree > 1) & (net == k), span, 0.0))
-        checks[f"network{k}_filled"] = (widest == 0.0) | (widest >= c.net_size[k])
+        checks[f"network{k}_filled"] = (widest == 0.0) | (widest >= c.net.size[k])
     return checks
 
 
@@ -68,7 +68,7 @@ def cp_comm_heads_fit(c: Context, m):
     cp divides kv_heads/tp (TE AttnFuncWithCPAndQKVOA2A: "The number of heads needs to be
     divisible by CP size"). A feasibility check, as a network's span is, not a `fits` rule: the
     space offers a2a wherever cp > 1 and the exact model refuses the mappings it cannot run."""
-    return np.logical_not(m.cp_comm_a2a) | (m.cp == 1) | (c.kv_heads % (m.tp * m.cp) == 0)
+    return np.logical_not(m.cp_comm_a2a) | (m.cp == 1) | (c.model.kv_heads % (m.tp * m.cp) == 0)
 
 
 STRUCTURE_DIMENSIONS = touching(NETWORK_CHECK)
@@ -87,8 +87,8 @@ def structural_checks(c: Context, m, xp) -> dict:
 
 def _feasibility(c: Context, m, terms: IterationTerms, xp) -> dict:
     checks = structural_checks(c, m, xp)
-    checks["hbm_capacity"] = terms.hbm_bytes <= c.hbm_capacity_bytes
-    checks["offload_capacity"] = terms.offload_bytes <= c.offload_capacity_bytes
+    checks["hbm_capacity"] = terms.hbm_bytes <= c.memory.hbm_capacity_bytes
+    checks["offload_capacity"] = terms.offload_bytes <= c.memory.offload_capacity_bytes
     return checks
 
 
@@ -224,19 +224,19 @@ def _reasons(checks: dict, terms: IterationTerms, c: Context, m) -> tuple[str, .
     reasons = []
     for name, degree, span, net in group_spans(m):
         if not checks[f"{name}_network"]:
-            reasons.append(f"network: a {name} group spans {span:g} GPUs > network {net} size {c.net_size[net]:g}")
+            reasons.append(f"network: a {name} group spans {span:g} GPUs > network {net} size {c.net.size[net]:g}")
     for key, ok in checks.items():
         if key.endswith("_filled") and not ok:
             k = int(key.removeprefix("network").removesuffix("_filled"))
-            reasons.append(f"network: network {k} must be filled ({c.net_size[k]:g} GPUs) by the group using it")
+            reasons.append(f"network: network {k} must be filled ({c.net.size[k]:g} GPUs) by the group using it")
     if not checks["cp_comm_heads"]:
-        reasons.append(f"cp_comm: a2a needs kv_heads({c.kv_heads:g})/tensor_par({m.tp:g}) divisible by "
+        reasons.append(f"cp_comm: a2a needs kv_heads({c.model.kv_heads:g})/tensor_par({m.tp:g}) divisible by "
                        f"context_par({m.cp:g}): all-to-all gives each cp rank whole heads")
     if not checks["hbm_capacity"]:
-        reasons.append(f"hbm: needs {terms.hbm_bytes / GiB:.1f} GiB > {c.hbm_capacity_bytes / GiB:.1f} GiB")
+        reasons.append(f"hbm: needs {terms.hbm_bytes / GiB:.1f} GiB > {c.memory.hbm_capacity_bytes / GiB:.1f} GiB")
     if not checks["offload_capacity"]:
         reasons.append(f"offload: needs {terms.offload_bytes / GiB:.1f} GiB > "
-                       f"{c.offload_capacity_bytes / GiB:.1f} GiB")
+                       f"{c.memory.offload_capacity_bytes / GiB:.1f} GiB")
     return tuple(reasons)
 
 
@@ -269,7 +269,7 @@ def evaluate(model: Model, system: System, mapping: Mapping) -> Evaluation:
 
 def evaluate_in_context(c: Context, mapping: Mapping) -> Evaluation:
     """`evaluate` with the problem constants already built (for repeated calls)."""
-    mapping = mapping.with_model_defaults(c.experts > 0)
+    mapping = mapping.with_model_defaults(c.model.experts > 0)
     m = _scalar_fields(mapping)
     terms = iteration_terms(c, m, ScalarOps)
     checks = _feasibility(c, m, terms, ScalarOps)
@@ -279,7 +279,7 @@ def evaluate_in_context(c: Context, mapping: Mapping) -> Evaluation:
         iteration_time_s=terms.iteration_s, sample_rate=terms.sample_rate, mfu=terms.mfu, hfu=terms.hfu,
         time=TimeTerms.of(terms), memory=MemoryTerms.of(terms),
         hbm_bytes=terms.hbm_bytes, offload_bytes=terms.offload_bytes,
-        offload_bytes_per_s_needed=terms.offload_bytes_per_s_needed, flops=c.model_flops,
+        offload_bytes_per_s_needed=terms.offload_bytes_per_s_needed, flops=c.model.model_flops,
         throughput=throughput(c, mapping.tp, mapping.batch_size, mapping.num_procs, terms.iteration_s,
                               mapping.datatype.value),
     )

@@ -183,7 +183,7 @@ def assert_block_floors_below_exact(model, system, gpus: int, max_batch: int, da
     the_plan = plan(model, system, gpus, max_batch, space, chunk_rows=1 << 62)
     problem = Problem(model, system, gpus, max_batch, space)
     m, v = structure_model(problem, the_plan.skeletons, flags=SEARCHED_FLAGS)
-    bounds = add_bounds(m, v, c, gpus, local_batches(problem, v), space, c.hbm_capacity_bytes,
+    bounds = add_bounds(m, v, c, gpus, local_batches(problem, v), space, c.memory.hbm_capacity_bytes,
                         skeletons=the_plan.skeletons)
     checked = []
     for sk, table in zip(the_plan.skeletons, the_plan.flag_tables):

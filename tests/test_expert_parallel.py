@@ -97,7 +97,7 @@ def test_all_to_all_term_by_hand():
     c = Context.build(MODEL, H100, Datatype.bfloat16, kernels)
     message = 2 * (2 * 2048 / 2) * 2 * 1.25 * 1024                # e · (b·s/t) · k · c · h
     net = H100.networks[1]
-    wire = message * c.net_factor[Collective.all_to_all][1] * (4 + c.net_offset[Collective.all_to_all][1]) / 4
+    wire = message * c.net.factor[Collective.all_to_all][1] * (4 + c.net.offset[Collective.all_to_all][1]) / 4
     one = net.latency_s + wire / (net.bandwidth_bytes_per_s * net.efficiency)
     microbatches = 32 / 4 / 2
     assert ev.time.ep_comm_s == pytest.approx(microbatches * 4 * 4 * one, rel=1e-12)
@@ -131,8 +131,8 @@ def test_expert_gradients_reduce_over_the_expert_data_parallel_group():
     def all_reduce(group, params):
         return net.latency_s + 2 * params * 2 * (group - 1) / group / rate
 
-    dense = 4 * (c.moe_block_params - c.routed_expert_params) + c.embedding_params + c.output_layer_params
-    experts = 4 * c.routed_expert_params / 2
+    dense = 4 * (c.model.moe_block_params - c.model.routed_expert_params) + c.model.embedding_params + c.model.output_layer_params
+    experts = 4 * c.model.routed_expert_params / 2
     assert ev.time.dp_comm_s == pytest.approx(all_reduce(4, dense) + all_reduce(2, experts), rel=1e-12)
 
 
@@ -161,7 +161,7 @@ def test_block_floors_never_exceed_an_exact_time_in_their_block():
     skels = skeletons(model, gpus, cap, space)
     c = Context.build(model, system, Datatype.bfloat16, Kernels())
     m, v = structure_model(problem, skels, flags=None)
-    bounds = add_bounds(m, v, c, gpus, local_batches(problem, v), space, c.hbm_capacity_bytes,
+    bounds = add_bounds(m, v, c, gpus, local_batches(problem, v), space, c.memory.hbm_capacity_bytes,
                         skeletons=skels)
     the_plan = plan(model, system, gpus, cap, space)
     index = {s.split: i for i, s in enumerate(skels)}

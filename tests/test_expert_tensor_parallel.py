@@ -132,15 +132,15 @@ def test_expert_gradients_reduce_over_edp_when_folded():
     c = Context.build(MODEL, H100, Datatype.bfloat16, Kernels())
     net = H100.networks[0]
     rate = net.bandwidth_bytes_per_s * net.efficiency
-    dense = (4 * (c.moe_block_params - c.routed_expert_params - c.router_params) / 2 + 4 * c.router_params
-             + (c.embedding_params + c.output_layer_params) / 2)
+    dense = (4 * (c.model.moe_block_params - c.model.routed_expert_params - c.model.router_params) / 2 + 4 * c.model.router_params
+             + (c.model.embedding_params + c.model.output_layer_params) / 2)
     # dp's group is 4 GPUs tp·cp·pp = 2 apart: within one 8-GPU NVLink domain (members 4)
     expected = net.latency_s + 2 * dense * 2 * 3 / 4 / rate
     assert ev.time.dp_comm_s == pytest.approx(expected, rel=1e-12)
     # the experts whole on each GPU (etp 1), one of the 8 experts each
     routed = MODEL.routed_expert_params / 8
     assert ev.memory.weights_bytes == pytest.approx(
-        2 * 4 * ((c.moe_block_params - c.routed_expert_params - c.router_params) / 2 + c.router_params + routed),
+        2 * 4 * ((c.model.moe_block_params - c.model.routed_expert_params - c.model.router_params) / 2 + c.model.router_params + routed),
         rel=1e-12)
 
 
@@ -151,7 +151,7 @@ def test_expert_gradients_reduce_over_edp_with_dp_and_cp_1():
     ev = evaluate(MODEL, H100, mapping)
     c = Context.build(MODEL, H100, Datatype.bfloat16, Kernels())
     net = H100.networks[0]
-    experts = 4 * c.routed_expert_params / 2
+    experts = 4 * c.model.routed_expert_params / 2
     expected = net.latency_s + 2 * experts * 2 * 1 / 2 / (net.bandwidth_bytes_per_s * net.efficiency)
     assert ev.time.dp_comm_s == pytest.approx(expected, rel=1e-12)
 

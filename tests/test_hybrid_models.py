@@ -270,7 +270,7 @@ def test_mamba_stored_activations_under_full_recompute_and_dropout():
                                microbatch_size=1, activation_recompute="full"))
     stored = stored_activations(c, m, ScalarOps, "mamba")
     assert stored.stored == 2.0 * seq * 4096 and stored.workspace == stored.full
-    with_dropout = stored_activations(replace(c, dropout=True), m, ScalarOps, "mamba")
+    with_dropout = stored_activations(replace(c, model=replace(c.model, dropout=True)), m, ScalarOps, "mamba")
     assert with_dropout.full - stored.full == seq * 4096
 
 
@@ -286,7 +286,7 @@ def test_mamba_stored_gemm_inputs_under_fp8_are_quantized_copies():
                                microbatch_size=1))
     bf16 = stored_activations(Context.build(model, H100, Datatype.bfloat16), m, ScalarOps, "mamba")
     fp8 = Context.build(model, H100, Datatype.bfloat16, Kernels(precision=Precision.fp8_tensorwise))
-    copy = fp8.recipe.copy_bytes
+    copy = fp8.precision.recipe.copy_bytes
     assert 1.0 <= copy < 2.0
     assert bf16.full - stored_activations(fp8, m, ScalarOps, "mamba").full == pytest.approx(
         (2.0 - copy) * seq * (4096 + 8192), rel=1e-12)

@@ -59,10 +59,10 @@ def test_a_mamba_block_is_the_sum_of_its_layers():
 
 def test_pattern_context_counts_each_kind():
     c = Context.of(HYBRID, H100, Datatype.bfloat16)
-    assert dict(c.block_kinds) == {"mamba": 2.0, "attention_layer": 2.0, "mlp_layer": 2.0, "moe_layer": 2.0}
-    params = dict(c.kind_params)
-    assert params["mamba"] == HYBRID.pattern_layer_params("M") and c.moe_block_params == HYBRID.pattern_layer_params("E")
-    assert sum(count * (params.get(kind) or c.moe_block_params) for kind, count in c.block_kinds) \
+    assert dict(c.model.block_kinds) == {"mamba": 2.0, "attention_layer": 2.0, "mlp_layer": 2.0, "moe_layer": 2.0}
+    params = dict(c.model.kind_params)
+    assert params["mamba"] == HYBRID.pattern_layer_params("M") and c.model.moe_block_params == HYBRID.pattern_layer_params("E")
+    assert sum(count * (params.get(kind) or c.model.moe_block_params) for kind, count in c.model.block_kinds) \
         + HYBRID.embedding_params + HYBRID.output_params == HYBRID.total_params
 
 

@@ -49,7 +49,7 @@ def context(name: str, fused: bool = True) -> Context:
     path = PROBLEMS / "models" / (f"{name}.yaml" if name.startswith("gpt3") else f"{name}/config.json")
     model = load_model(path, seq_size=4096) if path.suffix == ".json" else load_model(path)
     c = Context.build(model, load_system(PROBLEMS / "systems" / "h100-80g-nvl8.yaml"), Datatype.bfloat16)
-    return replace(c, fused_attention=fused, dropout=True)
+    return replace(c, settings=replace(c.settings, fused_attention=fused), model=replace(c.model, dropout=True))
 
 
 def view(setting: str, tp: int = 4, seq_par: bool = True, ag_redo: bool = False, moe: bool = False):
@@ -83,7 +83,7 @@ CASES = [(name, kind, setting, fused, ag_redo) for name, kinds, settings in KIND
 @pytest.mark.parametrize("name,kind,setting,fused,ag_redo", CASES)
 def test_a_block_stores_the_sum_of_its_layers_records(name, kind, setting, fused, ag_redo):
     c = context(name, fused)
-    m = view(setting, ag_redo=ag_redo, moe=bool(c.experts))
+    m = view(setting, ag_redo=ag_redo, moe=bool(c.model.experts))
     stored = stored_activations(c, m, ScalarOps, kind)
     assert stored.stored == pytest.approx(records_stored(c, m, kind), rel=1e-12)
     assert 0 < stored.stored <= stored.full
@@ -104,14 +104,14 @@ def test_a_patterns_layers_store_what_a_transformer_block_stores(setting, fused)
         assert whole == pytest.approx(parts, rel=1e-12)
     full = view("full", moe=True)
     assert (stored_activations(c, full, ScalarOps, "attention_layer").stored
-            == stored_activations(c, full, ScalarOps, "moe").stored == c.elem_bytes * 2 * 4096 * c.hidden / 4)
+            == stored_activations(c, full, ScalarOps, "moe").stored == c.precision.elem_bytes * 2 * 4096 * c.model.hidden / 4)
 
 
 def korthikanti_context(fused: bool = False) -> Context:
     """A GPT block as Korthikanti et al. 2022 count it: LayerNorm, GeLU MLP of 4h, dropout, 16-bit."""
     model = Model(hidden=2048, feedforward=8192, seq_size=2048, attn_heads=16, attn_size=128, num_blocks=4)
-    return replace(Context.build(model, load_system(PROBLEMS / "systems" / "a100-80g-selene.yaml"),
-                                 Datatype.float16), fused_attention=fused, dropout=True)
+    return replace(base_context := Context.build(model, load_system(PROBLEMS / "systems" / "a100-80g-selene.yaml"),
+                                 Datatype.float16), settings=replace(base_context.settings, fused_attention=fused), model=replace(base_context.model, dropout=True))
 
 
 @pytest.mark.parametrize("setting,dropped", [
@@ -158,5 +158,5 @@ def test_a_fused_kernel_keeps_its_statistics_and_moe_act_and_mla_up_proj_drop_th
     moe_layer = block_layers(ds, one_gpu, ScalarOps, "moe").by_name("moe")[0]
     norm_outputs = sum(block_layers(ds, one_gpu, ScalarOps, "moe").module_dropped("layernorm"))
     assert whole.full - dropped.stored == pytest.approx(2 * tokens * 8 * 2048 + norm_outputs, rel=1e-12)
-    assert norm_outputs == 2 * 2 * tokens * ds.hidden          # the QKV down projections' and the MoE's input
+    assert norm_outputs == 2 * 2 * tokens * ds.model.hidden          # the QKV down projections' and the MoE's input
     assert moe_layer.stored_bytes > 2 * tokens * 8 * 2048

@@ -95,8 +95,8 @@ def test_a_probe_layer_kind_joins_a_block_by_its_function_and_its_place(monkeypa
     before = block_terms(c, m, ScalarOps)
 
     def probe_layer(c, m, xp):
-        tokens = m.microbatch * c.seq / m.cp
-        return LayerCost("probe", eltwise_s=eltwise_s(c, xp, tokens * c.hidden, 1.0, 2 * c.elem_bytes))
+        tokens = m.microbatch * c.model.seq / m.cp
+        return LayerCost("probe", eltwise_s=eltwise_s(c, xp, tokens * c.model.hidden, 1.0, 2 * c.precision.elem_bytes))
 
     monkeypatch.setitem(LAYER_KINDS, "probe", probe_layer)
     monkeypatch.setitem(BLOCK_KINDS, "dense", (*BLOCK_KINDS["dense"], "probe"))
@@ -129,7 +129,7 @@ def test_a_third_block_kind_joins_the_average_block_by_its_count(monkeypatch, h1
     # MLP) is its layers in BLOCK_KINDS and its count in the model's kinds: the average block
     # weights each kind by its count, 4 dense, 2 MoE, 2 probe blocks of 8.
     def probe_layer(c, m, xp):
-        return LayerCost("probe", eltwise_s=eltwise_s(c, xp, m.microbatch * c.seq / m.cp * c.hidden, 1.0, 4.0))
+        return LayerCost("probe", eltwise_s=eltwise_s(c, xp, m.microbatch * c.model.seq / m.cp * c.model.hidden, 1.0, 4.0))
 
     monkeypatch.setitem(LAYER_KINDS, "probe", probe_layer)
     monkeypatch.setitem(BLOCK_KINDS, "probed", (*BLOCK_KINDS["dense"], "probe"))
@@ -137,7 +137,7 @@ def test_a_third_block_kind_joins_the_average_block_by_its_count(monkeypatch, h1
     m = _scalar_fields(Mapping.model_validate({"num_procs": 8, "tensor_par": 2, "pipeline_par": 2, "data_par": 2,
                                                "expert_par": 2, "batch_size": 8, "microbatch_size": 1,
                                                "activation_recompute": "none"}).with_model_defaults(True))
-    three = replace(c, kind_counts=(("dense", 4.0), ("moe", 2.0), ("probed", 2.0)))
+    three = replace(c, model=replace(c.model, kind_counts=(("dense", 4.0), ("moe", 2.0), ("probed", 2.0))))
     mixed = block_terms(three, m, ScalarOps)
     by_kind = {kind: block.block_forward_times(c, m, ScalarOps, kind) for kind in ("dense", "moe", "probed")}
     expected = (4 * by_kind["dense"].eltwise_s + 2 * by_kind["moe"].eltwise_s + 2 * by_kind["probed"].eltwise_s) / 8

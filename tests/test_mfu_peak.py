@@ -42,8 +42,8 @@ def test_each_recipe_divides_by_its_gemm_datatypes_peak(precision):
         if tflops is None:                       # Hopper runs neither MXFP8 nor NVFP4
             continue
         c = Context.build(model, load_system(path), Datatype.bfloat16, Kernels(precision=precision))
-        assert c.matrix_peak_name == f"{name} dense matrix peak ({precision.value} recipe)"
-        assert c.matrix_flops_per_s / 1e12 == pytest.approx(tflops)
+        assert c.compute.matrix_peak_name == f"{name} dense matrix peak ({precision.value} recipe)"
+        assert c.compute.matrix_flops_per_s / 1e12 == pytest.approx(tflops)
 
 
 def _solve(system: Path, precision: str) -> tuple[dict, str]:

@@ -385,7 +385,7 @@ def test_unpaired_passes_pay_their_dispatch_exposed(monkeypatch):
         m = _scalar_fields(mapping.with_model_defaults(True))
         blk = block_terms(c, m, ScalarOps)
         comm = moe_communication(c, ScalarOps, 4096.0, 1, ep, 1, m.ep_net, m.etp_net)
-        share = c.moe_blocks / c.blocks
+        share = c.model.moe_blocks / c.model.blocks
         assert blk.ep_unpaired_s == pytest.approx(share * 2 * (comm.dispatch_s + comm.combine_s)
                                                   - blk.ep_fwd_s - blk.ep_bwd_s)
         with_unpaired = iteration.iteration_terms(c, m, ScalarOps).iteration_s

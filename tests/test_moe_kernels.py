@@ -56,12 +56,12 @@ def test_cuda_graphs_take_the_launch_gap_where_they_capture():
                               for graphs in ("none", "per-layer", "full-iteration"))
     assert eager.forward_s > per_layer.forward_s > full.forward_s > 0
     c_full, c_eager = _context("full-iteration"), _context()
-    latency = c_full.hbm_latency_s
-    assert c_eager.hbm_latency_s - c_eager.kernel_gap_s == pytest.approx(latency)
+    latency = c_full.memory.hbm_latency_s
+    assert c_eager.memory.hbm_latency_s - c_eager.step.kernel_gap_s == pytest.approx(latency)
     untimed = eager.forward_kernels - (3 + 2 + 1 + 4)      # router 3, expert GEMMs 2, activation 1, permutes 4
     assert full.forward_s == pytest.approx(untimed * latency, rel=1e-12)
     syncs = 2                                              # the splits' d2h_event, the clamp offset's copy
-    assert eager.forward_s == pytest.approx(untimed * (latency + c_eager.kernel_gap_s) + syncs * c_eager.kernel_gap_s,
+    assert eager.forward_s == pytest.approx(untimed * (latency + c_eager.step.kernel_gap_s) + syncs * c_eager.step.kernel_gap_s,
                                             rel=1e-12)
 
 
@@ -106,8 +106,8 @@ def test_deepep_launches_its_own_kernels_and_waits_on_the_host_six_times():
     assert _deepep_forward_kernels() == 32
     assert deep.forward_kernels - hybrid.forward_kernels == _deepep_forward_kernels() - 12
     assert deep.backward_kernels - hybrid.backward_kernels == 13 - 8
-    gap = deep_c.kernel_gap_s + deep_c.outer_gap_extra_s
-    latency = deep_c.hbm_latency_s - deep_c.kernel_gap_s
+    gap = deep_c.step.kernel_gap_s + deep_c.step.outer_gap_extra_s
+    latency = deep_c.memory.hbm_latency_s - deep_c.step.kernel_gap_s
     assert deep.forward_s - hybrid.forward_s == pytest.approx((32 - 12) * (latency + gap) + (6 - 1) * gap, rel=1e-12)
     assert Kernels().moe_flex_backend == "deepep"       # Megatron-LM's default moe_flex_dispatcher_backend
 
@@ -118,14 +118,14 @@ def test_unfused_rope_is_twelve_element_bytes_and_its_table_kernels():
     c = _context("full-iteration")
     q, k = 4096.0 * 4096, 4096.0 * 512
     time_s = unfused_rope_s(c, ScalarOps, q, k)
-    assert time_s > 12 * c.hbm_latency_s
-    bytes_moved = 12 * c.elem_bytes * (q + k)
-    assert time_s - 24 * c.hbm_latency_s == pytest.approx(bytes_moved / c.hbm_bytes_per_s, rel=0.5)
+    assert time_s > 12 * c.memory.hbm_latency_s
+    bytes_moved = 12 * c.precision.elem_bytes * (q + k)
+    assert time_s - 24 * c.memory.hbm_latency_s == pytest.approx(bytes_moved / c.memory.hbm_bytes_per_s, rel=0.5)
 
 
 def test_yarn_is_read_and_runs_unfused_outside_latent_attention():
-    assert GPT_OSS.yarn_rope and GPT_OSS.clamped_activation and _context().unfused_rope
+    assert GPT_OSS.yarn_rope and GPT_OSS.clamped_activation and _context().model.unfused_rope
     deepseek = load_model(ROOT / "problems/models/deepseek-v3/config.json", seq_size=4096)
     llama = load_model(ROOT / "problems/models/llama-3.1-8b/config.json", seq_size=4096)
-    assert not _context(model=deepseek).unfused_rope       # latent attention: its own fused RoPE
+    assert not _context(model=deepseek).model.unfused_rope       # latent attention: its own fused RoPE
     assert not llama.yarn_rope                             # rope_type llama3: the plain rotary kernel

@@ -147,7 +147,7 @@ def test_latent_attention_stored_activations_by_hand():
     masks = 2 * MASK_BYTES * s * h if model.dropout else 0.0
     norms_masks_inputs = 2 * e * s * h + masks + 2 * e * s * h
     attention = e * s * (128 * 192 + 128 * 192 + 128 * 128 + 128 * 128) + 2 * e * s * (1536 + 512)
-    mlp = 3 * e * s * f + (0 if c.fused_activation else e * s * f)
+    mlp = 3 * e * s * f + (0 if c.settings.fused_activation else e * s * f)
     core = SOFTMAX_STATS_BYTES * 128 * s                                   # the fused kernel's statistics
     assert stored == pytest.approx(norms_masks_inputs + attention + mlp + core, rel=1e-12)
 

@@ -62,8 +62,8 @@ the H100's (its measured fit)."""
 
 def pass_s(c: Context, elems: float, bytes_per_elem: float) -> float:
     """One HBM-bound kernel by hand: the files' latency + bytes / (bandwidth × efficiency)."""
-    efficiency = HBM_EFFICIENCY[c.hp_matrix_flops_per_s if c.recipe is not None else c.matrix_flops_per_s]
-    return c.hbm_latency_s + elems * bytes_per_elem / (c.hbm_bytes_per_s * efficiency)
+    efficiency = HBM_EFFICIENCY[c.compute.hp_matrix_flops_per_s if c.precision.recipe is not None else c.compute.matrix_flops_per_s]
+    return c.memory.hbm_latency_s + elems * bytes_per_elem / (c.memory.hbm_bytes_per_s * efficiency)
 
 
 def swizzles_s(c: Context, gathered: list, scale_bytes: float, weight_scale_bytes: float) -> tuple[float, float]:
@@ -154,7 +154,7 @@ WEIGHTS = (1024 * 768, 512 * 1024, 1024 * 2816, 1408 * 1024)
 
 def test_fp8_tensorwise_passes_on_a_tn_gpu_by_hand():
     c = context(H100, Precision.fp8_tensorwise)
-    scale = c.hbm_latency_s      # the scale-from-amax kernel of per-tensor current scaling
+    scale = c.memory.hbm_latency_s      # the scale-from-amax kernel of per-tensor current scaling
     # forward: the norm-fed inputs need no amax (the norm computes it) and are cast once before
     # the FP8 gather; the projection casts its input once (it keeps the BF16 input for backward);
     # the MLP's down projection reads its input (amax) and casts both copies
@@ -440,7 +440,7 @@ def test_recipe_options_need_a_quantized_recipe():
 
 def test_a_system_file_without_precision_runs_bf16_alone():
     old = H100.model_copy(update={"precision": None, "gpu": None})
-    assert context(old, Precision.bf16).recipe.format.precision is Precision.bf16
+    assert context(old, Precision.bf16).precision.recipe.format.precision is Precision.bf16
     with pytest.raises(InputError, match=r"^precision fp8-tensorwise: system 'h100-80g-nvl8' does not run it "
                                          r"\(its precisions: bf16\)$"):
         context(old, Precision.fp8_tensorwise)

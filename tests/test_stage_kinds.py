@@ -78,7 +78,7 @@ def _independent_stages(model: Model, mapping: Mapping, counts_by_stage: list[di
     the last."""
     c = Context.build(model, H100, mapping.datatype, mapping.kernels)
     m = _scalar_fields(mapping)
-    per_kind = dict(zip((kind for kind, _ in c.block_kinds), kind_block_terms(c, m, ScalarOps).terms))
+    per_kind = dict(zip((kind for kind, _ in c.model.block_kinds), kind_block_terms(c, m, ScalarOps).terms))
     head = output_layer_s(c, m, ScalarOps)
     micro, forward = [], []
     for rank, counts in enumerate(counts_by_stage):

@@ -62,19 +62,19 @@ def mapping(tp: int = 1, pp: int = 1, **fields) -> Mapping:
 def test_without_a_step_section_every_kernel_is_as_measured():
     c = Context.build(LLAMA_8B, KERNELS_ALONE, Datatype.bfloat16)
     fit = KERNELS_ALONE.compute[Datatype.bfloat16]
-    assert c.gemm.launch_s == fit.gemm.launch_us * MICRO and c.gemm.power_flops == fit.gemm.power_flops
-    assert c.attention.launch_s == fit.attention.launch_us * MICRO
-    assert c.hbm_latency_s == KERNELS_ALONE.hbm.latency_s
-    assert (c.kernel_gap_s, c.outer_gap_extra_s, c.allocator_fraction) == (0.0, 0.0, 0.0)
+    assert c.compute.gemm.launch_s == fit.gemm.launch_us * MICRO and c.compute.gemm.power_flops == fit.gemm.power_flops
+    assert c.compute.attention.launch_s == fit.attention.launch_us * MICRO
+    assert c.memory.hbm_latency_s == KERNELS_ALONE.hbm.latency_s
+    assert (c.step.kernel_gap_s, c.step.outer_gap_extra_s, c.step.allocator_fraction) == (0.0, 0.0, 0.0)
 
 
 def test_the_gap_is_added_to_every_kernels_fixed_cost():
     gap = 5.0
     c = Context.build(LLAMA_8B, with_step(kernel_gap_us=gap), Datatype.bfloat16)
     alone = Context.build(LLAMA_8B, KERNELS_ALONE, Datatype.bfloat16)
-    assert c.gemm.launch_s == pytest.approx(alone.gemm.launch_s + gap * MICRO)
-    assert c.attention.launch_s == pytest.approx(alone.attention.launch_s + gap * MICRO)
-    assert c.hbm_latency_s == pytest.approx(alone.hbm_latency_s + gap * MICRO)
+    assert c.compute.gemm.launch_s == pytest.approx(alone.compute.gemm.launch_s + gap * MICRO)
+    assert c.compute.attention.launch_s == pytest.approx(alone.compute.attention.launch_s + gap * MICRO)
+    assert c.memory.hbm_latency_s == pytest.approx(alone.memory.hbm_latency_s + gap * MICRO)
     # one GEMM and one element-wise pass: one gap each
     assert gemm_s(c, ScalarOps, 4096, 4096, 4096, 1e8) - gemm_s(alone, ScalarOps, 4096, 4096, 4096, 1e8) \
         == pytest.approx(gap * MICRO)
@@ -99,13 +99,13 @@ def test_cuda_graphs_remove_the_gap_where_they_capture():
 def test_sustained_clocks_charge_at_least_the_drop_of_a_gemm_lasting_the_power_window(window_ms):
     c = Context.build(LLAMA_8B, with_step(kernel_gap_us=0.0, power_window_ms=window_ms), Datatype.bfloat16)
     alone = Context.build(LLAMA_8B, KERNELS_ALONE, Datatype.bfloat16)
-    p = alone.gemm
+    p = alone.compute.gemm
     # by hand: the FLOP the GEMM's main loop does in the window at full clocks
-    window_flops = window_ms * 1e-3 * c.matrix_flops_per_s * p.efficiency
+    window_flops = window_ms * 1e-3 * c.compute.matrix_flops_per_s * p.efficiency
     for size in (1024, 4096, 16384):
         flops = 2.0 * size ** 3
-        step = gemm_time_s(c.gemm, ScalarOps, size, size, size, 0.0, c.matrix_flops_per_s, c.hbm_bytes_per_s)
-        isolated = gemm_time_s(p, ScalarOps, size, size, size, 0.0, c.matrix_flops_per_s, c.hbm_bytes_per_s)
+        step = gemm_time_s(c.compute.gemm, ScalarOps, size, size, size, 0.0, c.compute.matrix_flops_per_s, c.memory.hbm_bytes_per_s)
+        isolated = gemm_time_s(p, ScalarOps, size, size, size, 0.0, c.compute.matrix_flops_per_s, c.memory.hbm_bytes_per_s)
         seen = max(flops, window_flops)
         expected = (1 + p.power_drop * seen / (seen + p.power_flops)) / (1 + p.power_drop * flops / (flops + p.power_flops))
         assert (step - p.launch_s) / (isolated - p.launch_s) == pytest.approx(expected, rel=1e-12)
@@ -115,11 +115,11 @@ def test_sustained_clocks_charge_at_least_the_drop_of_a_gemm_lasting_the_power_w
 
 def test_a_long_window_approaches_the_clock_of_an_endless_gemm_loop():
     c = Context.build(LLAMA_8B, with_step(kernel_gap_us=0.0, power_window_ms=1e5), Datatype.bfloat16)
-    p = Context.build(LLAMA_8B, KERNELS_ALONE, Datatype.bfloat16).gemm
+    p = Context.build(LLAMA_8B, KERNELS_ALONE, Datatype.bfloat16).compute.gemm
     size = 1024
     flops = 2.0 * size ** 3
-    step = gemm_time_s(c.gemm, ScalarOps, size, size, size, 0.0, c.matrix_flops_per_s, c.hbm_bytes_per_s)
-    isolated = gemm_time_s(p, ScalarOps, size, size, size, 0.0, c.matrix_flops_per_s, c.hbm_bytes_per_s)
+    step = gemm_time_s(c.compute.gemm, ScalarOps, size, size, size, 0.0, c.compute.matrix_flops_per_s, c.memory.hbm_bytes_per_s)
+    isolated = gemm_time_s(p, ScalarOps, size, size, size, 0.0, c.compute.matrix_flops_per_s, c.memory.hbm_bytes_per_s)
     endless = (1 + p.power_drop) / (1 + p.power_drop * flops / (flops + p.power_flops))
     assert (step - p.launch_s) / (isolated - p.launch_s) == pytest.approx(endless, rel=1e-3)
 
@@ -177,11 +177,11 @@ def test_a_group_spanning_domains_crosses_on_all_its_ports():
     c = Context.build(LLAMA_8B, H100, Datatype.bfloat16)
     alone = Context.build(LLAMA_8B, KERNELS_ALONE.model_copy(update={"networks": [
         n.model_copy(update={"port_per_gpu": False}) for n in H100.networks]}), Datatype.bfloat16)
-    message, ib, nvlink = 1e9, c.net_bytes_per_s[1], c.net_bytes_per_s[0]
+    message, ib, nvlink = 1e9, c.net.bytes_per_s[1], c.net.bytes_per_s[0]
     wire = message * 7 / 8
 
     def time(ctx, members, group=8.0):
-        return collective_s(ctx, ScalarOps, Collective.all_gather, group, message, 1, members) - ctx.net_latency_s[1]
+        return collective_s(ctx, ScalarOps, Collective.all_gather, group, message, 1, members) - ctx.net.latency_s[1]
 
     assert time(c, 1.0) == pytest.approx(wire / ib)                      # one per node: one port's bandwidth
     assert time(c, 4.0) == pytest.approx(wire / min(nvlink, 4 * ib))     # four per node: four ports at once

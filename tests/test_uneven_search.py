@@ -124,7 +124,7 @@ def test_stage_tables_sit_below_every_interleavings_layout():
     space = plain(get_space("full"))
     sks = [s for s in skeletons(model, 16, 64, space) if s.pp == 2 and s.tp == s.cp == 1]
     c = Context.build(model, H100, Datatype.bfloat16, Kernels())
-    tables = Tables(c, SplitKeys(sks), 16, space, len(c.net_size))
+    tables = Tables(c, SplitKeys(sks), 16, space, len(c.net.size))
     optimizer = {}
     for sk in sks:
         for il in sk.interleavings:

@@ -274,18 +274,18 @@ def _by_hand(mapping: Mapping, first: int, middle: int, last: int, alive: tuple)
     micro = stage_s + 2 * v * p2p
     pipeline = (n + (p - 1) / v) * micro
     # parameters of each stage on one GPU: the blocks, the embedding, the output layer
-    block_params = c.block_params / t
-    params = max(first * block_params + c.embedding_params / t, middle * block_params,
-                 last * block_params + c.output_layer_params / t)
+    block_params = c.model.block_params / t
+    params = max(first * block_params + c.model.embedding_params / t, middle * block_params,
+                 last * block_params + c.model.output_layer_params / t)
     optimizer = eltwise_s(c, ScalarOps, params, ADAM_FLOPS_PER_PARAM, 4 + 2 * 12 + 2)
     state = 2 + 4 + 12                         # bf16 weights, fp32 gradients, fp32 master + Adam
-    every = blk.activations.workspace + c.runtime_reserve_bytes
+    every = blk.activations.workspace + c.memory.runtime_reserve_bytes
     tokens = 8192 * mapping.microbatch_size
-    logits = tokens * c.vocab / t * 6 + 2 * tokens * c.hidden / t
-    hbm = (first * block_params * state + every + alive[0] * blk.activations.stored + c.embedding_params / t * state,
+    logits = tokens * c.model.vocab / t * 6 + 2 * tokens * c.model.hidden / t
+    hbm = (first * block_params * state + every + alive[0] * blk.activations.stored + c.model.embedding_params / t * state,
            middle * block_params * state + every + alive[1] * blk.activations.stored,
            last * block_params * state + every + alive[2] * blk.activations.stored
-           + (c.output_layer_params / t + c.final_norm_params) * state + logits)
+           + (c.model.output_layer_params / t + c.model.final_norm_params) * state + logits)
     return pipeline, optimizer, hbm
 
 
@@ -340,9 +340,9 @@ def test_the_data_parallel_reduction_moves_the_fullest_stages_gradients():
     mapping = _405b(dp=2)
     ev = evaluate(LLAMA_405B, H100, mapping)
     c = Context.build(LLAMA_405B, H100, mapping.datatype, mapping.kernels)
-    middle_params = 8 * c.block_params / 8                    # 8 blocks beat 7 and the embedding
-    assert middle_params > 7 * c.block_params / 8 + c.embedding_params / 8
-    reduce = collective_s(c, ScalarOps, Collective.all_reduce, 2, middle_params * c.grad_comm_bytes, 1)
+    middle_params = 8 * c.model.block_params / 8                    # 8 blocks beat 7 and the embedding
+    assert middle_params > 7 * c.model.block_params / 8 + c.model.embedding_params / 8
+    reduce = collective_s(c, ScalarOps, Collective.all_reduce, 2, middle_params * c.precision.grad_comm_bytes, 1)
     assert ev.time.dp_comm_s == pytest.approx(reduce, rel=1e-12)
 
 

@@ -228,8 +228,8 @@ class ModelCounts:
                 if symbol in self.layer_pattern}
 
     def pattern_context_fields(self) -> dict:
-        """The cost model's view of a pattern (costmodel.terms.context.Context): its layers by block
-        kind and count, each kind's parameters, the Mamba shape; empty without a pattern."""
+        """The cost model's view of a pattern (costmodel.terms.context_parts.ModelShape): its layers
+        by block kind and count, each kind's parameters, the Mamba shape; empty without a pattern."""
         if self.layer_pattern is None:
             return {}
         kinds, counts = PATTERN_KINDS, self.pattern_counts

@@ -27,11 +27,11 @@ def fused_attention_s(c: Context, xp, pairs, batch_heads, vector_flops, num_byte
     (costmodel.terms.kernel_time.attention_time_s). Otherwise a roofline: its tensor-core work (a batched
     GEMM), its element-wise softmax work on the vector units (overlapped with the matrix work,
     as FlashAttention pipelines them) and its HBM traffic, whichever is slowest."""
-    chunk = c.seq / steps
-    d = c.head_size if head_size is None else head_size
-    if c.attention is not None:
-        return steps * attention_time_s(c.attention, pairs, batch_heads, chunk, d)
-    vector = vector_flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, vector_flops))
+    chunk = c.model.seq / steps
+    d = c.model.head_size if head_size is None else head_size
+    if c.compute.attention is not None:
+        return steps * attention_time_s(c.compute.attention, pairs, batch_heads, chunk, d)
+    vector = vector_flops / (c.compute.vector_flops_per_s * xp.lookup(c.compute.vector_curve, vector_flops))
     return xp.maximum(gemm_s(c, xp, chunk, chunk, d, num_bytes, batch=pairs * batch_heads * steps,
                              high_precision=True), vector)
 
@@ -62,10 +62,10 @@ def attention_projections(c: Context, xp, tokens, ln_tokens, t, gathered, norm_o
     h → r_q and h → r_kv + d_r whole on every tp rank, on the sequence-parallel shard
     (`ln_tokens`) as Megatron-LM's MLASelfAttention runs them, the up projections r_q → a·d_qk/t
     and r_kv → a·(d_n + d_v)/t and the output a·d_v/t → h on the gathered tokens."""
-    e, h, heads = c.elem_bytes, c.hidden, c.heads / t
-    d, d_v = c.head_size, c.value_head_size
-    if not c.latent:
-        q_cols, kv_cols = heads * d, c.kv_heads / t * d
+    e, h, heads = c.precision.elem_bytes, c.model.hidden, c.model.heads / t
+    d, d_v = c.model.head_size, c.model.value_head_size
+    if not c.model.latent:
+        q_cols, kv_cols = heads * d, c.model.kv_heads / t * d
         qkv_cols = q_cols + 2 * kv_cols
         gemms = (GemmOperands(ln_tokens * h, tokens * qkv_cols, h * qkv_cols, gathered, False, t, norm_fed=True),
                  GemmOperands(tokens * q_cols, ln_tokens * h, q_cols * h, False, gathered, t, projection=True))
@@ -73,7 +73,7 @@ def attention_projections(c: Context, xp, tokens, ln_tokens, t, gathered, norm_o
             in_s=matmul_s(c, xp, tokens, qkv_cols, h), out_s=matmul_s(c, xp, tokens, h, q_cols),
             matrix_flops=2 * tokens * h * (qkv_cols + q_cols), eltwise_s=0.0,
             rope_elems=tokens * (q_cols + kv_cols), gemms=gemms)
-    r_q, r_kv, d_r = c.q_lora_rank, c.kv_lora_rank, c.rope_head_size
+    r_q, r_kv, d_r = c.model.q_lora_rank, c.model.kv_lora_rank, c.model.rope_head_size
     q_in = r_q if r_q else h                          # no query compression: h → a·d_qk directly
     q_cols, kv_up_cols, out_cols = heads * d, heads * (d - d_r + d_v), heads * d_v
     down_cols = r_q + r_kv + d_r
@@ -111,7 +111,7 @@ class AttentionCore:
 
 def _core_shape(c: Context, m):
     """(b, heads on this GPU, queries per sequence on this GPU, K/V columns on this GPU)."""
-    return m.microbatch, c.heads / m.tp, c.seq / m.cp, c.kv_heads / m.tp * c.head_size
+    return m.microbatch, c.model.heads / m.tp, c.model.seq / m.cp, c.model.kv_heads / m.tp * c.model.head_size
 
 
 def _core_flops(c: Context, m):
@@ -119,10 +119,10 @@ def _core_flops(c: Context, m):
     causal half of the scores and context GEMMs; latent attention's values and output are d_v
     wide, its queries and keys d_qk."""
     b, heads, q_len, _ = _core_shape(c, m)
-    score_flops = 2 * b * heads * q_len * c.seq * c.head_size      # Q·Kᵀ; the context GEMM (·V) is as large
+    score_flops = 2 * b * heads * q_len * c.model.seq * c.model.head_size      # Q·Kᵀ; the context GEMM (·V) is as large
     causal_score_flops = CAUSAL_ATTENTION_SHARE * score_flops
-    if c.latent:
-        return (CAUSAL_ATTENTION_SHARE * (score_flops + 2 * b * heads * q_len * c.seq * c.value_head_size),
+    if c.model.latent:
+        return (CAUSAL_ATTENTION_SHARE * (score_flops + 2 * b * heads * q_len * c.model.seq * c.model.value_head_size),
                 causal_score_flops)
     return 2 * causal_score_flops, causal_score_flops
 
@@ -134,19 +134,19 @@ def fused_core(c: Context, m, xp) -> AttentionCore:
     run as cp kernels of s/cp queries and keys (p2p and all_gather). Its backward recomputes
     Q·Kᵀ and the softmax on chip. Ulysses (a2a): one kernel over the whole sequence with heads/cp
     of the tp rank's heads, the same FLOPs, reading only those heads' K and V."""
-    e, s, d = c.elem_bytes, c.seq, c.head_size
+    e, s, d = c.precision.elem_bytes, c.model.seq, c.model.head_size
     b, heads, q_len, kv_cols = _core_shape(c, m)
     tokens, q_cols = b * q_len, heads * d
     core_flops, causal_score_flops = _core_flops(c, m)
     score_elems = b * heads * q_len * s
-    dropout_flops = DROPOUT_FLOPS_PER_ELEM if c.dropout else 0.0
+    dropout_flops = DROPOUT_FLOPS_PER_ELEM if c.model.dropout else 0.0
     kernel_bytes = e * (tokens * 2 * q_cols + b * s * 2 * kv_cols) + SOFTMAX_STATS_BYTES * b * heads * q_len
     kv_read = e * b * s * 2 * kv_cols
     core_head = None
-    if c.latent:
-        kernel_bytes = e * (tokens + b * s) * heads * (d + c.value_head_size) + SOFTMAX_STATS_BYTES * b * heads * q_len
-        kv_read = e * b * s * heads * (d + c.value_head_size)
-        core_head = (d + c.value_head_size) / 2          # two products of d_qk and d_v: their mean, twice
+    if c.model.latent:
+        kernel_bytes = e * (tokens + b * s) * heads * (d + c.model.value_head_size) + SOFTMAX_STATS_BYTES * b * heads * q_len
+        kv_read = e * b * s * heads * (d + c.model.value_head_size)
+        core_head = (d + c.model.value_head_size) / 2          # two products of d_qk and d_v: their mean, twice
     forward_elem_flops = score_elems * (SOFTMAX_FLOPS_PER_ELEM + dropout_flops)
     ring = fused_attention_s(c, xp, 2, b * heads, forward_elem_flops, kernel_bytes, steps=m.cp, head_size=core_head)
     ring_recompute = fused_attention_s(c, xp, 1, b * heads, score_elems * SOFTMAX_FLOPS_PER_ELEM, 0.0, steps=m.cp)
@@ -156,8 +156,8 @@ def fused_core(c: Context, m, xp) -> AttentionCore:
     core_gemm = xp.where(m.cp_comm_a2a, a2a, ring)
     kernel_recompute = xp.where(m.cp_comm_a2a, a2a_recompute, ring_recompute)
     # Sliding-window blocks: the kernel skips the tiles outside the band (the mean over the
-    # model's blocks, Context.attention_core_scale).
-    scale = c.attention_core_scale
+    # model's blocks, Context.model.attention_core_scale).
+    scale = c.model.attention_core_scale
     if scale != 1.0:
         core_gemm, kernel_recompute = scale * core_gemm, scale * kernel_recompute
         core_flops, causal_score_flops = scale * core_flops, scale * causal_score_flops
@@ -170,7 +170,7 @@ def unfused_core(c: Context, m, xp) -> AttentionCore:
     """Megatron-LM's four kernels passing the b·a·s² score matrix through HBM: scores GEMM,
     softmax, dropout, context GEMM. It computes the whole masked score matrix: a sliding window
     saves nothing. Selective recomputation reruns all four."""
-    e, s, d = c.elem_bytes, c.seq, c.head_size
+    e, s, d = c.precision.elem_bytes, c.model.seq, c.model.head_size
     b, heads, q_len, kv_cols = _core_shape(c, m)
     core_flops, _ = _core_flops(c, m)
     score_elems = b * heads * q_len * s
@@ -178,12 +178,12 @@ def unfused_core(c: Context, m, xp) -> AttentionCore:
                     batch=b * heads, high_precision=True)
     context = gemm_s(c, xp, q_len, d, s, e * (score_elems + b * kv_cols / d * s * d + b * heads * q_len * d),
                      batch=b * heads, high_precision=True)
-    if c.latent:                                      # ·V with d_v-wide values and output
-        d_v = c.value_head_size
+    if c.model.latent:                                      # ·V with d_v-wide values and output
+        d_v = c.model.value_head_size
         context = gemm_s(c, xp, q_len, d_v, s, e * (score_elems + b * heads * (s + q_len) * d_v), batch=b * heads,
                          high_precision=True)
     softmax = eltwise_s(c, xp, score_elems, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
-    dropout = eltwise_s(c, xp, score_elems, DROPOUT_FLOPS_PER_ELEM, 2 * e + MASK_BYTES) if c.dropout else 0.0
+    dropout = eltwise_s(c, xp, score_elems, DROPOUT_FLOPS_PER_ELEM, 2 * e + MASK_BYTES) if c.model.dropout else 0.0
     core_gemm, core_eltwise = scores + context, softmax + dropout
     return AttentionCore(gemm_s=core_gemm, eltwise_s=core_eltwise, flops=core_flops, kernel_recompute_s=0.0,
                          kernel_recompute_flops=0.0, selective_s=core_gemm + core_eltwise, selective_flops=core_flops,
@@ -206,21 +206,21 @@ def unfused_rope_s(c: Context, xp, q_elems, k_elems):
     `UNFUSED_ROPE_TABLE_KERNELS` each): how Megatron runs YaRN outside latent attention, whose
     rotary fusion Megatron-Bridge turns off for a position embedding other than rope
     (src/megatron/bridge/training/utils/fusions.py; gpt-oss's position_embedding_type yarn)."""
-    e, total = c.elem_bytes, 0.0
+    e, total = c.precision.elem_bytes, 0.0
     for elems in (q_elems, k_elems):
         for share, flops, units in UNFUSED_ROPE_PASSES:
             total = total + eltwise_s(c, xp, share * elems, flops, units * e)
-        total = total + UNFUSED_ROPE_TABLE_KERNELS * c.hbm_latency_s
+        total = total + UNFUSED_ROPE_TABLE_KERNELS * c.memory.hbm_latency_s
     return total
 
 
 def _rope_s(c: Context, xp, tokens, t, rope_elems):
     """RoPE rotating Q and K in place: one fused pass (read and write), or unfused (`unfused_rope_s`)."""
-    if not c.rope:
+    if not c.model.rope:
         return 0.0
-    if c.unfused_rope:
-        return unfused_rope_s(c, xp, tokens * c.heads / t * c.head_size, tokens * c.kv_heads / t * c.head_size)
-    return eltwise_s(c, xp, rope_elems, ROPE_FLOPS_PER_ELEM, 2 * c.elem_bytes)
+    if c.model.unfused_rope:
+        return unfused_rope_s(c, xp, tokens * c.model.heads / t * c.model.head_size, tokens * c.model.kv_heads / t * c.model.head_size)
+    return eltwise_s(c, xp, rope_elems, ROPE_FLOPS_PER_ELEM, 2 * c.precision.elem_bytes)
 
 
 def stored_projection_bytes(c: Context, tokens, t):
@@ -231,20 +231,20 @@ def stored_projection_bytes(c: Context, tokens, t):
     attention (Megatron-LM's MLASelfAttention) keeps Q and K (d_qk per head), V and the output
     (d_v; the output is the projection's input), and the compressed query and K/V twice each
     (the RMSNorms' inputs and the up projections' inputs, gathered)."""
-    e, q = c.elem_bytes, stored_gemm_input_bytes(c)
-    heads = c.heads / t
-    q_cols, kv_cols = heads * c.head_size, c.kv_heads / t * c.head_size
+    e, q = c.precision.elem_bytes, stored_gemm_input_bytes(c)
+    heads = c.model.heads / t
+    q_cols, kv_cols = heads * c.model.head_size, c.model.kv_heads / t * c.model.head_size
     projection_input = e * tokens * q_cols
-    if c.quantized:
-        keeps_bf16 = c.recipe.format.projection_keeps_bf16_input
-        projection_input = (e * tokens * q_cols if keeps_bf16 or c.fused_attention else 0.0) + (
+    if c.precision.quantized:
+        keeps_bf16 = c.precision.recipe.format.projection_keeps_bf16_input
+        projection_input = (e * tokens * q_cols if keeps_bf16 or c.settings.fused_attention else 0.0) + (
             0.0 if keeps_bf16 else q * tokens * q_cols)
-    if not c.latent:
+    if not c.model.latent:
         return e * tokens * (q_cols + 2 * kv_cols) + projection_input
-    out_cols = heads * c.value_head_size
+    out_cols = heads * c.model.value_head_size
     projection_input = projection_input / q_cols * out_cols
     return (e * tokens * (2 * q_cols + out_cols) + projection_input
-            + 2 * e * tokens * (c.q_lora_rank + c.kv_lora_rank))
+            + 2 * e * tokens * (c.model.q_lora_rank + c.model.kv_lora_rank))
 
 
 def attention_layer(c: Context, m, xp) -> LayerCost:
@@ -263,13 +263,13 @@ def attention_layer(c: Context, m, xp) -> LayerCost:
     tokens, ln_tokens = layer_tokens(c, m, xp)
     att = attention_projections(c, xp, tokens, ln_tokens, m.tp, m.seq_par, norm_output_bytes(c),
                                 norm_flops_per_elem(c))
-    core = fused_core(c, m, xp) if c.fused_attention else unfused_core(c, m, xp)
+    core = fused_core(c, m, xp) if c.settings.fused_attention else unfused_core(c, m, xp)
     rope = _rope_s(c, xp, tokens, m.tp, att.rope_elems)
-    heads, q = c.heads / m.tp, stored_gemm_input_bytes(c)
-    norm_output = q * ln_tokens * c.hidden if c.latent else 0.0
-    gathered = 0.0 if c.latent else q * tokens * c.hidden
-    recomputed_core = 0.0 if c.fused_attention else core.stored_bytes
-    up_outputs = c.elem_bytes * tokens * (2 * heads * c.head_size + c.value_head_size * heads) if c.latent else 0.0
+    heads, q = c.model.heads / m.tp, stored_gemm_input_bytes(c)
+    norm_output = q * ln_tokens * c.model.hidden if c.model.latent else 0.0
+    gathered = 0.0 if c.model.latent else q * tokens * c.model.hidden
+    recomputed_core = 0.0 if c.settings.fused_attention else core.stored_bytes
+    up_outputs = c.precision.elem_bytes * tokens * (2 * heads * c.model.head_size + c.model.value_head_size * heads) if c.model.latent else 0.0
     return LayerCost(
         "attention",
         gemm_s=att.in_s + core.gemm_s + att.out_s,
@@ -280,7 +280,7 @@ def attention_layer(c: Context, m, xp) -> LayerCost:
         kernel_recompute_s=core.kernel_recompute_s, kernel_recompute_flops=core.kernel_recompute_flops,
         tp_regions=1.0,
         modules=(ModuleRerun("core_attn", core.selective_s, core.selective_flops, dropped_bytes=recomputed_core),
-                 ModuleRerun("mla_up_proj", att.up_s + rope if c.latent else 0.0, att.up_flops,
+                 ModuleRerun("mla_up_proj", att.up_s + rope if c.model.latent else 0.0, att.up_flops,
                              dropped_bytes=up_outputs),
                  ModuleRerun("layernorm", dropped_bytes=norm_output, dropped_gathered_bytes=gathered)),
         gemms=att.gemms,

@@ -115,7 +115,7 @@ def block_forward(c: Context, m, xp, layers: BlockLayers) -> BlockForward:
     selective_s, selective_flops = sums["selective_recompute_s"], sums["selective_recompute_flops"]
     if m.recompute_modules is not None:
         selective_s, selective_flops = layers.module_s(m.recompute_modules)
-    passes = quantize_passes(c, xp, layers.gemms) if c.quantized else None
+    passes = quantize_passes(c, xp, layers.gemms) if c.precision.quantized else None
     sums.update(selective_recompute_s=selective_s, selective_recompute_flops=selective_flops)
     return BlockForward("block", **sums, layers=layers.layers,
                         **({} if passes is None else dict(quantize_fwd_s=passes.forward_s, quantize_bwd_s=passes.backward_s,

@@ -83,7 +83,7 @@ def cp_ring_terms(c: Context, m, xp, fw: BlockForward):
     excess over the core is exposed, and the hidden part takes the network's compute usage."""
     step = collective_s(c, xp, Collective.p2p, m.cp, kv_chunk_bytes(c, m), m.cp_net)
     ring_fwd = (m.cp - 1) * step
-    usage = xp.pick(c.net_usage, m.cp_net)
+    usage = xp.pick(c.net.usage, m.cp_net)
     fwd_exposed, fwd_stolen = overlapped(ring_fwd, fw.attention_core_s, 1.0, usage, xp)
     bwd_exposed, bwd_stolen = overlapped(2 * ring_fwd, 2 * fw.attention_core_s + fw.kernel_recompute_s, 1.0, usage, xp)
     return fwd_exposed + fwd_stolen, bwd_exposed + bwd_stolen
@@ -99,13 +99,13 @@ def ep_overlap_terms(c: Context, m, xp, ep_pass_s, compute_fwd_s, compute_bwd_s)
     hide behind at most the pair's compute (comm.overlapped, hidden fraction 1), taking the
     GPU's SMs the communication kernels hold while hidden; the exposed rest is split by pass.
     With the flex dispatcher that is the SMs DeepEP / HybridEP were given over the GPU's
-    (Context.moe_dispatcher_sm_share: DeepEP's and HybridEP's kernels run on a fixed number of
+    (Context.settings.moe_dispatcher_sm_share: DeepEP's and HybridEP's kernels run on a fixed number of
     SMs whatever the network, NVLink or RDMA), else the network's processor_usage (NCCL's).
     The passes without a partner (the schedule's warm-up forwards and cool-down backwards)
     run ep_pass_s each: `ep_unpaired_s` and costmodel.terms.iteration."""
-    if not c.moe_comm_overlap:
+    if not c.settings.moe_comm_overlap:
         return ep_pass_s, ep_pass_s
-    usage = xp.pick(c.net_usage, m.ep_net) if c.moe_dispatcher_sm_share is None else c.moe_dispatcher_sm_share
+    usage = xp.pick(c.net.usage, m.ep_net) if c.settings.moe_dispatcher_sm_share is None else c.settings.moe_dispatcher_sm_share
     exposed, stolen = overlapped(2 * ep_pass_s, compute_fwd_s + compute_bwd_s, 1.0, usage, xp)
     per_pass = (exposed + stolen) / 2
     return per_pass, per_pass
@@ -114,9 +114,9 @@ def ep_overlap_terms(c: Context, m, xp, ep_pass_s, compute_fwd_s, compute_bwd_s)
 def kv_chunk_bytes(c: Context, m):
     """This GPU's K and V: b·s/cp tokens × 2·g·d/tp columns (latent attention: keys of d_qk
     and values of d_v, one per head)."""
-    if c.latent:
-        return c.elem_bytes * m.microbatch * c.seq / m.cp * c.kv_width / m.tp
-    return c.elem_bytes * m.microbatch * c.seq / m.cp * 2 * c.kv_heads / m.tp * c.head_size
+    if c.model.latent:
+        return c.precision.elem_bytes * m.microbatch * c.model.seq / m.cp * c.model.kv_width / m.tp
+    return c.precision.elem_bytes * m.microbatch * c.model.seq / m.cp * 2 * c.model.kv_heads / m.tp * c.model.head_size
 
 
 def cp_all_gather_terms(c: Context, m, xp):
@@ -136,12 +136,12 @@ def cp_a2a_terms(c: Context, m, xp):
     all-to-alls over the cp group re-shard Q, K and V from the sequence to the heads before the
     core and the output back after it, on the compute stream: 4 forward (Q, K, V, O) and 4
     backward (dO, dQ, dK, dV), each this GPU's tensor of b·s/cp tokens."""
-    tokens = m.microbatch * c.seq / m.cp
-    heads = c.heads / m.tp
-    q_cols = heads * c.head_size
-    out_cols = heads * c.value_head_size if c.latent else q_cols
+    tokens = m.microbatch * c.model.seq / m.cp
+    heads = c.model.heads / m.tp
+    q_cols = heads * c.model.head_size
+    out_cols = heads * c.model.value_head_size if c.model.latent else q_cols
     kv = kv_chunk_bytes(c, m) / 2
-    pieces = (c.elem_bytes * tokens * q_cols, kv, kv, c.elem_bytes * tokens * out_cols)
+    pieces = (c.precision.elem_bytes * tokens * q_cols, kv, kv, c.precision.elem_bytes * tokens * out_cols)
     total = 0.0
     for message in pieces:
         total = total + collective_s(c, xp, Collective.all_to_all, m.cp, message, m.cp_net)
@@ -177,12 +177,12 @@ def tp_terms(c: Context, m, xp, fw: BlockForward) -> TpTerms:
     experts, and gathers and scatters its routed rows instead: costmodel.terms.moe), overlapped
     with the block's GEMMs as the mapping's tp_overlap allows
     (costmodel.terms.comm.tp_overlap_terms)."""
-    act_message = c.elem_bytes * m.microbatch * c.seq / m.cp * c.hidden
+    act_message = c.precision.elem_bytes * m.microbatch * c.model.seq / m.cp * c.model.hidden
     # Under a quantized recipe the sequence-parallel gathers carry the quantized GEMM input
     # (forward; the output gradient in backward), the reduce-scatters BF16.
-    gather_message = act_message / c.elem_bytes * c.recipe.copy_bytes if c.quantized else None
+    gather_message = act_message / c.precision.elem_bytes * c.precision.recipe.copy_bytes if c.precision.quantized else None
     region_s, hidden_fraction, gather_s = tp_overlap_terms(c, m, xp, act_message, gather_message)
-    tp_usage = xp.pick(c.net_usage, m.tp_net)
+    tp_usage = xp.pick(c.net.usage, m.tp_net)
     redo_gather = m.seq_par & m.seq_par_ag_redo & xp.logical_not(m.recompute_full)
     regions = fw.tp_regions
     tp_fwd = regions * region_s
@@ -190,7 +190,7 @@ def tp_terms(c: Context, m, xp, fw: BlockForward) -> TpTerms:
     tp_fwd_exposed, tp_fwd_stolen = overlapped(tp_fwd, fw.gemm_s, hidden_fraction, tp_usage, xp)
     tp_bwd_exposed, tp_bwd_stolen = overlapped(tp_bwd, 2 * fw.gemm_s, hidden_fraction, tp_usage, xp)
     exposed_tp = 0.0
-    if c.quantized and c.recipe.format.amax_pass:
+    if c.precision.quantized and c.precision.recipe.format.amax_pass:
         # A sequence-parallel operand under current scaling reduces its amax over the tp group
         # before its cast, a blocking all-reduce of one fp32 (TE csrc/quantizer.cpp,
         # amax_reduction_group->allreduce(...)->wait(); module/linear.py sets the group for a
@@ -205,18 +205,18 @@ def offload_traffic(c: Context, m, xp, kind: str, act: StoredActivations):
     and backward (the larger direction of each) and their time at the tier's rate. Forward
     reads the weights and writes the stored activations; backward reads the weights, their
     gradients and the activations back, and writes the gradients."""
-    e = c.elem_bytes
+    e = c.precision.elem_bytes
     block_params = sum(kind_param_shares(c, m, kind))
-    off_rate = offload_rate(c.offload_bytes_per_s)
+    off_rate = offload_rate(c.memory.offload_bytes_per_s)
     fwd_read = xp.where(m.weight_offload, e * block_params, 0.0)
     fwd_write = xp.where(m.activations_offload, act.stored, 0.0)
-    g = c.grad_bytes_per_param
+    g = c.precision.grad_bytes_per_param
     bwd_read = xp.where(m.weight_offload, (e + g) * block_params, 0.0) + fwd_write
     bwd_write = xp.where(m.weight_offload, g * block_params, 0.0)
     off_fwd_bytes = xp.maximum(fwd_read, fwd_write)
     off_bwd_bytes = xp.maximum(bwd_read, bwd_write)
-    off_fwd_s = off_fwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_fwd_bytes))
-    off_bwd_s = off_bwd_bytes / (off_rate * xp.lookup(c.offload_curve, off_bwd_bytes))
+    off_fwd_s = off_fwd_bytes / (off_rate * xp.lookup(c.memory.offload_curve, off_fwd_bytes))
+    off_bwd_s = off_bwd_bytes / (off_rate * xp.lookup(c.memory.offload_curve, off_bwd_bytes))
     return off_fwd_bytes, off_bwd_bytes, off_fwd_s, off_bwd_s
 
 
@@ -251,7 +251,7 @@ def kind_terms(c: Context, m, xp, kind: str, forward: BlockForward | None = None
         # experts (token_dispatcher.py): nothing hides them unless the run overlaps them with
         # another microbatch (ep_overlap_terms). Backward repeats each collective once (a
         # dispatch's gradient is a combine).
-        comm = moe_communication(c, xp, m.microbatch * c.seq / m.cp, m.tp, m.ep, m.etp, m.ep_net, m.etp_net)
+        comm = moe_communication(c, xp, m.microbatch * c.model.seq / m.cp, m.tp, m.ep, m.etp, m.ep_net, m.etp_net)
         exposed_tp = exposed_tp + comm.tp_gather_s + comm.tp_scatter_s
         ep_pass = comm.dispatch_s + comm.combine_s
         ep_fwd, ep_bwd = ep_overlap_terms(c, m, xp, ep_pass, compute_fwd, compute_bwd)
@@ -279,7 +279,7 @@ def kind_terms(c: Context, m, xp, kind: str, forward: BlockForward | None = None
         block_fwd_s=block_fwd,
         block_bwd_s=block_bwd,
         recompute_s=recompute,
-        act_message_bytes=c.elem_bytes * m.microbatch * c.seq / m.cp * c.hidden,
+        act_message_bytes=c.precision.elem_bytes * m.microbatch * c.model.seq / m.cp * c.model.hidden,
         activations=act,
         offload_fwd_s=xp.maximum(off_fwd_s - block_fwd, 0.0),
         offload_bwd_s=xp.maximum(off_bwd_s - (block_bwd + recompute), 0.0),
@@ -291,16 +291,16 @@ def moe_block_param_shares(c: Context, m) -> tuple:
     """Parameters of one MoE block on one GPU: (those reduced over dp·cp — attention and
     shared experts split tp ways, the router whole — and the E/ep local experts split etp
     ways, reduced over the expert data-parallel group of tp·cp·dp/(ep·etp) GPUs)."""
-    return ((c.moe_block_params - c.routed_expert_params - c.router_params) / m.tp + c.router_params,
-            c.routed_expert_params / (m.etp * m.ep))
+    return ((c.model.moe_block_params - c.model.routed_expert_params - c.model.router_params) / m.tp + c.model.router_params,
+            c.model.routed_expert_params / (m.etp * m.ep))
 
 
 def kind_param_shares(c: Context, m, kind: str) -> tuple:
     """One block of `kind`'s parameters on one GPU: (dense-group, expert) — an MoE block's by
-    moe_block_param_shares, another kind's split tp ways (Context.kind_param_count)."""
+    moe_block_param_shares, another kind's split tp ways (Context.model.kind_param_count)."""
     if has_experts(kind):
         return moe_block_param_shares(c, m)
-    return c.kind_param_count(kind) / m.tp, 0.0
+    return c.model.kind_param_count(kind) / m.tp, 0.0
 
 
 def mix_terms(dense, moe, share):
@@ -338,7 +338,7 @@ class _KindForwards:
 
 @dataclass(frozen=True)
 class KindBlocks:
-    """One block of each of the model's kinds (Context.block_kinds' order), one microbatch,
+    """One block of each of the model's kinds (Context.model.block_kinds' order), one microbatch,
     one GPU, and `mean`, their mean over the model's blocks (the search's floors read it; a
     stage sums its own blocks, costmodel.terms.stage_kinds)."""
 
@@ -362,7 +362,7 @@ def kind_block_terms(c: Context, m, xp) -> KindBlocks:
     offload bandwidth needed the offloading block's (peaks, not means). Each kind's forward
     is computed once (_KindForwards) and every mix reuses it."""
     kinds = _KindForwards(m, xp)
-    present = c.block_kinds
+    present = c.model.block_kinds
     terms = tuple(_recompute_mixed(c, m, kinds, kind) for kind, _ in present)
     mean, counted = terms[0], present[0][1]
     for (_, count), kind_block in zip(present[1:], terms[1:]):
@@ -409,7 +409,7 @@ def _offload_mixed(c: Context, m, kinds: _KindForwards, kind: str) -> BlockTerms
 def _precision_mixed(c: Context, m, kinds: _KindForwards, kind: str) -> BlockTerms:
     """One block of `kind`, mixed with its BF16 copy by the share of the model's blocks a
     recipe keeps in BF16 (the first and last N: a model-wide share, not the stages that hold them)."""
-    if c.quantized and c.recipe.bf16_block_share:
+    if c.precision.quantized and c.precision.recipe.bf16_block_share:
         return mix_terms(kinds.terms(c, m, kind, False), kinds.terms(c.bf16_blocks(), m, kind, True),
-                    c.recipe.bf16_block_share)
+                    c.precision.recipe.bf16_block_share)
     return kinds.terms(c, m, kind, False)

@@ -30,14 +30,14 @@ def collective_s(c: Context, xp, op: Collective, group, message_bytes, net, memb
     still sends its share on the inner links, so the collective runs at min(inner, members ×
     outer); a group whose members all share one domain runs at the inner bandwidth. Never
     slower than on the outer network."""
-    factor = xp.pick(c.net_factor[op], net)
-    offset = xp.pick(c.net_offset[op], net)
-    rate = xp.pick(c.net_bytes_per_s, net)
-    inner = c.net_bytes_per_s[0]
+    factor = xp.pick(c.net.factor[op], net)
+    offset = xp.pick(c.net.offset[op], net)
+    rate = xp.pick(c.net.bytes_per_s, net)
+    inner = c.net.bytes_per_s[0]
     spread = xp.where(members_per_domain >= group, inner, xp.minimum(inner, members_per_domain * rate))
-    rate = xp.where((members_per_domain > 1) & xp.pick(c.net_port_per_gpu, net), xp.maximum(rate, spread), rate)
+    rate = xp.where((members_per_domain > 1) & xp.pick(c.net.port_per_gpu, net), xp.maximum(rate, spread), rate)
     wire = message_bytes * factor * (group + offset) / group / rate
-    return xp.where(group > 1, xp.pick(c.net_latency_s, net) + wire, 0.0)
+    return xp.where(group > 1, xp.pick(c.net.latency_s, net) + wire, 0.0)
 
 
 def tp_overlap_terms(c: Context, m, xp, message_bytes, gather_bytes=None):
@@ -61,7 +61,7 @@ def tp_overlap_terms(c: Context, m, xp, message_bytes, gather_bytes=None):
     the GEMM PIPE_CHUNKS ways and hides all but the first chunk, paying one latency per chunk.
     """
     t, net = m.tp, m.tp_net
-    latency = xp.pick(c.net_latency_s, net)
+    latency = xp.pick(c.net.latency_s, net)
     all_reduce = collective_s(c, xp, Collective.all_reduce, t, message_bytes, net)
     all_gather = collective_s(c, xp, Collective.all_gather, t, message_bytes, net)
     split_pair = collective_s(c, xp, Collective.reduce_scatter, t, message_bytes, net) + all_gather

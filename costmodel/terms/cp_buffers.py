@@ -13,12 +13,12 @@ def cp_buffer_bytes(c, m, xp):
     V and output beside the originals (the all-to-alls' outputs: the same bytes, whole
     sequence and heads/cp). 0 when cp = 1. Over this GPU's b·s/cp tokens, its K (or V) and Q
     columns (latent attention: heads × (d_qk + d_v) for either pair)."""
-    e, heads = c.elem_bytes, c.heads / m.tp
-    tokens = m.microbatch * (c.seq / m.cp)
-    q_cols, kv_cols = heads * c.head_size, c.kv_heads / m.tp * c.head_size
-    latent = heads * (c.head_size + c.value_head_size)
-    kv_local = e * tokens * (latent if c.latent else 2 * kv_cols)
-    q_and_out = e * tokens * (latent if c.latent else 2 * q_cols)
+    e, heads = c.precision.elem_bytes, c.model.heads / m.tp
+    tokens = m.microbatch * (c.model.seq / m.cp)
+    q_cols, kv_cols = heads * c.model.head_size, c.model.kv_heads / m.tp * c.model.head_size
+    latent = heads * (c.model.head_size + c.model.value_head_size)
+    kv_local = e * tokens * (latent if c.model.latent else 2 * kv_cols)
+    q_and_out = e * tokens * (latent if c.model.latent else 2 * q_cols)
     buffers = xp.where(m.cp_comm_all_gather, 2 * m.cp * kv_local,
                        xp.where(m.cp_comm_a2a, q_and_out + kv_local, 2 * kv_local))
     return xp.where(m.cp > 1, buffers, 0.0)

@@ -101,15 +101,15 @@ def stage_params(c: Context, m, xp, stages: Stages, sb: StageBlocks, mtp=None) -
     stage if that is not the first (Megatron-LM keeps one and all-reduces its gradient with
     the embedding's), none when pp = 1."""
     p, t = m.pp, m.tp
-    output_matrix = xp.where(p > 1, c.output_layer_params, 0.0 if c.tied_embeddings else c.output_layer_params)
-    first_extra = c.embedding_params + xp.where(p == 1, output_matrix, 0.0)
-    last_extra = output_matrix + xp.where(p == 1, c.embedding_params, 0.0)
+    output_matrix = xp.where(p > 1, c.model.output_layer_params, 0.0 if c.model.tied_embeddings else c.model.output_layer_params)
+    first_extra = c.model.embedding_params + xp.where(p == 1, output_matrix, 0.0)
+    last_extra = output_matrix + xp.where(p == 1, c.model.embedding_params, 0.0)
     if mtp is not None:
         # Multi-token prediction (costmodel.terms.iteration.mtp_terms): the modules' parameters, all
         # reduced with the dense ones (their experts' smaller expert-data-parallel group is not
         # modelled), and a copy of the embedding on the last stage when it is not the first.
         last_extra = (last_extra + (mtp.dense_params + mtp.expert_params) * t
-                      + xp.where(p > 1, c.embedding_params, 0.0))
+                      + xp.where(p > 1, c.model.embedding_params, 0.0))
     if stages.equal and sb.uniform:           # the blocks and the larger of the two extras
         stage = sb.first
         dense = stage.blocks * stage.dense_params + xp.maximum(first_extra, last_extra) / t
@@ -154,7 +154,7 @@ def gradient_sync(c: Context, m, xp, stages: Stages, sh: Sharding, params: Stage
     gathers = xp.where(sh.weights, 2 * microbatches, 1.0)
 
     def traffic(group, stage_params, weight_bytes, members=1.0, shard=None):
-        grad_bytes = stage_params * c.grad_comm_bytes
+        grad_bytes = stage_params * c.precision.grad_comm_bytes
         all_reduce = collective_s(c, xp, Collective.all_reduce, group, grad_bytes, sh.net, members)
         across = 0.0
         net = sh.net
@@ -168,7 +168,7 @@ def gradient_sync(c: Context, m, xp, stages: Stages, sh: Sharding, params: Stage
             replicas = group / shard
             net = xp.where((replicas > 1) & (shard <= domain_members), 0, sh.net)
             across = collective_s(c, xp, Collective.all_reduce, replicas, grad_bytes / shard, sh.net,
-                                  xp.minimum(replicas, xp.floor((c.net_size[0] - 1) / (stride * shard)) + 1))
+                                  xp.minimum(replicas, xp.floor((c.net.size[0] - 1) / (stride * shard)) + 1))
             group, members = shard, xp.minimum(shard, domain_members)
         reduce_scatter = collective_s(c, xp, Collective.reduce_scatter, group, grad_bytes, net, members)
         gather_weights = collective_s(c, xp, Collective.all_gather, group, weight_bytes, net, members)
@@ -179,18 +179,18 @@ def gradient_sync(c: Context, m, xp, stages: Stages, sh: Sharding, params: Stage
 
     # Weights travel in the datatype; under a precision recipe the blocks' as the recipe gathers
     # them (BF16, or quantized with low-precision param gather), the embeddings in BF16.
-    gathered, dense_weight_bytes = c.elem_bytes, c.elem_bytes * params.dense
-    if c.quantized:
-        gathered = c.recipe.weight_gather_bytes
-        dense_weight_bytes = c.elem_bytes * (params.dense - params.blocks_dense) + gathered * params.blocks_dense
+    gathered, dense_weight_bytes = c.precision.elem_bytes, c.precision.elem_bytes * params.dense
+    if c.precision.quantized:
+        gathered = c.precision.recipe.weight_gather_bytes
+        dense_weight_bytes = c.precision.elem_bytes * (params.dense - params.blocks_dense) + gathered * params.blocks_dense
     # The group's GPUs are tp·cp·pp apart (costmodel.space.dimensions' nesting): a window of the
     # innermost domain's size (NVLink) that starts at one of them holds floor((size - 1)/(tp·cp·pp))
     # + 1 of them (costmodel.terms.comm.collective_s).
     stride = m.tp * m.cp * m.pp
-    domain_members = xp.floor((c.net_size[0] - 1) / stride) + 1
+    domain_members = xp.floor((c.net.size[0] - 1) / stride) + 1
     members = xp.minimum(sh.group, domain_members)
     dp_comm, per_microbatch = traffic(sh.group, params.dense, dense_weight_bytes, members, sh.shard)
-    if c.moe_blocks:       # the experts' own reduction, on the gradient network, which spans their group
+    if c.model.moe_blocks:       # the experts' own reduction, on the gradient network, which spans their group
         experts, experts_per_microbatch = traffic(sh.expert_group, params.experts, gathered * params.experts)
         dp_comm, per_microbatch = dp_comm + experts, per_microbatch + experts_per_microbatch
     # Overlapped, each block's gradients reduce while the last microbatch's backward runs
@@ -199,7 +199,7 @@ def gradient_sync(c: Context, m, xp, stages: Stages, sh: Sharding, params: Stage
     blk = params.block
     window = xp.where(sh.grads, microbatches * params.blocks * (blk.block_fwd_s + blk.block_bwd_s + blk.recompute_s),
                       (params.blocks - 1) * (blk.block_bwd_s + blk.recompute_s))
-    exposed, stolen = overlapped(dp_comm, window, xp.where(m.dp_overlap, 1.0, 0.0), xp.pick(c.net_usage, sh.net), xp)
+    exposed, stolen = overlapped(dp_comm, window, xp.where(m.dp_overlap, 1.0, 0.0), xp.pick(c.net.usage, sh.net), xp)
     return GradientSync(exposed, stolen, per_microbatch)
 
 
@@ -209,19 +209,19 @@ def optimizer_step_s(c: Context, m, xp, sh: Sharding, params: StageParams):
     offload memory (the slower of the two sets the time)."""
     opt_params = (params.dense / xp.where(sh.optimizer, sh.shard, 1.0)
                   + params.experts / xp.where(sh.optimizer, sh.expert_group, 1.0))
-    e, g = c.elem_bytes, c.grad_bytes_per_param
+    e, g = c.precision.elem_bytes, c.precision.grad_bytes_per_param
     # It writes each new weight in the datatype; under a precision recipe a block's as the
     # recipe keeps it (BF16, or the quantized shard and its amax read: costmodel.inputs.precision).
     written = e
-    if c.quantized:
+    if c.precision.quantized:
         block_share = (params.blocks_dense + params.experts) / (params.dense + params.experts)
-        written = e + block_share * (c.recipe.optimizer_weight_bytes - e)
-    opt_bytes_per_param = g + 2 * c.optimizer_bytes_per_param + written
+        written = e + block_share * (c.precision.recipe.optimizer_weight_bytes - e)
+    opt_bytes_per_param = g + 2 * c.precision.optimizer_bytes_per_param + written
     opt_hbm_s = (eltwise_s(c, xp, opt_params, ADAM_FLOPS_PER_PARAM, opt_bytes_per_param)
-                 + OPTIMIZER_KERNELS * c.outer_gap_extra_s)       # outside per-layer CUDA graphs
-    offloaded_state = xp.where(m.optimizer_offload, c.optimizer_bytes_per_param, 0.0)
+                 + OPTIMIZER_KERNELS * c.step.outer_gap_extra_s)       # outside per-layer CUDA graphs
+    offloaded_state = xp.where(m.optimizer_offload, c.precision.optimizer_bytes_per_param, 0.0)
     opt_off_read = (offloaded_state + xp.where(m.weight_offload, g, 0.0)) * opt_params
     opt_off_write = (offloaded_state + xp.where(m.weight_offload, e, 0.0)) * opt_params
     opt_off_bytes = xp.maximum(opt_off_read, opt_off_write)
-    opt_off_s = opt_off_bytes / (offload_rate(c.offload_bytes_per_s) * xp.lookup(c.offload_curve, opt_off_bytes))
+    opt_off_s = opt_off_bytes / (offload_rate(c.memory.offload_bytes_per_s) * xp.lookup(c.memory.offload_curve, opt_off_bytes))
     return xp.maximum(opt_hbm_s, opt_off_s)

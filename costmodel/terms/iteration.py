@@ -159,14 +159,14 @@ class IterationTerms:
 def output_layer_s(c: Context, m, xp):
     """Forward time of the logits GEMM and cross-entropy on the last stage, one microbatch
     (this GPU's b·s/cp tokens)."""
-    tokens = m.microbatch * c.seq / m.cp
-    vocab_cols = c.vocab / m.tp
-    num_bytes = c.elem_bytes * (tokens * c.hidden + c.hidden * vocab_cols + tokens * vocab_cols)
+    tokens = m.microbatch * c.model.seq / m.cp
+    vocab_cols = c.model.vocab / m.tp
+    num_bytes = c.precision.elem_bytes * (tokens * c.model.hidden + c.model.hidden * vocab_cols + tokens * vocab_cols)
     # A BF16 GEMM under every precision recipe: Megatron-LM's output layer is its own
     # tensor_parallel.ColumnParallelLinear, not a Transformer Engine module (core/models/gpt/gpt_model.py).
-    return (gemm_s(c, xp, tokens, vocab_cols, c.hidden, num_bytes, high_precision=True)
-            + eltwise_s(c, xp, tokens * vocab_cols, CROSS_ENTROPY_FLOPS_PER_ELEM, 2 * c.elem_bytes)
-            + HEAD_KERNELS_FORWARD * c.outer_gap_extra_s)       # outside per-layer CUDA graphs
+    return (gemm_s(c, xp, tokens, vocab_cols, c.model.hidden, num_bytes, high_precision=True)
+            + eltwise_s(c, xp, tokens * vocab_cols, CROSS_ENTROPY_FLOPS_PER_ELEM, 2 * c.precision.elem_bytes)
+            + HEAD_KERNELS_FORWARD * c.step.outer_gap_extra_s)       # outside per-layer CUDA graphs
 
 
 @dataclass(frozen=True)
@@ -192,16 +192,16 @@ def mtp_terms(c: Context, m, xp) -> MtpTerms:
     one block of the last block's kind, the final norm and the shared output layer with its
     cross-entropy (output_layer_s again). Its backward follows its forward at once on the last
     stage, so one microbatch's activations are held."""
-    n = c.mtp_blocks
-    blk = kind_terms(c, m, xp, "moe" if c.mtp_block_is_moe else "dense")
-    tokens = m.microbatch * c.seq / m.cp
+    n = c.model.mtp_blocks
+    blk = kind_terms(c, m, xp, "moe" if c.model.mtp_block_is_moe else "dense")
+    tokens = m.microbatch * c.model.seq / m.cp
     ln_tokens = xp.where(m.seq_par, tokens / m.tp, tokens)
-    projection = matmul_s(c, xp, tokens, c.hidden / m.tp, 2 * c.hidden)
-    norms = 3 * eltwise_s(c, xp, ln_tokens * c.hidden, RMSNORM_FLOPS_PER_ELEM, 2 * c.elem_bytes)
+    projection = matmul_s(c, xp, tokens, c.model.hidden / m.tp, 2 * c.model.hidden)
+    norms = 3 * eltwise_s(c, xp, ln_tokens * c.model.hidden, RMSNORM_FLOPS_PER_ELEM, 2 * c.precision.elem_bytes)
     rest = projection + norms + output_layer_s(c, m, xp)
-    dense, experts = (moe_block_param_shares(c, m) if c.mtp_block_is_moe else (c.block_params / m.tp, 0.0))
+    dense, experts = (moe_block_param_shares(c, m) if c.model.mtp_block_is_moe else (c.model.block_params / m.tp, 0.0))
     return MtpTerms(fwd_s=n * (blk.block_fwd_s + rest), bwd_s=n * (blk.block_bwd_s + blk.recompute_s + 2 * rest),
-                    dense_params=n * (dense + c.mtp_extra_params / m.tp), expert_params=n * experts,
+                    dense_params=n * (dense + c.model.mtp_extra_params / m.tp), expert_params=n * experts,
                     stored_bytes=n * blk.activations.stored)
 
 
@@ -216,7 +216,7 @@ def unpaired_ep_s(c: Context, m, xp, blk: BlockTerms, pace_blocks, microbatches)
     way, at most every chunk, each of pace_blocks/v blocks: their dispatch and combine run
     exposed (BlockTerms.ep_unpaired_s; the fill itself is the pipeline's bubble). 0 without
     overlap."""
-    if not c.moe_comm_overlap or not c.moe_blocks:
+    if not c.settings.moe_comm_overlap or not c.model.moe_blocks:
         return 0.0
     v = m.interleaving
     chunks = xp.minimum((v - 1) * m.pp + 1, microbatches * v)
@@ -235,7 +235,7 @@ def iteration_terms(c: Context, m, xp, kinds: KindBlocks | None = None) -> Itera
         kinds = without_layers(kind_block_terms(c, m, xp))      # one block of each kind, one microbatch
     sb = stage_blocks_terms(c, m, xp, kinds, stages)
     head_fwd = output_layer_s(c, m, xp)
-    mtp = mtp_terms(c, m, xp) if c.mtp_blocks else None
+    mtp = mtp_terms(c, m, xp) if c.model.mtp_blocks else None
     if mtp is None:
         pipe = pipeline_time(c, m, xp, sb, stages, head_fwd)
     else:
@@ -252,13 +252,13 @@ def iteration_terms(c: Context, m, xp, kinds: KindBlocks | None = None) -> Itera
 
     fw = kinds.mean.forward             # (recomputation's FLOPs: the model's blocks, L times their mean)
     t, b = m.tp, m.microbatch
-    model_flops = c.model_flops_per_sample * m.batch
+    model_flops = c.model.model_flops_per_sample * m.batch
     # (recompute_blocks: N/K of the blocks recompute in full, costmodel.terms.memory_features)
     full_share = recompute_share(c, m)
     full_flops = fw.matrix_flops if full_share is None else full_share * fw.matrix_flops
-    recompute_flops = c.blocks * t * m.cp / b * (fw.kernel_recompute_flops + xp.where(
+    recompute_flops = c.model.blocks * t * m.cp / b * (fw.kernel_recompute_flops + xp.where(
         m.recompute_full, full_flops, xp.where(m.recompute_attn_only, fw.selective_recompute_flops, 0.0)))
-    peak = iteration_s * m.num_procs * c.matrix_flops_per_s
+    peak = iteration_s * m.num_procs * c.compute.matrix_flops_per_s
     per_pace_block = microbatches * pace_blocks     # blocks the pacing stage runs per iteration
     first_state = mem.first_state
     return IterationTerms(
@@ -286,7 +286,7 @@ def iteration_terms(c: Context, m, xp, kinds: KindBlocks | None = None) -> Itera
         logits_bytes=mem.logits_bytes,
         last_stage_activations_bytes=mem.last_stage_activations_bytes,
         second_stage_activations_bytes=mem.second_stage_activations_bytes,
-        runtime_reserve_bytes=c.runtime_reserve_bytes,
+        runtime_reserve_bytes=c.memory.runtime_reserve_bytes,
         allocator_bytes=mem.allocator_bytes,
         first_stage_hbm_bytes=mem.first_stage_hbm_bytes,
         second_stage_hbm_bytes=mem.second_stage_hbm_bytes,

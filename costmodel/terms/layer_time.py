@@ -41,22 +41,22 @@ def gemm_s(c: Context, xp, rows, cols, depth, num_bytes, batch=1.0, high_precisi
     pays the whole-step launch gap (in the fitted model's launch, costmodel.terms.step_terms). Under a
     precision recipe the blocks' GEMMs run at its rate, and `high_precision` ones (attention,
     the output layer, the router) at BF16's (costmodel.terms.context)."""
-    peak, curve, fit = c.matrix_flops_per_s, c.matrix_curve, c.gemm
-    if high_precision and c.hp_matrix_flops_per_s is not None:
-        peak, curve, fit = c.hp_matrix_flops_per_s, c.hp_matrix_curve, c.hp_gemm
+    peak, curve, fit = c.compute.matrix_flops_per_s, c.compute.matrix_curve, c.compute.gemm
+    if high_precision and c.compute.hp_matrix_flops_per_s is not None:
+        peak, curve, fit = c.compute.hp_matrix_flops_per_s, c.compute.hp_matrix_curve, c.compute.hp_gemm
     if fit is not None:
-        return gemm_time_s(fit, xp, rows, cols, depth, num_bytes, peak, c.hbm_bytes_per_s, batch)
+        return gemm_time_s(fit, xp, rows, cols, depth, num_bytes, peak, c.memory.hbm_bytes_per_s, batch)
     flops = 2 * batch * rows * cols * depth
     compute = flops / (peak * xp.lookup(curve, flops))
-    memory = num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
-    return xp.maximum(compute, memory) + c.kernel_gap_s
+    memory = num_bytes / (c.memory.hbm_bytes_per_s * xp.lookup(c.memory.hbm_curve, num_bytes))
+    return xp.maximum(compute, memory) + c.step.kernel_gap_s
 
 
 def matmul_s(c: Context, xp, rows, cols, inner, high_precision=False):
     """Time of C[rows, cols] = A[rows, inner]·B[inner, cols] (M = rows, the tokens; N = cols,
     the output columns; K = inner, the reduction): `gemm_s` with A, B and C moved once in the
     GEMM's datatype (a recipe's quantized operands, or BF16 when `high_precision`)."""
-    e = c.elem_bytes if high_precision else c.gemm_elem_bytes
+    e = c.precision.elem_bytes if high_precision else c.precision.gemm_elem_bytes
     return gemm_s(c, xp, rows, cols, inner, e * (rows * inner + inner * cols + rows * cols),
                   high_precision=high_precision)
 
@@ -66,6 +66,6 @@ def eltwise_s(c: Context, xp, elems, flops_per_elem, bytes_per_elem):
     HBM's fixed per-kernel cost (0 unless the system file is calibrated)."""
     flops = elems * flops_per_elem
     num_bytes = elems * bytes_per_elem
-    compute = flops / (c.vector_flops_per_s * xp.lookup(c.vector_curve, flops))
-    memory = c.hbm_latency_s + num_bytes / (c.hbm_bytes_per_s * xp.lookup(c.hbm_curve, num_bytes))
+    compute = flops / (c.compute.vector_flops_per_s * xp.lookup(c.compute.vector_curve, flops))
+    memory = c.memory.hbm_latency_s + num_bytes / (c.memory.hbm_bytes_per_s * xp.lookup(c.memory.hbm_curve, num_bytes))
     return xp.maximum(compute, memory)

@@ -185,30 +185,30 @@ class BlockLayers:
 def layer_tokens(c: Context, m, xp):
     """(T, the tokens a norm or residual acts on): b·s/cp tokens on this GPU, and the
     sequence-parallel shard T/tp when SP is on (the whole activation otherwise)."""
-    tokens = m.microbatch * c.seq / m.cp
+    tokens = m.microbatch * c.model.seq / m.cp
     return tokens, xp.where(m.seq_par, tokens / m.tp, tokens)
 
 
 def norm_output_bytes(c: Context) -> float:
     """Bytes per element a norm writes: delayed scaling's norm writes the FP8 copy of its
     output itself (costmodel.inputs.precision), every other costing its datatype."""
-    return c.recipe.copy_bytes if c.quantized and c.recipe.format.norm_casts else c.elem_bytes
+    return c.precision.recipe.copy_bytes if c.precision.quantized and c.precision.recipe.format.norm_casts else c.precision.elem_bytes
 
 
 def norm_flops_per_elem(c: Context) -> float:
-    return RMSNORM_FLOPS_PER_ELEM if c.rmsnorm else LAYERNORM_FLOPS_PER_ELEM
+    return RMSNORM_FLOPS_PER_ELEM if c.model.rmsnorm else LAYERNORM_FLOPS_PER_ELEM
 
 
 def stored_gemm_input_bytes(c: Context) -> float:
     """Bytes per element a GEMM keeps of its input for its weight gradient: under a precision
     recipe one quantized copy (the columnwise one, or the rowwise shard a per-tensor FP8 gather
     re-gathers; TE module/linear.py, "Discard unneeded data in input tensor"), else the datatype's."""
-    return c.recipe.copy_bytes if c.quantized else c.elem_bytes
+    return c.precision.recipe.copy_bytes if c.precision.quantized else c.precision.elem_bytes
 
 
 def dropout_mask_bytes(c: Context) -> float:
     """Bytes per element of a dropout mask: none when the model trains without dropout."""
-    return MASK_BYTES if c.dropout else 0.0
+    return MASK_BYTES if c.model.dropout else 0.0
 
 
 def norm_layer(c: Context, m, xp) -> LayerCost:
@@ -216,8 +216,8 @@ def norm_layer(c: Context, m, xp) -> LayerCost:
     It keeps its input for backward (on the sequence-parallel shard), the block's input when it
     opens the block; its output is kept by the GEMM it feeds (that layer's record)."""
     _, ln_tokens = layer_tokens(c, m, xp)
-    seconds = eltwise_s(c, xp, ln_tokens * c.hidden, norm_flops_per_elem(c), c.elem_bytes + norm_output_bytes(c))
-    kept = c.elem_bytes * ln_tokens * c.hidden
+    seconds = eltwise_s(c, xp, ln_tokens * c.model.hidden, norm_flops_per_elem(c), c.precision.elem_bytes + norm_output_bytes(c))
+    kept = c.precision.elem_bytes * ln_tokens * c.model.hidden
     return LayerCost("norm", eltwise_s=seconds, modules=(ModuleRerun("layernorm", seconds, 0.0),),
                      stored_bytes=kept, stored_input_bytes=kept)
 
@@ -228,9 +228,9 @@ def residual_layer(c: Context, m, xp) -> LayerCost:
     when the model trains with dropout. It keeps the mask (on the sequence-parallel shard)."""
     _, ln_tokens = layer_tokens(c, m, xp)
     mask = dropout_mask_bytes(c)
-    return LayerCost("residual", eltwise_s=eltwise_s(c, xp, ln_tokens * c.hidden, RESIDUAL_FLOPS_PER_ELEM,
-                                                      3 * c.elem_bytes + mask),
-                     stored_bytes=mask * ln_tokens * c.hidden)
+    return LayerCost("residual", eltwise_s=eltwise_s(c, xp, ln_tokens * c.model.hidden, RESIDUAL_FLOPS_PER_ELEM,
+                                                      3 * c.precision.elem_bytes + mask),
+                     stored_bytes=mask * ln_tokens * c.model.hidden)
 
 
 def gated_activation_s(c: Context, xp, elems):
@@ -239,11 +239,11 @@ def gated_activation_s(c: Context, xp, elems):
     (eager PyTorch's silu(x) * y) the activation writes f and the product reads both: two
     passes. Not gated: a fused GeLU (or squared ReLU) runs in the up GEMM's epilogue, no pass
     of its own; unfused, one pass."""
-    e, act_flops = c.elem_bytes, ACTIVATION_FLOPS_PER_ELEM[c.mlp]
-    if c.gated_mlp:
+    e, act_flops = c.precision.elem_bytes, ACTIVATION_FLOPS_PER_ELEM[c.model.mlp]
+    if c.model.gated_mlp:
         seconds = eltwise_s(c, xp, elems, act_flops, 3 * e)
-        return seconds if c.fused_activation else seconds + eltwise_s(c, xp, elems, 1.0, 2 * e)
-    return 0.0 if c.fused_activation else eltwise_s(c, xp, elems, act_flops, 2 * e)
+        return seconds if c.settings.fused_activation else seconds + eltwise_s(c, xp, elems, 1.0, 2 * e)
+    return 0.0 if c.settings.fused_activation else eltwise_s(c, xp, elems, act_flops, 2 * e)
 
 
 def dense_mlp_layer(c: Context, m, xp) -> LayerCost:
@@ -256,19 +256,19 @@ def dense_mlp_layer(c: Context, m, xp) -> LayerCost:
     output (3·f; eager, the activation's output as well, an operand of the product); the
     output, the down projection's input, as its quantized copy under a recipe."""
     tokens, ln_tokens = layer_tokens(c, m, xp)
-    h, t = c.hidden, m.tp
-    f_cols = c.feedforward / t
-    up_cols = 2 * f_cols if c.gated_mlp else f_cols
+    h, t = c.model.hidden, m.tp
+    f_cols = c.model.feedforward / t
+    up_cols = 2 * f_cols if c.model.gated_mlp else f_cols
     gemm = matmul_s(c, xp, tokens, up_cols, h) + matmul_s(c, xp, tokens, h, f_cols)
     flops = 2 * tokens * h * (up_cols + f_cols)
     activation = gated_activation_s(c, xp, tokens * f_cols)
     gathered = m.seq_par
     gemms = (GemmOperands(ln_tokens * h, tokens * up_cols, h * up_cols, gathered, False, t, norm_fed=True),
              GemmOperands(tokens * f_cols, ln_tokens * h, f_cols * h, False, gathered, t))
-    e, q = c.elem_bytes, stored_gemm_input_bytes(c)
-    intermediates = ((2 if c.gated_mlp else 1) * e + q) * tokens * c.feedforward / t
-    if c.gated_mlp and not c.fused_activation:
-        intermediates = intermediates + e * tokens * c.feedforward / t
+    e, q = c.precision.elem_bytes, stored_gemm_input_bytes(c)
+    intermediates = ((2 if c.model.gated_mlp else 1) * e + q) * tokens * c.model.feedforward / t
+    if c.model.gated_mlp and not c.settings.fused_activation:
+        intermediates = intermediates + e * tokens * c.model.feedforward / t
     up_input = q * tokens * h
     return LayerCost("mlp", gemm_s=gemm, eltwise_s=activation, matrix_flops=flops, tp_regions=1.0,
                      modules=(ModuleRerun("mlp", gemm + activation, flops, dropped_bytes=intermediates),
@@ -288,10 +288,10 @@ def moe_mlp_layer(c: Context, m, xp) -> LayerCost:
     tokens, _ = layer_tokens(c, m, xp)
     layer = moe_layer_forward(c, xp, tokens, m.tp, m.ep, m.etp)
     memory = moe_memory(c, xp, tokens, m.tp, m.ep, m.etp)
-    up_input = stored_gemm_input_bytes(c) * tokens * c.hidden
-    activation_output = memory.expert_intermediate_bytes / (3 if c.gated_mlp else 2)
+    up_input = stored_gemm_input_bytes(c) * tokens * c.model.hidden
+    activation_output = memory.expert_intermediate_bytes / (3 if c.model.gated_mlp else 2)
     return LayerCost("moe", gemm_s=layer.gemm_s, eltwise_s=layer.eltwise_s, matrix_flops=layer.matrix_flops,
-                     tp_regions=float(c.shared_feedforward > 0),
+                     tp_regions=float(c.model.shared_feedforward > 0),
                      activation_grad_s=layer.gemm_s + 2 * layer.eltwise_s + layer.launches_backward_extra_s,
                      modules=(ModuleRerun("moe_act", layer.expert_activation_s, 0.0, dropped_bytes=activation_output),
                               ModuleRerun("layernorm", dropped_gathered_bytes=up_input)),

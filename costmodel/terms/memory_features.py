@@ -39,7 +39,7 @@ def recompute_share(c, m):
     L/(pp·v) blocks recomputed (None: every block when activation_recompute is full)."""
     if m.recompute_blocks is None:
         return None
-    return min(1.0, m.recompute_blocks / (c.blocks / (m.pp * m.interleaving)))
+    return min(1.0, m.recompute_blocks / (c.model.blocks / (m.pp * m.interleaving)))
 
 
 def offload_share(c, m):
@@ -47,7 +47,7 @@ def offload_share(c, m):
     L/pp blocks (time; None: every block when activations_offload is on)."""
     if m.offload_blocks is None:
         return None
-    return min(1.0, m.offload_blocks / (c.blocks / m.pp))
+    return min(1.0, m.offload_blocks / (c.model.blocks / m.pp))
 
 
 def stage_offload_share(m, xp, blocks):

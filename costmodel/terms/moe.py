@@ -85,7 +85,7 @@ UNPERMUTE_FLOPS_PER_ELEM = 2.0
 
 def expert_rows(c: Context, tokens, tp, ep, etp):
     """Rows each local expert multiplies (the busiest, at the capacity factor): (T/t)·k·c·p·x/E."""
-    return tokens / tp * c.experts_per_token * c.capacity_factor * ep * etp / c.experts
+    return tokens / tp * c.model.experts_per_token * c.settings.capacity_factor * ep * etp / c.model.experts
 
 
 def grouped_gemm_s(c: Context, xp, experts, rows, cols, depth):
@@ -95,10 +95,10 @@ def grouped_gemm_s(c: Context, xp, experts, rows, cols, depth):
     experts), else this datatype's GEMM model with batch = experts — one launch for the group,
     each expert's shape — which predicts the measured H100 grouped GEMMs within 4.4 % median
     (docs/cost-model.md, "Mixture of experts")."""
-    num_bytes = c.gemm_elem_bytes * experts * (rows * depth + depth * cols + rows * cols)
-    if c.grouped_gemm is not None:
-        return gemm_time_s(c.grouped_gemm, xp, rows, cols, depth, num_bytes, c.matrix_flops_per_s,
-                           c.hbm_bytes_per_s, experts)
+    num_bytes = c.precision.gemm_elem_bytes * experts * (rows * depth + depth * cols + rows * cols)
+    if c.compute.grouped_gemm is not None:
+        return gemm_time_s(c.compute.grouped_gemm, xp, rows, cols, depth, num_bytes, c.compute.matrix_flops_per_s,
+                           c.memory.hbm_bytes_per_s, experts)
     return gemm_s(c, xp, rows, cols, depth, num_bytes, batch=experts)
 
 
@@ -115,9 +115,9 @@ def permutation_s(c: Context, xp, routed_elems, gathered_elems, local):
     (DeepEP's dispatch/combine with topk_weights), so the source-side passes are gone; the
     received rows are permuted into expert order and back (dispatch_postprocess,
     combine_preprocess), two copies of the received rows whatever the local expert count."""
-    e, k = c.elem_bytes, c.experts_per_token
+    e, k = c.precision.elem_bytes, c.model.experts_per_token
     received = 2 * eltwise_s(c, xp, gathered_elems, 0.0, 2 * e)
-    if c.moe_flex_dispatcher:
+    if c.settings.moe_flex_dispatcher:
         return received
     return (eltwise_s(c, xp, routed_elems, 0.0, 2 * e)
             + eltwise_s(c, xp, routed_elems, UNPERMUTE_FLOPS_PER_ELEM, e * (k + 1) / k)
@@ -171,15 +171,15 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep, etp) -> MoeLayerForward:
     """Forward compute of one MoE layer on one GPU: `tokens` = T (b·s of the tp group; each GPU
     routes T/tp of them), `tp` the tensor-parallel, `ep` the expert-parallel and `etp` the
     expert tensor-parallel degree."""
-    e, h, k, E = c.elem_bytes, c.hidden, c.experts_per_token, c.experts
+    e, h, k, E = c.precision.elem_bytes, c.model.hidden, c.model.experts_per_token, c.model.experts
     routed_tokens = tokens / tp                        # this GPU's sequence-parallel shard
     local = E / ep
     rows = expert_rows(c, tokens, tp, ep, etp)
-    f_cols = c.expert_feedforward / etp
-    up_cols = 2 * f_cols if c.gated_mlp else f_cols    # gated: gate and up side by side, as block.py
-    act_flops = ACTIVATION_FLOPS_PER_ELEM[c.mlp]
+    f_cols = c.model.expert_feedforward / etp
+    up_cols = 2 * f_cols if c.model.gated_mlp else f_cols    # gated: gate and up side by side, as block.py
+    act_flops = ACTIVATION_FLOPS_PER_ELEM[c.model.mlp]
 
-    router_cols = E + (1.0 if c.shared_expert_gate else 0.0)
+    router_cols = E + (1.0 if c.model.shared_expert_gate else 0.0)
     router = matmul_s(c, xp, routed_tokens, router_cols, h, high_precision=True)   # a BF16 GEMM under any recipe
     scores = routed_tokens * E
     router_eltwise = (eltwise_s(c, xp, scores, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
@@ -190,10 +190,10 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep, etp) -> MoeLayerForward:
     single = matmul_s(c, xp, rows, up_cols, h) + matmul_s(c, xp, rows, h, f_cols)
     experts = xp.where(local > 1, grouped, single)
     expert_elems = local * rows * f_cols
-    if c.gated_mlp:
+    if c.model.gated_mlp:
         expert_act = eltwise_s(c, xp, expert_elems, act_flops, 3 * e)        # reads both halves, writes one
     else:
-        expert_act = 0.0 if c.fused_activation else eltwise_s(c, xp, expert_elems, act_flops, 2 * e)
+        expert_act = 0.0 if c.settings.fused_activation else eltwise_s(c, xp, expert_elems, act_flops, 2 * e)
 
     # Permute copies each routed row (read + write); unpermute reads the k outputs of a token and
     # writes their weighted sum; with several local experts the gathered rows are sorted by
@@ -202,14 +202,14 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep, etp) -> MoeLayerForward:
     gathered_elems = local * rows * h
     permutations = permutation_s(c, xp, routed_elems, gathered_elems, local)
 
-    if c.shared_feedforward:
-        s_cols = c.shared_feedforward / tp
-        s_up = 2 * s_cols if c.gated_mlp else s_cols
+    if c.model.shared_feedforward:
+        s_cols = c.model.shared_feedforward / tp
+        s_up = 2 * s_cols if c.model.gated_mlp else s_cols
         shared = matmul_s(c, xp, tokens, s_up, h) + matmul_s(c, xp, tokens, h, s_cols)
-        if c.gated_mlp:
+        if c.model.gated_mlp:
             shared_act = eltwise_s(c, xp, tokens * s_cols, act_flops, 3 * e)
         else:
-            shared_act = 0.0 if c.fused_activation else eltwise_s(c, xp, tokens * s_cols, act_flops, 2 * e)
+            shared_act = 0.0 if c.settings.fused_activation else eltwise_s(c, xp, tokens * s_cols, act_flops, 2 * e)
         shared_flops = 2 * tokens * h * (s_up + s_cols)
     else:
         shared, shared_act, shared_flops = 0.0, 0.0, 0.0
@@ -232,14 +232,14 @@ def moe_quantized_gemms(c: Context, tokens, tp, ep, etp) -> tuple[GemmOperands, 
     experts' grouped GEMMs on the rows they receive (after the BF16 dispatch and gather), and
     the shared experts as a dense MLP whose input is gathered under sequence parallelism (the
     router stays BF16)."""
-    local, rows, h = c.experts / ep, expert_rows(c, tokens, tp, ep, etp), c.hidden
-    f_cols = c.expert_feedforward / etp
-    up_cols = 2 * f_cols if c.gated_mlp else f_cols
+    local, rows, h = c.model.experts / ep, expert_rows(c, tokens, tp, ep, etp), c.model.hidden
+    f_cols = c.model.expert_feedforward / etp
+    up_cols = 2 * f_cols if c.model.gated_mlp else f_cols
     gemms = (GemmOperands(local * rows * h, local * rows * up_cols, local * h * up_cols),
              GemmOperands(local * rows * f_cols, local * rows * h, local * f_cols * h))
-    if c.shared_feedforward:
-        s_cols = c.shared_feedforward / tp
-        s_up = 2 * s_cols if c.gated_mlp else s_cols
+    if c.model.shared_feedforward:
+        s_cols = c.model.shared_feedforward / tp
+        s_up = 2 * s_cols if c.model.gated_mlp else s_cols
         gemms += (GemmOperands(tokens / tp * h, tokens * s_up, h * s_up, tp > 1, False, tp),
                   GemmOperands(tokens * s_cols, tokens / tp * h, s_cols * h, False, tp > 1, tp))
     return gemms
@@ -284,14 +284,14 @@ def flex_dispatch_s(c: Context, xp, tokens, tp, ep, etp, ep_net):
         time  = latency + max(NVLink bytes / inner rate, RDMA bytes / rate of `ep_net`)
     (c the capacity factor, as the all-to-all's). HybridEP on an NVL72 rack keeps the whole
     group on NVLink (nodes = 1): only the deduplication counts there."""
-    e, h, k = c.elem_bytes, c.hidden, c.experts_per_token
-    row = e * tokens / tp * h * c.capacity_factor
-    domain = c.net_size[0]
+    e, h, k = c.precision.elem_bytes, c.model.hidden, c.model.experts_per_token
+    row = e * tokens / tp * h * c.settings.capacity_factor
+    domain = c.net.size[0]
     nodes = xp.maximum(1.0, ep * etp / domain)
     nvlink = row * distinct_destinations(xp, ep, k) * (ep - 1) / ep
     rdma = row * distinct_destinations(xp, nodes, k) * (nodes - 1) / nodes
-    wire = xp.maximum(nvlink / c.net_bytes_per_s[0], rdma / xp.pick(c.net_bytes_per_s, ep_net))
-    return xp.where(ep > 1, xp.pick(c.net_latency_s, ep_net) + wire, 0.0)
+    wire = xp.maximum(nvlink / c.net.bytes_per_s[0], rdma / xp.pick(c.net.bytes_per_s, ep_net))
+    return xp.where(ep > 1, xp.pick(c.net.latency_s, ep_net) + wire, 0.0)
 
 
 def moe_communication(c: Context, xp, tokens, tp, ep, etp, ep_net, etp_net) -> MoeCommunication:
@@ -302,9 +302,9 @@ def moe_communication(c: Context, xp, tokens, tp, ep, etp, ep_net, etp_net) -> M
     spans etp·ep GPUs: Collective.all_to_all, [1, -1]); with etp > 1 the rows received by an
     expert tensor-parallel group are all-gathered before the expert GEMMs and their partial
     sums reduce-scattered after (message (T/t)·k·c·h·x per GPU, on the network carrying etp)."""
-    e, h, k = c.elem_bytes, c.hidden, c.experts_per_token
-    message = e * tokens / tp * k * c.capacity_factor * h
-    if c.moe_flex_dispatcher:
+    e, h, k = c.precision.elem_bytes, c.model.hidden, c.model.experts_per_token
+    message = e * tokens / tp * k * c.settings.capacity_factor * h
+    if c.settings.moe_flex_dispatcher:
         all_to_all = flex_dispatch_s(c, xp, tokens, tp, ep, etp, ep_net)
     else:
         all_to_all = collective_s(c, xp, Collective.all_to_all, ep, message, ep_net)
@@ -356,18 +356,18 @@ class MoeMemory:
 def moe_memory(c: Context, xp, tokens, tp, ep, etp) -> MoeMemory:
     """Parameters and activation bytes of one MoE layer on one GPU (Korthikanti et al. 2022 §4's
     accounting applied to the layers above: every GEMM input and activation input is kept)."""
-    e, h, k = c.elem_bytes, c.hidden, c.experts_per_token
-    local = c.experts / ep
+    e, h, k = c.precision.elem_bytes, c.model.hidden, c.model.experts_per_token
+    local = c.model.experts / ep
     rows = expert_rows(c, tokens, tp, ep, etp)
-    intermediates = 3 if c.gated_mlp else 2            # as block.py: gated keeps h→2f_e output and the gate's
+    intermediates = 3 if c.model.gated_mlp else 2            # as block.py: gated keeps h→2f_e output and the gate's
     return MoeMemory(
-        routed_params=c.routed_expert_params / (ep * etp),
-        shared_params=c.shared_expert_params / tp,
-        router_params=c.router_params,
-        router_probs_bytes=e * tokens / tp * c.experts,
+        routed_params=c.model.routed_expert_params / (ep * etp),
+        shared_params=c.model.shared_expert_params / tp,
+        router_params=c.model.router_params,
+        router_probs_bytes=e * tokens / tp * c.model.experts,
         expert_input_bytes=e * local * rows * h,
-        expert_intermediate_bytes=intermediates * e * local * rows * c.expert_feedforward / etp,
+        expert_intermediate_bytes=intermediates * e * local * rows * c.model.expert_feedforward / etp,
         combine_input_bytes=e * tokens / tp * k * h,
-        shared_intermediate_bytes=intermediates * e * tokens * c.shared_feedforward / tp,
-        all_to_all_buffer_bytes=2 * e * tokens / tp * k * c.capacity_factor * h,
+        shared_intermediate_bytes=intermediates * e * tokens * c.model.shared_feedforward / tp,
+        all_to_all_buffer_bytes=2 * e * tokens / tp * k * c.settings.capacity_factor * h,
     )

@@ -122,27 +122,27 @@ ROUTER_TIMED = 3.0
 
 def _shared_kernels(c: Context) -> float:
     """The shared experts' forward kernels: two GEMMs and, gated or unfused, the activation."""
-    if not c.shared_feedforward:
+    if not c.model.shared_feedforward:
         return 0.0
-    return 3.0 if c.gated_mlp or not c.fused_activation else 2.0
+    return 3.0 if c.model.gated_mlp or not c.settings.fused_activation else 2.0
 
 
 def _timed_expert_forward(c: Context, xp, local):
     """Kernels the MoE formulas time in forward beside the router's (costmodel.terms.moe.
     moe_layer_forward): two expert GEMMs, the activation, the permutations, the shared experts."""
-    activation = 1.0 if c.gated_mlp or not c.fused_activation else 0.0
-    permutes = 2.0 if c.moe_flex_dispatcher else 2.0 + xp.where(local > 1, 2.0, 0.0)
+    activation = 1.0 if c.model.gated_mlp or not c.settings.fused_activation else 0.0
+    permutes = 2.0 if c.settings.moe_flex_dispatcher else 2.0 + xp.where(local > 1, 2.0, 0.0)
     return 2.0 + activation + permutes + _shared_kernels(c)
 
 
 def moe_launches(c: Context, xp, local) -> MoeLaunches:
     """The inventory's kernels beyond the timed ones, and their cost, for `local` experts per GPU."""
     several = xp.where(local > 1, 1.0, 0.0)
-    quantized = 1.0 if c.recipe is not None and c.recipe.format.quantized else 0.0
-    bias = 1.0 if c.expert_bias else 0.0
-    clamp = 1.0 if c.clamped_activation else 0.0
-    alltoall = 0.0 if c.moe_flex_dispatcher else 1.0
-    flex_forward, flex_backward, flex_syncs = FLEX_KERNELS[c.moe_flex_backend]
+    quantized = 1.0 if c.precision.recipe is not None and c.precision.recipe.format.quantized else 0.0
+    bias = 1.0 if c.model.expert_bias else 0.0
+    clamp = 1.0 if c.model.clamped_activation else 0.0
+    alltoall = 0.0 if c.settings.moe_flex_dispatcher else 1.0
+    flex_forward, flex_backward, flex_syncs = FLEX_KERNELS[c.settings.moe_flex_backend]
     shared = _shared_kernels(c)
 
     router_fwd = 2.0 + alltoall * (PREPROCESS_KERNELS + PREPROCESS_COPIES)
@@ -151,20 +151,20 @@ def moe_launches(c: Context, xp, local) -> MoeLaunches:
     permutes_bwd = alltoall * (3.0 + several) + (1 - alltoall) * flex_backward
     expert_fwd = (permutes_fwd + 2 * local + 1.0 + clamp * CLAMP_KERNELS_FORWARD + bias * (2 * local + 1) + shared
                   + quantized * 2 * (local - 1))
-    router_bwd = 2.0 + ROUTER_BACKWARD_KERNELS + (2.0 if c.router_has_bias else 0.0)
+    router_bwd = 2.0 + ROUTER_BACKWARD_KERNELS + (2.0 if c.model.router_has_bias else 0.0)
     expert_bwd = (permutes_bwd + 4 * local + 1.0 + clamp * CLAMP_KERNELS_BACKWARD
                   + bias * (6 * local + 3) + 2 * shared + quantized * 2 * (local - 1))
     timed_expert_fwd = _timed_expert_forward(c, xp, local)
 
-    latency = c.hbm_latency_s - c.kernel_gap_s           # the GPU's own cost of a small kernel
-    router_gap = c.kernel_gap_s                          # captured by per-layer graphs
-    expert_gap = c.kernel_gap_s + c.outer_gap_extra_s    # captured only by a full-iteration graph
+    latency = c.memory.hbm_latency_s - c.step.kernel_gap_s           # the GPU's own cost of a small kernel
+    router_gap = c.step.kernel_gap_s                          # captured by per-layer graphs
+    expert_gap = c.step.kernel_gap_s + c.step.outer_gap_extra_s    # captured only by a full-iteration graph
     syncs_fwd = alltoall + (1 - alltoall) * flex_syncs + clamp   # the dispatcher's, the clamp offset's
     forward = ((router_fwd - ROUTER_TIMED) * (latency + router_gap)
                + (expert_fwd - timed_expert_fwd) * (latency + expert_gap)
-               + timed_expert_fwd * c.outer_gap_extra_s + syncs_fwd * expert_gap)
+               + timed_expert_fwd * c.step.outer_gap_extra_s + syncs_fwd * expert_gap)
     backward = ((router_bwd - 2 * ROUTER_TIMED) * (latency + router_gap)
                 + (expert_bwd - 2 * timed_expert_fwd) * (latency + expert_gap)
-                + 2 * timed_expert_fwd * c.outer_gap_extra_s)
+                + 2 * timed_expert_fwd * c.step.outer_gap_extra_s)
     activation = clamp * (CLAMP_KERNELS_FORWARD * (latency + expert_gap) + expert_gap)
     return MoeLaunches(forward, backward - 2 * forward, activation, router_fwd + expert_fwd, router_bwd + expert_bwd)

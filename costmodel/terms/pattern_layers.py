@@ -42,13 +42,13 @@ __all__ = ["mamba_layer"]
 
 def mamba_layer(c: Context, m, xp) -> LayerCost:
     """One Mamba-2 mixer: its two projections, conv, chunked scan and gated norm (above)."""
-    shape, h, t = c.mamba, c.hidden, m.tp
+    shape, h, t = c.model.mamba, c.model.hidden, m.tp
     tokens, ln_tokens = layer_tokens(c, m, xp)
     in_cols, inner = shape.in_proj_cols / t, shape.inner / t
     projections = matmul_s(c, xp, tokens, in_cols, h) + matmul_s(c, xp, tokens, h, inner)
-    scan_flops = tokens * mamba_scan_flops_per_token(shape, c.seq) / t
+    scan_flops = tokens * mamba_scan_flops_per_token(shape, c.model.seq) / t
     scan = matmul_s(c, xp, tokens, inner, scan_flops / (2 * tokens * inner))
-    e = c.elem_bytes
+    e = c.precision.elem_bytes
     conv = eltwise_s(c, xp, tokens * shape.conv_channels / t, 2.0 * shape.conv_kernel, 2 * e)
     # RMSNormGated: the RMSNorm of y times SiLU(z), one multiply more per element than an RMSNorm
     # (megatron/core/ssm/mamba_mixer.py, norm(y, z)); it reads y and z and writes the output
@@ -59,7 +59,7 @@ def mamba_layer(c: Context, m, xp) -> LayerCost:
              GemmOperands(tokens * inner, ln_tokens * h, inner * h, False, gathered, t))
     eltwise = conv + gated_norm
     # the fused kernel's backward reruns the conv and part of the scan (costmodel.inputs.mamba)
-    rerun_flops = tokens * mamba_scan_recompute_flops_per_token(shape, c.seq) / t
+    rerun_flops = tokens * mamba_scan_recompute_flops_per_token(shape, c.model.seq) / t
     rerun = conv + matmul_s(c, xp, tokens, inner, rerun_flops / (2 * tokens * inner))
     parts = mamba_stored_bytes_per_token(shape, h, e, t, gemm_input_bytes=stored_gemm_input_bytes(c))
     return LayerCost("mamba", gemm_s=projections + scan, eltwise_s=eltwise, matrix_flops=flops, tp_regions=1.0,

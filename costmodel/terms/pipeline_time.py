@@ -37,10 +37,10 @@ class Stages:
     @staticmethod
     def of(c: Context, m, xp) -> "Stages":
         """A mapping file's layout, else the layout rule for pp and the interleaving."""
-        first, middle, last = stage_blocks(xp, c.blocks, m.pp, m.first_stage_blocks, m.last_stage_blocks,
+        first, middle, last = stage_blocks(xp, c.model.blocks, m.pp, m.first_stage_blocks, m.last_stage_blocks,
                                            m.interleaving)
         stated = None if m.first_stage_blocks is None and m.last_stage_blocks is None else (first, middle, last)
-        chunks = None if first is middle is last else end_chunk_blocks(xp, c.blocks, m.pp, m.interleaving, stated)
+        chunks = None if first is middle is last else end_chunk_blocks(xp, c.model.blocks, m.pp, m.interleaving, stated)
         return Stages(first, middle, last, m.batch / m.dp / m.microbatch, chunks)
 
 
@@ -103,7 +103,7 @@ def pipeline_time(c: Context, m, xp, sb: StageBlocks, stages: Stages, head_fwd_s
     # tp ranks (Megatron's scatter-gather of pipeline tensors); v chunks mean v boundaries.
     p2p_s = collective_s(c, xp, Collective.p2p, p, blk.act_message_bytes / m.tp, m.pp_net)
     pp_comm_micro = 2 * v * p2p_s
-    if c.pp_comm_overlap:
+    if c.settings.pp_comm_overlap:
         # Megatron's overlap_p2p_comm (interleaved schedule only: schedules.py
         # forward_backward_pipelining_with_interleaving posts each chunk's send and receive
         # asynchronously and waits on them just before the chunk that needs them): the sends

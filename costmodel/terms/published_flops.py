@@ -59,15 +59,15 @@ def bridge_hybrid_flops_per_token(c, tp: float) -> float:
     — its projections as if Q, K, V and the output were h wide, the core halved —, per MLP layer
     4·h·f (×3/2 gated), per MoE layer 4·h·(k·f_e + f_s) (×3/2 gated), per Mamba layer
     costmodel.inputs.mamba.bridge_mamba_flops_per_token (its d_in = 2·h), and the logits 2·h·V'."""
-    h, s, a, g, d = c.hidden, c.seq, c.heads, c.kv_heads, c.head_size
-    counts = dict(c.kind_counts)
-    gate = 1.5 if c.gated_mlp else 1.0
+    h, s, a, g, d = c.model.hidden, c.model.seq, c.model.heads, c.model.kv_heads, c.model.head_size
+    counts = dict(c.model.kind_counts)
+    gate = 1.5 if c.model.gated_mlp else 1.0
     forward = (counts.get("attention_layer", 0.0) * 4 * h * (a * d / h) * (h + h * g / a + s / 2)
-               + counts.get("mlp_layer", 0.0) * 4 * h * c.feedforward * gate
-               + counts.get("moe_layer", 0.0) * 4 * h * (c.experts_per_token * c.expert_feedforward
-                                                        + c.shared_feedforward) * gate
-               + 2 * h * padded_vocab(c.vocab, tp))
-    mamba = counts.get("mamba", 0.0) * bridge_mamba_flops_per_token(c.mamba, h) if c.mamba is not None else 0.0
+               + counts.get("mlp_layer", 0.0) * 4 * h * c.model.feedforward * gate
+               + counts.get("moe_layer", 0.0) * 4 * h * (c.model.experts_per_token * c.model.expert_feedforward
+                                                        + c.model.shared_feedforward) * gate
+               + 2 * h * padded_vocab(c.model.vocab, tp))
+    mamba = counts.get("mamba", 0.0) * bridge_mamba_flops_per_token(c.model.mamba, h) if c.model.mamba is not None else 0.0
     return 3 * forward + mamba
 
 
@@ -75,29 +75,29 @@ def bridge_flops_per_token(c, tp: float, mtp_layers: int = 0) -> float:
     """Model FLOP per token as Megatron-Bridge counts them (module docstring). `c` is the
     problem's costmodel.terms.context.Context (the model's dimensions); `tp` sets the padding. A
     layer pattern's: bridge_hybrid_flops_per_token."""
-    if "attention_layer" in dict(c.kind_counts) or c.mamba is not None:
+    if "attention_layer" in dict(c.model.kind_counts) or c.model.mamba is not None:
         return bridge_hybrid_flops_per_token(c, tp)
-    h, f, s, a, g, d = c.hidden, c.feedforward, c.seq, c.heads, c.kv_heads, c.head_size
-    expansion = 3.0 if c.gated_mlp else 2.0
-    moe_blocks = c.moe_blocks
-    dense_blocks = c.blocks - moe_blocks
+    h, f, s, a, g, d = c.model.hidden, c.model.feedforward, c.model.seq, c.model.heads, c.model.kv_heads, c.model.head_size
+    expansion = 3.0 if c.model.gated_mlp else 2.0
+    moe_blocks = c.model.moe_blocks
+    dense_blocks = c.model.blocks - moe_blocks
     last_is_moe = moe_blocks > 0           # MoE models end in an MoE block (DeepSeek-V3: 3 dense, then MoE)
     if mtp_layers:
         moe_blocks += mtp_layers if last_is_moe else 0
         dense_blocks += 0 if last_is_moe else mtp_layers
-    layers = c.blocks + mtp_layers
+    layers = c.model.blocks + mtp_layers
     attention_per_block = h * (a * d + 2 * g * d) + a * d * h + a * d * s
-    if c.latent:
-        r_q, r_kv, d_r, d_v = c.q_lora_rank, c.kv_lora_rank, c.rope_head_size, c.value_head_size
+    if c.model.latent:
+        r_q, r_kv, d_r, d_v = c.model.q_lora_rank, c.model.kv_lora_rank, c.model.rope_head_size, c.model.value_head_size
         d_n = d - d_r
         q_term = r_q * (h + a * (d_n + d_r) + 1) if r_q else h * a * (d_n + d_r)
         attention_per_block = (q_term + r_kv * (h + a * (d_n + d_v) + 1) + h * d_r + a * d_v * h
                                + s * a * (d_n + d_r) / 2 + s * a * d_v / 2)
     mlp = 3 * 2 * h * expansion * (f * dense_blocks
-                                   + (c.experts_per_token * c.expert_feedforward + c.shared_feedforward) * moe_blocks)
+                                   + (c.model.experts_per_token * c.model.expert_feedforward + c.model.shared_feedforward) * moe_blocks)
     attention = 3 * 2 * layers * attention_per_block
     mtp = 3 * 2 * mtp_layers * (3 * h + 2 * h * h)
-    logits = 3 * 2 * h * padded_vocab(c.vocab, tp) * (1 + mtp_layers)
+    logits = 3 * 2 * h * padded_vocab(c.model.vocab, tp) * (1 + mtp_layers)
     return mlp + attention + mtp + logits
 
 
@@ -121,7 +121,7 @@ class Throughput:
 
 def throughput(c, tp: float, batch: float, num_gpus: float, iteration_s: float, datatype: str) -> Throughput:
     """Tokens/s and Bridge's model TFLOP/s per GPU of one iteration of `batch` sequences."""
-    tokens_per_s_per_gpu = batch * c.seq / (iteration_s * num_gpus)
-    per_token = bridge_flops_per_token(c, tp, int(c.mtp_blocks))
+    tokens_per_s_per_gpu = batch * c.model.seq / (iteration_s * num_gpus)
+    per_token = bridge_flops_per_token(c, tp, int(c.model.mtp_blocks))
     return Throughput(tokens_per_s_per_gpu, tokens_per_s_per_gpu * per_token / 1e12, per_token,
-                      c.matrix_flops_per_s / 1e12, c.matrix_peak_name or f"{datatype} dense matrix peak")
+                      c.compute.matrix_flops_per_s / 1e12, c.compute.matrix_peak_name or f"{datatype} dense matrix peak")

@@ -72,17 +72,17 @@ def _operand_s(c: Context, xp, elems, copies, amax: bool, flops_per_elem: float 
     """An operand's amax pass (when `amax`) and its cast pass writing `copies` copies; per-tensor
     current scaling turns the amax into a scale in a kernel of its own between the two
     (nvte_compute_scale_from_amax, TE csrc/quantizer.cpp), which costs its fixed latency."""
-    hp = c.elem_bytes
-    cast = eltwise_s(c, xp, elems, flops_per_elem, hp + copies * c.recipe.copy_bytes)
-    scale = c.hbm_latency_s if c.recipe.format.amax_pass and c.recipe.format.per_tensor else 0.0
+    hp = c.precision.elem_bytes
+    cast = eltwise_s(c, xp, elems, flops_per_elem, hp + copies * c.precision.recipe.copy_bytes)
+    scale = c.memory.hbm_latency_s if c.precision.recipe.format.amax_pass and c.precision.recipe.format.per_tensor else 0.0
     return cast + scale + (eltwise_s(c, xp, elems, 0.0, hp) if amax else 0.0)
 
 
 def _transpose_s(c: Context, xp, elems, gathered):
     """A transpose of a gathered per-tensor FP8 tensor (`elems` after the gather), where needed."""
-    if not c.recipe.transpose_after_gather:
+    if not c.precision.recipe.transpose_after_gather:
         return 0.0
-    return xp.where(gathered, eltwise_s(c, xp, elems, 0.0, 2 * c.recipe.copy_bytes), 0.0)
+    return xp.where(gathered, eltwise_s(c, xp, elems, 0.0, 2 * c.precision.recipe.copy_bytes), 0.0)
 
 
 def _swizzle_s(c: Context, xp, elems, scale_bytes: float):
@@ -94,7 +94,7 @@ def _swizzle_s(c: Context, xp, elems, scale_bytes: float):
 def quantize_passes(c: Context, xp, gemms: tuple[GemmOperands, ...]) -> QuantizePasses:
     """The quantization passes of `gemms` under the problem's recipe (all 0 without a quantized
     one: Calculon's datatype costing, or bf16)."""
-    recipe = c.recipe
+    recipe = c.precision.recipe
     if recipe is None or not recipe.format.quantized:
         return QuantizePasses(0.0, 0.0, 0.0)
     fmt = recipe.format

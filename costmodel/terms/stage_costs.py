@@ -114,7 +114,7 @@ def _weights(counts: tuple, xp):
 
 def stage_block(c: Context, m, xp, kb: KindBlocks, counts: tuple, blocks, rank=0.0) -> StageBlock:
     """The StageBlock of a stage holding `counts` blocks of each kind (`blocks` in all)."""
-    shares = [kind_param_shares(c, m, kind) for kind, _ in c.block_kinds]
+    shares = [kind_param_shares(c, m, kind) for kind, _ in c.model.block_kinds]
     if len(kb.terms) == 1:
         return StageBlock(blocks, kb.terms[0], shares[0][0], shares[0][1], rank)
     kinds = [StageMean.of(blk) for blk in kb.terms]

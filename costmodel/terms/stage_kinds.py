@@ -100,8 +100,8 @@ class StageKinds:
 
 def _rows(c, pp: int, v: int, first, last) -> tuple:
     """(first counts, last counts, ((middle counts, rank), ...)) of one layout, scalars."""
-    kinds = tuple(kind for kind, _ in c.block_kinds)
-    counts = stage_kind_counts(c.block_order, kinds, pp, v, first, last)
+    kinds = tuple(kind for kind, _ in c.model.block_kinds)
+    counts = stage_kind_counts(c.model.block_order, kinds, pp, v, first, last)
     counts = counts.tolist()                           # (Python floats: one mapping's terms stay scalars)
     first_row, last_row = tuple(counts[0]), tuple(counts[-1])
     if pp <= 2:
@@ -124,7 +124,7 @@ def stage_kinds(c, m, xp) -> StageKinds:
     inverse = inverse.reshape(-1)
     rows = [_rows(c, int(p), int(v), first, last) for p, v in distinct]
     if not rows:                                       # no mapping
-        empty = tuple(np.zeros(0) for _ in c.block_kinds)
+        empty = tuple(np.zeros(0) for _ in c.model.block_kinds)
         return StageKinds(empty, empty, ((empty, np.zeros(0)),))
     if len(rows) == 1:
         return StageKinds(*rows[0])

@@ -75,8 +75,8 @@ def activations_in_hbm(m, xp, blocks, blocks_alive, activations, act):
 def stage_hbm(c: Context, state, activations_hbm, act):
     """On every stage: its blocks' state, one block's recompute workspace, the runtime reserve,
     its activations in flight, and what the allocator holds beyond them."""
-    return (state.weights_hbm + state.optimizer_hbm + act.workspace + c.runtime_reserve_bytes + activations_hbm
-            + allocator_bytes(c.allocator_fraction, act.workspace + activations_hbm))
+    return (state.weights_hbm + state.optimizer_hbm + act.workspace + c.memory.runtime_reserve_bytes + activations_hbm
+            + allocator_bytes(c.step.allocator_fraction, act.workspace + activations_hbm))
 
 
 def fullest_middle(c: Context, m, xp, sb: StageBlocks, stages: Stages, state_of, shared_state=None):
@@ -106,27 +106,27 @@ def stage_memory(c: Context, m, xp, sb: StageBlocks, stages: Stages, sh: Shardin
     bytes: each stage's own blocks (StageBlocks: their state, stored activations and
     workspace; a middle stage's activations in flight are those of its rank)."""
     t, b = m.tp, m.microbatch
-    e = c.elem_bytes
+    e = c.precision.elem_bytes
     shards, expert_shards = sh.shards(xp), sh.expert_shards(xp)
-    state_per_param = e / shards[0] + c.grad_bytes_per_param / shards[1] + c.optimizer_bytes_per_param / shards[2]
-    embedding = c.embedding_params / t * state_per_param
+    state_per_param = e / shards[0] + c.precision.grad_bytes_per_param / shards[1] + c.precision.optimizer_bytes_per_param / shards[2]
+    embedding = c.model.embedding_params / t * state_per_param
     # The output layer (StageParams.output_matrix) and the final norm, replicated on every tp rank.
-    output_layer = (params.output_matrix / t + c.final_norm_params) * state_per_param
-    tokens = b * c.seq / m.cp
-    logit_bytes = LOGIT_BYTES_KEPT + LOGIT_GRAD_BYTES if c.fused_cross_entropy else EAGER_LOGIT_BYTES
-    logits = (tokens * c.vocab / t * logit_bytes
-              + e * tokens * c.hidden / xp.where(m.seq_par, t, 1.0))      # and the output GEMM's input
+    output_layer = (params.output_matrix / t + c.model.final_norm_params) * state_per_param
+    tokens = b * c.model.seq / m.cp
+    logit_bytes = LOGIT_BYTES_KEPT + LOGIT_GRAD_BYTES if c.settings.fused_cross_entropy else EAGER_LOGIT_BYTES
+    logits = (tokens * c.model.vocab / t * logit_bytes
+              + e * tokens * c.model.hidden / xp.where(m.seq_par, t, 1.0))      # and the output GEMM's input
     if mtp is not None:
         # Multi-token prediction on the last stage (costmodel.terms.iteration.mtp_terms): the modules'
         # state (experts over the expert data-parallel group) and the embedding copy it reads
         # when pp > 1, with the output layer's; their logits beside the model's; one
         # microbatch's activations of their blocks with the last stage's.
-        expert_state = (e / expert_shards[0] + c.grad_bytes_per_param / expert_shards[1]
-                        + c.optimizer_bytes_per_param / expert_shards[2])
+        expert_state = (e / expert_shards[0] + c.precision.grad_bytes_per_param / expert_shards[1]
+                        + c.precision.optimizer_bytes_per_param / expert_shards[2])
         output_layer = (output_layer + mtp.dense_params * state_per_param + mtp.expert_params * expert_state
                         + xp.where(m.pp > 1, embedding, 0.0))
-        logits = logits * (1 + c.mtp_blocks)
-    output_side = logits + allocator_bytes(c.allocator_fraction, logits)  # logits are freed every microbatch too
+        logits = logits * (1 + c.model.mtp_blocks)
+    output_side = logits + allocator_bytes(c.step.allocator_fraction, logits)  # logits are freed every microbatch too
     first, last = stages.first, stages.last
 
     def state_of(stage):
@@ -157,7 +157,7 @@ def stage_memory(c: Context, m, xp, sb: StageBlocks, stages: Stages, sh: Shardin
         offload = xp.maximum(
             xp.maximum(offload, offloaded_bytes(m, xp, last_state, stage_offload_share(m, xp, last) * last_activations)),
             offloaded_bytes(m, xp, second_state, stage_offload_share(m, xp, second_blocks) * second_activations))
-    first_allocator = allocator_bytes(c.allocator_fraction, first_act.workspace + activations_hbm
+    first_allocator = allocator_bytes(c.step.allocator_fraction, first_act.workspace + activations_hbm
                                       + xp.where(single_stage, logits, 0.0))
     return StageMemory(first_state, embedding, activations, output_layer, logits, last_activations, second_activations,
                        first_hbm, second_hbm, last_hbm, hbm, activations_hbm, first_allocator, offload)

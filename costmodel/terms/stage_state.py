@@ -47,19 +47,19 @@ def blocks_state(c: Context, m, xp, blocks, dense_params, expert_params, shards,
     over `shards` GPUs (weights, gradients, optimizer; the dp·cp group), the experts' over
     `expert_shards` (the expert data-parallel group)."""
     block_params = dense_params + expert_params
-    e, g = c.elem_bytes, c.grad_bytes_per_param
+    e, g = c.precision.elem_bytes, c.precision.grad_bytes_per_param
     # A precision recipe keeps each weight in BF16 or (low-precision param gather) as its
     # quantized param, plus the quantized copies cached for the step (costmodel.inputs.precision).
     stored, cached, gathered = e, 0.0, e
-    if c.recipe is not None:
-        stored, cached = c.recipe.weight_storage_bytes, c.recipe.weight_cache_bytes
-        gathered = c.recipe.weight_gather_bytes
+    if c.precision.recipe is not None:
+        stored, cached = c.precision.recipe.weight_storage_bytes, c.precision.recipe.weight_cache_bytes
+        gathered = c.precision.recipe.weight_gather_bytes
     dense, experts = blocks * dense_params, blocks * expert_params
     weights = (dense * stored / shards[0] + experts * stored / expert_shards[0]
                + xp.where(m.zero_3, 0.0, (dense + experts) * cached))
     grads = dense * g / shards[1] + experts * g / expert_shards[1]
-    optimizer = (dense * c.optimizer_bytes_per_param / shards[2]
-                 + experts * c.optimizer_bytes_per_param / expert_shards[2])
+    optimizer = (dense * c.precision.optimizer_bytes_per_param / shards[2]
+                 + experts * c.precision.optimizer_bytes_per_param / expert_shards[2])
     # Sharded state needs whole blocks while they compute: stage 3 the gathered weights of
     # the block computing and of the one prefetched (FSDP's default of one block in flight,
     # DeepSpeed's prefetch bucket); stages 2 and 3 one block's whole gradients before they

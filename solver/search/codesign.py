@@ -113,7 +113,7 @@ class CapacityExplorer(Explorer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.tables = Tables(self.c, self.v, self.problem.num_gpus, self.plan.space, len(self.c.net_size))
+        self.tables = Tables(self.c, self.v, self.problem.num_gpus, self.plan.space, len(self.c.net.size))
         self.floors: dict[tuple[float, float], dict] = {}
 
     def best_under(self, capacity: tuple[float, float]) -> tuple[Evaluation | None, bool]:
@@ -124,7 +124,7 @@ class CapacityExplorer(Explorer):
         capacity's literal."""
         if capacity not in self.floors:
             hbm, offload = capacity
-            c = dataclasses.replace(self.c, offload_capacity_bytes=offload)
+            c = dataclasses.replace(self.c, memory=dataclasses.replace(self.c.memory, offload_capacity_bytes=offload))
             floors = block_lower_bounds(self.tables, c, self.plan.space, self.plan.skeletons,
                                         local_batches(self.problem, self.v), offload > 0, self.v.num_networks, hbm)
             self.floors[capacity] = floors

@@ -177,12 +177,12 @@ class Engine:
         if not self.plan.skeletons:
             return
         keys = SplitKeys(self.plan.skeletons)
-        self.tables = Tables(self.c, keys, num_gpus, space, len(self.c.net_size), cache=block_tables,
+        self.tables = Tables(self.c, keys, num_gpus, space, len(self.c.net.size), cache=block_tables,
                              block_memo=self.block_memo, check=(check := lambda: _check(deadline)))
         self.local_batch = local_batches_of(keys.split, num_gpus, space, max_batch)
         self.block_floors = block_lower_bounds(self.tables, self.c, space, self.plan.skeletons, self.local_batch,
-                                               self.c.offload_capacity_bytes > 0, len(system.networks),
-                                               self.c.hbm_capacity_bytes, check)
+                                               self.c.memory.offload_capacity_bytes > 0, len(system.networks),
+                                               self.c.memory.hbm_capacity_bytes, check)
         self.ranked = sorted((floor, key) for key, floor in self.block_floors.items() if math.isfinite(floor))
         _check(deadline)
 
@@ -194,7 +194,7 @@ class Engine:
             self.say(f"building the CP-SAT model ({len(self.plan.skeletons)} {SPLIT_TEXT} splits)")
             m, v = structure_model(self.problem, self.plan.skeletons, flags=SEARCHED_FLAGS)
             bounds = add_bounds(m, v, self.c, self.problem.num_gpus, self.local_batch,
-                                self.problem.space, self.c.hbm_capacity_bytes, tables=self.tables)
+                                self.problem.space, self.c.memory.hbm_capacity_bytes, tables=self.tables)
             bounds.block_floors = self.block_floors
             objective = bounds.objective()
             m.Minimize(objective)

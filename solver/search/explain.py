@@ -227,8 +227,8 @@ class Explorer(Engine):
             return None                # (--fix already narrowed it: the engine's floors read that)
         space = pinned(self.plan.space, ((name, (value,)),))
         floors = block_lower_bounds(self.tables, self.c, space, self.plan.skeletons, self.local_batch,
-                                    self.c.offload_capacity_bytes > 0, len(self.problem.system.networks),
-                                    self.c.hbm_capacity_bytes)
+                                    self.c.memory.offload_capacity_bytes > 0, len(self.problem.system.networks),
+                                    self.c.memory.hbm_capacity_bytes)
         return sorted((floor, key) for key, floor in floors.items() if math.isfinite(floor))
 
     def best_of(self, question: Question) -> tuple[Evaluation | None, bool]:

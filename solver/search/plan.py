@@ -207,10 +207,10 @@ def check_buyable(counts: list[int], domain: int, name: str) -> None:
 def checkpoint_state_bytes(model: Model, context: Context) -> float:
     """What a checkpoint writes: every parameter's weights as training keeps them (the
     datatype's bytes, or the precision recipe's stored weight) and its optimizer state (fp32
-    master copy and Adam's two moments: costmodel.terms.context's optimizer_bytes_per_param), the
+    master copy and Adam's two moments: Context.precision.optimizer_bytes_per_param), the
     same terms costmodel.terms.stage_state sizes per GPU. Gradients are not checkpointed."""
-    weight = context.elem_bytes if context.recipe is None else context.recipe.weight_storage_bytes
-    return model.total_params * (weight + context.optimizer_bytes_per_param)
+    weight = context.precision.elem_bytes if context.precision.recipe is None else context.precision.recipe.weight_storage_bytes
+    return model.total_params * (weight + context.precision.optimizer_bytes_per_param)
 
 
 def phase_model(model: Model, phase: Phase) -> Model:

@@ -251,19 +251,19 @@ def diagnose(problem: "Problem", skels, context: Context, time_limit_s: float = 
     m, v = structure_model(problem, skels, flags=SEARCHED_FLAGS)
     local_batch = local_batches(problem, v)
     bounds = add_bounds(m, v, context, problem.num_gpus, local_batch, problem.space,
-                        context.hbm_capacity_bytes, enforce_hbm=False)
+                        context.memory.hbm_capacity_bytes, enforce_hbm=False)
     m.Minimize(bounds.memory())
     solver = new_solver(deadline - time.perf_counter())
     status = checked_solve(m, solver)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         q = bounds.quantization
         smallest = max(0.0, solver.BestObjectiveBound() - q.memory_terms) * q.memory_unit_bytes
-        if smallest > context.hbm_capacity_bytes:
+        if smallest > context.memory.hbm_capacity_bytes:
             # the relaxation also holds offloaded state within the offload capacity
             beside = (f", with at most {system.offload.capacity_gib:g} GiB in offload memory"
                       if system.offload is not None else "")
             reasons.append(f"hbm capacity: the smallest possible footprint is at least {smallest / GiB:.1f} GiB per "
-                           f"GPU > {context.hbm_capacity_bytes / GiB:.1f} GiB HBM{beside}")
+                           f"GPU > {context.memory.hbm_capacity_bytes / GiB:.1f} GiB HBM{beside}")
     elif status == cp_model.INFEASIBLE and system.offload is not None:
         reasons.append(f"offload capacity: no mapping's offloaded state fits {system.offload.capacity_gib:g} GiB")
     elif status == cp_model.UNKNOWN:

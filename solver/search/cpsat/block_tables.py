@@ -266,18 +266,18 @@ def best_expert_networks(c: Context, keys, networks: int) -> dict[str, np.ndarra
     block reads these two networks, and a block's time (its forward, backward, recompute
     and the offload they leave exposed) never falls as either collective grows, so these
     choices give exactly the minimum over both network axes, without a grid axis each."""
-    if c.moe_blocks and c.moe_comm_overlap:
+    if c.model.moe_blocks and c.settings.moe_comm_overlap:
         # With the EP overlap a block's time depends on the ep network through the compute its
         # hidden part steals (the network's processor usage) as well as through the collective's
         # time, so the fastest collective need not give the fastest block: not searched exactly.
         raise InputError("moe_comm_overlap: the search does not take expert-parallel overlap yet (its network "
                          "choice would not be exact); evaluate such mappings with `mapsat eval`")
-    size = np.asarray(c.net_size)
-    tokens = keys.microbatch * c.seq / keys.cp
+    size = np.asarray(c.net.size)
+    tokens = keys.microbatch * c.model.seq / keys.cp
     spans = {name: span for name, _, span, _ in group_spans(keys)}
     out = {}
     for name, net in (("ep", "ep_net"), ("etp", "etp_net")):
-        if not c.moe_blocks:
+        if not c.model.moe_blocks:
             out[net] = np.zeros(len(tokens), dtype=np.intp)
             continue
         times = []
@@ -328,7 +328,7 @@ def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
                 activations_offload=[False, True], **{net: list(axis) for net, axis in block_nets.items()})
     # (evaluated a few keys at a time and reduced to what the tables keep per key: the
     # block's terms over the whole grid would take gigabytes)
-    size = np.asarray(c.net_size)
+    size = np.asarray(c.net.size)
     rows_per_key = math.prod(len(axis) for axis in axes.values())
     keys_per_chunk = max(1, TABLE_CHUNK_ROWS // rows_per_key)
     networks_axes = tuple(block_nets)
@@ -385,7 +385,7 @@ def _keyed_tables(c: Context, tm_keys: list, whole: dict[str, np.ndarray]) -> di
         return {(rc, cls): by_tm(rows[comm, int(redo), RECOMPUTES.index(rc)])
                 for rc in RECOMPUTES for cls, (comm, redo) in ACT_CLASS_ROWS.items()}
     # the output layer's 3 passes (backward twice the forward); overlapped sends' exposed part can be 0 (pipeline_time)
-    scale = {"head": 3, "p2p": 0.0 if c.pp_comm_overlap else 1.0}
+    scale = {"head": 3, "p2p": 0.0 if c.settings.pp_comm_overlap else 1.0}
     readers = {1 + len(FLAG_AXES): by_block_flags, 4: by_class, 1: by_tm}
     return {name: readers[values.ndim](values * scale[name] if name in scale else values)
             for name, values in whole.items()}

@@ -30,7 +30,7 @@ from costmodel.terms.stage_kinds import stage_kind_counts
 
 KIND_BLOCK = "block_kind_"
 """The block tables of each kind's block time: "block_kind_0", "block_kind_1", ... in the
-order of Context.block_kinds (solver.search.cpsat.block_tables)."""
+order of Context.model.block_kinds (solver.search.cpsat.block_tables)."""
 KIND_MEMORY = ("stored_kind_", "workspace_kind_")
 """... and of each kind's stored activations and recompute workspace."""
 
@@ -71,7 +71,7 @@ def kind_rows(kinds, times: list | None = None) -> dict:
 def kind_tables(block: dict, c=None) -> tuple:
     """(time, stored, workspace): each kind's tables of the block tables `block`, in kind order
     (none without `c`, a model of several kinds' context)."""
-    kinds = range(len(c.block_kinds)) if c else ()
+    kinds = range(len(c.model.block_kinds)) if c else ()
     return tuple([block[f"{prefix}{k}"] for k in kinds] for prefix in (KIND_BLOCK, *KIND_MEMORY))
 
 
@@ -96,8 +96,8 @@ def first_stage_memory(c, pp: int, interleavings, kind_stored, kind_workspace) -
     floors `kind_stored` [M, kinds, K] weighted by its counts: the stage's mean block, as
     costmodel.terms.stage_costs costs it) and its workspace (the largest of `kind_workspace`
     over the kinds it holds), for each interleaving (V)."""
-    kinds = tuple(kind for kind, _ in c.block_kinds)
-    counts = np.array([stage_kind_counts(c.block_order, kinds, pp, int(il))[0] for il in interleavings])  # [V, kinds]
+    kinds = tuple(kind for kind, _ in c.model.block_kinds)
+    counts = np.array([stage_kind_counts(c.model.block_order, kinds, pp, int(il))[0] for il in interleavings])  # [V, kinds]
     shares = counts / counts.sum(axis=1, keepdims=True)
     stored = np.einsum("vk,mkc->vmc", shares, kind_stored)
     workspace = np.where(counts[:, None, :, None] > 0, kind_workspace[None], 0.0).max(axis=2)
@@ -108,8 +108,8 @@ def stage_kind_micro(c, pp: int, interleavings, kind_block, head) -> np.ndarray:
     """[V, M, K]: one microbatch on the slowest stage, bounded below stage by stage from each
     kind's block floor: max over the stages of Σ_kind count(stage, kind) · kind_block[M, kind, K]
     (+ the output layer `head` [M] on the last), for each interleaving of `interleavings` (V)."""
-    kinds = tuple(kind for kind, _ in c.block_kinds)
-    counts = np.array([stage_kind_counts(c.block_order, kinds, pp, int(il)) for il in interleavings])  # [V, pp, kinds]
+    kinds = tuple(kind for kind, _ in c.model.block_kinds)
+    counts = np.array([stage_kind_counts(c.model.block_order, kinds, pp, int(il)) for il in interleavings])  # [V, pp, kinds]
     stages = np.einsum("vpk,mkc->vpmc", counts, kind_block)
     stages[:, -1] = stages[:, -1] + head[None, :, None]
     return stages.max(axis=1)
@@ -137,11 +137,11 @@ def distinct_layouts(c, pp: int) -> list[int]:
     and with blocks of several kinds each stage's kinds (the chunks move them between stages)
     —, the least giving it: [1] but with a short last chunk or several kinds (and for a pp no
     interleaving lays out)."""
-    blocks, first_of = int(c.blocks), {}
-    kinds = tuple(kind for kind, _ in c.block_kinds)
+    blocks, first_of = int(c.model.blocks), {}
+    kinds = tuple(kind for kind, _ in c.model.block_kinds)
     for il in layout_interleavings(blocks, pp) or (1,):
         layout = stage_blocks(ScalarOps, blocks, pp, interleaving=il)
         if len(kinds) > 1 and layout_problem(blocks, pp, il) is None:
-            layout = (layout, stage_kind_counts(c.block_order, kinds, pp, il).tobytes())
+            layout = (layout, stage_kind_counts(c.model.block_order, kinds, pp, il).tobytes())
         first_of.setdefault(layout, il)
     return list(first_of.values())

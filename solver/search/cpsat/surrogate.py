@@ -339,12 +339,12 @@ def add_bounds(cpsat: cp_model.CpModel, variables: Variables, c: Context, num_gp
     bound (constrained to the capacity when `enforce_hbm`) and the offload capacity.
     `local_batch[(tp, cp, ep, etp, pp)]` is batch/dp of that split; `tables`: the exact model's
     tables over these variables' keys when already built (Tables of the same arguments)."""
-    tables = tables or Tables(c, variables, num_gpus, space, len(c.net_size))
+    tables = tables or Tables(c, variables, num_gpus, space, len(c.net.size))
     # Blocks per stage, bounded below for uneven layouts (costmodel.space.layout): in time, the
     # last stage's (its blocks and the output layer never outlast the slowest stage); in
     # memory, what the first stage keeps alive per microbatch in flight (see stage_floors).
-    time_blocks, memory_blocks = stage_floors(c.blocks, variables.pp.is_, variables)
-    even_layout = even_layout_literals(cpsat, variables, c.blocks)
+    time_blocks, memory_blocks = stage_floors(c.model.blocks, variables.pp.is_, variables)
+    even_layout = even_layout_literals(cpsat, variables, c.model.blocks)
     logs = SplitLogs(local={k: float(local_batch[k]) for k in variables.split},
                      pp_values={p: float(p) for p in variables.pp.is_},
                      pp_minus_1={p: float(p - 1) for p in variables.pp.is_},
@@ -358,9 +358,9 @@ def add_bounds(cpsat: cp_model.CpModel, variables: Variables, c: Context, num_gp
         if enforce_hbm:
             cpsat.Add(sum(memory) <= math.floor(hbm_capacity_bytes / MEMORY_UNIT_BYTES) + 1).WithName(
                 "HBM capacity")
-        add_offload_bound(cpsat, variables, tables, c.offload_capacity_bytes)
+        add_offload_bound(cpsat, variables, tables, c.memory.offload_capacity_bytes)
     block_floors = {}
     if skeletons is not None and hbm_capacity_bytes is not None and enforce_hbm:
         block_floors = block_lower_bounds(tables, c, variables.space, skeletons, local_batch,
-                                          c.offload_capacity_bytes > 0, variables.num_networks, hbm_capacity_bytes)
+                                          c.memory.offload_capacity_bytes > 0, variables.num_networks, hbm_capacity_bytes)
     return Bounds(time.terms, memory, Quantization(time.unit_s, MEMORY_UNIT_BYTES, time.exp_terms, 1), block_floors)

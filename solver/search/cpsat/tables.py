@@ -80,11 +80,11 @@ class Tables:
                  check: Callable[[], None] | None = None):
         tp_overlaps = space.codes("tp_overlap", pinned=False)
         cp_comms, shards = space.codes("cp_comm"), space.codes("shard")
-        self.several_kinds = len(c.block_kinds) > 1       # (each stage sums its own: kind_floors)
+        self.several_kinds = len(c.model.block_kinds) > 1       # (each stage sums its own: kind_floors)
         self.tm_keys = list(v.group_mb)
         self.tp_keys = list(v.split)
         nets = list(range(networks))
-        size = np.asarray(c.net_size)
+        size = np.asarray(c.net.size)
         if cache is not None:
             block, self.row_memo = cache.lookup(c, self.tm_keys, tp_overlaps, networks, cp_comms, check)
         else:
@@ -118,7 +118,7 @@ class Tables:
         # most all of it, stealing `usage` of the compute meanwhile), and all of it unoverlapped;
         # over the networks the gradient group's carrier fits: dp's spans every GPU, cp's
         # (carrying it when dp = 1) tp·cp.
-        usage = np.minimum(1.0, np.asarray(c.net_usage)[dp_net])
+        usage = np.minimum(1.0, np.asarray(c.net.usage)[dp_net])
         grad_fits = grid.of(((dp == 1) | (num_gpus <= size[dp_net])) & ((c_ == 1) | (t_ * c_ <= size[dp_net]))
                             & ((dp > 1) | (c_ > 1) | (t_ == 1) | (t_ <= size[dp_net])))
         # Hybrid sharding (`shard`) may reduce faster: the least over every sub-group a split
@@ -251,7 +251,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
     candidates for exact scoring, and its minimum per (tp, pp) split and per (tp,
     microbatch) becomes a cut that gives CP-SAT's LP the bound its one-hot relaxation
     cannot."""
-    blocks = c.blocks
+    blocks = c.model.blocks
     # every valid assignment of the flags a block reads (the space's own rules, tp, pp, dp > 1)
     known = {**{name: 2 for name, _ in NETWORK_GROUPS}, "dp_cp": 2, "offload": int(has_offload)}
     combos = sorted(flag_projection(space, BLOCK_FLAGS, known, num_networks))
@@ -329,7 +329,7 @@ def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, loca
         offloaded = (w_off * _on_s([t.weights_and_grads[z][at] for z, _, t in zo])
                      + _on_s([o * t.optimizer_state[z][at] for z, o, t in zo]) + activations_offloaded[None])
         # (a hair of slack: these sums round differently from the evaluator's)
-        fits = (memory <= hbm_capacity_bytes * FIT_SLACK) & (offloaded <= c.offload_capacity_bytes * FIT_SLACK)
+        fits = (memory <= hbm_capacity_bytes * FIT_SLACK) & (offloaded <= c.memory.offload_capacity_bytes * FIT_SLACK)
         extra = (_on_s([t.optimizer[z][at] + t.dp_once[z][at] for z, _, t in zo])[:, :, :, 0]
                  + _on_s([t.dp_per_microbatch[z][at] for z, _, t in zo])[:, :, :, 0] * n)    # [S, 1, M]
         best = (np.where(fits, time[None], np.inf).min(axis=3) + extra).min(axis=0)                 # [V, M]
