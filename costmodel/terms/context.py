@@ -125,6 +125,11 @@ class Context:
     fused_cross_entropy: bool = True   # Megatron's fused loss (6 bytes per logit) or eager PyTorch's (12)
     expert_bias: bool = False          # the routed experts carry biases (gpt-oss: Model.bias with experts)
     router_has_bias: bool = False      # the router's logits carry a bias (Model.router_bias)
+    router_load_balancing: str = "none"   # the router's load-balancing loss (Model.router_load_balancing)
+    router_fp32: bool = False          # logits, scores and top-k in float32 (Model.router_fp32)
+    router_expert_bias: bool = False   # tokens per expert counted for the bias update (Model.router_expert_bias)
+    router_tf32_flops_per_s: float = 0.0   # a float32 router's backward GEMMs: the system's float32 (TF32) peak
+    router_tf32_curve: Curve | None = None  # and its step curve
     clamped_activation: bool = False   # the experts' gate is clamped (Model.clamped_activation)
     unfused_rope: bool = False         # RoPE as PyTorch operations (Model.yarn_rope outside latent attention)
     # attention variants (costmodel.terms.block): latent attention's widths, and the sliding window's
@@ -256,7 +261,7 @@ class Context:
             offload_curve=Curve.of(system.offload.efficiency if system.offload else [(0, 1.0)]),
             offload_capacity_bytes=system.offload.capacity_bytes if system.offload else 0.0,
             **_network_fields(system),
-            **_moe_fields(model),
+            **_moe_fields(model), **_router_fields(model, system),
             capacity_factor=float(kernels.capacity_factor),
             grouped_gemm=gemm_in_step(_timing(gemm_compute.grouped_gemm, peak_ratio), gaps.block_s, window,
                                       gemm_compute.matrix_flops_per_s * peak_ratio, sustained),
@@ -322,7 +327,8 @@ def _moe_fields(model: Model) -> dict:
         moe_block_params=float(model.moe_block_params), routed_expert_params=float(model.routed_expert_params),
         shared_expert_params=float(model.shared_expert_params), router_params=float(model.router_params),
         expert_bias=bool(model.num_experts) and model.bias, router_has_bias=model.router_bias,
-        clamped_activation=model.clamped_activation,
+        clamped_activation=model.clamped_activation, router_load_balancing=model.router_load_balancing,
+        router_fp32=model.router_fp32, router_expert_bias=model.router_expert_bias,
         unfused_rope=model.yarn_rope and model.latent_attention is None,
     )
 
@@ -357,6 +363,16 @@ def _attention_fields(model: Model) -> dict:
         fields.update(v_head_size=float(mla.v_head_dim), q_lora_rank=float(mla.q_lora_rank),
                       kv_lora_rank=float(mla.kv_lora_rank), rope_head_size=float(mla.qk_rope_head_dim))
     return fields
+
+
+def _router_fields(model: Model, system: System) -> dict:
+    """A float32 router's backward GEMMs run on TF32 tensor cores (TE cublaslt_gemm.cu: pure FP32
+    GEMMs take CUBLAS_COMPUTE_32F_FAST_TF32): the system's float32 compute, where it has one."""
+    if not model.router_fp32 or Datatype.float32 not in system.compute:
+        return {}
+    compute = system.compute[Datatype.float32]
+    return dict(router_tf32_flops_per_s=compute.matrix_flops_per_s,
+                router_tf32_curve=_curve(compute, 1.0) or Curve.of([(0.0, 1.0)]))
 
 
 def _curve(compute: Compute, peak_ratio: float) -> Curve | None:
