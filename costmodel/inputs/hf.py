@@ -18,7 +18,11 @@ A field that would change the answer but is not modelled is reported as an
 UnmodelledFieldWarning naming it (the command line prints one line on stderr), never
 dropped in silence. Routing details that change the numerics but not the work
 (`norm_topk_prob`, `router_aux_loss_coef`, `router_jitter_noise`, `output_router_logits`)
-are read as nothing: they cost a few element-wise operations on k or E values per token.
+are read as nothing: they cost a few element-wise operations on k or E values per token. The
+load-balancing loss's kernels, a float32 router and the expert bias's count (Model's `router_*`
+fields) are how a framework trains the model, not the file's: deepseek_v3 reads them as
+Megatron-Bridge's DeepSeek-V3 bridge sets them; the other types leave them off (gpt-oss as its
+bridge does; give them in a model file for a run that trains with them).
 """
 
 from __future__ import annotations
