@@ -13,7 +13,8 @@ from costmodel.inputs.system import Datatype
 from costmodel.ops import ScalarOps
 from costmodel.terms.attention import unfused_rope_s
 from costmodel.terms.context import Context
-from costmodel.terms.moe_kernels import moe_launches
+from costmodel.terms.moe import fp32_router_backward_s
+from costmodel.terms.moe_kernels import moe_launches, router_extra_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT_OSS = load_model(ROOT / "problems/models/gpt-oss-120b/config.json", seq_size=4096)
@@ -129,3 +130,68 @@ def test_yarn_is_read_and_runs_unfused_outside_latent_attention():
     llama = load_model(ROOT / "problems/models/llama-3.1-8b/config.json", seq_size=4096)
     assert not _context(model=deepseek).model.unfused_rope       # latent attention: its own fused RoPE
     assert not llama.yarn_rope                             # rope_type llama3: the plain rotary kernel
+
+
+DEEPSEEK = load_model(ROOT / "problems/models/deepseek-v3/config.json", seq_size=4096)
+
+
+def test_the_router_is_trained_as_megatron_bridges_model_bridges_set_it():
+    """DeepSeek-V3 (deepseek_v3_bridge.py: seq_aux_loss at 1e-4, moe_router_dtype fp32, the expert
+    bias); gpt-oss (gpt_oss_bridge.py: load balancing none, the router in the model's BF16)."""
+    assert (DEEPSEEK.router_load_balancing, DEEPSEEK.router_fp32, DEEPSEEK.router_expert_bias) == \
+        ("seq_aux_loss", True, True)
+    assert (GPT_OSS.router_load_balancing, GPT_OSS.router_fp32, GPT_OSS.router_expert_bias) == ("none", False, False)
+
+
+@pytest.mark.parametrize("kind, forward, backward", [
+    # forward: aux scores 1, routing_map.sum 1, fused loss 1, [seq: / bsz 1], / coeff 1, tracker += 1,
+    # [global: tokens +=, ga_steps +=, their quotient 3]; backward: ones_like 1, · scale 1, [seq: / bsz 1],
+    # the loss's backward 1, the scores' backward 1, the logits' two gradients summed 1
+    ("aux_loss", 1 + 1 + 1 + 1 + 1, 1 + 1 + 1 + 1 + 1),
+    ("seq_aux_loss", 1 + 1 + 1 + 1 + 1 + 1, 1 + 1 + 1 + 1 + 1 + 1),
+    ("global_aux_loss", 1 + 1 + 1 + 1 + 1 + 3, 1 + 1 + 1 + 1 + 1),
+])
+def test_the_load_balancing_loss_launches_its_kernels(kind, forward, backward):
+    plain = moe_launches(_context(), ScalarOps, 16.0)
+    lossy = moe_launches(_context(model=GPT_OSS.model_copy(update={"router_load_balancing": kind})), ScalarOps, 16.0)
+    assert (lossy.forward_kernels - plain.forward_kernels, lossy.backward_kernels - plain.backward_kernels) == \
+        (forward, backward)
+
+
+def test_expert_bias_counts_tokens_forward_and_a_float32_router_casts_backward():
+    """_apply_expert_bias: the routing map's sum and its add (2 forward); a float32 router's backward:
+    the weight and the input cast up, the two gradients cast back (4)."""
+    plain = moe_launches(_context(), ScalarOps, 16.0)
+    bias = moe_launches(_context(model=GPT_OSS.model_copy(update={"router_expert_bias": True})), ScalarOps, 16.0)
+    fp32 = moe_launches(_context(model=GPT_OSS.model_copy(update={"router_fp32": True})), ScalarOps, 16.0)
+    assert (bias.forward_kernels - plain.forward_kernels, bias.backward_kernels - plain.backward_kernels) == (2, 0)
+    assert (fp32.forward_kernels - plain.forward_kernels, fp32.backward_kernels - plain.backward_kernels) == (0, 4)
+
+
+def test_deepseek_v3s_router_extras_move_these_bytes():
+    """DeepSeek-V3 at 4,096 tokens (E 256, h 7168), float32 router (r = 4 bytes): forward the aux
+    scores' pass (logits read 4; scores 4, map 1 and intermediate 4 written: 13 bytes a score), the
+    loss's map sum (1) and read (4), the expert bias's map sum (1): 19 bytes a score; backward the loss's gradient (4), the scores' backward (12), the two
+    gradients' sum (12), and the casts of the 4096 × 7168 input and gradient and the 256 × 7168
+    weight and gradient (2 + 4 bytes each way: 12 an element)."""
+    c = _context(model=DEEPSEEK)
+    tokens, scores = 4096.0, 4096.0 * 256
+    forward, backward = router_extra_bytes(c, tokens)
+    assert forward == pytest.approx(scores * (13 + 1 + 4 + 1), rel=1e-12)
+    assert backward == pytest.approx(scores * (4 + 12 + 12) + 12 * 7168 * (4096 + 256), rel=1e-12)
+    assert router_extra_bytes(_context(), tokens) == (0.0, 0.0)          # gpt-oss: none of them
+
+
+def test_a_float32_routers_backward_gemms_run_at_tf32():
+    """The input and weight gradients, 4096 × 256 × 7168 each (15.0 GFLOP), on the H100's float32
+    entry (495 TFLOP/s TF32 at its step curve) with float32 operands, in place of two BF16 GEMMs."""
+    c = _context(model=DEEPSEEK)
+    assert c.compute.router_tf32_flops_per_s == pytest.approx(495e12)
+    flops = 2 * 4096 * 256 * 7168
+    efficiency = ScalarOps.lookup(c.compute.router_tf32_curve, flops)
+    tf32 = max(flops / (495e12 * efficiency), 4 * (4096 * 7168 + 7168 * 256 + 4096 * 256) / c.memory.hbm_bytes_per_s
+               / ScalarOps.lookup(c.memory.hbm_curve, 4 * (4096 * 7168 + 7168 * 256 + 4096 * 256)))
+    bf16 = 20e-6
+    assert fp32_router_backward_s(c, ScalarOps, 4096.0, 256.0, bf16) == \
+        pytest.approx(2 * (tf32 + c.step.kernel_gap_s - bf16), rel=1e-12)
+    assert fp32_router_backward_s(_context(), ScalarOps, 4096.0, 128.0, bf16) == 0.0

@@ -121,6 +121,11 @@ FIELDS = dict(hidden=64, feedforward=256, seq_size=32, attn_heads=4, attn_size=1
     ({"num_experts": 8, "experts_per_token": 2, "expert_feedforward": 32, "moe_every": 5},
      "moe_every(5) > num_blocks(4)"),
     ({"num_experts": 1 << 17, "experts_per_token": 2, "expert_feedforward": 32}, "above 65,536"),
+    ({"router_fp32": True}, "router_fp32(True) given with num_experts(0)"),
+    ({"router_load_balancing": "seq_aux_loss", "router_expert_bias": True},
+     "router_load_balancing('seq_aux_loss'), router_expert_bias(True) given with num_experts(0)"),
+    ({"num_experts": 8, "experts_per_token": 2, "expert_feedforward": 32, "router_load_balancing": "sinkhorn"},
+     "router_load_balancing"),
 ])
 def test_bad_expert_fields_are_one_line_errors(write_file, change, message):
     path = write_file("moe.json", json.dumps({**FIELDS, **change}))

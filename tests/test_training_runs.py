@@ -338,3 +338,12 @@ def test_moe_section_leaves_out_token_dropping_and_flags_the_unlayable_row():
     assert len(dropping) == 4 and not dropping & names and dropping <= set(left_out)
     assert "flagged" in left_out["bridge2509_deepseek_v3_gb200_256_altquant"]
     assert {s.run.model for s in report.newest} == {"deepseek-v3", "gpt-oss-120b"}
+
+
+def test_25_09s_deepseek_v3_rows_train_without_the_load_balancing_loss():
+    """Megatron-Bridge r0.1.0's DeepSeekV3Provider sets seq_aux_loss but no coefficient (Megatron-Core's
+    0.0: the router skips the loss); from 25.11 the provider and the bridge set 1e-4."""
+    old = _bridge_run("bridge2509_deepseek_v3_h100_1024")
+    assert old.router_load_balancing == "none" and RunInputs().model(old).router_load_balancing == "none"
+    new = _bridge_run("bridge2511_deepseek_v3_b200_mxfp8_256_mtp")
+    assert new.router_load_balancing is None and RunInputs().model(new).router_load_balancing == "seq_aux_loss"

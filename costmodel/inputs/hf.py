@@ -18,7 +18,11 @@ A field that would change the answer but is not modelled is reported as an
 UnmodelledFieldWarning naming it (the command line prints one line on stderr), never
 dropped in silence. Routing details that change the numerics but not the work
 (`norm_topk_prob`, `router_aux_loss_coef`, `router_jitter_noise`, `output_router_logits`)
-are read as nothing: they cost a few element-wise operations on k or E values per token.
+are read as nothing: they cost a few element-wise operations on k or E values per token. The
+load-balancing loss's kernels, a float32 router and the expert bias's count (Model's `router_*`
+fields) are how a framework trains the model, not the file's: deepseek_v3 reads them as
+Megatron-Bridge's DeepSeek-V3 bridge sets them; the other types leave them off (gpt-oss as its
+bridge does; give them in a model file for a run that trains with them).
 """
 
 from __future__ import annotations
@@ -178,7 +182,10 @@ def _deepseek_v3(config: DeepseekV3Config, source: str) -> dict:
     Read and not modelled, as they change which experts a token meets, not the work:
     scoring_func (sigmoid: a few element-wise operations per score, as softmax), n_group and
     topk_group (group-limited routing), routed_scaling_factor, norm_topk_prob. The router's
-    e_score_correction_bias is a buffer updated by a rule, not a trained parameter: not counted."""
+    e_score_correction_bias is a buffer updated by a rule, not a trained parameter: not counted.
+    The router is trained as Megatron-Bridge's DeepSeek-V3 bridge sets it for every deepseek_v3
+    config (src/megatron/bridge/models/deepseek/deepseek_v3_bridge.py, v0.4.0 l.63-69, v0.6.0
+    l.68-75): seq_aux_loss (coefficient 1e-4), float32 router, the expert bias (`router_*` fields)."""
     heads = config_field(config, source, "num_attention_heads", 128)
     if config_field(config, source, "attention_bias", False):
         raise InputError(f"{source}: attention_bias true with latent attention is not modelled")
@@ -209,6 +216,7 @@ def _deepseek_v3(config: DeepseekV3Config, source: str) -> dict:
         "expert_feedforward": width, "first_dense_blocks": dense,
         **({"shared_experts": shared, "shared_expert_feedforward": width} if shared else {}),
         "mtp_blocks": config_field(config, source, "num_nextn_predict_layers", 0),
+        "router_load_balancing": "seq_aux_loss", "router_fp32": True, "router_expert_bias": True,
     }
 
 

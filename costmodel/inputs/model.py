@@ -120,6 +120,18 @@ class Model(ModelCounts, BaseModel):
                                 "sliding_window is given.")
     router_bias: Boolean = Field(False, description="A bias per expert on the router's logits (gpt-oss; "
                                                     "DeepSeek-V3's e_score_correction_bias): E parameters.")
+    router_load_balancing: Literal["none", "aux_loss", "seq_aux_loss", "global_aux_loss"] = Field(
+        "none", description="The load-balancing loss the router adds in training (Megatron-Core's "
+                            "moe_router_load_balancing_type with a non-zero moe_aux_loss_coeff; Megatron-Bridge "
+                            "sets seq_aux_loss for DeepSeek-V3, none for gpt-oss): its kernels, not its value.")
+    router_fp32: Boolean = Field(False, description="The router computes its logits, scores and top-k in float32 "
+                                                    "(Megatron-Core's moe_router_dtype fp32, as Megatron-Bridge "
+                                                    "sets for DeepSeek-V3): no parameters; more bytes and casts.")
+    router_expert_bias: Boolean = Field(False, description="Auxiliary-loss-free balancing: a per-expert bias on the "
+                                                           "scores, updated once a step from the tokens each expert "
+                                                           "received (Megatron-Core's "
+                                                           "moe_router_enable_expert_bias; DeepSeek-V3): a buffer, "
+                                                           "not a trained parameter.")
     yarn_rope: Boolean = Field(False, description="RoPE with YaRN scaling (Hugging Face's rope_scaling rope_type "
                                                   "yarn: gpt-oss): no parameters; outside latent attention Megatron "
                                                   "runs it unfused, as PyTorch operations.")
@@ -202,6 +214,8 @@ class Model(ModelCounts, BaseModel):
             given += [f"moe_every({self.moe_every})"] if self.moe_every != 1 else []
             given += [f"first_dense_blocks({self.first_dense_blocks})"] if self.first_dense_blocks else []
             given += ["router_bias(True)"] if self.router_bias else []
+            given += [f"router_load_balancing({self.router_load_balancing!r})"] if self.router_load_balancing != "none" else []
+            given += [f"{name}(True)" for name in ("router_fp32", "router_expert_bias") if getattr(self, name)]
             if given:
                 raise ValueError(f"{', '.join(given)} given with num_experts(0), a dense model: give num_experts too")
             return self

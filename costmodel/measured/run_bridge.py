@@ -42,6 +42,11 @@ only RoPE scaling for a 128k context, which costs nothing more at sequence 8,192
 mixture-of-experts models read problems/models/deepseek-v3 and gpt-oss-120b (their Hugging
 Face config.json); `mapsat validate` and the training-runs benchmark still score the dense
 rows only (costmodel.measured.run_scoring.split_dense)."""
+ROUTER_LOSS_OFF = {("deepseek_v3", "25.09")}
+"""Rows whose model trained without its load-balancing loss: 25.09's DeepSeek-V3 (Megatron-Bridge r0.1.0,
+684a686: DeepSeekV3Provider, src/megatron/bridge/models/deepseek/deepseek_provider.py l.163-189, sets
+seq_aux_loss but no moe_aux_loss_coeff, so Megatron-Core's 0.0 stands and the router skips the loss,
+router.py is_aux_loss_enabled; v0.2.0's DeepSeekV3ModelProvider sets 1e-4, l.184, as the later bridges)."""
 
 BRIDGE_SYSTEMS = {"DGX-H100": "h100-80g-nvl8", "DGX-B200": "b200-180g-nvl8", "DGX-GB200": "gb200-186g-nvl72"}
 
@@ -277,7 +282,8 @@ def bridge_run(row: BridgeRow, settings: WorkloadSettings | None, source: str) -
         "published_tflops_per_gpu": row.tflops_per_gpu, "software": row.container,
         "configuration": bridge_configuration(row), "source": row.source,
         "notes": "; ".join(part for part in [row.notes, *notes] if part),
-        **({"mtp_blocks": 0} if row.mtp is False else {}), **fields}
+        **({"mtp_blocks": 0} if row.mtp is False else {}),
+        **({"router_load_balancing": "none"} if (row.model_key, row.container) in ROUTER_LOSS_OFF else {}), **fields}
     try:
         return Run.model_validate(data)
     except ValidationError as err:

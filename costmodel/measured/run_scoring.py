@@ -84,6 +84,8 @@ class RunInputs:
         model = self._models[key]
         if run.mtp_blocks is not None and run.mtp_blocks != model.mtp_blocks:
             model = model.model_copy(update={"mtp_blocks": run.mtp_blocks})
+        if run.router_load_balancing is not None and run.router_load_balancing != model.router_load_balancing:
+            model = model.model_copy(update={"router_load_balancing": run.router_load_balancing})
         return model
 
     def system(self, run: Run) -> System:

@@ -118,6 +118,9 @@ class Run(BaseModel):
     mtp_blocks: Annotated[WholeNumber, within(_BLOCKS_OR_NONE)] | None = Field(
         None, ge=0, description="Multi-token prediction modules the run trained (replaces the model file's); "
                                 "default: the model's.")
+    router_load_balancing: Literal["none", "aux_loss", "seq_aux_loss", "global_aux_loss"] | None = Field(
+        None, description="The router's load-balancing loss the run trained with (replaces the model file's); "
+                          "default: the model's.")
     pipeline_layout: str | None = Field(
         None, description="An explicit pipeline layout (Megatron's pipeline_model_parallel_layout, e.g. "
                           "'Et*2|(t*2|)*34,t*3|(t*2|)*3,tL'); default: the layout rule.")

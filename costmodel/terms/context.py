@@ -161,8 +161,19 @@ def _compute_rates(system: System, datatype: Datatype, gaps: StepGaps,
                                     gaps.block_s),
         vector_curve=Curve.of(compute.vector_efficiency),
         grouped_gemm=in_step(gemm_compute.grouped_gemm, gemm_compute, peak_ratio),
-        **high_precision,
+        **high_precision, **_router_rates(system),
     )
+
+
+def _router_rates(system: System) -> dict:
+    """A float32 router's backward GEMMs run on TF32 tensor cores (TE cublaslt_gemm.cu: pure FP32
+    GEMMs take CUBLAS_COMPUTE_32F_FAST_TF32): the system's float32 compute, where it has one
+    (read only when the model's router is float32)."""
+    if Datatype.float32 not in system.compute:
+        return {}
+    compute = system.compute[Datatype.float32]
+    return dict(router_tf32_flops_per_s=compute.matrix_flops_per_s,
+                router_tf32_curve=_curve(compute, 1.0) or Curve.of([(0.0, 1.0)]))
 
 
 def _memory_tiers(system: System, gaps: StepGaps) -> MemoryTiers:
@@ -221,7 +232,8 @@ def _moe_fields(model: Model) -> dict:
         moe_block_params=float(model.moe_block_params), routed_expert_params=float(model.routed_expert_params),
         shared_expert_params=float(model.shared_expert_params), router_params=float(model.router_params),
         expert_bias=bool(model.num_experts) and model.bias, router_has_bias=model.router_bias,
-        clamped_activation=model.clamped_activation,
+        clamped_activation=model.clamped_activation, router_load_balancing=model.router_load_balancing,
+        router_fp32=model.router_fp32, router_expert_bias=model.router_expert_bias,
         unfused_rope=model.yarn_rope and model.latent_attention is None,
     )
 

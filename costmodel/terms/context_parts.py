@@ -54,6 +54,9 @@ class ModelShape:
     expert_bias: bool = False          # the routed experts carry biases (gpt-oss: Model.bias with experts)
     router_has_bias: bool = False      # the router's logits carry a bias (Model.router_bias)
     clamped_activation: bool = False   # the experts' gate is clamped (Model.clamped_activation)
+    router_load_balancing: str = "none"   # the router's load-balancing loss (Model.router_load_balancing)
+    router_fp32: bool = False          # logits, scores and top-k in float32 (Model.router_fp32)
+    router_expert_bias: bool = False   # tokens per expert counted for the bias update (Model.router_expert_bias)
     unfused_rope: bool = False         # RoPE as PyTorch operations (Model.yarn_rope outside latent attention)
     # attention variants (costmodel.terms.attention): latent attention's widths, and the sliding
     # window's share of the attention core's work
@@ -134,6 +137,8 @@ class ComputeRates:
     hp_matrix_curve: Curve | None = None
     hp_gemm: GemmTiming | None = None
     hp_grouped_gemm: GemmTiming | None = None
+    router_tf32_flops_per_s: float = 0.0   # a float32 router's backward GEMMs: the system's float32 (TF32) peak
+    router_tf32_curve: Curve | None = None  # and its step curve
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ from costmodel.terms.comm import collective_s
 from costmodel.terms.context import Context
 from costmodel.terms.kernel_time import gemm_time_s
 from costmodel.terms.layer_time import ACTIVATION_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
-from costmodel.terms.moe_kernels import moe_launches
+from costmodel.terms.moe_kernels import moe_launches, router_extra_bytes
 from costmodel.terms.quantize import GemmOperands
 from costmodel.inputs.system import Collective
 
@@ -122,6 +122,21 @@ def permutation_s(c: Context, xp, routed_elems, gathered_elems, local):
     return (eltwise_s(c, xp, routed_elems, 0.0, 2 * e)
             + eltwise_s(c, xp, routed_elems, UNPERMUTE_FLOPS_PER_ELEM, e * (k + 1) / k)
             + xp.where(local > 1, received, 0.0))
+
+
+def fp32_router_backward_s(c: Context, xp, routed_tokens, cols, bf16_gemm_s):
+    """What a float32 router's two backward GEMMs (input and weight gradients, each T × cols × h)
+    cost beyond the rule's two BF16 GEMMs (`bf16_gemm_s` each): they take float32 operands and
+    run at the system's TF32 rate, on the roofline of its float32 entry (4 bytes an element),
+    each paying the launch gap. 0 without a float32 router or a float32 entry."""
+    if not c.model.router_fp32 or c.compute.router_tf32_flops_per_s <= 0.0:
+        return 0.0
+    h = c.model.hidden
+    flops = 2 * routed_tokens * cols * h
+    compute = flops / (c.compute.router_tf32_flops_per_s * xp.lookup(c.compute.router_tf32_curve, flops))
+    num_bytes = 4 * (routed_tokens * h + h * cols + routed_tokens * cols)
+    memory = num_bytes / (c.memory.hbm_bytes_per_s * xp.lookup(c.memory.hbm_curve, num_bytes))
+    return 2 * (xp.maximum(compute, memory) + c.step.kernel_gap_s - bf16_gemm_s)
 
 
 @dataclass(frozen=True)
@@ -182,8 +197,9 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep, etp) -> MoeLayerForward:
     router_cols = E + (1.0 if c.model.shared_expert_gate else 0.0)
     router = matmul_s(c, xp, routed_tokens, router_cols, h, high_precision=True)   # a BF16 GEMM under any recipe
     scores = routed_tokens * E
-    router_eltwise = (eltwise_s(c, xp, scores, SOFTMAX_FLOPS_PER_ELEM, 2 * e)
-                      + eltwise_s(c, xp, scores, TOPK_FLOPS_PER_ELEM, e))
+    r = 4.0 if c.model.router_fp32 else e                   # a float32 router's logits and scores
+    router_eltwise = (eltwise_s(c, xp, scores, SOFTMAX_FLOPS_PER_ELEM, 2 * r)
+                      + eltwise_s(c, xp, scores, TOPK_FLOPS_PER_ELEM, r))
 
     # Up and down GEMMs of the local experts: one grouped kernel each, or plain GEMMs for one expert.
     grouped = grouped_gemm_s(c, xp, local, rows, up_cols, h) + grouped_gemm_s(c, xp, local, rows, h, f_cols)
@@ -215,6 +231,8 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep, etp) -> MoeLayerForward:
         shared, shared_act, shared_flops = 0.0, 0.0, 0.0
 
     launches = moe_launches(c, xp, local)
+    extra_forward, extra_backward = (num_bytes / c.memory.hbm_bytes_per_s for num_bytes in router_extra_bytes(c, routed_tokens))
+    router_eltwise = router_eltwise + extra_forward   # the launches' latency is in launches.forward_s
     expert_act = expert_act + launches.activation_s
     return MoeLayerForward(
         router_gemm_s=router, expert_gemm_s=experts, shared_gemm_s=shared,
@@ -223,7 +241,9 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep, etp) -> MoeLayerForward:
                       + shared_flops),
         local_experts=local, rows_per_expert=rows, expert_activation_s=expert_act,
         router_eltwise_s=router_eltwise, permute_s=permutations, shared_activation_s=shared_act,
-        launches_s=launches.forward_s - launches.activation_s, launches_backward_extra_s=launches.backward_extra_s,
+        launches_s=launches.forward_s - launches.activation_s,
+        launches_backward_extra_s=(launches.backward_extra_s + extra_backward - 2 * extra_forward
+                                   + fp32_router_backward_s(c, xp, routed_tokens, router_cols, router)),
     )
 
 

@@ -32,13 +32,22 @@ megatron/core/fusions/fused_bias_geglu.py, transformer_engine/pytorch/module/gro
     router GEMMs, top-k backward, gradient merge,       5, + router bias gradient and its add 2
     the router weight's main-gradient add
     flex dispatcher in place of the permutes: HybridEP  8; DeepEP 13
+    router training extras (the model's router_* fields; forward / backward):
+      load-balancing loss, fused (TE fused_router)      aux_loss 5 / 5, seq_aux_loss 6 / 6,
+                                                        global_aux_loss 8 / 5
+      expert bias: tokens per expert counted            2 / 0
+      float32 router: casts around the backward GEMMs   0 / 4
 
 L = E/ep local experts. A precision recipe quantizes each expert's operands in its own kernel
 (TE split_quantize: "quantize kernels individually"): the X and dY of fc1 and fc2, L each, where
 the formulas time one pass per operand (the weights' scale swizzles are timed there too). The
 flex dispatcher has no all-to-all preprocess; its own kernels and host syncs are its backend's
-(FLEX_KERNELS). Not counted: the aux loss and its scaler, a float32 router's casts, the
-expert-bias update (once a step), and the force-balancing noise of benchmark runs.
+(FLEX_KERNELS). The router's training extras (AUX_LOSS_KERNELS, EXPERT_BIAS_KERNELS,
+FP32_ROUTER_KERNELS) carry the router's T × E or T × h tensors: `router_extra_bytes` gives their
+bytes, timed on HBM in costmodel.terms.moe. Not counted: the expert-bias update itself (once a
+step, in finalize_model_grads: about 9 kernels and a copy per MoE layer of the stage, ~1 ms a step),
+the load-balancing loss's all-reduce of E counts over tp·cp (a no-op at tp·cp 1), the float32
+backward GEMMs' TF32 rate (timed at BF16's), and the force-balancing noise of benchmark runs.
 
 Costs, one microbatch: each kernel beyond the timed ones its GPU latency plus the gap; each host
 synchronisation one gap (the GPU idles until the host launches the next kernel). CUDA graphs
@@ -55,7 +64,7 @@ from dataclasses import dataclass
 
 from costmodel.terms.context import Context
 
-__all__ = ["MoeLaunches", "moe_launches"]
+__all__ = ["MoeLaunches", "moe_launches", "router_extra_bytes"]
 
 PREPROCESS_KERNELS = 6.0
 """token_dispatcher.py preprocess: routing_map.sum, the input splits' sum, a contiguous copy and three
@@ -104,6 +113,52 @@ HybridEP; the padding branch (pad lengths, cumsum, zeros, cat: 4) runs only when
 not a multiple of the alignment, and is not counted."""
 
 
+AUX_LOSS_KERNELS = {"none": (0.0, 0.0), "aux_loss": (5.0, 5.0), "seq_aux_loss": (6.0, 6.0),
+                    "global_aux_loss": (8.0, 5.0)}
+"""The load-balancing loss's kernels, forward and backward, with the fused router (moe_router_fusion, every
+MoE preset; Megatron-Core core_r0.17.0 router.py l.639-668 and moe_utils.py; TE 2.12 pytorch/router.py, one
+kernel each of tex.fused_score_for_moe_aux_loss_fwd/bwd and fused_moe_aux_loss_fwd/bwd,
+common/fused_router/*.cu).
+
+Forward: compute_routing_scores_for_aux_loss (moe_utils.py l.826-875) 1, the scores and a routing map from
+the logits; get_tokens_per_expert_and_token_count (l.227-246) routing_map.sum 1; switch_load_balancing_loss_func
+(l.59-146) the fused loss 1 (one 8-block cluster, fused_moe_aux_loss.cu l.170-200); seq_aux_loss divides it by
+the batch (router.py l.357-368) 1; attach_and_log_load_balancing_loss (l.426-495): `aux_loss / aux_loss_coeff`
+and the tracker's `values[layer_number - 1] += loss` (save_to_aux_losses_tracker, moe_utils.py l.943-977) 2;
+MoEAuxLossAutoScaler's forward returns its input (none). aux_loss 5, seq_aux_loss 6; global_aux_loss (l.380-424)
+adds the running `global_tokens_per_expert +=`, `ga_steps += 1` and their quotient: 8.
+Backward: MoEAuxLossAutoScaler.backward (moe_utils.py l.269-286) ones_like and the scale 2; the loss's backward
+1 (seq_aux_loss: and the division's 1); the scores' backward 1; the logits' two gradients (top-k's and the
+loss's) summed 1: aux_loss 5, seq_aux_loss 6, global_aux_loss 5."""
+EXPERT_BIAS_KERNELS = 2.0
+"""router.py l.573-585 `_apply_expert_bias`, every forward with gradients on: routing_map.sum(dim=0) and its
+add into local_tokens_per_expert (2 kernels eager; a compiled jit_fuser could fuse them into one)."""
+FP32_ROUTER_KERNELS = 4.0
+"""moe_utils.py l.1339-1373 RouterGatingLinearFunction.backward with router_dtype float32 and BF16 weights
+and inputs (Float16Module): weight.to(fp32) and inp.to(fp32) before the two GEMMs, and the results cast back,
+grad_input to the input's and grad_weight to the weight's dtype; forward's GEMM writes float32 logits itself
+(TE general_gemm with an fp32 output, l.1325-1326), no cast. The two backward GEMMs take float32 operands
+(TE cublaslt_gemm.cu l.447-450: TF32)."""
+
+
+def router_extra_bytes(c: Context, routed_tokens):
+    """Bytes the router's training extras move, forward and backward, one microbatch: the
+    load-balancing loss's passes over the T × E scores (each r bytes, r = 4 for a float32
+    router, else e; a routing map 1 byte), the expert bias's count over the routing map, and
+    a float32 router's two casts of the T × h input and its gradient (6 bytes an element
+    each) and of the E × h weight and its gradient."""
+    r = 4.0 if c.model.router_fp32 else c.precision.elem_bytes
+    scores = routed_tokens * c.model.experts
+    aux = 0.0 if c.model.router_load_balancing == "none" else 1.0
+    bias = 1.0 if c.model.router_expert_bias else 0.0
+    fp32 = 1.0 if c.model.router_fp32 else 0.0
+    # forward: the aux scores (read logits; write scores, map, intermediate), the map's sum, the loss's read
+    forward = aux * scores * ((3 * r + 1) + 1 + r) + bias * scores
+    # backward: the loss's gradient written, the scores' backward (read 2, write 1), the two gradients' sum
+    backward = aux * scores * (r + 3 * r + 3 * r) + fp32 * 12 * c.model.hidden * (routed_tokens + c.model.experts)
+    return forward, backward
+
+
 @dataclass(frozen=True)
 class MoeLaunches:
     """What one MoE layer's untimed kernels and host synchronisations cost, one microbatch."""
@@ -145,13 +200,16 @@ def moe_launches(c: Context, xp, local) -> MoeLaunches:
     flex_forward, flex_backward, flex_syncs = FLEX_KERNELS[c.settings.moe_flex_backend]
     shared = _shared_kernels(c)
 
-    router_fwd = 2.0 + alltoall * (PREPROCESS_KERNELS + PREPROCESS_COPIES)
+    aux_fwd, aux_bwd = AUX_LOSS_KERNELS[c.model.router_load_balancing]
+    router_fwd = (2.0 + alltoall * (PREPROCESS_KERNELS + PREPROCESS_COPIES) + aux_fwd
+                  + (EXPERT_BIAS_KERNELS if c.model.router_expert_bias else 0.0))
     permutes_fwd = (alltoall * (PERMUTE_KERNELS + 1.0 + several * (SORT_KERNELS + UNSORT_KERNELS))
                     + (1 - alltoall) * flex_forward)
     permutes_bwd = alltoall * (3.0 + several) + (1 - alltoall) * flex_backward
     expert_fwd = (permutes_fwd + 2 * local + 1.0 + clamp * CLAMP_KERNELS_FORWARD + bias * (2 * local + 1) + shared
                   + quantized * 2 * (local - 1))
-    router_bwd = 2.0 + ROUTER_BACKWARD_KERNELS + (2.0 if c.model.router_has_bias else 0.0)
+    router_bwd = (2.0 + ROUTER_BACKWARD_KERNELS + (2.0 if c.model.router_has_bias else 0.0) + aux_bwd
+                  + (FP32_ROUTER_KERNELS if c.model.router_fp32 else 0.0))
     expert_bwd = (permutes_bwd + 4 * local + 1.0 + clamp * CLAMP_KERNELS_BACKWARD
                   + bias * (6 * local + 3) + 2 * shared + quantized * 2 * (local - 1))
     timed_expert_fwd = _timed_expert_forward(c, xp, local)

@@ -647,7 +647,9 @@ def model_documents(draw) -> dict:
         experts = draw(st.sampled_from([1, 4, 16]))
         doc.update(num_experts=experts, experts_per_token=draw(st.integers(1, experts)), expert_feedforward=32,
                    first_dense_blocks=draw(edge),
-                   moe_every=draw(st.integers(1, blocks + 2)), router_bias=draw(st.booleans()))
+                   moe_every=draw(st.integers(1, blocks + 2)), router_bias=draw(st.booleans()),
+                   router_load_balancing=draw(st.sampled_from(["none", "aux_loss", "seq_aux_loss", "global_aux_loss"])),
+                   router_fp32=draw(st.booleans()), router_expert_bias=draw(st.booleans()))
         shared = draw(st.integers(0, 2))
         doc.update(shared_experts=shared, shared_expert_feedforward=32 * bool(shared))
     if draw(st.booleans()):
