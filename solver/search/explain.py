@@ -110,47 +110,30 @@ class Explorer(Engine):
         self._offers: dict[tuple, bool] = {}     # (split, flag, code) -> whether the split can take it
         self._keys_by_value: dict[str, dict[int, frozenset]] = {}   # split dimension -> value -> its blocks
 
-    def _compatible(self, key: Key, name: str | None, value: int | None) -> bool:
+    def _held(self, key: Key, name: str) -> int:
+        """The block's value of split dimension `name`."""
+        own = {"interleaving": key.interleaving, "microbatch": key.microbatch}
+        return own[name] if name in own else getattr(self.plan.skeletons[self.index[key.split]], name)
+
+    def _allowed(self, name: str | None, value: int | None) -> Callable[[Key], bool]:
         """Whether a block can hold a feasible mapping with the pinned value: a split value
         must be the block's own; a flag value must be in the split's flag table (the
         space's rules), and a network must hold the group it carries (evaluate's network
-        check), or no mapping of the block takes it feasibly."""
-        if name is None:
-            return True
-        skeleton = self.plan.skeletons[self.index[key.split]]
-        if BY_NAME[name].is_flag:
-            return self._flag_offers(key.split, name, value)
-        own = {"interleaving": key.interleaving, "microbatch": key.microbatch}
-        return (own[name] if name in own else getattr(skeleton, name)) == value
-
-    def _allowed(self, name: str | None, value: int | None) -> Callable[[Key], bool]:
-        """`_compatible` with the pin fixed, as the search asks it of every block many times: the
-        engine's blocks that take a split dimension's value are found once (grouped by that
-        dimension's value), a flag's per split; any other block is asked directly."""
+        check), or no mapping of the block takes it feasibly. The search asks it of every block
+        many times, so the engine's blocks holding each value of a split dimension are grouped
+        once (a flag's answer is kept per split by `_flag_offers`)."""
         if name is None:
             return lambda key: True
         if BY_NAME[name].is_flag:
-            offers: dict[tuple, bool] = {}
-
-            def flag_blocks(key: Key) -> bool:
-                held = offers.get(key.split)
-                if held is None:
-                    held = offers[key.split] = self._flag_offers(key.split, name, value)
-                return held
-            return flag_blocks
+            return lambda key: self._flag_offers(key.split, name, value)
         universe = self.block_floors
         if name not in self._keys_by_value:
             groups: dict[int, set] = {}
             for key in universe:
-                own = {"interleaving": key.interleaving, "microbatch": key.microbatch}
-                held = own[name] if name in own else getattr(self.plan.skeletons[self.index[key.split]], name)
-                groups.setdefault(held, set()).add(key)
+                groups.setdefault(self._held(key, name), set()).add(key)
             self._keys_by_value[name] = {held: frozenset(keys) for held, keys in groups.items()}
         allowed = self._keys_by_value[name].get(value, frozenset())
-
-        def blocks(key: Key) -> bool:
-            return key in allowed if key in universe else self._compatible(key, name, value)
-        return blocks
+        return lambda key: key in allowed if key in universe else self._held(key, name) == value
 
     def _flag_offers(self, split: tuple, name: str, value: int) -> bool:
         if (split, name, value) not in self._offers:
