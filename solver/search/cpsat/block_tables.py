@@ -1,10 +1,11 @@
 """The exact model's tables over (tp, cp, ep, etp, microbatch) that read neither the GPU count
 nor the batch (solver.search.cpsat.tables.Tables takes them, and `mapsat plan` shares them
-across counts through BlockTableCache), and the named-axis grids they are built on."""
+across counts through BlockTableCache), built on named-axis grids (solver.search.cpsat.named)."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -21,6 +22,7 @@ from costmodel.encoding import MappingArrays, code
 from costmodel.terms.moe import moe_communication
 from costmodel.terms.iteration import iteration_terms, output_layer_s
 from solver.search.cpsat.kind_floors import kind_block_rows, reduced_kind_rows
+from solver.search.cpsat.named import Named
 from costmodel.evaluate import array_fields, cp_comm_heads_fit, distinct_block_terms, group_spans
 from costmodel.ops import ArrayOps
 from costmodel.inputs.system import Collective
@@ -98,83 +100,6 @@ def _grid_terms(c: Context, block_memo: dict | None, **columns):
     once (costmodel.evaluate.distinct_block_terms, with `block_memo`)."""
     arrays = _arrays(**columns)
     return iteration_terms(c, array_fields(arrays), ArrayOps, distinct_block_terms(c, arrays, block_memo))
-
-
-class Named:
-    """An array whose axes are named, each with the values it runs over: tables are read by
-    name and value (`.sel(recompute=RECOMPUTE_NONE)`, `.min("tp_net")`), never by position."""
-
-    def __init__(self, values: np.ndarray, axes: dict[str, tuple]):
-        self.values, self.axes = values, axes
-
-    @staticmethod
-    def grid(**axes) -> tuple[dict[str, np.ndarray], "Named"]:
-        """The Cartesian product of named axes as flat columns to evaluate on, and an empty
-        Named to shape the results with (`.of`)."""
-        names = list(axes)
-        mesh = np.meshgrid(*[np.asarray(axes[k]) for k in names], indexing="ij")
-        return ({k: g.ravel() for k, g in zip(names, mesh)},
-                Named(np.empty(mesh[0].shape), {k: tuple(np.asarray(axes[k]).tolist()) for k in names}))
-
-    @staticmethod
-    def open_grid(**axes) -> tuple[dict[str, np.ndarray], "Named"]:
-        """As `grid`, with each column shaped to broadcast along its own axis only (a term
-        that reads a few axes is computed over those alone), and results given `.of` in any
-        shape that broadcasts to the grid's."""
-        names = list(axes)
-        mesh = np.meshgrid(*[np.asarray(axes[k]) for k in names], indexing="ij", sparse=True)
-        shape = tuple(len(axes[k]) for k in names)
-        return dict(zip(names, mesh)), Named(np.empty(shape), {k: tuple(np.asarray(axes[k]).tolist()) for k in names})
-
-    def of(self, flat) -> "Named":
-        """Flat results over the grid's rows (or one broadcast value, or results shaped to
-        broadcast to the grid's shape) as a Named of its shape."""
-        shape = self.values.shape
-        if np.ndim(flat) > 1:
-            return Named(np.broadcast_to(flat, shape), self.axes)
-        return Named(np.broadcast_to(flat, (math.prod(shape),)).reshape(shape), self.axes)
-
-    def _axis(self, name: str) -> int:
-        return list(self.axes).index(name)
-
-    def sel(self, **picks) -> "Named":
-        """The values at the given axis values; a list keeps the axis with those values, a
-        single value drops it."""
-        values, axes = self.values, dict(self.axes)
-        for name, pick in picks.items():
-            axis = list(axes).index(name)
-            if isinstance(pick, (list, tuple)):
-                if tuple(pick) != axes[name]:         # (the whole axis in its order: nothing to take)
-                    values, axes[name] = np.take(values, [axes[name].index(p) for p in pick], axis=axis), tuple(pick)
-            else:                                     # (a view: the entries are read, not copied)
-                values = values[(slice(None),) * axis + (axes[name].index(pick),)]
-                del axes[name]
-        return Named(values, axes)
-
-    def min(self, *names: str, where: "Named | None" = None) -> "Named":
-        """The minimum over the named axes (all but `key` when none are named). With `where`,
-        over the entries it allows only; where it allows none (no mapping there is feasible,
-        and the constraints exclude it), the plain minimum, a lower bound still."""
-        names = names or tuple(n for n in self.axes if n != "key")
-        axis = tuple(self._axis(n) for n in names)
-        kept = {k: v for k, v in self.axes.items() if k not in names}
-        if where is None:
-            (values,) = _one_of_repeats([self.values], axis)
-            return Named(values.min(axis=axis), kept)
-        values, allowed = _one_of_repeats([self.values, np.broadcast_to(where.values, self.values.shape)], axis)
-        least = np.where(allowed, values, np.inf).min(axis=axis)
-        none_allowed = ~np.isfinite(least)
-        if none_allowed.any():
-            least = np.where(none_allowed, values.min(axis=axis), least)
-        return Named(least, kept)
-
-
-def _one_of_repeats(arrays: list[np.ndarray], axis: tuple) -> list[np.ndarray]:
-    """`arrays` (of one shape) cut to their first entry along each axis of `axis` all of them only
-    repeat (stride 0, broadcast): the same minima over `axis`, without reading the repeats."""
-    cut = tuple(slice(0, 1) if i in axis and all(a.strides[i] == 0 for a in arrays) else slice(None)
-                for i in range(arrays[0].ndim))
-    return [a[cut] for a in arrays]
 
 
 class SplitKeys:
@@ -323,9 +248,10 @@ def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
     group_at = {name: i for i, name in enumerate(GROUP_DEGREES)}
     keys = _namespace(**{name: tm[:, i] for name, i in group_at.items()}, microbatch=tm[:, len(group_at)])
     expert_nets = best_expert_networks(c, keys, networks)
+    offloads = _offload_codes(c)
     axes = dict(tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2], cp_comm=cp_comms, seq_par_ag_redo=[False, True],
-                recompute=list(RECOMPUTES), weight_offload=[False, True],
-                activations_offload=[False, True], **{net: list(axis) for net, axis in block_nets.items()})
+                recompute=list(RECOMPUTES), weight_offload=offloads,
+                activations_offload=offloads, **{net: list(axis) for net, axis in block_nets.items()})
     # (evaluated a few keys at a time and reduced to what the tables keep per key: the
     # block's terms over the whole grid would take gigabytes)
     size = np.asarray(c.net.size)
@@ -362,6 +288,14 @@ def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
     return {name: np.concatenate(chunks) for name, chunks in parts.items()}
 
 
+def _offload_codes(c: Context) -> list[bool]:
+    """The offload switches the block grid evaluates: both with an offload tier; without one,
+    off only. A block's offload switches change nothing but its offload traffic's exposed time,
+    and with no tier that traffic takes no time (block_terms.offload_rate: an infinite rate),
+    so the rows with a switch on equal those with it off (_keyed_tables shares them)."""
+    return [False, True] if c.memory.offload_bytes_per_s > 0 else [False]
+
+
 FLAG_AXES = {"tp_comm": (0, 1, 2), "seq_par_ag_redo": (False, True), "recompute": RECOMPUTES,
              "weight_offload": (False, True), "activations_offload": (False, True)}
 """The axes the block time arrays keep after the key (_group_tables' grid, in its order, less
@@ -374,14 +308,17 @@ def _keyed_tables(c: Context, tm_keys: list, whole: dict[str, np.ndarray]) -> di
     recompute setting and activation class (ACT_CLASSES); with the key alone, one."""
     def by_tm(values: np.ndarray) -> dict:
         return dict(zip(tm_keys, values.tolist()))
-    def by_flags_first(values: np.ndarray, axes: tuple) -> np.ndarray:     # (one copy, key axis last)
-        return np.ascontiguousarray(values.reshape(len(values), -1).T).reshape(*(len(FLAG_AXES[k]) for k in axes), -1)
+    def by_flags_first(values: np.ndarray) -> np.ndarray:     # (one copy, key axis last)
+        return np.ascontiguousarray(values.reshape(len(values), -1).T).reshape(*values.shape[1:], -1)
     def by_block_flags(values: np.ndarray) -> dict:
-        rows = by_flags_first(values, tuple(FLAG_AXES))
-        return {(comm, redo, rc, w, a): by_tm(rows[comm, redo, RECOMPUTES.index(rc), w, a])
-                for comm in range(3) for redo in (0, 1) for rc in RECOMPUTES for w in (0, 1) for a in (0, 1)}
+        # (offload switches evaluated off only, _offload_codes: the tables with one on are those with it off)
+        rows, tables = by_flags_first(values), {}
+        for comm, redo, rc, w, a in itertools.product(range(3), (0, 1), RECOMPUTES, (0, 1), (0, 1)):
+            at = (comm, redo, RECOMPUTES.index(rc), min(w, rows.shape[3] - 1), min(a, rows.shape[4] - 1))
+            tables[comm, redo, rc, w, a] = (by_tm(rows[at]) if at[3:] == (w, a) else tables[comm, redo, rc, 0, 0])
+        return tables
     def by_class(values: np.ndarray) -> dict:
-        rows = by_flags_first(values, ("tp_comm", "seq_par_ag_redo", "recompute"))
+        rows = by_flags_first(values)
         return {(rc, cls): by_tm(rows[comm, int(redo), RECOMPUTES.index(rc)])
                 for rc in RECOMPUTES for cls, (comm, redo) in ACT_CLASS_ROWS.items()}
     # the output layer's 3 passes (backward twice the forward); overlapped sends' exposed part can be 0 (pipeline_time)

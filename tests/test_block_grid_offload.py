@@ -1,0 +1,54 @@
+"""The block grid evaluates the offload switches off only on a system with no offload tier
+(solver.search.cpsat.block_tables._offload_codes): its tables must equal, entry for entry, those
+of the grid that evaluates both switches — on a dense model, a mixture-of-experts model with
+kinds of blocks, and a layer pattern (Mamba-2, attention, MLP), with and without context
+parallelism. With a tier, both switches are evaluated and their tables differ."""
+
+from pathlib import Path
+
+import pytest
+
+from costmodel.inputs.load import load_model, load_system
+from costmodel.inputs.mapping import Mapping
+from costmodel.inputs.system import Datatype
+from costmodel.terms.context import Context
+from solver.search.cpsat import block_tables
+
+ROOT = Path(__file__).resolve().parents[1]
+H100 = ROOT / "problems/systems/h100-80g-nvl8.yaml"
+CASES = [  # model, keys (tp, cp, ep, etp, microbatch), datatype
+    ("gpt-1t-256b.yaml", [(8, 1, 1, 1, 1), (4, 1, 1, 1, 2), (2, 2, 1, 1, 1)], "float8"),
+    ("deepseek-v3/config.json", [(1, 1, 8, 1, 1), (2, 1, 16, 1, 2), (4, 1, 64, 1, 1)], "bfloat16"),
+    ("nemotron-h-8b/config.json", [(1, 1, 1, 1, 1), (2, 1, 1, 1, 2), (2, 2, 1, 1, 1)], "bfloat16"),
+]
+
+
+def _tables(c: Context, keys: list) -> dict:
+    return block_tables._block_tables(c, keys, (0, 1, 2), len(c.net.size))
+
+
+def _context(model_file: str, datatype: str, system=H100, seq: int = 4096) -> Context:
+    model = load_model(ROOT / "problems/models" / model_file, seq_size=seq)
+    mapping = Mapping(num_procs=8, tensor_par=1, pipeline_par=1, data_par=8, batch_size=8, microbatch_size=1,
+                      datatype=datatype)
+    return Context.build(model, system if not isinstance(system, Path) else load_system(system),
+                         Datatype(datatype), mapping.kernels)
+
+
+@pytest.mark.parametrize("model_file, keys, datatype", CASES)
+def test_no_offload_tier_grid_equals_the_grid_of_both_switches(monkeypatch, model_file, keys, datatype):
+    c = _context(model_file, datatype)
+    assert c.memory.offload_bytes_per_s == 0
+    assert block_tables._offload_codes(c) == [False]
+    pruned = _tables(c, keys)
+    monkeypatch.setattr(block_tables, "_offload_codes", lambda c: [False, True])
+    assert pruned == _tables(c, keys)        # every table, key and value, exactly
+
+
+def test_an_offload_tier_evaluates_both_switches_and_they_differ():
+    system = load_system(H100).with_overrides(offload_gib=1024, offload_gbps=10)
+    c = _context("gpt-1t-256b.yaml", "float8", system)
+    assert block_tables._offload_codes(c) == [False, True]
+    block = _tables(c, [(8, 1, 1, 1, 1)])["block"]    # keyed (tp_comm, redo, recompute, weight, activations)
+    assert any(block[(*flags, 1, 1)] != block[(*flags, 0, 0)]   # 10 GB/s cannot hide the traffic
+               for flags in {combo[:3] for combo in block})
