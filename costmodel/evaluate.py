@@ -331,7 +331,8 @@ def distinct_block_terms(c: Context, arrays: MappingArrays, memo: dict | None = 
     if terms is None:
         view = vars(array_fields(arrays.take(first)))
         terms = without_layers(kind_block_terms(c, SimpleNamespace(**{name: value for name, value in view.items()
-                                                                     if name in _BLOCK_VIEW_NAMES}), ArrayOps))
+                                                                     if name in _BLOCK_VIEW_NAMES}), ArrayOps,
+                                                  with_mtp=True))
         if memo is not None:
             memo[identity] = terms
     return spread(terms, inverse, len(first))

@@ -344,6 +344,8 @@ class KindBlocks:
 
     terms: tuple
     mean: BlockTerms
+    mtp: BlockTerms | None = None
+    """a multi-token prediction module's block (none of the mixes: iteration.mtp_terms), if asked"""
 
 
 def block_terms(c: Context, m, xp) -> BlockTerms:
@@ -351,7 +353,7 @@ def block_terms(c: Context, m, xp) -> BlockTerms:
     return kind_block_terms(c, m, xp).mean
 
 
-def kind_block_terms(c: Context, m, xp) -> KindBlocks:
+def kind_block_terms(c: Context, m, xp, with_mtp: bool = False) -> KindBlocks:
     """Each kind's block (kind_terms, with a mapping's recompute and offload mixes and a
     recipe's BF16 blocks), and their mean weighted by the kinds' counts; the mean's recompute
     workspace and offload bandwidth are the largest kind's. A mapping that recomputes N of each chunk's K blocks (recompute_blocks, Megatron-LM's
@@ -360,7 +362,8 @@ def kind_block_terms(c: Context, m, xp) -> KindBlocks:
     (activation_offload_blocks) mixes the offloading and the keeping block by N/(L/pp)
     (costmodel.terms.memory_features). The recompute workspace is the recomputed block's, and the
     offload bandwidth needed the offloading block's (peaks, not means). Each kind's forward
-    is computed once (_KindForwards) and every mix reuses it."""
+    is computed once (_KindForwards) and every mix reuses it. `with_mtp`: also a multi-token
+    prediction module's block (KindBlocks.mtp) when the model has them."""
     kinds = _KindForwards(m, xp)
     present = c.model.block_kinds
     terms = tuple(_recompute_mixed(c, m, kinds, kind) for kind, _ in present)
@@ -375,7 +378,8 @@ def kind_block_terms(c: Context, m, xp) -> KindBlocks:
             needed = xp.maximum(needed, kind_block.offload_bytes_per_s_needed)
         mean = replace(mean, activations=replace(mean.activations, workspace=workspace),
                        offload_bytes_per_s_needed=needed)
-    return KindBlocks(terms, mean)
+    mtp = kinds.terms(c, m, c.model.mtp_kind, False) if with_mtp and c.model.mtp_blocks else None
+    return KindBlocks(terms, mean, mtp)
 
 
 def _recompute_mixed(c: Context, m, kinds: _KindForwards, kind: str) -> BlockTerms:

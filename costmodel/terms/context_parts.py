@@ -97,6 +97,11 @@ class ModelShape:
         return self.kv_heads * (self.head_size + self.value_head_size)
 
     @property
+    def mtp_kind(self) -> str:
+        """The kind of a multi-token prediction module's block: the last block's (DeepSeek-V3: MoE)."""
+        return "moe" if self.mtp_block_is_moe else "dense"
+
+    @property
     def block_kinds(self) -> tuple[tuple[str, float], ...]:
         """The model's blocks by kind (costmodel.terms.block.BLOCK_KINDS) and count, the kinds
         it has: `kind_counts` when a model states them, else its dense blocks, then its blocks

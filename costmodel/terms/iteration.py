@@ -185,15 +185,16 @@ class MtpTerms:
     """one microbatch's stored activations of the modules' blocks"""
 
 
-def mtp_terms(c: Context, m, xp) -> MtpTerms:
+def mtp_terms(c: Context, m, xp, blk: BlockTerms | None = None) -> MtpTerms:
     """DeepSeek-V3's multi-token prediction (arXiv:2412.19437 §2.2; Megatron-LM's
     MultiTokenPredictionLayer) after the last block: per module, RMSNorms of the hidden state
     and of the next token's embedding, their concatenation projected 2h → h (split tp ways),
     one block of the last block's kind, the final norm and the shared output layer with its
     cross-entropy (output_layer_s again). Its backward follows its forward at once on the last
-    stage, so one microbatch's activations are held."""
+    stage, so one microbatch's activations are held. `blk`: the module's block when the caller
+    has it (KindBlocks.mtp)."""
     n = c.model.mtp_blocks
-    blk = kind_terms(c, m, xp, "moe" if c.model.mtp_block_is_moe else "dense")
+    blk = kind_terms(c, m, xp, c.model.mtp_kind) if blk is None else blk
     tokens = m.microbatch * c.model.seq / m.cp
     ln_tokens = xp.where(m.seq_par, tokens / m.tp, tokens)
     projection = matmul_s(c, xp, tokens, c.model.hidden / m.tp, 2 * c.model.hidden)
@@ -232,10 +233,10 @@ def iteration_terms(c: Context, m, xp, kinds: KindBlocks | None = None) -> Itera
     stages = Stages.of(c, m, xp)
     microbatches = stages.microbatches
     if kinds is None:
-        kinds = without_layers(kind_block_terms(c, m, xp))      # one block of each kind, one microbatch
+        kinds = without_layers(kind_block_terms(c, m, xp, with_mtp=True))   # one block of each kind, one microbatch
     sb = stage_blocks_terms(c, m, xp, kinds, stages)
     head_fwd = output_layer_s(c, m, xp)
-    mtp = mtp_terms(c, m, xp) if c.model.mtp_blocks else None
+    mtp = mtp_terms(c, m, xp, kinds.mtp) if c.model.mtp_blocks else None
     if mtp is None:
         pipe = pipeline_time(c, m, xp, sb, stages, head_fwd)
     else:
