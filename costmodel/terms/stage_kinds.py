@@ -19,7 +19,7 @@ import numpy as np
 
 from costmodel.inputs.model import Model
 from costmodel.inputs.model_counts import PATTERN_KINDS
-from costmodel.ops import ScalarOps
+from costmodel.ops import ScalarOps, distinct_rows
 from costmodel.space.layout import end_chunk_blocks, stage_blocks
 
 
@@ -119,10 +119,10 @@ def stage_kinds(c, m, xp) -> StageKinds:
     if np.ndim(m.pp) == 0:
         row = _rows(c, int(m.pp), int(m.interleaving), first, last)
         return StageKinds(row[0], row[1], row[2])
-    pairs = np.stack(np.broadcast_arrays(np.asarray(m.pp), np.asarray(m.interleaving)), axis=1).astype(np.int64)
-    distinct, inverse = np.unique(pairs, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    rows = [_rows(c, int(p), int(v), first, last) for p, v in distinct]
+    pp, interleaving = (column.astype(np.int64) for column in np.broadcast_arrays(np.asarray(m.pp),
+                                                                                  np.asarray(m.interleaving)))
+    at, inverse, _ = distinct_rows([pp, interleaving])
+    rows = [_rows(c, int(p), int(v), first, last) for p, v in zip(pp[at].tolist(), interleaving[at].tolist())]
     if not rows:                                       # no mapping
         empty = tuple(np.zeros(0) for _ in c.model.block_kinds)
         return StageKinds(empty, empty, ((empty, np.zeros(0)),))
