@@ -1,9 +1,13 @@
 """The per-block lower bounds of the surrogate time (block_lower_bounds), computed with numpy
-from the surrogate's tables (solver.search.cpsat.tables.Tables).
+from the surrogate's tables (solver.search.cpsat.tables.Tables), and the same bounds for many
+questions that each pin one flag (PinnedFloors, for solver.search.explain).
 
 A skeleton's bounds are a least over a tensor [S, V, M, K]: the (sharding stage, optimizer
 offload, shard group) choices S, the interleavings V, the microbatches M and the flag
-combinations K the block tables are keyed by (SkeletonFloors).
+combinations K the block tables are keyed by (SkeletonFloors). A pinned flag only narrows the
+choices on S and K (and whether ZB-H1 may run), so the tensors of the unpinned space hold every
+pinned question's values: PinnedFloors keeps them and takes each pin's least over the subset
+it admits, the same numbers reduced over the same choices as computing the pinned space anew.
 """
 
 from __future__ import annotations
@@ -133,6 +137,48 @@ def block_lower_bounds(tables, c: Context, space: Space, skeletons, local_batch:
         floors = skeleton_floors(tables, c, choices, rows, sk, local_batch[sk.split], has_offload, hbm_capacity_bytes)
         out.update(zip(floors.keys, floors.least(ALL, ALL, choices.zero_bubble)))
     return out
+
+
+class PinnedFloors:
+    """block_lower_bounds of the space with one flag pinned, for many pins in turn: each
+    skeleton's tensors are computed once for the space itself, and a pin's floors are their
+    least over the flag combinations, sharding stages and shard groups the pinned space still
+    admits. Pinning only narrows those, so these are the same numbers reduced over the same
+    choices as block_lower_bounds of the pinned space, at the cost of a few minima per skeleton;
+    a pin that would widen them (none does) is computed anew."""
+
+    def __init__(self, tables, c: Context, space: Space, skeletons, local_batch: dict, has_offload: bool,
+                 num_networks: int, hbm_capacity_bytes: float):
+        self.tables, self.c, self.skeletons, self.local_batch = tables, c, skeletons, local_batch
+        self.has_offload, self.num_networks, self.hbm_capacity_bytes = has_offload, num_networks, hbm_capacity_bytes
+        self.choices = FloorChoices.of(space, has_offload, num_networks)
+        self._floors: list[SkeletonFloors] | None = None
+
+    def of(self, pinned_space: Space) -> dict:
+        """block_lower_bounds(pinned_space): each block's floor with the pin's choices only."""
+        narrow, wide = FloorChoices.of(pinned_space, self.has_offload, self.num_networks), self.choices
+        position = {combo: k for k, combo in enumerate(wide.combos)}
+        if (not narrow.combos or not set(narrow.combos) <= position.keys()
+                or not set(narrow.zero_codes) <= set(wide.zero_codes)
+                or not set(narrow.shard_codes) <= set(wide.shard_codes) or narrow.zero_bubble > wide.zero_bubble):
+            return block_lower_bounds(self.tables, self.c, pinned_space, self.skeletons, self.local_batch,
+                                      self.has_offload, self.num_networks, self.hbm_capacity_bytes)
+        on_k = ALL if narrow.combos == wide.combos else np.array([position[combo] for combo in narrow.combos])
+        out = {}
+        for sk, floors in zip(self.skeletons, self._skeleton_floors(), strict=True):
+            stages = narrow.zero_codes if sk.dp * sk.cp > 1 else (0,)
+            on_s = np.array([i for i, (z, _, t) in enumerate(floors.choices)
+                             if z in stages and t.code in narrow.shard_codes], dtype=np.intp)
+            out.update(zip(floors.keys, floors.least(ALL if len(on_s) == len(floors.choices) else on_s, on_k,
+                                                     narrow.zero_bubble)))
+        return out
+
+    def _skeleton_floors(self) -> list[SkeletonFloors]:
+        if self._floors is None:
+            rows = GroupRows(self.tables, self.choices.combos)
+            self._floors = [skeleton_floors(self.tables, self.c, self.choices, rows, sk, self.local_batch[sk.split],
+                                            self.has_offload, self.hbm_capacity_bytes) for sk in self.skeletons]
+        return self._floors
 
 
 def skeleton_floors(tables, c: Context, choices: FloorChoices, rows: GroupRows, sk, local_batch: int,
