@@ -1,7 +1,8 @@
 """The block floors of a question pinning one flag, taken from the unpinned space's tensors
 (solver.search.cpsat.block_floors.PinnedFloors, what `mapsat explain` ranks blocks by), equal
-block_lower_bounds computed anew for the pinned space, exactly, for every value of every flag
-the floors read, on small spaces: with offload, with FP8, and with blocks of several kinds."""
+block_lower_bounds computed anew for the pinned space, exactly, and rank the blocks in the same
+order, for every value of every flag the floors read, on small spaces: with offload, with FP8,
+and with blocks of several kinds."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ def test_pinned_floors_equal_the_pinned_space_computed_anew(case, monkeypatch):
         expected = anew(*args[:2], narrowed, *args[3:])
         with monkeypatch.context() as patch:             # the memo's answer, not a fallback to computing anew
             patch.setattr(block_floors, "block_lower_bounds", None)
-            floors = memo.of(narrowed)
+            floors, ranked = memo.of(narrowed), memo.ranked(narrowed)
         assert list(floors) == list(expected), (name, value)
         assert floors == expected, (name, value)
+        assert ranked == block_floors.ranking(expected), (name, value)

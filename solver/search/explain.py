@@ -213,8 +213,7 @@ class Explorer(Engine):
             self._pinned_floors = PinnedFloors(self.tables, self.c, self.plan.space, self.plan.skeletons,
                                                self.local_batch, self.c.memory.offload_capacity_bytes > 0,
                                                len(self.problem.system.networks), self.c.memory.hbm_capacity_bytes)
-        floors = self._pinned_floors.of(pinned(self.plan.space, ((name, (value,)),)))
-        return sorted((floor, key) for key, floor in floors.items() if math.isfinite(floor))
+        return self._pinned_floors.ranked(pinned(self.plan.space, ((name, (value,)),)))
 
     def best_of(self, question: Question) -> tuple[Evaluation | None, bool]:
         """The certified best mapping a question allows (None: none is feasible), within the

@@ -101,12 +101,12 @@ class SkeletonFloors:
     fits: np.ndarray | None
     extra: np.ndarray | None
 
-    def least(self, on_s, on_k, zero_bubble: bool) -> list[float]:
+    def least(self, on_s, on_k, zero_bubble: bool) -> np.ndarray:
         """Each block's floor (block_keys order) over the choices `on_s` of S and `on_k` of K
         (index arrays, or ALL), with ZB-H1 where `zero_bubble` and offered here; inf where
         nothing fits or no choice is left."""
         if self.time is None or (not isinstance(on_s, slice) and len(on_s) == 0):
-            return [math.inf] * len(self.keys)
+            return np.full(len(self.keys), np.inf)
         fits = self.fits[on_s][..., on_k]
         times = np.where(fits, self.time[..., on_k][None], np.inf).min(axis=3)                 # [S, V, M]
         if zero_bubble and self.zb is not None:
@@ -114,7 +114,7 @@ class SkeletonFloors:
             zb = np.where(fits[:, row], self.zb[:, on_k][None], np.inf).min(axis=2)            # [S, M]
             times[:, row] = np.minimum(times[:, row], zb)
         best = (times + self.extra[on_s]).min(axis=0)                                          # [V, M]
-        return (best * TIME_FLOOR_SLACK).ravel().tolist()
+        return (best * TIME_FLOOR_SLACK).ravel()
 
 
 def block_lower_bounds(tables, c: Context, space: Space, skeletons, local_batch: dict, has_offload: bool,
@@ -135,7 +135,7 @@ def block_lower_bounds(tables, c: Context, space: Space, skeletons, local_batch:
         if check is not None:
             check()                   # a deadline's: raises when it has passed
         floors = skeleton_floors(tables, c, choices, rows, sk, local_batch[sk.split], has_offload, hbm_capacity_bytes)
-        out.update(zip(floors.keys, floors.least(ALL, ALL, choices.zero_bubble)))
+        out.update(zip(floors.keys, floors.least(ALL, ALL, choices.zero_bubble).tolist()))
     return out
 
 
@@ -153,32 +153,58 @@ class PinnedFloors:
         self.has_offload, self.num_networks, self.hbm_capacity_bytes = has_offload, num_networks, hbm_capacity_bytes
         self.choices = FloorChoices.of(space, has_offload, num_networks)
         self._floors: list[SkeletonFloors] | None = None
+        self._keys: list[BlockKey] = []                     # every skeleton's blocks in turn
+        self._key_columns = np.empty((len(BlockKey._fields), 0), dtype=np.int64)   # their fields, one row each
 
     def of(self, pinned_space: Space) -> dict:
         """block_lower_bounds(pinned_space): each block's floor with the pin's choices only."""
+        floors = self._narrowed(pinned_space)
+        if floors is None:
+            return block_lower_bounds(self.tables, self.c, pinned_space, self.skeletons, self.local_batch,
+                                      self.has_offload, self.num_networks, self.hbm_capacity_bytes)
+        return dict(zip(self._keys, floors.tolist()))
+
+    def ranked(self, pinned_space: Space) -> list[tuple[float, BlockKey]]:
+        """ranking(self.of(pinned_space)), sorted with numpy: by floor, ties by block key."""
+        floors = self._narrowed(pinned_space)
+        if floors is None:
+            return ranking(self.of(pinned_space))
+        order = np.lexsort((*self._key_columns[::-1], floors))           # (the last key sorts first)
+        order = order[np.isfinite(floors[order])]
+        return list(zip(floors[order].tolist(), map(self._keys.__getitem__, order.tolist())))
+
+    def _narrowed(self, pinned_space: Space) -> np.ndarray | None:
+        """Every block's floor with the pin's choices only (the skeletons' blocks in turn), None
+        where the pin admits a choice the space's tensors lack or no flag combination."""
         narrow, wide = FloorChoices.of(pinned_space, self.has_offload, self.num_networks), self.choices
         position = {combo: k for k, combo in enumerate(wide.combos)}
         if (not narrow.combos or not set(narrow.combos) <= position.keys()
                 or not set(narrow.zero_codes) <= set(wide.zero_codes)
                 or not set(narrow.shard_codes) <= set(wide.shard_codes) or narrow.zero_bubble > wide.zero_bubble):
-            return block_lower_bounds(self.tables, self.c, pinned_space, self.skeletons, self.local_batch,
-                                      self.has_offload, self.num_networks, self.hbm_capacity_bytes)
+            return None
         on_k = ALL if narrow.combos == wide.combos else np.array([position[combo] for combo in narrow.combos])
-        out = {}
+        parts = []
         for sk, floors in zip(self.skeletons, self._skeleton_floors(), strict=True):
             stages = narrow.zero_codes if sk.dp * sk.cp > 1 else (0,)
             on_s = np.array([i for i, (z, _, t) in enumerate(floors.choices)
                              if z in stages and t.code in narrow.shard_codes], dtype=np.intp)
-            out.update(zip(floors.keys, floors.least(ALL if len(on_s) == len(floors.choices) else on_s, on_k,
-                                                     narrow.zero_bubble)))
-        return out
+            parts.append(floors.least(ALL if len(on_s) == len(floors.choices) else on_s, on_k, narrow.zero_bubble))
+        return np.concatenate(parts) if parts else np.empty(0)
 
     def _skeleton_floors(self) -> list[SkeletonFloors]:
         if self._floors is None:
             rows = GroupRows(self.tables, self.choices.combos)
             self._floors = [skeleton_floors(self.tables, self.c, self.choices, rows, sk, self.local_batch[sk.split],
                                             self.has_offload, self.hbm_capacity_bytes) for sk in self.skeletons]
+            self._keys = [key for floors in self._floors for key in floors.keys]
+            self._key_columns = np.array(self._keys, dtype=np.int64).reshape(len(self._keys), len(BlockKey._fields)).T
         return self._floors
+
+
+def ranking(floors: dict) -> list[tuple[float, BlockKey]]:
+    """The blocks with a finite floor as (floor, block), least first (ties by block key): the
+    order a question's warm start scores them in."""
+    return sorted((floor, key) for key, floor in floors.items() if math.isfinite(floor))
 
 
 def skeleton_floors(tables, c: Context, choices: FloorChoices, rows: GroupRows, sk, local_batch: int,
