@@ -183,5 +183,5 @@ def spread(result, inverse: np.ndarray, distinct: int):
     if isinstance(result, tuple):
         return tuple(spread(item, inverse, distinct) for item in result)
     if isinstance(result, np.ndarray) and result.shape[:1] == (distinct,):
-        return result[inverse]
+        return result.take(inverse, axis=0)
     return result
