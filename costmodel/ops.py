@@ -137,6 +137,31 @@ def distinct_rows(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, by
             return first, inverse.ravel(), rows.tobytes()
         if radices[-1][1] > 1:
             key = key * radices[-1][1] + column - low
+    return _distinct_keys(key, radices)
+
+
+def distinct_table_rows(table: np.ndarray, columns: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, bytes]:
+    """distinct_rows([table[:, j] for j in columns]) of a 2-D int32 table, the same answer: the
+    least and largest values of every column in one pass, the key one product of each row with
+    the place values (0 off `columns`), exact in int32 where the largest key fits (a column of a
+    row-major table is strided: taken one at a time, each pass reads the whole table)."""
+    if not columns or not len(table) or table.dtype != np.int32:
+        return distinct_rows([table[:, j] for j in columns])
+    least, largest = table.min(axis=0).astype(np.int64), table.max(axis=0).astype(np.int64)
+    chosen = list(columns)
+    spans = largest[chosen] - least[chosen] + 1
+    place = np.append(np.cumprod(spans[:0:-1])[::-1], 1)                 # the mixed radix's place values
+    if (len(set(chosen)) < len(chosen) or least[chosen].min() < 0 or np.prod(spans, dtype=float) >= 2.0 ** 62
+            or float(largest[chosen] @ place) >= 2.0 ** 31):                   # (int32 would not hold the key)
+        return distinct_rows([table[:, j] for j in columns])
+    places = np.zeros(table.shape[1], dtype=np.int32)
+    places[chosen] = place
+    key = (table @ places).astype(np.int64) - int(least[chosen] @ place)
+    return _distinct_keys(key, list(zip(least[chosen].tolist(), spans.tolist())))
+
+
+def _distinct_keys(key: np.ndarray, radices: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, bytes]:
+    """distinct_rows' answer from the packed key and each column's (least value, values spanned)."""
     span = math.prod(r for _, r in radices)
     if span > 4 * len(key) + 1024:
         keys, first, inverse = np.unique(key, return_index=True, return_inverse=True)
@@ -158,5 +183,5 @@ def spread(result, inverse: np.ndarray, distinct: int):
     if isinstance(result, tuple):
         return tuple(spread(item, inverse, distinct) for item in result)
     if isinstance(result, np.ndarray) and result.shape[:1] == (distinct,):
-        return result[inverse]
+        return result.take(inverse, axis=0)
     return result

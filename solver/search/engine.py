@@ -46,7 +46,7 @@ from costmodel.evaluate import (STRUCTURE_DIMENSIONS, TIME_ONLY_DIMENSIONS, capa
                                 structure_fits)
 from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.model import Model
-from costmodel.ops import distinct_rows
+from costmodel.ops import distinct_table_rows
 from costmodel.inputs.system import Datatype, System
 from solver.search.count_share import CountShare
 from solver.search.distinct import SKELETON, TopGroups
@@ -259,7 +259,7 @@ class Engine:
         the last CLASSES_KEPT (table, columns) pairs (a few tables serve every block)."""
         held = self._classes.pop((id(table), columns), None)
         if held is None or held[0] is not table:
-            first, inverse, _ = distinct_rows([table[:, j] for j in columns])
+            first, inverse, _ = distinct_table_rows(table, columns)
             held = (table, first, inverse.astype(np.int32))
         self._classes[(id(table), columns)] = held           # (most recently used last)
         while len(self._classes) > CLASSES_KEPT:

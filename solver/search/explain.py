@@ -109,6 +109,7 @@ class Explorer(Engine):
         self.literals: dict[tuple[str, int], cp_model.IntVar] = {}   # one assumption literal per pin
         self._offers: dict[tuple, bool] = {}     # (split, flag, code) -> whether the split can take it
         self._keys_by_value: dict[str, dict[int, frozenset]] = {}   # split dimension -> value -> its blocks
+        self._pinned_floors = None               # the block floors of every pin, made with the first (PinnedFloors)
 
     def _held(self, key: Key, name: str) -> int:
         """The block's value of split dimension `name`."""
@@ -205,14 +206,14 @@ class Explorer(Engine):
         """The block floors with flag `name` pinned to `value`: the floors read these flags
         (FLOOR_FLAGS), so with one fixed each is the least over the mappings the question
         allows, a lower bound of theirs as the engine's floors are of all."""
-        from solver.search.cpsat.tables import block_lower_bounds
+        from solver.search.cpsat.block_floors import PinnedFloors
         if any(pinned_name == name for pinned_name, _ in self.plan.space.pins):
             return None                # (--fix already narrowed it: the engine's floors read that)
-        space = pinned(self.plan.space, ((name, (value,)),))
-        floors = block_lower_bounds(self.tables, self.c, space, self.plan.skeletons, self.local_batch,
-                                    self.c.memory.offload_capacity_bytes > 0, len(self.problem.system.networks),
-                                    self.c.memory.hbm_capacity_bytes)
-        return sorted((floor, key) for key, floor in floors.items() if math.isfinite(floor))
+        if self._pinned_floors is None:
+            self._pinned_floors = PinnedFloors(self.tables, self.c, self.plan.space, self.plan.skeletons,
+                                               self.local_batch, self.c.memory.offload_capacity_bytes > 0,
+                                               len(self.problem.system.networks), self.c.memory.hbm_capacity_bytes)
+        return self._pinned_floors.ranked(pinned(self.plan.space, ((name, (value,)),)))
 
     def best_of(self, question: Question) -> tuple[Evaluation | None, bool]:
         """The certified best mapping a question allows (None: none is feasible), within the

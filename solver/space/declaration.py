@@ -316,7 +316,7 @@ def facts(skeleton: Skeleton, system: System) -> dict[str, int]:
 
 def flag_combinations(space: Space, known: dict[str, int], num_networks: int,
                       names: frozenset[str] | None = None) -> np.ndarray:
-    """Valid flag code rows (int32, columns in `space.flags` order; gathered as contiguous columns,
+    """Valid flag code rows (int32, columns in `space.flags` order; repeated as contiguous columns,
     then laid out row by row once), lexicographic in that order:
     built one flag at a time, each partial row extended by the codes its flag may take (and
     the space's pins admit), with numpy: row r's extensions follow one another where r stood.
@@ -351,11 +351,10 @@ def flag_combinations(space: Space, known: dict[str, int], num_networks: int,
         if dim.name in read:
             current[dim.name] = columns[-1]
         rows = len(parent)
-    combos = np.empty((len(dims), rows), dtype=np.int32)
-    index = np.arange(rows, dtype=np.int32)
-    for j in reversed(range(len(dims))):
-        np.take(columns[j].astype(np.int32, copy=False), index, out=combos[j])
-        index = parents[j].astype(np.int32, copy=False)[index]
+    combos, below = np.empty((len(dims), rows), dtype=np.int32), np.ones(rows, dtype=np.int64)
+    for j in reversed(range(len(dims))):      # each step's value repeated over the final rows below it
+        combos[j] = np.repeat(columns[j].astype(np.int32, copy=False), below)
+        below = np.bincount(parents[j], below, len(parents[j - 1]) if j else 1).astype(np.int64)
     return np.ascontiguousarray(combos.T)
 
 

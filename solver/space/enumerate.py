@@ -140,7 +140,7 @@ def rows_at(space: Space, skeleton: Skeleton, table: np.ndarray, row: np.ndarray
     flag_row = row % n_flags
     mb_index = (row // n_flags) % n_mb
     il_index = row // (n_flags * n_mb)
-    flags = table[flag_row]
+    flags = table.take(flag_row, axis=0)          # (a row gather: take is several times faster than indexing)
     per_split = {"interleaving": np.asarray(skeleton.interleavings, dtype=np.int64)[il_index],
                  "microbatch": np.asarray(skeleton.microbatches, dtype=np.int64)[mb_index]}
     columns = {dim.name: flags[:, j] for j, dim in enumerate(space.flags)}

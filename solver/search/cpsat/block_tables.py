@@ -56,7 +56,7 @@ ACT_CLASS_ROWS = {"no_sp": (0, False), "sp": (TP_COMM_RS_AG, False), "sp_redo": 
 SCHED_ZB_H1 = code("sched", PipelineSchedule.zb_h1)
 BLOCK_TABLE_KEY = ("tp_comm", "seq_par_ag_redo", "recompute", "weight_offload", "activations_offload")
 """How the block tables' keys list the flags they keep one table per code of (`_group_tables`
-by_block_flags, tables.GroupRows read them by position)."""
+by_block_flags, block_floors.GroupRows read by position)."""
 
 
 def _keyed_flags() -> tuple[str, ...]:
@@ -149,7 +149,7 @@ class BlockTableCache:
     def lookup(self, c: Context, tm_keys: list, tp_overlaps: tuple, networks: int,
                cp_comms: tuple = ALL_CP_COMMS, check: Callable[[], None] | None = None) -> tuple[dict, dict]:
         """Each BLOCK_TABLES table, holding at least the groups `tm_keys`; and the memo of
-        their rows as arrays (solver.search.cpsat.tables.GroupRows) kept with them. `check`:
+        their rows as arrays (solver.search.cpsat.block_floors.GroupRows) kept with them. `check`:
         called between chunks of the grid (a deadline's: it raises, and nothing is stored)."""
         key = (tuple(tp_overlaps), networks, tuple(cp_comms))
         memo = self._row_memos.setdefault(key, {})

@@ -77,14 +77,14 @@ def kind_tables(block: dict, c=None) -> tuple:
 
 def key_columns(tables: list, keys: list) -> np.ndarray:
     """[len(keys), len(tables)]: the values of each of `tables` (dicts keyed by group and
-    microbatch) at `keys`, read in bulk (solver.search.cpsat.tables.GroupRows)."""
+    microbatch) at `keys`, read in bulk (solver.search.cpsat.block_floors.GroupRows)."""
     return np.stack([np.fromiter(map(table.__getitem__, keys), float, len(keys)) for table in tables], axis=1) \
         if tables else np.empty((len(keys), 0))
 
 
 def group_kind_columns(tables, combos: list, classes: list, keys: list) -> tuple:
     """Each kind's block time, stored activations and workspace ([len(keys), kinds, K] each) of
-    the groups and microbatches `keys` over the flag combinations (tables.GroupRows)."""
+    the groups and microbatches `keys` over the flag combinations (block_floors.GroupRows)."""
     time = [key_columns([table[cb] for cb in combos], keys) for table in tables.kind_blocks]
     memory = ([key_columns([table[(cb[2], cls)] for cb, cls in zip(combos, classes)], keys) for table in kind]
               for kind in (tables.kind_stored, tables.kind_workspace))

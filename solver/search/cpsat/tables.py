@@ -1,5 +1,5 @@
-"""Tables of the exact model that the surrogate is built from, and the per-block lower
-bounds computed from them with numpy.
+"""Tables of the exact model that the surrogate is built from (the per-block lower bounds
+computed from them with numpy: solver.search.cpsat.block_floors).
 
 Every table is the exact model (costmodel.terms.iteration's own functions) evaluated on a grid
 of the few dimensions it depends on, minimised over the flags it is not keyed by; so
@@ -8,7 +8,6 @@ each is a lower bound of the corresponding exact term for every mapping.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 from collections.abc import Callable
@@ -18,18 +17,15 @@ import numpy as np
 
 from costmodel.terms.context import Context
 from costmodel.space.choices import ShardingStage
-from costmodel.space.dimensions import NETWORK_GROUPS, SPLIT_DEGREES, BlockKey, data_parallel, subgroup_limit
-from costmodel.terms.iteration import RESIDENT_BLOCKS, bubble_microbatches
-from costmodel.terms.pipeline import stage_blocks_in_flight
-from costmodel.space.layout import EMBEDDING_AND_LOSS_BLOCKS, end_chunk_blocks, layout_interleavings, stage_blocks
-from costmodel.ops import ArrayOps, ScalarOps
-from solver.space.declaration import Space, flag_projection
+from costmodel.space.dimensions import SPLIT_DEGREES, data_parallel, subgroup_limit
+from costmodel.space.layout import EMBEDDING_AND_LOSS_BLOCKS, layout_interleavings, stage_blocks
+from costmodel.ops import ScalarOps
+from solver.space.declaration import Space
 
-from solver.search.cpsat.kind_floors import (distinct_layouts, first_stage_memory, group_kind_columns, key_columns,
-                                             kind_tables, stage_kind_micro)
-from solver.search.cpsat.block_tables import (ACT_CLASSES, BLOCK_FLAGS, BLOCK_TABLES, FIT_SLACK,
-                                              RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL, RECOMPUTE_NONE, SCHED_ZB_H1,
-                                              TIME_FLOOR_SLACK, TP_COMM_RS_AG, BlockTableCache, Named, SplitKeys,
+from solver.search.cpsat.kind_floors import distinct_layouts, kind_tables
+from solver.search.cpsat.block_floors import block_lower_bounds, offers_zero_bubble
+from solver.search.cpsat.block_tables import (ACT_CLASSES, BLOCK_TABLES, RECOMPUTE_ATTN_ONLY, RECOMPUTE_FULL,
+                                              RECOMPUTE_NONE, TP_COMM_RS_AG, BlockTableCache, Named, SplitKeys,
                                               _block_tables, _grid_terms, local_batches_of)
 
 if TYPE_CHECKING:          # OR-Tools is imported only where a CP-SAT model is built
@@ -207,142 +203,6 @@ class Tables:
         return {k: float(x) for k, x in zip(self.tp_keys, values)}
 
 
-class GroupRows:
-    """The block tables' values of each (tp, cp, ep, etp) group and microbatch over the flag combinations
-    `combos` (block_lower_bounds' K axis), read in bulk and kept in the Tables' row memo (shared by
-    the GPU counts of one BlockTableCache)."""
-
-    def __init__(self, tables: Tables, combos: list[tuple[int, ...]]):
-        self.tables, self.combos = tables, combos
-        self.classes = ["sp_redo" if (comm == TP_COMM_RS_AG and redo) else ("sp" if comm == TP_COMM_RS_AG else "no_sp")
-                        for comm, redo, rc, w, a in combos]
-        self.memo = tables.row_memo.setdefault(tuple(combos), {})
-        self._fill([key for key in tables.tm_keys if key not in self.memo])
-
-    def _fill(self, keys: list) -> None:                  # (each key's rows: views of one array per table)
-        t, combos = self.tables, self.combos
-        memory = [[table[(cb[2], cl)] for cb, cl in zip(combos, self.classes)] for table in (t.stored, t.workspace)]
-        columns = (*(key_columns([table[cb] for cb in combos], keys) for table in (t.block, t.block_zb)),
-                   *(key_columns(tables, keys) for tables in memory), key_columns([t.head], keys)[:, 0],
-                   *group_kind_columns(t, combos, self.classes, keys))           # (the kinds' after p2p's)
-        for i, key in enumerate(keys):
-            self.memo[key] = (*(column[i] for column in columns[:5]), t.p2p.get(key), *(k[i] for k in columns[5:]))
-
-    def of(self, group: tuple, mb: int) -> tuple[np.ndarray, ...]:
-        """(block time, ZB-H1 block time, stored activations, workspace) over the combinations,
-        (output layer time, pipeline send time) of this group and microbatch, kind_floors' rows."""
-        return self.memo[(*group, mb)]
-
-
-def offers_zero_bubble(space: Space, num_networks: int) -> bool:
-    """Whether some mapping of the space (with pp > 1) may run ZB-H1."""
-    known = {**{name: 2 for name, _ in NETWORK_GROUPS}, "dp_cp": 2, "offload": 1}
-    return (SCHED_ZB_H1,) in flag_projection(space, ("sched",), known, num_networks)
-
-
-def block_lower_bounds(tables: Tables, c: Context, space: Space, skeletons, local_batch: dict, has_offload: bool,
-                       num_networks: int, hbm_capacity_bytes: float, check: Callable[[], None] | None = None) -> dict:
-    """For each (tp, cp, ep, etp, pp, interleaving, microbatch) block, the smallest value the surrogate
-    time takes over the memory-relevant flags whose HBM and offload footprints fit (inf when
-    none does). Computed with numpy from the surrogate's own tables, with the pipeline
-    bubble and the blocks in flight exactly as the model counts them for this interleaving
-    and microbatch (which the CP-SAT objective only bounds), so it is a lower bound of every
-    exact time in the block and every footprint it checks is the exact one. It ranks
-    candidates for exact scoring, and its minimum per (tp, pp) split and per (tp,
-    microbatch) becomes a cut that gives CP-SAT's LP the bound its one-hot relaxation
-    cannot."""
-    blocks = c.model.blocks
-    # every valid assignment of the flags a block reads (the space's own rules, tp, pp, dp > 1)
-    known = {**{name: 2 for name, _ in NETWORK_GROUPS}, "dp_cp": 2, "offload": int(has_offload)}
-    combos = sorted(flag_projection(space, BLOCK_FLAGS, known, num_networks))
-    zero_codes = tuple(code for (code,) in flag_projection(space, ("zero",), known, num_networks))
-    zero_bubble = offers_zero_bubble(space, num_networks)
-    shard_codes = space.codes("shard")
-    rows = GroupRows(tables, combos)
-    a_off = np.array([cb[4] for cb in combos], dtype=bool)
-    w_off = np.array([cb[3] for cb in combos])
-    w_index = w_off.astype(np.intp)
-    out = {}
-    for sk in skeletons:
-        if check is not None:
-            check()                   # a deadline's: raises when it has passed
-        g, p = sk.group, sk.pp
-        key = sk.split
-        mbs = np.array(sk.microbatches, dtype=float)
-        ils = np.array(sk.interleavings, dtype=float)
-        n = local_batch[key] / mbs                                           # [M]
-        il = ils[:, None]                                                    # [V, 1]
-        bubble = bubble_microbatches(ArrayOps, p, il, n[None, :])           # [V, M]
-        per_mb = [rows.of(g, mb) for mb in sk.microbatches]
-        block = np.array([r[0] for r in per_mb])                             # [M, K]
-        head = np.array([r[4] for r in per_mb])                              # [M]
-        sends = np.array([r[5] for r in per_mb]) if p > 1 else np.zeros(len(mbs))
-        # time[V, M, K] without the optimizer and DP terms (added per sharding below); with
-        # uneven stages (costmodel.terms.pipeline, per interleaving) the slowest stage
-        first, middle, last = stage_blocks(ArrayOps, blocks, p, interleaving=il)           # [V, 1] (or one value)
-        equal = first is middle is last
-        fullest, last_v = np.asarray(np.maximum(first, middle))[..., None], np.asarray(last)[..., None]
-        if tables.several_kinds:              # each stage its own blocks (kind_floors.stage_kind_micro)
-            per_micro = stage_kind_micro(c, p, sk.interleavings, np.array([r[6] for r in per_mb]), head)
-        else:
-            per_micro = np.broadcast_to(np.maximum(fullest * block, last_v * block + head[:, None]),
-                                        (len(ils), *block.shape))                       # [V, M, K]
-        time = (n[None, :] + bubble)[:, :, None] * (per_micro + (2 * il * sends[None, :])[:, :, None])
-        if zero_bubble and p > 1 and 1 in sk.interleavings:
-            # ZB-H1 on the non-interleaved row: n microbatches + (p-1) bubble ones without W
-            block_zb = np.array([r[1] for r in per_mb])
-            row = sk.interleavings.index(1)
-            sends_1 = (2 * sends)[:, None]
-            # (uneven, or of several kinds, a stage without the output layer may set the pace)
-            zb_head = head[:, None] if equal and not tables.several_kinds else 0.0
-            last_1 = np.broadcast_to(last, il.shape)[row, 0]
-            zb = n[:, None] * (per_micro[row] + sends_1) + (p - 1) * (last_1 * block_zb + zb_head + sends_1)
-            time[row] = np.minimum(time[row], zb)
-        stored, workspace = (np.array([r[i] for r in per_mb])[None] for i in (2, 3))       # [1, M, K]
-        if tables.several_kinds:              # the first stage's own kinds ([V, M, K])
-            stored, workspace = first_stage_memory(c, p, sk.interleavings, np.array([r[7] for r in per_mb]),
-                                                   np.array([r[8] for r in per_mb]))
-        # a first-stage GPU's (the tables' memory terms are the first stage's too)
-        chunks = None if equal else end_chunk_blocks(ArrayOps, blocks, p, il)
-        inflight = stage_blocks_in_flight(ArrayOps, first, middle, last, p, il, n[None, :], chunks)[0][:, :, None]
-        inflight = np.broadcast_to(inflight, (len(ils), len(mbs), 1))                                # [V, M, 1]
-        all_activations = stored * inflight                                                        # [V, M, K]
-        activations_hbm = np.where(a_off, np.minimum(RESIDENT_BLOCKS, inflight) * stored, all_activations)
-        activations_offloaded = np.where(a_off, all_activations, 0.0)
-        # every (sharding stage z, optimizer offload o) at once, on a leading axis S: the same
-        # sums, in the same order, as one (z, o) at a time
-        # every (sharding stage z, optimizer offload o, shard group g) at once, on a leading
-        # axis S (a stage of no sharding takes the whole group only)
-        stages = zero_codes if sk.dp * sk.cp > 1 else (0,)
-        at = tables.split_index[key]
-        zo = [(z, o, t) for z in stages for o in ((0, 1) if has_offload else (0,))
-              for t in (tables.by_shard if z > 0 else tables.by_shard[:1])
-              if key in t.splits and t.code in shard_codes]
-        if not zo:                    # no shard group the space admits: nothing fits
-            out.update(dict.fromkeys(block_keys(key, sk.interleavings, sk.microbatches), math.inf))
-            continue
-        by_switch = np.array([[t.weights_hbm[(z, w)][at] for w in (0, 1)] for z, _, t in zo])   # [S, 2]
-        weights = by_switch[:, w_index][:, None, None, :]                                          # [S, 1, 1, K]
-        memory = (weights + activations_hbm[None] + workspace[None]
-                  + _on_s([t.optimizer_hbm[(z, o)][at] for z, o, t in zo])
-                  + _on_s([t.embedding[z][at] for z, _, t in zo]))                          # [S, V, M, K]
-        offloaded = (w_off * _on_s([t.weights_and_grads[z][at] for z, _, t in zo])
-                     + _on_s([o * t.optimizer_state[z][at] for z, o, t in zo]) + activations_offloaded[None])
-        # (a hair of slack: these sums round differently from the evaluator's)
-        fits = (memory <= hbm_capacity_bytes * FIT_SLACK) & (offloaded <= c.memory.offload_capacity_bytes * FIT_SLACK)
-        extra = (_on_s([t.optimizer[z][at] + t.dp_once[z][at] for z, _, t in zo])[:, :, :, 0]
-                 + _on_s([t.dp_per_microbatch[z][at] for z, _, t in zo])[:, :, :, 0] * n)    # [S, 1, M]
-        best = (np.where(fits, time[None], np.inf).min(axis=3) + extra).min(axis=0)                 # [V, M]
-        out.update(zip(block_keys(key, sk.interleavings, sk.microbatches), (best * TIME_FLOOR_SLACK).ravel().tolist()))
-    return out
-
-
-def block_keys(split: tuple, interleavings: tuple, microbatches: tuple) -> list[BlockKey]:
-    """The blocks of a split, interleaving-major (a [V, M] table's order, raveled)."""
-    make = BlockKey._make
-    return [make((*split, il, mb)) for il in interleavings for mb in microbatches]
-
-
 STAGE_TERMS = ("dp_comm_s", "dp_per_microbatch_s", "optimizer_s", "weights_hbm_bytes", "optimizer_hbm_bytes",
                "weights_bytes", "weight_grads_bytes", "optimizer_bytes", "embedding_bytes")
 """The iteration terms the stage tables are built from (StageTables' sources)."""
@@ -373,11 +233,6 @@ def _stage_terms(c: Context, block_memo: dict | None, columns: dict) -> SimpleNa
 def _rows_of(terms: SimpleNamespace, total: int, part: slice) -> SimpleNamespace:
     """The stage-table terms (`_stage_terms`) of rows `part` of a `total`-row evaluation."""
     return SimpleNamespace(**{name: np.broadcast_to(value, (total,))[part] for name, value in vars(terms).items()})
-
-
-def _on_s(values: list) -> np.ndarray:
-    """One value per (sharding stage, optimizer offload) on the leading axis of [S, V, M, K]."""
-    return np.array(values)[:, None, None, None]
 
 
 def stage_floors(blocks: int, pp_values, v: Variables) -> tuple[dict, dict]:
