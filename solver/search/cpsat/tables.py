@@ -216,18 +216,25 @@ def _stage_terms(c: Context, block_memo: dict | None, columns: dict) -> SimpleNa
     pp_values, pp_of_row = np.unique(np.asarray(columns["pp"]).astype(np.int64), return_inverse=True)
     layouts = [distinct_layouts(c, p) for p in pp_values.tolist()]
     layouts_of_row, pp_of_row = np.array([len(ils) for ils in layouts])[pp_of_row.ravel()], pp_of_row.ravel()
-    least: dict = {}
+    least = {name: np.full(len(pp_of_row), np.inf) for name in (*STAGE_TERMS, "dp_once_s")}
     for k in range(max(len(ils) for ils in layouts)):
         rows = np.flatnonzero(layouts_of_row > k)
         il = np.array([ils[min(k, len(ils) - 1)] for ils in layouts], dtype=np.int64)[pp_of_row[rows]]
-        terms = _grid_terms(c, block_memo, **{name: (v[rows] if np.ndim(v) else v) for name, v in columns.items()},
-                            interleaving=il)
-        values = {name: np.broadcast_to(getattr(terms, name), (len(rows),)) for name in STAGE_TERMS}
-        values["dp_once_s"] = values["dp_comm_s"] - values["dp_per_microbatch_s"]
-        for name, value in values.items():
-            least[name] = least[name] if k else np.array(value)          # (k = 0: every row)
-            least[name][rows] = np.minimum(least[name][rows], value)
+        for start in range(0, len(rows), STAGE_CHUNK_ROWS):   # (row by row: chunks bound the terms' memory)
+            part = slice(start, start + STAGE_CHUNK_ROWS)
+            at = rows[part]
+            terms = _grid_terms(c, block_memo, **{name: (v[at] if np.ndim(v) else v) for name, v in columns.items()},
+                                interleaving=il[part])
+            values = {name: np.broadcast_to(getattr(terms, name), (len(at),)) for name in STAGE_TERMS}
+            values["dp_once_s"] = values["dp_comm_s"] - values["dp_per_microbatch_s"]
+            for name, value in values.items():
+                least[name][at] = np.minimum(least[name][at], value)
     return SimpleNamespace(**least)
+
+
+STAGE_CHUNK_ROWS = 1 << 16
+"""Rows of the stage grid evaluated at once: the iteration's terms of every row at once would
+take gigabytes."""
 
 
 def _rows_of(terms: SimpleNamespace, total: int, part: slice) -> SimpleNamespace:
