@@ -15,6 +15,8 @@ run back to back at load ~0.9: the same 117 rows and 351 blocks, no measurable g
 Later (docs/benchmarks.md): 03e6cf2 23.2 s and 22.8 s, branch perf 21.8 s and 21.5 s, run
 alternately at load ~2.2; not met. Back to back at load ~3 (2026-11-28): main 1a79d91 30.9 s
 (19.1 s user), branch perf 9289eda 28.4 s (19.1 s user): no measurable change; not met.
+Alternately with its base at load ~0.8 (2026-11-28 evening): main 16.6 s and 16.1 s, base
+f36001c 21.8 s and 20.6 s, every row identical; not met (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ their own rows), the same answer; every figure in docs/benchmarks.md. Not met.
 Since the per-kind floors (75 blocks scored, 8.76 GB), back to back at load ~3: main 1a79d91
 88.6 s CPU (90.5 s wall), branch perf 9289eda 75.7 s CPU (76.4 s wall; table views, bulk
 reads of the floors' rows), the same answer. Not met.
+Quiet, 2026-11-28 evening: main b42258b 36.7 s wall, 33.5 s user, 2.56 GB against base f36001c
+88.0 s wall, 66.3 s user, 8.76 GB (block grid without offload switches where no tier exists, the
+MTP block once per distinct block, the stage grids in chunks), the same answer. Not met.
 """
 
 from __future__ import annotations
