@@ -100,7 +100,8 @@ def without_layers(kb: KindBlocks) -> KindBlocks:
         return replace(blk, forward=replace(blk.forward, layers=())) if blk.forward.layers else blk
 
     terms = tuple(plain(blk) for blk in kb.terms)
-    return KindBlocks(terms, terms[0] if kb.mean is kb.terms[0] else plain(kb.mean), kb.mtp and plain(kb.mtp))
+    return KindBlocks(terms, terms[0] if kb.mean is kb.terms[0] else plain(kb.mean),
+                      None if kb.mtp is None else plain(kb.mtp))
 
 
 def _weights(counts: tuple, xp):
