@@ -28,6 +28,11 @@ def test_a_shared_sm_file_is_the_b200s_fields_at_its_own_clocks(name):
         expected = shared_sm_gemm(B200.compute_for(datatype).gemm.model_dump(), clocks, datatype,
                                   compute.matrix_tflops)
         assert compute.gemm.model_dump() == expected, (name, datatype)
+        reference = B200.compute_for(datatype).grouped_gemm        # BF16 only (pytorch/ao's table)
+        assert (compute.grouped_gemm is None) == (reference is None) == (datatype is Datatype.float8)
+        if reference is not None:
+            assert compute.grouped_gemm.model_dump() == shared_sm_gemm(reference.model_dump(), clocks, datatype,
+                                                                       compute.matrix_tflops), (name, datatype)
         assert compute.attention.tflops == shared_sm_attention_tflops(
             B200.compute_for(datatype).attention.tflops, B200.clocks.power_w, clocks.power_w)
     assert system.hbm.efficiency == B200.hbm.efficiency

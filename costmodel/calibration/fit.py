@@ -7,6 +7,7 @@ Each family is fitted on one split and tested on the other (never the same point
 | --- | --- | --- |
 | GEMM (per datatype) | `kind: grid` shapes, every (M, N, K) in {256..32768}³ | `kind: block` shapes: a transformer block's forward, activation- and weight-gradient GEMMs |
 | grouped GEMM (per datatype) | experts of 8×4096×14336, 64×2048×1408, 256×7168×2048 (experts × hidden × expert ffn) | experts of 8×6144×16384 and 128×2048×768 (GROUPED_GEMM_TEST_SHAPES) |
+| grouped GEMM from a forward + backward table: the GEMM fit's efficiency only | Llama 4's experts | DeepSeek-V3's (GROUPED_PASSES_TEST_MODEL) |
 | fused attention | sequence 2048 and 8192 | sequence 4096 |
 | HBM-bound layers | inputs of 1, 16 and 256 MiB | inputs of 4, 64 and 1024 MiB |
 | network (nccl-tests) | every message size | — (no held-out split) |
@@ -25,9 +26,11 @@ from typing import Callable
 
 import numpy as np
 
-from costmodel.calibration.measurements import AttentionData, EltwiseData, GemmData, GroupedGemmData, NcclData
+from costmodel.calibration.measurements import (AttentionData, EltwiseData, GemmData, GroupedGemmData, GroupedPassesData,
+                                                NcclData)
 from costmodel.errors import InputError
 from costmodel.terms.kernel_time import GemmTiming, attention_time_s, gemm_time_s, hbm_pass_s
+from costmodel.terms.step_terms import gemm_in_step
 from costmodel.ops import ArrayOps
 from costmodel.inputs.system import AttentionFit, GemmFit
 from costmodel.inputs.units import MICRO, TERA
@@ -36,6 +39,12 @@ SIGNIFICANT_DIGITS = 3
 GROUPED_GEMM_TEST_SHAPES = ((8, 6144, 16384), (128, 2048, 768))
 """(experts, hidden, expert ffn) held out of the grouped-GEMM fit: Mixtral 8x22B's and
 Qwen3-30B-A3B's experts, one of few large and one of many small experts."""
+GROUPED_PASSES_TEST_MODEL = "DeepSeekV3"
+"""The model whose expert shapes are held out of a grouped-GEMM fit on a forward + backward
+table (pytorch/ao's B200 table: Llama 4 16e's and DeepSeek-V3's experts)."""
+LOSS_VALUES_PER_OUTPUT = 5
+"""The benchmark's loss, F.mse_loss(out, ones) and its backward: the forward reads the output and
+the labels, the backward reads both again and writes the output's gradient, each the output's size."""
 ATTENTION_TEST_SEQ = 4096.0
 ELTWISE_FIT_MIB = (1.0, 16.0, 256.0)
 
@@ -253,6 +262,49 @@ def fit_grouped_gemm(data: GroupedGemmData, peak_flops_per_s: float, hbm_bytes_p
                      Errors.of(grouped_gemm_predict(timing, train, *rates), train.time_s),
                      Errors.of(grouped_gemm_predict(timing, test, *rates), test.time_s),
                      f"experts×hidden×ffn {_shape_names(train.shapes)}", f"{_shape_names(test.shapes) or 'none'}")
+
+
+def grouped_passes_predict(timing: GemmTiming, data: GroupedPassesData, peak_flops_per_s: float,
+                           hbm_bytes_per_s: float, elem_bytes: float, loss_bytes_per_s: float) -> np.ndarray:
+    """Forward + backward of a grouped GEMM as the table timed it: its three grouped GEMMs as they
+    run (forward rows × N × K, activation gradient rows × K × N, weight gradient K × N × rows, rows
+    = total_M / groups) and the loss's HBM passes (LOSS_VALUES_PER_OUTPUT values per output at
+    `loss_bytes_per_s`)."""
+    rows = data.total_rows / data.groups
+    total = 0.0
+    for m, n, k in ((rows, data.cols, data.depth), (rows, data.depth, data.cols), (data.depth, data.cols, rows)):
+        total = total + grouped_gemm_predict(timing, GroupedGemmData(data.groups, m, n, k, data.time_s, ()),
+                                             peak_flops_per_s, hbm_bytes_per_s, elem_bytes)
+    return total + LOSS_VALUES_PER_OUTPUT * elem_bytes * data.total_rows * data.cols / loss_bytes_per_s
+
+
+def fit_grouped_gemm_efficiency(gemm: dict, data: GroupedPassesData, peak_flops_per_s: float,
+                                hbm_bytes_per_s: float, elem_bytes: float, loss_bytes_per_s: float,
+                                label: str) -> FamilyFit:
+    """A grouped-GEMM fit from a forward + backward table too small for seven fields: the file's
+    GEMM fit `gemm` (file units) with its efficiency refitted (and the power drop's onset with it,
+    POWER_ONSET_S at the new rate), timed as a step runs it (at the sustained clock: the table's
+    kernels ran back to back). Fitted on every model but GROUPED_PASSES_TEST_MODEL, tested on it."""
+    held_out = np.array([model == GROUPED_PASSES_TEST_MODEL for model in data.models])
+    train, test = data.subset(~held_out), data.subset(held_out)
+    if not len(train.time_s):
+        raise InputError(f"grouped_gemm_fwd_bwd: no {label} points outside {GROUPED_PASSES_TEST_MODEL!r}'s")
+
+    def fields_at(efficiency: float) -> dict:
+        return {**gemm, "efficiency": min(efficiency, 1.0),
+                "power_flops": POWER_ONSET_S * peak_flops_per_s * min(efficiency, 1.0)}
+
+    def times(fields: dict, points: GroupedPassesData) -> np.ndarray:
+        timing = gemm_in_step(GemmFit(**fields).timing(), 0.0, 0.0, peak_flops_per_s, at_sustained_clock=True)
+        return grouped_passes_predict(timing, points, peak_flops_per_s, hbm_bytes_per_s, elem_bytes,
+                                      loss_bytes_per_s)
+
+    (efficiency,) = fit_log_least_squares(lambda params: times(fields_at(params[0]), train), np.array([gemm["efficiency"]]),
+                                          train.time_s)
+    fields = {key: rounded(fields_at(efficiency)[key], floor) for key, floor in zip(GEMM_FIELDS, GEMM_FLOORS)}
+    return FamilyFit(f"grouped gemm {label}", fields, Errors.of(times(fields, train), train.time_s),
+                     Errors.of(times(fields, test), test.time_s), f"{', '.join(sorted(set(train.models)))} "
+                     "forward + backward", f"{', '.join(sorted(set(test.models))) or 'none'}")
 
 
 def block_layer_shapes():

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from costmodel.errors import InputError
 from costmodel.inputs.load import parse, read_document
 from costmodel.inputs.model import RealNumber, WholeNumber
+from costmodel.inputs.units import MICRO
 
 # Points carry derived fields (tflops, gbps, ...) beside the measured ones: ignored, not errors.
 _POINT = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
@@ -45,6 +46,21 @@ class GroupedGemmPoint(BaseModel):
     N: WholeNumber = Field(gt=0)
     K: WholeNumber = Field(gt=0)
     ms: RealNumber = Field(gt=0)
+
+
+class GroupedGemmPassesPoint(BaseModel):
+    """One grouped GEMM timed forward + backward (its three GEMMs and the benchmark's loss):
+    `total_M` rows split over `groups`, times (N × K) weights per group (a published table:
+    problems/measurements/README.md)."""
+
+    model_config = _POINT
+    dtype: Literal["bf16", "fp8"]
+    model: str = Field(min_length=1)           # the model whose expert shape it is: the held-out split
+    total_M: WholeNumber = Field(gt=0)
+    N: WholeNumber = Field(gt=0)
+    K: WholeNumber = Field(gt=0)
+    groups: WholeNumber = Field(gt=0)
+    fwd_bwd_us: RealNumber = Field(gt=0)
 
 
 class AttentionPoint(BaseModel):
@@ -112,6 +128,23 @@ class GroupedGemmData:
 
 
 @dataclass(frozen=True)
+class GroupedPassesData:
+    """Grouped GEMMs timed forward + backward: `groups` GEMMs of (total_M / groups) × N × K
+    forward, each point from the experts of a named model."""
+
+    groups: np.ndarray
+    total_rows: np.ndarray
+    cols: np.ndarray
+    depth: np.ndarray
+    time_s: np.ndarray
+    models: tuple[str, ...]
+
+    def subset(self, keep: np.ndarray) -> "GroupedPassesData":
+        return GroupedPassesData(self.groups[keep], self.total_rows[keep], self.cols[keep], self.depth[keep],
+                                 self.time_s[keep], tuple(m for m, k in zip(self.models, keep) if k))
+
+
+@dataclass(frozen=True)
 class AttentionData:
     batch_heads: np.ndarray
     seq: np.ndarray
@@ -159,6 +192,16 @@ def load_grouped_gemm(path: Path, dtype: str) -> GroupedGemmData:
     columns = (np.array([getattr(p, f) for p in chosen], dtype=float) for f in ("experts", "M", "N", "K"))
     return GroupedGemmData(*columns, np.array([p.ms for p in chosen]) * 1e-3,
                            tuple((p.experts, p.hidden, p.expert_ffn) for p in chosen))
+
+
+def load_grouped_gemm_passes(path: Path, dtype: str) -> GroupedPassesData:
+    """The grouped GEMMs of one datatype timed forward + backward in a grouped_gemm_fwd_bwd.json."""
+    chosen = [p for p in _points(path, GroupedGemmPassesPoint) if p.dtype == dtype]
+    if not chosen:
+        raise InputError(f"{path}: no {dtype} grouped GEMMs")
+    columns = (np.array([getattr(p, f) for p in chosen], dtype=float) for f in ("groups", "total_M", "N", "K"))
+    return GroupedPassesData(*columns, np.array([p.fwd_bwd_us for p in chosen]) * MICRO,
+                             tuple(p.model for p in chosen))
 
 
 def load_attention(path: Path) -> AttentionData:

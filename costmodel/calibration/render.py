@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.calibration import fit as fitting
 from costmodel.calibration.measurements import (gemm_split, load_adam, load_attention, load_eltwise, load_gemm,
-                                                load_grouped_gemm, load_nccl)
+                                                load_grouped_gemm, load_grouped_gemm_passes, load_nccl)
 from costmodel.errors import InputError
 from costmodel.inputs.load import parse, read_document
 from costmodel.inputs.system import Clocks, Datatype, System
@@ -104,7 +104,7 @@ def _network_bandwidth(doc: dict, name: str, base_path: Path) -> float:
 
 def calibrate_system(base_path: Path, measurements: Path, nccl: dict[str, Path] | None = None) -> Calibration:
     """The base system file with every marker replaced by fields fitted to the measurements in
-    the folder `measurements` (gemm.json, grouped_gemm.json, attention.json, eltwise.json,
+    the folder `measurements` (gemm.json, grouped_gemm.json or grouped_gemm_fwd_bwd.json, attention.json, eltwise.json,
     adam.json, host.json)
     and to nccl-tests output per network name."""
     base_path, measurements, nccl = Path(base_path), Path(measurements), dict(nccl or {})
@@ -113,6 +113,7 @@ def calibrate_system(base_path: Path, measurements: Path, nccl: dict[str, Path] 
     hbm_bytes_per_s = gbps_to_bytes_per_s(float(_get(doc, ("hbm", "bandwidth_gbps"), base_path)))
     folder = measurements.name
     out, fits, notes, used_nccl = [], [], [], set()
+    gemm_fits: dict[str, dict] = {}          # the GEMM fields written above, by datatype
     lines = text.splitlines()
     index = 0
     while index < len(lines):
@@ -139,12 +140,10 @@ def calibrate_system(base_path: Path, measurements: Path, nccl: dict[str, Path] 
                                  _full_clock(doc, measurements, base_path, Datatype(datatype)))
             out += _comment(indent, f, f"{folder}/gemm.json ({what[1]})") + [f"{indent}gemm:"]
             out += _fields(indent + "  ", f.fields)
+            gemm_fits[what[1]] = f.fields
         elif len(what) == 2 and what[0] == "grouped_gemm" and what[1] in GEMM_DATATYPES:
-            datatype, elem_bytes = GEMM_DATATYPES[what[1]]
-            peak = tflops_to_flops_per_s(float(_get(doc, ("compute", datatype, "matrix_tflops"), base_path)))
-            f = fitting.fit_grouped_gemm(load_grouped_gemm(measurements / "grouped_gemm.json", what[1]), peak,
-                                         hbm_bytes_per_s, elem_bytes, what[1])
-            out += _comment(indent, f, f"{folder}/grouped_gemm.json ({what[1]})") + [f"{indent}grouped_gemm:"]
+            f, source = _grouped_gemm_fit(doc, base_path, measurements, what[1], gemm_fits.get(what[1]))
+            out += _comment(indent, f, f"{folder}/{source} ({what[1]})") + [f"{indent}grouped_gemm:"]
             out += _fields(indent + "  ", f.fields)
         elif what == ["attention"]:
             f = fitting.fit_attention(load_attention(measurements / "attention.json"))
@@ -193,6 +192,31 @@ class TableSource(BaseModel):
     at_full_clock: bool = Field(description="Short runs at full clock: the sustained clock's drop is not in the times.")
     launch_overhead_us: float = Field(ge=0, description="Host-side launch time the table's device timing leaves out.")
     launch_overhead_source: str
+
+
+def _grouped_gemm_fit(doc: dict, base_path: Path, measurements: Path, dtype: str,
+                      gemm: dict | None) -> tuple[fitting.FamilyFit, str]:
+    """The grouped GEMMs of `dtype`: the GEMM formula's seven fields fitted anew to grouped_gemm.json
+    (single GEMMs by shape), or else, from grouped_gemm_fwd_bwd.json (a table of forward + backward
+    times, too few shapes for seven fields), the `gemm` fit written above it with its efficiency
+    refitted; and the file it read."""
+    datatype, elem_bytes = GEMM_DATATYPES[dtype]
+    peak = tflops_to_flops_per_s(float(_get(doc, ("compute", datatype, "matrix_tflops"), base_path)))
+    hbm_bytes_per_s = gbps_to_bytes_per_s(float(_get(doc, ("hbm", "bandwidth_gbps"), base_path)))
+    if (measurements / "grouped_gemm.json").exists() or not (measurements / "grouped_gemm_fwd_bwd.json").exists():
+        data = load_grouped_gemm(measurements / "grouped_gemm.json", dtype)
+        return fitting.fit_grouped_gemm(data, peak, hbm_bytes_per_s, elem_bytes, dtype), "grouped_gemm.json"
+    if gemm is None:
+        raise InputError(f"{base_path}: marker 'grouped_gemm {dtype}' with {measurements.name}/grouped_gemm_fwd_bwd.json "
+                         f"refits the GEMM fit's efficiency: put it below a 'gemm {dtype}' marker")
+    efficiency = _get(doc, ("hbm", "efficiency"), base_path)
+    if not isinstance(efficiency, list) or not efficiency or not isinstance(efficiency[-1], list):
+        raise InputError(f"{base_path}: hbm.efficiency: the loss passes of grouped_gemm_fwd_bwd.json need it as "
+                         "[[bytes, efficiency], ...] in the base file")
+    loss_bytes_per_s = hbm_bytes_per_s * float(efficiency[-1][1])      # passes of GBs: the largest class
+    data = load_grouped_gemm_passes(measurements / "grouped_gemm_fwd_bwd.json", dtype)
+    return (fitting.fit_grouped_gemm_efficiency(gemm, data, peak, hbm_bytes_per_s, elem_bytes, loss_bytes_per_s, dtype),
+            "grouped_gemm_fwd_bwd.json")
 
 
 def _full_clock(doc: dict, measurements: Path, base_path: Path, datatype: Datatype) -> fitting.FullClock | None:
