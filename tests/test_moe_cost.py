@@ -229,6 +229,27 @@ def test_without_a_grouped_fit_the_gemm_model_times_each_expert_in_one_launch():
     assert load_system(SYSTEMS / "h200-141g-nvl8.yaml").compute[Datatype.bfloat16].grouped_gemm is None
 
 
+def test_b200_grouped_gemms_predict_the_held_out_published_points():
+    # pytorch/ao's B200 table of torch._grouped_mm forward + backward (b200-xla/
+    # grouped_gemm_fwd_bwd.json): the B200 file's BF16 grouped fit was refitted on Llama 4's
+    # expert shapes; DeepSeek-V3's four (128,000 rows over 1-8 groups, N × K = 2048 × 7168) are
+    # held out. Through the cost model's own path (grouped_gemm_s, at the sustained clock a step
+    # runs at), the three GEMMs as they ran, without the benchmark's loss kernels (a few per cent
+    # of each time, so the model is a little fast): measured 8.7 % median, 14.0 % at worst; held
+    # to the issue's bounds for held-out kernels, 10 % median and 25 % at worst.
+    points = [p for p in json.loads((ROOT / "problems/measurements/b200-xla/grouped_gemm_fwd_bwd.json").read_text())
+              if p["model"] == "DeepSeekV3"]
+    model = Model(hidden=64, feedforward=256, seq_size=64, attn_heads=4, attn_size=16, num_blocks=1)
+    c = Context.of(model, load_system(SYSTEMS / "b200-180g-nvl8.yaml"), Datatype.bfloat16)
+    modelled = []
+    for p in points:
+        rows, n, k, groups = p["total_M"] / p["groups"], p["N"], p["K"], p["groups"]
+        modelled.append(sum(grouped_gemm_s(c, ScalarOps, groups, m_, n_, k_)
+                            for m_, n_, k_ in ((rows, n, k), (rows, k, n), (k, n, rows))))
+    err = np.abs(np.array(modelled) / (np.array([p["fwd_bwd_us"] for p in points]) * 1e-6) - 1)
+    assert len(err) == 4 and np.median(err) <= 0.10 and err.max() <= 0.25, err
+
+
 # ---------------------------------------------------------------- inputs around the layer
 
 def test_system_files_without_an_all_to_all_entry_get_the_default(system_data):
