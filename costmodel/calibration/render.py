@@ -4,7 +4,9 @@ The base file is a system file whose calibrated fields are replaced by marker co
 per family, at the indentation where the fields belong:
 
     # mapsat-calibrate: gemm fp8        (inside compute.float8; `gemm bf16` inside bfloat16)
-    # mapsat-calibrate: grouped_gemm bf16  (inside compute.bfloat16: mixture-of-experts grouped GEMMs)
+    # mapsat-calibrate: grouped_gemm bf16  (inside compute.bfloat16: mixture-of-experts grouped GEMMs;
+                                         from grouped_gemm.json, or from a forward + backward table,
+                                         grouped_gemm_fwd_bwd.json, the `gemm` fit's efficiency refitted)
     # mapsat-calibrate: attention       (inside a compute entry; fitted to bf16 attention.json)
     # mapsat-calibrate: hbm             (inside hbm: efficiency and latency_us)
     # mapsat-calibrate: network NAME    (inside that network: efficiency and latency_us, from nccl-tests)
@@ -210,10 +212,11 @@ def _grouped_gemm_fit(doc: dict, base_path: Path, measurements: Path, dtype: str
         raise InputError(f"{base_path}: marker 'grouped_gemm {dtype}' with {measurements.name}/grouped_gemm_fwd_bwd.json "
                          f"refits the GEMM fit's efficiency: put it below a 'gemm {dtype}' marker")
     efficiency = _get(doc, ("hbm", "efficiency"), base_path)
-    if not isinstance(efficiency, list) or not efficiency or not isinstance(efficiency[-1], list):
+    last = efficiency[-1] if isinstance(efficiency, list) and efficiency else None
+    if not (isinstance(last, list) and len(last) == 2 and isinstance(last[1], (int, float))):
         raise InputError(f"{base_path}: hbm.efficiency: the loss passes of grouped_gemm_fwd_bwd.json need it as "
                          "[[bytes, efficiency], ...] in the base file")
-    loss_bytes_per_s = hbm_bytes_per_s * float(efficiency[-1][1])      # passes of GBs: the largest class
+    loss_bytes_per_s = hbm_bytes_per_s * float(last[1])      # passes of GBs: the largest class
     data = load_grouped_gemm_passes(measurements / "grouped_gemm_fwd_bwd.json", dtype)
     return (fitting.fit_grouped_gemm_efficiency(gemm, data, peak, hbm_bytes_per_s, elem_bytes, loss_bytes_per_s, dtype),
             "grouped_gemm_fwd_bwd.json")
