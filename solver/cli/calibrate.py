@@ -132,7 +132,8 @@ def _write_bands(path: Path, files: dict[str, tuple], result, write: bool, out) 
 @click.option("--base", "base_path", type=click.Path(dir_okay=False),
               help="System file with '# mapsat-calibrate: ...' markers where fitted fields go.")
 @click.option("--measurements", "measurements", type=click.Path(file_okay=False),
-              help="Folder of microbenchmark JSON (gemm.json, attention.json, eltwise.json, adam.json, host.json).")
+              help="Folder of microbenchmark JSON (gemm.json, grouped_gemm.json or grouped_gemm_fwd_bwd.json, attention.json, "
+                   "eltwise.json, adam.json, host.json).")
 @click.option("--nccl", "nccl", multiple=True, metavar="NETWORK=FILE",
               help="nccl-tests output for the network of that name (repeatable).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
