@@ -220,6 +220,21 @@ def test_a_grouped_table_of_passes_needs_the_gemm_fit_above_it(tmp_path):
         calibrate_system(path, MEASUREMENTS / "b200-xla")
 
 
+@pytest.mark.parametrize("edit, message", [
+    (lambda points: [{k: v for k, v in p.items() if k != "model"} for p in points], r"point 0: missing field 'model'"),
+    (lambda points: [{**p, "model": "DeepSeekV3"} for p in points], r"every bf16 point is DeepSeekV3's, the held-out model"),
+])
+def test_a_bad_grouped_table_of_passes_is_refused_by_name(tmp_path, edit, message):
+    import json
+    import shutil
+    folder = tmp_path / "b200"
+    shutil.copytree(MEASUREMENTS / "b200-xla", folder)
+    table = folder / "grouped_gemm_fwd_bwd.json"
+    table.write_text(json.dumps(edit(json.loads(table.read_text()))))
+    with pytest.raises(InputError, match=message):
+        calibrate_system(SYSTEMS_DIR / "calibration" / "b200-180g-nvl8.base.yaml", folder)
+
+
 def test_the_b200s_sustained_clocks_are_what_the_published_long_runs_give():
     """The clocks the B200 file states are the geometric-mean drop of the published long-run GEMMs
     (problems/measurements/b200-xla/long_runs.json) against the file's own fit at full clock, to

@@ -288,7 +288,8 @@ def fit_grouped_gemm_efficiency(gemm: dict, data: GroupedPassesData, peak_flops_
     held_out = np.array([model == GROUPED_PASSES_TEST_MODEL for model in data.models])
     train, test = data.subset(~held_out), data.subset(held_out)
     if not len(train.time_s):
-        raise InputError(f"grouped_gemm_fwd_bwd: no {label} points outside {GROUPED_PASSES_TEST_MODEL!r}'s")
+        raise InputError(f"grouped_gemm_fwd_bwd.json: every {label} point is {GROUPED_PASSES_TEST_MODEL}'s, the "
+                         "held-out model; the fit needs points of another model")
 
     def fields_at(efficiency: float) -> dict:
         return {**gemm, "efficiency": min(efficiency, 1.0),
