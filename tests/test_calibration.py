@@ -235,6 +235,14 @@ def test_a_bad_grouped_table_of_passes_is_refused_by_name(tmp_path, edit, messag
         calibrate_system(SYSTEMS_DIR / "calibration" / "b200-180g-nvl8.base.yaml", folder)
 
 
+def test_a_grouped_table_of_passes_needs_the_base_files_hbm_curve(tmp_path):
+    base = (SYSTEMS_DIR / "calibration" / "b200-180g-nvl8.base.yaml").read_text()
+    path = tmp_path / "b200.base.yaml"
+    path.write_text(base.replace("  efficiency:\n    - [0, 0.6]\n", "  efficiency: 0.6\n", 1))
+    with pytest.raises(InputError, match=r"hbm\.efficiency: the loss passes of grouped_gemm_fwd_bwd\.json need it"):
+        calibrate_system(path, MEASUREMENTS / "b200-xla")
+
+
 def test_the_b200s_sustained_clocks_are_what_the_published_long_runs_give():
     """The clocks the B200 file states are the geometric-mean drop of the published long-run GEMMs
     (problems/measurements/b200-xla/long_runs.json) against the file's own fit at full clock, to
