@@ -11,6 +11,9 @@ differ by 2.3× (softmax 1.3 TB/s, add 3.0 TB/s on the H100), so their bound is 
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 from click.testing import CliRunner
 
@@ -212,21 +215,11 @@ def test_b200_grouped_gemms_fitted_on_llama4s_experts_predict_deepseek_v3s(b200)
     assert same == {k: v for k, v in dense.fields.items() if k not in ("efficiency", "power_flops")}
 
 
-def test_a_grouped_table_of_passes_needs_the_gemm_fit_above_it(tmp_path):
-    base = (SYSTEMS_DIR / "calibration" / "b200-180g-nvl8.base.yaml").read_text()
-    path = tmp_path / "b200.base.yaml"
-    path.write_text(base.replace("    # mapsat-calibrate: gemm bf16\n", "", 1))
-    with pytest.raises(InputError, match=r"marker 'grouped_gemm bf16' .* below a 'gemm bf16' marker"):
-        calibrate_system(path, MEASUREMENTS / "b200-xla")
-
-
 @pytest.mark.parametrize("edit, message", [
     (lambda points: [{k: v for k, v in p.items() if k != "model"} for p in points], r"point 0: missing field 'model'"),
     (lambda points: [{**p, "model": "DeepSeekV3"} for p in points], r"every bf16 point is DeepSeekV3's, the held-out model"),
 ])
 def test_a_bad_grouped_table_of_passes_is_refused_by_name(tmp_path, edit, message):
-    import json
-    import shutil
     folder = tmp_path / "b200"
     shutil.copytree(MEASUREMENTS / "b200-xla", folder)
     table = folder / "grouped_gemm_fwd_bwd.json"
@@ -235,11 +228,17 @@ def test_a_bad_grouped_table_of_passes_is_refused_by_name(tmp_path, edit, messag
         calibrate_system(SYSTEMS_DIR / "calibration" / "b200-180g-nvl8.base.yaml", folder)
 
 
-def test_a_grouped_table_of_passes_needs_the_base_files_hbm_curve(tmp_path):
+@pytest.mark.parametrize("old, new, message", [
+    ("    # mapsat-calibrate: gemm bf16\n", "", r"marker 'grouped_gemm bf16' .* below a 'gemm bf16' marker"),
+    ("  efficiency:\n    - [0, 0.6]\n", "  efficiency: 0.6\n",
+     r"hbm\.efficiency: the loss passes of grouped_gemm_fwd_bwd\.json need it"),
+])
+def test_a_grouped_table_of_passes_needs_the_gemm_fit_above_it_and_an_hbm_curve(tmp_path, old, new, message):
     base = (SYSTEMS_DIR / "calibration" / "b200-180g-nvl8.base.yaml").read_text()
+    assert old in base
     path = tmp_path / "b200.base.yaml"
-    path.write_text(base.replace("  efficiency:\n    - [0, 0.6]\n", "  efficiency: 0.6\n", 1))
-    with pytest.raises(InputError, match=r"hbm\.efficiency: the loss passes of grouped_gemm_fwd_bwd\.json need it"):
+    path.write_text(base.replace(old, new, 1))
+    with pytest.raises(InputError, match=message):
         calibrate_system(path, MEASUREMENTS / "b200-xla")
 
 
