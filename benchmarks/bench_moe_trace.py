@@ -15,7 +15,9 @@ categories:
     dense_gemm    the attention projections and the shared experts, forward + activation gradient,
                   and the router's BF16 GEMM (forward, and its two backward GEMMs)
     grouped_gemm  the routed experts' grouped GEMMs, forward + activation gradient
-    wgrad_gemm    every weight-gradient GEMM but the router's
+    wgrad_gemm    every weight-gradient GEMM but the router's (the layers' weight_grad_s: under
+                  fp8-blockwise on Hopper at their own shape, at the recipe's
+                  weight_grad_efficiency, fitted on DeepGEMM's published table, not on this trace)
     attention     the attention core, forward + backward (with what its kernel recomputes)
     quantize      the recipe's quantisation passes, forward + backward (costmodel.terms.quantize)
     permute       token permutation and unpermutation (costmodel.terms.moe.permutation_s)
@@ -81,6 +83,7 @@ def model_categories(c: Context, m, xp) -> dict:
     layers = block_layers(c, m, xp, "moe")
     block = block_forward(c, m, xp, layers)
     (attention,) = layers.by_name("attention")
+    (moe,) = layers.by_name("moe")
     norms = sum(layer.eltwise_s for layer in layers.by_name("norm"))
     residuals = sum(layer.eltwise_s for layer in layers.by_name("residual"))
     tokens = m.microbatch * c.model.seq
@@ -94,7 +97,7 @@ def model_categories(c: Context, m, xp) -> dict:
     return {
         "dense_gemm": 2 * dense_fwd + projections.up_s + 3 * parts.router_gemm_s,
         "grouped_gemm": 2 * parts.expert_gemm_s,
-        "wgrad_gemm": dense_fwd + parts.expert_gemm_s,
+        "wgrad_gemm": attention.weight_grad_s - core + moe.weight_grad_s - parts.router_gemm_s,
         "attention": 3 * core + attention.kernel_recompute_s,
         "quantize": block.quantize_fwd_s + block.quantize_bwd_s,
         "permute": 3 * parts.permute_s,

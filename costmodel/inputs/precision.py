@@ -193,6 +193,11 @@ class RecipeCompute(BaseModel):
     gemm_tflops: Annotated[RealNumber, within(limits.TFLOPS)] | None = Field(
         None, gt=0, description="Dense peak of the recipe's GEMMs, TFLOP/s (default: that entry's matrix_tflops; "
                                 "NVFP4 states the FP4 peak and runs on the float8 entry's fit at it).")
+    weight_grad_efficiency: Annotated[RealNumber, within(limits.EFFICIENCY)] | None = Field(
+        None, description="The recipe's weight-gradient GEMMs (dW = Xᵀ·dY, the reduction over the tokens) timed at "
+                          "their own shape, at this share of the entry's fitted GEMM efficiency (needs its `gemm` "
+                          "fit; default: as long as the forward GEMMs). Fitted on published kernel measurements: "
+                          "docs/cost-model.md, \"Weight-gradient GEMMs of FP8 block scaling\".")
 
 
 class PrecisionSupport(BaseModel):

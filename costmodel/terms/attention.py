@@ -13,7 +13,7 @@ from costmodel.terms.context import MASK_BYTES, Context
 from costmodel.inputs.model import CAUSAL_ATTENTION_SHARE
 from costmodel.terms.kernel_time import attention_time_s
 from costmodel.terms.layer_time import (DROPOUT_FLOPS_PER_ELEM, ROPE_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM,
-                                        SOFTMAX_STATS_BYTES, eltwise_s, gemm_s, matmul_s)
+                                        SOFTMAX_STATS_BYTES, eltwise_s, gemm_s, matmul_s, weight_grad_s)
 from costmodel.terms.layers import (LayerCost, ModuleRerun, dropout_mask_bytes, layer_tokens, norm_flops_per_elem,
                                     norm_output_bytes, stored_gemm_input_bytes)
 from costmodel.terms.quantize import GemmOperands
@@ -54,6 +54,9 @@ class AttentionProjections:
     """latent attention's up projections (part of in_s): what recompute_modules mla_up_proj reruns"""
     up_flops: object = 0.0
     """their quantized operands (costmodel.terms.quantize)"""
+    weight_grad_s: object = None
+    """backward's weight-gradient GEMMs of every projection where the recipe times them on their
+    own (costmodel.terms.layer_time.weight_grad_s; None: as long as in_s + out_s)"""
 
 
 def attention_projections(c: Context, xp, tokens, ln_tokens, t, gathered, norm_out, norm_flops) -> AttentionProjections:
@@ -72,7 +75,8 @@ def attention_projections(c: Context, xp, tokens, ln_tokens, t, gathered, norm_o
         return AttentionProjections(
             in_s=matmul_s(c, xp, tokens, qkv_cols, h), out_s=matmul_s(c, xp, tokens, h, q_cols),
             matrix_flops=2 * tokens * h * (qkv_cols + q_cols), eltwise_s=0.0,
-            rope_elems=tokens * (q_cols + kv_cols), gemms=gemms)
+            rope_elems=tokens * (q_cols + kv_cols), gemms=gemms,
+            weight_grad_s=weight_grad_s(c, xp, ((tokens, qkv_cols, h), (tokens, h, q_cols))))
     r_q, r_kv, d_r = c.model.q_lora_rank, c.model.kv_lora_rank, c.model.rope_head_size
     q_in = r_q if r_q else h                          # no query compression: h → a·d_qk directly
     q_cols, kv_up_cols, out_cols = heads * d, heads * (d - d_r + d_v), heads * d_v
@@ -87,7 +91,9 @@ def attention_projections(c: Context, xp, tokens, ln_tokens, t, gathered, norm_o
              GemmOperands(tokens * out_cols, ln_tokens * h, out_cols * h, False, gathered, t, projection=True))
     return AttentionProjections(in_s=in_s, out_s=matmul_s(c, xp, tokens, h, out_cols), matrix_flops=flops, eltwise_s=latent_norms,
                                 rope_elems=tokens * (heads * d_r + d_r), gemms=gemms, up_s=up_s,
-                                up_flops=2 * tokens * (q_in * q_cols + r_kv * kv_up_cols))
+                                up_flops=2 * tokens * (q_in * q_cols + r_kv * kv_up_cols),
+                                weight_grad_s=weight_grad_s(c, xp, ((ln_tokens, down_cols, h), (tokens, q_cols, q_in),
+                                                                    (tokens, kv_up_cols, r_kv), (tokens, h, out_cols))))
 
 
 @dataclass(frozen=True)
@@ -273,6 +279,7 @@ def attention_layer(c: Context, m, xp) -> LayerCost:
     return LayerCost(
         "attention",
         gemm_s=att.in_s + core.gemm_s + att.out_s,
+        weight_grad_s=None if att.weight_grad_s is None else att.weight_grad_s + core.gemm_s,
         eltwise_s=core.eltwise_s + rope + att.eltwise_s,
         matrix_flops=att.matrix_flops + core.flops,
         attention_core_s=core.gemm_s + core.eltwise_s,

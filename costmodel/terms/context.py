@@ -113,6 +113,7 @@ class _Recipe:
     gemm_compute: Compute
     peak_ratio: float
     peak_name: str
+    weight_grad_efficiency: float | None = None
 
 
 def _recipe(model: Model, system: System, datatype: Datatype, kernels: Kernels) -> _Recipe:
@@ -131,7 +132,11 @@ def _recipe(model: Model, system: System, datatype: Datatype, kernels: Kernels) 
     share = 2 * ends / model.num_blocks
     layouts = system.precision.fp8_gemm_layouts if system.precision is not None else "tn"
     costs = recipe_costs(kernels.precision, layouts, kernels.param_gather_low_precision, share)
-    return _Recipe(costs, gemm_compute, peak_ratio, recipe_peak_name(kernels.precision, costs.format))
+    if how.weight_grad_efficiency is not None and gemm_compute.gemm is None:
+        raise InputError(f"precision.recipes.{kernels.precision.value}.weight_grad_efficiency: needs a fitted GEMM "
+                         f"model (compute.{how.gemm}.gemm) in {system.name}'s file")
+    return _Recipe(costs, gemm_compute, peak_ratio, recipe_peak_name(kernels.precision, costs.format),
+                   how.weight_grad_efficiency)
 
 
 def _compute_rates(system: System, datatype: Datatype, gaps: StepGaps,
@@ -161,8 +166,17 @@ def _compute_rates(system: System, datatype: Datatype, gaps: StepGaps,
                                     gaps.block_s),
         vector_curve=Curve.of(compute.vector_efficiency),
         grouped_gemm=in_step(gemm_compute.grouped_gemm, gemm_compute, peak_ratio),
-        **high_precision, **_router_rates(system),
+        **high_precision, **_router_rates(system), **_weight_grad_rate(recipe, in_step),
     )
+
+
+def _weight_grad_rate(recipe: _Recipe | None, in_step) -> dict:
+    """A recipe's weight-gradient GEMMs where its file states their rate: the recipe's GEMM
+    model in the step with its efficiency scaled (RecipeCompute.weight_grad_efficiency)."""
+    if recipe is None or recipe.weight_grad_efficiency is None:
+        return {}
+    timing = in_step(recipe.gemm_compute.gemm, recipe.gemm_compute, recipe.peak_ratio)
+    return dict(weight_grad_gemm=replace(timing, efficiency=timing.efficiency * recipe.weight_grad_efficiency))
 
 
 def _router_rates(system: System) -> dict:

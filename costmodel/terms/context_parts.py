@@ -144,6 +144,9 @@ class ComputeRates:
     hp_grouped_gemm: GemmTiming | None = None
     router_tf32_flops_per_s: float = 0.0   # a float32 router's backward GEMMs: the system's float32 (TF32) peak
     router_tf32_curve: Curve | None = None  # and its step curve
+    weight_grad_gemm: GemmTiming | None = None
+    """the recipe's weight-gradient GEMMs at their own shape, where its file states their rate
+    (RecipeCompute.weight_grad_efficiency; None: each as long as its forward GEMM)"""
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,24 @@ def matmul_s(c: Context, xp, rows, cols, inner, high_precision=False):
                   high_precision=high_precision)
 
 
+def weight_grad_s(c: Context, xp, shapes, experts=1.0):
+    """Backward's weight-gradient time of quantized GEMMs C[rows, cols] = A[rows, inner]·B[inner,
+    cols] (`shapes`: (rows, cols, inner) each; `experts` of each in one grouped kernel), where the
+    recipe times them on their own (ComputeRates.weight_grad_gemm): dW[inner, cols] = Aᵀ·dC at
+    its own shape, the reduction over the rows, its operands and result moved once in the
+    GEMM's datatype. None where the recipe does not: each is as long as its forward GEMM
+    (LayerCost.weight_grad_s's default)."""
+    timing = c.compute.weight_grad_gemm
+    if timing is None:
+        return None
+    e, total = c.precision.gemm_elem_bytes, 0.0
+    for rows, cols, inner in shapes:
+        num_bytes = e * experts * (rows * inner + rows * cols + inner * cols)
+        total = total + gemm_time_s(timing, xp, inner, cols, rows, num_bytes, c.compute.matrix_flops_per_s,
+                                    c.memory.hbm_bytes_per_s, experts)
+    return total
+
+
 def eltwise_s(c: Context, xp, elems, flops_per_elem, bytes_per_elem):
     """Roofline time of an element-wise layer over `elems` elements; its memory side pays the
     HBM's fixed per-kernel cost (0 unless the system file is calibrated)."""

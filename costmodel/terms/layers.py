@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields
 
 from costmodel.terms.context import MASK_BYTES, Context
 from costmodel.terms.layer_time import (ACTIVATION_FLOPS_PER_ELEM, LAYERNORM_FLOPS_PER_ELEM, RESIDUAL_FLOPS_PER_ELEM,
-                                        RMSNORM_FLOPS_PER_ELEM, eltwise_s, matmul_s)
+                                        RMSNORM_FLOPS_PER_ELEM, eltwise_s, matmul_s, weight_grad_s)
 from costmodel.terms.moe import moe_layer_forward, moe_memory, moe_quantized_gemms
 from costmodel.terms.quantize import GemmOperands
 
@@ -271,6 +271,7 @@ def dense_mlp_layer(c: Context, m, xp) -> LayerCost:
         intermediates = intermediates + e * tokens * c.model.feedforward / t
     up_input = q * tokens * h
     return LayerCost("mlp", gemm_s=gemm, eltwise_s=activation, matrix_flops=flops, tp_regions=1.0,
+                     weight_grad_s=weight_grad_s(c, xp, ((tokens, up_cols, h), (tokens, h, f_cols))),
                      modules=(ModuleRerun("mlp", gemm + activation, flops, dropped_bytes=intermediates),
                               ModuleRerun("layernorm", dropped_gathered_bytes=up_input)),
                      gemms=gemms, stored_bytes=intermediates, stored_gathered_bytes=up_input)
@@ -293,6 +294,7 @@ def moe_mlp_layer(c: Context, m, xp) -> LayerCost:
     return LayerCost("moe", gemm_s=layer.gemm_s, eltwise_s=layer.eltwise_s, matrix_flops=layer.matrix_flops,
                      tp_regions=float(c.model.shared_feedforward > 0),
                      activation_grad_s=layer.gemm_s + 2 * layer.eltwise_s + layer.launches_backward_extra_s,
+                     weight_grad_s=layer.weight_grad_s,
                      modules=(ModuleRerun("moe_act", layer.expert_activation_s, 0.0, dropped_bytes=activation_output),
                               ModuleRerun("layernorm", dropped_gathered_bytes=up_input)),
                      gemms=moe_quantized_gemms(c, tokens, m.tp, m.ep, m.etp),

@@ -69,7 +69,8 @@ from dataclasses import dataclass
 from costmodel.terms.comm import collective_s
 from costmodel.terms.context import Context
 from costmodel.terms.kernel_time import gemm_time_s
-from costmodel.terms.layer_time import ACTIVATION_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s
+from costmodel.terms.layer_time import (ACTIVATION_FLOPS_PER_ELEM, SOFTMAX_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s,
+                                        weight_grad_s)
 from costmodel.terms.moe_kernels import moe_launches, router_extra_bytes
 from costmodel.terms.quantize import GemmOperands
 from costmodel.inputs.system import Collective
@@ -172,6 +173,10 @@ class MoeLayerForward:
     costmodel.terms.moe_kernels), its activation's part in expert_activation_s too"""
     launches_backward_extra_s: object = 0.0
     """what backward's untimed kernels cost beyond twice launches_s"""
+    weight_grad_s: object = None
+    """backward's weight-gradient GEMMs, the router's as long as its forward and the experts' and
+    shared experts' at their own shape, where the recipe times them so
+    (costmodel.terms.layer_time.weight_grad_s; None: as long as gemm_s)"""
 
     @property
     def gemm_s(self):
@@ -230,6 +235,11 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep, etp) -> MoeLayerForward:
     else:
         shared, shared_act, shared_flops = 0.0, 0.0, 0.0
 
+    expert_shapes = ((rows, up_cols, h), (rows, h, f_cols))
+    weight_grads = weight_grad_s(c, xp, expert_shapes, local)
+    if weight_grads is not None:
+        weight_grads = router + xp.where(local > 1, weight_grads, weight_grad_s(c, xp, expert_shapes)) + (
+            weight_grad_s(c, xp, ((tokens, s_up, h), (tokens, h, s_cols))) if c.model.shared_feedforward else 0.0)
     launches = moe_launches(c, xp, local)
     extra_forward, extra_backward = (num_bytes / c.memory.hbm_bytes_per_s for num_bytes in router_extra_bytes(c, routed_tokens))
     router_eltwise = router_eltwise + extra_forward   # the launches' latency is in launches.forward_s
@@ -241,7 +251,7 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep, etp) -> MoeLayerForward:
                       + shared_flops),
         local_experts=local, rows_per_expert=rows, expert_activation_s=expert_act,
         router_eltwise_s=router_eltwise, permute_s=permutations, shared_activation_s=shared_act,
-        launches_s=launches.forward_s - launches.activation_s,
+        launches_s=launches.forward_s - launches.activation_s, weight_grad_s=weight_grads,
         launches_backward_extra_s=(launches.backward_extra_s + extra_backward - 2 * extra_forward
                                    + fp32_router_backward_s(c, xp, routed_tokens, router_cols, router)),
     )

@@ -31,7 +31,7 @@ No recompute module drops any of it; full recomputation keeps the block's input.
 from __future__ import annotations
 
 from costmodel.terms.context import Context
-from costmodel.terms.layer_time import RMSNORM_FLOPS_PER_ELEM, eltwise_s, matmul_s
+from costmodel.terms.layer_time import RMSNORM_FLOPS_PER_ELEM, eltwise_s, matmul_s, weight_grad_s
 from costmodel.terms.layers import LayerCost, layer_tokens, stored_gemm_input_bytes
 from costmodel.inputs.mamba import (mamba_scan_flops_per_token, mamba_scan_recompute_flops_per_token,
                                    mamba_stored_bytes_per_token)
@@ -46,6 +46,7 @@ def mamba_layer(c: Context, m, xp) -> LayerCost:
     tokens, ln_tokens = layer_tokens(c, m, xp)
     in_cols, inner = shape.in_proj_cols / t, shape.inner / t
     projections = matmul_s(c, xp, tokens, in_cols, h) + matmul_s(c, xp, tokens, h, inner)
+    weight_grads = weight_grad_s(c, xp, ((tokens, in_cols, h), (tokens, h, inner)))
     scan_flops = tokens * mamba_scan_flops_per_token(shape, c.model.seq) / t
     scan = matmul_s(c, xp, tokens, inner, scan_flops / (2 * tokens * inner))
     e = c.precision.elem_bytes
@@ -63,7 +64,8 @@ def mamba_layer(c: Context, m, xp) -> LayerCost:
     rerun = conv + matmul_s(c, xp, tokens, inner, rerun_flops / (2 * tokens * inner))
     parts = mamba_stored_bytes_per_token(shape, h, e, t, gemm_input_bytes=stored_gemm_input_bytes(c))
     return LayerCost("mamba", gemm_s=projections + scan, eltwise_s=eltwise, matrix_flops=flops, tp_regions=1.0,
-                     gemms=gemms, activation_grad_s=projections + 2 * scan + 2 * eltwise, weight_grad_s=projections,
+                     gemms=gemms, activation_grad_s=projections + 2 * scan + 2 * eltwise,
+                     weight_grad_s=projections if weight_grads is None else weight_grads,
                      kernel_recompute_s=rerun, kernel_recompute_flops=rerun_flops,
                      stored_bytes=tokens * (parts["in_proj_out"] + parts["scan_out"] + parts["norm_in"]
                                             + parts["out_proj_in"]),
