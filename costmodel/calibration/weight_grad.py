@@ -7,6 +7,10 @@ problems/measurements/h800-deepgemm/) runs at 878–1,092 TFLOP/s on the H800, w
 FP8 GEMM model of the same GPU (measured on the H100, the same SM) gives 1,316–1,441 at those
 shapes: one share of that model's efficiency, `weight_grad_efficiency`, times all of them.
 
+The grouped kernel of the same pull request (its MoE table as quoted in DeepGEMM issue #107) is a
+check the fit was not made on: the experts' weight gradients run as one grouped kernel of that
+efficiency.
+
 It is fitted here, and written by hand into the Hopper files' fp8-blockwise recipe
 (problems/systems/calibration/*.base.yaml); tests/test_weight_grad_fit.py holds the files to this
 fit and reports it out of sample (each point left out in turn). The check the fit was not made on:
@@ -37,17 +41,21 @@ class WeightGradPoint:
     n: int
     k: int
     tflops: float
+    groups: int = 1
+    """GEMMs of that shape in one grouped kernel (an MoE layer's experts)"""
 
     @property
     def measured_s(self) -> float:
-        return 2.0 * self.m * self.n * self.k / (self.tflops * TERA)
+        return 2.0 * self.groups * self.m * self.n * self.k / (self.tflops * TERA)
 
 
 def load_weight_grad_points(path: Path) -> list[WeightGradPoint]:
-    """The table's points (fields M, N, K, tflops; see problems/measurements/README.md)."""
+    """The table's points (fields M, N, K, tflops, and groups where grouped; see
+    problems/measurements/README.md)."""
     try:
         rows = json.loads(Path(path).read_text())
-        return [WeightGradPoint(int(row["M"]), int(row["N"]), int(row["K"]), float(row["tflops"])) for row in rows]
+        return [WeightGradPoint(int(row["M"]), int(row["N"]), int(row["K"]), float(row["tflops"]),
+                                int(row.get("groups", 1))) for row in rows]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise InputError(f"{path}: not a weight-gradient GEMM table ({error})") from None
 
@@ -64,9 +72,9 @@ class WeightGradFit:
         """The model's time of the point at `efficiency` × the GEMM model's efficiency (FP8
         operands, the result counted once, as costmodel.terms.layer_time.weight_grad_s moves it)."""
         timing = replace(self.gemm, efficiency=self.gemm.efficiency * efficiency)
-        num_bytes = point.m * point.k + point.n * point.k + point.m * point.n
+        num_bytes = point.groups * (point.m * point.k + point.n * point.k + point.m * point.n)
         return gemm_time_s(timing, ScalarOps, point.m, point.n, point.k, num_bytes, self.peak_flops_per_s,
-                           self.hbm_bytes_per_s)
+                           self.hbm_bytes_per_s, point.groups)
 
     def efficiency(self, points: list[WeightGradPoint]) -> float:
         """The share of the GEMM model's efficiency that times `points`: each point's own (its
