@@ -21,7 +21,7 @@ from costmodel.encoding import MappingArrays
 from costmodel.inputs.kernels import Kernels
 from costmodel.terms.block_terms import KindBlocks, kind_block_terms
 from costmodel.terms.stage_costs import without_layers
-from costmodel.terms.iteration import IterationTerms, MemoryTerms, TimeTerms, iteration_terms
+from costmodel.terms.iteration import IterationTerms, MemoryTerms, TimeTerms, iteration_terms, stage_memory_terms
 from costmodel.inputs.mapping import Mapping, check_mapping_fits, model_with_attention_type
 from costmodel.inputs.model import Model, ModelFlops
 from costmodel.ops import ArrayOps, ScalarOps, distinct_rows, spread
@@ -143,13 +143,8 @@ TIME_ONLY_DIMENSIONS = touching(TIME_ONLY)
 """Dimensions that change a mapping's time, never its HBM or offload bytes (the declaration's
 `time_only`: what overlaps
 and which network a group's traffic takes): mappings equal in every other dimension hold
-the same memory, so the capacity checks are decided once for all of them (`capacity_fits`;
+the same memory, so the capacity checks are decided once for all of them (`capacity_fits_in_context`;
 tests/conftest.py assert_block_floors_below_exact checks it on every block of several spaces)."""
-
-
-def capacity_fits(ev: "ArrayEvaluation") -> np.ndarray:
-    """Whether each evaluated mapping's HBM and offload bytes fit (the exact model's checks)."""
-    return ev.checks["hbm_capacity"] & ev.checks["offload_capacity"]
 
 
 def structure_fits(c: Context, arrays: MappingArrays) -> np.ndarray:
@@ -336,6 +331,14 @@ def distinct_block_terms(c: Context, arrays: MappingArrays, memo: dict | None = 
         if memo is not None:
             memo[identity] = terms
     return spread(terms, inverse, len(first))
+
+
+def capacity_fits_in_context(c: Context, arrays: MappingArrays, block_memo: dict | None = None) -> np.ndarray:
+    """Whether each mapping's HBM and offload bytes fit: the exact model's capacity checks
+    (evaluate_arrays_in_context's `hbm_capacity` and `offload_capacity`), the same bytes compared
+    the same way, from the memory terms alone (costmodel.terms.iteration.stage_memory_terms)."""
+    mem = stage_memory_terms(c, array_fields(arrays), ArrayOps, distinct_block_terms(c, arrays, block_memo))
+    return (mem.hbm_bytes <= c.memory.hbm_capacity_bytes) & (mem.offload_bytes <= c.memory.offload_capacity_bytes)
 
 
 def evaluate_arrays_in_context(c: Context, arrays: MappingArrays, block_memo: dict | None = None) -> ArrayEvaluation:

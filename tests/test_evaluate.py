@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.encoding import MappingArrays
-from costmodel.evaluate import evaluate, evaluate_arrays
+from costmodel.evaluate import capacity_fits_in_context, evaluate, evaluate_arrays, evaluate_arrays_in_context
+from costmodel.terms.context import Context
 from costmodel.terms.iteration import TIME_TERMS
 from costmodel.inputs.load import load_system
 from costmodel.inputs.mapping import Mapping
@@ -43,6 +44,19 @@ def test_scalar_and_array_evaluators_agree(problem):
             assert math.isclose(getattr(ev, name), float(getattr(arrays, name)[i]), rel_tol=1e-12, abs_tol=1e-9), name
         for name, value in ev.time.as_dict().items():
             assert math.isclose(value, float(getattr(arrays.terms, name)[i]), rel_tol=1e-12, abs_tol=1e-12), name
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems())
+def test_the_memory_side_alone_decides_capacity_as_the_whole_evaluation(problem):
+    """capacity_fits_in_context (the search's capacity check on the memory terms alone) is the
+    whole evaluation's hbm_capacity and offload_capacity checks, mapping by mapping."""
+    model, system, batch = problem
+    arrays = MappingArrays.from_mappings(batch)
+    c = Context.build(model, system, batch[0].datatype, batch[0].kernels)
+    whole = evaluate_arrays_in_context(c, arrays)
+    expected = whole.checks["hbm_capacity"] & whole.checks["offload_capacity"]
+    assert np.array_equal(np.broadcast_to(capacity_fits_in_context(c, arrays), expected.shape), expected)
 
 
 @settings(max_examples=60, deadline=None)

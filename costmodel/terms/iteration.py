@@ -224,25 +224,38 @@ def unpaired_ep_s(c: Context, m, xp, blk: BlockTerms, pace_blocks, microbatches)
     return chunks * pace_blocks / v * blk.ep_unpaired_s
 
 
+def _stage_parts(c: Context, m, xp, kinds: KindBlocks | None) -> tuple:
+    """(stages, block kinds, the stages' blocks, the MTP terms or None, the sharding, the stages'
+    parameters): what iteration_terms and stage_memory_terms both read."""
+    stages = Stages.of(c, m, xp)
+    if kinds is None:
+        kinds = without_layers(kind_block_terms(c, m, xp, with_mtp=True))   # one block of each kind, one microbatch
+    sb = stage_blocks_terms(c, m, xp, kinds, stages)
+    mtp = mtp_terms(c, m, xp, kinds.mtp) if c.model.mtp_blocks else None
+    return stages, kinds, sb, mtp, Sharding.of(m, xp), stage_params(c, m, xp, stages, sb, mtp)
+
+
+def stage_memory_terms(c: Context, m, xp, kinds: KindBlocks | None = None):
+    """The memory side of iteration_terms alone (costmodel.terms.stage_memory.stage_memory), the
+    same sums on the same parts: what a capacity check reads, without the pipeline, the
+    gradient reduction and the optimizer step's times."""
+    stages, _, sb, mtp, sharding, params = _stage_parts(c, m, xp, kinds)
+    return stage_memory(c, m, xp, sb, stages, sharding, params, mtp)
+
+
 def iteration_terms(c: Context, m, xp, kinds: KindBlocks | None = None) -> IterationTerms:
     """All named time (s), memory (bytes) and rate terms of one iteration: each stage's own
     blocks (costmodel.terms.stage_kinds, stage_costs), the pipeline at its slowest stage, the
     gradient reduction and the optimizer step, and the memory of the stages. `kinds`: each
     block kind's terms of these mappings when the caller has them (costmodel.evaluate
     computes them once per distinct block)."""
-    stages = Stages.of(c, m, xp)
+    stages, kinds, sb, mtp, sharding, params = _stage_parts(c, m, xp, kinds)
     microbatches = stages.microbatches
-    if kinds is None:
-        kinds = without_layers(kind_block_terms(c, m, xp, with_mtp=True))   # one block of each kind, one microbatch
-    sb = stage_blocks_terms(c, m, xp, kinds, stages)
     head_fwd = output_layer_s(c, m, xp)
-    mtp = mtp_terms(c, m, xp, kinds.mtp) if c.model.mtp_blocks else None
     if mtp is None:
         pipe = pipeline_time(c, m, xp, sb, stages, head_fwd)
     else:
         pipe = pipeline_time(c, m, xp, sb, stages, head_fwd + mtp.fwd_s, 2 * head_fwd + mtp.bwd_s)
-    sharding = Sharding.of(m, xp)
-    params = stage_params(c, m, xp, stages, sb, mtp)
     dp = gradient_sync(c, m, xp, stages, sharding, params)
     # the optimizer step, and a precision recipe's once-a-step quantization of the weights
     optimizer_s = optimizer_step_s(c, m, xp, sharding, params) + params.blocks * params.block.forward.weight_quantize_s

@@ -42,8 +42,8 @@ from typing import Callable
 import numpy as np
 
 from costmodel.space.dimensions import FLAGS, SPLIT_TEXT, BlockKey
-from costmodel.evaluate import (STRUCTURE_DIMENSIONS, TIME_ONLY_DIMENSIONS, capacity_fits, evaluate_arrays_in_context,
-                                structure_fits)
+from costmodel.evaluate import (STRUCTURE_DIMENSIONS, TIME_ONLY_DIMENSIONS, capacity_fits_in_context,
+                                evaluate_arrays_in_context, structure_fits)
 from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.model import Model
 from costmodel.ops import distinct_table_rows
@@ -242,7 +242,7 @@ class Engine:
 
         fit = np.flatnonzero(
             passing(self._memory_columns,
-                    lambda heads: capacity_fits(evaluate_arrays_in_context(self.c, heads, self.block_memo)))
+                    lambda heads: capacity_fits_in_context(self.c, heads, self.block_memo))
             & passing(self._structure_columns, lambda heads: structure_fits(self.c, heads)))
         rows, ordinals = self.plan.block(index, il, mb, flag_rows=fit)
         ev = evaluate_arrays_in_context(self.c, rows, self.block_memo)
