@@ -17,6 +17,9 @@ alternately at load ~2.2; not met. Back to back at load ~3 (2026-11-28): main 1a
 (19.1 s user), branch perf 9289eda 28.4 s (19.1 s user): no measurable change; not met.
 Alternately with its base at load ~0.8 (2026-11-28 evening): main 16.6 s and 16.1 s, base
 f36001c 21.8 s and 20.6 s, every row identical; not met (docs/benchmarks.md).
+Alternately with main, quiet (2026-11-29): capacity classes on the memory terms alone 14.8, 15.6,
+14.7, 15.0, 14.2 s against 16.0, 15.4, 14.6, 15.2, 14.8 s, every row identical: met by the median
+(14.8 s), not by every run.
 """
 
 from __future__ import annotations

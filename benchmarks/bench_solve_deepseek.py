@@ -28,6 +28,8 @@ reads of the floors' rows), the same answer. Not met.
 Quiet, 2026-11-28 evening: main b42258b 36.7 s wall, 33.5 s user, 2.56 GB against base f36001c
 88.0 s wall, 66.3 s user, 8.76 GB (block grid without offload switches where no tier exists, the
 MTP block once per distinct block, the stage grids in chunks), the same answer. Not met.
+Quiet, 2026-11-29, back to back: main f01211b (capacity classes on the memory terms alone) 34.9 s
+wall, 35.0 s CPU, 2.56 GB against 2154168 35.2 s: the same answer (certified in 33.95 s). Not met.
 """
 
 from __future__ import annotations
