@@ -235,11 +235,15 @@ def moe_layer_forward(c: Context, xp, tokens, tp, ep, etp) -> MoeLayerForward:
     else:
         shared, shared_act, shared_flops = 0.0, 0.0, 0.0
 
+    # backward's weight gradients where the recipe times them at their own shape (else None):
+    # the router's as its forward, the experts' grouped or one GEMM each as forward, the shared experts'
     expert_shapes = ((rows, up_cols, h), (rows, h, f_cols))
     weight_grads = weight_grad_s(c, xp, expert_shapes, local)
     if weight_grads is not None:
-        weight_grads = router + xp.where(local > 1, weight_grads, weight_grad_s(c, xp, expert_shapes)) + (
-            weight_grad_s(c, xp, ((tokens, s_up, h), (tokens, h, s_cols))) if c.model.shared_feedforward else 0.0)
+        experts_weight_grads = xp.where(local > 1, weight_grads, weight_grad_s(c, xp, expert_shapes))
+        shared_weight_grads = (weight_grad_s(c, xp, ((tokens, s_up, h), (tokens, h, s_cols)))
+                               if c.model.shared_feedforward else 0.0)
+        weight_grads = router + experts_weight_grads + shared_weight_grads
     launches = moe_launches(c, xp, local)
     extra_forward, extra_backward = (num_bytes / c.memory.hbm_bytes_per_s for num_bytes in router_extra_bytes(c, routed_tokens))
     router_eltwise = router_eltwise + extra_forward   # the launches' latency is in launches.forward_s
