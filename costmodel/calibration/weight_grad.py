@@ -27,11 +27,9 @@ import numpy as np
 
 from costmodel.errors import InputError
 from costmodel.inputs.kernel_fits import GemmTiming
+from costmodel.inputs.units import tflops_to_flops_per_s
 from costmodel.ops import ScalarOps
 from costmodel.terms.kernel_time import gemm_time_s
-
-TERA = 1e12
-
 
 @dataclass(frozen=True)
 class WeightGradPoint:
@@ -46,7 +44,7 @@ class WeightGradPoint:
 
     @property
     def measured_s(self) -> float:
-        return 2.0 * self.groups * self.m * self.n * self.k / (self.tflops * TERA)
+        return 2.0 * self.groups * self.m * self.n * self.k / tflops_to_flops_per_s(self.tflops)
 
 
 def load_weight_grad_points(path: Path) -> list[WeightGradPoint]:

@@ -157,26 +157,26 @@ def _compute_rates(system: System, datatype: Datatype, gaps: StepGaps,
         matrix_peak_name=recipe.peak_name, hp_matrix_flops_per_s=compute.matrix_flops_per_s,
         hp_matrix_curve=_curve(compute, 1.0), hp_gemm=in_step(compute.gemm, compute, 1.0),
         hp_grouped_gemm=in_step(compute.grouped_gemm, compute, 1.0))
+    gemm = in_step(gemm_compute.gemm, gemm_compute, peak_ratio)
     return ComputeRates(
         matrix_flops_per_s=gemm_compute.matrix_flops_per_s * peak_ratio,
         vector_flops_per_s=compute.vector_flops_per_s,
         matrix_curve=_curve(gemm_compute, peak_ratio),
-        gemm=in_step(gemm_compute.gemm, gemm_compute, peak_ratio),
+        gemm=gemm,
         attention=attention_in_step(compute.attention.timing() if compute.attention is not None else None,
                                     gaps.block_s),
         vector_curve=Curve.of(compute.vector_efficiency),
         grouped_gemm=in_step(gemm_compute.grouped_gemm, gemm_compute, peak_ratio),
-        **high_precision, **_router_rates(system), **_weight_grad_rate(recipe, in_step),
+        **high_precision, **_router_rates(system), **_weight_grad_rate(recipe, gemm),
     )
 
 
-def _weight_grad_rate(recipe: _Recipe | None, in_step) -> dict:
+def _weight_grad_rate(recipe: _Recipe | None, gemm: GemmTiming | None) -> dict:
     """A recipe's weight-gradient GEMMs where its file states their rate: the recipe's GEMM
-    model in the step with its efficiency scaled (RecipeCompute.weight_grad_efficiency)."""
+    model in the step (`gemm`) with its efficiency scaled (RecipeCompute.weight_grad_efficiency)."""
     if recipe is None or recipe.weight_grad_efficiency is None:
         return {}
-    timing = in_step(recipe.gemm_compute.gemm, recipe.gemm_compute, recipe.peak_ratio)
-    return dict(weight_grad_gemm=replace(timing, efficiency=timing.efficiency * recipe.weight_grad_efficiency))
+    return dict(weight_grad_gemm=replace(gemm, efficiency=gemm.efficiency * recipe.weight_grad_efficiency))
 
 
 def _router_rates(system: System) -> dict:
