@@ -354,6 +354,25 @@ def test_flex_dispatch_fuses_the_source_side_permutations(tiny, tiny_flex):
     assert rows == 160
 
 
+def test_backward_runs_each_permutation_once_as_its_inverse(tiny, tiny_flex):
+    """The MoE layer's activation gradient: its GEMMs, every element-wise kernel twice but the
+    permutations, which run once more, each as its inverse (Transformer Engine's moe_permute
+    backward is one unpermute, moe_unpermute's one permute), on FLAT by hand."""
+    from types import SimpleNamespace
+    from costmodel.terms.layers import moe_mlp_layer
+    m = SimpleNamespace(microbatch=T // TINY.seq_size, cp=1, tp=TP, ep=EP, etp=TP, seq_par=True)
+    rows = expert_rows(tiny, T, TP, EP, TP)
+    received = 2 * eltwise(2 * rows * 64, 0, 2 * E_BYTES)                   # into expert order and back
+    source = eltwise(64 * 2 * 64, 0, 2 * E_BYTES) + eltwise(64 * 2 * 64, 2, E_BYTES * 3 / 2)
+    for c, permutations in ((tiny, source + received), (tiny_flex, received)):
+        fw = moe_layer_forward(c, ScalarOps, T, TP, EP, TP)
+        layer = moe_mlp_layer(c, m, ScalarOps)
+        assert fw.permute_s == pytest.approx(permutations)
+        others = fw.eltwise_s - permutations
+        assert layer.activation_grad_s == pytest.approx(fw.gemm_s + 2 * others + permutations
+                                                        + fw.launches_backward_extra_s)
+
+
 def test_ep_overlap_hides_at_most_the_compute_beside_it():
     from costmodel.terms.block_terms import ep_overlap_terms
     flat = Context.of(TINY, FLAT, Datatype.bfloat16, Kernels(moe_comm_overlap=True))

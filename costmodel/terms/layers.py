@@ -285,7 +285,9 @@ def moe_mlp_layer(c: Context, m, xp) -> LayerCost:
     input as a dense MLP does (the norm's output, gathered; recompute_modules layernorm drops
     it) and the layer's own tensors (costmodel.terms.moe.moe_memory: recompute_modules moe_act
     drops the routed experts' activation output, one f_e-wide tensor of their 2, gated 3), and
-    holds one all-to-all's send and receive buffers while it runs."""
+    holds one all-to-all's send and receive buffers while it runs. Its activation gradient runs
+    each permutation once, as its inverse (MoeLayerForward.permute_s), and every other
+    element-wise kernel twice."""
     tokens, _ = layer_tokens(c, m, xp)
     layer = moe_layer_forward(c, xp, tokens, m.tp, m.ep, m.etp)
     memory = moe_memory(c, xp, tokens, m.tp, m.ep, m.etp)
@@ -293,7 +295,8 @@ def moe_mlp_layer(c: Context, m, xp) -> LayerCost:
     activation_output = memory.expert_intermediate_bytes / (3 if c.model.gated_mlp else 2)
     return LayerCost("moe", gemm_s=layer.gemm_s, eltwise_s=layer.eltwise_s, matrix_flops=layer.matrix_flops,
                      tp_regions=float(c.model.shared_feedforward > 0),
-                     activation_grad_s=layer.gemm_s + 2 * layer.eltwise_s + layer.launches_backward_extra_s,
+                     activation_grad_s=(layer.gemm_s + 2 * layer.eltwise_s - layer.permute_s
+                                        + layer.launches_backward_extra_s),
                      weight_grad_s=layer.weight_grad_s,
                      modules=(ModuleRerun("moe_act", layer.expert_activation_s, 0.0, dropped_bytes=activation_output),
                               ModuleRerun("layernorm", dropped_gathered_bytes=up_input)),

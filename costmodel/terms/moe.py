@@ -165,7 +165,11 @@ class MoeLayerForward:
     router_eltwise_s: object = 0.0
     """the router's score function and top-k (part of eltwise_s)"""
     permute_s: object = 0.0
-    """the permute and unpermute passes (part of eltwise_s: permutation_s)"""
+    """the permute and unpermute passes (part of eltwise_s: permutation_s). Backward runs each
+    once, as its inverse: Transformer Engine's moe_permute backward is one unpermute of the
+    gradient and moe_unpermute's one permute (transformer_engine/pytorch/permutation.py), and
+    since Megatron-Core 0.12 the unpermute merges no router probabilities (the experts apply
+    them: `permuted_probs`), so no backward pass reads the forward rows again."""
     shared_activation_s: object = 0.0
     """the shared experts' activation (part of eltwise_s)"""
     launches_s: object = 0.0
