@@ -28,7 +28,8 @@ DeepSeek's recomputation (every RMSNorm and the MLA up-projections with their Ro
 backward) is added where it lands: the up-projections in dense_gemm, the norms in norm, RoPE in
 other.
 
-Backward's element-wise kernels cost twice forward's (costmodel.terms.layers). Communication
+Backward's element-wise kernels cost twice forward's (costmodel.terms.layers), the permutations
+once (each runs as its inverse: costmodel.terms.moe.MoeLayerForward.permute_s). Communication
 (DeepEP) is overlapped in the trace and left out of both sides. Prints each category, the
 ratio and the layer's total; asserts nothing.
 
@@ -100,7 +101,7 @@ def model_categories(c: Context, m, xp) -> dict:
         "wgrad_gemm": attention.weight_grad_s - core + moe.weight_grad_s - parts.router_gemm_s,
         "attention": 3 * core + attention.kernel_recompute_s,
         "quantize": block.quantize_fwd_s + block.quantize_bwd_s,
-        "permute": 3 * parts.permute_s,
+        "permute": 2 * parts.permute_s,
         "norm": 4 * (norms + projections.eltwise_s),
         "other": 4 * rope + 3 * (moe_other + residuals),
     }
