@@ -327,7 +327,8 @@ def skeleton_times(tables, c: Context, choices: FloorChoices, rows: GroupRows, s
     if not zo:
         return None
     shape = rows.shape(c, sk, local_batch)
-    per_mb = [rows.of(sk.group, mb) for mb in sk.microbatches]
+    group = sk.group
+    per_mb = [rows.of(group, mb) for mb in sk.microbatches]
     time, zb = _pipeline_times(tables, choices.zero_bubble, sk.pp, shape, per_mb)
     at = tables.split_index[key]
     extra = (_on_s([t.optimizer[z][at] + t.dp_once[z][at] for z, _, t in zo])[:, :, :, 0]
