@@ -177,14 +177,14 @@ class Engine:
         self.tables = Tables(self.c, keys, num_gpus, space, len(self.c.net.size), cache=block_tables,
                              block_memo=self.block_memo, check=(check := lambda: _check(deadline)))
         self.local_batch = local_batches_of(keys.split, num_gpus, space, max_batch)
-        self.floors = LazyFloors(self.tables, self.c, space, self.plan.skeletons, self.local_batch,
-                                 len(system.networks), check)
+        self.lazy_floors = LazyFloors(self.tables, self.c, space, self.plan.skeletons, self.local_batch,
+                                      len(system.networks), check)
         _check(deadline)
 
     @functools.cached_property
     def block_floors(self) -> dict:
         """Every block's surrogate floor (block_lower_bounds: the skeletons the ranking has not reached computed now)."""
-        return self.floors.all()
+        return self.lazy_floors.all()
 
     # ---- the CP-SAT model, built when first needed ----
     def _model(self) -> _CpSat:
@@ -280,7 +280,7 @@ class Engine:
         """The question's certified best K distinct groups (see the module docstring)."""
         started = time.perf_counter()
         deadline = started + q.time_limit_s
-        ranked = self.floors.ranked if q.ranked is None else q.ranked     # ((floor, block) ascending)
+        ranked = self.lazy_floors.ranked if q.ranked is None else q.ranked     # ((floor, block) ascending)
         top = TopGroups(q.top_k)
 
         def offer(key: Key) -> None:

@@ -286,14 +286,12 @@ class PipelineShape:
 @dataclass(frozen=True)
 class SkeletonTimes:
     """One skeleton's times before its memory is checked: the choices `zo` (S: sharding stage,
-    optimizer offload, StageTables), its PipelineShape, its group's block-table rows at its
-    microbatches (`per_mb`, GroupRows.of's), `time` [V, M, K] without the optimizer and DP terms,
-    ZB-H1's `zb` [M, K] on the non-interleaved row (None where not offered) and `extra` [S, 1, M],
-    the optimizer and DP terms."""
+    optimizer offload, StageTables), its PipelineShape, `time` [V, M, K] without the optimizer
+    and DP terms, ZB-H1's `zb` [M, K] on the non-interleaved row (None where not offered) and
+    `extra` [S, 1, M], the optimizer and DP terms."""
 
     zo: list
     shape: PipelineShape
-    per_mb: list
     time: np.ndarray
     zb: np.ndarray | None
     extra: np.ndarray
@@ -333,7 +331,7 @@ def skeleton_times(tables, c: Context, choices: FloorChoices, rows: GroupRows, s
     at = tables.split_index[key]
     extra = (_on_s([t.optimizer[z][at] + t.dp_once[z][at] for z, _, t in zo])[:, :, :, 0]
              + _on_s([t.dp_per_microbatch[z][at] for z, _, t in zo])[:, :, :, 0] * shape.n)    # [S, 1, M]
-    return SkeletonTimes(zo, shape, per_mb, time, zb, extra)
+    return SkeletonTimes(zo, shape, time, zb, extra)
 
 
 def skeleton_floors(tables, c: Context, choices: FloorChoices, rows: GroupRows, sk, local_batch: int,
