@@ -30,6 +30,9 @@ Quiet, 2026-11-28 evening: main b42258b 36.7 s wall, 33.5 s user, 2.56 GB agains
 MTP block once per distinct block, the stage grids in chunks), the same answer. Not met.
 Quiet, 2026-11-29, back to back: main f01211b (capacity classes on the memory terms alone) 34.9 s
 wall, 35.0 s CPU, 2.56 GB against 2154168 35.2 s: the same answer (certified in 33.95 s). Not met.
+Quiet, 2026-11-29, alternately: the block floors computed as the ranking reaches them (340 of 11,975
+skeletons) 24.9 and 25.5 s wall, 2.33 GB, against main 2aca109's 34.4 and 35.0 s, 2.56 GB: the same
+answer. Not met.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ scored: `solve` asks one question, `explain` one per (dimension, value), `codesi
 candidate capacity.
 
 CP-SAT (OR-Tools, whose import takes a good part of a second) is imported once the engine
-builds its model: only when the block floors (numpy over the exact model's tables) cannot
-prove an answer. Searches of one problem at several GPU counts (`mapsat plan`) share the
-exact model's context and the count-independent (tp, cp, ep, etp, microbatch) tables (CountShare).
+builds its model: only when the block floors (numpy over the exact model's tables, each
+skeleton's when the ranking reaches it: LazyFloors) cannot prove an answer. Searches at several
+GPU counts (`mapsat plan`) share the context and the (tp, cp, ep, etp, microbatch) tables (CountShare).
 
 Because the surrogate never over-estimates an exact time and its constraints never exclude
 a feasible mapping, the end of the loop certifies the exact model's optimum — the same
@@ -34,6 +34,7 @@ enumeration order), distinct answers grouped the same way (solver.search.distinc
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -161,12 +162,8 @@ class Engine:
         self.plan = plan(model, system, num_gpus, max_batch, space, chunk_rows=1 << 62)
         _check(deadline)
         from solver.search.cpsat.constraints import Problem
-        from solver.search.cpsat.tables import (
-            SplitKeys,
-            Tables,
-            block_lower_bounds,
-            local_batches_of,
-        )
+        from solver.search.cpsat.lazy_floors import LazyFloors
+        from solver.search.cpsat.tables import SplitKeys, Tables, local_batches_of
         self.problem = Problem(model, system, num_gpus, max_batch, space)
         self.index = {s.split: i for i, s in enumerate(self.plan.skeletons)}
         self._memory_columns = tuple(j for j, dim in enumerate(space.flags) if dim.name not in TIME_ONLY_DIMENSIONS)
@@ -180,11 +177,14 @@ class Engine:
         self.tables = Tables(self.c, keys, num_gpus, space, len(self.c.net.size), cache=block_tables,
                              block_memo=self.block_memo, check=(check := lambda: _check(deadline)))
         self.local_batch = local_batches_of(keys.split, num_gpus, space, max_batch)
-        self.block_floors = block_lower_bounds(self.tables, self.c, space, self.plan.skeletons, self.local_batch,
-                                               self.c.memory.offload_capacity_bytes > 0, len(system.networks),
-                                               self.c.memory.hbm_capacity_bytes, check)
-        self.ranked = sorted((floor, key) for key, floor in self.block_floors.items() if math.isfinite(floor))
+        self.lazy_floors = LazyFloors(self.tables, self.c, space, self.plan.skeletons, self.local_batch,
+                                      len(system.networks), check)
         _check(deadline)
+
+    @functools.cached_property
+    def block_floors(self) -> dict:
+        """Every block's surrogate floor (block_lower_bounds: the skeletons the ranking has not reached computed now)."""
+        return self.lazy_floors.all()
 
     # ---- the CP-SAT model, built when first needed ----
     def _model(self) -> _CpSat:
@@ -280,7 +280,7 @@ class Engine:
         """The question's certified best K distinct groups (see the module docstring)."""
         started = time.perf_counter()
         deadline = started + q.time_limit_s
-        ranked = self.ranked if q.ranked is None else q.ranked
+        ranked = self.lazy_floors.ranked if q.ranked is None else q.ranked     # ((floor, block) ascending)
         top = TopGroups(q.top_k)
 
         def offer(key: Key) -> None:

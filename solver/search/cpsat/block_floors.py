@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from collections.abc import Callable
 
 import numpy as np
@@ -26,7 +27,8 @@ from costmodel.space.layout import end_chunk_blocks, stage_blocks
 from costmodel.ops import ArrayOps
 from solver.space.declaration import Space, flag_projection
 
-from solver.search.cpsat.kind_floors import first_stage_memory, group_kind_columns, key_columns, stage_kind_micro
+from solver.search.cpsat.kind_floors import (first_stage_memory, group_kind_columns, key_columns, stage_counts,
+                                               stage_kind_micro)
 from solver.search.cpsat.block_tables import BLOCK_FLAGS, FIT_SLACK, SCHED_ZB_H1, TIME_FLOOR_SLACK, TP_COMM_RS_AG
 
 ALL = slice(None)
@@ -35,29 +37,51 @@ ALL = slice(None)
 
 class GroupRows:
     """The block tables' values of each (tp, cp, ep, etp) group and microbatch over the flag combinations
-    `combos` (block_lower_bounds' K axis), read in bulk and kept in the Tables' row memo (shared by
-    the GPU counts of one BlockTableCache)."""
+    `combos` (block_lower_bounds' K axis), read in bulk and kept in the Tables' row memos (shared by
+    the GPU counts of one BlockTableCache): the times of every group at once, the memory terms
+    of a skeleton's group when its footprints are first checked."""
 
     def __init__(self, tables, combos: list[tuple[int, ...]]):
         self.tables, self.combos = tables, combos
         self.classes = ["sp_redo" if (comm == TP_COMM_RS_AG and redo) else ("sp" if comm == TP_COMM_RS_AG else "no_sp")
                         for comm, redo, rc, w, a in combos]
         self.memo = tables.row_memo.setdefault(tuple(combos), {})
+        self.memory_memo = tables.row_memo.setdefault(("memory", *combos), {})
+        self._shapes: dict = {}
         self._fill([key for key in tables.tm_keys if key not in self.memo])
 
     def _fill(self, keys: list) -> None:                  # (each key's rows: views of one array per table)
         t, combos = self.tables, self.combos
-        memory = [[table[(cb[2], cl)] for cb, cl in zip(combos, self.classes)] for table in (t.stored, t.workspace)]
         columns = (*(key_columns([table[cb] for cb in combos], keys) for table in (t.block, t.block_zb)),
-                   *(key_columns(tables, keys) for tables in memory), key_columns([t.head], keys)[:, 0],
-                   *group_kind_columns(t, combos, self.classes, keys))           # (the kinds' after p2p's)
+                   key_columns([t.head], keys)[:, 0], group_kind_columns(t, combos, self.classes, keys, memory=False)[0])
         for i, key in enumerate(keys):
-            self.memo[key] = (*(column[i] for column in columns[:5]), t.p2p.get(key), *(k[i] for k in columns[5:]))
+            self.memo[key] = (*(column[i] for column in columns[:3]), t.p2p.get(key), columns[3][i])
 
     def of(self, group: tuple, mb: int) -> tuple[np.ndarray, ...]:
-        """(block time, ZB-H1 block time, stored activations, workspace) over the combinations,
-        (output layer time, pipeline send time) of this group and microbatch, kind_floors' rows."""
+        """(block time, ZB-H1 block time) over the combinations, (output layer time, pipeline
+        send time) of this group and microbatch, and each kind's block time (kind_floors' rows)."""
         return self.memo[(*group, mb)]
+
+    def memory(self, group: tuple, microbatches: tuple) -> list[tuple[np.ndarray, ...]]:
+        """(stored activations, workspace) over the combinations and each kind's, of this group
+        at each of `microbatches`."""
+        keys = [(*group, mb) for mb in microbatches]
+        missing = [key for key in keys if key not in self.memory_memo]
+        if missing:
+            t, combos = self.tables, self.combos
+            memory = [[table[(cb[2], cl)] for cb, cl in zip(combos, self.classes)] for table in (t.stored, t.workspace)]
+            columns = (*(key_columns(tables, missing) for tables in memory),
+                       *group_kind_columns(t, combos, self.classes, missing, time=False))
+            for i, key in enumerate(missing):
+                self.memory_memo[key] = tuple(column[i] for column in columns)
+        return [self.memory_memo[key] for key in keys]
+
+    def shape(self, c: Context, sk, local_batch: int) -> PipelineShape:
+        """The PipelineShape of this skeleton (kept for the skeletons of the same shape)."""
+        key = (sk.pp, sk.interleavings, sk.microbatches, local_batch)
+        if key not in self._shapes:
+            self._shapes[key] = PipelineShape.of(c, self.tables.several_kinds, sk, local_batch)
+        return self._shapes[key]
 
 
 def offers_zero_bubble(space: Space, num_networks: int) -> bool:
@@ -76,6 +100,20 @@ class FloorChoices:
     zero_codes: tuple[int, ...]
     shard_codes: tuple[int, ...]
     zero_bubble: bool
+
+    @cached_property
+    def activation_offload(self) -> np.ndarray:
+        """[K]: whether each combination offloads activations."""
+        return np.array([cb[4] for cb in self.combos], dtype=bool)
+
+    @cached_property
+    def weight_offload(self) -> np.ndarray:
+        """[K]: whether each combination offloads weights (0 or 1)."""
+        return np.array([cb[3] for cb in self.combos])
+
+    @cached_property
+    def weight_offload_index(self) -> np.ndarray:
+        return self.weight_offload.astype(np.intp)
 
     @classmethod
     def of(cls, space: Space, has_offload: bool, num_networks: int) -> FloorChoices:
@@ -207,73 +245,143 @@ def ranking(floors: dict) -> list[tuple[float, BlockKey]]:
     return sorted((floor, key) for key, floor in floors.items() if math.isfinite(floor))
 
 
-def skeleton_floors(tables, c: Context, choices: FloorChoices, rows: GroupRows, sk, local_batch: int,
-                    has_offload: bool, hbm_capacity_bytes: float) -> SkeletonFloors:
-    """One skeleton's tensors (SkeletonFloors) over the space's `choices`."""
-    key, keys = sk.split, block_keys(sk.split, sk.interleavings, sk.microbatches)
+@dataclass(frozen=True)
+class PipelineShape:
+    """What a skeleton's floors read of its pipeline alone — pp, its interleavings (V), its
+    microbatches (M) and its local batch —, the same for every skeleton of that shape: the
+    microbatch counts n [M], the interleavings [V, 1], the bubble [V, M] (costmodel.terms.pipeline),
+    the fullest and the last stage's blocks ([V, 1, 1] or one value; `equal` when the stages
+    are), the first stage's blocks in flight [V, M, 1], the non-interleaved row ZB-H1 may run on
+    (None without one) with its last stage's blocks, and with blocks of several kinds each
+    stage's counts [V, pp, kinds] (kind_floors.stage_counts)."""
+
+    n: np.ndarray
+    il: np.ndarray
+    bubble: np.ndarray
+    fullest: object
+    last: object
+    equal: bool
+    inflight: np.ndarray
+    zb_row: int | None
+    zb_last: float
+    counts: np.ndarray | None
+
+    @classmethod
+    def of(cls, c: Context, several_kinds: bool, sk, local_batch: int) -> PipelineShape:
+        blocks, p = c.model.blocks, sk.pp
+        n = local_batch / np.array(sk.microbatches, dtype=float)                 # [M]
+        il = np.array(sk.interleavings, dtype=float)[:, None]                   # [V, 1]
+        first, middle, last = stage_blocks(ArrayOps, blocks, p, interleaving=il)           # [V, 1] (or one value)
+        equal = first is middle is last
+        chunks = None if equal else end_chunk_blocks(ArrayOps, blocks, p, il)
+        inflight = stage_blocks_in_flight(ArrayOps, first, middle, last, p, il, n[None, :], chunks)[0][:, :, None]
+        row = sk.interleavings.index(1) if p > 1 and 1 in sk.interleavings else None
+        return cls(n, il, bubble_microbatches(ArrayOps, p, il, n[None, :]),
+                   np.asarray(np.maximum(first, middle))[..., None], np.asarray(last)[..., None], equal,
+                   np.broadcast_to(inflight, (len(il), len(n), 1)), row,
+                   0.0 if row is None else np.broadcast_to(last, il.shape)[row, 0],
+                   stage_counts(c, p, sk.interleavings) if several_kinds else None)
+
+
+@dataclass(frozen=True)
+class SkeletonTimes:
+    """One skeleton's times before its memory is checked: the choices `zo` (S: sharding stage,
+    optimizer offload, StageTables), its PipelineShape, `time` [V, M, K] without the optimizer
+    and DP terms, ZB-H1's `zb` [M, K] on the non-interleaved row (None where not offered) and
+    `extra` [S, 1, M], the optimizer and DP terms."""
+
+    zo: list
+    shape: PipelineShape
+    time: np.ndarray
+    zb: np.ndarray | None
+    extra: np.ndarray
+
+    @property
+    def zb_row(self) -> int:
+        return self.shape.zb_row or 0
+
+    def least_time(self) -> float:
+        """A lower bound of every floor of the skeleton's blocks with no footprint checked: the
+        least over the flag combinations and the choices of each term, taken apart
+        (SkeletonFloors.least takes them together, over what fits; sums and products of
+        smaller floats round to no more)."""
+        times = self.time.min(axis=2)                                                     # [V, M]
+        if self.zb is not None:
+            times[self.zb_row] = np.minimum(times[self.zb_row], self.zb.min(axis=1))
+        return float(((times + self.extra.min(axis=0)) * TIME_FLOOR_SLACK).min())
+
+
+def skeleton_times(tables, c: Context, choices: FloorChoices, rows: GroupRows, sk, local_batch: int,
+                   has_offload: bool) -> SkeletonTimes | None:
+    """One skeleton's SkeletonTimes over the space's `choices` (None where no shard group the
+    space admits holds it: nothing fits)."""
+    key = sk.split
     # every (sharding stage z, optimizer offload o, shard group t) at once, on a leading axis S
     # (a stage of no sharding takes the whole group only)
     stages = choices.zero_codes if sk.dp * sk.cp > 1 else (0,)
     zo = [(z, o, t) for z in stages for o in ((0, 1) if has_offload else (0,))
           for t in (tables.by_shard if z > 0 else tables.by_shard[:1])
           if key in t.splits and t.code in choices.shard_codes]
-    if not zo:                        # no shard group the space admits: nothing fits
-        return SkeletonFloors(keys, zo, None, None, 0, None, None)
-    per_mb = [rows.of(sk.group, mb) for mb in sk.microbatches]
-    n = local_batch / np.array(sk.microbatches, dtype=float)                 # [M]
-    time, zb, row, inflight = _pipeline_times(tables, c, choices.zero_bubble, sk, per_mb, n)
-    fits, extra = _fits_and_extra(tables, c, choices, sk, per_mb, n, inflight, zo, has_offload, hbm_capacity_bytes)
-    return SkeletonFloors(keys, zo, time, zb, row, fits, extra)
+    if not zo:
+        return None
+    shape = rows.shape(c, sk, local_batch)
+    group = sk.group
+    per_mb = [rows.of(group, mb) for mb in sk.microbatches]
+    time, zb = _pipeline_times(tables, choices.zero_bubble, sk.pp, shape, per_mb)
+    at = tables.split_index[key]
+    extra = (_on_s([t.optimizer[z][at] + t.dp_once[z][at] for z, _, t in zo])[:, :, :, 0]
+             + _on_s([t.dp_per_microbatch[z][at] for z, _, t in zo])[:, :, :, 0] * shape.n)    # [S, 1, M]
+    return SkeletonTimes(zo, shape, time, zb, extra)
 
 
-def _pipeline_times(tables, c: Context, zero_bubble: bool, sk, per_mb: list, n: np.ndarray) -> tuple:
+def skeleton_floors(tables, c: Context, choices: FloorChoices, rows: GroupRows, sk, local_batch: int,
+                    has_offload: bool, hbm_capacity_bytes: float) -> SkeletonFloors:
+    """One skeleton's tensors (SkeletonFloors) over the space's `choices`."""
+    keys = block_keys(sk.split, sk.interleavings, sk.microbatches)
+    timed = skeleton_times(tables, c, choices, rows, sk, local_batch, has_offload)
+    if timed is None:                 # no shard group the space admits: nothing fits
+        return SkeletonFloors(keys, [], None, None, 0, None, None)
+    fits = _fits(tables, c, choices, rows, sk, timed, hbm_capacity_bytes)
+    return SkeletonFloors(keys, timed.zo, timed.time, timed.zb, timed.zb_row, fits, timed.extra)
+
+
+def _pipeline_times(tables, zero_bubble: bool, p: int, shape: PipelineShape, per_mb: list) -> tuple:
     """(time [V, M, K] without the optimizer and DP terms, ZB-H1's time [M, K] on the
-    non-interleaved row or None, that row, the blocks in flight [V, M, 1]): the pipeline
-    bubble and the slowest stage as the model counts them (costmodel.terms.pipeline, per
-    interleaving, with uneven stages)."""
-    blocks, p = c.model.blocks, sk.pp
-    ils = np.array(sk.interleavings, dtype=float)
-    il = ils[:, None]                                                    # [V, 1]
-    bubble = bubble_microbatches(ArrayOps, p, il, n[None, :])           # [V, M]
+    non-interleaved row or None): the pipeline bubble and the slowest stage as the model counts
+    them (costmodel.terms.pipeline, per interleaving, with uneven stages)."""
+    n, il = shape.n, shape.il
     block = np.array([r[0] for r in per_mb])                             # [M, K]
-    head = np.array([r[4] for r in per_mb])                              # [M]
-    sends = np.array([r[5] for r in per_mb]) if p > 1 else np.zeros(len(n))
-    first, middle, last = stage_blocks(ArrayOps, blocks, p, interleaving=il)           # [V, 1] (or one value)
-    equal = first is middle is last
-    fullest, last_v = np.asarray(np.maximum(first, middle))[..., None], np.asarray(last)[..., None]
+    head = np.array([r[2] for r in per_mb])                              # [M]
+    sends = np.array([r[3] for r in per_mb]) if p > 1 else np.zeros(len(n))
     if tables.several_kinds:              # each stage its own blocks (kind_floors.stage_kind_micro)
-        per_micro = stage_kind_micro(c, p, sk.interleavings, np.array([r[6] for r in per_mb]), head)
+        per_micro = stage_kind_micro(shape.counts, np.array([r[4] for r in per_mb]), head)
     else:
-        per_micro = np.broadcast_to(np.maximum(fullest * block, last_v * block + head[:, None]),
-                                    (len(ils), *block.shape))                       # [V, M, K]
-    time = (n[None, :] + bubble)[:, :, None] * (per_micro + (2 * il * sends[None, :])[:, :, None])
-    zb, row = None, 0
-    if zero_bubble and p > 1 and 1 in sk.interleavings:
+        per_micro = np.broadcast_to(np.maximum(shape.fullest * block, shape.last * block + head[:, None]),
+                                    (len(il), *block.shape))                       # [V, M, K]
+    time = (n[None, :] + shape.bubble)[:, :, None] * (per_micro + (2 * il * sends[None, :])[:, :, None])
+    zb = None
+    if zero_bubble and shape.zb_row is not None:
         # ZB-H1 on the non-interleaved row: n microbatches + (p-1) bubble ones without W
         block_zb = np.array([r[1] for r in per_mb])
-        row = sk.interleavings.index(1)
         sends_1 = (2 * sends)[:, None]
         # (uneven, or of several kinds, a stage without the output layer may set the pace)
-        zb_head = head[:, None] if equal and not tables.several_kinds else 0.0
-        last_1 = np.broadcast_to(last, il.shape)[row, 0]
-        zb = n[:, None] * (per_micro[row] + sends_1) + (p - 1) * (last_1 * block_zb + zb_head + sends_1)
-    chunks = None if equal else end_chunk_blocks(ArrayOps, blocks, p, il)
-    inflight = stage_blocks_in_flight(ArrayOps, first, middle, last, p, il, n[None, :], chunks)[0][:, :, None]
-    return time, zb, row, np.broadcast_to(inflight, (len(ils), len(n), 1))                       # [V, M, 1]
+        zb_head = head[:, None] if shape.equal and not tables.several_kinds else 0.0
+        zb = (n[:, None] * (per_micro[shape.zb_row] + sends_1)
+              + (p - 1) * (shape.zb_last * block_zb + zb_head + sends_1))
+    return time, zb
 
 
-def _fits_and_extra(tables, c: Context, choices: FloorChoices, sk, per_mb: list, n: np.ndarray,
-                    inflight: np.ndarray, zo: list, has_offload: bool, hbm_capacity_bytes: float) -> tuple:
-    """(fits [S, V, M, K]: whether a first-stage GPU's HBM and offload footprints fit, extra
-    [S, 1, M]: the optimizer and DP terms) for each choice of `zo`: the same sums, in the same
-    order, as one choice at a time."""
-    a_off = np.array([cb[4] for cb in choices.combos], dtype=bool)
-    w_off = np.array([cb[3] for cb in choices.combos])
-    w_index = w_off.astype(np.intp)
-    stored, workspace = (np.array([r[i] for r in per_mb])[None] for i in (2, 3))       # [1, M, K]
+def _fits(tables, c: Context, choices: FloorChoices, rows: GroupRows, sk, timed: SkeletonTimes,
+          hbm_capacity_bytes: float) -> np.ndarray:
+    """[S, V, M, K]: whether a first-stage GPU's HBM and offload footprints fit, for each choice
+    of the skeleton's `zo`: the same sums, in the same order, as one choice at a time."""
+    zo, inflight = timed.zo, timed.shape.inflight
+    per_mb = rows.memory(sk.group, sk.microbatches)          # (stored, workspace, each kind's)
+    a_off, w_off, w_index = choices.activation_offload, choices.weight_offload, choices.weight_offload_index
+    stored, workspace = (np.array([r[i] for r in per_mb])[None] for i in (0, 1))       # [1, M, K]
     if tables.several_kinds:              # the first stage's own kinds ([V, M, K])
-        stored, workspace = first_stage_memory(c, sk.pp, sk.interleavings, np.array([r[7] for r in per_mb]),
-                                               np.array([r[8] for r in per_mb]))
+        stored, workspace = first_stage_memory(timed.shape.counts, np.array([r[2] for r in per_mb]),
+                                               np.array([r[3] for r in per_mb]))
     # a first-stage GPU's (the tables' memory terms are the first stage's too)
     all_activations = stored * inflight                                                        # [V, M, K]
     activations_hbm = np.where(a_off, np.minimum(RESIDENT_BLOCKS, inflight) * stored, all_activations)
@@ -287,16 +395,13 @@ def _fits_and_extra(tables, c: Context, choices: FloorChoices, sk, per_mb: list,
     offloaded = (w_off * _on_s([t.weights_and_grads[z][at] for z, _, t in zo])
                  + _on_s([o * t.optimizer_state[z][at] for z, o, t in zo]) + activations_offloaded[None])
     # (a hair of slack: these sums round differently from the evaluator's)
-    fits = (memory <= hbm_capacity_bytes * FIT_SLACK) & (offloaded <= c.memory.offload_capacity_bytes * FIT_SLACK)
-    extra = (_on_s([t.optimizer[z][at] + t.dp_once[z][at] for z, _, t in zo])[:, :, :, 0]
-             + _on_s([t.dp_per_microbatch[z][at] for z, _, t in zo])[:, :, :, 0] * n)    # [S, 1, M]
-    return fits, extra
+    return (memory <= hbm_capacity_bytes * FIT_SLACK) & (offloaded <= c.memory.offload_capacity_bytes * FIT_SLACK)
 
 
 def block_keys(split: tuple, interleavings: tuple, microbatches: tuple) -> list[BlockKey]:
     """The blocks of a split, interleaving-major (a [V, M] table's order, raveled)."""
-    make = BlockKey._make
-    return [make((*split, il, mb)) for il in interleavings for mb in microbatches]
+    new = tuple.__new__
+    return [new(BlockKey, (*split, il, mb)) for il in interleavings for mb in microbatches]
 
 
 def _on_s(values: list) -> np.ndarray:

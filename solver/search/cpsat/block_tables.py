@@ -108,7 +108,7 @@ class SplitKeys:
     what the tables are keyed by, known without building a CP-SAT model."""
 
     def __init__(self, skeletons):
-        self.group_mb = sorted({(*s.group, mb) for s in skeletons for mb in s.microbatches})
+        self.group_mb = sorted({(*group, mb) for s in skeletons for group in (s.group,) for mb in s.microbatches})
         self.split = sorted({s.split for s in skeletons})
 
 

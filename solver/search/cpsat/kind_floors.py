@@ -82,34 +82,40 @@ def key_columns(tables: list, keys: list) -> np.ndarray:
         if tables else np.empty((len(keys), 0))
 
 
-def group_kind_columns(tables, combos: list, classes: list, keys: list) -> tuple:
-    """Each kind's block time, stored activations and workspace ([len(keys), kinds, K] each) of
-    the groups and microbatches `keys` over the flag combinations (block_floors.GroupRows)."""
-    time = [key_columns([table[cb] for cb in combos], keys) for table in tables.kind_blocks]
-    memory = ([key_columns([table[(cb[2], cls)] for cb, cls in zip(combos, classes)], keys) for table in kind]
-              for kind in (tables.kind_stored, tables.kind_workspace))
-    return tuple(np.stack(kinds, axis=1) if kinds else np.empty((len(keys), 0)) for kinds in (time, *memory))
+def group_kind_columns(tables, combos: list, classes: list, keys: list, time: bool = True, memory: bool = True) -> tuple:
+    """Each kind's block time (with `time`), stored activations and workspace (with `memory`)
+    ([len(keys), kinds, K] each) of the groups and microbatches `keys` over the flag
+    combinations (block_floors.GroupRows)."""
+    times = [[key_columns([table[cb] for cb in combos], keys) for table in tables.kind_blocks]] if time else []
+    footprints = [[key_columns([table[(cb[2], cls)] for cb, cls in zip(combos, classes)], keys) for table in kind]
+                  for kind in (tables.kind_stored, tables.kind_workspace)] if memory else []
+    return tuple(np.stack(kinds, axis=1) if kinds else np.empty((len(keys), 0)) for kinds in (*times, *footprints))
 
 
-def first_stage_memory(c, pp: int, interleavings, kind_stored, kind_workspace) -> tuple:
+def stage_counts(c, pp: int, interleavings) -> np.ndarray:
+    """[V, pp, kinds]: the blocks of each kind each stage holds, for each interleaving of
+    `interleavings` (V) (costmodel.terms.stage_kinds.stage_kind_counts)."""
+    kinds = tuple(kind for kind, _ in c.model.block_kinds)
+    return np.array([stage_kind_counts(c.model.block_order, kinds, pp, int(il)) for il in interleavings])
+
+
+def first_stage_memory(counts: np.ndarray, kind_stored, kind_workspace) -> tuple:
     """([V, M, K], [V, M, K]): the first stage's stored activations per block (its kinds'
     floors `kind_stored` [M, kinds, K] weighted by its counts: the stage's mean block, as
     costmodel.terms.stage_costs costs it) and its workspace (the largest of `kind_workspace`
-    over the kinds it holds), for each interleaving (V)."""
-    kinds = tuple(kind for kind, _ in c.model.block_kinds)
-    counts = np.array([stage_kind_counts(c.model.block_order, kinds, pp, int(il))[0] for il in interleavings])  # [V, kinds]
-    shares = counts / counts.sum(axis=1, keepdims=True)
+    over the kinds it holds), for each interleaving (V) of `counts` (stage_counts)."""
+    first = counts[:, 0]                                                                  # [V, kinds]
+    shares = first / first.sum(axis=1, keepdims=True)
     stored = np.einsum("vk,mkc->vmc", shares, kind_stored)
-    workspace = np.where(counts[:, None, :, None] > 0, kind_workspace[None], 0.0).max(axis=2)
+    workspace = np.where(first[:, None, :, None] > 0, kind_workspace[None], 0.0).max(axis=2)
     return stored, workspace
 
 
-def stage_kind_micro(c, pp: int, interleavings, kind_block, head) -> np.ndarray:
+def stage_kind_micro(counts: np.ndarray, kind_block, head) -> np.ndarray:
     """[V, M, K]: one microbatch on the slowest stage, bounded below stage by stage from each
     kind's block floor: max over the stages of Σ_kind count(stage, kind) · kind_block[M, kind, K]
-    (+ the output layer `head` [M] on the last), for each interleaving of `interleavings` (V)."""
-    kinds = tuple(kind for kind, _ in c.model.block_kinds)
-    counts = np.array([stage_kind_counts(c.model.block_order, kinds, pp, int(il)) for il in interleavings])  # [V, pp, kinds]
+    (+ the output layer `head` [M] on the last), for each interleaving (V) of `counts`
+    (stage_counts)."""
     stages = np.einsum("vpk,mkc->vpmc", counts, kind_block)
     stages[:, -1] = stages[:, -1] + head[None, :, None]
     return stages.max(axis=1)
