@@ -96,8 +96,9 @@ class Tables:
         # block floors take each stage's at the block's microbatches, dp_per_microbatch)
         tpp = np.array(self.tp_keys, dtype=float)
         stages = list(range(len(ShardingStage)))
-        cols, grid = Named.grid(key=np.arange(len(tpp)), zero=stages, weight_offload=[False, True],
-                                optimizer_offload=[False, True], dp_net=nets)
+        switches = _stage_offload_codes(c)
+        cols, grid = Named.grid(key=np.arange(len(tpp)), zero=stages, weight_offload=switches,
+                                optimizer_offload=switches, dp_net=nets)
         split = {name: tpp[cols["key"], i] for i, name in enumerate(SPLIT_DEGREES)}
         t_, c_ = split["tp"], split["cp"]
         dp = data_parallel(num_gpus, split)
@@ -132,8 +133,9 @@ class Tables:
             """A (key, zero) table's columns by sharding stage."""
             return {z: table.values[:, i] for i, z in enumerate(table.axes["zero"])}
 
-        def by_stage(values, **offloads) -> dict:
-            return per_stage(grid.of(values).sel(**offloads, **none))
+        def by_stage(values, **offloads) -> dict:       # (a switch the grid keeps off only: its off values)
+            return per_stage(grid.of(values).sel(**{name: on and on in switches for name, on in offloads.items()},
+                                                 **none))
 
         rest = ("weight_offload", "optimizer_offload", "dp_net")
 
@@ -201,6 +203,14 @@ class Tables:
 
     def _by_tp(self, values: np.ndarray) -> dict:
         return {k: float(x) for k, x in zip(self.tp_keys, values)}
+
+
+def _stage_offload_codes(c: Context) -> list[bool]:
+    """The offload switches the stage grid evaluates: both with an offload tier; without one,
+    off only. The space turns them on only where a tier exists (the weight and optimizer offload
+    dimensions are free only when offload > 0), so without one the tables at "on" (the surrogate's
+    terms gated by those switches) are never taken by a mapping; they hold the "off" values."""
+    return [False, True] if c.memory.offload_capacity_bytes > 0 else [False]
 
 
 STAGE_TERMS = ("dp_comm_s", "dp_per_microbatch_s", "optimizer_s", "weights_hbm_bytes", "optimizer_hbm_bytes",
