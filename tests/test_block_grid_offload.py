@@ -2,7 +2,8 @@
 (solver.search.cpsat.block_tables._offload_codes): its tables must equal, entry for entry, those
 of the grid that evaluates both switches — on a dense model, a mixture-of-experts model with
 kinds of blocks, and a layer pattern (Mamba-2, attention, MLP), with and without context
-parallelism. With a tier, both switches are evaluated and their tables differ."""
+parallelism. With a tier, both switches are evaluated and their tables differ. Likewise the
+sequence-parallel AG redo, evaluated on only where a mapping can take it (redo_grids)."""
 
 from pathlib import Path
 
@@ -52,3 +53,35 @@ def test_an_offload_tier_evaluates_both_switches_and_they_differ():
     block = _tables(c, [(8, 1, 1, 1, 1)])["block"]    # keyed (tp_comm, redo, recompute, weight, activations)
     assert any(block[(*flags, 1, 1)] != block[(*flags, 0, 0)]   # 10 GB/s cannot hide the traffic
                for flags in {combo[:3] for combo in block})
+
+
+def _free_combo(tp_comm: int, redo: int, recompute: int) -> bool:
+    """Whether a mapping can take the AG redo `redo` with these codes (the declaration's rule)."""
+    return not redo or (tp_comm == block_tables.TP_COMM_RS_AG and recompute != block_tables.RECOMPUTE_FULL)
+
+
+@pytest.mark.parametrize("model_file, keys, datatype", CASES)
+def test_redo_grids_equal_the_whole_product_wherever_a_mapping_can_be(monkeypatch, model_file, keys, datatype):
+    """The block grid evaluates the sequence-parallel AG redo on only where the space lets it be on
+    (block_tables.redo_grids: 11 of the 18 (tp_comm, redo, recompute) rows): at every flag combination
+    a mapping can take, and in the tables minimised over every flag, its tables equal those of the
+    whole product."""
+    c = _context(model_file, datatype)
+    system = load_system(H100).with_overrides(offload_gib=1024, offload_gbps=10)
+    for context in (c, _context(model_file, datatype, system)):
+        grids = block_tables.redo_grids(dict(tp_comm=[0, 1, 2], seq_par_ag_redo=[False, True],
+                                             recompute=list(block_tables.RECOMPUTES)))
+        assert [len(g["tp_comm"]) * len(g["recompute"]) for g in grids] == [9, 2]
+        pruned = _tables(context, keys)
+        monkeypatch.setattr(block_tables, "redo_grids", lambda axes: [axes])
+        monkeypatch.setattr(block_tables, "with_redo", lambda off, *on: off.values)
+        whole = _tables(context, keys)
+        monkeypatch.undo()
+        for name, table in whole.items():
+            if isinstance(table, dict):
+                combos = [k for k in table if (_free_combo(*k[:3]) if len(k) == 5 else
+                                               k[1] != "sp_redo" or k[0] != block_tables.RECOMPUTE_FULL)]
+                assert len(combos) in (11 * len(table) // 18, 8), name
+                assert all(pruned[name][k] == table[k] for k in combos), name
+            else:
+                assert pruned[name] == table, name

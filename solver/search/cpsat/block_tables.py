@@ -22,7 +22,7 @@ from costmodel.encoding import MappingArrays, code
 from costmodel.terms.moe import moe_communication
 from costmodel.terms.iteration import iteration_terms, output_layer_s
 from solver.search.cpsat.kind_floors import kind_block_rows, reduced_kind_rows
-from solver.search.cpsat.named import Named
+from solver.search.cpsat.named import Keyed, Named, extended_positions
 from costmodel.evaluate import array_fields, cp_comm_heads_fit, distinct_block_terms, group_spans
 from costmodel.ops import ArrayOps
 from costmodel.inputs.system import Collective
@@ -157,21 +157,25 @@ class BlockTableCache:
         missing = tm_keys if store is None else [k for k in tm_keys if k not in store["compute"]]
         if missing:
             fresh = _block_tables(c, missing, tp_overlaps, networks, cp_comms, check)
-            if store is None:
-                store = self._stores[key] = fresh
-            else:
-                for name, table in fresh.items():
-                    _merge(store[name], table)
+            store = self._stores[key] = fresh if store is None else _merged(store, fresh)
         return store, memo
 
 
-def _merge(into: dict, more: dict) -> None:
-    """Add `more`'s groups to a table (per flag combination where it has them)."""
-    if isinstance(next(iter(more.values())), dict):
-        for combo, sub in more.items():
-            into[combo].update(sub)
-    else:
-        into.update(more)
+def _merged(store: dict, fresh: dict) -> dict:
+    """The tables of `store` with `fresh`'s groups (none of them the store's) after its own:
+    new Keyed tables over one new positions dict (Tables built before keep the old ones)."""
+    first = store["compute"]
+    positions = extended_positions(first.positions, fresh["compute"].positions)
+    done: dict[int, Keyed] = {}            # (combinations sharing one table keep sharing it)
+
+    def one(old: Keyed, more: Keyed) -> Keyed:
+        if id(old) not in done:
+            done[id(old)] = old.extended(more, positions)
+        return done[id(old)]
+
+    return {name: ({combo: one(sub, fresh[name][combo]) for combo, sub in table.items()}
+                   if isinstance(table, dict) else one(table, fresh[name]))
+            for name, table in store.items()}
 
 
 def _block_net_axes(tm_keys, networks: int) -> dict[str, tuple]:
@@ -252,40 +256,83 @@ def _group_tables(c: Context, tm_keys: list, tp_overlaps: tuple, networks: int, 
     axes = dict(tp_comm=[0, 1, 2], tp_overlap=[0, 1, 2], cp_comm=cp_comms, seq_par_ag_redo=[False, True],
                 recompute=list(RECOMPUTES), weight_offload=offloads,
                 activations_offload=offloads, **{net: list(axis) for net, axis in block_nets.items()})
+    grids = redo_grids(axes)
     # (evaluated a few keys at a time and reduced to what the tables keep per key: the
     # block's terms over the whole grid would take gigabytes)
     size = np.asarray(c.net.size)
-    rows_per_key = math.prod(len(axis) for axis in axes.values())
+    rows_per_key = sum(math.prod(len(axis) for axis in grid.values()) for grid in grids)
     keys_per_chunk = max(1, TABLE_CHUNK_ROWS // rows_per_key)
     networks_axes = tuple(block_nets)
     # memory at no offload, TP overlap and networks at their first values (it reads none of them)
     first = dict(tp_overlap=0, weight_offload=False, activations_offload=False, **{net: 0 for net in block_nets})
 
-    def reduced(chunk: Named, rows: dict) -> dict[str, np.ndarray]:
+    def reduced(chunk: Named, rows: dict) -> dict[str, Named]:
         """A chunk of keys' grid rows reduced to what each table keeps per key (key axis first)."""
         fits = chunk.of(rows["fits"])
 
-        def by_flags(values) -> np.ndarray:
+        def by_flags(values) -> Named:
             # minimised over the networks that fit and (TP overlap only changes time: the best
             # the space offers bounds every one) the TP overlaps offered; and the CP
             # communications (which change time and the workspace only: their minimum bounds
             # every one)
             return chunk.of(values).min(*networks_axes, "cp_comm", where=fits).sel(
-                tp_overlap=list(tp_overlaps)).min("tp_overlap").values
+                tp_overlap=list(tp_overlaps)).min("tp_overlap")
 
         return {"block": by_flags(rows["block"]), "block_zb": by_flags(rows["block_zb"]),
-                "compute": chunk.of(rows["compute"]).min().values,
-                "head": chunk.of(rows["head"]).min().values,
-                "p2p": chunk.of(rows["p2p"]).min().values,
-                **reduced_kind_rows(rows, lambda values: chunk.of(values).sel(**first).min("cp_comm").values, by_flags)}
+                "compute": chunk.of(rows["compute"]).min(),
+                "head": chunk.of(rows["head"]).min(),
+                "p2p": chunk.of(rows["p2p"]).min(),
+                **reduced_kind_rows(rows, lambda values: chunk.of(values).sel(**first).min("cp_comm"), by_flags)}
 
     parts: dict[str, list] = {}
     for first_key in range(0, len(tm), keys_per_chunk):
         check()
-        cols, chunk = Named.open_grid(key=np.arange(first_key, min(len(tm), first_key + keys_per_chunk)), **axes)
-        for name, values in reduced(chunk, _block_rows(c, tm, cols, group_at, expert_nets, size, nets)).items():
-            parts.setdefault(name, []).append(values)
+        key = np.arange(first_key, min(len(tm), first_key + keys_per_chunk))
+        tables = []
+        for grid in grids:
+            cols, chunk = Named.open_grid(key=key, **grid)
+            tables.append(reduced(chunk, _block_rows(c, tm, cols, group_at, expert_nets, size, nets)))
+        for name, whole in tables[0].items():
+            parts.setdefault(name, []).append(with_redo(whole, *(table[name] for table in tables[1:])))
     return {name: np.concatenate(chunks) for name, chunks in parts.items()}
+
+
+REDO = "seq_par_ag_redo"
+_REDO_FREE = next(dim for dim in DIMENSIONS if dim.name == REDO).free_when
+
+
+def redo_grids(axes: dict) -> list[dict]:
+    """The block grid `axes` as the product grids that hold its rows a mapping can take of the
+    sequence-parallel AG redo: the redo off at every code of the flags it is free by (the
+    declaration's free_when: TP communication and recompute), and on (when offered) only at the
+    codes it is free at, a product too. The rows with the redo on elsewhere, a third of the whole
+    product, are never evaluated (with_redo)."""
+    if any(cond.subject not in axes for cond in _REDO_FREE):
+        raise ValueError(f"{REDO} is free by {', '.join(cond.subject for cond in _REDO_FREE)}; the block grid "
+                         f"has axes {', '.join(axes)}")
+    grids = [{**axes, REDO: [False]}]
+    if True in axes[REDO]:
+        free = {name: [code for code in axes[name] if all(cond.holds_for(code) for cond in _REDO_FREE
+                                                           if cond.subject == name)]
+                for name in {cond.subject for cond in _REDO_FREE}}
+        if all(free.values()):
+            grids.append({**axes, **free, REDO: [True]})
+    return grids
+
+
+def with_redo(off: Named, on: Named | None = None) -> np.ndarray:
+    """One table over the whole block grid's flags from its parts' (redo_grids): the rows with the
+    redo on where it is free from `on`, the redo-off rows' values at the rest of the redo-on
+    product (no mapping takes them: the space keeps the redo off there), and a table minimised
+    over every flag the least of both parts'."""
+    if REDO not in off.axes:
+        return off.values if on is None else np.minimum(off.values, on.values)
+    at = list(off.axes).index(REDO)
+    whole = np.repeat(off.values, 2, axis=at)
+    if on is not None:
+        whole[np.ix_(*[[1] if name == REDO else range(len(codes)) if codes == off.axes[name]
+                       else [off.axes[name].index(code) for code in codes] for name, codes in on.axes.items()])] = on.values
+    return whole
 
 
 def _offload_codes(c: Context) -> list[bool]:
@@ -303,11 +350,13 @@ those minimised over); the memory arrays (stored, workspace) keep the first thre
 
 
 def _keyed_tables(c: Context, tm_keys: list, whole: dict[str, np.ndarray]) -> dict:
-    """_group_tables' arrays over groups `tm_keys` as dicts keyed by group, by their axes: with every
+    """_group_tables' arrays over groups `tm_keys` as tables read by group (Keyed), by their axes: with every
     FLAG_AXES, one per combination of BLOCK_FLAGS; with the first three (memory), one per
     recompute setting and activation class (ACT_CLASSES); with the key alone, one."""
-    def by_tm(values: np.ndarray) -> dict:
-        return dict(zip(tm_keys, values.tolist()))
+    positions = {key: at for at, key in enumerate(tm_keys)}
+
+    def by_tm(values: np.ndarray) -> Keyed:
+        return Keyed(positions, values)
     def by_flags_first(values: np.ndarray) -> np.ndarray:     # (one copy, key axis last)
         return np.ascontiguousarray(values.reshape(len(values), -1).T).reshape(*values.shape[1:], -1)
     def by_block_flags(values: np.ndarray) -> dict:

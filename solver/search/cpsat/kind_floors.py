@@ -76,9 +76,14 @@ def kind_tables(block: dict, c=None) -> tuple:
 
 
 def key_columns(tables: list, keys: list) -> np.ndarray:
-    """[len(keys), len(tables)]: the values of each of `tables` (dicts keyed by group and
-    microbatch) at `keys`, read in bulk (solver.search.cpsat.block_floors.GroupRows)."""
-    return np.stack([np.fromiter(map(table.__getitem__, keys), float, len(keys)) for table in tables], axis=1) \
+    """[len(keys), len(tables)]: the values of each of `tables` (Keyed by group and microbatch,
+    solver.search.cpsat.named) at `keys`, read in bulk (solver.search.cpsat.block_floors.GroupRows):
+    the keys' positions found once for the tables sharing them."""
+    rows: dict[int, np.ndarray] = {}
+    for table in tables:
+        if id(table.positions) not in rows:
+            rows[id(table.positions)] = table.rows(keys)
+    return np.stack([table.array[rows[id(table.positions)]] for table in tables], axis=1) \
         if tables else np.empty((len(keys), 0))
 
 

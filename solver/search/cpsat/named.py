@@ -1,10 +1,12 @@
 """Arrays whose axes are named, each with the values it runs over: the grids the search's
 exact-model tables are evaluated on and reduced over (solver.search.cpsat.block_tables,
-solver.search.cpsat.tables), read by name and value, never by position."""
+solver.search.cpsat.tables), read by name and value, never by position; and the tables they give,
+read by key (Keyed)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -84,3 +86,42 @@ def _one_of_repeats(arrays: list[np.ndarray], axis: tuple) -> list[np.ndarray]:
     cut = tuple(slice(0, 1) if i in axis and all(a.strides[i] == 0 for a in arrays) else slice(None)
                 for i in range(arrays[0].ndim))
     return [a[cut] for a in arrays]
+
+
+class Keyed(Mapping):
+    """One table's values read by key as a dict's are, held as an array over the keys with the keys'
+    positions in it (one positions dict shared by every table built over the same keys: the block
+    tables, solver.search.cpsat.block_tables): built from an array without a Python float per key,
+    and read in bulk by `rows` and `array`."""
+
+    __slots__ = ("positions", "array")
+
+    def __init__(self, positions: dict, array: np.ndarray):
+        self.positions, self.array = positions, array
+
+    def __getitem__(self, key) -> float:
+        return float(self.array[self.positions[key]])
+
+    def __contains__(self, key) -> bool:
+        return key in self.positions
+
+    def __iter__(self):
+        return iter(self.positions)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def rows(self, keys: list) -> np.ndarray:
+        """The positions of `keys` in `array`."""
+        return np.fromiter(map(self.positions.__getitem__, keys), np.intp, len(keys))
+
+    def extended(self, more: "Keyed", positions: dict) -> "Keyed":
+        """This table with `more`'s keys (none of them its own) after its own, over `positions`
+        (extended_positions of both)."""
+        return Keyed(positions, np.concatenate([self.array, more.array]))
+
+
+def extended_positions(positions: dict, more: dict) -> dict:
+    """The positions of Keyed tables over `positions`' keys, then `more`'s (Keyed.extended)."""
+    start = len(positions)
+    return {**positions, **{key: start + at for key, at in more.items()}}
