@@ -110,6 +110,23 @@ def test_a_stage_is_the_sum_of_its_blocks(model, counts_by_stage):
     assert not math.isclose(mean_micro, max(micro), rel_tol=1e-3)
 
 
+@pytest.mark.parametrize("model", [DENSE_FIRST, HYBRID], ids=["dense-first", "hybrid-pattern"])
+def test_the_block_tables_mean_fields_are_the_mean_blocks(model):
+    """The block grid mixes only the fields it reads of the mean block of several kinds
+    (kind_floors.MEAN_FIELDS, kinds_mean): each equals the mean record's own, exactly."""
+    from costmodel.terms.block_terms import kinds_mean
+    from solver.search.cpsat.kind_floors import MEAN_FIELDS
+
+    mapping = _mapping(model, pp=2)
+    c = Context.build(model, H100, mapping.datatype, mapping.kernels)
+    m = _scalar_fields(mapping)
+    kinds = kind_block_terms(c, m, ScalarOps)
+    assert len(kinds.terms) > 1 and kind_block_terms(c, m, ScalarOps, mean=False).mean is None
+    for name in MEAN_FIELDS:
+        assert kinds_mean(c, [getattr(blk, name) for blk in kinds.terms]) == getattr(kinds.mean, name), name
+    assert len({blk.block_fwd_s for blk in kinds.terms}) > 1       # (the kinds differ)
+
+
 def test_each_stage_holds_its_own_weights():
     mapping = _mapping(DENSE_FIRST, pp=2, sharding_stage=0)
     c = Context.build(DENSE_FIRST, H100, mapping.datatype, mapping.kernels)

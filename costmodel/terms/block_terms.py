@@ -343,7 +343,8 @@ class KindBlocks:
     stage sums its own blocks, costmodel.terms.stage_kinds)."""
 
     terms: tuple
-    mean: BlockTerms
+    mean: BlockTerms | None
+    """(none where its caller mixes only the fields it reads: kind_block_terms' `mean`)"""
     mtp: BlockTerms | None = None
     """a multi-token prediction module's block (none of the mixes: iteration.mtp_terms), if asked"""
 
@@ -353,7 +354,19 @@ def block_terms(c: Context, m, xp) -> BlockTerms:
     return kind_block_terms(c, m, xp).mean
 
 
-def kind_block_terms(c: Context, m, xp, with_mtp: bool = False) -> KindBlocks:
+def kinds_mean(c: Context, values: list):
+    """The mean over the model's blocks of one value of each kind's block (Context.model.block_kinds'
+    order: whole records or one of their fields), weighted by the kinds' counts and mixed kind by
+    kind (mix_terms): a field of the records' mean is the mean of that field."""
+    present = c.model.block_kinds
+    mean, counted = values[0], present[0][1]
+    for (_, count), value in zip(present[1:], values[1:]):
+        counted += count
+        mean = mix_terms(mean, value, count / counted)
+    return mean
+
+
+def kind_block_terms(c: Context, m, xp, with_mtp: bool = False, mean: bool = True) -> KindBlocks:
     """Each kind's block (kind_terms, with a mapping's recompute and offload mixes and a
     recipe's BF16 blocks), and their mean weighted by the kinds' counts; the mean's recompute
     workspace and offload bandwidth are the largest kind's. A mapping that recomputes N of each chunk's K blocks (recompute_blocks, Megatron-LM's
@@ -363,14 +376,14 @@ def kind_block_terms(c: Context, m, xp, with_mtp: bool = False) -> KindBlocks:
     (costmodel.terms.memory_features). The recompute workspace is the recomputed block's, and the
     offload bandwidth needed the offloading block's (peaks, not means). Each kind's forward
     is computed once (_KindForwards) and every mix reuses it. `with_mtp`: also a multi-token
-    prediction module's block (KindBlocks.mtp) when the model has them."""
+    prediction module's block (KindBlocks.mtp) when the model has them. Without `mean`, the mean
+    of several kinds is left to the caller (kinds_mean of the fields it reads)."""
     kinds = _KindForwards(m, xp)
-    present = c.model.block_kinds
-    terms = tuple(_recompute_mixed(c, m, kinds, kind) for kind, _ in present)
-    mean, counted = terms[0], present[0][1]
-    for (_, count), kind_block in zip(present[1:], terms[1:]):
-        counted += count
-        mean = mix_terms(mean, kind_block, count / counted)
+    terms = tuple(_recompute_mixed(c, m, kinds, kind) for kind, _ in c.model.block_kinds)
+    mtp = kinds.terms(c, m, c.model.mtp_kind, False) if with_mtp and c.model.mtp_blocks else None
+    if len(terms) > 1 and not mean:
+        return KindBlocks(terms, None, mtp)
+    mean = kinds_mean(c, terms)
     if len(terms) > 1:
         workspace, needed = terms[0].activations.workspace, terms[0].offload_bytes_per_s_needed
         for kind_block in terms[1:]:
@@ -378,7 +391,6 @@ def kind_block_terms(c: Context, m, xp, with_mtp: bool = False) -> KindBlocks:
             needed = xp.maximum(needed, kind_block.offload_bytes_per_s_needed)
         mean = replace(mean, activations=replace(mean.activations, workspace=workspace),
                        offload_bytes_per_s_needed=needed)
-    mtp = kinds.terms(c, m, c.model.mtp_kind, False) if with_mtp and c.model.mtp_blocks else None
     return KindBlocks(terms, mean, mtp)
 
 

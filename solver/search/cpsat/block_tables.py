@@ -330,8 +330,9 @@ def with_redo(off: Named, on: Named | None = None) -> np.ndarray:
     at = list(off.axes).index(REDO)
     whole = np.repeat(off.values, 2, axis=at)
     if on is not None:
-        whole[np.ix_(*[[1] if name == REDO else range(len(codes)) if codes == off.axes[name]
-                       else [off.axes[name].index(code) for code in codes] for name, codes in on.axes.items()])] = on.values
+        at_codes = [[1] if name == REDO else range(len(codes)) if codes == off.axes[name]
+                    else [off.axes[name].index(code) for code in codes] for name, codes in on.axes.items()]
+        whole[np.ix_(*at_codes)] = on.values
     return whole
 
 
@@ -400,7 +401,9 @@ def _block_rows(c: Context, tm: np.ndarray, cols: dict, group_at: dict, expert_n
                                                      np.intp(k)) for k in nets])
     # one block, one microbatch, forward + backward + recompute + exposed TP and offload (exact per flag
     # combination it reads); in a ZB-H1 bubble, less twice its weight-gradient GEMMs (terms.iteration)
-    out = {"block": total, "block_zb": total - 2 * blk.weight_grad_gemm_s,
-           "compute": blk.compute_fwd_s + blk.compute_bwd_s, "head": output_layer_s(c, ns, ArrayOps),
-           "p2p": p2p, "stored": blk.activations.stored, "workspace": blk.activations.workspace, "fits": fits}
+    out = {"block": total, "compute": blk.compute_fwd_s + blk.compute_bwd_s, "head": output_layer_s(c, ns, ArrayOps),
+           "p2p": p2p, "fits": fits}
+    if not kind_rows:                 # (several kinds: the least kind's rows, kind_floors.least_kind_rows)
+        out.update(block_zb=total - 2 * blk.weight_grad_gemm_s, stored=blk.activations.stored,
+                   workspace=blk.activations.workspace)
     return {**out, **kind_rows}

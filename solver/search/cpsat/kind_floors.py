@@ -19,12 +19,13 @@ the model's mean block bounds nothing stage by stage. What stays a lower bound:
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import numpy as np
 
 from costmodel.space.layout import layout_interleavings, layout_problem, stage_blocks
 from costmodel.ops import ArrayOps, ScalarOps
-from costmodel.terms.block_terms import kind_block_terms
+from costmodel.terms.block_terms import kind_block_terms, kinds_mean
 from costmodel.terms.stage_kinds import stage_kind_counts
 
 
@@ -35,16 +36,24 @@ KIND_MEMORY = ("stored_kind_", "workspace_kind_")
 """... and of each kind's stored activations and recompute workspace."""
 
 
+MEAN_FIELDS = ("block_fwd_s", "block_bwd_s", "recompute_s", "offload_fwd_s", "offload_bwd_s", "compute_fwd_s",
+               "compute_bwd_s", "act_message_bytes")
+"""What the block tables read of the mean block of several kinds (block_time, its compute and its
+pipeline message; solver.search.cpsat.block_tables._block_rows): the least kind's rows take its
+other places (least_kind_rows)."""
+
+
 def kind_block_rows(c, ns) -> tuple:
     """(the model's mean block, the block grid's rows of several kinds) of a chunk of the block
-    grid `ns` (solver.search.cpsat.block_tables._block_rows): with one kind, no more rows; with
-    several, each kind's (kind_rows) and the least kind's that replace the mean's
-    (least_kind_rows)."""
-    kinds = kind_block_terms(c, ns, ArrayOps)
+    grid `ns` (solver.search.cpsat.block_tables._block_rows): with one kind, its block and no more
+    rows; with several, the mean's MEAN_FIELDS (each the mean of the kinds' own: kinds_mean), each
+    kind's rows (kind_rows) and the least kind's that replace the mean's (least_kind_rows)."""
+    kinds = kind_block_terms(c, ns, ArrayOps, mean=False)
     if len(kinds.terms) == 1:
-        return kinds.mean, {}
+        return kinds.terms[0], {}
+    mean = SimpleNamespace(**{name: kinds_mean(c, [getattr(blk, name) for blk in kinds.terms]) for name in MEAN_FIELDS})
     times = [block_time(blk) for blk in kinds.terms]          # (each kind's, summed once)
-    return kinds.mean, {**least_kind_rows(kinds, times), **kind_rows(kinds, times)}
+    return mean, {**least_kind_rows(kinds, times), **kind_rows(kinds, times)}
 
 
 def reduced_kind_rows(rows: dict, memory, time) -> dict:
