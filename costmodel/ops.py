@@ -43,6 +43,7 @@ class ScalarOps:
         return float(math.floor(value))
 
     all = staticmethod(bool)
+    any = staticmethod(bool)
 
     @staticmethod
     def lookup(curve: Curve, size):
@@ -71,6 +72,7 @@ class ArrayOps:
     minimum = staticmethod(np.minimum)
     floor = staticmethod(np.floor)     # whole-number tests: ~80x faster than a float %
     all = staticmethod(np.all)
+    any = staticmethod(np.any)
     logical_not = staticmethod(np.logical_not)
 
     @staticmethod

@@ -85,3 +85,35 @@ def test_redo_grids_equal_the_whole_product_wherever_a_mapping_can_be(monkeypatc
                 assert all(pruned[name][k] == table[k] for k in combos), name
             else:
                 assert pruned[name] == table, name
+
+
+@pytest.mark.parametrize("tier", [False, True], ids=["no-tier", "tier"])
+def test_rows_offloading_nothing_take_no_offload_time_without_the_formula(tier):
+    """block_offload.offload_exposed returns 0 for its three terms where no row has an offload
+    switch on, without evaluating them: what the formulas give for 0 bytes of traffic
+    (offload_traffic's), on a grid of rows with and without an offload tier."""
+    import numpy as np
+
+    from costmodel.encoding import MappingArrays
+    from costmodel.evaluate import array_fields
+    from costmodel.ops import ArrayOps
+    from costmodel.terms.block_memory import block_stored
+    from costmodel.terms.block_offload import offload_exposed, offload_traffic
+    from costmodel.terms.block_terms import kind_forward
+
+    system = load_system(H100).with_overrides(offload_gib=1024, offload_gbps=10) if tier else load_system(H100)
+    c = _context("deepseek-v3/config.json", "bfloat16", system)
+    rows = {**block_tables._DEFAULT_COLUMNS, "tp": np.array([1, 2, 4]), "ep": np.array([8, 16, 64]),
+            "microbatch": np.array([1, 2, 1])}
+    m = array_fields(MappingArrays.of(**{k: np.broadcast_to(np.asarray(v), (3,)) for k, v in rows.items()}))
+    act = block_stored(c, m, ArrayOps, kind_forward(c, m, ArrayOps, "moe"))
+    fwd_s, bwd_s = np.array([1e-3, 2e-3, 3e-3]), np.array([2e-3, 4e-3, 6e-3])
+    assert offload_exposed(c, m, ArrayOps, "moe", act, fwd_s, bwd_s) == (0.0, 0.0, 0.0)
+    off_fwd_bytes, off_bwd_bytes, off_fwd_s, off_bwd_s = offload_traffic(c, m, ArrayOps, "moe", act)
+    assert not off_fwd_bytes.any() and not off_bwd_bytes.any()
+    assert not np.maximum(off_fwd_s - fwd_s, 0.0).any() and not np.maximum(off_bwd_s - bwd_s, 0.0).any()
+    if tier:                                    # a row offloading its weights: the formulas' own values
+        on = array_fields(MappingArrays.of(**{k: np.broadcast_to(np.asarray(v), (3,))
+                                              for k, v in {**rows, "weight_offload": True}.items()}))
+        exposed = offload_exposed(c, on, ArrayOps, "moe", act, fwd_s, bwd_s)
+        assert all(np.all(np.asarray(value) > 0) for value in exposed[2:])

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 
 from costmodel.terms.block import BlockForward, block_forward_times, has_experts
 from costmodel.terms.block_memory import StoredActivations, block_stored
+from costmodel.terms.block_offload import offload_exposed
 from costmodel.terms.comm import collective_s, overlapped, tp_overlap_terms
 from costmodel.terms.context import Context
 from costmodel.terms.memory_features import offload_share, recompute_share, with_switches
@@ -66,12 +67,6 @@ class BlockTerms:
     def weight_grad_gemm_s(self):
         """The block's weight-gradient kernels (ZB-H1's W pass; costmodel.terms.layers)."""
         return self.forward.weight_grad_s
-
-
-def offload_rate(bytes_per_s: float) -> float:
-    # No offload tier: its flags are never on, so its traffic is 0 bytes; an infinite rate
-    # keeps 0 / rate = 0 without dividing by zero.
-    return bytes_per_s if bytes_per_s > 0 else float("inf")
 
 
 def cp_ring_terms(c: Context, m, xp, fw: BlockForward):
@@ -200,26 +195,6 @@ def tp_terms(c: Context, m, xp, fw: BlockForward) -> TpTerms:
     return TpTerms(fwd_s=tp_fwd_exposed + tp_fwd_stolen, bwd_s=tp_bwd_exposed + tp_bwd_stolen, exposed_s=exposed_tp)
 
 
-def offload_traffic(c: Context, m, xp, kind: str, act: StoredActivations):
-    """One block's offload traffic per microbatch (tier 2 ↔ HBM, per direction): bytes forward
-    and backward (the larger direction of each) and their time at the tier's rate. Forward
-    reads the weights and writes the stored activations; backward reads the weights, their
-    gradients and the activations back, and writes the gradients."""
-    e = c.precision.elem_bytes
-    block_params = sum(kind_param_shares(c, m, kind))
-    off_rate = offload_rate(c.memory.offload_bytes_per_s)
-    fwd_read = xp.where(m.weight_offload, e * block_params, 0.0)
-    fwd_write = xp.where(m.activations_offload, act.stored, 0.0)
-    g = c.precision.grad_bytes_per_param
-    bwd_read = xp.where(m.weight_offload, (e + g) * block_params, 0.0) + fwd_write
-    bwd_write = xp.where(m.weight_offload, g * block_params, 0.0)
-    off_fwd_bytes = xp.maximum(fwd_read, fwd_write)
-    off_bwd_bytes = xp.maximum(bwd_read, bwd_write)
-    off_fwd_s = off_fwd_bytes / (off_rate * xp.lookup(c.memory.offload_curve, off_fwd_bytes))
-    off_bwd_s = off_bwd_bytes / (off_rate * xp.lookup(c.memory.offload_curve, off_bwd_bytes))
-    return off_fwd_bytes, off_bwd_bytes, off_fwd_s, off_bwd_s
-
-
 def kind_forward(c: Context, m, xp, kind: str) -> BlockForward:
     """The forward of one block of one kind (costmodel.terms.block.BLOCK_KINDS: "dense", or
     "moe" with the MoE layer in the MLP's place): the sum of its layers' records, once per
@@ -264,7 +239,7 @@ def kind_terms(c: Context, m, xp, kind: str, forward: BlockForward | None = None
                                                     xp.where(m.recompute_attn_only, fw.selective_recompute_s, 0.0))
 
     act = block_stored(c, m, xp, fw)     # the layers' records under the mapping's recompute setting
-    off_fwd_bytes, off_bwd_bytes, off_fwd_s, off_bwd_s = offload_traffic(c, m, xp, kind, act)
+    offload_fwd, offload_bwd, offload_needed = offload_exposed(c, m, xp, kind, act, block_fwd, block_bwd + recompute)
     return BlockTerms(
         forward=fw,
         compute_fwd_s=compute_fwd,
@@ -281,26 +256,10 @@ def kind_terms(c: Context, m, xp, kind: str, forward: BlockForward | None = None
         recompute_s=recompute,
         act_message_bytes=c.precision.elem_bytes * m.microbatch * c.model.seq / m.cp * c.model.hidden,
         activations=act,
-        offload_fwd_s=xp.maximum(off_fwd_s - block_fwd, 0.0),
-        offload_bwd_s=xp.maximum(off_bwd_s - (block_bwd + recompute), 0.0),
-        offload_bytes_per_s_needed=xp.maximum(off_fwd_bytes / block_fwd, off_bwd_bytes / (block_bwd + recompute)),
+        offload_fwd_s=offload_fwd,
+        offload_bwd_s=offload_bwd,
+        offload_bytes_per_s_needed=offload_needed,
     )
-
-
-def moe_block_param_shares(c: Context, m) -> tuple:
-    """Parameters of one MoE block on one GPU: (those reduced over dp·cp — attention and
-    shared experts split tp ways, the router whole — and the E/ep local experts split etp
-    ways, reduced over the expert data-parallel group of tp·cp·dp/(ep·etp) GPUs)."""
-    return ((c.model.moe_block_params - c.model.routed_expert_params - c.model.router_params) / m.tp + c.model.router_params,
-            c.model.routed_expert_params / (m.etp * m.ep))
-
-
-def kind_param_shares(c: Context, m, kind: str) -> tuple:
-    """One block of `kind`'s parameters on one GPU: (dense-group, expert) — an MoE block's by
-    moe_block_param_shares, another kind's split tp ways (Context.model.kind_param_count)."""
-    if has_experts(kind):
-        return moe_block_param_shares(c, m)
-    return c.model.kind_param_count(kind) / m.tp, 0.0
 
 
 def mix_terms(dense, moe, share):

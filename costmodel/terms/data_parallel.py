@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.terms.block_terms import BlockTerms, offload_rate
+from costmodel.terms.block_offload import offload_rate
+from costmodel.terms.block_terms import BlockTerms
 from costmodel.terms.comm import collective_s, overlapped
 from costmodel.terms.context import Context
 from costmodel.terms.layer_time import eltwise_s

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from costmodel.terms.block_terms import BlockTerms, KindBlocks, block_terms, kind_block_terms, kind_terms, moe_block_param_shares
+from costmodel.terms.block_offload import moe_block_param_shares
+from costmodel.terms.block_terms import BlockTerms, KindBlocks, block_terms, kind_block_terms, kind_terms
 from costmodel.terms.context import Context
 from costmodel.terms.data_parallel import ADAM_FLOPS_PER_PARAM, Sharding, gradient_sync, optimizer_step_s, stage_params
 from costmodel.terms.layer_time import RMSNORM_FLOPS_PER_ELEM, eltwise_s, gemm_s, matmul_s

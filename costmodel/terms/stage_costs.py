@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass, replace
 
-from costmodel.terms.block_terms import BlockTerms, KindBlocks, mix_terms, kind_param_shares
+from costmodel.terms.block_offload import kind_param_shares
+from costmodel.terms.block_terms import BlockTerms, KindBlocks, mix_terms
 from costmodel.terms.context import Context
 from costmodel.terms.stage_kinds import stage_blocks_of, stage_kinds
 

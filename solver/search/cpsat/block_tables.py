@@ -339,7 +339,7 @@ def with_redo(off: Named, on: Named | None = None) -> np.ndarray:
 def _offload_codes(c: Context) -> list[bool]:
     """The offload switches the block grid evaluates: both with an offload tier; without one,
     off only. A block's offload switches change nothing but its offload traffic's exposed time,
-    and with no tier that traffic takes no time (block_terms.offload_rate: an infinite rate),
+    and with no tier that traffic takes no time (block_offload.offload_rate: an infinite rate),
     so the rows with a switch on equal those with it off (_keyed_tables shares them)."""
     return [False, True] if c.memory.offload_bytes_per_s > 0 else [False]
 
