@@ -20,6 +20,8 @@ f36001c 21.8 s and 20.6 s, every row identical; not met (docs/benchmarks.md).
 Alternately with main, quiet (2026-11-29): capacity classes on the memory terms alone 14.8, 15.6,
 14.7, 15.0, 14.2 s against 16.0, 15.4, 14.6, 15.2, 14.8 s, every row identical: met by the median
 (14.8 s), not by every run.
+On a slower machine (2026-11-29, quiet; `bench_solve.py --skip-brute` 0.39 s against 0.28 s): branch
+perf a2bfbf6 24.6 s, main 9c1cf5c 25.2 s right after, every row identical: not met.
 """
 
 from __future__ import annotations

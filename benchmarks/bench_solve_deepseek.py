@@ -33,6 +33,10 @@ wall, 35.0 s CPU, 2.56 GB against 2154168 35.2 s: the same answer (certified in 
 Quiet, 2026-11-29, alternately: the block floors computed as the ranking reaches them (340 of 11,975
 skeletons) 24.9 and 25.5 s wall, 2.33 GB, against main 2aca109's 34.4 and 35.0 s, 2.56 GB: the same
 answer. Not met.
+Quiet, 2026-11-29 (a slower machine: main 9c1cf5c 38.1 s), alternately: the stage grid's offload
+switches off only without a tier, keyed tables read by position, the AG redo gridded only where
+free, the mean block's read fields alone, no offload traffic where no switch is on: 18.9 and
+19.0 s wall, 0.81 GB, the same answer. Met.
 """
 
 from __future__ import annotations
