@@ -164,8 +164,7 @@ class BlockTableCache:
 def _merged(store: dict, fresh: dict) -> dict:
     """The tables of `store` with `fresh`'s groups (none of them the store's) after its own:
     new Keyed tables over one new positions dict (Tables built before keep the old ones)."""
-    first = store["compute"]
-    positions = extended_positions(first.positions, fresh["compute"].positions)
+    positions = extended_positions(store["compute"].positions, fresh["compute"].positions)
     done: dict[int, Keyed] = {}            # (combinations sharing one table keep sharing it)
 
     def one(old: Keyed, more: Keyed) -> Keyed:
