@@ -7,11 +7,18 @@ sequence-parallel AG redo, evaluated on only where a mapping can take it (redo_g
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from costmodel.encoding import MappingArrays
+from costmodel.evaluate import array_fields
 from costmodel.inputs.load import load_model, load_system
 from costmodel.inputs.mapping import Mapping
 from costmodel.inputs.system import Datatype
+from costmodel.ops import ArrayOps
+from costmodel.terms.block_memory import block_stored
+from costmodel.terms.block_offload import offload_exposed, offload_traffic
+from costmodel.terms.block_terms import kind_forward
 from costmodel.terms.context import Context
 from solver.search.cpsat import block_tables
 
@@ -92,15 +99,6 @@ def test_rows_offloading_nothing_take_no_offload_time_without_the_formula(tier):
     """block_offload.offload_exposed returns 0 for its three terms where no row has an offload
     switch on, without evaluating them: what the formulas give for 0 bytes of traffic
     (offload_traffic's), on a grid of rows with and without an offload tier."""
-    import numpy as np
-
-    from costmodel.encoding import MappingArrays
-    from costmodel.evaluate import array_fields
-    from costmodel.ops import ArrayOps
-    from costmodel.terms.block_memory import block_stored
-    from costmodel.terms.block_offload import offload_exposed, offload_traffic
-    from costmodel.terms.block_terms import kind_forward
-
     system = load_system(H100).with_overrides(offload_gib=1024, offload_gbps=10) if tier else load_system(H100)
     c = _context("deepseek-v3/config.json", "bfloat16", system)
     rows = {**block_tables._DEFAULT_COLUMNS, "tp": np.array([1, 2, 4]), "ep": np.array([8, 16, 64]),
