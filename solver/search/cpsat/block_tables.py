@@ -108,7 +108,11 @@ class SplitKeys:
     what the tables are keyed by, known without building a CP-SAT model."""
 
     def __init__(self, skeletons):
-        self.group_mb = sorted({(*group, mb) for s in skeletons for group in (s.group,) for mb in s.microbatches})
+        group_mb = set()
+        for s in skeletons:
+            group = s.group                     # (a property: read once per skeleton)
+            group_mb.update((*group, mb) for mb in s.microbatches)
+        self.group_mb = sorted(group_mb)
         self.split = sorted({s.split for s in skeletons})
 
 
