@@ -47,7 +47,6 @@ from costmodel.evaluate import (STRUCTURE_DIMENSIONS, TIME_ONLY_DIMENSIONS, capa
                                 evaluate_arrays_in_context, structure_fits)
 from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.model import Model
-from costmodel.ops import distinct_table_rows
 from costmodel.inputs.system import Datatype, System
 from solver.search.count_share import CountShare
 from solver.search.distinct import SKELETON, TopGroups
@@ -67,8 +66,6 @@ SEARCHED_FLAGS = ("recompute", "tp_comm", "zero", "seq_par_ag_redo", "weight_off
 change only time, never memory: the surrogate takes their best case, and the exact scoring
 of a block tries every value."""
 FLAG_NAMES = tuple(dim.name for dim in FLAGS)
-CLASSES_KEPT = 128
-"""(flag table, columns) pairs whose row classes are kept (Engine._classes_of): ~MB each."""
 
 Key = BlockKey
 """A block: the split's degrees, the interleaving and the microbatch."""
@@ -168,7 +165,6 @@ class Engine:
         self.index = {s.split: i for i, s in enumerate(self.plan.skeletons)}
         self._memory_columns = tuple(j for j, dim in enumerate(space.flags) if dim.name not in TIME_ONLY_DIMENSIONS)
         self._structure_columns = tuple(j for j, dim in enumerate(space.flags) if dim.name in STRUCTURE_DIMENSIONS)
-        self._classes: dict[tuple, tuple] = {}
         self.scored: dict[Key, ScoredBlock] = {}
         self._cpsat: _CpSat | None = None
         if not self.plan.skeletons:
@@ -236,9 +232,9 @@ class Engine:
         table = self.plan.flag_tables[index]
 
         def passing(columns: tuple[int, ...], check: Callable) -> np.ndarray:   # (per class, at every row)
-            first, inverse = self._classes_of(table, columns)
-            heads, _ = self.plan.block(index, il, mb, flag_rows=first)
-            return check(heads)[inverse]
+            classes = table.classes(columns)
+            heads, _ = self.plan.block(index, il, mb, flag_rows=classes.first)
+            return classes.at(check(heads))
 
         fit = np.flatnonzero(
             passing(self._memory_columns,
@@ -253,18 +249,6 @@ class Engine:
         if self._cpsat is not None:             # (else cut when the model is built)
             self._cpsat.v.exclude_block(key)
         return block
-
-    def _classes_of(self, table: np.ndarray, columns: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-        """(a row of each, each row's class) of a flag table's rows by its `columns`; kept for
-        the last CLASSES_KEPT (table, columns) pairs (a few tables serve every block)."""
-        held = self._classes.pop((id(table), columns), None)
-        if held is None or held[0] is not table:
-            first, inverse, _ = distinct_table_rows(table, columns)
-            held = (table, first, inverse.astype(np.int32))
-        self._classes[(id(table), columns)] = held           # (most recently used last)
-        while len(self._classes) > CLASSES_KEPT:
-            del self._classes[next(iter(self._classes))]
-        return held[1], held[2]
 
     def mapping(self, key: Key, j: int):
         """The j-th kept mapping of a scored block, rebuilt from the plan."""

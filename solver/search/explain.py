@@ -32,7 +32,8 @@ from solver.search.cpsat.constraints import group_span_expressions
 from solver.search.engine import Engine, Key, Question
 from solver.search.solve import SolverConfig, binding_constraints
 from solver.space.count import count_mappings
-from solver.space.declaration import Space, coarse_facts, facts, flag_projection
+from solver.space.declaration import Space, coarse_facts, facts
+from solver.space.flags import flag_projection
 from solver.space.pins import pinned
 
 PINNED_WARM_START_BLOCKS = 4096

@@ -27,9 +27,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, make_dataclass
-from functools import lru_cache
-
-import numpy as np
 
 from costmodel.space.choices import PipelineSchedule, ShardingStage, TPOverlap
 from costmodel.space.dimensions import (BY_NAME, CHAIN, DEGREE, DEGREES, DIMENSIONS, FLAGS, GROUP_DEGREES, SKELETON_FACTS,
@@ -41,7 +38,7 @@ from costmodel.inputs.system import System
 from solver.space.factor import divisors as factor_divisors
 
 __all__ = ["SKELETON_FACTS", "Condition", "FlagDimension", "Skeleton", "Space", "SPACES", "get_space", "skeletons",
-           "flag_table", "divisors"]
+           "divisors"]
 
 
 @dataclass(frozen=True)
@@ -314,105 +311,8 @@ def facts(skeleton: Skeleton, system: System) -> dict[str, int]:
     return skeleton_facts(skeleton.degrees, system.offload is not None)
 
 
-def flag_combinations(space: Space, known: dict[str, int], num_networks: int,
-                      names: frozenset[str] | None = None) -> np.ndarray:
-    """Valid flag code rows (int32, columns in `space.flags` order; repeated as contiguous columns,
-    then laid out row by row once), lexicographic in that order:
-    built one flag at a time, each partial row extended by the codes its flag may take (and
-    the space's pins admit), with numpy: row r's extensions follow one another where r stood.
-    `names`: only those flags' columns (a set closed under the flags their conditions read)."""
-    dims = tuple(dim for dim in space.flags if names is None or dim.name in names)
-    position = {dim.name: i for i, dim in enumerate(dims)}
-    # each flag's column over the rows of its own step and each row's parent row of the step
-    # before (the table is gathered once at the end, not copied whole at every step); the
-    # columns a later flag's condition reads are kept at the current rows
-    read = {c.subject for dim in dims for c in dim.free_when if c.subject in position}
-    columns, parents, current = [], [], {}
-    rows = 1
-    for dim in dims:
-        domain = dim.domain(num_networks, known)
-        free = tuple(code for code in domain if space.admits(dim.name, code))
-        pinned = free[:1] if free[:1] == domain[:1] else ()
-        if not all(c.holds(known) for c in dim.free_when if c.subject in known):
-            may = np.zeros(rows, dtype=bool)
-        else:
-            may = np.ones(rows, dtype=bool)
-            for c in dim.free_when:
-                if c.subject not in known:
-                    may &= np.asarray(c.holds_for(current[c.subject]), dtype=bool)
-        counts = np.where(may, len(free), len(pinned))
-        parent = np.repeat(np.arange(rows), counts)
-        offset = np.arange(len(parent)) - np.repeat(np.cumsum(counts) - counts, counts)
-        free_codes, pinned_codes = np.asarray(free, dtype=np.int64), np.asarray(pinned or (0,), dtype=np.int64)
-        columns.append(np.where(may[parent], free_codes[np.minimum(offset, len(free) - 1)] if free else 0,
-                                pinned_codes[np.minimum(offset, len(pinned_codes) - 1)]))
-        parents.append(parent)
-        current = {name: column[parent] for name, column in current.items()}
-        if dim.name in read:
-            current[dim.name] = columns[-1]
-        rows = len(parent)
-    combos, below = np.empty((len(dims), rows), dtype=np.int32), np.ones(rows, dtype=np.int64)
-    for j in reversed(range(len(dims))):      # each step's value repeated over the final rows below it
-        combos[j] = np.repeat(columns[j].astype(np.int32, copy=False), below)
-        below = np.bincount(parents[j], below, len(parents[j - 1]) if j else 1).astype(np.int64)
-    return np.ascontiguousarray(combos.T)
-
-
-PROJECTIONS_KEPT = 4096
-"""Flag projections kept (small tuples: `explain` asks ~1,000 distinct ones of one space, and
-256 of them evicted one another)."""
-
-
-def flag_projection(space: Space, names: tuple[str, ...], known: dict[str, int],
-                    num_networks: int) -> list[tuple[int, ...]]:
-    """The distinct valid assignments of the flags `names` (codes in that order) given the
-    skeleton facts `known`: the valid flag combinations projected onto those flags (cached:
-    the surrogate asks the same few projections of a space many times)."""
-    return list(_projection_cached(space, tuple(names), tuple(sorted(known.items())), num_networks))
-
-
-@lru_cache(maxsize=PROJECTIONS_KEPT)
-def _projection_cached(space: Space, names: tuple[str, ...], known: tuple[tuple[str, int], ...],
-                       num_networks: int) -> tuple[tuple[int, ...], ...]:
-    # only the flags projected and those their conditions read, in turn: the others multiply
-    # every assignment of these alike (hybrid sharding's codes, the networks), so the distinct
-    # assignments are the same without them
-    needed = set(names)
-    by_name = {dim.name: dim for dim in space.flags}
-    while True:
-        more = {c.subject for name in needed for c in by_name[name].free_when if c.subject in by_name} - needed
-        if not more:
-            break
-        needed |= more
-    kept = [dim.name for dim in space.flags if dim.name in needed]
-    position = {name: i for i, name in enumerate(kept)}
-    index = [position[name] for name in names]
-    projected = flag_combinations(space, dict(known), num_networks, frozenset(needed))[:, index]
-    rows, first = np.unique(projected, axis=0, return_index=True)      # distinct, kept in order of first sight
-    return tuple(map(tuple, rows[np.argsort(first)].tolist()))
-
-
 def coarse_facts(f: dict[str, int]) -> tuple[tuple[str, int], ...]:
     """Skeleton facts reduced to what conditions can tell apart (each degree compared with 1)."""
     exact = ("offload", "dp_cp_pow2")          # (dp_cp_pow2 bounds a subgroup's codes)
     return tuple(sorted({**{k: min(v, 2) for k, v in f.items() if k not in exact},
                          **{k: f[k] for k in exact if k in f}}.items()))
-
-
-FLAG_TABLES_KEPT = 64
-"""Flag tables kept (one per space, skeleton facts and network count: a search asks a few;
-each can hold a few megabytes)."""
-
-
-@lru_cache(maxsize=FLAG_TABLES_KEPT)
-def _flag_table_cached(space: Space, known: tuple[tuple[str, int], ...], num_networks: int) -> np.ndarray:
-    table = flag_combinations(space, dict(known), num_networks)
-    table.flags.writeable = False          # shared by every skeleton with these facts
-    return table
-
-
-def flag_table(space: Space, skeleton: Skeleton, system: System) -> np.ndarray:
-    """All valid flag combinations on a skeleton, one row of codes each (columns in
-    `space.flags` order; read-only). Conditions only test tp, cp, ep, etp, pp, dp and dp·cp
-    against 1, so a few tables per (space, system) exist; they are cached."""
-    return _flag_table_cached(space, coarse_facts(facts(skeleton, system)), len(system.networks))

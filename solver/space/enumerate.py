@@ -27,7 +27,8 @@ from costmodel.encoding import MappingArrays
 from costmodel.inputs.model import Model
 from costmodel.inputs.system import System
 from solver.space.count import count_flag_combinations
-from solver.space.declaration import Skeleton, Space, coarse_facts, facts, flag_table, skeletons
+from solver.space.declaration import Skeleton, Space, coarse_facts, facts, skeletons
+from solver.space.flags import FlagTable, flag_table
 
 DEFAULT_CHUNK_ROWS = 1 << 20
 """Rows per chunk: about 1M mappings, ~60 MB of columns before evaluation."""
@@ -56,13 +57,13 @@ class FlagTables:
     def __init__(self, space: Space, system: System, skels: tuple[Skeleton, ...]):
         self._space, self._system, self._skeletons = space, system, skels
 
-    def __getitem__(self, index: int) -> np.ndarray:
+    def __getitem__(self, index: int) -> FlagTable:
         return flag_table(self._space, self._skeletons[index], self._system)
 
     def __len__(self) -> int:
         return len(self._skeletons)
 
-    def __iter__(self) -> Iterator[np.ndarray]:
+    def __iter__(self) -> Iterator[FlagTable]:
         return (self[i] for i in range(len(self)))
 
 
@@ -128,22 +129,21 @@ def plan(model: Model, system: System, num_gpus: int, max_batch: int, space: Spa
     return Plan(space, skels, FlagTables(space, system, skels), tuple(chunks))
 
 
-def build_rows(space: Space, skeleton: Skeleton, table: np.ndarray, start: int, stop: int) -> MappingArrays:
+def build_rows(space: Space, skeleton: Skeleton, table: FlagTable, start: int, stop: int) -> MappingArrays:
     """Rows [start, stop) of one skeleton (see the module docstring for the layout)."""
     return rows_at(space, skeleton, table, np.arange(start, stop, dtype=np.int64))
 
 
-def rows_at(space: Space, skeleton: Skeleton, table: np.ndarray, row: np.ndarray) -> MappingArrays:
+def rows_at(space: Space, skeleton: Skeleton, table: FlagTable, row: np.ndarray) -> MappingArrays:
     """The skeleton's rows at indices `row` (in its own enumeration order)."""
     n = len(row)
     n_flags, n_mb = len(table), len(skeleton.microbatches)
     flag_row = row % n_flags
     mb_index = (row // n_flags) % n_mb
     il_index = row // (n_flags * n_mb)
-    flags = table.take(flag_row, axis=0)          # (a row gather: take is several times faster than indexing)
     per_split = {"interleaving": np.asarray(skeleton.interleavings, dtype=np.int64)[il_index],
                  "microbatch": np.asarray(skeleton.microbatches, dtype=np.int64)[mb_index]}
-    columns = {dim.name: flags[:, j] for j, dim in enumerate(space.flags)}
+    columns = {dim.name: codes for dim, codes in zip(space.flags, table.columns(flag_row))}
     for dim in DIMENSIONS:
         if dim.kind == "split":
             columns[dim.name] = np.full(n, getattr(skeleton, dim.name), dtype=np.int64)

@@ -25,7 +25,8 @@ from costmodel.terms.iteration import RESIDENT_BLOCKS, bubble_microbatches
 from costmodel.terms.pipeline import stage_blocks_in_flight
 from costmodel.space.layout import end_chunk_blocks, stage_blocks
 from costmodel.ops import ArrayOps
-from solver.space.declaration import Space, flag_projection
+from solver.space.declaration import Space
+from solver.space.flags import flag_projection
 
 from solver.search.cpsat.kind_floors import (first_stage_memory, group_kind_columns, key_columns, stage_counts,
                                                stage_kind_micro)
