@@ -21,7 +21,8 @@ from costmodel.encoding import MappingArrays
 from costmodel.inputs.kernels import Kernels
 from costmodel.terms.block_terms import KindBlocks, kind_block_terms
 from costmodel.terms.stage_costs import without_layers
-from costmodel.terms.iteration import IterationTerms, MemoryTerms, TimeTerms, iteration_terms, stage_memory_terms
+from costmodel.terms.iteration import (IterationTerms, MemoryTerms, TimeTerms, iteration_terms, iteration_time_s,
+                                       stage_memory_terms)
 from costmodel.inputs.mapping import Mapping, check_mapping_fits, model_with_attention_type
 from costmodel.inputs.model import Model, ModelFlops
 from costmodel.ops import ArrayOps, ScalarOps, distinct_rows, spread
@@ -333,12 +334,33 @@ def distinct_block_terms(c: Context, arrays: MappingArrays, memo: dict | None = 
     return spread(terms, inverse, len(first))
 
 
+def memory_in_context(c: Context, arrays: MappingArrays, block_memo: dict | None = None) -> tuple:
+    """(HBM bytes, offload bytes) of each mapping from the memory terms alone
+    (costmodel.terms.iteration.stage_memory_terms): evaluate_arrays_in_context's `hbm_bytes` and
+    `offload_bytes`, the same sums on the same parts."""
+    mem = stage_memory_terms(c, array_fields(arrays), ArrayOps, distinct_block_terms(c, arrays, block_memo))
+    return mem.hbm_bytes, mem.offload_bytes
+
+
+def capacity_fits(c: Context, hbm_bytes, offload_bytes):
+    """The exact model's capacity checks (`hbm_capacity` and `offload_capacity`) of these bytes."""
+    return (hbm_bytes <= c.memory.hbm_capacity_bytes) & (offload_bytes <= c.memory.offload_capacity_bytes)
+
+
 def capacity_fits_in_context(c: Context, arrays: MappingArrays, block_memo: dict | None = None) -> np.ndarray:
     """Whether each mapping's HBM and offload bytes fit: the exact model's capacity checks
     (evaluate_arrays_in_context's `hbm_capacity` and `offload_capacity`), the same bytes compared
-    the same way, from the memory terms alone (costmodel.terms.iteration.stage_memory_terms)."""
-    mem = stage_memory_terms(c, array_fields(arrays), ArrayOps, distinct_block_terms(c, arrays, block_memo))
-    return (mem.hbm_bytes <= c.memory.hbm_capacity_bytes) & (mem.offload_bytes <= c.memory.offload_capacity_bytes)
+    the same way, from the memory terms alone (`memory_in_context`)."""
+    return capacity_fits(c, *memory_in_context(c, arrays, block_memo))
+
+
+def iteration_time_in_context(c: Context, arrays: MappingArrays, block_memo: dict | None = None) -> np.ndarray:
+    """Each mapping's exact iteration time (s), evaluate_arrays_in_context's `iteration_time_s`,
+    without the memory terms and the checks (costmodel.terms.iteration.iteration_time_s): what
+    a search scores once it has decided capacity and structure per class of mappings."""
+    m = array_fields(arrays)
+    seconds = iteration_time_s(c, m, ArrayOps, distinct_block_terms(c, arrays, block_memo))
+    return np.broadcast_to(seconds, (len(arrays),))
 
 
 def evaluate_arrays_in_context(c: Context, arrays: MappingArrays, block_memo: dict | None = None) -> ArrayEvaluation:

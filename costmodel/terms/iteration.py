@@ -244,14 +244,25 @@ def stage_memory_terms(c: Context, m, xp, kinds: KindBlocks | None = None):
     return stage_memory(c, m, xp, sb, stages, sharding, params, mtp)
 
 
-def iteration_terms(c: Context, m, xp, kinds: KindBlocks | None = None) -> IterationTerms:
-    """All named time (s), memory (bytes) and rate terms of one iteration: each stage's own
-    blocks (costmodel.terms.stage_kinds, stage_costs), the pipeline at its slowest stage, the
-    gradient reduction and the optimizer step, and the memory of the stages. `kinds`: each
-    block kind's terms of these mappings when the caller has them (costmodel.evaluate
-    computes them once per distinct block)."""
+@dataclass(frozen=True)
+class _TimeSide:
+    """The parts iteration_terms reads (_stage_parts) and the time they give (iteration_s)."""
+
+    stages: Stages
+    kinds: KindBlocks
+    sb: object                  # the stages' blocks (costmodel.terms.stage_costs.StageBlocks)
+    mtp: MtpTerms | None
+    sharding: Sharding
+    params: object              # the stages' parameters (costmodel.terms.data_parallel.stage_params)
+    pipe: object                # costmodel.terms.pipeline_time.pipeline_time
+    dp: object                  # costmodel.terms.data_parallel.gradient_sync
+    optimizer_s: object
+    ep_unpaired_s: object
+    iteration_s: object
+
+
+def _time_side(c: Context, m, xp, kinds: KindBlocks | None) -> _TimeSide:
     stages, kinds, sb, mtp, sharding, params = _stage_parts(c, m, xp, kinds)
-    microbatches = stages.microbatches
     head_fwd = output_layer_s(c, m, xp)
     if mtp is None:
         pipe = pipeline_time(c, m, xp, sb, stages, head_fwd)
@@ -260,10 +271,29 @@ def iteration_terms(c: Context, m, xp, kinds: KindBlocks | None = None) -> Itera
     dp = gradient_sync(c, m, xp, stages, sharding, params)
     # the optimizer step, and a precision recipe's once-a-step quantization of the weights
     optimizer_s = optimizer_step_s(c, m, xp, sharding, params) + params.blocks * params.block.forward.weight_quantize_s
-    mem = stage_memory(c, m, xp, sb, stages, sharding, params, mtp)
+    ep_unpaired_s = unpaired_ep_s(c, m, xp, pipe.pace.block, pipe.pace.blocks, stages.microbatches)
+    return _TimeSide(stages, kinds, sb, mtp, sharding, params, pipe, dp, optimizer_s, ep_unpaired_s,
+                     pipe.pipeline_s + ep_unpaired_s + dp.exposed_s + dp.stolen_s + optimizer_s)
+
+
+def iteration_time_s(c: Context, m, xp, kinds: KindBlocks | None = None):
+    """iteration_terms' iteration_s alone, the same sums on the same parts, without the memory
+    terms: what a search scores once the capacity checks are decided (costmodel.evaluate
+    iteration_time_in_context)."""
+    return _time_side(c, m, xp, kinds).iteration_s
+
+
+def iteration_terms(c: Context, m, xp, kinds: KindBlocks | None = None) -> IterationTerms:
+    """All named time (s), memory (bytes) and rate terms of one iteration: each stage's own
+    blocks (costmodel.terms.stage_kinds, stage_costs), the pipeline at its slowest stage, the
+    gradient reduction and the optimizer step, and the memory of the stages. `kinds`: each
+    block kind's terms of these mappings when the caller has them (costmodel.evaluate
+    computes them once per distinct block)."""
+    side = _time_side(c, m, xp, kinds)
+    stages, kinds, sb, mtp, pipe, dp = side.stages, side.kinds, side.sb, side.mtp, side.pipe, side.dp
+    microbatches, iteration_s, ep_unpaired_s = stages.microbatches, side.iteration_s, side.ep_unpaired_s
+    mem = stage_memory(c, m, xp, sb, stages, side.sharding, side.params, mtp)
     pace, pace_blocks = pipe.pace.block, pipe.pace.blocks
-    ep_unpaired_s = unpaired_ep_s(c, m, xp, pace, pace_blocks, microbatches)
-    iteration_s = pipe.pipeline_s + ep_unpaired_s + dp.exposed_s + dp.stolen_s + optimizer_s
 
     fw = kinds.mean.forward             # (recomputation's FLOPs: the model's blocks, L times their mean)
     t, b = m.tp, m.microbatch
@@ -289,7 +319,7 @@ def iteration_terms(c: Context, m, xp, kinds: KindBlocks | None = None) -> Itera
         bubble_s=pipe.bubble_s,
         dp_comm_s=dp.exposed_s + dp.stolen_s,
         dp_per_microbatch_s=dp.per_microbatch_s,
-        optimizer_s=optimizer_s,
+        optimizer_s=side.optimizer_s,
         weights_bytes=first_state.weights,
         weight_grads_bytes=first_state.grads,
         optimizer_bytes=first_state.optimizer,

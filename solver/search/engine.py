@@ -43,8 +43,9 @@ from typing import Callable
 import numpy as np
 
 from costmodel.space.dimensions import FLAGS, SPLIT_TEXT, BlockKey
-from costmodel.evaluate import (STRUCTURE_DIMENSIONS, TIME_ONLY_DIMENSIONS, capacity_fits_in_context,
-                                evaluate_arrays_in_context, structure_fits)
+from costmodel.encoding import MappingArrays
+from costmodel.evaluate import (STRUCTURE_DIMENSIONS, TIME_ONLY_DIMENSIONS, capacity_fits, iteration_time_in_context,
+                                memory_in_context, structure_fits)
 from costmodel.inputs.kernels import Kernels
 from costmodel.inputs.model import Model
 from costmodel.inputs.system import Datatype, System
@@ -227,24 +228,25 @@ class Engine:
         from the CP-SAT model. Feasibility first: capacity is decided on one mapping per
         combination of the flags that change memory (all but TIME_ONLY_DIMENSIONS), the
         structural checks on one per combination of STRUCTURE_DIMENSIONS; only mappings
-        passing both (few, in a block of every shard group and network) are scored whole."""
+        passing both (few, in a block of every shard group and network) are timed, each
+        holding its capacity class's HBM and offload bytes (tests/conftest.py
+        assert_block_floors_below_exact checks that memory reads no time-only dimension)."""
         index, il, mb = self.index[key.split], key.interleaving, key.microbatch
         table = self.plan.flag_tables[index]
 
-        def passing(columns: tuple[int, ...], check: Callable) -> np.ndarray:   # (per class, at every row)
-            classes = table.classes(columns)
-            heads, _ = self.plan.block(index, il, mb, flag_rows=classes.first)
-            return classes.at(check(heads))
+        def heads(classes) -> MappingArrays:        # a mapping of each class
+            return self.plan.block(index, il, mb, flag_rows=classes.first)[0]
 
-        fit = np.flatnonzero(
-            passing(self._memory_columns,
-                    lambda heads: capacity_fits_in_context(self.c, heads, self.block_memo))
-            & passing(self._structure_columns, lambda heads: structure_fits(self.c, heads)))
+        memory, structure = table.classes(self._memory_columns), table.classes(self._structure_columns)
+        hbm_bytes, offload_bytes = (np.broadcast_to(held, (len(memory.first),)) for held in
+                                    memory_in_context(self.c, heads(memory), self.block_memo))
+        fit = np.flatnonzero(memory.at(capacity_fits(self.c, hbm_bytes, offload_bytes))
+                             & structure.at(structure_fits(self.c, heads(structure))))
         rows, ordinals = self.plan.block(index, il, mb, flag_rows=fit)
-        ev = evaluate_arrays_in_context(self.c, rows, self.block_memo)
-        keep = np.flatnonzero(ev.feasible)
-        block = ScoredBlock({name: rows.columns[name][keep] for name in FLAG_NAMES}, ev.iteration_time_s[keep],
-                            ev.hbm_bytes[keep], ev.offload_bytes[keep], ordinals[keep], fit[keep].astype(np.int32))
+        held = memory.of(fit)                       # (each mapping's memory is its class's)
+        block = ScoredBlock({name: rows.columns[name] for name in FLAG_NAMES},
+                            iteration_time_in_context(self.c, rows, self.block_memo),
+                            hbm_bytes[held], offload_bytes[held], ordinals, fit.astype(np.int32))
         self.scored[key] = block
         if self._cpsat is not None:             # (else cut when the model is built)
             self._cpsat.v.exclude_block(key)
