@@ -208,6 +208,14 @@ def assert_block_floors_below_exact(model, system, gpus: int, max_batch: int, da
 
 
 @pytest.fixture(autouse=True)
+def no_terminal_width(monkeypatch):
+    """Commands write as they do to a pipe (tables 200 columns wide) whatever the shell's COLUMNS
+    says: the tests read their lines whole (pytest-xdist's workers, which the default run uses,
+    have COLUMNS=80); the tests of narrow output give COLUMNS themselves."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
+@pytest.fixture(autouse=True)
 def no_progress_lines(monkeypatch):
     """Commands run in-process say nothing of their progress (a slow machine would otherwise put
     `progress:` lines into the output the tests parse); the progress tests turn it back on,

@@ -102,7 +102,7 @@ def _projection_cached(space: Space, names: tuple[str, ...], known: tuple[tuple[
 
 FLAG_TABLES_KEPT = 64
 """Flag tables kept (one per space, skeleton facts and network count: a search asks a few;
-each can hold a few megabytes)."""
+each holds its two factors and their classes, at most a few megabytes)."""
 
 
 @dataclass(frozen=True)
