@@ -22,6 +22,9 @@ Alternately with main, quiet (2026-11-29): capacity classes on the memory terms 
 (14.8 s), not by every run.
 On a slower machine (2026-11-29, quiet; `bench_solve.py --skip-brute` 0.39 s against 0.28 s): branch
 perf a2bfbf6 24.6 s, main 9c1cf5c 25.2 s right after, every row identical: not met.
+The next stop on that machine (2026-11-29, quiet): flag tables held as products, the engine timing
+only the mappings that pass: f96a845 13.7, 15.0, 14.0, 14.2, 14.1 s, the previous stop's be8d7ff
+24.3, 21.1, 22.0, 21.0 s alternately, every row identical: met (median 14.1 s).
 """
 
 from __future__ import annotations
