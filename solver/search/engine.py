@@ -53,6 +53,7 @@ from solver.search.count_share import CountShare
 from solver.search.distinct import SKELETON, TopGroups
 from solver.space.declaration import Space
 from solver.space.enumerate import plan
+from solver.space.flags import RowClasses
 
 WARM_START_BLOCKS = 1024
 """At most this many blocks are scored before the first CP-SAT round, best surrogate bound
@@ -234,7 +235,7 @@ class Engine:
         index, il, mb = self.index[key.split], key.interleaving, key.microbatch
         table = self.plan.flag_tables[index]
 
-        def heads(classes) -> MappingArrays:        # a mapping of each class
+        def heads(classes: RowClasses) -> MappingArrays:        # a mapping of each class
             return self.plan.block(index, il, mb, flag_rows=classes.first)[0]
 
         memory, structure = table.classes(self._memory_columns), table.classes(self._structure_columns)
