@@ -144,7 +144,7 @@ TIME_ONLY_DIMENSIONS = touching(TIME_ONLY)
 """Dimensions that change a mapping's time, never its HBM or offload bytes (the declaration's
 `time_only`: what overlaps
 and which network a group's traffic takes): mappings equal in every other dimension hold
-the same memory, so the capacity checks are decided once for all of them (`capacity_fits_in_context`;
+the same memory, so the capacity checks are decided once for all of them (`memory_in_context`;
 tests/conftest.py assert_block_floors_below_exact checks it on every block of several spaces)."""
 
 
@@ -345,13 +345,6 @@ def memory_in_context(c: Context, arrays: MappingArrays, block_memo: dict | None
 def capacity_fits(c: Context, hbm_bytes, offload_bytes):
     """The exact model's capacity checks (`hbm_capacity` and `offload_capacity`) of these bytes."""
     return (hbm_bytes <= c.memory.hbm_capacity_bytes) & (offload_bytes <= c.memory.offload_capacity_bytes)
-
-
-def capacity_fits_in_context(c: Context, arrays: MappingArrays, block_memo: dict | None = None) -> np.ndarray:
-    """Whether each mapping's HBM and offload bytes fit: the exact model's capacity checks
-    (evaluate_arrays_in_context's `hbm_capacity` and `offload_capacity`), the same bytes compared
-    the same way, from the memory terms alone (`memory_in_context`)."""
-    return capacity_fits(c, *memory_in_context(c, arrays, block_memo))
 
 
 def iteration_time_in_context(c: Context, arrays: MappingArrays, block_memo: dict | None = None) -> np.ndarray:

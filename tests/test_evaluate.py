@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.encoding import MappingArrays
-from costmodel.evaluate import (capacity_fits_in_context, evaluate, evaluate_arrays, evaluate_arrays_in_context,
+from costmodel.evaluate import (capacity_fits, evaluate, evaluate_arrays, evaluate_arrays_in_context,
                                 iteration_time_in_context, memory_in_context)
 from costmodel.terms.context import Context
 from costmodel.terms.iteration import TIME_TERMS
@@ -50,16 +50,17 @@ def test_scalar_and_array_evaluators_agree(problem):
 @settings(max_examples=60, deadline=None)
 @given(problems())
 def test_the_memory_side_alone_decides_capacity_as_the_whole_evaluation(problem):
-    """capacity_fits_in_context (the search's capacity check on the memory terms alone) is the
-    whole evaluation's hbm_capacity and offload_capacity checks, mapping by mapping, and the
-    bytes it compares (memory_in_context) are the whole evaluation's, to the last bit."""
+    """The search's capacity check on the memory terms alone (capacity_fits of memory_in_context's
+    bytes) is the whole evaluation's hbm_capacity and offload_capacity checks, mapping by
+    mapping, and those bytes are the whole evaluation's, to the last bit."""
     model, system, batch = problem
     arrays = MappingArrays.from_mappings(batch)
     c = Context.build(model, system, batch[0].datatype, batch[0].kernels)
     whole = evaluate_arrays_in_context(c, arrays)
     expected = whole.checks["hbm_capacity"] & whole.checks["offload_capacity"]
-    assert np.array_equal(np.broadcast_to(capacity_fits_in_context(c, arrays), expected.shape), expected)
-    for alone, held in zip(memory_in_context(c, arrays), (whole.hbm_bytes, whole.offload_bytes)):
+    alone_bytes = memory_in_context(c, arrays)
+    assert np.array_equal(np.broadcast_to(capacity_fits(c, *alone_bytes), expected.shape), expected)
+    for alone, held in zip(alone_bytes, (whole.hbm_bytes, whole.offload_bytes)):
         assert np.array_equal(np.broadcast_to(alone, held.shape), held)
 
 
